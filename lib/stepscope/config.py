@@ -1,0 +1,440 @@
+"""Campaign parameters: YAML in, typed frozen dataclasses out.
+
+Validation happens before anything runs. Every error names the file, the key
+path, what was expected and, for an unknown key, the nearest valid key.
+
+Each pipeline section owns one dataclass here. To add a parameter, add a field
+with a default to its section; the validator, the docs table in the README and
+the notebook contract test pick it up from the type hints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from stepscope.errors import ParamsError
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """How a run is named and where it goes."""
+
+    name: str
+    """Run-id prefix; the runner appends a timestamp unless --run-id is given."""
+    outputs_dir: str = "outputs"
+    """Relative paths are resolved from the repository root, not the caller's cwd."""
+
+
+@dataclass(frozen=True)
+class TinyModelParams:
+    """A randomly initialised Llama-style model made locally (nothing downloaded)."""
+
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 256
+    vocab_size: int = 2048
+    max_position: int = 2048
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    path: str | None = None
+    """Local model folder (launch mode). Relative paths are from the repository root."""
+    served_name: str | None = None
+    """The name the server exposes; defaults to `path`."""
+    config_json: str | None = None
+    """HF `config.json` for the architecture; defaults to `<path>/config.json`."""
+    arch_preset: str | None = None
+    """Built-in architecture (e.g. `kimi-k2.5`, `deepseek-v3`) when no config.json is at hand."""
+    quantization: str = "none"
+    """A label for the report, e.g. `compressed-tensors W4A16 g32`."""
+    tiny: TinyModelParams | None = None
+    """If set, the runner creates this tiny model at `path` when it is missing."""
+
+
+@dataclass(frozen=True)
+class ProfilerParams:
+    enabled: bool = True
+    dir: str | None = None
+    """Where the server writes traces. Launch mode defaults to the run folder."""
+    with_stack: bool = False
+    """Stacks are 60-90 % of events and made /stop_profile take minutes (FACTS §2)."""
+    record_shapes: bool = False
+    use_gzip: bool = True
+
+
+@dataclass(frozen=True)
+class ServerParams:
+    mode: Literal["launch", "attach"] = "launch"
+    engine: Literal["vllm", "sglang"] = "vllm"
+    url: str | None = None
+    """Attach mode: the server's base URL, e.g. `http://127.0.0.1:8000`."""
+    host: str = "127.0.0.1"
+    """Bind address. Loopback unless you mean to expose the server."""
+    port: int = 8000
+    tp: int = 1
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+    api_key_env: str | None = None
+    """Name of the environment variable that holds the server's API key. The key itself
+    never appears in params, outputs, logs or reports."""
+    python: str | None = None
+    """Interpreter that runs the server; defaults to the one running stepscope."""
+    profiler: ProfilerParams = field(default_factory=ProfilerParams)
+
+
+@dataclass(frozen=True)
+class SweepParams:
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    request_rates: tuple[float, ...] = ()
+    """Optional open-loop sweep (requests/s, Poisson arrivals)."""
+    input_len: int = 128
+    output_len: int = 128
+    min_requests: int = 16
+    """Requests per level are max(4 x concurrency, min_requests)."""
+    warmup_requests: int = 2
+    request_timeout_s: float = 600.0
+    knee_gain: float = 0.10
+    """The knee is the first level where doubling concurrency adds less than this."""
+
+
+@dataclass(frozen=True)
+class GemmMicroParams:
+    m_values: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    dtypes: tuple[str, ...] = ("bfloat16",)
+    backends: tuple[str, ...] = ("torch", "marlin")
+    warmup: int = 3
+    repeats: int = 20
+    threads: int | None = None
+    """CPU timing thread count; fixed so runs compare."""
+    presets: tuple[str, ...] = ()
+    """Extra architectures to time beside the served model, e.g. `kimi-k2.5`."""
+    preset_m_values: tuple[int, ...] = (1, 8)
+    """A reduced M grid for the presets' large shapes on slow machines."""
+
+
+@dataclass(frozen=True)
+class CollectiveMicroParams:
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    world_size: int | None = None
+    """Defaults to server.tp."""
+    sizes_bytes: tuple[int, ...] = (256, 4096, 14336, 65536, 1048576, 16777216)
+    warmup: int = 5
+    iters: int = 50
+    burst_count: int | None = None
+    """All-reduces per burst; defaults to the model's expected count per decode step."""
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class MicroParams:
+    gemm: GemmMicroParams = field(default_factory=GemmMicroParams)
+    collectives: CollectiveMicroParams = field(default_factory=CollectiveMicroParams)
+
+
+@dataclass(frozen=True)
+class CaptureParams:
+    warmup_requests: int = 3
+    requests: int = 5
+    """Sequential batch-1 requests while the profiler runs (the campaign used 5 x 32)."""
+    input_len: int = 32
+    output_len: int = 32
+    wait_timeout_s: float = 600.0
+    """How long to wait for every rank's trace file to be complete."""
+    profiler_dir: str | None = None
+    """Attach mode: where the server's trace files can be read from here."""
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    category: str
+    pattern: str
+    """Python regex, searched in the event name."""
+    cat: str | None = None
+    """Optional event-category filter, e.g. `kernel` or `cpu_op`."""
+
+
+@dataclass(frozen=True)
+class AnalysisParams:
+    trace_paths: tuple[str, ...] = ()
+    """Traces captured elsewhere; empty means stage 04's traces."""
+    extra_rules: tuple[RuleParams, ...] = ()
+    """Category rules tried before the built-in ones."""
+    tp: int | None = None
+    """Defaults to server.tp."""
+
+
+@dataclass(frozen=True)
+class WriteupParams:
+    acceptance_lengths: tuple[float, ...] = (1.5, 2.0, 3.0)
+    """What-if: mean tokens accepted per step with speculative decoding."""
+    draft_cost_fractions: tuple[float, ...] = (0.05, 0.1, 0.2)
+    """What-if: draft cost as a fraction of one measured decode step."""
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class HardwareParams:
+    name: str | None = None
+    gpu_count: int | None = None
+    peak_mem_bw_gbps: float | None = None
+    peak_tflops: float | None = None
+    interconnect: str | None = None
+
+
+@dataclass(frozen=True)
+class Params:
+    run: RunParams
+    model: ModelParams = field(default_factory=ModelParams)
+    server: ServerParams = field(default_factory=ServerParams)
+    sweep: SweepParams = field(default_factory=SweepParams)
+    micro: MicroParams = field(default_factory=MicroParams)
+    capture: CaptureParams = field(default_factory=CaptureParams)
+    analysis: AnalysisParams = field(default_factory=AnalysisParams)
+    writeup: WriteupParams = field(default_factory=WriteupParams)
+    hardware: HardwareParams = field(default_factory=HardwareParams)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Params:
+    """Read and validate a params file. Raises ParamsError naming file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(
+            "params file not found",
+            where=str(path),
+            hint="pass a file from params/, e.g. params/cpu-demo.yaml",
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ParamsError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where=where,
+                          hint="check indentation and quoting on that line") from None
+    if data is None:
+        data = {}
+    if overrides:
+        data = deep_merge(data, overrides)
+    return params_from_dict(data, source=str(path))
+
+
+def params_from_dict(data: Any, source: str = "<params>") -> Params:
+    return _build(Params, data, key_path="", source=source)
+
+
+def deep_merge(base: Any, over: Mapping[str, Any]) -> dict:
+    """Merge `over` into a copy of `base`, recursing into mappings."""
+    out = dict(base) if isinstance(base, Mapping) else {}
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def params_to_dict(params: Any) -> Any:
+    """Plain dict/list form of a params object (tuples become lists), for YAML/JSON."""
+    if dataclasses.is_dataclass(params):
+        return {f.name: params_to_dict(getattr(params, f.name)) for f in dataclasses.fields(params)}
+    if isinstance(params, (list, tuple)):
+        return [params_to_dict(v) for v in params]
+    if isinstance(params, dict):
+        return {k: params_to_dict(v) for k, v in params.items()}
+    return params
+
+
+SECRET_KEY_RE = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.I)
+REDACTED = "***redacted***"
+
+
+def redact(obj: Any, key: str = "") -> Any:
+    """Replace secret values (by key name) anywhere in a nested structure."""
+    if isinstance(obj, Mapping):
+        return {k: redact(v, str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, key) for v in obj]
+    if obj is not None and SECRET_KEY_RE.search(key):
+        return REDACTED
+    return obj
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Redact the value after any secret-looking flag (`--api-key X`, `--hf-token=X`)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("--") and SECRET_KEY_RE.search(arg):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
+    """Every leaf key path of the schema (`server.profiler.with_stack`, ...)."""
+    keys: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        inner = _dataclass_in(hints[f.name])
+        if inner is not None and inner is not RuleParams:
+            keys.extend(iter_leaf_keys(inner, path + "."))
+        else:
+            keys.append(path)
+    return keys
+
+
+# --------------------------------------------------------------------------- validator
+
+_FLOAT_LIKE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (tuple, list):
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping of strings"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping (section)"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _fail(source: str, key_path: str, message: str, hint: str | None = None) -> ParamsError:
+    return ParamsError(message, where=f"{source}: {key_path or '<top level>'}", hint=hint)
+
+
+def _build(cls: type, data: Any, key_path: str, source: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise _fail(source, key_path, f"expected a mapping (section), got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(fields)}"
+            raise _fail(source, _join(key_path, str(key)), "unknown key", hint)
+    values = {}
+    for name, f in fields.items():
+        sub = _join(key_path, name)
+        if name in data:
+            values[name] = _coerce(hints[name], data[name], sub, source)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise _fail(source, sub, f"missing required value ({_type_name(hints[name])})",
+                        f"add '{name}:' under '{key_path or 'the top level'}'")
+    return cls(**values)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _coerce(tp: Any, value: Any, key_path: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key_path, source)
+            except ParamsError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        near = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}",
+                    f"did you mean '{near[0]}'?" if near else None)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key_path, source)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}",
+                        f"write it as a YAML list, e.g. [{value!r}]")
+        return tuple(_coerce(args[0], v, f"{key_path}[{i}]", source) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}")
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+                raise _fail(source, f"{key_path}.{k}", f"expected a string, got {v!r}",
+                            "quote the value, e.g. \"1\"")
+            out[str(k)] = str(v)
+        return out
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _fail(source, key_path, f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise _fail(source, key_path, f"expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_LIKE.match(value.strip()):
+            # PyYAML (YAML 1.1) reads 1e-3 as the *string* "1e-3"; refuse it rather than guess.
+            raise _fail(source, key_path, f"expected a number, got the string {value!r}",
+                        f"YAML reads {value} as text; write it with a dot and a signed exponent, "
+                        f"e.g. {float(value):.1e}".replace("e-0", "e-").replace("e+0", "e+"))
+        raise _fail(source, key_path, f"expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _fail(source, key_path, f"expected a string, got {value!r}", "quote the value")
+    raise _fail(source, key_path, f"unsupported schema type {tp!r}")  # pragma: no cover

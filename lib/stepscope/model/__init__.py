@@ -1,0 +1,1 @@
+"""Model architecture: shapes, collectives and bytes per decode step under TP."""

@@ -1,0 +1,1 @@
+"""Stage 06: the report, its figures, and run comparison."""

@@ -1,0 +1,140 @@
+"""The run folder: the only channel between stages.
+
+    outputs/<run-id>/
+        run.json                 provenance + per-stage status (written by the runner)
+        params.yaml              the params snapshot, secrets redacted
+        notebooks/NN_name.ipynb  executed notebooks
+        figures/                 every PNG, named for what it shows
+        00_deploy/ ... 06_writeup/   one folder of artifacts per stage
+
+Each stage reads only files here, so any stage can be re-run alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stepscope.errors import StageInputMissing
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+
+
+@dataclass(frozen=True)
+class Stage:
+    id: str
+    """`NN_name`: the notebook's file stem and the stage's artifact folder."""
+    needs: tuple[str, ...]
+    """Stages whose artifacts this one cannot do without."""
+    uses_server: bool
+    sections: tuple[str, ...]
+    """Params sections this stage reads."""
+
+    @property
+    def notebook(self) -> Path:
+        return NOTEBOOKS_DIR / f"{self.id}.ipynb"
+
+    @property
+    def number(self) -> str:
+        return self.id[:2]
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("00_deploy", (), True, ("run", "model", "server", "hardware")),
+    Stage("01_macro_sweep", ("00_deploy",), True, ("sweep",)),
+    Stage("02_gemm_micro", (), False, ("model", "micro", "hardware")),
+    Stage("03_nccl_burst", (), False, ("model", "micro", "server")),
+    Stage("04_profiler_capture", ("00_deploy",), True, ("capture",)),
+    Stage("05_categorize", (), False, ("analysis",)),
+    Stage("06_writeup", (), False, ("writeup",)),
+)
+STAGE_BY_ID = {s.id: s for s in STAGES}
+
+
+def stage_dir(run_dir: str | Path, stage_id: str) -> Path:
+    """The stage's artifact folder, created on demand."""
+    d = Path(run_dir) / stage_id
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def figures_dir(run_dir: str | Path) -> Path:
+    d = Path(run_dir) / "figures"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def params_snapshot_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "params.yaml"
+
+
+def load_run_params(run_dir: str | Path):
+    """The validated params of a run, from its snapshot (secrets already redacted)."""
+    from stepscope.config import load_params
+
+    return load_params(params_snapshot_path(run_dir))
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write JSON atomically (temp file + rename): a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh, indent=2, default=_json_default, allow_nan=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_yaml(path: str | Path, obj: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(obj, sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def require_artifact(run_dir: str | Path, stage_id: str, name: str) -> Path:
+    """Path of an earlier stage's artifact, or a clear error saying which stage to run."""
+    p = Path(run_dir) / stage_id / name
+    if not p.exists():
+        raise StageInputMissing(
+            f"needs {stage_id}/{name}, which is not there",
+            where=str(Path(run_dir)),
+            hint=f"run that stage first: stepscope run <params> --run-id {Path(run_dir).name} "
+                 f"--stages {stage_id[:2]}",
+        )
+    return p
+
+
+def _json_default(obj: Any) -> Any:
+    import dataclasses
+
+    import numpy as np
+
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,1 @@
+"""Stage 05: trace loading, kernel categories, exact per-step accounting."""
