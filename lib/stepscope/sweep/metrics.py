@@ -1,0 +1,215 @@
+"""Serving metrics from raw per-request records: the one place they are defined.
+
+Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py, FACTS.md §6):
+
+- TTFT: dispatch to the first token-bearing chunk.
+- E2EL: dispatch to the last token-bearing chunk.
+- TPOT per request: (E2EL - TTFT) / (output_tokens - 1), only for output_tokens > 1;
+  statistics are over requests.
+- ITL: gaps between consecutive token-bearing chunks, pooled over requests (per chunk,
+  not per token: a chunk may carry several tokens).
+- Output tokens: `usage.completion_tokens` of the stream; when the server sent no usage,
+  the number of token-bearing chunks (and the record says so).
+- Duration: first dispatch to last completion, over every measured request.
+- Throughputs: completed requests, output tokens, input + output tokens, each / duration.
+- Little's-law concurrency: sum of E2EL over completed requests / duration.
+- Peak 1-s output tok/s: tokens bucketed by whole seconds since the first successful
+  dispatch (vLLM's method). vLLM counts one token per chunk; here a chunk weighs
+  output_tokens / n_chunks, which is the same when every chunk carries one token.
+- Percentiles: linear interpolation (`numpy.percentile`).
+
+Failed requests (HTTP errors, SSE errors, resets, timeouts, streams without a token) count
+in `n_failed` and are left out of every latency statistic and of the token totals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50.0, 90.0, 99.0)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it. Times are `time.perf_counter()` seconds."""
+
+    start_s: float
+    """When the request was dispatched."""
+    chunk_times_s: list[float] = field(default_factory=list)
+    """Arrival time of every token-bearing chunk (a chunk with a non-empty `choices`)."""
+    end_s: float | None = None
+    """When the response finished (stream closed, or the error was seen)."""
+    input_tokens: int = 0
+    output_tokens: int | None = None
+    """`usage.completion_tokens`; None when the server sent no usage."""
+    success: bool = False
+    error: str | None = None
+    http_status: int | None = None
+    request_id: int = 0
+    warmup: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "warmup": self.warmup,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "chunk_times_s": self.chunk_times_s,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "success": self.success,
+            "error": self.error,
+            "http_status": self.http_status,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RequestRecord":
+        return cls(
+            start_s=float(d["start_s"]),
+            chunk_times_s=[float(t) for t in d.get("chunk_times_s") or []],
+            end_s=None if d.get("end_s") is None else float(d["end_s"]),
+            input_tokens=int(d.get("input_tokens") or 0),
+            output_tokens=None if d.get("output_tokens") is None else int(d["output_tokens"]),
+            success=bool(d.get("success")),
+            error=d.get("error"),
+            http_status=d.get("http_status"),
+            request_id=int(d.get("request_id", 0)),
+            warmup=bool(d.get("warmup", False)),
+        )
+
+
+def _as_records(records: Iterable[RequestRecord | Mapping[str, Any]]) -> list[RequestRecord]:
+    return [r if isinstance(r, RequestRecord) else RequestRecord.from_dict(r) for r in records]
+
+
+def _ok(r: RequestRecord) -> bool:
+    return r.success and len(r.chunk_times_s) > 0
+
+
+def request_table(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per measured (non-warm-up) request with its latencies in ms.
+
+    Columns: request_id, success, error, input_tokens, output_tokens,
+    output_tokens_from_usage, n_chunks, start_s, end_s, ttft_ms, tpot_ms, e2el_ms.
+    Failed requests keep NaN latencies.
+    """
+    rows = []
+    for r in _as_records(records):
+        if r.warmup:
+            continue
+        ok = _ok(r)
+        n_chunks = len(r.chunk_times_s)
+        out = r.output_tokens if r.output_tokens is not None else n_chunks
+        ttft = e2el = tpot = math.nan
+        if ok:
+            ttft = r.chunk_times_s[0] - r.start_s
+            e2el = r.chunk_times_s[-1] - r.start_s
+            if out > 1:
+                tpot = (e2el - ttft) / (out - 1)
+        error = r.error
+        if r.success and not ok:
+            error = error or "stream ended without a token-bearing chunk"
+        rows.append({
+            "request_id": r.request_id,
+            "success": ok,
+            "error": error,
+            "input_tokens": r.input_tokens,
+            "output_tokens": out if ok else 0,
+            "output_tokens_from_usage": r.output_tokens is not None,
+            "n_chunks": n_chunks,
+            "start_s": r.start_s,
+            "end_s": r.end_s if r.end_s is not None else (r.chunk_times_s[-1] if n_chunks else r.start_s),
+            "ttft_ms": ttft * 1e3,
+            "tpot_ms": tpot * 1e3,
+            "e2el_ms": e2el * 1e3,
+        })
+    return pd.DataFrame(rows, columns=[
+        "request_id", "success", "error", "input_tokens", "output_tokens",
+        "output_tokens_from_usage", "n_chunks", "start_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
+    ])
+
+
+def itl_ms(records: Iterable[RequestRecord | Mapping[str, Any]]) -> np.ndarray:
+    """Inter-chunk gaps in ms, pooled over the completed measured requests."""
+    gaps = [np.diff(r.chunk_times_s) for r in _as_records(records) if not r.warmup and _ok(r)]
+    return np.concatenate(gaps) * 1e3 if gaps else np.array([], dtype=float)
+
+
+def _stats(values: np.ndarray | pd.Series, name: str) -> dict[str, float]:
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return {f"{name}_ms_mean": math.nan, f"{name}_ms_median": math.nan,
+                **{f"{name}_ms_p{int(p)}": math.nan for p in PERCENTILES if p != 50.0}}
+    out = {f"{name}_ms_mean": float(np.mean(v)), f"{name}_ms_median": float(np.median(v))}
+    for p in PERCENTILES:
+        if p != 50.0:
+            out[f"{name}_ms_p{int(p)}"] = float(np.percentile(v, p))
+    return out
+
+
+def peak_output_tok_s_1s(records: Iterable[RequestRecord | Mapping[str, Any]]) -> float:
+    """Most output tokens landing in one whole-second bucket (vLLM's peak method)."""
+    ok = [r for r in _as_records(records) if not r.warmup and _ok(r)]
+    if not ok:
+        return 0.0
+    t0 = min(r.start_s for r in ok)
+    t_end = max(r.chunk_times_s[-1] for r in ok)
+    buckets = np.zeros(int(np.ceil(t_end - t0)) + 1)
+    for r in ok:
+        out = r.output_tokens if r.output_tokens is not None else len(r.chunk_times_s)
+        weight = out / len(r.chunk_times_s)
+        idx = ((np.asarray(r.chunk_times_s) - t0)).astype(int)
+        np.add.at(buckets, idx[(idx >= 0) & (idx < buckets.size)], weight)
+    return float(buckets.max())
+
+
+def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]]) -> dict[str, Any]:
+    """Every serving metric of one load level, from its raw records (warm-ups ignored)."""
+    recs = [r for r in _as_records(records) if not r.warmup]
+    table = request_table(recs)
+    done = table[table["success"]]
+    n = len(table)
+    if n:
+        duration_s = float(table["end_s"].max() - table["start_s"].min())
+    else:
+        duration_s = math.nan
+    total_out = int(done["output_tokens"].sum())
+    total_in = int(done["input_tokens"].sum())
+
+    def per_s(x: float) -> float:
+        return x / duration_s if duration_s and duration_s > 0 else math.nan
+
+    out: dict[str, Any] = {
+        "n_requests": n,
+        "n_completed": int(len(done)),
+        "n_failed": int(n - len(done)),
+        "duration_s": duration_s,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput_rps": per_s(len(done)),
+        "output_throughput_tok_s": per_s(total_out),
+        "total_throughput_tok_s": per_s(total_in + total_out),
+    }
+    out.update(_stats(done["ttft_ms"], "ttft"))
+    out.update(_stats(done["tpot_ms"], "tpot"))
+    out.update(_stats(itl_ms(recs), "itl"))
+    out.update(_stats(done["e2el_ms"], "e2el"))
+    out["littles_concurrency"] = per_s(float(done["e2el_ms"].sum()) / 1e3)
+    out["peak_output_tok_s_1s"] = peak_output_tok_s_1s(recs)
+    out["output_tokens_from_usage"] = bool(done["output_tokens_from_usage"].all()) if len(done) else True
+    return out
+
+
+def failures_table(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.DataFrame:
+    """Failed measured requests with their messages: request_id, http_status, error."""
+    rows = [{"request_id": r.request_id, "http_status": r.http_status,
+             "error": r.error or "stream ended without a token-bearing chunk"}
+            for r in _as_records(records) if not r.warmup and not _ok(r)]
+    return pd.DataFrame(rows, columns=["request_id", "http_status", "error"])
