@@ -1,0 +1,88 @@
+"""One colour per kernel category, shared by every figure in the project.
+
+A reader who learns "red is all-reduce" in one figure must be able to rely on it in
+the next, so every plot takes its colours from `color_for` and nowhere else.
+Communication is the family of reds/oranges, GEMMs are blues, memory traffic greys;
+"other" is a neutral grey so it never looks like a finding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+CATEGORY_ORDER: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "other_collective",
+    "communication",
+    "quantized_gemm",
+    "dense_gemm",
+    "fused_moe",
+    "moe_routing",
+    "attention",
+    "kv_cache_write",
+    "norm",
+    "activation",
+    "rotary",
+    "quantize",
+    "sampling",
+    "elementwise",
+    "memcpy",
+    "memset",
+    "other",
+)
+"""Display order: communication first, then compute, then memory, then other."""
+
+CATEGORY_COLORS: dict[str, str] = {
+    "all_reduce": "#d62728",
+    "all_gather": "#ff7f0e",
+    "other_collective": "#8c1c13",
+    # A run that does not split communication gets the all-reduce red: it is nearly always
+    # all-reduce, and the colour then means the same thing across runs.
+    "communication": "#d62728",
+    "quantized_gemm": "#1f4e9c",
+    "dense_gemm": "#4a90d9",
+    "fused_moe": "#17becf",
+    "moe_routing": "#9edae5",
+    "attention": "#2ca02c",
+    "kv_cache_write": "#98df8a",
+    "norm": "#9467bd",
+    "activation": "#c5b0d5",
+    "rotary": "#e377c2",
+    "quantize": "#bcbd22",
+    "sampling": "#dbdb8d",
+    "elementwise": "#8c564b",
+    "memcpy": "#7f7f7f",
+    "memset": "#b0b0b0",
+    "other": "#d9d9d9",
+}
+
+IDLE_COLOR = "#ffffff"
+"""Gaps in a timeline: drawn as background, never as a category."""
+
+COMMUNICATION_CATEGORIES: frozenset[str] = frozenset(
+    {"all_reduce", "all_gather", "other_collective", "communication"}
+)
+GEMM_CATEGORIES: frozenset[str] = frozenset({"quantized_gemm", "dense_gemm", "fused_moe"})
+MEMORY_CATEGORIES: frozenset[str] = frozenset({"memcpy", "memset"})
+
+
+def color_for(category: str) -> str:
+    """Hex colour of a category. Unknown names (user rules) get a stable colour from a hash,
+    so the same user category is drawn alike in every figure and run."""
+    key = str(category).strip().lower()
+    if key in CATEGORY_COLORS:
+        return CATEGORY_COLORS[key]
+    digest = hashlib.sha1(key.encode()).digest()
+    # Muted tones, so a user category never outshouts the built-in ones.
+    r, g, b = (96 + digest[i] % 128 for i in range(3))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def category_sort_key(category: str) -> tuple[int, str]:
+    """Sort key that puts categories in `CATEGORY_ORDER`, unknown ones just before 'other'."""
+    if category == "other":
+        return (len(CATEGORY_ORDER) + 1, "")
+    if category in CATEGORY_ORDER:
+        return (CATEGORY_ORDER.index(category), "")
+    return (len(CATEGORY_ORDER), str(category))
