@@ -1,0 +1,288 @@
+"""The streaming load client: one aiohttp session, raw per-request records.
+
+Every request is an OpenAI `/v1/completions` stream with a token-ID prompt of exact
+length, `ignore_eos`, temperature 0 and `stream_options.include_usage`. The client stamps
+`time.perf_counter()` once per network read, before parsing, so parsing cost never
+shifts a timestamp; every SSE event in that read shares the arrival time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import aiohttp
+import msgspec
+import numpy as np
+
+from stepscope.errors import ServerError, StageInputMissing
+from stepscope.runfolder import read_json
+from stepscope.sweep.metrics import RequestRecord
+
+READ_BUFSIZE = 1 << 20
+"""aiohttp's default 64 KiB read buffer makes many small reads under load."""
+
+_decode = msgspec.json.Decoder().decode
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What stages 01 and 04 need to know about the server (from 00_deploy/server.json)."""
+
+    base_url: str
+    served_model: str
+    engine: str = "vllm"
+    engine_version: str | None = None
+    profiler_dir: str | None = None
+    tp: int = 1
+    api_key_env: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def url(self, path: str) -> str:
+        return self.base_url.rstrip("/") + path
+
+
+def load_server(run_dir: str | Path) -> ServerInfo:
+    """The server stage 00 started or attached to, from `run_dir/00_deploy/server.json`."""
+    path = Path(run_dir) / "00_deploy" / "server.json"
+    if not path.is_file():
+        raise StageInputMissing(
+            "needs 00_deploy/server.json, which is not there", where=str(path),
+            hint=f"run the deploy stage first: stepscope run <params> --run-id {Path(run_dir).name} --stages 00")
+    d = read_json(path)
+    missing = [k for k in ("base_url", "served_model") if not d.get(k)]
+    if missing:
+        raise StageInputMissing(f"server.json lacks {', '.join(missing)}", where=str(path),
+                                hint="re-run the deploy stage (00) to rewrite it")
+    return ServerInfo(
+        base_url=d["base_url"], served_model=d["served_model"], engine=d.get("engine") or "vllm",
+        engine_version=d.get("engine_version"), profiler_dir=d.get("profiler_dir"),
+        tp=int(d.get("tp") or 1), api_key_env=d.get("api_key_env"))
+
+
+def make_session(server: ServerInfo, limit: int) -> aiohttp.ClientSession:
+    """One session per load level: the connection limit is the level's concurrency."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max(1, limit), force_close=False),
+        headers=server.headers, read_bufsize=READ_BUFSIZE,
+        timeout=aiohttp.ClientTimeout(total=None))
+
+
+# --------------------------------------------------------------------------- prompts
+
+_PROMPT_TEXT = (
+    "The engineer opened the trace and counted every kernel of the decode step: the "
+    "matrix multiplications, the attention over the cache, the all-reduce after each "
+    "projection, and the small norms and activations between them. Numbers without "
+    "units mean nothing, so each one carried its unit and its count. "
+)
+
+
+async def token_pool(session: aiohttp.ClientSession, server: ServerInfo) -> list[int]:
+    """Distinct token IDs of ordinary text, from the server's own `/tokenize`."""
+    url = server.url("/tokenize")
+    body = {"model": server.served_model, "prompt": _PROMPT_TEXT * 4, "add_special_tokens": False}
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise ServerError(f"/tokenize answered HTTP {resp.status}: {text[:200]}", where=url,
+                                  hint="stepscope builds exact-length prompts from the server's "
+                                       "tokenizer; use a server that exposes /tokenize (vLLM, SGLang)")
+    except aiohttp.ClientError as exc:
+        raise ServerError(f"cannot reach the server: {exc}", where=url,
+                          hint="is the server from 00_deploy still running?") from None
+    tokens = json.loads(text).get("tokens") or []
+    pool = sorted(set(int(t) for t in tokens))
+    if len(pool) < 8:
+        raise ServerError(f"/tokenize returned only {len(pool)} distinct tokens", where=url)
+    return pool
+
+
+def make_prompts(pool: Sequence[int], input_len: int, n: int, seed: int = 0) -> list[list[int]]:
+    """n token-ID prompts of exactly input_len tokens, each different from the first token
+    on, so prefix caching cannot shorten a later request's prefill."""
+    rng = np.random.default_rng(seed)
+    return [rng.choice(np.asarray(pool), size=input_len).tolist() for _ in range(n)]
+
+
+# --------------------------------------------------------------------------- one request
+
+
+def completion_payload(model: str, prompt: list[int] | str, output_len: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], *,
+                         timeout_s: float, request_id: int = 0, warmup: bool = False,
+                         input_len: int = 0) -> RequestRecord:
+    """Send one streaming completion and keep its raw timing. Never raises for a failed request."""
+    rec = RequestRecord(start_s=0.0, request_id=request_id, warmup=warmup, input_tokens=input_len)
+    chunks = rec.chunk_times_s
+    rec.start_s = time.perf_counter()
+    try:
+        async with session.post(url, json=payload,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            rec.http_status = resp.status
+            if resp.status != 200:
+                body = (await resp.text())[:500]
+                rec.error = f"HTTP {resp.status} {resp.reason}: {body}"
+                rec.end_s = time.perf_counter()
+                return rec
+            buf = b""
+            done = False
+            async for data in resp.content.iter_any():
+                now = time.perf_counter()
+                buf += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+                while True:
+                    sep = buf.find(b"\n\n")
+                    if sep < 0:
+                        break
+                    event, buf = buf[:sep], buf[sep + 2:]
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue  # comments (":ping"), event names, ids
+                        body = line[5:].strip()
+                        if body == b"[DONE]":
+                            done = True
+                            continue
+                        msg = _decode(body)
+                        if msg.get("choices"):
+                            chunks.append(now)
+                        elif "error" in msg or msg.get("object") == "error":
+                            err = msg.get("error", msg)
+                            rec.error = "SSE error: " + (err.get("message", str(err))
+                                                         if isinstance(err, dict) else str(err))
+                        usage = msg.get("usage")
+                        if usage:
+                            if usage.get("completion_tokens") is not None:
+                                rec.output_tokens = int(usage["completion_tokens"])
+                            if usage.get("prompt_tokens") is not None:
+                                rec.input_tokens = int(usage["prompt_tokens"])
+            rec.end_s = time.perf_counter()
+            if rec.error is None and not done:
+                rec.error = "stream closed before [DONE]"
+            rec.success = rec.error is None and bool(chunks)
+            if rec.error is None and not chunks:
+                rec.error = "stream ended without a token-bearing chunk"
+    except asyncio.TimeoutError:
+        rec.error = f"timeout after {timeout_s:g} s"
+    except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+    if rec.end_s is None:
+        rec.end_s = time.perf_counter()
+    return rec
+
+
+# --------------------------------------------------------------------------- load shapes
+
+
+async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]], *,
+                      concurrency: int, timeout_s: float, input_len: int, warmup: bool = False,
+                      on_done=None) -> list[RequestRecord]:
+    """Keep exactly `concurrency` requests in flight until every payload is sent."""
+    queue = list(enumerate(payloads))
+    queue.reverse()
+    out: list[RequestRecord] = []
+
+    async def worker() -> None:
+        while queue:
+            i, p = queue.pop()
+            rec = await stream_request(session, url, p, timeout_s=timeout_s, request_id=i,
+                                       warmup=warmup, input_len=input_len)
+            out.append(rec)
+            if on_done is not None:
+                on_done(rec)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(payloads)))))
+    return sorted(out, key=lambda r: r.request_id)
+
+
+async def open_loop(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]], *,
+                    rate_rps: float, timeout_s: float, input_len: int, seed: int = 0,
+                    on_done=None) -> list[RequestRecord]:
+    """Poisson arrivals at `rate_rps`, no cap on requests in flight."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate_rps, size=len(payloads))
+    t0 = time.perf_counter()
+    arrivals = t0 + np.cumsum(gaps) - gaps[0]
+
+    async def one(i: int, p: dict[str, Any]) -> RequestRecord:
+        delay = arrivals[i] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec = await stream_request(session, url, p, timeout_s=timeout_s, request_id=i, input_len=input_len)
+        if on_done is not None:
+            on_done(rec)
+        return rec
+
+    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
+
+
+# --------------------------------------------------------------------------- server state
+
+
+async def is_alive(session: aiohttp.ClientSession, server: ServerInfo, timeout_s: float = 5.0) -> bool:
+    try:
+        async with session.get(server.url("/health"), timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError, ConnectionError):
+        return False
+
+
+SERVER_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    # SGLang's names for the same gauges
+    "sglang:num_running_reqs": "running",
+    "sglang:num_queue_reqs": "waiting",
+    "sglang:token_usage": "kv_cache_usage",
+}
+
+
+def parse_prometheus_gauges(text: str) -> dict[str, float]:
+    """running / waiting / kv_cache_usage (0-1) summed over label sets, from /metrics text."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        key = SERVER_GAUGES.get(name)
+        if key is None:
+            continue
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+async def metrics_snapshot(session: aiohttp.ClientSession, server: ServerInfo) -> dict[str, float] | None:
+    try:
+        async with session.get(server.url("/metrics"), timeout=aiohttp.ClientTimeout(total=5)) as r:
+            if r.status != 200:
+                return None
+            snap = parse_prometheus_gauges(await r.text())
+    except (aiohttp.ClientError, TimeoutError, ConnectionError):
+        return None
+    snap["t_s"] = time.perf_counter()
+    return snap

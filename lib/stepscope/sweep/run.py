@@ -1,0 +1,335 @@
+"""Stage 01's sweep: load levels against the live server, persisted level by level.
+
+Each level writes `levels/<level>.jsonl` (one raw request record per line, warm-ups
+flagged) and then `levels/<level>.meta.json`; the meta file is written last, so its
+presence means the level finished. A re-run skips finished levels whose settings match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+from tqdm.auto import tqdm
+
+from stepscope.config import SweepParams
+from stepscope.errors import ServerError
+from stepscope.runfolder import read_json, write_json
+from stepscope.sweep import client as cl
+from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
+
+CLIENT_BOUND_CPU_PCT = 80.0
+"""The client is one asyncio thread: near one full core it may be the bottleneck."""
+
+LEVEL_COLUMNS = [
+    "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
+    "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
+    *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
+    "littles_concurrency", "peak_output_tok_s_1s", "client_cpu_pct", "client_bound",
+    "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
+]
+
+
+@dataclass(frozen=True)
+class Level:
+    mode: str
+    """`concurrency` (closed loop) or `rate` (open loop, Poisson)."""
+    concurrency: int | None
+    request_rate: float | None
+    n_requests: int
+
+    @property
+    def name(self) -> str:
+        if self.mode == "concurrency":
+            return f"c{self.concurrency:04d}"
+        return f"r{self.request_rate:g}"
+
+
+def plan_levels(params: SweepParams) -> list[Level]:
+    """Closed-loop levels take max(4 C, min_requests) requests; open-loop levels take
+    max(4 x ceil(rate), min_requests)."""
+    levels = [Level("concurrency", c, None, max(4 * c, params.min_requests)) for c in params.concurrency]
+    levels += [Level("rate", None, r, max(4 * math.ceil(r), params.min_requests)) for r in params.request_rates]
+    return levels
+
+
+@dataclass
+class SweepResult:
+    levels: pd.DataFrame
+    """One row per level, columns LEVEL_COLUMNS."""
+    summary: dict[str, Any]
+    failures: pd.DataFrame
+    """level, request_id, http_status, error."""
+    out_dir: Path
+    messages: list[str] = field(default_factory=list)
+
+    def raise_if_died(self) -> None:
+        """After the results are shown and saved, fail the stage if the server died."""
+        if self.summary.get("died_at_level"):
+            raise ServerError(self.summary["died_message"], where=str(self.out_dir),
+                              hint="see 00_deploy/server.log for why the server stopped; "
+                                   "levels measured before it are kept")
+
+
+def _settings(level: Level, params: SweepParams, server: cl.ServerInfo) -> dict[str, Any]:
+    return {"served_model": server.served_model, "input_len": params.input_len,
+            "output_len": params.output_len, "n_requests": level.n_requests,
+            "warmup_requests": params.warmup_requests}
+
+
+def levels_dir(out_dir: str | Path) -> Path:
+    d = Path(out_dir) / "levels"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def write_level(out_dir: Path, level: Level, records: list[RequestRecord], meta: dict[str, Any]) -> None:
+    d = levels_dir(out_dir)
+    tmp = d / f".{level.name}.jsonl.tmp"
+    with open(tmp, "w") as fh:
+        for r in records:
+            fh.write(json.dumps(r.to_dict()) + "\n")
+    os.replace(tmp, d / f"{level.name}.jsonl")
+    write_json(d / f"{level.name}.meta.json", meta)
+
+
+def read_level_records(path: str | Path) -> list[RequestRecord]:
+    with open(path) as fh:
+        return [RequestRecord.from_dict(json.loads(line)) for line in fh if line.strip()]
+
+
+def level_row(meta: dict[str, Any], records: list[RequestRecord]) -> dict[str, Any]:
+    """One levels.csv row: the level's metrics plus its client and server health."""
+    m = level_metrics(records)
+    snaps = meta.get("server_metrics") or []
+
+    def smax(key: str) -> float:
+        vals = [s[key] for s in snaps if key in s]
+        return float(max(vals)) if vals else math.nan
+
+    row = {"level": meta["level"], "mode": meta["mode"], "concurrency": meta.get("concurrency"),
+           "request_rate": meta.get("request_rate"), **m,
+           "client_cpu_pct": meta.get("client_cpu_pct", math.nan),
+           "client_bound": bool(meta.get("client_cpu_pct", 0) >= CLIENT_BOUND_CPU_PCT),
+           "server_running_max": smax("running"), "server_waiting_max": smax("waiting"),
+           "kv_cache_usage_max": smax("kv_cache_usage"), "complete": bool(meta.get("complete", True)),
+           "source": meta.get("source", "stepscope")}
+    return row
+
+
+def levels_table(out_dir: str | Path) -> pd.DataFrame:
+    """Rebuild the per-level table from `levels/*.jsonl` + meta on disk."""
+    rows = []
+    for meta_path in sorted(levels_dir(out_dir).glob("*.meta.json")):
+        meta = read_json(meta_path)
+        jsonl = meta_path.with_name(meta["level"] + ".jsonl")
+        if jsonl.is_file():
+            rows.append(level_row(meta, read_level_records(jsonl)))
+    return _order(pd.DataFrame(rows, columns=LEVEL_COLUMNS))
+
+
+def _order(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df
+    df = df.assign(_m=(df["mode"] != "concurrency").astype(int))
+    return df.sort_values(["_m", "concurrency", "request_rate"]).drop(columns="_m").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- saturation
+
+
+def find_knee(levels: pd.DataFrame, knee_gain: float = 0.10) -> dict[str, Any]:
+    """Knee and plateau of the closed-loop levels.
+
+    The knee is the first concurrency C whose next level adds less than `knee_gain`
+    output tok/s per doubling of concurrency; levels that are not a doubling apart are
+    scaled to one doubling, gain_per_doubling = (T2/T1)^(1/log2(C2/C1)) - 1. The
+    plateau is the best output tok/s at or beyond the knee.
+    """
+    c = levels[(levels["mode"] == "concurrency") & levels["complete"]].sort_values("concurrency")
+    c = c[c["n_completed"] > 0]
+    out = {"knee_concurrency": None, "plateau_output_tok_s": None, "gains_per_doubling": {}}
+    if len(c) < 2:
+        return out
+    conc = c["concurrency"].to_numpy(dtype=float)
+    tput = c["output_throughput_tok_s"].to_numpy(dtype=float)
+    for i in range(len(c) - 1):
+        doublings = math.log2(conc[i + 1] / conc[i])
+        gain = (tput[i + 1] / tput[i]) ** (1.0 / doublings) - 1.0 if tput[i] > 0 else math.inf
+        out["gains_per_doubling"][int(conc[i])] = gain
+        if out["knee_concurrency"] is None and gain < knee_gain:
+            out["knee_concurrency"] = int(conc[i])
+            out["plateau_output_tok_s"] = float(np.max(tput[i:]))
+    return out
+
+
+def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
+              died: tuple[str, str] | None = None) -> dict[str, Any]:
+    """summary.json: knee, plateau, batch-1 latency, failures and data-quality flags."""
+    knee = find_knee(levels, knee_gain)
+    c1 = levels[(levels["mode"] == "concurrency") & (levels["concurrency"] == 1)]
+    flags: list[str] = []
+    if knee["knee_concurrency"] is None and len(levels):
+        flags.append(f"no knee: every doubling of concurrency added >= {knee_gain:.0%} output tok/s; "
+                     "the plateau was not reached, extend sweep.concurrency")
+    for _, r in levels[levels["client_bound"]].iterrows():
+        flags.append(f"level {r['level']}: client used {r['client_cpu_pct']:.0f} % of a core; "
+                     "the client may be the bottleneck")
+    for _, r in levels[levels["n_failed"] > 0].iterrows():
+        flags.append(f"level {r['level']}: {int(r['n_failed'])} of {int(r['n_requests'])} requests failed")
+    if died:
+        flags.append(died[1])
+    return {
+        "knee_concurrency": knee["knee_concurrency"],
+        "plateau_output_tok_s": knee["plateau_output_tok_s"],
+        "knee_gain": knee_gain,
+        "gains_per_doubling": knee["gains_per_doubling"],
+        "c1_ttft_ms_median": float(c1["ttft_ms_median"].iloc[0]) if len(c1) else None,
+        "c1_tpot_ms_median": float(c1["tpot_ms_median"].iloc[0]) if len(c1) else None,
+        "n_levels": int(len(levels)),
+        "died_at_level": died[0] if died else None,
+        "died_message": died[1] if died else None,
+        "failures": failures.head(50).to_dict(orient="records"),
+        "n_failures": int(len(failures)),
+        "flags": flags,
+    }
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
+                     pool: list[int], seed: int) -> tuple[list[RequestRecord], dict[str, Any]]:
+    url = server.url("/v1/completions")
+    n_warm = params.warmup_requests
+    prompts = cl.make_prompts(pool, params.input_len, n_warm + level.n_requests, seed=seed)
+    payloads = [cl.completion_payload(server.served_model, p, params.output_len) for p in prompts]
+    limit = level.concurrency if level.mode == "concurrency" else level.n_requests
+    proc = psutil.Process()
+    snaps: list[dict[str, float]] = []
+    async with cl.make_session(server, limit) as session, \
+            cl.make_session(server, 2) as side:  # /metrics polling must not take a load slot
+        warm: list[RequestRecord] = []
+        if n_warm:
+            warm = await cl.closed_loop(session, url, payloads[:n_warm], concurrency=limit,
+                                        timeout_s=params.request_timeout_s,
+                                        input_len=params.input_len, warmup=True)
+        before = await cl.metrics_snapshot(side, server)
+        if before:
+            snaps.append(before)
+
+        stop = asyncio.Event()
+
+        async def poll() -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    s = await cl.metrics_snapshot(side, server)
+                    if s:
+                        snaps.append(s)
+
+        bar = tqdm(total=level.n_requests, desc=f"level {level.name}", leave=False)
+        poller = asyncio.create_task(poll())
+        cpu0, wall0 = proc.cpu_times(), time.perf_counter()
+        measured = payloads[n_warm:]
+        if level.mode == "concurrency":
+            recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
+                                        timeout_s=params.request_timeout_s, input_len=params.input_len,
+                                        on_done=lambda r: bar.update(1))
+        else:
+            recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
+                                      timeout_s=params.request_timeout_s, input_len=params.input_len,
+                                      seed=seed, on_done=lambda r: bar.update(1))
+        cpu1, wall1 = proc.cpu_times(), time.perf_counter()
+        stop.set()
+        await poller
+        bar.close()
+        after = await cl.metrics_snapshot(side, server)
+        if after:
+            snaps.append(after)
+        alive = True
+        if any(not r.success for r in recs):
+            alive = await cl.is_alive(side, server)
+    cpu_pct = 100.0 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / max(wall1 - wall0, 1e-9)
+    meta = {"level": level.name, "mode": level.mode, "concurrency": level.concurrency,
+            "request_rate": level.request_rate, "n_requests": level.n_requests,
+            "client_cpu_pct": cpu_pct, "server_metrics": snaps, "complete": alive,
+            "server_alive_after": alive, "source": "stepscope"}
+    return warm + recs, meta
+
+
+def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *,
+              resume: bool = True, seed: int = 0) -> SweepResult:
+    """Measure every level of `params` against `server` and write the stage's artifacts.
+
+    Writes levels/<level>.jsonl + .meta.json as each level ends, then levels.csv and
+    summary.json. If the server dies the sweep stops at that level; what was measured
+    stays, and `summary.json` names the level (call `raise_if_died` after showing it).
+    """
+    out_dir = Path(out_dir)
+    messages: list[str] = []
+    died: tuple[str, str] | None = None
+    pool: list[int] | None = None
+    plan = plan_levels(params)
+    for i, level in enumerate(tqdm(plan, desc="sweep levels")):
+        meta_path = levels_dir(out_dir) / f"{level.name}.meta.json"
+        settings = _settings(level, params, server)
+        if resume and meta_path.is_file():
+            old = read_json(meta_path)
+            if old.get("settings") == settings and old.get("complete"):
+                messages.append(f"level {level.name}: already measured, kept (resume)")
+                continue
+        if pool is None:
+            pool = asyncio.run(_tokens(server))
+        records, meta = asyncio.run(_run_level(server, level, params, pool, seed=seed + i))
+        meta["settings"] = settings
+        write_level(out_dir, level, records, meta)
+        if not meta["complete"]:
+            n_fail = sum(1 for r in records if not r.success and not r.warmup)
+            died = (level.name, f"the server stopped answering during level {level.name} "
+                                f"({level.mode} {level.concurrency or level.request_rate}); "
+                                f"{n_fail} requests failed there; the sweep stopped, "
+                                f"{i} earlier level(s) are kept")
+            messages.append(died[1])
+            break
+    return finish(out_dir, params.knee_gain, died=died, messages=messages)
+
+
+async def _tokens(server: cl.ServerInfo) -> list[int]:
+    async with cl.make_session(server, 1) as s:
+        return await cl.token_pool(s, server)
+
+
+def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | None = None,
+           messages: list[str] | None = None) -> SweepResult:
+    """Tables from what is on disk: levels.csv, failures and summary.json."""
+    out_dir = Path(out_dir)
+    levels = levels_table(out_dir)
+    fails = []
+    for meta_path in sorted(levels_dir(out_dir).glob("*.meta.json")):
+        name = meta_path.name[: -len(".meta.json")]
+        jsonl = meta_path.with_name(name + ".jsonl")
+        if jsonl.is_file():
+            f = failures_table(read_level_records(jsonl))
+            fails.append(f.assign(level=name))
+    failures = (pd.concat(fails, ignore_index=True) if fails
+                else pd.DataFrame(columns=["request_id", "http_status", "error", "level"]))
+    failures = failures[["level", "request_id", "http_status", "error"]]
+    if died is None and len(levels) and not levels["complete"].all():
+        bad = levels.loc[~levels["complete"], "level"].iloc[0]
+        died = (bad, f"the server stopped answering during level {bad}; later levels were not measured")
+    summary = summarize(levels, failures, knee_gain, died)
+    levels.to_csv(out_dir / "levels.csv", index=False)
+    write_json(out_dir / "summary.json", summary)
+    return SweepResult(levels=levels, summary=summary, failures=failures, out_dir=out_dir,
+                       messages=list(messages or []))
