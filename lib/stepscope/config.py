@@ -129,6 +129,11 @@ class GemmMicroParams:
     """Extra architectures to time beside the served model, e.g. `kimi-k2.5`."""
     preset_m_values: tuple[int, ...] = (1, 8)
     """A reduced M grid for the presets' large shapes on slow machines."""
+    preset_tp: int | None = None
+    """TP size the presets are sharded at; defaults to hardware.gpu_count, else 8 (the
+    campaign in FACTS.md §1)."""
+    graph_calls: int = 50
+    """GPU only: GEMM calls captured in one CUDA graph (per-call time = replay time / calls)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,14 @@ class CollectiveMicroParams:
     iters: int = 50
     burst_count: int | None = None
     """All-reduces per burst; defaults to the model's expected count per decode step."""
+    burst_batch_sizes: tuple[int, ...] = (1,)
+    """Decode batch sizes M for the burst: each all-reduce is M x hidden x dtype bytes."""
+    burst_repeats: int = 5
+    """Timed bursts per size (median reported)."""
+    dtype: str = "bfloat16"
+    """Element type of the all-reduced tensors (the model's activations)."""
     timeout_s: float = 300.0
+    """Wall-clock limit for all ranks together; a rank still running then is ended and named."""
 
 
 @dataclass(frozen=True)
