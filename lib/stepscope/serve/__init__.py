@@ -1,1 +1,49 @@
-"""Stage 00: start or attach to the inference server, and keep it for the run."""
+"""Stage 00: start or attach to the inference server, and keep it for the run.
+
+Public API (the runner, notebooks and other stages use only these):
+
+- `ensure_server(params, run_dir)`: the run's server record; launches or attaches
+  when no live server is recorded in `00_deploy/server.json`.
+- `read_server(run_dir)`: the record other stages read (`base_url`, `served_model`,
+  `engine`, `engine_version`, `profiler_dir`, `tp`, `api_key_env`, ...).
+- `stop_server(run_dir)`: stop a server this run launched (never an attached one).
+- `build_server_command(params, run_dir)`: the exact argv/env launch mode runs.
+- `create_tiny_model(dir, spec)`: a random tiny Llama + locally trained tokenizer.
+
+Artifacts in `00_deploy/`: `server.json` (argv and env redacted), `server.log`.
+"""
+
+from stepscope.serve.launch import (
+    ServerHandle,
+    ServerProcess,
+    attach,
+    build_server_command,
+    launch,
+    read_server,
+    running_server,
+    server_json_path,
+    stop_server,
+    tail_lines,
+)
+from stepscope.serve.tinymodel import create_tiny_model, tiny_model_exists
+
+__all__ = [
+    "ServerHandle", "ServerProcess", "attach", "build_server_command", "create_tiny_model",
+    "ensure_server", "launch", "read_server", "running_server", "server_json_path",
+    "stop_server", "tail_lines", "tiny_model_exists",
+]
+
+
+def ensure_server(params, run_dir, progress: bool = True) -> dict:
+    """Reuse the run's live server, else launch (launch mode) or attach (attach mode).
+
+    A server launched here runs detached in its own process group; whoever asked
+    for it stops it with `stop_server(run_dir)` (the runner does so at the end).
+    """
+    record = running_server(run_dir)
+    if record is not None:
+        return record
+    if params.server.mode == "attach":
+        return attach(params, run_dir).to_json()
+    _, handle = launch(params, run_dir, progress=progress)
+    return handle.to_json()

