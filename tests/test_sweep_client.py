@@ -1,0 +1,147 @@
+"""The sweep client and level runner against the fake SSE server (no model involved)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from stepscope.config import SweepParams
+from stepscope.errors import ServerError, StageInputMissing
+from stepscope.sweep.client import ServerInfo, load_server, parse_prometheus_gauges
+from stepscope.sweep.fake_server import FakeBehaviour, FakeServer
+from stepscope.sweep.run import LEVEL_COLUMNS, find_knee, plan_levels, run_sweep
+
+
+def _server(fake: FakeServer) -> ServerInfo:
+    return ServerInfo(base_url=fake.base_url, served_model="fake", tp=2)
+
+
+def test_plan_levels_request_counts():
+    p = SweepParams(concurrency=(1, 8), request_rates=(2.5,), min_requests=10)
+    assert [(lv.name, lv.n_requests) for lv in plan_levels(p)] == [("c0001", 10), ("c0008", 32), ("r2.5", 12)]
+
+
+def test_clean_sweep_writes_levels_and_exact_metrics(tmp_path):
+    b = FakeBehaviour(first_chunk_delay_s=0.05, chunk_delay_s=0.01)
+    p = SweepParams(concurrency=(1, 2), input_len=7, output_len=5, min_requests=4, warmup_requests=1)
+    with FakeServer(b) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+        assert fake.n_requests == (1 + 4) + (1 + 8)
+    assert list(res.levels.columns) == LEVEL_COLUMNS
+    assert res.levels["level"].tolist() == ["c0001", "c0002"]
+    assert res.levels["n_completed"].tolist() == [4, 8] and res.levels["n_failed"].sum() == 0
+    lines = [json.loads(x) for x in (tmp_path / "levels" / "c0001.jsonl").read_text().splitlines()]
+    assert sum(x["warmup"] for x in lines) == 1 and len(lines) == 5
+    measured = [x for x in lines if not x["warmup"]]
+    # exact lengths: the fake reports the prompt length it received and the tokens it sent
+    assert {x["input_tokens"] for x in measured} == {7} and {x["output_tokens"] for x in measured} == {5}
+    assert all(len(x["chunk_times_s"]) == 5 for x in measured)
+    c1 = res.levels.iloc[0]
+    assert c1["ttft_ms_median"] >= 50 and c1["tpot_ms_median"] >= 10
+    assert c1["server_running_max"] == 1.0 and c1["kv_cache_usage_max"] == 0.25
+    assert (tmp_path / "levels.csv").is_file()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["c1_ttft_ms_median"] == pytest.approx(c1["ttft_ms_median"])
+    assert summary["died_at_level"] is None
+
+
+def test_failures_are_recorded_with_messages_and_excluded(tmp_path):
+    b = FakeBehaviour(fail_every=3, sse_error_every=5, reset_every=7)
+    p = SweepParams(concurrency=(2,), input_len=4, output_len=4, min_requests=20, warmup_requests=0)
+    with FakeServer(b) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+    lv = res.levels.iloc[0]
+    errors = res.failures["error"].tolist()
+    assert any(e.startswith("HTTP 500") and "fake overload" in e for e in errors)
+    assert any(e == "SSE error: fake engine error" for e in errors)
+    # n=3,6,9,12,15,18 -> 500; 5,10,20 -> SSE error; 7,14 -> reset  (15 is a 500 first)
+    assert lv["n_failed"] == 11 and lv["n_completed"] == 9
+    assert lv["total_throughput_tok_s"] == pytest.approx(9 * 8 / lv["duration_s"])
+    assert res.summary["n_failures"] == 11
+    assert any("11 of 20 requests failed" in f for f in res.summary["flags"])
+
+
+def test_timeout_is_a_failure(tmp_path):
+    b = FakeBehaviour(hang_every=2, hang_s=2.0)
+    p = SweepParams(concurrency=(1,), input_len=2, output_len=2, min_requests=2, warmup_requests=0,
+                    request_timeout_s=0.3)
+    with FakeServer(b) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+    # 4 requests (4 x C); the fake stalls the 2nd and 4th
+    assert res.failures["error"].tolist() == ["timeout after 0.3 s"] * 2
+    assert res.levels["n_completed"].tolist() == [2]
+
+
+def test_server_death_stops_the_sweep_and_resume_skips_done_levels(tmp_path):
+    p = SweepParams(concurrency=(1, 2, 4), input_len=2, output_len=3, min_requests=4, warmup_requests=1)
+    with FakeServer(FakeBehaviour(die_after=10)) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+    assert res.summary["died_at_level"] == "c0002"
+    assert "c0002" in res.summary["died_message"]
+    assert (tmp_path / "levels" / "c0001.jsonl").is_file()
+    assert (tmp_path / "levels" / "c0002.jsonl").is_file()  # what it got is kept
+    assert not (tmp_path / "levels" / "c0004.jsonl").exists()
+    assert bool(res.levels.set_index("level").loc["c0001", "complete"]) is True
+    with pytest.raises(ServerError, match="c0002"):
+        res.raise_if_died()
+    # resume: c0001 is kept, c0002 re-measured, c0004 measured
+    with FakeServer(FakeBehaviour()) as fake:
+        res2 = run_sweep(_server(fake), p, tmp_path)
+        assert fake.n_requests == (1 + 8) + (1 + 16)
+    assert res2.summary["died_at_level"] is None
+    assert res2.levels["n_completed"].tolist() == [4, 8, 16]
+    assert any("c0001: already measured" in m for m in res2.messages)
+
+
+def test_open_loop_rate_level(tmp_path):
+    p = SweepParams(concurrency=(), request_rates=(50.0,), input_len=2, output_len=2,
+                    min_requests=10, warmup_requests=0)
+    with FakeServer(FakeBehaviour()) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+    row = res.levels.iloc[0]
+    assert row["mode"] == "rate" and row["request_rate"] == 50.0 and row["n_completed"] == 200
+
+
+def test_prometheus_gauges_sum_over_labels():
+    text = ('# HELP x\nvllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 9.0\n'
+            'vllm:num_requests_waiting{engine="0"} 4.0\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n')
+    assert parse_prometheus_gauges(text) == {"running": 5.0, "waiting": 4.0, "kv_cache_usage": 0.5}
+
+
+def _levels(conc, tput):
+    return pd.DataFrame({"mode": "concurrency", "concurrency": conc, "complete": True,
+                         "n_completed": 10, "output_throughput_tok_s": tput})
+
+
+def test_knee_is_first_level_where_doubling_adds_little():
+    k = find_knee(_levels([1, 2, 4, 8, 16], [100, 190, 300, 320, 330]), 0.10)
+    assert k["knee_concurrency"] == 4 and k["plateau_output_tok_s"] == 330
+    assert k["gains_per_doubling"][4] == pytest.approx(320 / 300 - 1)
+    # a skipped level (4 -> 16) is scaled to one doubling: sqrt(1.15) - 1 < 10 %
+    k = find_knee(_levels([1, 4, 16], [100, 300, 345]), 0.10)
+    assert k["knee_concurrency"] == 4
+    assert find_knee(_levels([1, 2], [100, 200]), 0.10)["knee_concurrency"] is None
+
+
+def test_load_server_errors(tmp_path):
+    with pytest.raises(StageInputMissing, match="server.json"):
+        load_server(tmp_path)
+    (tmp_path / "00_deploy").mkdir()
+    (tmp_path / "00_deploy" / "server.json").write_text(json.dumps({"base_url": "http://x"}))
+    with pytest.raises(StageInputMissing, match="served_model"):
+        load_server(tmp_path)
+    (tmp_path / "00_deploy" / "server.json").write_text(json.dumps(
+        {"base_url": "http://x", "served_model": "m", "tp": 2, "api_key_env": "SS_TEST_KEY"}))
+    s = load_server(tmp_path)
+    assert s.tp == 2 and s.headers == {}
+    import os
+    os.environ["SS_TEST_KEY"] = "k1"
+    try:
+        assert s.headers == {"Authorization": "Bearer k1"}
+    finally:
+        del os.environ["SS_TEST_KEY"]
