@@ -1,0 +1,115 @@
+"""Sweep figures. Each function takes the levels table and returns a Figure; saving is apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless under papermill and CI; inline display still works in Jupyter
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from stepscope.runfolder import figures_dir  # noqa: E402
+
+FIGURE_NAMES = {
+    "throughput": "sweep_output_tok_s_vs_concurrency.png",
+    "latency": "sweep_latency_vs_concurrency.png",
+    "curve": "sweep_latency_vs_throughput.png",
+}
+
+
+def _closed(levels: pd.DataFrame) -> pd.DataFrame:
+    c = levels[(levels["mode"] == "concurrency") & (levels["n_completed"] > 0)]
+    return c.sort_values("concurrency")
+
+
+def _count_note(levels: pd.DataFrame) -> str:
+    n = levels["n_completed"]
+    return f"{len(levels)} levels, {int(n.min())}-{int(n.max())} completed requests each" if len(n) else "no levels"
+
+
+def plot_throughput_vs_concurrency(levels: pd.DataFrame, summary: dict[str, Any] | None = None) -> Figure:
+    """Output tok/s (and peak 1-s tok/s) against concurrency, with the knee marked."""
+    c = _closed(levels)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(c["concurrency"], c["output_throughput_tok_s"], "o-", label="output tok/s (tokens / duration)")
+    ax.plot(c["concurrency"], c["peak_output_tok_s_1s"], "x:", alpha=0.7, label="peak 1-s output tok/s")
+    knee = (summary or {}).get("knee_concurrency")
+    plateau = (summary or {}).get("plateau_output_tok_s")
+    if knee is not None:
+        ax.axvline(knee, color="tab:red", ls="--", lw=1, label=f"knee: C={knee}")
+    if plateau is not None:
+        ax.axhline(plateau, color="tab:gray", ls=":", lw=1, label=f"plateau {plateau:,.0f} tok/s")
+    bound = c[c["client_bound"]]
+    if len(bound):
+        ax.scatter(bound["concurrency"], bound["output_throughput_tok_s"], s=120, facecolors="none",
+                   edgecolors="tab:orange", label="client may be the bottleneck")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C (requests in flight, closed loop)")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title(f"Output throughput vs concurrency ({_count_note(c)})", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency_vs_concurrency(levels: pd.DataFrame) -> Figure:
+    """TTFT and TPOT, median and p99 (ms, over completed requests), against concurrency."""
+    c = _closed(levels)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, label in ((axes[0], "ttft", "TTFT"), (axes[1], "tpot", "TPOT")):
+        ax.plot(c["concurrency"], c[f"{metric}_ms_median"], "o-", label=f"{label} p50")
+        ax.plot(c["concurrency"], c[f"{metric}_ms_p99"], "s--", label=f"{label} p99")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency C")
+        ax.set_ylabel(f"{label} (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Latency vs concurrency, per request ({_count_note(c)}); TPOT = (E2EL-TTFT)/(out-1)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency_vs_throughput(levels: pd.DataFrame) -> Figure:
+    """The latency-throughput curve: median TPOT and TTFT against output tok/s, one point per level."""
+    c = _closed(levels)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(c["output_throughput_tok_s"], c["tpot_ms_median"], "o-", label="TPOT p50 (ms)")
+    ax2 = ax.twinx()
+    ax2.plot(c["output_throughput_tok_s"], c["ttft_ms_median"], "s--", color="tab:green", label="TTFT p50 (ms)")
+    for _, r in c.iterrows():
+        ax.annotate(f"C={int(r['concurrency'])}", (r["output_throughput_tok_s"], r["tpot_ms_median"]),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("output throughput (tok/s)")
+    ax.set_ylabel("TPOT p50 (ms)")
+    ax2.set_ylabel("TTFT p50 (ms)", color="tab:green")
+    ax.set_title(f"Latency vs throughput ({_count_note(c)})", fontsize=10)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None) -> dict[str, Figure]:
+    return {
+        FIGURE_NAMES["throughput"]: plot_throughput_vs_concurrency(levels, summary),
+        FIGURE_NAMES["latency"]: plot_latency_vs_concurrency(levels),
+        FIGURE_NAMES["curve"]: plot_latency_vs_throughput(levels),
+    }
+
+
+def save_figures(figures: dict[str, Figure], run_dir: str | Path) -> list[Path]:
+    """Save each figure as PNG under the run's figures/ folder."""
+    out = []
+    for name, fig in figures.items():
+        path = figures_dir(run_dir) / name
+        fig.savefig(path, dpi=120)
+        out.append(path)
+    return out
