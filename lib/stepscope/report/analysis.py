@@ -1,0 +1,438 @@
+"""The report's numbers: derived from the artifacts, never from a notebook.
+
+Pure functions over `RunArtifacts` (or plain values) returning dicts and DataFrames.
+Sentences that carry a judgement (the verdict, the reconciliation, the caveats) are built
+here too, from thresholds named below, so they are tested like any other number.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES, category_sort_key
+from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, num, pick
+
+LAUNCH_BOUND_IDLE_SHARE = 0.30
+"""Device idle above this share of the step span: the step waits on the host to launch work."""
+DEVICE_BOUND_IDLE_SHARE = 0.10
+COMM_EXPOSED_SHARE = 0.80
+"""Exposed/summed communication above this: it runs with nothing to hide behind."""
+COMM_HIDDEN_SHARE = 0.30
+OVERLAP_RATIO = 1.15
+"""Kernel sum / union above this: overlap makes summed kernel time overstate the step."""
+TPOT_GAP_SHARE = 0.10
+"""|TPOT - span| above this share of TPOT is worth explaining in words."""
+PREDICTION_TOLERANCE = 0.25
+"""Trace and micro-benchmark agree when their ratio is within 1 ± this."""
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:,.0f}"
+
+
+# --------------------------------------------------------------------------- decode step
+
+
+def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
+    """Per-decode-step wall and kernel readings in ms, with what each is based on.
+
+    `step_ms` is the basis for shares and Amdahl ceilings: the span (wall time the device
+    spent on a step) when known, else the union, else the capture TPOT.
+    """
+    d = a.decode
+    per = d.get("per_step_ms") if isinstance(d.get("per_step_ms"), dict) else {}
+    out: dict[str, Any] = {
+        "kernel_sum_ms": num(pick(d, "kernel_sum_ms_per_step", "kernel_sum_ms", "sum_ms_per_step")
+                             or pick(per, "kernel_sum", "sum")),
+        "union_ms": num(pick(d, "union_ms_per_step", "busy_ms_per_step", "union_ms", "busy_ms")
+                        or pick(per, "union", "busy")),
+        "span_ms": num(pick(d, "span_ms_per_step", "span_ms") or pick(per, "span")),
+        "tpot_capture_ms": num(pick(d, "tpot_capture_ms", "capture_tpot_ms", "tpot_ms")),
+        "n_decode_steps": pick(d, "n_decode_steps", "n_steps"),
+        "source": "05_categorize/summary.json",
+    }
+    steps = a.steps
+    if steps is not None and (out["span_ms"] is None or out["union_ms"] is None):
+        dec = steps
+        if "kind" in dec:
+            dec = dec[dec["kind"].astype(str) == "decode"]
+        if "rank" in dec and len(dec):
+            dec = dec[dec["rank"] == dec["rank"].min()]
+        for key, col in (("span_ms", "span_us"), ("union_ms", "busy_us"), ("kernel_sum_ms", "kernel_sum_us")):
+            if out[key] is None and col in dec and len(dec):
+                out[key] = float(dec[col].mean()) / 1000.0
+        if out["n_decode_steps"] is None and len(dec):
+            out["n_decode_steps"] = int(len(dec))
+    if out["kernel_sum_ms"] is None and a.decode_categories is not None:
+        out["kernel_sum_ms"] = float(a.decode_categories["ms_per_step_mean"].sum())
+    if out["tpot_capture_ms"] is None and a.capture_latency:
+        out["tpot_capture_ms"] = num(pick(a.capture_latency, "tpot_ms_mean", "tpot_ms_median"))
+    if out["n_decode_steps"] is None and a.trace_summary:
+        ranks = a.trace_summary.get("ranks") or []
+        if ranks:
+            out["n_decode_steps"] = ranks[0].get("n_decode_steps")
+    span, union = out["span_ms"], out["union_ms"]
+    out["idle_ms"] = span - union if span is not None and union is not None else None
+    out["step_ms"] = span or union or out["tpot_capture_ms"]
+    out["step_basis"] = "span" if span else ("union" if union else ("capture TPOT" if out["step_ms"] else None))
+    return out
+
+
+def decode_category_table(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | None:
+    """Per category: ms per step (mean, median, p90), % of step, calls per step, µs per call."""
+    df = a.decode_categories
+    if df is None or "category" not in df or "ms_per_step_mean" not in df:
+        return None
+    df = df.copy()
+    step = totals.get("step_ms")
+    if "share_of_step" not in df and step:
+        df["share_of_step"] = df["ms_per_step_mean"] / step
+    if "us_per_call" not in df and "calls_per_step" in df:
+        df["us_per_call"] = 1000.0 * df["ms_per_step_mean"] / df["calls_per_step"].replace(0, np.nan)
+    df = df.sort_values("ms_per_step_mean", ascending=False, kind="stable").reset_index(drop=True)
+    return df
+
+
+def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | None:
+    """Per category: exposed ms per step and the step speed-up if it were removed.
+
+    max_speedup = step / (step - exposed). Stage 05's value is kept when it gives one; it is
+    recomputed from the exposed time and the step basis otherwise.
+    """
+    df = a.amdahl
+    if df is None or "category" not in df or "exposed_ms_per_step" not in df:
+        return None
+    df = df[["category", "exposed_ms_per_step"] + (["max_speedup"] if "max_speedup" in df else [])].copy()
+    step = totals.get("step_ms")
+    if step:
+        remaining = step - df["exposed_ms_per_step"].astype(float)
+        computed = np.where(remaining > 0, step / remaining.where(remaining > 0, np.nan), np.inf)
+        if "max_speedup" in df:
+            df["max_speedup"] = df["max_speedup"].astype(float).where(df["max_speedup"].notna(), computed)
+        else:
+            df["max_speedup"] = computed
+    elif "max_speedup" not in df:
+        return None
+    df = df.sort_values("max_speedup", ascending=False, kind="stable").reset_index(drop=True)
+    return df
+
+
+def reconciliation(totals: dict[str, Any]) -> list[str]:
+    """Sentences relating kernel sum, union, span and capture TPOT (all per decode step)."""
+    s, u, sp, tpot = (totals.get(k) for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms"))
+    out: list[str] = []
+    if s is not None and u is not None and u > 0:
+        overlap = s - u
+        if overlap > 0.005 * u:
+            out.append(f"Kernels overlap: the summed kernel time ({_fmt(s)} ms) exceeds the time the device "
+                       f"was busy ({_fmt(u)} ms) by {_fmt(overlap)} ms ({_fmt(100 * overlap / u, 2)} %), "
+                       f"so adding up kernel durations overstates the step.")
+        else:
+            out.append(f"Kernels barely overlap: summed kernel time ({_fmt(s)} ms) and busy time "
+                       f"({_fmt(u)} ms) agree.")
+    if u is not None and sp is not None and sp > 0:
+        idle = sp - u
+        out.append(f"Within a step's span of {_fmt(sp)} ms the device is busy {_fmt(u)} ms and idle "
+                   f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): gaps between kernels "
+                   f"where the device waits for the host to launch work or for data.")
+    if tpot is not None and sp is not None and tpot > 0:
+        gap = tpot - sp
+        if abs(gap) <= TPOT_GAP_SHARE * tpot:
+            out.append(f"The TPOT measured by the client during capture ({_fmt(tpot)} ms) matches the span "
+                       f"({_fmt(sp)} ms) within {_fmt(100 * abs(gap) / tpot, 2)} %: the device steps account "
+                       f"for the time per token.")
+        elif gap > 0:
+            out.append(f"The TPOT measured during capture ({_fmt(tpot)} ms) is {_fmt(gap)} ms above the span "
+                       f"({_fmt(100 * gap / tpot, 2)} % of TPOT): that time is spent between device steps, "
+                       f"in the scheduler, host-side sampling, detokenization or streaming.")
+        else:
+            out.append(f"The span per step ({_fmt(sp)} ms) exceeds the TPOT measured during capture "
+                       f"({_fmt(tpot)} ms) by {_fmt(-gap)} ms: steps overlap in time (asynchronous "
+                       f"scheduling) or the client's TPOT averages in faster tokens.")
+    elif tpot is not None and s is not None:
+        out.append(f"The capture's TPOT is {_fmt(tpot)} ms against {_fmt(s)} ms of summed kernel time per step; "
+                   f"without a span the gap cannot be split into overlap and idle time.")
+    return out
+
+
+# --------------------------------------------------------------------------- cross-checks
+
+
+def _category_ms(decode: pd.DataFrame | None, cats: frozenset[str]) -> float | None:
+    if decode is None:
+        return None
+    sub = decode[decode["category"].isin(cats)]
+    return float(sub["ms_per_step_mean"].sum()) if len(sub) else None
+
+
+def _gemm_prediction_ms(a: RunArtifacts, m: int = 1) -> float | None:
+    by_m = (a.gemm_prediction or {}).get("gemm_us_per_decode_step")
+    if not isinstance(by_m, dict):
+        return None
+    v = num(by_m.get(str(m), by_m.get(m)))
+    return v / 1000.0 if v is not None else None
+
+
+def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
+    """Trace GEMM and communication time per decode step against the micro predictions."""
+    rows = []
+    dec = a.decode_categories
+    pred_gemm = _gemm_prediction_ms(a, 1)
+    trace_gemm = _category_ms(dec, GEMM_CATEGORIES)
+    if pred_gemm is not None or trace_gemm is not None:
+        rows.append({"quantity": "GEMM time per decode step (batch 1)", "trace_ms_per_step": trace_gemm,
+                     "micro_predicted_ms_per_step": pred_gemm,
+                     "prediction_method": (a.gemm_prediction or {}).get("method", "n/a")})
+    cp = a.comm_prediction or {}
+    pred_comm = num(cp.get("comm_us_per_decode_step"))
+    trace_comm = _category_ms(dec, COMMUNICATION_CATEGORIES)
+    if pred_comm is not None or trace_comm is not None:
+        how = (f"{cp.get('k', '?')} × {_fmt(num(cp.get('per_op_us')))} µs, {cp.get('size_bytes', '?')} B, "
+               f"{cp.get('backend', '?')} {cp.get('mode', '?')}") if cp else "n/a"
+        rows.append({"quantity": "communication time per decode step", "trace_ms_per_step": trace_comm,
+                     "micro_predicted_ms_per_step": pred_comm / 1000.0 if pred_comm is not None else None,
+                     "prediction_method": how})
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    t = pd.to_numeric(df["trace_ms_per_step"], errors="coerce")
+    p = pd.to_numeric(df["micro_predicted_ms_per_step"], errors="coerce")
+    df["ratio_trace_over_micro"] = t / p
+    df["agree"] = [None if pd.isna(r) else bool(abs(r - 1.0) <= PREDICTION_TOLERANCE)
+                   for r in df["ratio_trace_over_micro"]]
+    return df
+
+
+# --------------------------------------------------------------------------- macro
+
+
+def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
+    s = a.sweep_summary or {}
+    lv = a.levels
+    out = {"knee_concurrency": pick(s, "knee_concurrency"), "plateau_output_tok_s": num(pick(s, "plateau_output_tok_s")),
+           "c1_ttft_ms_median": num(pick(s, "c1_ttft_ms_median")),
+           "c1_tpot_ms_median": num(pick(s, "c1_tpot_ms_median")), "died_at_level": pick(s, "died_at_level"),
+           "client_bound_levels": []}
+    if lv is not None and "concurrency" in lv:
+        c1 = lv[lv["concurrency"] == 1]
+        if len(c1):
+            if out["c1_ttft_ms_median"] is None and "ttft_ms_median" in c1:
+                out["c1_ttft_ms_median"] = num(c1["ttft_ms_median"].iloc[0])
+            if out["c1_tpot_ms_median"] is None and "tpot_ms_median" in c1:
+                out["c1_tpot_ms_median"] = num(c1["tpot_ms_median"].iloc[0])
+        if out["plateau_output_tok_s"] is None and "output_throughput_tok_s" in lv:
+            out["plateau_output_tok_s"] = num(lv["output_throughput_tok_s"].max())
+        if "client_bound" in lv:
+            cb = lv[lv["client_bound"].astype(str).str.lower().isin(["true", "1"])]
+            out["client_bound_levels"] = [
+                f"{r.get('mode', 'concurrency')} {r.get('concurrency') if pd.notna(r.get('concurrency')) else r.get('request_rate')}"
+                + (f" (client CPU {r['client_cpu_pct']:.0f} %)" if pd.notna(r.get("client_cpu_pct")) else "")
+                for _, r in cb.iterrows()]
+    return out
+
+
+# --------------------------------------------------------------------------- what-if
+
+
+def speculative_whatif(step_ms: float, gemm_ms: float | None, gemm_pred_us_by_m: dict | None,
+                       acceptance_lengths: tuple[float, ...], draft_cost_fractions: tuple[float, ...]
+                       ) -> pd.DataFrame:
+    """Projected TPOT and tok/s with speculative (multi-token) decoding at batch 1.
+
+    Model: each verify step scores M = ceil(a) + 1 tokens (a drafted tokens' worth plus one
+    spare) and emits `a` tokens on average. Its cost is the measured step with the GEMM
+    part rescaled by the micro-benchmark's GEMM time at M over M = 1 (decode GEMMs are
+    weight-read bound, so this ratio is near 1); everything else (attention, collectives,
+    launches) is assumed unchanged. The draft costs `f` × the measured step per verify step.
+    TPOT = (verify + draft) / a.
+    """
+    rows = []
+    base_gemm_us = num((gemm_pred_us_by_m or {}).get("1"))
+    for acc in acceptance_lengths:
+        m = int(math.ceil(acc)) + 1
+        scale, scale_source = 1.0, "assumed 1 (no GEMM prediction)"
+        if gemm_ms and base_gemm_us:
+            ms = {int(k): num(v) for k, v in (gemm_pred_us_by_m or {}).items() if num(v) is not None}
+            xs = sorted(ms)
+            if xs:
+                # Linear interpolation in M between the timed points; clamp outside the grid.
+                val = float(np.interp(m, xs, [ms[x] for x in xs]))
+                scale = val / base_gemm_us
+                scale_source = f"micro GEMM time at M={m} / M=1"
+        verify_ms = step_ms + (gemm_ms or 0.0) * (scale - 1.0)
+        for frac in draft_cost_fractions:
+            draft_ms = frac * step_ms
+            tpot = (verify_ms + draft_ms) / acc
+            rows.append({"acceptance_length": acc, "draft_cost_fraction": frac, "verify_m": m,
+                         "gemm_scale": scale, "gemm_scale_source": scale_source,
+                         "verify_step_ms": verify_ms, "draft_ms": draft_ms,
+                         "tpot_ms_projected": tpot, "tok_s_projected": 1000.0 / tpot,
+                         "speedup": step_ms / tpot})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
+            amdahl: pd.DataFrame | None, mvt: pd.DataFrame | None) -> dict[str, Any]:
+    """The dominant category, and a paragraph whose every sentence depends on the numbers."""
+    out: dict[str, Any] = {"dominant": None, "dominant_share": None, "sentences": []}
+    if decode is None or not len(decode):
+        return out
+    step = totals.get("step_ms")
+    top = decode.iloc[0]
+    share = num(top.get("share_of_step"))
+    out["dominant"], out["dominant_share"] = str(top["category"]), share
+    sents = out["sentences"]
+    n = totals.get("n_decode_steps")
+    nsteps = f" over {n} decode steps" if n else ""
+    sents.append(f"{top['category']} is the largest category{nsteps}: {_fmt(num(top['ms_per_step_mean']))} ms "
+                 f"per step, {_fmt(100 * share if share is not None else None, 3)} % of a {_fmt(step)} ms step"
+                 + (f" ({totals['step_basis']})." if totals.get("step_basis") else "."))
+    comm_sum = _category_ms(decode, COMMUNICATION_CATEGORIES)
+    comm_exp = None
+    if amdahl is not None:
+        sub = amdahl[amdahl["category"].isin(COMMUNICATION_CATEGORIES)]
+        comm_exp = float(sub["exposed_ms_per_step"].sum()) if len(sub) else None
+    if comm_sum is None or comm_sum <= 0:
+        sents.append("No collective ran in the decode steps (one rank, or TP=1), so communication plays no part.")
+    elif comm_exp is not None:
+        frac = comm_exp / comm_sum
+        if frac >= COMM_EXPOSED_SHARE:
+            sents.append(f"Communication is exposed: {_fmt(comm_exp)} of its {_fmt(comm_sum)} ms per step runs "
+                         f"with no compute alongside, so every microsecond saved there shortens the step.")
+        elif frac <= COMM_HIDDEN_SHARE:
+            sents.append(f"Communication is mostly hidden under compute: only {_fmt(comm_exp)} of its "
+                         f"{_fmt(comm_sum)} ms per step is exposed, so faster collectives would buy little.")
+        else:
+            sents.append(f"Communication is partly hidden: {_fmt(comm_exp)} of its {_fmt(comm_sum)} ms per step "
+                         f"({_fmt(100 * frac, 2)} %) is exposed.")
+    sp, u, s = totals.get("span_ms"), totals.get("union_ms"), totals.get("kernel_sum_ms")
+    if sp and u is not None:
+        idle_share = (sp - u) / sp
+        if idle_share >= LAUNCH_BOUND_IDLE_SHARE:
+            sents.append(f"The device is idle {_fmt(100 * idle_share, 2)} % of each step (span {_fmt(sp)} ms, busy "
+                         f"{_fmt(u)} ms): the step is bound by the host launching work, not by the kernels, so "
+                         f"CUDA graphs, fewer launches or a faster host come before faster kernels.")
+        elif idle_share <= DEVICE_BOUND_IDLE_SHARE:
+            sents.append(f"The device is busy {_fmt(100 * (1 - idle_share), 3)} % of each step, so the step is "
+                         f"bound by device work, not by kernel launches.")
+        else:
+            sents.append(f"The device idles {_fmt(100 * idle_share, 2)} % of each step: launch gaps matter, "
+                         f"but device work dominates.")
+    if s and u and s / u >= OVERLAP_RATIO:
+        sents.append(f"Kernels overlap (summed {_fmt(s)} ms against {_fmt(u)} ms busy), so per-kernel totals "
+                     f"overstate the step by {_fmt(100 * (s / u - 1), 2)} %.")
+    tpot = totals.get("tpot_capture_ms")
+    if tpot and sp and (tpot - sp) > TPOT_GAP_SHARE * tpot:
+        sents.append(f"{_fmt(tpot - sp)} ms of the {_fmt(tpot)} ms TPOT lies outside the device steps, on the "
+                     f"host side; no kernel fix reaches it.")
+    if amdahl is not None and len(amdahl):
+        best = amdahl.iloc[0]
+        txt = (f"The biggest single lever is {best['category']}: removing all of its exposed time would make a "
+               f"decode step at most {_fmt(num(best['max_speedup']))}× faster")
+        if len(amdahl) > 1:
+            nxt = amdahl.iloc[1]
+            txt += f"; next is {nxt['category']} at {_fmt(num(nxt['max_speedup']))}×"
+        sents.append(txt + ".")
+    if mvt is not None:
+        for _, r in mvt.iterrows():
+            ratio = num(r["ratio_trace_over_micro"])
+            if ratio is None:
+                continue
+            what = "communication" if "communication" in r["quantity"] else "GEMM time"
+            if abs(ratio - 1) <= PREDICTION_TOLERANCE:
+                sents.append(f"The trace's {what} per step agrees with the micro-benchmark's prediction "
+                             f"(ratio {_fmt(ratio)}).")
+            elif ratio > 1 and what == "communication":
+                sents.append(f"The trace's communication per step is {_fmt(ratio)}× the micro-benchmark's "
+                             f"prediction: beyond the transfer itself, ranks wait for each other.")
+            else:
+                sents.append(f"The trace's {what} per step is {_fmt(ratio)}× the micro-benchmark's prediction, "
+                             f"so the isolated benchmark does not describe the running engine.")
+    return out
+
+
+# --------------------------------------------------------------------------- caveats
+
+
+def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> list[str]:
+    """Data-quality caveats, each from a flag or a check on the artifacts."""
+    out: list[str] = []
+    ts = a.trace_summary or {}
+    ranks = [r for r in ts.get("ranks") or [] if isinstance(r, dict)]
+    if ranks:
+        shares = [(num(r.get("other_share")), r) for r in ranks]
+        shares = [(s, r) for s, r in shares if s is not None]
+        if shares:
+            worst, r = max(shares, key=lambda x: x[0])
+            names = ", ".join(f"`{n}`" for n in (r.get("other_top_names") or [])[:5]) or "none listed"
+            out.append(f"\"other\" holds at most {100 * worst:.2f} % of kernel time (rank {r.get('rank')}); "
+                       f"its top names: {names}.")
+        unattr = [(r.get("rank"), r.get("unattributed_events")) for r in ranks if r.get("unattributed_events")]
+        if unattr:
+            total = sum(int(n) for _, n in unattr)
+            out.append(f"{total} device events were not attributed to any step "
+                       f"(ranks {', '.join(str(r) for r, _ in unattr)}); they are left out of per-step figures.")
+        else:
+            out.append("Every device event was attributed to a step on every rank.")
+        sources = sorted({str(r.get("step_source")) for r in ranks if r.get("step_source")})
+        if sources:
+            exact = all(s.startswith("annotation") for s in sources)
+            out.append(f"Step boundaries come from: {', '.join(sources)}"
+                       + (" (exact: the engine annotates each step)." if exact else
+                          " — a fallback, so step counts and per-step figures are approximate."))
+    cc = ts.get("collectives_check")
+    if isinstance(cc, dict) and cc:
+        match = cc.get("match")
+        if match is None and isinstance(cc.get("expected"), dict) and isinstance(cc.get("observed"), dict):
+            match = all(num(cc["observed"].get(k)) == num(v) for k, v in cc["expected"].items())
+        if match is False:
+            out.append(f"Collectives per decode step do not match the architecture: expected "
+                       f"{_kv(cc.get('expected'))}, observed {_kv(cc.get('observed'))}. "
+                       f"{cc.get('explanation') or ''}".strip())
+    for f in ts.get("flags") or []:
+        if isinstance(f, dict) and f.get("message"):
+            out.append(f"[05 {f.get('severity', 'info')}] {f.get('code', '')}: {f['message']}")
+    for f in (a.sweep_summary or {}).get("flags") or []:
+        msg = f.get("message") if isinstance(f, dict) else str(f)
+        if msg:
+            out.append(f"[01] {msg}")
+    if macro.get("client_bound_levels"):
+        out.append("The load generator may have been the bottleneck at "
+                   + ", ".join(macro["client_bound_levels"]) + "; treat those levels' throughput as a lower bound.")
+    if macro.get("died_at_level") is not None:
+        out.append(f"The server died during the sweep at level {macro['died_at_level']}; later levels are absent.")
+    if (a.manifest or {}).get("partial"):
+        out.append("The profiler capture is partial: not every rank's trace was complete (see the manifest).")
+    for stage_id, title in STAGE_TITLES.items():
+        if not a.stage_present(stage_id):
+            status = ((a.run or {}).get("stages") or {}).get(stage_id) or {}
+            why = status.get("status", "no artifacts")
+            err = f": {status['error']}" if status.get("error") else ""
+            out.append(f"Stage {stage_id} ({title}) was not measured ({why}{err}).")
+        else:
+            status = ((a.run or {}).get("stages") or {}).get(stage_id) or {}
+            if status.get("status") == "failed":
+                out.append(f"Stage {stage_id} ({title}) failed{': ' + str(status['error']) if status.get('error') else ''}; "
+                           f"its artifacts may be incomplete.")
+    for p in a.problems:
+        out.append(f"Unreadable artifact: {p}")
+    return out
+
+
+def _kv(d: Any) -> str:
+    if isinstance(d, dict):
+        return ", ".join(f"{k} {v}" for k, v in d.items())
+    return str(d)
+
+
+def sort_categories(cats: list[str]) -> list[str]:
+    return sorted(cats, key=category_sort_key)

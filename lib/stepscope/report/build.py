@@ -1,0 +1,559 @@
+"""Stage 06: write report.md and a self-contained report.html from a run folder alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from stepscope.config import WriteupParams, redact, redact_argv
+from stepscope.palette import GEMM_CATEGORIES
+from stepscope.report import analysis as an
+from stepscope.report import figures as fg
+from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num, pick
+from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
+from stepscope.runfolder import figures_dir
+
+STAGE_ID = "06_writeup"
+FIGURE_LINK_PREFIX = "../figures/"
+"""report.md lives in 06_writeup/; figures in the run folder's figures/."""
+
+
+def writeup_params_from(a: RunArtifacts, override: WriteupParams | None = None) -> WriteupParams:
+    """The run's writeup params from its snapshot; defaults for keys it lacks."""
+    if override is not None:
+        return override
+    raw = (a.params or {}).get("writeup") or {}
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(WriteupParams):
+        if f.name in raw and raw[f.name] is not None:
+            v = raw[f.name]
+            kwargs[f.name] = tuple(float(x) for x in v) if isinstance(v, list) else v
+    try:
+        return WriteupParams(**kwargs)
+    except TypeError:
+        return WriteupParams()
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _stage_figures(run_dir: Path, prefix: str) -> list[str]:
+    d = run_dir / "figures"
+    if not d.is_dir():
+        return []
+    return sorted(p.name for p in d.glob(f"{prefix}*.png"))
+
+
+def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
+    rc = a.rank_categories
+    if rc is not None and {"rank", "category"} <= set(rc.columns):
+        col = next((c for c in ("ms_per_decode_step", "ms_per_step", "ms_per_step_mean",
+                                "sum_ms_per_decode_step") if c in rc.columns), None)
+        if col is not None:
+            return pd.DataFrame({"label": "rank " + rc["rank"].astype(str), "category": rc["category"],
+                                 "ms_per_step": rc[col].astype(float)})
+    return pd.DataFrame({"label": "decode step (mean)", "category": decode["category"],
+                         "ms_per_step": decode["ms_per_step_mean"].astype(float)})
+
+
+def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
+    """Draw the report's own figures into figures/; return {key: file name}.
+
+    Stage plots (sweep_*, gemm_roofline, collective_*) are reused when the stage saved them;
+    otherwise a fallback is drawn from the stage's CSV under a writeup_* name.
+    """
+    out_dir = figures_dir(a.run_dir)
+    made: dict[str, str] = {}
+
+    def save(key: str, name: str, fig) -> None:
+        fg.save_figure(fig, out_dir / name)
+        made[key] = name
+
+    decode, totals = ctx["decode"], ctx["totals"]
+    n = totals.get("n_decode_steps")
+    if decode is not None:
+        markers = {"busy (union)": totals.get("union_ms"), "span": totals.get("span_ms"),
+                   "capture TPOT": totals.get("tpot_capture_ms")}
+        save("stacked", "decode_category_ms_per_step_stacked.png",
+             fg.plot_decode_category_time_stacked(_bars_frame(a, decode), markers, n))
+        if "share_of_step" in decode:
+            save("shares", "decode_category_share_of_step.png", fg.plot_category_shares(decode, n))
+    if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns):
+        save("timeline", "decode_step_timeline_rank0_by_stream.png", fg.plot_decode_step_timeline(a.timeline))
+    if ctx["amdahl"] is not None:
+        save("amdahl", "decode_amdahl_ceiling_by_category.png", fg.plot_amdahl_ceiling(ctx["amdahl"]))
+    if ctx["whatif"] is not None:
+        save("whatif", "whatif_speculative_decoding_tpot.png",
+             fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"]))
+    lv = a.levels
+    if lv is not None and "concurrency" in lv and not _stage_figures(a.run_dir, "sweep_"):
+        lvc = lv[lv["mode"].astype(str) != "rate"] if "mode" in lv else lv
+        if "output_throughput_tok_s" in lvc and len(lvc):
+            save("sweep_tput", "writeup_throughput_vs_concurrency.png",
+                 fg.plot_throughput_vs_concurrency(lvc, num(ctx["macro"].get("knee_concurrency"))))
+            save("sweep_lat", "writeup_latency_vs_concurrency.png", fg.plot_latency_vs_concurrency(lvc))
+    if a.gemm is not None and not _stage_figures(a.run_dir, "gemm_roofline") \
+            and {"tflops", "gbps", "backend", "dtype"} <= set(a.gemm.columns):
+        hw = (a.params or {}).get("hardware") or {}
+        save("roofline", "writeup_gemm_roofline.png",
+             fg.plot_gemm_roofline(a.gemm, num(hw.get("peak_mem_bw_gbps")), num(hw.get("peak_tflops"))))
+    if a.collectives is not None and not _stage_figures(a.run_dir, "collective_") \
+            and {"size_bytes", "time_us_median"} <= set(a.collectives.columns):
+        save("coll", "writeup_collective_latency_vs_size.png", fg.plot_collective_latency_vs_size(a.collectives))
+    return made
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _img(name: str, alt: str) -> str:
+    return image(FIGURE_LINK_PREFIX + name, alt)
+
+
+def _section_setup(a: RunArtifacts) -> str:
+    run, server, params = a.run or {}, a.server or {}, a.params or {}
+    hw_p = params.get("hardware") or {}
+    hw_r = run.get("hardware") or {}
+    gpus = hw_r.get("gpus")
+    gpu_txt = None
+    if isinstance(gpus, list) and gpus:
+        names = sorted({str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus})
+        gpu_txt = f"{len(gpus)} × {', '.join(names)}"
+    elif gpus:
+        gpu_txt = str(gpus)
+    model = params.get("model") or {}
+    srv = params.get("server") or {}
+    engine = server.get("engine") or srv.get("engine")
+    version = server.get("engine_version") or (run.get("packages") or {}).get(str(engine))
+    pairs = [
+        ("Run", f"`{run.get('run_id', a.run_dir.name)}`"),
+        ("Date", run.get("created_at") or server.get("started_at")),
+        ("Hardware", hw_p.get("name")), ("CPU", hw_r.get("cpu")), ("Accelerators", gpu_txt),
+        ("Interconnect", hw_p.get("interconnect")),
+        ("Engine", f"{engine or '?'} {version or ''}".strip()),
+        ("Server", f"{server.get('mode', srv.get('mode', '?'))} mode at {server.get('base_url', srv.get('url', '?'))}"
+         if server or srv else None),
+        ("Model", server.get("served_model") or model.get("served_name") or model.get("path")),
+        ("Quantization", model.get("quantization")),
+        ("Tensor parallel (TP)", server.get("tp") or srv.get("tp")),
+        ("Code", f"`{run.get('git_commit', '?')}`" + (" (uncommitted changes)" if run.get("git_dirty") else "")
+         if run else None),
+    ]
+    pairs = [(k, v) for k, v in pairs if v not in (None, "", "? ")]
+    text = "## 1. Setup\n\n" + kv_table(pairs, ("", "value"))
+    sw = params.get("sweep") or {}
+    cap = params.get("capture") or {}
+    if sw or cap:
+        bits = []
+        if sw:
+            bits.append(f"sweep concurrency {sw.get('concurrency', '?')}, input {sw.get('input_len', '?')} / "
+                        f"output {sw.get('output_len', '?')} tokens")
+        if cap:
+            bits.append(f"profiler capture: {cap.get('requests', '?')} requests × {cap.get('output_len', '?')} "
+                        f"output tokens at batch 1")
+        text += "\nKey parameters: " + "; ".join(bits) + ". The full params file is in the appendix.\n"
+    if a.run is None and a.server is None:
+        text += "\n" + missing_box("Provenance (hardware, engine version, date)", ["run.json", "00_deploy/server.json"])
+    return text
+
+
+def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
+    text = "## 2. Macro results: throughput and latency under load\n\n"
+    if a.levels is None:
+        return text + missing_box("The load sweep", ["01_macro_sweep/levels.csv"], _why(a, "01_macro_sweep"))
+    h = macro
+    parts = []
+    if h.get("knee_concurrency") is not None:
+        parts.append(f"the knee (doubling concurrency adds < 10 % output tok/s) is at **concurrency "
+                     f"{fmt_num(h['knee_concurrency'])}**")
+    if h.get("plateau_output_tok_s") is not None:
+        parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**")
+    if h.get("c1_tpot_ms_median") is not None:
+        parts.append(f"at concurrency 1 the median TPOT is **{fmt_num(h['c1_tpot_ms_median'])} ms** and the "
+                     f"median TTFT **{fmt_num(h['c1_ttft_ms_median'])} ms**")
+    if parts:
+        text += "In this sweep " + "; ".join(parts) + ".\n\n"
+    lv = a.levels.copy()
+    sort_cols = [c for c in ("mode", "concurrency", "request_rate") if c in lv]
+    lv = lv.sort_values(sort_cols) if sort_cols else lv
+    if {"n_completed", "n_failed"} <= set(lv.columns):
+        lv["done_failed"] = lv["n_completed"].map(fmt_num) + " / " + lv["n_failed"].map(fmt_num)
+    text += (f"Per level ({len(lv)} levels; per-request statistics as `vllm bench serve` defines them: TPOT = "
+             f"(E2EL − TTFT)/(output tokens − 1); ms, tok/s):\n\n")
+    text += md_table(lv, [("mode", "mode"), ("concurrency", "concurrency"), ("request_rate", "rate (req/s)"),
+                          ("done_failed", "done / failed"),
+                          ("output_throughput_tok_s", "output tok/s"), ("total_throughput_tok_s", "total tok/s"),
+                          ("ttft_ms_median", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"),
+                          ("tpot_ms_median", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
+                          ("itl_ms_median", "ITL p50"), ("e2el_ms_median", "E2EL p50"),
+                          ("littles_concurrency", "Little's L"), ("peak_output_tok_s_1s", "peak 1 s tok/s"),
+                          ("client_cpu_pct", "client CPU %"), ("client_bound", "client-bound?")])
+    stage_pngs = _stage_figures(a.run_dir, "sweep_")
+    for name in stage_pngs:
+        text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
+    for key in ("sweep_tput", "sweep_lat"):
+        if key in figs:
+            text += "\n" + _img(figs[key], key)
+    return text
+
+
+def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
+    text = "## 3. Micro-benchmarks at the model's shapes\n\n### GEMMs\n\n"
+    g = a.gemm
+    if g is None:
+        text += missing_box("GEMM timings", ["02_gemm_micro/gemm.csv"], _why(a, "02_gemm_micro"))
+    else:
+        ok = g[g["status"].astype(str) == "ok"] if "status" in g else g
+        bad = g[g["status"].astype(str) != "ok"] if "status" in g else g.iloc[0:0]
+        keys = [c for c in ("model", "gemm", "n", "k", "dtype", "backend", "mode") if c in ok]
+        if len(ok) and "m" in ok and "time_us_median" in ok and keys:
+            piv = ok.pivot_table(index=keys, columns="m", values="time_us_median", aggfunc="median")
+            piv.columns = [f"M={int(c)}" for c in piv.columns]
+            piv = piv.reset_index()
+            text += (f"Median time per call in µs ({len(ok)} timed points; spread p10–p90, TFLOP/s, GB/s and % of "
+                     f"peak bandwidth per point are in `02_gemm_micro/gemm.csv`), one row per shape:\n\n")
+            text += md_table(piv, [(c, c) for c in piv.columns])
+            if "pct_peak_bw" in ok and ok["pct_peak_bw"].notna().any():
+                best = ok.loc[ok["pct_peak_bw"].astype(float).idxmax()]
+                text += (f"\nBest bandwidth use: {fmt_num(best['pct_peak_bw'])} % of peak "
+                         f"({best.get('gemm')}, M={fmt_num(best.get('m'))}, {best.get('backend')} {best.get('dtype')}).\n")
+        if len(bad):
+            text += f"\nNot timed ({len(bad)} points):\n\n"
+            reasons = bad.groupby([c for c in ("backend", "status", "reason") if c in bad], dropna=False).size()
+            text += md_table(reasons.reset_index(name="points"))
+        pred = (a.gemm_prediction or {}).get("gemm_us_per_decode_step")
+        if isinstance(pred, dict) and pred:
+            pts = ", ".join(f"M={m}: {fmt_num(num(v) / 1000 if num(v) is not None else None)} ms"
+                            for m, v in sorted(pred.items(), key=lambda kv: float(kv[0])))
+            method = (a.gemm_prediction or {}).get("method", "sum over the model's GEMMs weighted by calls per step")
+            text += f"\nPredicted GEMM time per decode step ({method}): {pts}.\n"
+        for name in _stage_figures(a.run_dir, "gemm_roofline"):
+            text += "\n" + _img(name, "GEMM roofline")
+        if "roofline" in figs:
+            text += "\n" + _img(figs["roofline"], "GEMM roofline")
+    text += "\n### Collectives\n\n"
+    c = a.collectives
+    if c is None:
+        text += missing_box("Collective timings", ["03_nccl_burst/collectives.csv"], _why(a, "03_nccl_burst"))
+    else:
+        text += (f"Per-op time in µs (median, min–max across ranks; {len(c)} rows), algbw = bytes/time, busbw with "
+                 f"the nccl-tests factor (all-reduce 2(n−1)/n):\n\n")
+        c = c.copy()
+        if {"time_us_min", "time_us_max"} <= set(c.columns):
+            c["range"] = c["time_us_min"].map(fmt_num) + "–" + c["time_us_max"].map(fmt_num)
+        text += md_table(c, [("op", "op"), ("backend", "backend"), ("world_size", "ranks"), ("mode", "mode"),
+                             ("size_bytes", "bytes"), ("time_us_median", "µs median"), ("range", "µs min–max"),
+                             ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")])
+        for name in _stage_figures(a.run_dir, "collective_"):
+            text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
+        if "coll" in figs:
+            text += "\n" + _img(figs["coll"], "collective latency against size")
+    b = a.burst
+    if b is not None:
+        text += ("\nBursts of K back-to-back all-reduces, the way a decode step issues them (count, total, per-op "
+                 "time and mode always together):\n\n")
+        b = b.copy()
+        if {"k", "total_us"} <= set(b.columns):
+            b["total_over_k_us"] = b["total_us"] / b["k"]
+        text += md_table(b, [("k", "K"), ("size_bytes", "bytes"), ("mode", "mode"), ("backend", "backend"),
+                             ("world_size", "ranks"), ("total_us", "total µs"), ("per_op_us", "per-op µs"),
+                             ("total_over_k_us", "total / K µs")])
+    elif c is not None:
+        text += "\n" + missing_box("The burst measurement", ["03_nccl_burst/burst.csv"])
+    cp = a.comm_prediction
+    if cp:
+        text += (f"\nPredicted communication per decode step: {cp.get('k', '?')} × {fmt_num(num(cp.get('per_op_us')))} µs "
+                 f"= **{fmt_num((num(cp.get('comm_us_per_decode_step')) or 0) / 1000)} ms** "
+                 f"({cp.get('size_bytes', '?')} bytes per op, {cp.get('backend', '?')}, {cp.get('mode', '?')} mode).\n")
+    return text
+
+
+def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
+    text = "## 4. Profiler breakdown of a decode step\n\n"
+    man = a.manifest
+    if man:
+        files = man.get("files") or []
+        ranks = sorted({f.get("rank") for f in files if isinstance(f, dict) and f.get("rank") is not None})
+        total_mb = sum(int(f.get("bytes") or 0) for f in files if isinstance(f, dict)) / 1e6
+        text += (f"Capture: {man.get('engine', '?')} {man.get('engine_version', '')}, {len(files)} files from "
+                 f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.get("partial") else "")
+                 + ".")
+        cl = a.capture_latency
+        if cl:
+            text += (f" During capture the client measured {cl.get('n_requests', '?')} requests × "
+                     f"{cl.get('output_len', '?')} tokens: TPOT mean {fmt_num(num(cl.get('tpot_ms_mean')))} ms, "
+                     f"TTFT mean {fmt_num(num(cl.get('ttft_ms_mean')))} ms.")
+        text += "\n\n"
+    decode, totals = ctx["decode"], ctx["totals"]
+    if decode is None:
+        return text + missing_box("The per-category breakdown", ["05_categorize/summary.json",
+                                                                 "05_categorize/decode_categories.csv"],
+                                  _why(a, "05_categorize"))
+    n = totals.get("n_decode_steps")
+    text += (f"Per category, over {fmt_num(n) if n else 'all'} decode steps (rank 0 unless stated; ms per step "
+             f"from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
+             f"{fmt_num(totals.get('step_ms'))} ms):\n\n")
+    d = decode.copy()
+    if "share_of_step" in d:
+        d["share_pct"] = 100 * d["share_of_step"].astype(float)
+    text += md_table(d, [("category", "category"), ("ms_per_step_mean", "ms/step mean"),
+                         ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
+                         ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
+    text += "\nThe same step read four ways (ms per decode step):\n\n"
+    rows = [("kernel sum (every kernel's duration added up)", totals.get("kernel_sum_ms")),
+            ("union (time the device was busy)", totals.get("union_ms")),
+            ("span (first to last device event of the step)", totals.get("span_ms")),
+            ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
+    text += kv_table([(k, v) for k, v in rows], ("reading", "ms per step"))
+    rec = an.reconciliation(totals)
+    if rec:
+        text += "\n" + "\n".join(f"- {s}" for s in rec) + "\n"
+    for key, alt in (("stacked", "category time per decode step"), ("shares", "category shares of a decode step"),
+                     ("timeline", "timeline of one decode step on rank 0")):
+        if key in figs:
+            text += "\n" + _img(figs[key], alt)
+    if "timeline" not in figs:
+        text += "\n" + missing_box("The decode-step timeline", ["05_categorize/timeline_rank0_step.csv"])
+    cr = a.cross_rank
+    if cr is not None and len(cr):
+        text += ("\nAcross ranks (ms per decode step). For a collective, the rank that waited least approximates the "
+                 "transfer; the rest of the other ranks' time is waiting for the slowest rank:\n\n")
+        text += md_table(cr)
+    return text
+
+
+def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
+    text = "## 5. Cross-checks\n\n### Collectives per decode step\n\n"
+    ts = a.trace_summary or {}
+    cc = ts.get("collectives_check")
+    if isinstance(cc, dict) and cc:
+        exp, obs = cc.get("expected"), cc.get("observed")
+        if isinstance(exp, dict) and isinstance(obs, dict):
+            rows = [{"collective": k, "expected": exp.get(k), "observed": obs.get(k)}
+                    for k in dict.fromkeys(list(exp) + list(obs))]
+            df = pd.DataFrame(rows)
+            df["match"] = [num(e) == num(o) for e, o in zip(df["expected"], df["observed"])]
+            text += md_table(df)
+        else:
+            text += kv_table([(k, v) for k, v in cc.items() if k != "explanation" and not isinstance(v, (dict, list))])
+        if cc.get("explanation"):
+            text += f"\n{cc['explanation']}\n"
+    else:
+        text += missing_box("The architecture cross-check", ["05_categorize/summary.json (collectives_check)"])
+    text += "\n### Trace against micro-benchmark predictions\n\n"
+    mvt = ctx["mvt"]
+    if mvt is not None:
+        text += (f"Agreement means the ratio trace / prediction is within 1 ± {an.PREDICTION_TOLERANCE:g}.\n\n")
+        text += md_table(mvt, [("quantity", "quantity"), ("trace_ms_per_step", "trace ms/step"),
+                               ("micro_predicted_ms_per_step", "predicted ms/step"),
+                               ("ratio_trace_over_micro", "trace / predicted"), ("agree", "agree?"),
+                               ("prediction_method", "prediction")])
+    else:
+        text += missing_box("Trace against prediction", ["02_gemm_micro/prediction.json",
+                                                         "03_nccl_burst/prediction.json",
+                                                         "05_categorize/decode_categories.csv"])
+    text += "\n### Profiler text table against the trace\n\n"
+    tt = ts.get("text_table_check")
+    if isinstance(tt, list) and tt and all(isinstance(r, dict) for r in tt):
+        text += ("The text table's `Self CUDA time total` against the trace's summed kernel time (a difference "
+                 "above 1 % is flagged; a CPU op's CUDA time is never added as kernel time):\n\n")
+        text += md_table(pd.DataFrame(tt))
+    elif isinstance(tt, dict) and tt:
+        text += kv_table([(k, v) for k, v in tt.items() if not isinstance(v, (dict, list))])
+    else:
+        text += missing_box("The text-table cross-check", ["profiler_out_*.txt parsed into 05_categorize/summary.json"])
+    return text
+
+
+def _section_verdict(ctx: dict) -> str:
+    text = "## 6. Verdict\n\n"
+    v, am = ctx["verdict"], ctx["amdahl"]
+    if v.get("dominant") is None:
+        return text + missing_box("The verdict", ["05_categorize/decode_categories.csv"])
+    share = v.get("dominant_share")
+    text += (f"**Dominant category: {v['dominant']}**, "
+             f"{fmt_num(100 * share if share is not None else None)} % of a decode step.\n\n")
+    text += "> **Verdict.** " + " ".join(v["sentences"]) + "\n\n"
+    if am is not None:
+        text += (f"Amdahl ceiling per category (step time / (step time − exposed time); exposed = time no "
+                 f"higher-priority work covers: compute, then communication, then memory):\n\n")
+        for _, r in am.iterrows():
+            text += (f"- Removing all exposed **{r['category']}** ({fmt_num(r['exposed_ms_per_step'])} ms/step) "
+                     f"would make a decode step at most **{fmt_num(r['max_speedup'])}×** faster.\n")
+        if "amdahl" in ctx["figs"]:
+            text += "\n" + _img(ctx["figs"]["amdahl"], "Amdahl ceiling per category")
+    else:
+        text += missing_box("Amdahl ceilings", ["05_categorize/amdahl.csv"])
+    return text
+
+
+def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
+    text = "## 7. What-if: speculative / multi-token decoding\n\n"
+    w = ctx["whatif"]
+    if w is None:
+        return text + missing_box("The projection", ["05_categorize/decode_categories.csv",
+                                                     "04_profiler_capture/capture_latency.json"])
+    base = ctx["whatif_base_ms"]
+    text += (f"Projected from the measured step of **{fmt_num(base)} ms** ({ctx['whatif_basis']}) at batch 1, for "
+             f"acceptance lengths {list(wp.acceptance_lengths)} and draft costs {list(wp.draft_cost_fractions)} "
+             f"(fraction of one measured step).\n\nAssumptions:\n\n"
+             f"- A verify step scores M = ⌈acceptance⌉ + 1 tokens and emits the acceptance length on average.\n"
+             f"- Its cost is the measured step with the GEMM part ({fmt_num(ctx['gemm_ms'])} ms) scaled by the "
+             f"micro-benchmark's GEMM time at M over M = 1; attention, collectives and launch gaps are unchanged.\n"
+             f"- The draft model runs once per verify step and costs the stated fraction of a measured step.\n"
+             f"- Batch 1, no rejection overhead beyond that; TPOT = (verify + draft) / acceptance length.\n\n")
+    text += md_table(w, [("acceptance_length", "acceptance"), ("draft_cost_fraction", "draft cost"),
+                         ("verify_m", "verify M"), ("gemm_scale", "GEMM ×"), ("verify_step_ms", "verify ms"),
+                         ("draft_ms", "draft ms"), ("tpot_ms_projected", "TPOT ms"),
+                         ("tok_s_projected", "tok/s per stream"), ("speedup", "speed-up")])
+    best = w.loc[w["speedup"].idxmax()]
+    text += (f"\nThe best case here, acceptance {fmt_num(best['acceptance_length'])} with a "
+             f"{fmt_num(100 * best['draft_cost_fraction'])} % draft, projects {fmt_num(best['tpot_ms_projected'])} ms "
+             f"TPOT ({fmt_num(best['tok_s_projected'])} tok/s per stream, {fmt_num(best['speedup'])}× faster).\n")
+    if "whatif" in ctx["figs"]:
+        text += "\n" + _img(ctx["figs"]["whatif"], "speculative decoding what-if")
+    return text
+
+
+def _section_caveats(items: list[str]) -> str:
+    text = "## 8. Caveats\n\n"
+    if not items:
+        return text + "No data-quality flag was raised.\n"
+    return text + "\n".join(f"- {c}" for c in items) + "\n"
+
+
+def _section_appendix(a: RunArtifacts) -> str:
+    text = "## Appendix\n\n### Command lines\n\n"
+    run, server = a.run or {}, a.server or {}
+    cmds = []
+    if run.get("argv"):
+        cmds.append(("stepscope", " ".join(redact_argv([str(x) for x in run["argv"]]))))
+    if server.get("argv"):
+        cmds.append(("server", " ".join(redact_argv([str(x) for x in server["argv"]]))))
+    if cmds:
+        for who, line in cmds:
+            text += f"{who}:\n\n```\n{line}\n```\n\n"
+    else:
+        text += missing_box("Command lines", ["run.json (argv)", "00_deploy/server.json (argv)"])
+    stages = run.get("stages")
+    if isinstance(stages, dict) and stages:
+        rows = [{"stage": k, "status": (v or {}).get("status"), "duration_s": (v or {}).get("duration_s"),
+                 "error": (v or {}).get("error") or ""} for k, v in stages.items()]
+        text += "\n### Stages\n\n" + md_table(pd.DataFrame(rows))
+    if run.get("packages"):
+        pk = run["packages"]
+        text += "\n### Packages\n\n" + kv_table(sorted(pk.items()) if isinstance(pk, dict) else [("", pk)],
+                                                 ("package", "version"))
+    text += "\n### Params file\n\n"
+    if a.params_text is not None:
+        safe = a.params_text
+        try:
+            safe = yaml.safe_dump(redact(yaml.safe_load(a.params_text)), sort_keys=False)
+        except yaml.YAMLError:
+            pass
+        text += f"```yaml\n{safe.rstrip()}\n```\n"
+    else:
+        text += missing_box("The params snapshot", ["params.yaml"])
+    text += "\n### Files in the run folder\n\n" + md_table(file_manifest(a.run_dir), [("path", "path"), ("bytes", "bytes")])
+    return text
+
+
+def file_manifest(run_dir: Path, collapse: tuple[str, ...] = ("cache", "perfetto", "traces", "levels")) -> pd.DataFrame:
+    """Every file under the run folder with its size; bulky folders collapse into one row each."""
+    rows = []
+    for root, dirs, files in os.walk(run_dir):
+        dirs.sort()
+        rel_root = Path(root).relative_to(run_dir)
+        if rel_root.name in collapse and rel_root != Path("."):
+            total, count = 0, 0
+            for r2, _, f2 in os.walk(root):
+                for f in f2:
+                    total += (Path(r2) / f).stat().st_size
+                    count += 1
+            rows.append({"path": f"{rel_root.as_posix()}/ ({count} files)", "bytes": total})
+            dirs[:] = []
+            continue
+        for f in sorted(files):
+            if f.startswith("."):
+                continue
+            rows.append({"path": (rel_root / f).as_posix(), "bytes": (Path(root) / f).stat().st_size})
+    return pd.DataFrame(rows, columns=["path", "bytes"])
+
+
+def _why(a: RunArtifacts, stage_id: str) -> str | None:
+    st = ((a.run or {}).get("stages") or {}).get(stage_id)
+    if isinstance(st, dict) and st.get("status"):
+        return f"stage status: {st['status']}" + (f": {st['error']}" if st.get("error") else "")
+    return None
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
+    """Every derived number the report shows, computed once."""
+    totals = an.decode_step_totals(a)
+    decode = an.decode_category_table(a, totals)
+    amdahl = an.amdahl_ceilings(a, totals)
+    mvt = an.micro_vs_trace(a)
+    macro = an.macro_headlines(a)
+    ctx: dict[str, Any] = {"totals": totals, "decode": decode, "amdahl": amdahl, "mvt": mvt, "macro": macro,
+                           "whatif": None, "whatif_base_ms": None, "whatif_basis": None, "gemm_ms": None}
+    base = totals.get("tpot_capture_ms") or totals.get("step_ms")
+    if decode is not None and base:
+        gemm_ms = float(decode[decode["category"].isin(GEMM_CATEGORIES)]["ms_per_step_mean"].sum())
+        ctx["gemm_ms"] = gemm_ms
+        ctx["whatif_base_ms"] = base
+        ctx["whatif_basis"] = ("TPOT measured during capture" if totals.get("tpot_capture_ms")
+                               else f"decode step {totals.get('step_basis')}")
+        ctx["whatif"] = an.speculative_whatif(base, gemm_ms,
+                                              (a.gemm_prediction or {}).get("gemm_us_per_decode_step"),
+                                              wp.acceptance_lengths, wp.draft_cost_fractions)
+    ctx["verdict"] = an.verdict(a, totals, decode, amdahl, mvt)
+    ctx["caveats"] = an.caveats(a, macro, totals)
+    return ctx
+
+
+def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
+    run_id = (a.run or {}).get("run_id", a.run_dir.name)
+    title = wp.title or f"Where does a decode step's time go? Run {run_id}"
+    v = ctx["verdict"]
+    head = f"# {title}\n\n"
+    if v.get("sentences"):
+        head += "**In short:** " + " ".join(v["sentences"][:3]) + "\n\n"
+    head += ("*Written by stepscope from the run folder's artifacts alone. Times are per decode step unless "
+             "stated; units are in every column header.*\n\n[TOC]\n\n")
+    sections = [head, _section_setup(a), _section_macro(a, ctx["macro"], ctx["figs"]),
+                _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),
+                _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
+                _section_caveats(ctx["caveats"]), _section_appendix(a)]
+    return "\n".join(sections)
+
+
+def build_report(run_dir: str | Path, writeup: WriteupParams | None = None) -> dict[str, Path]:
+    """Write `06_writeup/report.md` and `06_writeup/report.html` from the run folder alone.
+
+    Returns {"markdown", "html", "figures" (folder)} plus one entry per figure drawn. Sections
+    whose artifacts are missing render as a visible "not measured" box.
+    """
+    a = load_run_artifacts(run_dir)
+    wp = writeup_params_from(a, writeup)
+    ctx = report_context(a, wp)
+    ctx["figs"] = make_figures(a, ctx)
+    text = render_report_markdown(a, ctx, wp)
+    out_dir = a.run_dir / STAGE_ID
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path = out_dir / "report.md"
+    md_path.write_text(text.replace("[TOC]\n\n", ""))
+    title = text.splitlines()[0].lstrip("# ").strip()
+    html_path = out_dir / "report.html"
+    html_path.write_text(markdown_to_html(text, out_dir, title))
+    paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "figures": a.run_dir / "figures"}
+    for key, name in ctx["figs"].items():
+        paths[f"figure_{key}"] = a.run_dir / "figures" / name
+    return paths

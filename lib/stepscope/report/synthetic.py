@@ -1,0 +1,198 @@
+"""A small hand-made run folder that follows every stage's artifact contract.
+
+Used by the tests and to preview the report without a server: the numbers are invented
+(loosely shaped like FACTS §1's TP=8 campaign) and the run says so in its params name.
+`comm_exposed` and `launch_bound` switch the story the numbers tell, so a test can check
+that the verdict follows the data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from stepscope.runfolder import write_json
+
+ALL_STAGES = ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst",
+              "04_profiler_capture", "05_categorize")
+
+
+def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STAGES,
+                       comm_exposed: bool = True, launch_bound: bool = False,
+                       scale: float = 1.0) -> Path:
+    """Write a synthetic run folder and return its path.
+
+    comm_exposed: all-reduce runs with nothing overlapping it (else compute hides most of it).
+    launch_bound: the device idles most of each step (span >> union).
+    scale: multiplies every device time, to build a "variant" run for compare tests.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "figures").mkdir(exist_ok=True)
+    params = {
+        "run": {"name": "synthetic"},
+        "model": {"served_name": "synthetic-moe", "quantization": "W4A16 g32 (synthetic)"},
+        "server": {"tp": 8, "engine": "vllm", "api_key_env": "MY_KEY"},
+        "writeup": {"acceptance_lengths": [1.5, 2.0, 3.0], "draft_cost_fractions": [0.1, 0.2]},
+        "hardware": {"name": "8x synthetic GPU", "peak_mem_bw_gbps": 1800.0, "peak_tflops": 500.0},
+    }
+    (run_dir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = {s: {"status": "ok" if s in stages else "not_run", "duration_s": 12.5, "error": None,
+                  "notebook": f"notebooks/{s}.ipynb"} for s in ALL_STAGES}
+    write_json(run_dir / "run.json", {
+        "run_id": run_dir.name, "created_at": "2026-11-29T10:00:00Z", "git_commit": "abc1234",
+        "git_dirty": False, "packages": {"vllm": "0.13.0", "torch": "2.9.0"},
+        "hardware": {"cpu": "Synthetic CPU 64 cores", "gpus": ["synthetic GPU 96 GB"] * 8},
+        "params": params, "argv": ["stepscope", "run", "params/synthetic.yaml"],
+        "stages": status,
+    })
+    s = scale
+    if "00_deploy" in stages:
+        d = run_dir / "00_deploy"
+        write_json(d / "server.json", {
+            "mode": "launch", "engine": "vllm", "engine_version": "0.13.0",
+            "base_url": "http://127.0.0.1:8000", "served_model": "synthetic-moe",
+            "models_response": {}, "tp": 8, "log_path": "00_deploy/server.log",
+            "argv": ["vllm", "serve", "/models/x", "--tensor-parallel-size", "8", "--api-key",
+                     "***redacted***"], "profiler_dir": "/tmp/prof", "started_at": "2026-11-29T10:00:05Z"})
+    if "01_macro_sweep" in stages:
+        d = run_dir / "01_macro_sweep"
+        d.mkdir(exist_ok=True)
+        rows = []
+        for c, tok in ((1, 80.0), (2, 150.0), (4, 280.0), (8, 300.0)):
+            tok = tok / s
+            rows.append({"mode": "concurrency", "concurrency": c, "request_rate": float("inf"),
+                         "n_requests": 4 * c + 8, "n_completed": 4 * c + 8, "n_failed": 0,
+                         "duration_s": 10.0, "request_throughput_rps": tok / 128,
+                         "output_throughput_tok_s": tok, "total_throughput_tok_s": 2 * tok,
+                         "ttft_ms_mean": 30.0 * c * s, "ttft_ms_median": 28.0 * c * s,
+                         "ttft_ms_p90": 40.0 * c * s, "ttft_ms_p99": 45.0 * c * s,
+                         "tpot_ms_mean": 12.1 * s * (1 + 0.1 * c), "tpot_ms_median": 12.1 * s * (1 + 0.1 * c),
+                         "tpot_ms_p90": 13.0 * s * (1 + 0.1 * c), "tpot_ms_p99": 14.0 * s * (1 + 0.1 * c),
+                         "itl_ms_median": 12.0 * s, "e2el_ms_median": 1600.0 * s,
+                         "littles_concurrency": c * 0.97, "peak_output_tok_s_1s": tok * 1.2,
+                         "client_cpu_pct": 95.0 if c == 8 else 20.0, "client_bound": c == 8})
+        pd.DataFrame(rows).to_csv(d / "levels.csv", index=False)
+        write_json(d / "summary.json", {"knee_concurrency": 4, "plateau_output_tok_s": 300.0 / s,
+                                        "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
+                                        "died_at_level": None, "flags": []})
+    if "02_gemm_micro" in stages:
+        d = run_dir / "02_gemm_micro"
+        d.mkdir(exist_ok=True)
+        rows = []
+        for gemm, n, k in (("experts.gate_up", 512, 7168), ("experts.down", 7168, 256)):
+            for m in (1, 2, 4, 8):
+                t = 10.0 + m
+                flops = 2 * m * n * k
+                byt = n * k * 0.5625 + 2 * m * k + 2 * m * n
+                rows.append({"model": "synthetic-moe", "gemm": gemm, "layer_kind": "moe", "m": m, "n": n,
+                             "k": k, "dtype": "w4a16", "backend": "marlin", "mode": "cold",
+                             "time_us_median": t, "time_us_p10": t * 0.95, "time_us_p90": t * 1.05,
+                             "tflops": flops / t / 1e6, "gbps": byt / t / 1e3,
+                             "pct_peak_bw": 100 * byt / t / 1e3 / 1800, "status": "ok", "reason": ""})
+        rows.append({"model": "synthetic-moe", "gemm": "experts.down", "layer_kind": "moe", "m": 1,
+                     "n": 7168, "k": 256, "dtype": "w4a16", "backend": "fused_moe", "mode": "cold",
+                     "status": "skipped", "reason": "no CUDA on this machine"})
+        pd.DataFrame(rows).to_csv(d / "gemm.csv", index=False)
+        write_json(d / "prediction.json", {"model": "synthetic-moe", "tp": 8, "method": "sum of median times",
+                                           "gemm_us_per_decode_step": {"1": 5200.0 * s, "2": 5400.0 * s,
+                                                                       "4": 5800.0 * s, "8": 6600.0 * s}})
+    if "03_nccl_burst" in stages:
+        d = run_dir / "03_nccl_burst"
+        d.mkdir(exist_ok=True)
+        rows = []
+        for size in (256, 4096, 14336, 65536, 1048576):
+            t = (20.0 + size / 5e3) * s
+            rows.append({"op": "all_reduce", "backend": "nccl", "world_size": 8, "size_bytes": size,
+                         "mode": "eager", "time_us_median": t, "time_us_min": 0.9 * t,
+                         "time_us_max": 1.2 * t, "algbw_gbps": size / t / 1e3,
+                         "busbw_gbps": size / t / 1e3 * 1.75})
+        pd.DataFrame(rows).to_csv(d / "collectives.csv", index=False)
+        pd.DataFrame([{"k": 123, "size_bytes": 14336, "total_us": 6810.0 * s, "per_op_us": 55.4 * s,
+                       "mode": "eager", "backend": "nccl", "world_size": 8},
+                      {"k": 123, "size_bytes": 14336, "total_us": 4300.0 * s, "per_op_us": 35.0 * s,
+                       "mode": "graph", "backend": "nccl", "world_size": 8}]).to_csv(d / "burst.csv", index=False)
+        write_json(d / "prediction.json", {"comm_us_per_decode_step": 4300.0 * s, "k": 123,
+                                           "per_op_us": 35.0 * s, "size_bytes": 14336, "mode": "graph",
+                                           "backend": "nccl"})
+    if "04_profiler_capture" in stages:
+        d = run_dir / "04_profiler_capture"
+        write_json(d / "manifest.json", {"engine": "vllm", "engine_version": "0.13.0",
+                                         "profiler_settings": {"with_stack": False}, "partial": False,
+                                         "files": [{"rank": r, "path": f"traces/rank{r}.pt.trace.json.gz",
+                                                    "bytes": 80_000_000, "sha256": "0" * 64,
+                                                    "kind": "trace"} for r in range(8)]})
+        write_json(d / "capture_latency.json", {"n_requests": 5, "output_len": 32, "ttft_ms_mean": 30.0 * s,
+                                                "ttft_ms_median": 29.0 * s, "tpot_ms_mean": 12.1 * s,
+                                                "tpot_ms_median": 12.1 * s})
+    if "05_categorize" in stages:
+        _write_categorize(run_dir / "05_categorize", comm_exposed=comm_exposed,
+                          launch_bound=launch_bound, s=s)
+    return run_dir
+
+
+def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: float) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    # (category, ms per step, calls per step, exposed ms per step)
+    ar_exposed = 5.0 if comm_exposed else 0.5
+    cats = [("all_reduce", 5.5, 123, ar_exposed), ("all_gather", 0.2, 1, 0.2),
+            ("quantized_gemm", 4.0, 244, 4.0), ("fused_moe", 1.0, 60, 1.0),
+            ("attention", 1.2, 61, 1.2), ("norm", 0.4, 123, 0.4), ("elementwise", 0.3, 200, 0.3),
+            ("other", 0.01, 3, 0.01)]
+    cats = [(c, ms * s, n, e * s) for c, ms, n, e in cats]
+    kernel_sum = sum(ms for _, ms, _, _ in cats)
+    union = sum(e for *_, e in cats)
+    span = union * (3.0 if launch_bound else 1.05)
+    tpot = 12.1 * s
+    step = span
+    rows = [{"category": c, "ms_per_step_mean": ms, "ms_per_step_median": ms,
+             "ms_per_step_p90": ms * 1.1, "share_of_step": ms / step, "calls_per_step": n,
+             "us_per_call": 1000 * ms / n} for c, ms, n, _ in cats]
+    amdahl = [{"category": c, "exposed_ms_per_step": e, "max_speedup": step / (step - e)}
+              for c, _, _, e in cats]
+    pd.DataFrame(rows).to_csv(d / "decode_categories.csv", index=False)
+    pd.DataFrame(amdahl).to_csv(d / "amdahl.csv", index=False)
+    ranks = []
+    for r in range(8):
+        ranks.append({"rank": r, "file": f"rank{r}.pt.trace.json.gz", "mode": "gpu",
+                      "n_device_events": 160_000, "kernel_sum_us": kernel_sum * 1000 * 160,
+                      "busy_us": union * 1000 * 160, "idle_us": (span - union) * 1000 * 160,
+                      "span_us": span * 1000 * 160,
+                      "categories": {c: {"count": n * 160, "sum_us": ms * 1000 * 160,
+                                         "union_us": ms * 1000 * 160, "exposed_us": e * 1000 * 160}
+                                     for c, ms, n, e in cats},
+                      "other_share": 0.0006, "other_top_names": ["void foo_kernel<128>", "bar"],
+                      "n_steps": 165, "n_decode_steps": 155, "unattributed_events": 0 if r else 12,
+                      "step_source": "annotation",
+                      "collectives_per_decode_step": {"all_reduce": 123, "all_gather": 1}})
+    summary = {
+        "ranks": ranks,
+        "decode": {"categories": rows, "n_decode_steps": 155,
+                   "kernel_sum_ms_per_step": kernel_sum, "union_ms_per_step": union,
+                   "span_ms_per_step": span, "tpot_capture_ms": tpot, "amdahl": amdahl},
+        "collectives_check": {"expected": {"all_reduce": 123, "all_gather": 1},
+                              "observed": {"all_reduce": 123, "all_gather": 1}, "match": True,
+                              "explanation": "2 per layer x 61 layers + 1 from the embedding = 123."},
+        "cross_rank": [],
+        "text_table_check": [{"rank": 0, "self_cuda_total_ms": kernel_sum * 160 * 0.995,
+                              "kernel_sum_ms": kernel_sum * 160, "diff_pct": -0.5, "flag": False}],
+        "flags": [{"code": "other_share", "severity": "info", "message": "other is 0.06 % of kernel time"}],
+    }
+    write_json(d / "summary.json", summary)
+    tl = []
+    t = 0.0
+    for i in range(40):
+        cat = ["quantized_gemm", "attention", "all_reduce", "norm", "elementwise"][i % 5]
+        dur = {"quantized_gemm": 30.0, "attention": 20.0, "all_reduce": 45.0, "norm": 5.0,
+               "elementwise": 4.0}[cat] * s
+        tl.append({"stream": 7, "category": cat, "start_us": 1e6 + t, "dur_us": dur, "name": f"{cat}_k"})
+        t += dur + (30.0 if launch_bound else 2.0)
+    tl.append({"stream": 13, "category": "memcpy", "start_us": 1e6 + 5, "dur_us": 3.0, "name": "Memcpy HtoD"})
+    pd.DataFrame(tl).to_csv(d / "timeline_rank0_step.csv", index=False)
+    pd.DataFrame([{"rank": r, "category": c, "ms_per_decode_step": ms} for r in range(8)
+                  for c, ms, _, _ in cats]).to_csv(d / "rank_categories.csv", index=False)
+    pd.DataFrame([{"rank": 0, "step": i, "kind": "decode", "span_us": span * 1000,
+                   "busy_us": union * 1000, "kernel_sum_us": kernel_sum * 1000} for i in range(5)]
+                 ).to_csv(d / "steps.csv", index=False)
