@@ -1,0 +1,280 @@
+"""Overlap-aware accounting: count, sum, union and exposed time per rank, step and category.
+
+Kernels overlap, even on one stream, so a category's time is the *union* of its
+intervals, and a summed duration is reported beside it, never instead of it.
+Exposed time follows a class priority: compute covers first, then communication, then
+memory. A communication category's exposed time is the part of its union that no
+compute overlaps; a memory category's is the part that neither compute nor
+communication overlaps; a compute category's exposed time is its union. So, exactly:
+
+    busy + idle = span
+    compute_us + exposed_comm_us + exposed_mem_us = busy_us
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of [start, end) intervals."""
+    if len(starts) == 0:
+        return 0.0
+    o = np.argsort(starts, kind="stable")
+    s = np.asarray(starts, float)[o]
+    e = np.maximum.accumulate(np.asarray(ends, float)[o])
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    idx = np.flatnonzero(new)
+    last = np.r_[idx[1:] - 1, len(s) - 1]
+    return float((e[last] - s[idx]).sum())
+
+
+def grouped_union(keys: pd.Series, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
+    """Union length of the intervals in each group, indexed by group key."""
+    if len(keys) == 0:
+        return pd.Series(dtype=float)
+    d = pd.DataFrame({"k": np.asarray(keys), "s": np.asarray(starts, float),
+                      "e": np.asarray(ends, float)})
+    d = d.sort_values(["k", "s"], kind="stable").reset_index(drop=True)
+    run = d.groupby("k", sort=False)["e"].cummax()
+    prev = run.groupby(d["k"], sort=False).shift()
+    new = prev.isna() | (d["s"] > prev)
+    seg = new.cumsum()
+    seg_len = run.groupby(seg).last() - d["s"].groupby(seg).first()
+    seg_key = d["k"].groupby(seg).first()
+    return seg_len.groupby(seg_key.to_numpy()).sum()
+
+
+def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per (key, category) metrics and per key totals for one rank's work."""
+    k = work[key].to_numpy()
+    s = work["start_us"].to_numpy()
+    e = work["end_us"].to_numpy()
+    cls = work["class"].to_numpy()
+    cat = work["category"].to_numpy()
+    keys = pd.Index(pd.unique(k))
+
+    def gu(mask: np.ndarray) -> pd.Series:
+        return grouped_union(pd.Series(k[mask]), s[mask], e[mask]).reindex(keys, fill_value=0.0)
+
+    comp = cls == "compute"
+    comm = cls == "communication"
+    mem = cls == "memory"
+    c_len = gu(comp)
+    cm_len = gu(comp | comm)
+    busy = gu(np.ones(len(k), bool))
+
+    base = pd.DataFrame({key: k, "category": cat, "dur_us": work["dur_us"].to_numpy(),
+                         "is_call": work["is_call"].to_numpy()})
+    g = base.groupby([key, "category"], sort=False)
+    cat_tab = pd.DataFrame({"count": g["is_call"].sum().astype(np.int64),
+                            "sum_us": g["dur_us"].sum()})
+    union = grouped_union(pd.Series(list(zip(k, cat))), s, e)
+    cat_tab["union_us"] = [union.get(ix, 0.0) for ix in cat_tab.index]
+    exposed = []
+    for (kk, cc), u in zip(cat_tab.index, cat_tab["union_us"]):
+        exposed.append(u if CATEGORY_CLASS.get(cc, "compute") == "compute" else np.nan)
+    cat_tab["exposed_us"] = exposed
+    for cc in pd.unique(cat):
+        klass = CATEGORY_CLASS.get(cc, "compute")
+        if klass == "compute":
+            continue
+        this = cat == cc
+        if klass == "communication":
+            over = gu(comp | this) - c_len
+        else:
+            over = gu(comp | comm | this) - cm_len
+        for kk in pd.unique(k[this]):
+            cat_tab.loc[(kk, cc), "exposed_us"] = max(0.0, float(over[kk]))
+    cat_tab = cat_tab.reset_index()
+    cat_tab.insert(2, "class", cat_tab["category"].map(CATEGORY_CLASS).fillna("compute"))
+
+    starts = pd.Series(s).groupby(k).min()
+    ends = pd.Series(e).groupby(k).max()
+    kernel_sum = pd.Series(work["dur_us"].to_numpy()).groupby(k).sum()
+    n_ev = pd.Series(work["is_call"].to_numpy()).groupby(k).sum()
+    coll = work["collective_call"].to_numpy()
+    ar = pd.Series(coll & (cat == "all_reduce")).groupby(k).sum()
+    ag = pd.Series(coll & (cat == "all_gather")).groupby(k).sum()
+    oc = pd.Series(coll & (cat == "other_collective")).groupby(k).sum()
+    tot = pd.DataFrame({
+        "n_events": n_ev.reindex(keys).astype(np.int64),
+        "kernel_sum_us": kernel_sum.reindex(keys),
+        "busy_us": busy,
+        "span_us": (ends - starts).reindex(keys),
+        "compute_us": c_len,
+        "exposed_comm_us": cm_len - c_len,
+        "exposed_mem_us": busy - cm_len,
+        "all_reduce_calls": ar.reindex(keys).astype(np.int64),
+        "all_gather_calls": ag.reindex(keys).astype(np.int64),
+        "other_collective_calls": oc.reindex(keys).astype(np.int64),
+        "first_start_us": starts.reindex(keys),
+    })
+    tot["idle_us"] = tot["span_us"] - tot["busy_us"]
+    tot.index.name = key
+    return cat_tab, tot.reset_index()
+
+
+def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(step_categories, step_totals) for one rank; steps with no work get zero rows."""
+    rank = int(steps["rank"].iloc[0]) if len(steps) else -1
+    att = work[work["step_id"] >= 0]
+    cat_tab, tot = _account(att, "step_id") if len(att) else (
+        pd.DataFrame(columns=["step_id", "category", "class", "count", "sum_us", "union_us",
+                              "exposed_us"]), pd.DataFrame(columns=["step_id"]))
+    cat_tab.insert(0, "rank", rank)
+    meta = steps[["step_id", "name", "source", "label", "n_requests", "n_tokens",
+                  "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
+                  "ts", "dur"]].rename(columns={"ts": "annotation_ts_us", "dur": "annotation_dur_us"})
+    tot = meta.merge(tot, on="step_id", how="left")
+    zero_cols = ["n_events", "kernel_sum_us", "busy_us", "span_us", "compute_us", "exposed_comm_us",
+                 "exposed_mem_us", "idle_us", "all_reduce_calls", "all_gather_calls",
+                 "other_collective_calls"]
+    for c in zero_cols:
+        if c in tot:
+            tot[c] = tot[c].fillna(0)
+    for c in ("n_events", "all_reduce_calls", "all_gather_calls", "other_collective_calls"):
+        if c in tot:
+            tot[c] = tot[c].astype(np.int64)
+    tot.insert(0, "rank", rank)
+    return cat_tab, tot
+
+
+def account_rank(work: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Whole-rank categories (all work, attributed or not) and totals."""
+    w = work.assign(_all=0)
+    cat_tab, tot = _account(w, "_all")
+    cat_tab = cat_tab.drop(columns=["_all"])
+    t = tot.iloc[0].to_dict()
+    t.pop("_all", None)
+    return cat_tab, t
+
+
+# --------------------------------------------------------------------------- decode summary
+
+
+def select_decode_steps(step_totals: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Decode steps with work; without decode labels, every step with work (and say so)."""
+    has_work = step_totals["n_events"] > 0
+    dec = step_totals[(step_totals["label"] == "decode") & has_work]
+    if len(dec):
+        return dec, "decode"
+    return step_totals[has_work], "all steps (no decode labels in this trace)"
+
+
+def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFrame:
+    """Per category over the decode steps of one rank: ms per step (mean/median/p90 of
+    the union), share of the step span, calls per step and µs per call."""
+    dec, _ = select_decode_steps(step_totals)
+    ids = dec["step_id"].to_numpy()
+    n = len(ids)
+    sc = step_cats[step_cats["step_id"].isin(ids)]
+    if n == 0 or sc.empty:
+        return pd.DataFrame(columns=DECODE_COLUMNS)
+    rank = int(step_totals["rank"].iloc[0])
+    span_mean = float(dec["span_us"].mean())
+    busy_mean = float(dec["busy_us"].mean())
+    rows = []
+    for cat, g in sc.groupby("category", sort=False):
+        u = g.set_index("step_id")["union_us"].reindex(ids, fill_value=0.0).to_numpy() / 1e3
+        x = g.set_index("step_id")["exposed_us"].reindex(ids, fill_value=0.0).to_numpy() / 1e3
+        cnt = g["count"].sum()
+        rows.append({
+            "rank": rank, "category": cat, "class": CATEGORY_CLASS.get(cat, "compute"),
+            "n_steps": n,
+            "union_ms_mean": u.mean(), "union_ms_median": float(np.median(u)),
+            "union_ms_p90": float(np.percentile(u, 90)),
+            "sum_ms_mean": g["sum_us"].sum() / 1e3 / n,
+            "exposed_ms_mean": x.mean(),
+            "share_of_span": (u.mean() * 1e3 / span_mean) if span_mean else np.nan,
+            "exposed_share_of_busy": (x.mean() * 1e3 / busy_mean) if busy_mean else np.nan,
+            "calls_per_step": cnt / n,
+            "us_per_call": (g["sum_us"].sum() / cnt) if cnt else np.nan,
+        })
+    out = pd.DataFrame(rows).sort_values("union_ms_mean", ascending=False, kind="stable")
+    return out[DECODE_COLUMNS].reset_index(drop=True)
+
+
+DECODE_COLUMNS = ["rank", "category", "class", "n_steps", "union_ms_mean", "union_ms_median",
+                  "union_ms_p90", "sum_ms_mean", "exposed_ms_mean", "share_of_span",
+                  "exposed_share_of_busy", "calls_per_step", "us_per_call"]
+
+
+def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:
+    """Per decode step: kernel sum vs union (busy) vs span, side by side, and the TPOT."""
+    dec, which = select_decode_steps(step_totals)
+    out: dict = {"steps_used": which, "n_steps": int(len(dec))}
+    for col, label in (("kernel_sum_us", "kernel_sum_ms"), ("busy_us", "union_ms"),
+                       ("span_us", "span_ms"), ("annotation_dur_us", "annotation_ms")):
+        v = dec[col].to_numpy(float) / 1e3 if len(dec) else np.array([])
+        out[label] = {"mean": float(v.mean()) if len(v) else None,
+                      "median": float(np.median(v)) if len(v) else None,
+                      "p90": float(np.percentile(v, 90)) if len(v) else None}
+    out["tpot_capture_ms"] = tpot_ms
+    return out
+
+
+def amdahl(decode_cats: pd.DataFrame, step_times: dict) -> pd.DataFrame:
+    """Speedup of the decode step if a category's exposed time were zero: step / (step - exposed).
+
+    The step is the mean span of a decode step's work (first start to last end).
+    """
+    step_ms = (step_times.get("span_ms") or {}).get("mean")
+    if not step_ms or decode_cats.empty:
+        return pd.DataFrame(columns=["rank", "category", "class", "step_ms", "exposed_ms",
+                                     "speedup_ceiling"])
+    d = decode_cats[["rank", "category", "class", "exposed_ms_mean"]].rename(
+        columns={"exposed_ms_mean": "exposed_ms"})
+    d.insert(3, "step_ms", step_ms)
+    rest = step_ms - d["exposed_ms"]
+    d["speedup_ceiling"] = np.where(rest > 0, step_ms / rest.where(rest > 0, np.nan), np.inf)
+    return d.sort_values("speedup_ceiling", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def cross_rank(decode_tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per category: min / median / max across ranks of the decode union ms per step.
+
+    For a collective, the rank that spent least approximates the transfer itself; the
+    rest of each rank's time is waiting for the slowest rank to arrive.
+    """
+    if not decode_tables:
+        return pd.DataFrame(columns=CROSS_RANK_COLUMNS)
+    d = pd.concat(decode_tables, ignore_index=True)
+    if d.empty:
+        return pd.DataFrame(columns=CROSS_RANK_COLUMNS)
+    rows = []
+    for cat, g in d.groupby("category", sort=False):
+        v = g.set_index("rank")["union_ms_mean"]
+        is_coll = cat in COLLECTIVE_CATEGORIES
+        rows.append({
+            "category": cat, "class": CATEGORY_CLASS.get(cat, "compute"), "n_ranks": len(v),
+            "ms_per_step_min": v.min(), "ms_per_step_median": v.median(),
+            "ms_per_step_max": v.max(), "min_rank": int(v.idxmin()), "max_rank": int(v.idxmax()),
+            "transfer_ms_est": v.min() if is_coll else np.nan,
+            "wait_ms_median": (v.median() - v.min()) if is_coll else np.nan,
+            "wait_ms_max": (v.max() - v.min()) if is_coll else np.nan,
+            "note": ("min-rank time approximates the transfer; the rest is waiting for the "
+                     "slowest rank" if is_coll else ""),
+        })
+    return pd.DataFrame(rows)[CROSS_RANK_COLUMNS].sort_values(
+        "ms_per_step_median", ascending=False, kind="stable").reset_index(drop=True)
+
+
+CROSS_RANK_COLUMNS = ["category", "class", "n_ranks", "ms_per_step_min", "ms_per_step_median",
+                      "ms_per_step_max", "min_rank", "max_rank", "transfer_ms_est",
+                      "wait_ms_median", "wait_ms_max", "note"]
+
+
+def observed_collectives(step_totals: pd.DataFrame) -> dict:
+    """Collective calls per decode step (median, min, max over the decode steps)."""
+    dec, which = select_decode_steps(step_totals)
+    out = {"steps_used": which, "n_steps": int(len(dec))}
+    for c in ("all_reduce", "all_gather", "other_collective"):
+        v = dec[f"{c}_calls"].to_numpy() if len(dec) else np.array([0])
+        out[c] = {"median": float(np.median(v)), "min": int(v.min()), "max": int(v.max())}
+    return out

@@ -1,0 +1,389 @@
+"""The stage-05 entry point: traces in, exact per-step accounting and artifacts out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from stepscope.errors import StageInputMissing, TraceError
+from stepscope.runfolder import write_json
+from stepscope.trace import account as acc
+from stepscope.trace.categorize import CATEGORY_CLASS, make_rules
+from stepscope.trace.load import DEVICE_CATS, RankTrace, load_ranks
+from stepscope.trace.steps import build_work, find_steps
+
+TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json", "*.trace.json.gz", "*.trace.json",
+               "*.json.gz", "*.json")
+TEXT_TABLE_GLOBS = ("*profiler_out*.txt",)
+OTHER_SHARE_LIMIT = 0.005
+
+
+@dataclass
+class RankResult:
+    rank: int
+    file: str
+    mode: str
+    step_source: str
+    steps: pd.DataFrame
+    work: pd.DataFrame
+    step_categories: pd.DataFrame
+    rank_categories: pd.DataFrame
+    totals: dict
+    decode: pd.DataFrame
+    decode_times: dict
+    other_top: list[dict]
+    info: dict
+    steps_tot: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+@dataclass
+class Analysis:
+    """Everything stage 05 computed; each table is also written as CSV by `write_artifacts`."""
+
+    ranks: list[RankResult]
+    summary: dict
+    flags: list[dict[str, str]] = field(default_factory=list)
+    decode_categories: pd.DataFrame = field(default_factory=pd.DataFrame)
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rank_categories: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cross_rank: pd.DataFrame = field(default_factory=pd.DataFrame)
+    amdahl: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    text_tables: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def reference(self) -> RankResult:
+        return self.ranks[0]
+
+
+def _flag(code: str, severity: str, message: str) -> dict[str, str]:
+    return {"code": code, "severity": severity, "message": message}
+
+
+def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[Path], list[Path]]:
+    """Trace files and profiler_out tables from files and/or folders."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    traces: list[Path] = []
+    tables: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            seen: set[Path] = set()
+            for pat in TRACE_GLOBS:
+                for f in sorted(p.glob(pat)):
+                    if f not in seen and ".async_llm." not in f.name and f.is_file():
+                        seen.add(f)
+                        traces.append(f)
+            for pat in TEXT_TABLE_GLOBS:
+                tables.extend(sorted(p.glob(pat)))
+        elif p.suffix == ".txt":
+            tables.append(p)
+        elif p.exists():
+            traces.append(p)
+        else:
+            raise TraceError("no such trace file or folder", where=str(p))
+    return traces, tables
+
+
+def analyze_rank(rt: RankTrace, rules) -> RankResult:
+    ev = rt.events
+    steps, source = find_steps(ev, rt.rank)
+    work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
+    step_cats, step_tot = acc.account_steps(work, steps)
+    rank_cats, totals = acc.account_rank(work)
+    rank_cats.insert(0, "rank", rt.rank)
+    dec = acc.decode_categories(step_cats, step_tot)
+    times = acc.decode_step_times(step_tot)
+    other = work[work["category"] == "other"]
+    top = (other.groupby("name")["dur_us"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+           .head(10))
+    other_top = [{"name": n, "sum_us": float(r["sum"]), "count": int(r["count"])}
+                 for n, r in top.iterrows()]
+    return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
+                      steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
+                      totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
+                      steps_tot=step_tot)
+
+
+def _rank_summary(r: RankResult) -> dict:
+    cats = {row.category: {"count": int(row.count), "sum_us": float(row.sum_us),
+                           "union_us": float(row.union_us), "exposed_us": float(row.exposed_us)}
+            for row in r.rank_categories.itertuples()}
+    t = r.totals
+    kernel_sum = float(t["kernel_sum_us"])
+    other_sum = cats.get("other", {}).get("sum_us", 0.0)
+    n_decode = int(((r.steps_tot["label"] == "decode") & (r.steps_tot["n_events"] > 0)).sum())
+    obs = acc.observed_collectives(r.steps_tot)
+    return {
+        "rank": r.rank,
+        "file": r.file,
+        "mode": r.mode,
+        "n_device_events": int(t["n_events"]),
+        "kernel_sum_us": kernel_sum,
+        "busy_us": float(t["busy_us"]),
+        "idle_us": float(t["idle_us"]),
+        "span_us": float(t["span_us"]),
+        "categories": cats,
+        "other_share": other_sum / kernel_sum if kernel_sum else 0.0,
+        "other_top_names": r.other_top,
+        "n_steps": int(len(r.steps)),
+        "n_decode_steps": n_decode,
+        "step_source": r.step_source,
+        "unattributed_events": int((r.work["step_id"] < 0).sum()),
+        "collectives_per_decode_step": {"all_reduce": obs["all_reduce"]["median"],
+                                        "all_gather": obs["all_gather"]["median"]},
+    }
+
+
+def _expected_collectives(arch: Any, tp: int | None) -> tuple[dict | None, str | None]:
+    if arch is None or not tp:
+        return None, ("no architecture given" if arch is None else "no TP size given")
+    try:
+        from stepscope import model as m
+
+        exp = m.expected_collectives(arch, tp)
+        return {"all_reduce": int(exp["all_reduce"]), "all_gather": int(exp["all_gather"])}, None
+    except (ImportError, AttributeError) as exc:
+        return None, f"stepscope.model.expected_collectives is not available ({exc})"
+
+
+def collectives_check(observed: dict, expected: dict | None, why_none: str | None,
+                      mode: str) -> dict:
+    """Observed vs expected collectives per decode step, with the mismatch in words."""
+    out: dict = {"observed": observed, "expected": expected, "match": None, "explanation": []}
+    if expected is None:
+        out["explanation"].append(f"no expectation: {why_none}")
+        return out
+    ar = observed["all_reduce"]["median"]
+    ag = observed["all_gather"]["median"]
+    out["match"] = bool(ar == expected["all_reduce"] and ag == expected["all_gather"])
+    words = out["explanation"]
+    d_ar = ar - expected["all_reduce"]
+    if d_ar < 0:
+        words.append(
+            f"{-d_ar:g} fewer all-reduces per decode step than expected: a fused all-reduce + "
+            "RMSNorm kernel (e.g. FlashInfer allreduce_fusion) or a custom all-reduce that the "
+            "rules file does not know would explain it; check the 'other' names")
+        if -d_ar == 1:
+            words.append("exactly one fewer: the embedding's all-reduce may be skipped "
+                         "(vocab not split, or fused into the first layer)")
+    elif d_ar > 0:
+        words.append(
+            f"{d_ar:g} more all-reduces per decode step than expected: one collective may be "
+            "split into several kernels (implementations chosen by message size, e.g. "
+            "two-stage custom all-reduce), or the model has extra all-reduces (embedding, "
+            "shared experts, a separate MoE reduction)")
+    ag_d = ag - expected["all_gather"]
+    if ag_d:
+        words.append(f"all-gather: {ag:g} per step against {expected['all_gather']} expected "
+                     "(the logits all-gather; a gather may be used instead at TP>1)")
+    if out["match"]:
+        words.append("observed counts match the architecture")
+    if mode == "cpu":
+        words.append("CPU trace: counted at the c10d:: op each collective passes through "
+                     "(gloo), not its _c10d_functional wrapper or wait")
+    return out
+
+
+def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
+                   tp: int | None = None, extra_rules=(), tpot_ms: float | None = None,
+                   progress: bool = True, cache_dir: Path | None = None,
+                   perfetto: bool = True) -> Analysis:
+    """Load, categorize, attribute and account every rank trace; write the artifacts.
+
+    `paths`: trace files and/or folders (profiler_out*.txt tables found there are used as a
+    cross-check). `arch`: a `stepscope.model` architecture for the collectives check.
+    Writes into out_dir (see the package docstring for every file and column); the Parquet
+    cache goes to `cache_dir` (default out_dir/cache). One unreadable rank becomes an
+    error flag; the others are still analysed. Raises TraceError when no rank is readable.
+    """
+    from tqdm.auto import tqdm
+
+    from stepscope.trace.text_table import check_text_tables
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traces, tables = resolve_trace_paths(paths)
+    if not traces:
+        raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
+            paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
+    rules = make_rules(extra_rules)
+    cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
+    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress)
+    if not loaded:
+        raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
+                         where=str(out_dir), hint="see the messages above for each file")
+    results: list[RankResult] = []
+    for rt in tqdm(loaded, desc="analyze ranks", unit="rank", disable=not progress):
+        r = analyze_rank(rt, rules)
+        results.append(r)
+        rt.events = None  # free the raw table once analysed
+    modes = {r.mode for r in results}
+    if len(modes) > 1:
+        flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
+    ranks_summary = [_rank_summary(r) for r in results]
+    for rs in ranks_summary:
+        if rs["other_share"] > OTHER_SHARE_LIMIT:
+            top = ", ".join(f"{o['name'][:60]} ({o['sum_us']:.0f} us)" for o in rs["other_top_names"][:3])
+            flags.append(_flag("other_share_high", "warning",
+                               f"rank {rs['rank']}: {rs['other_share']:.2%} of kernel time is "
+                               f"'other' (limit {OTHER_SHARE_LIMIT:.1%}); top: {top}; add rules "
+                               "in params analysis.extra_rules"))
+        if rs["unattributed_events"]:
+            flags.append(_flag("unattributed", "warning",
+                               f"rank {rs['rank']}: {rs['unattributed_events']} work events are "
+                               "attributed to no step (their launch precedes the first step)"))
+        if rs["step_source"] != "annotation:vllm" and rs["step_source"].startswith(("graph", "exec",
+                                                                                      "whole")):
+            flags.append(_flag("step_fallback", "info",
+                               f"rank {rs['rank']}: no step annotations; steps from "
+                               f"{rs['step_source']}"))
+    ref = results[0]
+    dec_all = pd.concat([r.decode for r in results], ignore_index=True)
+    steps_all = pd.concat([r.steps_tot for r in results], ignore_index=True)
+    rank_cats = pd.concat([r.rank_categories for r in results], ignore_index=True)
+    times = acc.decode_step_times(ref.steps_tot, tpot_ms)
+    amd = acc.amdahl(ref.decode, times)
+    xr = acc.cross_rank([r.decode for r in results])
+    expected, why = _expected_collectives(arch, tp)
+    check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
+    check["rank"] = ref.rank
+    check["tp"] = tp
+    if check["match"] is False:
+        flags.append(_flag("collectives_mismatch", "warning",
+                           "collectives per decode step differ from the architecture: "
+                           + "; ".join(check["explanation"])))
+    tt_df, tt_check = check_text_tables(tables, {r.rank: r for r in results})
+    for c in tt_check:
+        if c.get("flag"):
+            flags.append(c["flag"])
+    if times["tpot_capture_ms"] and times["span_ms"]["median"]:
+        ratio = times["kernel_sum_ms"]["median"] / times["tpot_capture_ms"]
+        if ratio > 1.0:
+            flags.append(_flag("kernel_sum_above_tpot", "info",
+                               f"kernel sum per decode step ({times['kernel_sum_ms']['median']:.3f} "
+                               f"ms) exceeds the measured TPOT ({times['tpot_capture_ms']:.3f} ms): "
+                               "kernels overlap; read the union and span instead"))
+    timeline = representative_timeline(ref)
+    summary = {
+        "ranks": ranks_summary,
+        "decode": {
+            "rank": ref.rank,
+            "steps": times,
+            "categories": _records(ref.decode),
+            "amdahl": _records(amd),
+        },
+        "collectives_check": check,
+        "cross_rank": _records(xr),
+        "text_table_check": tt_check,
+        "flags": flags,
+    }
+    an = Analysis(ranks=results, summary=summary, flags=flags, decode_categories=dec_all,
+                  steps=steps_all, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
+                  timeline=timeline, text_tables=tt_df)
+    write_artifacts(an, out_dir, perfetto=perfetto)
+    return an
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    if df is None or df.empty:
+        return []
+    return json.loads(df.to_json(orient="records"))
+
+
+def representative_timeline(r: RankResult) -> pd.DataFrame:
+    """The work of the median-length decode step: stream, category, start (from the
+    step's first work), duration, name. For the report's timeline figure."""
+    dec, _ = acc.select_decode_steps(r.steps_tot)
+    cols = ["rank", "step_id", "stream", "category", "class", "start_us", "dur_us", "name"]
+    if dec.empty:
+        return pd.DataFrame(columns=cols)
+    med = dec["span_us"].median()
+    sid = int(dec.iloc[(dec["span_us"] - med).abs().argsort().iloc[0]]["step_id"])
+    w = r.work[r.work["step_id"] == sid]
+    t0 = w["start_us"].min()
+    out = w.assign(start_us=w["start_us"] - t0)[cols]
+    return out.reset_index(drop=True)
+
+
+def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> None:
+    out_dir = Path(out_dir)
+    write_json(out_dir / "summary.json", an.summary)
+    an.decode_categories.to_csv(out_dir / "decode_categories.csv", index=False)
+    an.steps.to_csv(out_dir / "steps.csv", index=False)
+    an.rank_categories.to_csv(out_dir / "rank_categories.csv", index=False)
+    an.cross_rank.to_csv(out_dir / "cross_rank.csv", index=False)
+    an.amdahl.to_csv(out_dir / "amdahl.csv", index=False)
+    an.timeline.to_csv(out_dir / "timeline_rank0_step.csv", index=False)
+    if an.text_tables is not None and not an.text_tables.empty:
+        an.text_tables.to_csv(out_dir / "text_tables.csv", index=False)
+    if perfetto:
+        from stepscope.trace.perfetto import export_perfetto
+
+        for r in an.ranks:
+            export_perfetto(r, out_dir / "perfetto" / f"rank{r.rank}.categorized.json.gz")
+
+
+# --------------------------------------------------------------------------- run folder
+
+
+def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float | None]:
+    """Trace paths for stage 05 and the TPOT measured during capture (or None).
+
+    `params.analysis.trace_paths` wins (relative paths from the repository root); else
+    the run's 04_profiler_capture/traces/. Raises StageInputMissing when neither exists.
+    """
+    from stepscope.runfolder import REPO_ROOT
+
+    run_dir = Path(run_dir)
+    tpot = None
+    lat = run_dir / "04_profiler_capture" / "capture_latency.json"
+    if lat.is_file():
+        try:
+            v = json.loads(lat.read_text()).get("tpot_ms_median")
+            tpot = float(v) if v is not None else None
+        except (ValueError, TypeError, AttributeError):
+            tpot = None
+    given = tuple(getattr(getattr(params, "analysis", None), "trace_paths", ()) or ())
+    if given:
+        out = [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in given]
+        missing = [str(p) for p in out if not p.exists()]
+        if missing:
+            raise StageInputMissing(f"analysis.trace_paths not found: {', '.join(missing)}",
+                                    where="params analysis.trace_paths",
+                                    hint="fix the paths (relative ones are from the repository root)")
+        return out, tpot
+    d = run_dir / "04_profiler_capture" / "traces"
+    if not d.is_dir() or not any(d.iterdir()):
+        raise StageInputMissing(
+            "needs 04_profiler_capture/traces/, which is missing or empty",
+            where=str(run_dir),
+            hint=f"run stage 04 first (stepscope run <params> --run-id {run_dir.name} --stages 04), "
+                 "or set analysis.trace_paths in params to traces captured elsewhere")
+    return [d], tpot
+
+
+def load_arch_for(params) -> tuple[Any, str | None]:
+    """The model architecture for the collectives check, from params (None + why if not)."""
+    try:
+        from stepscope import model as m
+
+        cfg = getattr(params.model, "config_json", None)
+        if cfg is None and getattr(params.model, "path", None):
+            from stepscope.runfolder import REPO_ROOT
+
+            p = Path(params.model.path)
+            p = p if p.is_absolute() else REPO_ROOT / p
+            cfg = str(p / "config.json") if (p / "config.json").is_file() else None
+        if cfg is None and not getattr(params.model, "arch_preset", None):
+            return None, "no model config.json or arch_preset in params"
+        return m.load_architecture(config_json=cfg, preset=params.model.arch_preset), None
+    except (ImportError, AttributeError) as exc:
+        return None, f"stepscope.model.load_architecture is not available ({exc})"
+    except Exception as exc:  # the model module's own StepscopeError
+        return None, str(exc)

@@ -1,0 +1,755 @@
+"""Streaming Kineto trace loader: `.json` / `.json.gz` in, one slim DataFrame per rank out.
+
+A vLLM rank trace is 1-1.5 GB of JSON and 5-9 M events, most of them Python stack
+frames. `json.loads` needs ~5x the file in memory (FACTS §3), so the loader never
+holds the decoded trace: it decompresses in chunks (isal, in a background thread),
+cuts each chunk at an event boundary, decodes the chunk's events with msgspec into a
+struct that names only the fields stepscope reads, and keeps only the event kinds
+below. Timestamps stay float64 exactly as written (no rounding: HTA's rounding lost
+4-7 % of kernel time on vLLM traces).
+
+Kept: device work (`kernel`, `gpu_memcpy`, `gpu_memset`), launches (`cuda_runtime`,
+`cuda_driver`; HIP names use the same categories), annotations (`user_annotation`,
+`gpu_user_annotation`), `cpu_op` (only while the trace has shown no device work, so
+CPU-only traces keep their ops and GPU traces do not pay for them) and the few
+`python_function` frames named `execute_model` (a step fallback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from array import array
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from stepscope.errors import TraceError
+
+LOADER_VERSION = 3
+"""Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
+
+CHUNK_BYTES = 8 << 20
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+KEPT_CATS = DEVICE_CATS + LAUNCH_CATS + ANNOTATION_CATS + ("cpu_op", "python_function")
+# Kineto categories that stepscope knows and ignores on purpose.
+IGNORED_CATS = frozenset({
+    "python_function", "ac2g", "fwdbwd", "cpu_instant_event", "Trace", "cuda_profiler_range",
+    "gpu_user_annotation", "user_annotation", "overhead", "memory", "cuda_sync",
+    "kineto_metadata", "privateuse1_runtime", "privateuse1_driver", "mtia_runtime",
+    "mtia_ccp_events", "Trace Collector", "gpu_kernel_memory",
+})
+# Older Kineto releases capitalised the categories; map them onto today's names.
+CAT_ALIASES = {
+    "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op",
+}
+KNOWN_CATS = frozenset(KEPT_CATS) | IGNORED_CATS | frozenset(CAT_ALIASES)
+
+BAD_DUR_TOLERANCE = 0.001
+"""Up to this share of work events may lack a usable duration: they are dropped and
+flagged. Above it the rank is rejected (the trace is damaged, not just ragged)."""
+
+SLIM_COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "correlation", "external_id",
+                "stream", "collective", "msg_nelems")
+
+
+class _Args(msgspec.Struct):
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    stream: int | None = None
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    msg_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+
+
+class _Event(msgspec.Struct):
+    cat: str | None = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+_events_decoder = msgspec.json.Decoder(list[_Event])
+_any_decoder = msgspec.json.Decoder()
+_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BYTE_RE = re.compile(r"\(byte (\d+)\)")
+_WS = b" \t\r\n"
+
+
+@dataclass
+class RankTrace:
+    """One rank's slim event table plus what the file said about itself."""
+
+    rank: int
+    path: Path
+    events: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    flags: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        return self.meta.get("mode", "gpu")
+
+
+# --------------------------------------------------------------------------- rank
+
+
+_RANK_NAME_RES = (
+    re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", re.I),
+    re.compile(r"(?:^|[^a-z])TP-(\d+)(?!\d)"),
+    re.compile(r"(?:^|[^a-z])tp[-_]?(\d+)(?!\d)", re.I),
+)
+
+
+def rank_from_filename(path: str | Path) -> int | None:
+    """Rank number in a trace file name (`rank3`, `-rank-3`, `_rank0`, SGLang `TP-3`)."""
+    name = Path(path).name
+    for pat in _RANK_NAME_RES[:2]:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    # `dp0_pp0_tp3_...` only when no explicit rank: tp index is the rank within the TP group.
+    m = _RANK_NAME_RES[2].search(name)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _open_stream(path: Path):
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        from isal import igzip_threaded
+
+        # Decompression runs in a helper thread and overlaps with parsing.
+        return igzip_threaded.open(path, "rb", threads=1, block_size=CHUNK_BYTES)
+    return open(path, "rb", buffering=0)
+
+
+def _read(stream, path: Path, n: int) -> bytes:
+    try:
+        return stream.read(n)
+    except EOFError:
+        raise TraceError(
+            "the gzip stream is truncated (the file ends before the compressed data does)",
+            where=str(path),
+            hint="the capture was probably copied while the profiler was still writing; "
+                 "copy it again after /stop_profile returns",
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"cannot decompress: {exc}", where=str(path),
+                         hint="check that the file is a complete .json.gz trace") from None
+
+
+def _malformed(path: Path, offset: int, exc: Exception) -> TraceError:
+    return TraceError(
+        f"not valid JSON near byte {offset:,} of the decompressed trace ({exc})",
+        where=str(path),
+        hint="the file is damaged or not a Kineto trace; re-copy it from the profiler directory",
+    )
+
+
+def _last_boundary(buf: bytes | bytearray, lo: int, hi: int) -> tuple[int, int] | None:
+    """(end of an event, start of the next) for the last `} , {` in buf[lo:hi]."""
+    j = hi
+    while True:
+        j = buf.rfind(b"{", lo, j)
+        if j <= lo:
+            return None
+        k = j - 1
+        while k > lo and buf[k] in _WS:
+            k -= 1
+        if buf[k] != 0x2C:  # ','
+            continue
+        k -= 1
+        while k > lo and buf[k] in _WS:
+            k -= 1
+        if buf[k] == 0x7D:  # '}'
+            return k + 1, j
+
+
+class _Collector:
+    """Accumulates kept events column-wise in compact arrays (names interned)."""
+
+    def __init__(self) -> None:
+        self.cat = array("b")
+        self.name = array("i")
+        self.pid = array("q")
+        self.tid = array("q")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.corr = array("q")
+        self.ext = array("q")
+        self.stream = array("q")
+        self.coll = array("i")
+        self.nelems = array("q")
+        self.names: dict[str, int] = {}
+        self.colls: dict[str, int] = {"": 0}
+        self.ids: dict[Any, int] = {}
+        self.cat_counts: dict[str, int] = {}
+        self.seen_device = False
+        self.n_cpu_dropped = 0
+        self.bad_dur: list[str] = []
+        self.n_bad_dur = 0
+
+    def _id(self, v: Any) -> int:
+        if type(v) is int:
+            return v
+        if v is None:
+            return -1
+        # String pids/tids ("Spans", "stream 7") get stable negative ids.
+        got = self.ids.get(v)
+        if got is None:
+            got = self.ids[v] = -2 - len(self.ids)
+        return got
+
+    def add(self, events: list) -> None:
+        counts = self.cat_counts
+        names = self.names
+        cat_index = _CAT_INDEX
+        for e in events:
+            cat = e.cat
+            counts[cat] = counts.get(cat, 0) + 1
+            ci = cat_index.get(cat)
+            if ci is None:
+                alias = CAT_ALIASES.get(cat)
+                if alias is None:
+                    continue
+                ci = cat_index[alias]
+            name = e.name
+            if ci == _PYFN:
+                if type(name) is not str or "execute_model" not in name:
+                    continue
+            elif ci == _CPU_OP:
+                if self.seen_device:
+                    self.n_cpu_dropped += 1
+                    continue
+            elif ci < 3 and not self.seen_device:
+                self.seen_device = True
+            if type(name) is not str:
+                name = "" if name is None else str(name)
+            ts, dur = e.ts, e.dur
+            if ts is None or dur is None or dur < 0:
+                if ci < 3 or ci == _CPU_OP:
+                    self.n_bad_dur += 1
+                    if len(self.bad_dur) < 3:
+                        self.bad_dur.append(f"{cat} {name[:60]!r} ts={ts} dur={dur}")
+                    continue
+                if ts is None:
+                    continue
+                dur = 0.0
+            nid = names.get(name)
+            if nid is None:
+                nid = names[name] = len(names)
+            self.cat.append(ci)
+            self.name.append(nid)
+            self.pid.append(self._id(e.pid))
+            self.tid.append(self._id(e.tid))
+            self.ts.append(ts)
+            self.dur.append(dur)
+            a = e.args
+            if a is None:
+                self.corr.append(-1)
+                self.ext.append(-1)
+                self.stream.append(-1)
+                self.coll.append(0)
+                self.nelems.append(-1)
+                continue
+            self.corr.append(-1 if a.correlation is None else a.correlation)
+            self.ext.append(-1 if a.external_id is None else a.external_id)
+            self.stream.append(-1 if a.stream is None else a.stream)
+            if a.collective is None:
+                self.coll.append(0)
+            else:
+                cid = self.colls.get(a.collective)
+                if cid is None:
+                    cid = self.colls[a.collective] = len(self.colls)
+                self.coll.append(cid)
+            self.nelems.append(-1 if a.msg_nelems is None else a.msg_nelems)
+
+    def add_untyped(self, items: list) -> None:
+        """Slow path for chunks whose field types differ from Kineto's usual ones."""
+        evs = []
+        for d in items:
+            if not isinstance(d, dict):
+                continue
+            args = d.get("args") if isinstance(d.get("args"), dict) else {}
+
+            def _int(v: Any) -> int | None:
+                try:
+                    return int(v) if v is not None else None
+                except (TypeError, ValueError):
+                    return None
+
+            def _float(v: Any) -> float | None:
+                try:
+                    return float(v) if v is not None else None
+                except (TypeError, ValueError):
+                    return None
+
+            evs.append(_Event(
+                cat=d.get("cat") if isinstance(d.get("cat"), str) else None,
+                name=d.get("name"), pid=d.get("pid"), tid=d.get("tid"),
+                ts=_float(d.get("ts")), dur=_float(d.get("dur")),
+                args=_Args(correlation=_int(args.get("correlation")),
+                           external_id=_int(args.get("External id")),
+                           stream=_int(args.get("stream")),
+                           collective=(str(args["Collective name"])
+                                       if "Collective name" in args else None),
+                           msg_nelems=_int(args.get("In msg nelems")))))
+        self.add(evs)
+
+    def frame(self) -> pd.DataFrame:
+        keep = None
+        cat_codes = np.frombuffer(self.cat, dtype=np.int8) if len(self.cat) else np.zeros(0, np.int8)
+        if self.seen_device:
+            # cpu_ops seen before the first device event are not needed on a GPU trace.
+            keep = cat_codes != _CPU_OP
+        name_list = list(self.names)
+        coll_list = list(self.colls)
+
+        def col(a: array, dtype) -> np.ndarray:
+            arr = np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
+            return arr[keep] if keep is not None else arr
+
+        codes = col(self.cat, np.int8)
+        df = pd.DataFrame({
+            "cat": pd.Categorical.from_codes(codes.astype(np.int16), categories=list(KEPT_CATS)),
+            "name": pd.Categorical.from_codes(col(self.name, np.int32), categories=name_list)
+            if name_list else pd.Categorical([], categories=[]),
+            "pid": col(self.pid, np.int64),
+            "tid": col(self.tid, np.int64),
+            "ts": col(self.ts, np.float64),
+            "dur": col(self.dur, np.float64),
+            "correlation": col(self.corr, np.int64),
+            "external_id": col(self.ext, np.int64),
+            "stream": col(self.stream, np.int64),
+            "collective": pd.Categorical.from_codes(col(self.coll, np.int32), categories=coll_list),
+            "msg_nelems": col(self.nelems, np.int64),
+        })
+        # Drop unused name categories so the table (and its Parquet) stays slim.
+        df["name"] = df["name"].cat.remove_unused_categories()
+        return df
+
+
+_CAT_INDEX = {c: i for i, c in enumerate(KEPT_CATS)}
+_CPU_OP = _CAT_INDEX["cpu_op"]
+_PYFN = _CAT_INDEX["python_function"]
+
+
+def _decode_region(col: _Collector, region: bytes, path: Path, base: int) -> None:
+    try:
+        col.add(_events_decoder.decode(region))
+    except msgspec.ValidationError:
+        try:
+            col.add_untyped(_any_decoder.decode(region))
+        except msgspec.DecodeError as exc:
+            raise _malformed(path, base, exc) from None
+
+
+def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Stream one trace file. Returns (slim events, top-level metadata + load stats).
+
+    Raises TraceError for a truncated gzip, invalid JSON, or JSON that is not a trace.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError("trace file not found", where=str(path))
+    col = _Collector()
+    header = b""
+    tail = b""
+    with _open_stream(path) as stream:
+        buf = b""
+        # 1. Header: everything before the traceEvents array.
+        while True:
+            data = _read(stream, path, CHUNK_BYTES)
+            buf += data
+            head = buf.lstrip()[:1]
+            if head and head not in (b"{", b"["):
+                raise TraceError("not a JSON trace (it does not start with '{' or '[')",
+                                 where=str(path), hint="pass Kineto .json / .json.gz traces")
+            if head == b"[":
+                # Chrome's "JSON array" form: the whole file is the event list.
+                start = buf.index(b"[") + 1
+                header = b'{"traceEvents":'
+                break
+            m = _KEY_RE.search(buf)
+            if m:
+                header = buf[:m.end() - 1]
+                start = m.end()
+                break
+            if not data or len(buf) > (64 << 20):
+                raise TraceError(
+                    "no traceEvents array: this JSON is not a Kineto / Chrome trace",
+                    where=str(path),
+                    hint="pass the *.pt.trace.json(.gz) files the profiler wrote")
+        consumed = 0  # decompressed bytes before buf[0], for error offsets
+        pos = start
+        eof = False
+        # 2. Events, one chunk at a time.
+        while True:
+            if not eof:
+                data = _read(stream, path, CHUNK_BYTES)
+                if data:
+                    buf = buf[pos:] + data
+                    consumed += pos
+                    pos = 0
+                else:
+                    eof = True
+            if progress is not None and not eof:
+                progress(len(data))
+            hi = len(buf)
+            attempts = 0
+            while True:
+                b = _last_boundary(buf, pos, hi)
+                if b is None:
+                    break
+                end, nxt = b
+                region = b"[" + buf[pos:end] + b"]"
+                try:
+                    col.add(_events_decoder.decode(region))
+                except msgspec.ValidationError:
+                    try:
+                        col.add_untyped(_any_decoder.decode(region))
+                    except msgspec.DecodeError:
+                        attempts += 1
+                        hi = end - 1
+                        continue
+                except msgspec.DecodeError as exc:
+                    m = _BYTE_RE.search(str(exc))
+                    at = int(m.group(1)) if m else len(region)
+                    attempts += 1
+                    # An error well before the cut is real damage; one at the cut means
+                    # the cut fell inside a nested object, so cut earlier.
+                    if at < len(region) - 2 or attempts > 20:
+                        raise _malformed(path, consumed + pos + at, exc) from None
+                    hi = end - 1
+                    continue
+                pos = nxt
+                break
+            if eof:
+                break
+        # 3. The last event, the closing bracket and the trailer.
+        rest = buf[pos:]
+        s = rest.lstrip()
+        if s.startswith(b"]"):
+            tail = s[1:]
+        else:
+            idx = -1
+            while True:
+                idx = rest.find(b"]", idx + 1)
+                if idx < 0:
+                    raise TraceError(
+                        "the JSON ends inside the traceEvents array (the file is truncated)",
+                        where=str(path),
+                        hint="copy the trace again once the profiler has finished writing it")
+                try:
+                    items = _events_decoder.decode(b"[" + rest[:idx + 1])
+                except msgspec.ValidationError:
+                    items = None
+                    try:
+                        col.add_untyped(_any_decoder.decode(b"[" + rest[:idx + 1]))
+                    except msgspec.DecodeError:
+                        continue
+                except msgspec.DecodeError:
+                    continue
+                if items is not None:
+                    col.add(items)
+                tail = rest[idx + 1:]
+                break
+    try:
+        meta = _any_decoder.decode(header + b"[]" + tail)
+    except msgspec.DecodeError as exc:
+        raise _malformed(path, consumed + len(buf), exc) from None
+    if not isinstance(meta, dict):
+        raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
+    meta.pop("traceEvents", None)
+    df = col.frame()
+    stats = {
+        "cat_counts": col.cat_counts,
+        "n_events_total": int(sum(col.cat_counts.values())),
+        "n_cpu_op_dropped": col.n_cpu_dropped,
+        "n_bad_dur": col.n_bad_dur,
+        "bad_dur_examples": col.bad_dur,
+        "unknown_cats": {c: n for c, n in col.cat_counts.items()
+                         if c is not None and c not in KNOWN_CATS},
+    }
+    return df, {"top": meta, "stats": stats}
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def _flag(code: str, severity: str, message: str) -> dict[str, str]:
+    return {"code": code, "severity": severity, "message": message}
+
+
+def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Path | None = None,
+              allow_no_rank: bool = False) -> RankTrace:
+    """Load one rank trace (from the Parquet cache when the same file was read before).
+
+    The rank comes from `distributedInfo.rank`, then the file name, then `rank` (an
+    explicit override wins over both). `allow_no_rank` lets a lone file default to 0.
+    """
+    path = Path(path)
+    key = None
+    if cache_dir is not None:
+        key = cache_key(path)
+        hit = _cache_read(Path(cache_dir), key)
+        if hit is not None:
+            df, meta = hit
+            return _finish(path, df, meta, rank, allow_no_rank, from_cache=True)
+    df, meta = read_trace(path)
+    meta = _summarize_meta(path, df, meta)
+    if key is not None:
+        _cache_write(Path(cache_dir), key, df, meta)
+    return _finish(path, df, meta, rank, allow_no_rank, from_cache=False)
+
+
+def _summarize_meta(path: Path, df: pd.DataFrame, raw: dict[str, Any]) -> dict[str, Any]:
+    top = raw["top"]
+    stats = raw["stats"]
+    dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+    dev = top.get("deviceProperties")
+    device_name = dev[0].get("name") if isinstance(dev, list) and dev and isinstance(dev[0], dict) else None
+    return {
+        "file": str(path),
+        "bytes": path.stat().st_size,
+        "dist_rank": dist.get("rank"),
+        "world_size": dist.get("world_size"),
+        "backend": dist.get("backend"),
+        "device_name": device_name,
+        "vllm_version": top.get("vllm_version"),
+        "base_time_ns": top.get("baseTimeNanoseconds"),
+        **stats,
+    }
+
+
+def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None,
+            allow_no_rank: bool, *, from_cache: bool) -> RankTrace:
+    flags: list[dict[str, str]] = []
+    meta = dict(meta)
+    meta["file"] = str(path)
+    meta["from_cache"] = from_cache
+    if rank is not None:
+        meta["rank_source"] = "given"
+    elif isinstance(meta.get("dist_rank"), int):
+        rank = meta["dist_rank"]
+        meta["rank_source"] = "distributedInfo.rank"
+    elif (r := rank_from_filename(path)) is not None:
+        rank = r
+        meta["rank_source"] = "file name"
+    elif allow_no_rank:
+        rank = 0
+        meta["rank_source"] = "assumed (single file)"
+        flags.append(_flag("rank_assumed", "info",
+                           f"{path.name}: no distributedInfo.rank and no rank in the file name; "
+                           "a single trace was given, so it is treated as rank 0"))
+    else:
+        raise TraceError(
+            "cannot tell which rank this trace belongs to: no distributedInfo.rank and "
+            "no rank in the file name",
+            where=str(path),
+            hint="rename it to include rank<N> (e.g. trace_rank0.json.gz)")
+    meta["rank"] = int(rank)
+    n_dev = int(df["cat"].isin(DEVICE_CATS).sum())
+    n_cpu = int((df["cat"] == "cpu_op").sum())
+    n_work = n_dev if n_dev else n_cpu
+    unknown = meta.get("unknown_cats") or {}
+    if meta.get("n_events_total", 0) == 0:
+        raise TraceError("the trace holds no events (traceEvents is empty)", where=str(path),
+                         hint="the profiler was stopped before any step ran; capture again "
+                              "with requests in flight between /start_profile and /stop_profile")
+    if n_work == 0:
+        if unknown:
+            listing = ", ".join(f"{c!r} ({n})" for c, n in sorted(unknown.items()))
+            raise TraceError(f"no device or cpu_op events; only unknown event categories {listing}",
+                             where=str(path),
+                             hint="this is not a Kineto trace stepscope can read, or a newer "
+                                  "format: add the category mapping to stepscope.trace.load")
+        raise TraceError("the trace holds no device events (kernel/memcpy/memset) and no cpu_op "
+                         "events, so there is no work to account", where=str(path),
+                         hint="capture with the CUDA activity enabled (or CPU ops on a CPU build)")
+    bad = int(meta.get("n_bad_dur", 0))
+    if bad:
+        ex = "; ".join(meta.get("bad_dur_examples") or [])
+        if bad > BAD_DUR_TOLERANCE * (n_work + bad):
+            raise TraceError(
+                f"{bad} of {n_work + bad} work events have a missing or negative duration "
+                f"(e.g. {ex})", where=str(path),
+                hint="the trace is damaged (profiler buffer overflow?); capture again")
+        flags.append(_flag("bad_durations", "warning",
+                           f"rank {rank}: dropped {bad} work events with a missing or negative "
+                           f"duration (e.g. {ex})"))
+    if unknown:
+        listing = ", ".join(f"{c!r} ({n})" for c, n in sorted(unknown.items()))
+        flags.append(_flag("unknown_event_category", "warning",
+                           f"rank {rank}: ignored events of unknown category {listing}"))
+    meta["mode"] = "gpu" if n_dev else "cpu"
+    return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_key(path: str | Path) -> str:
+    """Size + a hash of the file's content, sampled so hashing 8 x 80 MB stays well under 1 s.
+
+    The first and last MiB and 64 evenly spaced 64 KiB blocks are hashed: a re-copied or
+    re-captured file differs in its gzip header/trailer and throughout its body.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"v{LOADER_VERSION}:{size}:".encode())
+    with open(path, "rb") as fh:
+        if size <= (8 << 20):
+            h.update(fh.read())
+        else:
+            h.update(fh.read(1 << 20))
+            for i in range(64):
+                fh.seek((size * (i + 1)) // 66)
+                h.update(fh.read(64 << 10))
+            fh.seek(size - (1 << 20))
+            h.update(fh.read())
+    return f"{size}-{h.hexdigest()}"
+
+
+def _cache_read(cache_dir: Path, key: str) -> tuple[pd.DataFrame, dict] | None:
+    p = cache_dir / f"{key}.parquet"
+    if not p.is_file():
+        return None
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(p)
+        meta = json.loads(table.schema.metadata[b"stepscope"])
+        return table.to_pandas(), meta
+    except Exception:  # a damaged cache entry is only a cache miss
+        return None
+
+
+def _cache_write(cache_dir: Path, key: str, df: pd.DataFrame, meta: dict) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    md = dict(table.schema.metadata or {})
+    md[b"stepscope"] = json.dumps(meta, default=str).encode()
+    table = table.replace_schema_metadata(md)
+    tmp = cache_dir / f".{key}.{os.getpid()}.tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, cache_dir / f"{key}.parquet")
+
+
+# --------------------------------------------------------------------------- many ranks
+
+
+def _load_worker(args: tuple) -> tuple[str, RankTrace | None, str | None]:
+    path, rank, cache_dir, allow_no_rank = args
+    try:
+        return str(path), load_rank(path, rank=rank, cache_dir=cache_dir,
+                                    allow_no_rank=allow_no_rank), None
+    except TraceError as exc:
+        return str(path), None, exc.render()
+
+
+def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -> int:
+    """Processes for loading: at most the cores, and as many as the memory budget allows.
+
+    A rank costs about 1.2x its decompressed-chunk working set plus its kept events,
+    which stays below 0.5x its JSON size; gzip traces are ~10x smaller than their JSON.
+    """
+    cores = os.cpu_count() or 1
+    if memory_budget_bytes is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            avail = 4 << 30
+        memory_budget_bytes = int(avail * 0.5)
+    biggest = max((_json_size_estimate(p) for p in paths), default=1)
+    per_rank = 0.5 * biggest + (200 << 20)
+    by_mem = max(1, int(memory_budget_bytes // per_rank))
+    return max(1, min(len(paths), cores, by_mem))
+
+
+def _json_size_estimate(p: Path) -> int:
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return size * 12 if gz else size
+
+
+def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = None,
+               workers: int | None = None, memory_budget_bytes: int | None = None,
+               progress: bool = True) -> tuple[list[RankTrace], list[dict[str, str]]]:
+    """Load many rank traces in parallel processes. A bad file never stops the others.
+
+    Returns (ranks sorted by rank, flags). Each unreadable file becomes an error flag
+    carrying its TraceError message; two files claiming one rank keep the first and flag
+    the second.
+    """
+    from tqdm.auto import tqdm
+
+    paths = [Path(p) for p in paths]
+    allow_no_rank = len(paths) == 1
+    if workers is None:
+        workers = default_workers(paths, memory_budget_bytes)
+    jobs = [(p, None, str(cache_dir) if cache_dir else None, allow_no_rank) for p in paths]
+    results: dict[str, tuple[RankTrace | None, str | None]] = {}
+    bar = tqdm(total=len(jobs), desc="load traces", unit="rank", disable=not progress)
+    if workers <= 1 or len(jobs) == 1:
+        for job in jobs:
+            p, rt, err = _load_worker(job)
+            results[p] = (rt, err)
+            bar.update()
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork") if hasattr(os, "fork") else None
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futs = [pool.submit(_load_worker, job) for job in jobs]
+            for fut in as_completed(futs):
+                p, rt, err = fut.result()
+                results[p] = (rt, err)
+                bar.update()
+    bar.close()
+    flags: list[dict[str, str]] = []
+    ranks: dict[int, RankTrace] = {}
+    for p in paths:  # input order decides which duplicate wins
+        rt, err = results[str(p)]
+        if err is not None:
+            flags.append(_flag("rank_unreadable", "error", err))
+            continue
+        assert rt is not None
+        if rt.rank in ranks:
+            first = ranks[rt.rank].path
+            flags.append(_flag(
+                "duplicate_rank", "error",
+                str(TraceError(f"claims rank {rt.rank}, like {first.name} (from "
+                               f"{rt.meta.get('rank_source')}); it was left out",
+                               where=str(p),
+                               hint="pass one trace per rank; remove the stale copy"))))
+            continue
+        ranks[rt.rank] = rt
+        flags.extend(rt.flags)
+    return [ranks[r] for r in sorted(ranks)], flags

@@ -1,0 +1,332 @@
+"""Engine steps and the attribution of every piece of work to one step.
+
+Steps come from the engine's own annotations (vLLM's three `execute_...` forms,
+SGLang's `step[DECODE bs=N]`, torch's `ProfilerStep#N`). Without them the fallbacks
+are, in order: CUDA/HIP graph launches, `execute_model` Python frames, one step for the
+whole trace; the table says which source was used.
+
+A device event belongs to the step whose annotation encloses its *launch* on the
+launching thread (kernel `correlation` -> launch event), never to the step its own
+GPU time falls in: GPU work runs behind the CPU (a 2.4 ms annotation whose kernels ran
+10.7 ms in one real trace). A graph launch carries one correlation for all its kernels.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from stepscope.trace.categorize import categorize, class_of, resolve_waits
+from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
+
+_VLLM_CTX = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
+_VLLM_DETAILED = re.compile(r"^execute_(\d+)_context_(\d+)\((.*?)\)_generation_(\d+)\((.*?)\)$")
+_VLLM_NEW = re.compile(r"^execute_new_(\d+)_cached_(\d+)$")
+_SGLANG = re.compile(r"^step\[\s*([A-Za-z_]+)?\s*bs=(\d+)\s*\]$")
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
+_SQ = re.compile(r"sq(\d+)")
+
+STEP_COLUMNS = ["rank", "step_id", "name", "source", "label", "n_requests", "n_tokens",
+                "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
+                "pid", "tid", "ts", "dur"]
+
+
+def _label(prefill_reqs: int, decode_reqs: int) -> str:
+    if prefill_reqs and decode_reqs:
+        return "mixed"
+    if prefill_reqs:
+        return "prefill"
+    if decode_reqs:
+        return "decode"
+    return "idle"
+
+
+def parse_step_name(name: str) -> dict | None:
+    """Family, label and request/token counts of a step annotation, or None."""
+    m = _VLLM_CTX.match(name)
+    if m:
+        nc, tc, ng, tg = map(int, m.groups())
+        return dict(family="vllm", label=_label(nc, ng), prefill_requests=nc, prefill_tokens=tc,
+                    decode_requests=ng, decode_tokens=tg, n_requests=nc + ng, n_tokens=tc + tg)
+    m = _VLLM_DETAILED.match(name)
+    if m:
+        n, nc, cdet, ng, gdet = m.groups()
+        tc = _SQ.search(cdet)
+        tg = _SQ.search(gdet)
+        nc, ng = int(nc), int(ng)
+        return dict(family="vllm", label=_label(nc, ng), prefill_requests=nc,
+                    prefill_tokens=int(tc.group(1)) if tc else -1, decode_requests=ng,
+                    decode_tokens=int(tg.group(1)) if tg else -1, n_requests=nc + ng,
+                    n_tokens=int(n))
+    m = _VLLM_NEW.match(name)
+    if m:
+        new, cached = map(int, m.groups())
+        return dict(family="vllm", label=_label(new, cached), prefill_requests=new,
+                    prefill_tokens=-1, decode_requests=cached, decode_tokens=cached,
+                    n_requests=new + cached, n_tokens=-1)
+    m = _SGLANG.match(name)
+    if m:
+        mode = (m.group(1) or "").upper()
+        bs = int(m.group(2))
+        label = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill",
+                 "MIXED": "mixed", "IDLE": "idle"}.get(mode, "unknown")
+        return dict(family="sglang", label=label, prefill_requests=bs if label == "prefill" else 0,
+                    prefill_tokens=-1, decode_requests=bs if label == "decode" else 0,
+                    decode_tokens=bs if label == "decode" else -1, n_requests=bs, n_tokens=-1)
+    m = _PROFILER_STEP.match(name)
+    if m:
+        return dict(family="profiler_step", label="unknown", prefill_requests=-1,
+                    prefill_tokens=-1, decode_requests=-1, decode_tokens=-1,
+                    n_requests=-1, n_tokens=-1)
+    return None
+
+
+_FAMILY_ORDER = ("vllm", "sglang", "profiler_step")
+
+
+def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
+    """The step table of one rank and the source it came from."""
+    ann = ev[ev["cat"] == "user_annotation"]
+    parsed = {n: parse_step_name(n) for n in ann["name"].astype(str).unique()}
+    families = {p["family"] for p in parsed.values() if p}
+    rows: list[dict] = []
+    source = None
+    work_ev = ev[ev["cat"].isin(DEVICE_CATS + ("cpu_op",))]
+    t0 = float(work_ev["ts"].min()) if len(work_ev) else 0.0
+    t1 = float((work_ev["ts"] + work_ev["dur"]).max()) if len(work_ev) else 0.0
+    for fam in _FAMILY_ORDER:
+        if fam in families:
+            source = f"annotation:{fam}"
+            names = [n for n, p in parsed.items() if p and p["family"] == fam]
+            sel = ann[ann["name"].astype(str).isin(names)].sort_values("ts")
+            for r in sel.itertuples(index=False):
+                p = parsed[str(r.name)]
+                rows.append(dict(name=str(r.name), label=p["label"],
+                                 **{k: p[k] for k in ("n_requests", "n_tokens", "prefill_requests",
+                                                      "prefill_tokens", "decode_requests",
+                                                      "decode_tokens")},
+                                 pid=r.pid, tid=r.tid, ts=r.ts, dur=r.dur))
+            break
+    if source is None:
+        rt = ev[ev["cat"].isin(LAUNCH_CATS)]
+        graph = rt[rt["name"].astype(str).str.match(_GRAPH_LAUNCH)].sort_values("ts")
+        if len(graph):
+            source = "graph_launches"
+            # One step per graph launch: from this launch to the next on the same thread.
+            # The first step also takes the work launched before it.
+            for (pid, tid), g in graph.groupby(["pid", "tid"], sort=False):
+                ts = g["ts"].to_numpy()
+                for i in range(len(ts)):
+                    start = min(t0, ts[0]) if i == 0 else ts[i]
+                    end = ts[i + 1] if i + 1 < len(ts) else max(t1, ts[-1])
+                    rows.append(_unknown_step(str(g["name"].iloc[i]), pid, tid, start, end - start))
+    if source is None:
+        frames = ev[(ev["cat"] == "python_function")
+                    & ev["name"].astype(str).str.contains("execute_model", regex=False)]
+        if len(frames):
+            source = "execute_model_frames"
+            for r in frames.sort_values("ts").itertuples(index=False):
+                rows.append(_unknown_step(str(r.name), r.pid, r.tid, r.ts, r.dur))
+    if source is None:
+        source = "whole_trace"
+        rows.append(_unknown_step("whole trace", -1, -1, t0, t1 - t0))
+    steps = pd.DataFrame(rows)
+    steps.insert(0, "step_id", np.arange(len(steps), dtype=np.int64))
+    steps.insert(0, "rank", rank)
+    steps["source"] = source
+    return steps[STEP_COLUMNS], source
+
+
+def _unknown_step(name: str, pid, tid, ts: float, dur: float) -> dict:
+    return dict(name=name, label="unknown", n_requests=-1, n_tokens=-1, prefill_requests=-1,
+                prefill_tokens=-1, decode_requests=-1, decode_tokens=-1, pid=pid, tid=tid,
+                ts=ts, dur=dur)
+
+
+def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndarray,
+               by_thread: bool) -> np.ndarray:
+    """step_id of the step enclosing time t on the same thread (or process), else -1."""
+    out = np.full(len(t), -1, dtype=np.int64)
+    if len(steps) == 0 or len(t) == 0:
+        return out
+    keys = ["pid", "tid"] if by_thread else ["pid"]
+    whole = steps["pid"].eq(-1).all()
+    groups = [((), steps)] if whole else steps.groupby(keys, sort=False)
+    for key, g in groups:
+        g = g.sort_values("ts")
+        starts = g["ts"].to_numpy(float)
+        ends = starts + g["dur"].to_numpy(float)
+        ids = g["step_id"].to_numpy()
+        if whole:
+            mask = np.ones(len(t), bool)
+        else:
+            key = key if isinstance(key, tuple) else (key,)
+            mask = pid == key[0]
+            if by_thread:
+                mask &= tid == key[1]
+        idx = np.flatnonzero(mask)
+        if not len(idx):
+            continue
+        pos = np.searchsorted(starts, t[idx], side="right") - 1
+        ok = pos >= 0
+        ok[ok] &= t[idx][ok] <= ends[pos[ok]]
+        # Nested steps of one family (rare) resolve to the innermost that starts last.
+        hit = idx[ok]
+        out[hit] = np.where(out[hit] >= 0, out[hit], ids[pos[ok]])
+    return out
+
+
+def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
+    """Split nested cpu_ops into self-time pieces (an op minus its children), per thread.
+
+    Returns rows (row: index into ops, start, end); each op's pieces sum to its self time.
+    """
+    out_row: list[int] = []
+    out_s: list[float] = []
+    out_e: list[float] = []
+    for _, g in ops.groupby(["pid", "tid"], sort=False):
+        order = np.lexsort((-g["dur"].to_numpy(), g["ts"].to_numpy()))
+        rows = g.index.to_numpy()[order]
+        starts = g["ts"].to_numpy()[order]
+        ends = starts + g["dur"].to_numpy()[order]
+        stack: list[tuple[float, int]] = []  # (end, row)
+        cursor = 0.0
+        for row, s, e in zip(rows.tolist(), starts.tolist(), ends.tolist()):
+            while stack and stack[-1][0] <= s:
+                pe, prow = stack.pop()
+                if pe > cursor:
+                    out_row.append(prow); out_s.append(cursor); out_e.append(pe)
+                cursor = max(cursor, pe)
+            if stack:
+                if s > cursor:
+                    out_row.append(stack[-1][1]); out_s.append(cursor); out_e.append(s)
+                e = min(e, stack[-1][0])  # a child never outlives its parent
+            cursor = s
+            stack.append((e, row))
+        while stack:
+            pe, prow = stack.pop()
+            if pe > cursor:
+                out_row.append(prow); out_s.append(cursor); out_e.append(pe)
+            cursor = max(cursor, pe)
+    return pd.DataFrame({"row": np.asarray(out_row, dtype=np.int64),
+                         "start": np.asarray(out_s, float), "end": np.asarray(out_e, float)})
+
+
+WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
+                "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row"]
+
+_C10D_CALL = re.compile(r"^c10d::")
+
+
+def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
+               ) -> tuple[pd.DataFrame, dict]:
+    """The categorized work of one rank, each piece attributed to a step.
+
+    GPU: one row per kernel / memcpy / memset. CPU: one row per self-time piece of a
+    cpu_op on a thread that carries step annotations (the worker), inside a step.
+    Returns (work, info) where info counts what was left out and why.
+    """
+    info: dict = {}
+    if mode == "gpu":
+        dev = ev[ev["cat"].isin(DEVICE_CATS)]
+        launches = ev[ev["cat"].isin(LAUNCH_CATS) & (ev["correlation"] >= 0)]
+        launches = launches.drop_duplicates("correlation", keep="first")
+        lk = launches.set_index("correlation")
+        corr = dev["correlation"].to_numpy()
+        has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
+        lpid = np.full(len(dev), -10**9, dtype=np.int64)
+        ltid = lpid.copy()
+        lts = np.full(len(dev), np.nan)
+        if has.any():
+            sub = lk.loc[corr[has]]
+            lpid[has] = sub["pid"].to_numpy()
+            ltid[has] = sub["tid"].to_numpy()
+            lts[has] = sub["ts"].to_numpy()
+        step = np.full(len(dev), -1, dtype=np.int64)
+        how = np.full(len(dev), "none", dtype=object)
+        if steps["pid"].eq(-1).all():  # whole-trace step
+            step[:] = 0
+            how[:] = "whole_trace"
+        else:
+            st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
+            idx = np.flatnonzero(has)
+            step[idx] = st
+            how[idx[st >= 0]] = "launch_thread"
+            # Launch on a thread without steps (e.g. autograd's backward thread):
+            # the step of the same process that encloses the launch.
+            miss = idx[st < 0]
+            if len(miss):
+                st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
+                step[miss] = st2
+                how[miss[st2 >= 0]] = "launch_process"
+            # No launch event in the trace: the last step that began before the work did.
+            nol = np.flatnonzero(step < 0)
+            if len(nol):
+                order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
+                sts = steps["ts"].to_numpy(float)[order]
+                pos = np.searchsorted(sts, dev["ts"].to_numpy()[nol], side="right") - 1
+                ok = pos >= 0
+                step[nol[ok]] = steps["step_id"].to_numpy()[order][pos[ok]]
+                how[nol[ok]] = "work_time"
+        cats = categorize(dev["name"], dev["cat"], rules)
+        names = dev["name"].astype(str).to_numpy()
+        work = pd.DataFrame({
+            "rank": rank, "step_id": step, "attribution": how, "category": cats,
+            "name": names,
+            "stream": np.where(dev["stream"].to_numpy() >= 0, dev["stream"].to_numpy(),
+                               dev["tid"].to_numpy()),
+            "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
+            "dur_us": dev["dur"].to_numpy(), "is_call": True,
+            "op_row": dev.index.to_numpy(),
+        })
+        info["n_launch_missing"] = int((~has).sum())
+    else:
+        ops = ev[ev["cat"] == "cpu_op"]
+        if steps["pid"].eq(-1).all():
+            threads = None
+        else:
+            threads = set(zip(steps["pid"], steps["tid"]))
+            on = np.fromiter(((p, t) in threads for p, t in zip(ops["pid"], ops["tid"])),
+                             dtype=bool, count=len(ops))
+            info["n_cpu_ops_other_threads"] = int((~on).sum())
+            ops = ops[on]
+        pieces = cpu_self_intervals(ops)
+        src = ops.loc[pieces["row"].to_numpy()]
+        if threads is None:
+            step = np.zeros(len(pieces), dtype=np.int64)
+            how = np.full(len(pieces), "whole_trace", dtype=object)
+        else:
+            # An op belongs to the step enclosing its start on its own thread.
+            step = _enclosing(steps, src["pid"].to_numpy(), src["tid"].to_numpy(),
+                              src["ts"].to_numpy(), by_thread=True)
+            how = np.where(step >= 0, "op_thread", "none").astype(object)
+        inside = step >= 0
+        info["n_cpu_pieces_outside_steps"] = int((~inside).sum())
+        info["cpu_self_us_outside_steps"] = float(
+            (pieces["end"].to_numpy() - pieces["start"].to_numpy())[~inside].sum())
+        pieces, src, step, how = pieces[inside], src[inside], step[inside], how[inside]
+        cats = categorize(src["name"], src["cat"], rules)
+        first = ~pieces["row"].duplicated().to_numpy()
+        order = np.argsort(pieces["start"].to_numpy(), kind="stable")
+        cats = resolve_waits(cats, src["tid"].to_numpy(), order)
+        names = src["name"].astype(str).to_numpy()
+        work = pd.DataFrame({
+            "rank": rank, "step_id": step, "attribution": how, "category": cats,
+            "name": names, "stream": src["tid"].to_numpy(),
+            "start_us": pieces["start"].to_numpy(), "end_us": pieces["end"].to_numpy(),
+            "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
+            "is_call": first, "op_row": pieces["row"].to_numpy(),
+        })
+    work["class"] = class_of(work["category"])
+    coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()
+    if mode == "cpu":
+        # Count each collective once: at the c10d:: op every backend call passes through,
+        # not its _c10d_functional wrapper or the wait on it.
+        coll = coll & work["is_call"].to_numpy() & np.array([bool(_C10D_CALL.match(n)) for n in work["name"]],
+                                                      dtype=bool)
+    work["collective_call"] = coll
+    work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
+    return work[WORK_COLUMNS], info
