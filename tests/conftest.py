@@ -26,3 +26,46 @@ def shared_traces() -> Path:
     if not d.is_dir():
         pytest.fail(f"real traces not found at {d}; set STEPSCOPE_SHARED to the shared/ folder")
     return d
+
+
+class LiveServer:
+    """A real vLLM CPU server (TP=2, eager) serving the tiny model, for slow tests."""
+
+    def __init__(self, base_url: str, served_model: str, profiler_dir: Path, tp: int, run_dir: Path,
+                 params):
+        self.base_url = base_url
+        self.served_model = served_model
+        self.profiler_dir = profiler_dir
+        self.tp = tp
+        self.run_dir = run_dir
+        self.params = params
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_vllm_server(tmp_path_factory):
+    """One real server for the whole session; its run folder holds 00_deploy/server.json."""
+    from stepscope.config import load_params, params_to_dict, params_from_dict, deep_merge
+    from stepscope.serve import create_tiny_model, launch, tiny_model_exists
+    from stepscope.serve.launch import resolve_model_path
+
+    base = load_params(REPO_ROOT / "params" / "smoke.yaml")
+    run_dir = tmp_path_factory.mktemp("live-server-run")
+    params = params_from_dict(deep_merge(params_to_dict(base), {
+        "server": {"port": free_port(), "profiler": {"dir": str(run_dir / "profiler_raw")}}}))
+    model = resolve_model_path(params)
+    if not tiny_model_exists(model):
+        create_tiny_model(model, params.model.tiny)
+    proc, handle = launch(params, run_dir, progress=False)
+    try:
+        yield LiveServer(handle.base_url, handle.served_model, Path(handle.profiler_dir),
+                         params.server.tp, run_dir, params)
+    finally:
+        proc.stop()

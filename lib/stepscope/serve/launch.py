@@ -376,9 +376,9 @@ def tail_lines(log_path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
 
 
 def likely_cause(log_path: Path) -> str | None:
-    text = "\n".join(tail_lines(log_path, 400))
+    text = "\n".join(tail_lines(log_path, 400)).lower()
     for needle, cause in LIKELY_CAUSES:
-        if needle in text:
+        if needle.lower() in text:
             return f"likely cause: {cause}"
     return None
 

@@ -1,0 +1,147 @@
+"""Params validation: every bad input stops the run with a message naming file, key and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.config import (
+    REDACTED,
+    Params,
+    iter_leaf_keys,
+    load_params,
+    params_from_dict,
+    redact,
+    redact_argv,
+)
+from stepscope.errors import ParamsError
+
+SHIPPED = ["cpu-demo", "smoke", "kimi-k25-int4-tp8-pcie"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_params_validate(repo_root, name):
+    params = load_params(repo_root / "params" / f"{name}.yaml")
+    assert isinstance(params, Params)
+    assert params.run.name == name
+
+
+def test_kimi_campaign_params_match_the_campaign(repo_root):
+    p = load_params(repo_root / "params" / "kimi-k25-int4-tp8-pcie.yaml")
+    assert p.server.tp == 8
+    assert p.model.arch_preset == "kimi-k2.5"
+    assert (p.capture.requests, p.capture.output_len) == (5, 32)
+    assert p.server.host == "127.0.0.1"
+    assert p.server.profiler.with_stack is False
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    return f
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ParamsError) as exc:
+        load_params(_write(tmp_path, text))
+    return str(exc.value)
+
+
+def test_unknown_key_names_file_path_and_nearest_key(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nsweep:\n  concurency: [1, 2]\n")
+    assert "p.yaml" in msg
+    assert "sweep.concurency" in msg
+    assert "unknown key" in msg
+    assert "did you mean 'concurrency'" in msg
+
+
+def test_nested_unknown_key_has_full_path(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nserver:\n  profiler: {with_stacks: false}\n")
+    assert "server.profiler.with_stacks" in msg
+    assert "'with_stack'" in msg
+
+
+def test_wrong_type_says_what_was_expected(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nserver: {tp: two}\n")
+    assert "server.tp" in msg and "expected an integer" in msg and "'two'" in msg
+
+
+def test_bool_is_not_an_integer(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nserver: {port: true}\n")
+    assert "server.port" in msg and "expected an integer" in msg
+
+
+def test_missing_required_value(tmp_path):
+    msg = _error(tmp_path, "server: {tp: 2}\n")
+    assert "run" in msg and "missing required value" in msg
+
+
+def test_yaml_scientific_notation_trap_is_caught(tmp_path):
+    # PyYAML reads 1e-3 as the string "1e-3"; a float field must refuse it, and say how to write it.
+    msg = _error(tmp_path, "run: {name: x}\nsweep: {knee_gain: 1e-3}\n")
+    assert "sweep.knee_gain" in msg
+    assert "the string '1e-3'" in msg
+    assert "1.0e-3" in msg
+
+
+def test_literal_choice_suggests_nearest(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nserver: {mode: lanuch}\n")
+    assert "server.mode" in msg and "'launch'" in msg
+
+
+def test_list_expected_not_scalar(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nsweep: {concurrency: 4}\n")
+    assert "sweep.concurrency" in msg and "a list of an integer" in msg
+
+
+def test_list_item_error_has_index(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nsweep: {concurrency: [1, x]}\n")
+    assert "sweep.concurrency[1]" in msg
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    msg = _error(tmp_path, "run: {name: x\nsweep: [\n")
+    assert "p.yaml:" in msg and "not valid YAML" in msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ParamsError, match="params file not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_env_values_must_be_quoted_strings(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nserver: {env: {FOO: [1]}}\n")
+    assert "server.env.FOO" in msg
+
+
+def test_params_are_frozen_and_lists_become_tuples():
+    p = params_from_dict({"run": {"name": "x"}, "sweep": {"concurrency": [1, 2]}})
+    assert p.sweep.concurrency == (1, 2)
+    with pytest.raises(Exception):
+        p.sweep.concurrency = (3,)  # type: ignore[misc]
+
+
+def test_int_accepted_for_float():
+    p = params_from_dict({"run": {"name": "x"}, "sweep": {"knee_gain": 1}})
+    assert p.sweep.knee_gain == 1.0 and isinstance(p.sweep.knee_gain, float)
+
+
+def test_redaction_by_key_name():
+    out = redact({"server": {"env": {"HF_TOKEN": "hf_abc", "VLLM_HOST_IP": "127.0.0.1"}},
+                  "api_key": "sk-1"})
+    assert out["server"]["env"]["HF_TOKEN"] == REDACTED
+    assert out["server"]["env"]["VLLM_HOST_IP"] == "127.0.0.1"
+    assert out["api_key"] == REDACTED
+
+
+def test_argv_redaction():
+    argv = ["vllm", "--api-key", "sk-secret", "--hf-token=hf_x", "--port", "8000"]
+    assert redact_argv(argv) == ["vllm", "--api-key", REDACTED, f"--hf-token={REDACTED}", "--port", "8000"]
+
+
+def test_leaf_keys_cover_nested_sections():
+    keys = iter_leaf_keys()
+    assert "server.profiler.with_stack" in keys
+    assert "micro.gemm.m_values" in keys
+    assert "analysis.extra_rules" in keys

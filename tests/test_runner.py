@@ -1,0 +1,127 @@
+"""Runner: stage selection, failure policy, run.json, resume. Real papermill, real kernels;
+the stage notebooks here are small stand-ins written into tmp_path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from stepscope import runfolder, runner
+from stepscope.errors import StepscopeError
+from stepscope.runner import run_pipeline, select_stages
+
+
+def test_select_stages_by_number_id_and_name():
+    assert [s.id for s in select_stages("03,2")] == ["02_gemm_micro", "03_nccl_burst"]
+    assert [s.id for s in select_stages(["05_categorize", "writeup"])] == ["05_categorize", "06_writeup"]
+    assert len(select_stages(None)) == 7
+
+
+def test_unknown_stage_is_named():
+    with pytest.raises(StepscopeError) as exc:
+        select_stages("02,09")
+    assert "'09'" in str(exc.value) and "00_deploy" in str(exc.value)
+
+
+def _stand_in_notebooks(folder: Path, failing: dict[str, str]) -> None:
+    """One notebook per stage: writes <stage>/done.txt, or raises the given error."""
+    folder.mkdir()
+    for stage in runfolder.STAGES:
+        params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""')
+        params.metadata["tags"] = ["parameters"]
+        if stage.id in failing:
+            body = ("from stepscope.errors import StepscopeError\n"
+                    f"raise StepscopeError({failing[stage.id]!r}, where='x.yaml', hint='do y')")
+        else:
+            body = ("from pathlib import Path\n"
+                    f"d = Path(run_dir) / '{stage.id}'\nd.mkdir(exist_ok=True)\n"
+                    "(d / 'done.txt').write_text('ok')")
+        nb = nbformat.v4.new_notebook(cells=[params, nbformat.v4.new_code_cell(body)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, folder / f"{stage.id}.ipynb")
+
+
+@pytest.fixture
+def stand_ins(tmp_path, monkeypatch):
+    def make(failing: dict[str, str]) -> Path:
+        nbdir = tmp_path / "nbs"
+        _stand_in_notebooks(nbdir, failing)
+        monkeypatch.setattr(runfolder, "NOTEBOOKS_DIR", nbdir)
+        monkeypatch.setattr(runner, "NOTEBOOKS_DIR", nbdir)
+        params = tmp_path / "p.yaml"
+        # No model on disk: the deploy stage fails before any server starts.
+        params.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\n"
+                          f"model: {{path: {tmp_path / 'no-model'}}}\nserver: {{port: 18601}}\n")
+        return params
+    return make
+
+
+def test_failing_stage_is_recorded_and_independent_stages_still_run(stand_ins, tmp_path):
+    params = stand_ins({"03_nccl_burst": "rank 1 hung"})
+    lines: list[str] = []
+    code, run_dir = run_pipeline(params, run_id="r1", progress=False, echo=lines.append)
+    out = "\n".join(lines)
+    assert code == 1
+    record = json.loads((run_dir / "run.json").read_text())
+    status = {k: v["status"] for k, v in record["stages"].items()}
+    assert status == {"00_deploy": "failed", "01_macro_sweep": "skipped", "02_gemm_micro": "ok",
+                      "03_nccl_burst": "failed", "04_profiler_capture": "skipped",
+                      "05_categorize": "ok", "06_writeup": "ok"}
+    # The deploy failure says why, and names the key to fix.
+    assert "model path does not exist" in record["stages"]["00_deploy"]["error"]
+    # A notebook failure names the stage, the error without traceback, and the partial notebook.
+    err3 = record["stages"]["03_nccl_burst"]["error"]
+    assert err3.startswith("StepscopeError: x.yaml: rank 1 hung")
+    assert "03_nccl_burst: FAILED" in out
+    assert f"partial notebook: {run_dir / 'notebooks' / '03_nccl_burst.ipynb'}" in out
+    assert (run_dir / "notebooks" / "03_nccl_burst.ipynb").is_file()
+    assert "01_macro_sweep: skipped (needs 00_deploy)" in out
+    assert (run_dir / "02_gemm_micro" / "done.txt").read_text() == "ok"
+    # Provenance.
+    assert record["packages"]["stepscope"]
+    assert record["params"]["server"]["port"] == 18601
+    assert (run_dir / "params.yaml").is_file()
+
+
+def test_resume_skips_finished_stages(stand_ins, tmp_path):
+    params = stand_ins({"03_nccl_burst": "boom"})
+    run_pipeline(params, run_id="r2", stages="02,03", progress=False, echo=lambda s: None)
+    done = tmp_path / "out" / "r2" / "02_gemm_micro" / "done.txt"
+    done.write_text("from the first run")
+    _stand_in_notebooks(tmp_path / "nbs2", {})
+    runfolder.NOTEBOOKS_DIR = runner.NOTEBOOKS_DIR = tmp_path / "nbs2"  # restored by monkeypatch
+    lines: list[str] = []
+    code, run_dir = run_pipeline(params, run_id="r2", stages="02,03", resume=True, progress=False,
+                                 echo=lines.append)
+    assert code == 0
+    assert done.read_text() == "from the first run"  # 02 was not re-run
+    assert "02_gemm_micro: done earlier, skipped (--resume)" in "\n".join(lines)
+    status = json.loads((run_dir / "run.json").read_text())["stages"]
+    assert status["03_nccl_burst"]["status"] == "ok"
+
+
+def test_resume_without_run_id_is_refused(stand_ins):
+    params = stand_ins({})
+    with pytest.raises(StepscopeError, match="--resume needs --run-id"):
+        run_pipeline(params, resume=True, progress=False)
+
+
+def test_bad_params_stop_before_anything_runs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\nsweep: {{concurency: [1]}}\n")
+    with pytest.raises(StepscopeError, match="did you mean 'concurrency'"):
+        run_pipeline(bad, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_prints_message_without_traceback(tmp_path, capsys):
+    from stepscope.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: {name: t}\nserver: {tp: 1e-3}\n")
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "server.tp" in err and "Traceback" not in err
