@@ -1,0 +1,223 @@
+"""Compare two runs side by side: baseline A against variant B.
+
+Typical use: another all-reduce backend, or speculative decoding switched on. Each table
+shows A, B, B − A and B / A, and flags the rows whose change is beyond noise.
+
+Noise criterion (stated in the report too): a change is *beyond noise* when
+|B / A − 1| > `NOISE_REL` (5 %) and, where the artifacts carry a spread for the quantity
+(per-category decode time: p90 − median over decode steps), the difference also exceeds
+the larger of the two runs' spreads. Single-number readings without a spread (throughput
+of one sweep level) use the relative threshold alone, which is why it is set above the
+few-percent run-to-run scatter of a serving benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.report import analysis as an
+from stepscope.report import figures as fg
+from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
+from stepscope.report.markdown_util import fmt_num, markdown_to_html, md_table, missing_box
+from stepscope.palette import COMMUNICATION_CATEGORIES, category_sort_key, color_for
+
+NOISE_REL = 0.05
+
+MACRO_METRICS = ("output_throughput_tok_s", "total_throughput_tok_s", "request_throughput_rps",
+                 "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median",
+                 "e2el_ms_median")
+
+
+def _with_diff(df: pd.DataFrame, spread_a: str | None = None, spread_b: str | None = None) -> pd.DataFrame:
+    a = pd.to_numeric(df["a"], errors="coerce")
+    b = pd.to_numeric(df["b"], errors="coerce")
+    df = df.copy()
+    df["diff"] = b - a
+    df["ratio_b_over_a"] = np.where((a != 0) & a.notna(), b / a.where(a != 0, np.nan), np.nan)
+    beyond = (df["ratio_b_over_a"] - 1.0).abs() > NOISE_REL
+    if spread_a and spread_b and spread_a in df and spread_b in df:
+        spread = pd.concat([pd.to_numeric(df[spread_a], errors="coerce"),
+                            pd.to_numeric(df[spread_b], errors="coerce")], axis=1).max(axis=1)
+        beyond &= spread.isna() | (df["diff"].abs() > spread)
+    # A quantity present in one run only is a change by definition.
+    beyond |= a.isna() != b.isna()
+    df["beyond_noise"] = beyond.astype(bool)
+    return df
+
+
+def compare_macro(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
+    """Per sweep level and metric: A, B, difference, ratio, beyond-noise flag."""
+    if a.levels is None or b.levels is None:
+        return None
+    keys = [k for k in ("mode", "concurrency", "request_rate") if k in a.levels and k in b.levels]
+    la, lb = a.levels.copy(), b.levels.copy()
+    for df in (la, lb):
+        for k in keys:
+            df[k] = df[k].astype(str)
+    rows = []
+    merged = la.merge(lb, on=keys, how="outer", suffixes=("_a", "_b"))
+    for _, r in merged.iterrows():
+        for m in MACRO_METRICS:
+            if f"{m}_a" in merged or f"{m}_b" in merged:
+                rows.append({"level": _level_label(r, keys),
+                             "metric": m, "a": r.get(f"{m}_a"), "b": r.get(f"{m}_b")})
+    return _with_diff(pd.DataFrame(rows)) if rows else None
+
+
+def _level_label(r: pd.Series, keys: list[str]) -> str:
+    rate = r.get("request_rate")
+    if str(r.get("mode", "concurrency")).startswith("conc") or rate in (None, "inf", "nan"):
+        return f"c={r.get('concurrency')}".replace(".0", "")
+    return f"rate={rate} req/s"
+
+
+def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
+    ha, hb = an.macro_headlines(a), an.macro_headlines(b)
+    ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
+    rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k))}
+            for k in ("knee_concurrency", "plateau_output_tok_s", "c1_tpot_ms_median", "c1_ttft_ms_median")]
+    rows += [{"metric": f"decode {k}", "a": ta.get(k), "b": tb.get(k)}
+             for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms")]
+    df = pd.DataFrame(rows)
+    df = df[df["a"].notna() | df["b"].notna()]
+    return _with_diff(df)
+
+
+def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
+    """Per category: ms per decode step (mean) in A and B, with the p90 − median spread."""
+    da = an.decode_category_table(a, an.decode_step_totals(a))
+    db = an.decode_category_table(b, an.decode_step_totals(b))
+    if da is None or db is None:
+        return None
+
+    def prep(d: pd.DataFrame) -> pd.DataFrame:
+        out = d[["category", "ms_per_step_mean"]].copy()
+        out["spread"] = (d["ms_per_step_p90"] - d["ms_per_step_median"]).abs() \
+            if {"ms_per_step_p90", "ms_per_step_median"} <= set(d.columns) else np.nan
+        out["calls"] = d["calls_per_step"] if "calls_per_step" in d else np.nan
+        return out
+
+    m = prep(da).merge(prep(db), on="category", how="outer", suffixes=("_a", "_b"))
+    m = m.rename(columns={"ms_per_step_mean_a": "a", "ms_per_step_mean_b": "b"})
+    m = _with_diff(m, "spread_a", "spread_b")
+    return m.sort_values("category", key=lambda s: s.map(category_sort_key)).reset_index(drop=True)
+
+
+def _collectives_per_step(x: RunArtifacts) -> dict[str, float]:
+    out: dict[str, float] = {}
+    ranks = (x.trace_summary or {}).get("ranks") or []
+    if ranks and isinstance(ranks[0].get("collectives_per_decode_step"), dict):
+        for k, v in ranks[0]["collectives_per_decode_step"].items():
+            if num(v) is not None:
+                out[k] = float(v)
+    dec = x.decode_categories
+    if not out and dec is not None and "calls_per_step" in dec:
+        for _, r in dec[dec["category"].isin(COMMUNICATION_CATEGORIES)].iterrows():
+            out[str(r["category"])] = float(r["calls_per_step"])
+    return out
+
+
+def compare_collectives(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
+    ca, cb = _collectives_per_step(a), _collectives_per_step(b)
+    if not ca and not cb:
+        return None
+    rows = [{"collective": k, "a": ca.get(k), "b": cb.get(k)} for k in dict.fromkeys(list(ca) + list(cb))]
+    return _with_diff(pd.DataFrame(rows))
+
+
+def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str):
+    """Paired horizontal bars: ms per decode step per category, A (hatched) against B."""
+    df = cats.iloc[::-1]
+    fig, ax = fg._new(8.5, max(2.8, 0.45 * len(df) + 1.4))
+    y = np.arange(len(df))
+    colors = [color_for(c) for c in df["category"]]
+    ax.barh(y + 0.2, pd.to_numeric(df["a"], errors="coerce").fillna(0), 0.4, color=colors, alpha=0.45,
+            hatch="//", edgecolor="black", linewidth=0.3, label=f"A: {name_a}")
+    ax.barh(y - 0.2, pd.to_numeric(df["b"], errors="coerce").fillna(0), 0.4, color=colors,
+            edgecolor="black", linewidth=0.3, label=f"B: {name_b}")
+    ax.set_yticks(y, df["category"])
+    ax.set_xlabel("ms per decode step (mean over decode steps)")
+    ax.set_title("Category time per decode step, A against B")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
+    d = df.copy()
+    d["ratio_txt"] = d["ratio_b_over_a"].map(lambda v: f"{v:.3f}×" if v is not None and math.isfinite(v) else "–")
+    d["flag"] = d["beyond_noise"].map(lambda v: "**changed**" if v else "no")
+    return md_table(d, first + [("a", "A"), ("b", "B"), ("diff", "B − A"), ("ratio_txt", "B / A"),
+                                ("flag", "beyond noise?")])
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Write compare.md and compare.html for baseline A against variant B; return their paths.
+
+    `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
+    """
+    a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
+    name_a = (a.run or {}).get("run_id", a.run_dir.name)
+    name_b = (b.run or {}).get("run_id", b.run_dir.name)
+    out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    tables = {"headlines": compare_headlines(a, b), "macro": compare_macro(a, b),
+              "decode_categories": compare_decode_categories(a, b), "collectives": compare_collectives(a, b)}
+    text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
+            f"Differences are B − A; ratios B / A. **Noise criterion:** a change is flagged when |B/A − 1| > "
+            f"{100 * NOISE_REL:g} % and, where a spread is known (per-category decode time: p90 − median over "
+            f"decode steps), the difference also exceeds the larger spread of the two runs. Quantities present "
+            f"in one run only are flagged.\n\n")
+    changed = []
+    n_macro_changed = 0
+    for key, df in tables.items():
+        if key == "macro" and df is not None:
+            # Per-level rows would drown the list; count them here, they are all in the table below.
+            n_macro_changed = int(df["beyond_noise"].sum())
+            continue
+        if df is not None and len(df):
+            label_col = {"headlines": "metric", "macro": "metric", "decode_categories": "category",
+                         "collectives": "collective"}[key]
+            for _, r in df[df["beyond_noise"]].iterrows():
+                lvl = f" at {r['level']}" if key == "macro" else ""
+                changed.append(f"{r[label_col]}{lvl}: {fmt_num(r['a'])} → {fmt_num(r['b'])}"
+                               + (f" ({r['ratio_b_over_a']:.3f}×)" if pd.notna(r["ratio_b_over_a"]) else ""))
+    if tables["macro"] is not None:
+        changed.append(f"macro sweep: {n_macro_changed} of {len(tables['macro'])} per-level metrics "
+                       f"(see the last table)")
+    text += "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changed) if changed
+                                             else "None: every compared quantity is within noise.") + "\n\n"
+    text += "## Headline numbers\n\n" + _fmt_table(tables["headlines"], [("metric", "metric")]) + "\n"
+    text += "## Per-category time per decode step (ms)\n\n"
+    dc = tables["decode_categories"]
+    if dc is not None:
+        text += _fmt_table(dc, [("category", "category")])
+        fig = plot_category_comparison(dc, name_a, name_b)
+        fg.save_figure(fig, out / "compare_decode_category_ms_per_step.png")
+        text += "\n![category time per decode step, A against B](compare_decode_category_ms_per_step.png)\n\n"
+    else:
+        text += missing_box("Per-category comparison", ["05_categorize/decode_categories.csv in both runs"]) + "\n"
+    text += "## Collectives per decode step\n\n"
+    cc = tables["collectives"]
+    text += (_fmt_table(cc, [("collective", "collective")]) if cc is not None
+             else missing_box("Collective counts", ["05_categorize/summary.json in both runs"])) + "\n"
+    text += "## Macro sweep, per level\n\n"
+    mc = tables["macro"]
+    text += (_fmt_table(mc, [("level", "level"), ("metric", "metric")]) if mc is not None
+             else missing_box("Sweep comparison", ["01_macro_sweep/levels.csv in both runs"])) + "\n"
+    md_path = out / "compare.md"
+    md_path.write_text(text)
+    html_path = out / "compare.html"
+    html_path.write_text(markdown_to_html(text, out, f"stepscope compare: {name_a} vs {name_b}"))
+    result: dict[str, Any] = {"markdown": md_path, "html": html_path}
+    for key, df in tables.items():
+        if df is not None:
+            p = out / f"compare_{key}.csv"
+            df.to_csv(p, index=False)
+            result[f"csv_{key}"] = p
+    return result
