@@ -328,5 +328,9 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         coll = coll & work["is_call"].to_numpy() & np.array([bool(_C10D_CALL.match(n)) for n in work["name"]],
                                                       dtype=bool)
     work["collective_call"] = coll
+    if mode == "cpu":
+        # A CPU collective is one call however many ops wrap and wait on it.
+        is_comm = (work["class"] == "communication").to_numpy()
+        work["is_call"] = np.where(is_comm, coll, work["is_call"].to_numpy())
     work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
     return work[WORK_COLUMNS], info

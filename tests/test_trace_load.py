@@ -1,0 +1,88 @@
+"""Streaming loader: exact values against json.loads, ranks, cache, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from stepscope.errors import TraceError
+from stepscope.trace.load import load_rank, load_ranks, rank_from_filename, read_trace
+
+TP2 = "vllm-cpu-tinyllama-tp2-rank{}.pt.trace.json.gz"
+
+
+@pytest.mark.parametrize("name", ["hf-h100-qwen1.5-0.5b-eager.json.gz",
+                                  "vllm-mi300x-gptoss-decode-fullgraph.json.gz",
+                                  "hta-a100-ddp-nccl.json.gz"])
+def test_loader_matches_json_exactly(shared_traces: Path, name: str):
+    ref = json.load(gzip.open(shared_traces / name))["traceEvents"]
+    df, meta = read_trace(shared_traces / name)
+    for cat in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"):
+        want = [e for e in ref if e.get("cat") == cat]
+        got = df[df["cat"] == cat]
+        assert len(got) == len(want)
+        # float64 exactly as written: no rounding anywhere.
+        assert got["ts"].tolist() == [e["ts"] for e in want]
+        assert got["dur"].tolist() == [e["dur"] for e in want]
+    # Stack frames are dropped, except execute_model frames (a step fallback).
+    frames = df[df["cat"] == "python_function"]["name"].astype(str)
+    assert frames.str.contains("execute_model").all()
+    assert len(frames) < sum(e.get("cat") == "python_function" for e in ref) or not len(frames)
+    assert meta["stats"]["n_events_total"] == len(ref)
+
+
+def test_cpu_trace_keeps_cpu_ops_and_gpu_trace_drops_them(shared_traces: Path):
+    cpu, _ = read_trace(shared_traces / TP2.format(0))
+    assert (cpu["cat"] == "cpu_op").sum() == 3696
+    gpu, meta = read_trace(shared_traces / "hta-a100-ddp-nccl.json.gz")
+    assert (gpu["cat"] == "cpu_op").sum() == 0
+
+
+def test_chunk_boundaries_do_not_change_the_result(shared_traces: Path, monkeypatch):
+    import stepscope.trace.load as load
+
+    full, _ = read_trace(shared_traces / TP2.format(1))
+    monkeypatch.setattr(load, "CHUNK_BYTES", 4096)  # many cuts, some inside nested args
+    small, _ = read_trace(shared_traces / TP2.format(1))
+    assert small["ts"].tolist() == full["ts"].tolist()
+    assert small["name"].astype(str).tolist() == full["name"].astype(str).tolist()
+
+
+@pytest.mark.parametrize("name,rank", [("trace_rank3.json.gz", 3), ("x-rank-5.pt.trace.json", 5),
+                                       ("dp0_pp0_tp0_dcp0_ep0_rank2.123.pt.trace.json.gz", 2),
+                                       ("1700000-TP-6-DECODE.trace.json.gz", 6),
+                                       ("foo.json.gz", None)])
+def test_rank_from_filename(name, rank):
+    assert rank_from_filename(name) == rank
+
+
+def test_rank_from_distributed_info_then_error(shared_traces: Path, tmp_path: Path):
+    assert load_rank(shared_traces / TP2.format(1)).rank == 1
+    with pytest.raises(TraceError, match="which rank") as exc:
+        load_rank(shared_traces / "hta-no-distributed-info.json.gz")
+    assert "hta-no-distributed-info.json.gz" in str(exc.value)
+    # A single file is unambiguous: rank 0, with an info flag.
+    rt = load_rank(shared_traces / "hta-no-distributed-info.json.gz", allow_no_rank=True)
+    assert rt.rank == 0 and rt.flags[0]["code"] == "rank_assumed"
+
+
+def test_parquet_cache_hit_is_fast_and_identical(shared_traces: Path, tmp_path: Path):
+    p = shared_traces / TP2.format(0)
+    a = load_rank(p, cache_dir=tmp_path)
+    t = time.perf_counter()
+    b = load_rank(p, cache_dir=tmp_path)
+    assert time.perf_counter() - t < 1.0
+    assert b.meta["from_cache"] and not a.meta["from_cache"]
+    assert b.events["ts"].tolist() == a.events["ts"].tolist()
+    assert list(tmp_path.glob("*.parquet"))
+
+
+def test_parallel_load_of_ranks(shared_traces: Path):
+    ranks, flags = load_ranks([shared_traces / TP2.format(1), shared_traces / TP2.format(0)],
+                              workers=2, progress=False)
+    assert [r.rank for r in ranks] == [0, 1]
+    assert not [f for f in flags if f["severity"] == "error"]
