@@ -28,6 +28,9 @@ class FakeBehaviour:
     """Pause between chunks; 0 streams as fast as the loop allows."""
     first_chunk_delay_s: float = 0.0
     tokens_per_chunk: int = 1
+    events_per_write: int = 1
+    """SSE events batched into one socket write: >1 makes the fake cheaper than any client,
+    so a load test measures the client."""
     fail_every: int = 0
     """Answer HTTP 500 to every n-th request (0: never)."""
     sse_error_every: int = 0
@@ -167,21 +170,27 @@ class FakeServer:
             await asyncio.sleep(b.first_chunk_delay_s)
         sent = 0
         i = 0
+        pending: list[bytes] = []
         while sent < max_tokens:
             k = min(b.tokens_per_chunk, max_tokens - sent)
             if b.reset_every and n % b.reset_every == 0 and i == 1:
+                await resp.write(b"".join(pending))
                 request.transport.close()
                 return resp
             if b.sse_error_every and n % b.sse_error_every == 0 and i == 1:
+                await resp.write(b"".join(pending))
                 await resp.write(b'data: {"error": {"message": "fake engine error", "code": 500}}\n\n')
                 await resp.write(b"data: [DONE]\n\n")
                 return resp
             chunk = {"id": f"cmpl-{n}", "object": "text_completion", "model": body.get("model"),
                      "choices": [{"index": 0, "text": " tok" * k, "finish_reason":
                                   "length" if sent + k >= max_tokens else None}]}
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            pending.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             sent += k
             i += 1
+            if len(pending) >= b.events_per_write or sent >= max_tokens:
+                await resp.write(b"".join(pending))
+                pending.clear()
             if b.chunk_delay_s:
                 await asyncio.sleep(b.chunk_delay_s)
         usage = {"id": f"cmpl-{n}", "choices": [], "usage": {
