@@ -154,6 +154,8 @@ class CollectiveMicroParams:
     """Element type of the all-reduced tensors (the model's activations)."""
     timeout_s: float = 300.0
     """Wall-clock limit for all ranks together; a rank still running then is ended and named."""
+    nccl_tests_files: tuple[str, ...] = ()
+    """nccl-tests results measured elsewhere (stdout text or `-J` JSON), shown beside ours."""
 
 
 @dataclass(frozen=True)

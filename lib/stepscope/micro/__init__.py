@@ -1,1 +1,45 @@
-"""Stages 02 and 03: GEMM and collective micro-benchmarks at the model's own shapes."""
+"""Stages 02 and 03: GEMM and collective micro-benchmarks at the model's own shapes.
+
+Stage 02 (`stepscope.micro.gemm`)
+    run_stage(params, out_dir) -> {targets, grid, table, prediction, peak_mem_bw_gbps, ...}
+    building blocks: plan_targets(params), gemm_grid(targets, dtypes, backends),
+    run_gemm_grid(grid, warmup=, repeats=, threads=, peak_bw_gbps=, csv_path=),
+    build_prediction(table, targets, params), prediction_table(pred), summary_table(table),
+    plot_roofline(table, peak_bw_gbps=, peak_tflops=) -> Figure.
+
+    02_gemm_micro/gemm.csv, one row per (model, shape, m, dtype, backend, mode):
+      model, tp, gemm ("+"-joined names sharing the shape), layer_kind, m, n, k, batch
+      (batched GEMM count, MLA's per-head bmm), dtype (float32 | bfloat16 | w4a16-g32),
+      backend (torch | marlin), mode (hot | cold), device, threads, time_us_median,
+      time_us_p10, time_us_p90, n_repeats, flops (2·M·N·K·batch), bytes (FACTS §6 byte model),
+      tflops, gbps, pct_peak_bw, status (ok | skipped | failed), reason.
+      A backend that cannot run (Marlin without CUDA) is one `skipped` row per model with its reason.
+    02_gemm_micro/prediction.json:
+      {model, tp, method, gemm_us_per_decode_step: {"<M>": us}, gemm_calls_per_decode_step: {"<M>": n},
+       missing_shapes, clamped_shapes, config: {backend, dtype, mode, routed_backend},
+       presets: [{model, tp, gemm_us_per_decode_step, ...}], device, peak_mem_bw_gbps, peak_source,
+       timing, notes}
+    Figure: figures/gemm_roofline.png.
+
+Stage 03 (`stepscope.micro.collectives`)
+    run_stage(params, out_dir) -> {plan, collectives, burst, prediction}
+    building blocks: plan_collectives(params), run_collectives(plan, work_dir),
+    collective_table(results), burst_table(results, plan), build_prediction(burst, coll, plan),
+    plot_latency_vs_size(coll, burst) -> Figure; formulas busbw_factor/algbw_gbps/busbw_gbps;
+    importers parse_nccl_tests_text(text), parse_nccl_tests_json(obj), read_nccl_tests(path).
+
+    03_nccl_burst/collectives.csv: source (stepscope | nccl-tests...), op (all_reduce | all_gather),
+      backend, world_size, dtype, size_bytes, count, mode (eager | cuda_graph), placement,
+      time_us_rank_min, time_us_rank_median, time_us_rank_max (each rank's median per-op time,
+      then min/median/max across ranks; nccl-tests imports fill the median with their time),
+      algbw_gbps, busbw_gbps (nccl-tests formulas), n_iters.
+    03_nccl_burst/burst.csv: k, batch_m, size_bytes, total_us (median over repeats of the
+      slowest rank), total_us_p10, total_us_p90, per_op_us (= total_us / k), mode
+      (eager | cuda_graph), backend, world_size, n_repeats, status, reason.
+    03_nccl_burst/prediction.json: {model, k, k_source, backend, world_size, dtype, method,
+      comm_us_per_decode_step (= k × per_op_us, batch 1), per_op_us, size_bytes, mode,
+      by_batch: {"<M>": {...}}, eager_per_op_us_same_size, burst_over_eager_per_op,
+      all_gather_us, all_gather_size_bytes, notes}
+    03_nccl_burst/ranks/: raw per-rank timings (rank<R>.json), progress and logs.
+    Figure: figures/collective_latency_vs_size.png.
+"""

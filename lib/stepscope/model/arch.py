@@ -179,7 +179,7 @@ def architecture_from_config(cfg: Mapping[str, Any], source: str = "<config>") -
     heads = int(req("num_attention_heads"))
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
-    common = dict(name=cfg.get("_name_or_path") or source, family=family, n_layers=n_layers,
+    common = dict(name=cfg.get("_name_or_path") or Path(source).parent.name or source, family=family, n_layers=n_layers,
                   hidden=hidden, vocab=int(req("vocab_size")), heads=heads, kv_heads=kv_heads,
                   head_dim=head_dim, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                   model_type=outer_type or model_type, source=source)
@@ -224,7 +224,7 @@ def architecture_from_config(cfg: Mapping[str, Any], source: str = "<config>") -
 
 def architecture_from_params(params) -> Architecture:
     """The served model's architecture: model.config_json, else <model.path>/config.json,
-    else model.arch_preset. Relative paths are from the repository root."""
+    else model.arch_preset, else model.tiny's values. Relative paths are from the repository root."""
     from stepscope.runfolder import REPO_ROOT
 
     m = params.model
@@ -239,6 +239,14 @@ def architecture_from_params(params) -> Architecture:
         return load_architecture(resolve(m.path) / "config.json")
     if m.arch_preset:
         return load_architecture(preset=m.arch_preset)
+    if m.tiny is not None:
+        # The runner makes the tiny model from these values; reading them directly lets the
+        # micro stages run before (or without) the model folder existing.
+        t = m.tiny
+        return Architecture(name=m.served_name or "tiny-llama", family="llama", n_layers=t.layers,
+                            n_dense_layers=t.layers, hidden=t.hidden, vocab=t.vocab_size, heads=t.heads,
+                            kv_heads=t.kv_heads, head_dim=t.hidden // t.heads, intermediate=t.intermediate,
+                            model_type="llama", source="params:model.tiny")
     where = str(resolve(m.path) / "config.json") if m.path else "model"
     raise ArchitectureError(
         "no architecture: config.json not found and no preset set", where=where,

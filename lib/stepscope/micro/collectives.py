@@ -1,0 +1,560 @@
+"""Stage 03: all-reduce latency against size, and the burst of one decode step's all-reduces.
+
+`plan_collectives(params)` derives world size, sizes and the burst count K from the
+model (K = 2L+1, `stepscope.model.expected_collectives`); `run_collectives(plan)`
+starts one process per rank (gloo on CPU, NCCL on GPU, bound to 127.0.0.1) and ends
+any rank that dies or hangs; `collective_table`, `burst_table` and `build_prediction`
+turn the raw per-rank timings into the stage's artifacts. `parse_nccl_tests_text` and
+`parse_nccl_tests_json` read nccl-tests results into the same table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.errors import StepscopeError
+from stepscope.model import ArchitectureError, architecture_from_params, expected_collectives, hidden_vector_bytes
+
+COLLECTIVE_COLUMNS = [
+    "source", "op", "backend", "world_size", "dtype", "size_bytes", "count", "mode", "placement",
+    "time_us_rank_min", "time_us_rank_median", "time_us_rank_max", "algbw_gbps", "busbw_gbps", "n_iters",
+]
+BURST_COLUMNS = [
+    "k", "batch_m", "size_bytes", "total_us", "total_us_p10", "total_us_p90", "per_op_us", "mode", "backend",
+    "world_size", "n_repeats", "status", "reason",
+]
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class CollectiveError(StepscopeError):
+    """A collective benchmark that could not run: a rank died, hung, or the setup is wrong."""
+
+
+# --------------------------------------------------------------------------- formulas
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests' bus-bandwidth factor: all-reduce 2(n−1)/n; all-gather, reduce-scatter and
+    all-to-all (n−1)/n; broadcast, reduce, send/recv 1."""
+    n = world_size
+    if op in ("all_reduce", "allreduce"):
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "allgather", "reduce_scatter", "reducescatter", "alltoall", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw_gbps(size_bytes: float, time_us: float) -> float:
+    """Algorithm bandwidth, GB/s (1e9 bytes/s): bytes / time."""
+    return float(size_bytes) / float(time_us) / 1e3
+
+
+def busbw_gbps(op: str, size_bytes: float, time_us: float, world_size: int) -> float:
+    return algbw_gbps(size_bytes, time_us) * busbw_factor(op, world_size)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class CollectivePlan:
+    backend: str
+    world_size: int
+    dtype: str
+    sizes_bytes: tuple[int, ...]
+    all_gather_sizes_bytes: tuple[int, ...]
+    burst_k: int
+    burst_batch_sizes: tuple[int, ...]
+    burst_sizes_bytes: tuple[int, ...]
+    burst_repeats: int
+    warmup: int
+    iters: int
+    timeout_s: float
+    model: str
+    hidden_bytes: int
+    """One hidden vector at batch 1 (the decode all-reduce message)."""
+    k_source: str
+    notes: tuple[str, ...] = ()
+    threads: int = 1
+    fault: dict | None = field(default=None, compare=False)
+    """Test hook: {"rank": r, "kind": "exit"|"hang"} makes that rank die or hang."""
+
+
+def plan_collectives(params) -> CollectivePlan:
+    """World size (micro.collectives.world_size, else server.tp), backend (auto: NCCL with
+    CUDA, else gloo), the size sweep (params sizes plus the model's hidden vector), and K
+    (burst_count, else the model's all-reduces per decode step, 2L+1)."""
+    import torch
+
+    c = params.micro.collectives
+    world = c.world_size or params.server.tp
+    backend = c.backend if c.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+    if c.dtype not in _DTYPE_BYTES:
+        raise CollectiveError(f"unknown dtype {c.dtype!r}", where="micro.collectives.dtype",
+                              hint=f"valid: {', '.join(_DTYPE_BYTES)}")
+    if backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < world):
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise CollectiveError(f"NCCL needs {world} GPUs, this machine has {have}",
+                              where="micro.collectives.backend",
+                              hint="use backend: gloo (CPU) or lower micro.collectives.world_size")
+    eb = _DTYPE_BYTES[c.dtype]
+    notes: list[str] = []
+    try:
+        arch = architecture_from_params(params)
+        hidden = hidden_vector_bytes(arch, 1, eb)
+        k_model = expected_collectives(arch, max(world, 2))["all_reduce"]
+        model, vocab_bytes = arch.name, int(np.ceil(arch.vocab / max(world, 1))) * eb * world
+    except ArchitectureError as exc:
+        notes.append(f"model architecture unknown ({exc.message}); sizes from params only")
+        hidden, k_model, model, vocab_bytes = 0, 0, "(unknown)", 0
+    if c.burst_count:
+        k, k_source = c.burst_count, "params micro.collectives.burst_count"
+    elif k_model:
+        k, k_source = k_model, f"2L+1 all-reduces per decode step of {model}"
+    else:
+        k, k_source = 1, "no model and no burst_count: K=1"
+        notes.append(k_source)
+    sizes = sorted(set(int(s) for s in c.sizes_bytes) | ({hidden} if hidden else set()))
+    burst_sizes = tuple(int(m * hidden) if hidden else int(min(c.sizes_bytes)) for m in c.burst_batch_sizes)
+    return CollectivePlan(
+        backend=backend, world_size=int(world), dtype=c.dtype, sizes_bytes=tuple(sizes),
+        all_gather_sizes_bytes=(vocab_bytes,) if vocab_bytes else (), burst_k=int(k),
+        burst_batch_sizes=tuple(c.burst_batch_sizes), burst_sizes_bytes=burst_sizes,
+        burst_repeats=c.burst_repeats, warmup=c.warmup, iters=c.iters, timeout_s=c.timeout_s, model=model,
+        hidden_bytes=hidden, k_source=k_source, notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------- running
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_progress(path: Path) -> tuple[int, float, str]:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except FileNotFoundError:
+        return 0, 0.0, "not started"
+    if not lines:
+        return 0, 0.0, "not started"
+    step, t, phase = lines[-1].split("\t", 2)
+    return int(step), float(t), phase
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 3
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def run_collectives(plan: CollectivePlan, work_dir: str | Path | None = None, *, progress: bool = True) -> list[dict]:
+    """Run every rank as its own process and return their raw results (one dict per rank).
+
+    A rank that exits non-zero, or any rank still running after `plan.timeout_s`, ends the
+    run: all ranks are stopped (process groups, SIGTERM then SIGKILL) and a CollectiveError
+    names the rank that fell behind first, with every rank's last phase and its log tail.
+    """
+    from tqdm.auto import tqdm
+
+    if plan.world_size < 2:
+        raise CollectiveError(f"world size {plan.world_size}: nothing to all-reduce",
+                              where="micro.collectives.world_size", hint="collectives need at least 2 ranks")
+    own_tmp = work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="stepscope-coll-")) if own_tmp else Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    for old in list(work.glob("rank*.json")) + list(work.glob("rank*.progress")) + list(work.glob("rank*.log")):
+        old.unlink()
+    cfg = dict(asdict(plan), port=free_port(), out_dir=str(work),
+               sizes_bytes=list(plan.sizes_bytes), burst_sizes_bytes=list(plan.burst_sizes_bytes),
+               burst_batch_sizes=list(plan.burst_batch_sizes),
+               all_gather_sizes_bytes=list(plan.all_gather_sizes_bytes), graph=True)
+    cfg_path = work / "config.json"
+    cfg_path.write_text(json.dumps(cfg))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg["port"]), WORLD_SIZE=str(plan.world_size),
+               OMP_NUM_THREADS=str(plan.threads), GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for r in range(plan.world_size):
+            log = open(work / f"rank{r}.log", "w")  # noqa: SIM115 - closed in finally
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "stepscope.micro._collective_worker", str(cfg_path), str(r)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
+        deadline = time.monotonic() + plan.timeout_s
+        bar = tqdm(total=plan.world_size, desc=f"{plan.backend} ranks done", disable=not progress)
+        done: set[int] = set()
+        while True:
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            for r, p in enumerate(procs):
+                if p.poll() == 0 and r not in done:
+                    done.add(r)
+                    bar.update(1)
+            if failed:
+                time.sleep(0.5)  # let the others notice, so the report shows who fell first
+                bar.close()
+                raise _rank_error(work, procs, plan, "failed")
+            if len(done) == plan.world_size:
+                bar.close()
+                break
+            if time.monotonic() > deadline:
+                bar.close()
+                raise _rank_error(work, procs, plan, f"timed out after {plan.timeout_s:.0f} s")
+            time.sleep(0.05)
+        return [json.loads((work / f"rank{r}.json").read_text()) for r in range(plan.world_size)]
+    finally:
+        _kill(procs)
+        for log in logs:
+            log.close()
+
+
+def _rank_error(work: Path, procs: list[subprocess.Popen], plan: CollectivePlan, what: str) -> CollectiveError:
+    states = []
+    for r, p in enumerate(procs):
+        step, t, phase = _read_progress(work / f"rank{r}.progress")
+        rc = p.poll()
+        states.append((r, rc, step, t, phase))
+    bad = [s for s in states if s[1] != 0]
+    # The rank that fell behind first: fewest phases reached, then earliest last report.
+    culprit = min(bad, key=lambda s: (s[2], s[3])) if bad else states[0]
+    lines = [f"  rank {r}: {'running' if rc is None else f'exit code {rc}'}, last phase: {phase}"
+             for r, rc, _, _, phase in states]
+    _kill(procs)
+    verdict = (f"is still running after {plan.timeout_s:.0f} s (hung)" if culprit[1] is None
+               else f"exited with code {culprit[1]}")
+    return CollectiveError(
+        f"rank {culprit[0]} {verdict}; the run {what} ({plan.backend}, world size {plan.world_size}) and all "
+        f"ranks were stopped.\n" + "\n".join(lines)
+        + f"\n  rank {culprit[0]} log tail:\n" + _tail(work / f"rank{culprit[0]}.log"),
+        where=str(work), hint="check that rank's log; a hang usually means a peer died or the port is blocked")
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def collective_table(results: list[dict]) -> pd.DataFrame:
+    """Per (op, size): each rank's median per-op time, then min/median/max across ranks;
+    algbw and busbw (nccl-tests formulas) from the median across ranks."""
+    rows = []
+    world = results[0]["world_size"]
+    by_key: dict[tuple[str, int], list[dict]] = {}
+    for res in results:
+        for e in res["eager"]:
+            by_key.setdefault((e["op"], e["size_bytes"]), []).append(e)
+    for (op, size), entries in by_key.items():
+        per_rank = np.array([np.median(e["times_us"]) for e in entries])
+        med = float(np.median(per_rank))
+        rows.append(dict(source="stepscope", op=op, backend=results[0]["backend"], world_size=world,
+                         dtype=results[0]["dtype"], size_bytes=int(size), count=int(entries[0]["count"]),
+                         mode="eager", placement="in-place" if op == "all_reduce" else "out-of-place",
+                         time_us_rank_min=float(per_rank.min()), time_us_rank_median=med,
+                         time_us_rank_max=float(per_rank.max()), algbw_gbps=algbw_gbps(size, med),
+                         busbw_gbps=busbw_gbps(op, size, med, world), n_iters=len(entries[0]["times_us"])))
+    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS).sort_values(["op", "size_bytes"], ignore_index=True)
+
+
+def burst_table(results: list[dict], plan: CollectivePlan | None = None) -> pd.DataFrame:
+    """Per (mode, size): the burst's total time (per repeat, the slowest rank; median and
+    p10/p90 over repeats) and per-op time = total / K. On CPU the CUDA-graph mode appears
+    as `skipped` with its reason."""
+    rows = []
+    world, backend = results[0]["world_size"], results[0]["backend"]
+    keys = []
+    for b in results[0]["burst"]:
+        keys.append((b["mode"], b["batch_m"], b["size_bytes"], b["k"]))
+    for mode, m, size, k in keys:
+        entries = [b for res in results for b in res["burst"]
+                   if (b["mode"], b["batch_m"], b["size_bytes"]) == (mode, m, size)]
+        failed = [b for b in entries if b["status"] != "ok"]
+        base = dict(k=k, batch_m=m, size_bytes=size, mode=mode, backend=backend, world_size=world)
+        if failed:
+            rows.append(dict(base, n_repeats=0, status="failed", reason=failed[0]["reason"]))
+            continue
+        totals = np.max(np.array([b["totals_us"] for b in entries]), axis=0)
+        total = float(np.median(totals))
+        rows.append(dict(base, total_us=total, total_us_p10=float(np.percentile(totals, 10)),
+                         total_us_p90=float(np.percentile(totals, 90)), per_op_us=total / k,
+                         n_repeats=len(totals), status="ok", reason=""))
+    if backend != "nccl":
+        for m, size in {(r["batch_m"], r["size_bytes"]) for r in rows}:
+            rows.append(dict(k=keys[0][3] if keys else np.nan, batch_m=m, size_bytes=size, mode="cuda_graph",
+                             backend=backend, world_size=world, n_repeats=0, status="skipped",
+                             reason=f"CUDA-graph burst needs NCCL on GPUs; this run uses {backend}"))
+    return pd.DataFrame(rows, columns=BURST_COLUMNS).sort_values(["batch_m", "mode"], ignore_index=True)
+
+
+def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: CollectivePlan) -> dict:
+    """prediction.json: comm_us_per_decode_step = K × per-op time of the batch-1 burst,
+    CUDA-graph mode when measured (that is how vLLM replays decode), else eager."""
+    ok = burst[burst["status"] == "ok"]
+    out: dict[str, Any] = {"model": plan.model, "k": plan.burst_k, "k_source": plan.k_source,
+                           "backend": plan.backend, "world_size": plan.world_size, "dtype": plan.dtype,
+                           "method": "K x per-op time of a burst of K back-to-back all-reduces of one hidden "
+                                     "vector (per repeat the slowest rank; median over repeats)",
+                           "comm_us_per_decode_step": None, "per_op_us": None, "size_bytes": None, "mode": None,
+                           "by_batch": {}, "all_gather_us": None, "notes": list(plan.notes)}
+    for m, g in ok.groupby("batch_m"):
+        pick = g[g["mode"] == "cuda_graph"] if (g["mode"] == "cuda_graph").any() else g[g["mode"] == "eager"]
+        r = pick.iloc[0]
+        out["by_batch"][str(int(m))] = {"comm_us_per_decode_step": float(r.per_op_us * plan.burst_k),
+                                        "per_op_us": float(r.per_op_us), "size_bytes": int(r.size_bytes),
+                                        "mode": r["mode"]}
+    first = out["by_batch"].get("1") or (next(iter(out["by_batch"].values())) if out["by_batch"] else None)
+    if first:
+        out.update(first)
+    if out["size_bytes"] is not None:
+        # Two readings of one all-reduce: alone (eager loop) and inside the burst. Show both.
+        same = collectives[(collectives["op"] == "all_reduce") & (collectives["size_bytes"] == out["size_bytes"])]
+        if not same.empty:
+            eager = float(same["time_us_rank_median"].iloc[0])
+            out["eager_per_op_us_same_size"] = eager
+            out["burst_over_eager_per_op"] = out["per_op_us"] / eager
+    ag = collectives[collectives["op"] == "all_gather"]
+    if not ag.empty:
+        out["all_gather_us"] = float(ag["time_us_rank_median"].iloc[0])
+        out["all_gather_size_bytes"] = int(ag["size_bytes"].iloc[0])
+    if out["comm_us_per_decode_step"] is None:
+        out["notes"].append("no burst measured; no prediction")
+    return out
+
+
+# --------------------------------------------------------------------------- nccl-tests import
+
+_OP_FROM_PROGRAM = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+                    "reduce_scatter_perf": "reduce_scatter", "broadcast_perf": "broadcast",
+                    "reduce_perf": "reduce", "alltoall_perf": "alltoall", "sendrecv_perf": "sendrecv"}
+_NCCL_TYPES = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64"}
+
+
+def _infer_world(op: str, algbw: float, busbw: float) -> int | None:
+    """n from busbw/algbw: all-reduce 2(n−1)/n → n = 2/(2−r); (n−1)/n ops → n = 1/(1−r)."""
+    if not algbw or not busbw or algbw <= 0:
+        return None
+    r = busbw / algbw
+    f = 2.0 if op == "all_reduce" else 1.0
+    if r >= f - 1e-6:
+        return None
+    n = f / (f - r)
+    return int(round(n)) if abs(n - round(n)) < 0.1 * n else None
+
+
+def _nccl_rows(records: list[dict], op: str, world: int | None, graph: bool, source: str) -> pd.DataFrame:
+    rows = []
+    for rec in records:
+        for placement in ("out-of-place", "in-place"):
+            v = rec.get(placement)
+            if not v:
+                continue
+            w = world or _infer_world(op, v["algbw"], v["busbw"])
+            rows.append(dict(source=source, op=op, backend="nccl", world_size=w,
+                             dtype=_NCCL_TYPES.get(rec["type"], rec["type"]), size_bytes=int(rec["size"]),
+                             count=int(rec["count"]), mode="cuda_graph" if graph else "eager", placement=placement,
+                             time_us_rank_min=np.nan, time_us_rank_median=float(v["time"]), time_us_rank_max=np.nan,
+                             algbw_gbps=float(v["algbw"]), busbw_gbps=float(v["busbw"]), n_iters=rec.get("iters")))
+    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+
+
+def _num(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        return float("nan")
+
+
+def parse_nccl_tests_text(text: str, *, world_size: int | None = None, op: str | None = None,
+                          source: str = "nccl-tests") -> pd.DataFrame:
+    """Read `all_reduce_perf` (or any nccl-tests) stdout into COLLECTIVE_COLUMNS.
+
+    World size: the `#  Rank N` device lines, else inferred from busbw/algbw. Times are
+    nccl-tests' own (mean over back-to-back iterations); min/max across ranks are not in
+    the output and stay empty. Raises CollectiveError when no result line is found.
+    """
+    prog = re.search(r"Collective test starting:\s*(\S+)", text)
+    op = op or (_OP_FROM_PROGRAM.get(prog.group(1)) if prog else None) or "all_reduce"
+    ranks = re.findall(r"^#\s+Rank\s+(\d+)\s", text, flags=re.M)
+    world = world_size or (len(set(ranks)) if ranks else None)
+    gm = re.search(r"graph:\s*(\d+)", text)
+    graph = bool(gm and int(gm.group(1)) > 0)
+    im = re.search(r"\biters:\s*(\d+)", text)
+    iters = int(im.group(1)) if im else None
+    records = []
+    for line in text.splitlines():
+        tok = line.split()
+        if not tok or line.lstrip().startswith("#") or not tok[0].isdigit() or len(tok) < 8:
+            continue
+        # size count type redop [root] | time algbw busbw #wrong | time algbw busbw #wrong
+        head = 5 if len(tok) >= 13 or (len(tok) == 9 and re.fullmatch(r"-?\d+", tok[4])) else 4
+        nums = tok[head:]
+        rec = {"size": tok[0], "count": tok[1], "type": tok[2], "iters": iters}
+        if len(nums) >= 4:
+            rec["out-of-place"] = {"time": _num(nums[0]), "algbw": _num(nums[1]), "busbw": _num(nums[2])}
+        if len(nums) >= 8:
+            rec["in-place"] = {"time": _num(nums[4]), "algbw": _num(nums[5]), "busbw": _num(nums[6])}
+        records.append(rec)
+    if not records:
+        raise CollectiveError("no nccl-tests result lines found", where=source,
+                              hint="pass the stdout of e.g. all_reduce_perf -b 8 -e 128M -f 2 -g 8")
+    return _nccl_rows(records, op, world, graph, source)
+
+
+def parse_nccl_tests_json(data: str | dict, *, world_size: int | None = None, op: str | None = None,
+                          source: str = "nccl-tests -J") -> pd.DataFrame:
+    """Read nccl-tests' `-J file.json` output (config, devices, results[] with
+    out_of_place/in_place {time|cpu_time, alg_bw, bus_bw}) into COLLECTIVE_COLUMNS."""
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise CollectiveError(f"not valid JSON: {exc}", where=source,
+                                  hint="pass the file written by nccl-tests -J") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise CollectiveError("no 'results' list: not an nccl-tests -J file", where=source,
+                              hint="pass the file written by nccl-tests -J")
+    cfg = data.get("config") or {}
+    devices = cfg.get("devices") or data.get("devices") or []
+    if world_size is None and devices:
+        world_size = len(devices) * int(cfg.get("nthreads") or 1) * int(cfg.get("ngpus") or 1)
+    if op is None:
+        prog = next((Path(a).name for a in data.get("args") or [] if str(a).endswith("_perf")), None)
+        op = _OP_FROM_PROGRAM.get(prog or "", "all_reduce")
+    records = []
+    for r in data["results"]:
+        rec = {"size": r["size"], "count": r["count"], "type": r.get("type", ""),
+               "iters": cfg.get("iterations")}
+        for key, placement in (("out_of_place", "out-of-place"), ("in_place", "in-place")):
+            v = r.get(key)
+            if v:
+                t = v.get("time", v.get("cpu_time"))
+                rec[placement] = {"time": _num(str(t)), "algbw": _num(str(v.get("alg_bw"))),
+                                  "busbw": _num(str(v.get("bus_bw")))}
+        records.append(rec)
+    return _nccl_rows(records, op, world_size, bool(cfg.get("graph")), source)
+
+
+def read_nccl_tests(path: str | Path, **kw: Any) -> pd.DataFrame:
+    """Either format, by content."""
+    p = Path(path)
+    if not p.is_file():
+        raise CollectiveError("nccl-tests result file not found", where=str(p))
+    text = p.read_text(errors="replace")
+    if text.lstrip().startswith("{"):
+        return parse_nccl_tests_json(text, source=str(p), **kw)
+    return parse_nccl_tests_text(text, source=str(p), **kw)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot_latency_vs_size(collectives: pd.DataFrame, burst: pd.DataFrame | None = None):
+    """Per-op time (µs) against message size, log-log: eager all-reduce median across ranks
+    with the min–max band, burst per-op times, and any imported nccl-tests rows."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, ((src, op, backend, world, mode), g) in enumerate(
+            collectives.groupby(["source", "op", "backend", "world_size", "mode"], sort=False, dropna=False)):
+        g = g[g["placement"].isin(["in-place"]) | (g["op"] != "all_reduce")] if src != "stepscope" else g
+        g = g.sort_values("size_bytes")
+        lbl = f"{op} {backend} n={world} {mode} ({src}, median over ranks)"
+        ax.plot(g["size_bytes"], g["time_us_rank_median"], "o-", color=f"C{i}", ms=4, label=lbl)
+        if g["time_us_rank_min"].notna().any():
+            ax.fill_between(g["size_bytes"], g["time_us_rank_min"], g["time_us_rank_max"], color=f"C{i}", alpha=0.2)
+    if burst is not None:
+        ok = burst[burst["status"] == "ok"]
+        for j, (mode, g) in enumerate(ok.groupby("mode")):
+            ax.scatter(g["size_bytes"], g["per_op_us"], marker="*", s=120, color=f"C{5 + j}", zorder=5,
+                       label=f"burst per-op ({mode}, K={int(g['k'].iloc[0])})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time per collective (µs)")
+    n_sizes = collectives["size_bytes"].nunique()
+    ax.set_title(f"Collective latency vs size: {n_sizes} sizes; eager = each op timed alone, "
+                 "band = min..max across ranks", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def describe_plan(plan: CollectivePlan) -> str:
+    return (f"{plan.backend} all-reduce, world size {plan.world_size}, {plan.dtype}: sizes {list(plan.sizes_bytes)} B "
+            f"(hidden vector at batch 1 = {plan.hidden_bytes} B), {plan.warmup} warm-up + {plan.iters} timed ops each; "
+            f"burst of K={plan.burst_k} ({plan.k_source}) at batch {list(plan.burst_batch_sizes)} "
+            f"= {list(plan.burst_sizes_bytes)} B, {plan.burst_repeats} repeats; all-gather of the logits "
+            f"{list(plan.all_gather_sizes_bytes)} B; timeout {plan.timeout_s:.0f} s"
+            + ("".join(f"\n{n}" for n in plan.notes)))
+
+
+def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Stage 03 end to end: plan, run the ranks (raw per-rank JSON under ranks/), write
+    collectives.csv (with any imported nccl-tests rows), burst.csv and prediction.json."""
+    from stepscope.runfolder import REPO_ROOT, write_json
+
+    out_dir = Path(out_dir)
+    plan = plan_collectives(params)
+    imported = []
+    for f in params.micro.collectives.nccl_tests_files:
+        p = Path(f) if Path(f).is_absolute() else REPO_ROOT / f
+        imported.append(read_nccl_tests(p))
+    if plan.world_size < 2:
+        coll = pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+        burst = pd.DataFrame(columns=BURST_COLUMNS)
+        prediction = {"model": plan.model, "k": 0, "comm_us_per_decode_step": 0.0, "per_op_us": None,
+                      "size_bytes": None, "mode": None, "backend": plan.backend, "world_size": plan.world_size,
+                      "notes": [f"world size {plan.world_size}: no collectives at TP=1, nothing measured"]}
+    else:
+        results = run_collectives(plan, out_dir / "ranks", progress=progress)
+        coll = collective_table(results)
+        burst = burst_table(results, plan)
+        prediction = build_prediction(burst, coll, plan)
+    if imported:
+        coll = pd.concat([coll] + imported, ignore_index=True)
+    coll.to_csv(out_dir / "collectives.csv", index=False)
+    burst.to_csv(out_dir / "burst.csv", index=False)
+    write_json(out_dir / "prediction.json", prediction)
+    return dict(plan=plan, collectives=coll, burst=burst, prediction=prediction)

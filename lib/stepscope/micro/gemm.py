@@ -1,0 +1,500 @@
+"""Stage 02: time every distinct GEMM of the model at its per-GPU shapes, predict per-step GEMM time.
+
+Pipeline: `plan_targets(params)` (which models at which TP and M grid) →
+`gemm_grid(targets, dtypes, backends)` (one row per case) → `run_gemm_grid(...)`
+(times them; each row hits gemm.csv as soon as it is measured) →
+`predict_gemm_us_per_step(table, targets)` → prediction.json; `plot_roofline(table)`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from stepscope.errors import StepscopeError
+from stepscope.model import (
+    Architecture,
+    ArchitectureError,
+    architecture_from_params,
+    calls_per_step,
+    gemm_bytes,
+    gemm_flops,
+    gemm_shapes,
+    load_architecture,
+)
+from stepscope.micro import marlin as marlin_mod
+from stepscope.micro.timing import summarize_us, time_cpu, time_cuda_graph, torch_threads
+
+GEMM_COLUMNS = [
+    "model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "dtype", "backend", "mode", "device",
+    "threads", "time_us_median", "time_us_p10", "time_us_p90", "n_repeats", "flops", "bytes", "tflops",
+    "gbps", "pct_peak_bw", "status", "reason",
+]
+MARLIN_DTYPE = "w4a16-g32"
+DEFAULT_PRESET_TP = 8
+"""TP for presets when neither micro.gemm.preset_tp nor hardware.gpu_count is set: the
+campaign of FACTS.md §1 (Kimi-K2.5 on 8 GPUs)."""
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class GemmMicroError(StepscopeError):
+    """A GEMM micro-benchmark that cannot be set up as asked."""
+
+
+@dataclass(frozen=True)
+class GemmTarget:
+    """One model to time: its architecture, TP size and M grid."""
+
+    label: str
+    arch: Architecture
+    tp: int
+    m_values: tuple[int, ...]
+    role: str
+    """`served` (the model the server runs) or `preset` (an extra architecture)."""
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_targets(params) -> tuple[list[GemmTarget], list[str]]:
+    """The served model (at server.tp, micro.gemm.m_values) and each preset (at
+    preset_tp, else hardware.gpu_count, else 8; preset_m_values). Returns (targets, notes):
+    a note says plainly what could not be planned and why."""
+    g = params.micro.gemm
+    targets: list[GemmTarget] = []
+    notes: list[str] = []
+    served_preset = None
+    try:
+        arch = architecture_from_params(params)
+        label = params.model.served_name or arch.name
+        targets.append(GemmTarget(label, arch, params.server.tp, tuple(g.m_values), "served"))
+        if arch.source.startswith("preset:"):
+            served_preset = arch.source.split(":", 1)[1]
+    except ArchitectureError as exc:
+        notes.append(f"served model not timed: {exc.render()}")
+    preset_tp = g.preset_tp or params.hardware.gpu_count or DEFAULT_PRESET_TP
+    for name in g.presets:
+        if name == served_preset and preset_tp == params.server.tp:
+            notes.append(f"preset {name} is the served model; timed once")
+            continue
+        arch = load_architecture(preset=name)
+        targets.append(GemmTarget(f"{name} (preset)", arch, preset_tp, tuple(g.preset_m_values), "preset"))
+    return targets, notes
+
+
+def distinct_shapes(arch: Architecture, tp: int) -> pd.DataFrame:
+    """The model's GEMMs grouped by shape (n, k, batch): each shape is timed once.
+    Columns: n, k, batch, gemm ("+"-joined names), layer_kind ("+"-joined)."""
+    s = gemm_shapes(arch, tp)
+    g = s.groupby(["n", "k", "batch"], sort=False).agg(
+        gemm=("gemm", lambda x: "+".join(dict.fromkeys(x))),
+        layer_kind=("layer_kind", lambda x: "+".join(dict.fromkeys(x)))).reset_index()
+    return g[["gemm", "layer_kind", "n", "k", "batch"]]
+
+
+def gemm_grid(targets: Iterable[GemmTarget], dtypes: Iterable[str], backends: Iterable[str]) -> pd.DataFrame:
+    """One row per case: model, tp, gemm, layer_kind, n, k, batch, m, dtype, backend.
+    Marlin cases carry dtype `w4a16-g32` (4-bit weights, bf16 activations)."""
+    rows = []
+    for t in targets:
+        shapes = distinct_shapes(t.arch, t.tp)
+        for backend in backends:
+            if backend not in ("torch", "marlin"):
+                raise GemmMicroError(f"unknown GEMM backend {backend!r}", where="micro.gemm.backends",
+                                     hint="valid backends: torch, marlin")
+            for dtype in (dtypes if backend == "torch" else (MARLIN_DTYPE,)):
+                if backend == "torch" and dtype not in _DTYPE_BYTES:
+                    raise GemmMicroError(f"unknown dtype {dtype!r}", where="micro.gemm.dtypes",
+                                         hint=f"valid dtypes: {', '.join(_DTYPE_BYTES)}")
+                for sh in shapes.itertuples(index=False):
+                    for m in t.m_values:
+                        rows.append(dict(model=t.label, tp=t.tp, gemm=sh.gemm, layer_kind=sh.layer_kind,
+                                         n=sh.n, k=sh.k, batch=sh.batch, m=int(m), dtype=dtype, backend=backend))
+    return pd.DataFrame(rows, columns=["model", "tp", "gemm", "layer_kind", "n", "k", "batch", "m", "dtype",
+                                       "backend"])
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _row(case: dict, **kw: Any) -> dict:
+    row = {c: np.nan for c in GEMM_COLUMNS}
+    row.update({k: case[k] for k in ("model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "dtype",
+                                      "backend") if k in case})
+    row.update(kw)
+    return row
+
+
+def _metrics(case: dict, stats: dict, peak_bw: float | None) -> dict:
+    m, n, k, b = case["m"], case["n"], case["k"], case["batch"]
+    if case["backend"] == "marlin":
+        nbytes = float(gemm_bytes(m, n, k, weight_bits=4, act_bytes=2, group_size=32, batch=b))
+    else:
+        eb = _DTYPE_BYTES[case["dtype"]]
+        nbytes = float(gemm_bytes(m, n, k, weight_bits=8 * eb, act_bytes=eb, batch=b))
+    flops = float(gemm_flops(m, n, k, batch=b))
+    t = stats["time_us_median"]
+    gbps = nbytes / t / 1e3
+    return dict(stats, flops=flops, bytes=nbytes, tflops=flops / t / 1e6, gbps=gbps,
+                pct_peak_bw=(100.0 * gbps / peak_bw) if peak_bw else np.nan)
+
+
+def _torch_weight(n: int, k: int, batch: int, dtype, device: str):
+    """A weight with non-trivial values, made fast: one random row tiled (torch.rand of
+    10^8 elements takes seconds on a CPU; GEMM speed does not depend on the values)."""
+    import torch
+
+    row = torch.rand(1, k, dtype=torch.float32, device=device).to(dtype) * 0.02
+    w = row.expand(n, k).contiguous()
+    return w.unsqueeze(0).expand(batch, n, k).contiguous() if batch > 1 else w
+
+
+def _torch_fn(a, w, out):
+    import torch
+    import torch.nn.functional as F
+
+    if w.dim() == 3:
+        wt = w.transpose(1, 2)
+        return lambda: torch.bmm(a, wt, out=out)
+    return lambda: F.linear(a, w)
+
+
+def _cold_copies(weight_bytes: float, l2_bytes: int, budget_bytes: float = 4e9) -> int:
+    """Weight copies to rotate through so the working set exceeds 2x L2."""
+    need = math.ceil(2 * l2_bytes / max(weight_bytes, 1)) + 1
+    return int(max(2, min(need, budget_bytes // max(weight_bytes, 1))))
+
+
+def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int | None = None,
+                  peak_bw_gbps: float | None = None, device: str | None = None,
+                  csv_path: str | Path | None = None, progress: bool = True,
+                  graph_calls: int = 50) -> pd.DataFrame:
+    """Time every case of `grid`; returns a DataFrame with GEMM_COLUMNS.
+
+    CPU: one weight ("hot"), perf_counter with a fixed torch thread count. GPU: CUDA
+    graph of `graph_calls` calls timed with CUDA events, "hot" (one weight) and "cold"
+    (weights rotated through more than 2x L2). Marlin without CUDA/vLLM: one `skipped`
+    row per model with the reason. If `csv_path` is given, each row is appended there as
+    soon as it is measured.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows: list[dict] = []
+    writer = _CsvAppender(csv_path) if csv_path else None
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if writer:
+            writer.write(row)
+
+    marlin_reason = marlin_mod.availability() if (grid["backend"] == "marlin").any() else None
+    modes = ("hot", "cold") if device == "cuda" else ("hot",)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    groups = list(grid.groupby(["model", "tp", "backend", "dtype", "gemm", "n", "k", "batch"], sort=False))
+    bar = tqdm(total=len(grid), desc="GEMM cases", disable=not progress)
+    with torch_threads(threads if device == "cpu" else None):
+        thr = torch.get_num_threads() if device == "cpu" else np.nan
+        for (model, tp, backend, dtype, gemm, n, k, batch), cases in groups:
+            base = dict(model=model, tp=tp, gemm=gemm, layer_kind=cases["layer_kind"].iloc[0], n=n, k=k,
+                        batch=batch, dtype=dtype, backend=backend)
+            if backend == "marlin" and marlin_reason:
+                # One line per model says why, instead of one per shape.
+                if not any(r["model"] == model and r["backend"] == "marlin" for r in rows):
+                    emit(_row(dict(base, gemm="(all shapes)", layer_kind="", m=np.nan, n=np.nan, k=np.nan,
+                                   batch=np.nan), device=device, status="skipped", reason=marlin_reason))
+                bar.update(len(cases))
+                continue
+            if backend == "marlin" and (batch != 1 or n % 64 or k % 128):
+                for c in cases.to_dict("records"):
+                    emit(_row(c, device=device, status="skipped",
+                              reason="shape outside Marlin's tiles (needs batch 1, n % 64 == 0, k % 128 == 0)"))
+                bar.update(len(cases))
+                continue
+            start = len(rows)
+            try:
+                _time_group(base, cases, backend=backend, dtype=dtype, device=device, modes=modes, l2=l2,
+                            warmup=warmup, repeats=repeats, peak_bw=peak_bw_gbps, graph_calls=graph_calls,
+                            threads=thr, emit=emit, bar=bar)
+            except Exception as exc:  # noqa: BLE001 - one failed shape must not stop the grid
+                done = {r["m"] for r in rows[start:]}
+                for c in cases.to_dict("records"):
+                    if c["m"] not in done:
+                        emit(_row(c, device=device, status="failed", reason=f"{type(exc).__name__}: {exc}"[:300]))
+                        bar.update(1)
+            finally:
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    bar.close()
+    return pd.DataFrame(rows, columns=GEMM_COLUMNS)
+
+
+def _time_group(base, cases, *, backend, dtype, device, modes, l2, warmup, repeats, peak_bw, graph_calls,
+                threads, emit, bar) -> None:
+    import torch
+
+    n, k, batch = int(base["n"]), int(base["k"]), int(base["batch"])
+    if backend == "marlin":
+        weights = [marlin_mod.MarlinGemm(n, k, device=device, seed=0)]
+        a0 = torch.randn(max(int(cases["m"].min()), 16), k, dtype=torch.bfloat16, device=device)
+        diff = weights[0].mean_rel_diff(a0)
+        if not diff < marlin_mod.CORRECTNESS_MAX_MEAN_REL_DIFF:
+            for c in cases.to_dict("records"):
+                emit(_row(c, device=device, status="failed",
+                          reason=f"correctness gate: mean rel diff {diff:.3f} >= "
+                                 f"{marlin_mod.CORRECTNESS_MAX_MEAN_REL_DIFF} vs dequantized reference"))
+                bar.update(1)
+            return
+        w_bytes = n * k * 4.5 / 8
+        act_dtype = torch.bfloat16
+    else:
+        act_dtype = getattr(torch, dtype)
+        weights = [_torch_weight(n, k, batch, act_dtype, device)]
+        w_bytes = batch * n * k * weights[0].element_size()
+    for c in cases.to_dict("records"):
+        m = int(c["m"])
+        for mode in modes:
+            if mode == "cold":
+                copies = _cold_copies(w_bytes, l2)
+                while len(weights) < copies:
+                    weights.append(marlin_mod.MarlinGemm(n, k, device=device, seed=len(weights))
+                                   if backend == "marlin" else _torch_weight(n, k, batch, act_dtype, device))
+                ws = weights[:copies]
+            else:
+                ws = weights[:1]
+            shape = (batch, m, k) if batch > 1 else (m, k)
+            a = torch.rand(*shape, dtype=act_dtype, device=device)
+            if backend == "marlin":
+                fns = [w.call(a) for w in ws]
+            else:
+                out = torch.empty(*(shape[:-1] + (n,)), dtype=act_dtype, device=device)
+                fns = [_torch_fn(a, w, out) for w in ws]
+            if device == "cuda":
+                calls = [fns[i % len(fns)] for i in range(max(graph_calls, len(fns)))]
+                samples = time_cuda_graph(calls, warmup=warmup, repeats=repeats)
+            else:
+                samples = time_cpu(fns[0], warmup=warmup, repeats=repeats)
+            stats = summarize_us(samples)
+            reason = "" if mode == "hot" else f"{len(ws)} weight copies rotated (> 2x L2 = {2 * l2 / 1e6:.0f} MB)"
+            emit(_row(c, mode=mode, device=device, threads=threads, status="ok", reason=reason,
+                      **_metrics(c, stats, peak_bw)))
+        bar.update(1)
+
+
+class _CsvAppender:
+    """Append rows to a CSV as they are measured, header once."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", newline="") as fh:
+            csv.writer(fh).writerow(GEMM_COLUMNS)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a", newline="") as fh:
+            csv.writer(fh).writerow(["" if (isinstance(row.get(c), float) and np.isnan(row[c])) else row.get(c)
+                                     for c in GEMM_COLUMNS])
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def _interp_time(sub: pd.DataFrame, m_rows: float) -> tuple[float, bool]:
+    """Time at m_rows by linear interpolation over the measured M grid; clamped (and
+    flagged) outside it."""
+    sub = sub.sort_values("m")
+    ms, ts = sub["m"].to_numpy(float), sub["time_us_median"].to_numpy(float)
+    clamped = m_rows < ms[0] - 1e-9 or m_rows > ms[-1] + 1e-9
+    return float(np.interp(m_rows, ms, ts)), clamped
+
+
+def predict_gemm_us_per_step(table: pd.DataFrame, target: GemmTarget, *, backend: str, dtype: str,
+                             mode: str, routed_backend: tuple[str, str] | None = None) -> pd.DataFrame:
+    """Predicted GEMM time of one decode step at each measured M.
+
+    Sum over the model's GEMMs of calls_per_step × time(m_rows): every GEMM runs
+    count_per_layer × layers times on M rows; routed experts run once per distinct expert
+    touched (D(M) per MoE layer) on M·k/D(M) rows (`stepscope.model.calls_per_step`).
+    Times come from `table` rows of this backend/dtype/mode, interpolated in M.
+    `routed_backend` = (backend, dtype) times the routed experts with another backend
+    (e.g. Marlin for a W4A16 model). Columns: m, gemm_us_per_step, n_gemm_calls,
+    clamped_shapes, missing_shapes.
+    """
+    ok = table[(table["model"] == target.label) & (table["status"] == "ok") & (table["mode"] == mode)]
+    shapes = gemm_shapes(target.arch, target.tp)
+    out = []
+    for m in sorted(set(int(x) for x in ok["m"].dropna())) or []:
+        c = calls_per_step(shapes, m, target.arch)
+        total, n_calls, clamped, missing = 0.0, 0.0, [], []
+        for r in c.itertuples(index=False):
+            be, dt = (routed_backend if (routed_backend and r.layer_kind == "routed_expert") else (backend, dtype))
+            sub = ok[(ok["backend"] == be) & (ok["dtype"] == dt) & (ok["n"] == r.n) & (ok["k"] == r.k)
+                     & (ok["batch"] == r.batch)]
+            if sub.empty:
+                missing.append(r.gemm)
+                continue
+            t, cl = _interp_time(sub, r.m_rows)
+            if cl:
+                clamped.append(r.gemm)
+            total += t * r.calls_per_step
+            n_calls += r.calls_per_step
+        out.append(dict(m=m, gemm_us_per_step=total, n_gemm_calls=n_calls, clamped_shapes=",".join(clamped),
+                        missing_shapes=",".join(missing)))
+    return pd.DataFrame(out, columns=["m", "gemm_us_per_step", "n_gemm_calls", "clamped_shapes", "missing_shapes"])
+
+
+def choose_prediction_config(table: pd.DataFrame, params) -> dict:
+    """Which measured rows stand for the served model: torch at server.dtype (else the first
+    dtype measured), cold mode where measured (decode streams weights from memory), and
+    Marlin for the routed experts when model.quantization says W4A16/INT4 and Marlin ran."""
+    ok = table[(table["status"] == "ok") & (table["backend"] == "torch")]
+    dtypes = list(dict.fromkeys(ok["dtype"]))
+    dtype = params.server.dtype if params.server.dtype in dtypes else (dtypes[0] if dtypes else params.server.dtype)
+    mode = "cold" if (ok["mode"] == "cold").any() else "hot"
+    q = (params.model.quantization or "").lower()
+    marlin_ok = ((table["backend"] == "marlin") & (table["status"] == "ok")).any()
+    routed = ("marlin", MARLIN_DTYPE) if marlin_ok and any(s in q for s in ("w4a16", "int4", "marlin")) else None
+    return dict(backend="torch", dtype=dtype, mode=mode, routed_backend=routed)
+
+
+def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> dict:
+    """prediction.json: {model, tp, method, gemm_us_per_decode_step: {"<M>": us}, ...} for
+    the served model, with each preset's prediction under `presets`."""
+    cfg = choose_prediction_config(table, params)
+    method = (f"sum over the model's GEMMs of calls per decode step x median time "
+              f"({cfg['backend']} {cfg['dtype']}, {cfg['mode']}"
+              + (f"; routed experts: {cfg['routed_backend'][0]} {cfg['routed_backend'][1]}" if cfg["routed_backend"]
+                 else "") + "); routed experts: D(M)=E(1-(1-k/E)^M) calls per MoE layer on M*k/D(M) rows; "
+              "time interpolated linearly in M")
+    result: dict[str, Any] = {"model": None, "tp": None, "method": method, "gemm_us_per_decode_step": {},
+                              "config": {k: v for k, v in cfg.items()}, "presets": [], "notes": []}
+    for t in targets:
+        pred = predict_gemm_us_per_step(table, t, **cfg)
+        entry = {"model": t.label, "tp": t.tp,
+                 "gemm_us_per_decode_step": {str(int(r.m)): float(r.gemm_us_per_step) for r in pred.itertuples()},
+                 "gemm_calls_per_decode_step": {str(int(r.m)): float(r.n_gemm_calls) for r in pred.itertuples()},
+                 "missing_shapes": sorted({s for v in pred["missing_shapes"] for s in v.split(",") if s}),
+                 "clamped_shapes": sorted({s for v in pred["clamped_shapes"] for s in v.split(",") if s})}
+        if t.role == "served" and result["model"] is None:
+            result.update(model=t.label, tp=t.tp, gemm_us_per_decode_step=entry["gemm_us_per_decode_step"],
+                          gemm_calls_per_decode_step=entry["gemm_calls_per_decode_step"],
+                          missing_shapes=entry["missing_shapes"], clamped_shapes=entry["clamped_shapes"])
+        else:
+            result["presets"].append(entry)
+    if result["model"] is None:
+        result["notes"].append("the served model was not timed; no prediction for it")
+    return result
+
+
+# --------------------------------------------------------------------------- tables and plots
+
+
+def summary_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows in a compact, readable order (µs, TFLOP/s, GB/s, % of peak)."""
+    cols = ["model", "gemm", "m", "n", "k", "batch", "dtype", "backend", "mode", "time_us_median", "time_us_p10",
+            "time_us_p90", "tflops", "gbps", "pct_peak_bw", "status", "reason"]
+    return table[cols].round({"time_us_median": 1, "time_us_p10": 1, "time_us_p90": 1, "tflops": 3, "gbps": 2,
+                              "pct_peak_bw": 1})
+
+
+def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, peak_tflops: float | None = None,
+                  title_extra: str = ""):
+    """Achieved TFLOP/s against arithmetic intensity (FLOP/byte, FACTS §6 byte model), log-log,
+    one colour per backend/dtype, one marker per model; the roof where peaks are known."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    ok = table[table["status"] == "ok"].copy()
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    if ok.empty:
+        ax.text(0.5, 0.5, "no GEMM measured", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    ok["ai"] = ok["flops"] / ok["bytes"]
+    markers = ["o", "s", "^", "D", "v", "P"]
+    models = list(dict.fromkeys(ok["model"]))
+    for ci, ((be, dt, mode), g) in enumerate(ok.groupby(["backend", "dtype", "mode"], sort=False)):
+        for mi, model in enumerate(models):
+            s = g[g["model"] == model]
+            if s.empty:
+                continue
+            ax.scatter(s["ai"], s["tflops"], s=18, marker=markers[mi % len(markers)], color=f"C{ci}", alpha=0.8,
+                       label=f"{model} · {be} {dt} {mode}")
+    if peak_bw_gbps:
+        x = np.logspace(np.log10(ok["ai"].min() / 2), np.log10(ok["ai"].max() * 2), 100)
+        roof = x * peak_bw_gbps / 1e3
+        if peak_tflops:
+            roof = np.minimum(roof, peak_tflops)
+        ax.plot(x, roof, "k--", lw=1, label=f"roof: {peak_bw_gbps:.0f} GB/s"
+                + (f", {peak_tflops:.0f} TFLOP/s" if peak_tflops else ""))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved; bytes = weights + scales + activations)")
+    ax.set_ylabel("achieved TFLOP/s (FLOPs = 2·M·N·K, median time)")
+    dev = ", ".join(sorted(set(ok["device"].astype(str))))
+    ax.set_title(f"GEMM roofline: {len(ok)} timed cases on {dev}{title_extra}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def prediction_table(prediction: dict) -> pd.DataFrame:
+    """prediction.json as rows: model, tp, m, gemm_us_per_decode_step, gemm_calls_per_decode_step."""
+    rows = []
+    for e in ([prediction] if prediction.get("model") else []) + list(prediction.get("presets", [])):
+        for m, us in e["gemm_us_per_decode_step"].items():
+            rows.append(dict(model=e["model"], tp=e["tp"], m=int(m), gemm_us_per_decode_step=us,
+                             gemm_calls_per_decode_step=e.get("gemm_calls_per_decode_step", {}).get(m)))
+    return pd.DataFrame(rows, columns=["model", "tp", "m", "gemm_us_per_decode_step", "gemm_calls_per_decode_step"])
+
+
+def describe_plan(targets: list[GemmTarget], grid: pd.DataFrame, notes: list[str]) -> str:
+    """What will be timed, in words."""
+    lines = []
+    for t in targets:
+        g = grid[grid["model"] == t.label]
+        lines.append(f"{t.label} ({t.role}, {t.arch.family}, {t.arch.source}) at TP={t.tp}: "
+                     f"{g[['n', 'k', 'batch']].drop_duplicates().shape[0]} distinct GEMM shapes x M in "
+                     f"{list(t.m_values)} -> {len(g)} cases")
+    return "\n".join(lines + notes) or "nothing to time"
+
+
+def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Stage 02 end to end: plan, time (rows appended to gemm.csv as measured), predict
+    (prediction.json). Returns targets, grid, table, prediction, peak and notes."""
+    import torch
+
+    from stepscope.micro.timing import peak_mem_bw_gbps
+    from stepscope.runfolder import write_json
+
+    out_dir = Path(out_dir)
+    g = params.micro.gemm
+    targets, notes = plan_targets(params)
+    grid = gemm_grid(targets, g.dtypes, g.backends)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    peak, peak_source = peak_mem_bw_gbps(params.hardware.peak_mem_bw_gbps, device)
+    table = run_gemm_grid(grid, warmup=g.warmup, repeats=g.repeats, threads=g.threads, peak_bw_gbps=peak,
+                          device=device, csv_path=out_dir / "gemm.csv", progress=progress,
+                          graph_calls=g.graph_calls)
+    prediction = build_prediction(table, targets, params)
+    prediction.update(device=device, peak_mem_bw_gbps=peak, peak_source=peak_source,
+                      timing=("CUDA graph of %d calls, CUDA events, hot and cold" % g.graph_calls
+                              if device == "cuda" else
+                              f"perf_counter, warm-up {g.warmup}, {g.repeats} samples, "
+                              f"{g.threads or torch.get_num_threads()} torch thread(s), one weight (hot)"))
+    prediction["notes"] = list(notes) + prediction["notes"]
+    write_json(out_dir / "prediction.json", prediction)
+    return dict(targets=targets, grid=grid, table=table, prediction=prediction, peak_mem_bw_gbps=peak,
+                peak_source=peak_source, notes=notes, device=device)

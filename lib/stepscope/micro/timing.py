@@ -1,0 +1,131 @@
+"""Timers shared by the GEMM and collective micro-benchmarks, and the devices' peaks.
+
+CPU: warm-up, then `repeats` samples, each a loop of `inner` calls timed with
+`perf_counter` (inner is calibrated so one sample lasts about `target_sample_s`; a
+single small call is shorter than Python's own overhead). GPU: a CUDA graph of
+`calls` calls, replayed `repeats` times, each replay timed with CUDA events.
+Either way the result is a per-call time sample, summarised by median and p10/p90.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+# Peak memory bandwidth (GB/s, 1e9 bytes/s) of common accelerators, from the vendors'
+# datasheets. Matched by substring of torch.cuda.get_device_name(), first match wins.
+KNOWN_PEAK_MEM_BW_GBPS: tuple[tuple[str, float], ...] = (
+    ("H200", 4800.0),
+    ("H100 NVL", 3900.0),
+    ("H100 PCIe", 2000.0),
+    ("H100", 3350.0),
+    ("H20", 4000.0),
+    ("B200", 8000.0),
+    ("GB200", 8000.0),
+    ("RTX PRO 6000", 1792.0),
+    ("A100-SXM4-80GB", 2039.0),
+    ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0),
+    ("L40S", 864.0),
+    ("L40", 864.0),
+    ("RTX 4090", 1008.0),
+    ("RTX 5090", 1792.0),
+    ("A10", 600.0),
+    ("L4", 300.0),
+    ("MI300X", 5300.0),
+    ("MI325X", 6000.0),
+)
+
+
+def summarize_us(samples_us: np.ndarray) -> dict[str, float]:
+    """Median and p10/p90 (linear interpolation) of per-call times in µs."""
+    s = np.asarray(samples_us, dtype=np.float64)
+    return {"time_us_median": float(np.median(s)), "time_us_p10": float(np.percentile(s, 10)),
+            "time_us_p90": float(np.percentile(s, 90)), "n_repeats": int(s.size)}
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Fix torch's intra-op thread count for the block (None: leave it alone)."""
+    import torch
+
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def time_cpu(fn: Callable[[], object], *, warmup: int, repeats: int, target_sample_s: float = 2e-3,
+             max_inner: int = 1000) -> np.ndarray:
+    """Per-call µs of `fn`, one value per sample: warm-up, calibrate `inner`, then repeat."""
+    for _ in range(max(warmup, 1)):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = int(min(max_inner, max(1, target_sample_s // one)))
+    out = np.empty(repeats)
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        out[r] = (time.perf_counter() - t0) / inner * 1e6
+    return out
+
+
+def time_cuda_graph(calls: list[Callable[[], object]], *, warmup: int, repeats: int) -> np.ndarray:
+    """Per-call µs of a CUDA graph that runs every callable in `calls` once, in order.
+
+    The graph removes launch overhead the way vLLM's decode replays do; `calls` of
+    different weight copies make the cold (weights rotated through L2) variant.
+    """
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture (allocations, autotuning)
+        for _ in range(2):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    for _ in range(max(warmup, 1)):
+        graph.replay()
+    torch.cuda.synchronize()
+    out = np.empty(repeats)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(repeats):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out[r] = start.elapsed_time(end) * 1e3 / len(calls)
+    del graph
+    return out
+
+
+def peak_mem_bw_gbps(configured: float | None, device: str) -> tuple[float | None, str]:
+    """The peak memory bandwidth to compare against, and where it came from."""
+    if configured:
+        return float(configured), "params hardware.peak_mem_bw_gbps"
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name()
+        for key, bw in KNOWN_PEAK_MEM_BW_GBPS:
+            if key.lower() in name.lower():
+                return bw, f"known-device table ({key}, datasheet)"
+        return None, f"unknown device {name!r}: set hardware.peak_mem_bw_gbps"
+    return None, "CPU: no peak known; set hardware.peak_mem_bw_gbps to get % of peak"
