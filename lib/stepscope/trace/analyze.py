@@ -92,11 +92,17 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
 
 def analyze_rank(rt: RankTrace, rules) -> RankResult:
     ev = rt.events
+    # Work in µs from the trace's first kept event: absolute Kineto timestamps (~1e12 µs)
+    # keep only ~0.2 ns resolution, enough to make ts+dur-ts differ from dur. The shift
+    # itself is exact (Sterbenz), so every relative time is the trace's own.
+    origin = float(ev["ts"].min()) if len(ev) else 0.0
+    ev = ev.assign(ts=ev["ts"] - origin)
     steps, source = find_steps(ev, rt.rank)
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
     step_cats, step_tot = acc.account_steps(work, steps)
     rank_cats, totals = acc.account_rank(work)
     rank_cats.insert(0, "rank", rt.rank)
+    info["origin_us"] = origin
     dec = acc.decode_categories(step_cats, step_tot)
     times = acc.decode_step_times(step_tot)
     other = work[work["category"] == "other"]
@@ -147,7 +153,11 @@ def _expected_collectives(arch: Any, tp: int | None) -> tuple[dict | None, str |
         from stepscope import model as m
 
         exp = m.expected_collectives(arch, tp)
-        return {"all_reduce": int(exp["all_reduce"]), "all_gather": int(exp["all_gather"])}, None
+        out = {"all_reduce": int(exp["all_reduce"]), "all_gather": int(exp["all_gather"])}
+        explain = getattr(m, "explain_collectives", None)
+        if explain is not None:
+            out["reasoning"] = explain(arch, tp)
+        return out, None
     except (ImportError, AttributeError) as exc:
         return None, f"stepscope.model.expected_collectives is not available ({exc})"
 
@@ -162,6 +172,10 @@ def collectives_check(observed: dict, expected: dict | None, why_none: str | Non
     ar = observed["all_reduce"]["median"]
     ag = observed["all_gather"]["median"]
     out["match"] = bool(ar == expected["all_reduce"] and ag == expected["all_gather"])
+    if observed["all_reduce"]["min"] != observed["all_reduce"]["max"]:
+        out["explanation"].append(
+            f"the count varies between decode steps ({observed['all_reduce']['min']}-"
+            f"{observed['all_reduce']['max']}): steps differ in kind, or the trace cut a step")
     words = out["explanation"]
     d_ar = ar - expected["all_reduce"]
     if d_ar < 0:
@@ -371,19 +385,10 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float
 def load_arch_for(params) -> tuple[Any, str | None]:
     """The model architecture for the collectives check, from params (None + why if not)."""
     try:
-        from stepscope import model as m
-
-        cfg = getattr(params.model, "config_json", None)
-        if cfg is None and getattr(params.model, "path", None):
-            from stepscope.runfolder import REPO_ROOT
-
-            p = Path(params.model.path)
-            p = p if p.is_absolute() else REPO_ROOT / p
-            cfg = str(p / "config.json") if (p / "config.json").is_file() else None
-        if cfg is None and not getattr(params.model, "arch_preset", None):
-            return None, "no model config.json or arch_preset in params"
-        return m.load_architecture(config_json=cfg, preset=params.model.arch_preset), None
-    except (ImportError, AttributeError) as exc:
-        return None, f"stepscope.model.load_architecture is not available ({exc})"
-    except Exception as exc:  # the model module's own StepscopeError
-        return None, str(exc)
+        from stepscope.model import architecture_from_params
+    except ImportError as exc:
+        return None, f"stepscope.model is not available ({exc})"
+    try:
+        return architecture_from_params(params), None
+    except Exception as exc:  # ArchitectureError (a StepscopeError) names what is missing
+        return None, str(exc).splitlines()[0]
