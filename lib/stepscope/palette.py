@@ -15,7 +15,9 @@ CATEGORY_ORDER: tuple[str, ...] = (
     "all_gather",
     "other_collective",
     "communication",
+    "collective_wait",
     "quantized_gemm",
+    "quant_gemm",
     "dense_gemm",
     "fused_moe",
     "moe_routing",
@@ -29,6 +31,7 @@ CATEGORY_ORDER: tuple[str, ...] = (
     "elementwise",
     "memcpy",
     "memset",
+    "framework",
     "other",
 )
 """Display order: communication first, then compute, then memory, then other."""
@@ -40,7 +43,10 @@ CATEGORY_COLORS: dict[str, str] = {
     # A run that does not split communication gets the all-reduce red: it is nearly always
     # all-reduce, and the colour then means the same thing across runs.
     "communication": "#d62728",
+    "collective_wait": "#f4a582",
     "quantized_gemm": "#1f4e9c",
+    # stage 05's rules file spells it quant_gemm; same thing, same colour
+    "quant_gemm": "#1f4e9c",
     "dense_gemm": "#4a90d9",
     "fused_moe": "#17becf",
     "moe_routing": "#9edae5",
@@ -54,6 +60,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "elementwise": "#8c564b",
     "memcpy": "#7f7f7f",
     "memset": "#b0b0b0",
+    "framework": "#c49c94",
     "other": "#d9d9d9",
 }
 
@@ -61,9 +68,9 @@ IDLE_COLOR = "#ffffff"
 """Gaps in a timeline: drawn as background, never as a category."""
 
 COMMUNICATION_CATEGORIES: frozenset[str] = frozenset(
-    {"all_reduce", "all_gather", "other_collective", "communication"}
+    {"all_reduce", "all_gather", "other_collective", "communication", "collective_wait"}
 )
-GEMM_CATEGORIES: frozenset[str] = frozenset({"quantized_gemm", "dense_gemm", "fused_moe"})
+GEMM_CATEGORIES: frozenset[str] = frozenset({"quantized_gemm", "quant_gemm", "dense_gemm", "fused_moe"})
 MEMORY_CATEGORIES: frozenset[str] = frozenset({"memcpy", "memset"})
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES, category_sort_key
-from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, num, pick
+from stepscope.report.artifacts import (STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, pick,
+                                        words)
 
 LAUNCH_BOUND_IDLE_SHARE = 0.30
 """Device idle above this share of the step span: the step waits on the host to launch work."""
@@ -46,22 +47,39 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
     spent on a step) when known, else the union, else the capture TPOT.
     """
     d = a.decode
-    per = d.get("per_step_ms") if isinstance(d.get("per_step_ms"), dict) else {}
+    # Stage 05 writes decode.steps = {kernel_sum_ms: {mean, median, p90}, ...}; flat keys are
+    # read too. The mean is used: it is what Amdahl ceilings and shares are computed against.
+    st = d.get("steps") if isinstance(d.get("steps"), dict) else {}
+
+    def reading(*names: str) -> float | None:
+        for src in (st, d):
+            v = pick(src, *names)
+            if isinstance(v, dict):
+                v = pick(v, "mean", "median")
+            if num(v) is not None:
+                return num(v)
+        return None
+
     out: dict[str, Any] = {
-        "kernel_sum_ms": num(pick(d, "kernel_sum_ms_per_step", "kernel_sum_ms", "sum_ms_per_step")
-                             or pick(per, "kernel_sum", "sum")),
-        "union_ms": num(pick(d, "union_ms_per_step", "busy_ms_per_step", "union_ms", "busy_ms")
-                        or pick(per, "union", "busy")),
-        "span_ms": num(pick(d, "span_ms_per_step", "span_ms") or pick(per, "span")),
-        "tpot_capture_ms": num(pick(d, "tpot_capture_ms", "capture_tpot_ms", "tpot_ms")),
-        "n_decode_steps": pick(d, "n_decode_steps", "n_steps"),
+        "kernel_sum_ms": reading("kernel_sum_ms", "kernel_sum_ms_per_step"),
+        "union_ms": reading("union_ms", "busy_ms", "union_ms_per_step"),
+        "span_ms": reading("span_ms", "span_ms_per_step"),
+        "annotation_ms": reading("annotation_ms"),
+        "tpot_capture_ms": reading("tpot_capture_ms", "capture_tpot_ms"),
+        "n_decode_steps": pick(st, "n_steps") or pick(d, "n_decode_steps", "n_steps"),
+        "steps_used": pick(st, "steps_used"),
         "source": "05_categorize/summary.json",
+        "mode": "gpu",
     }
+    ranks = (a.trace_summary or {}).get("ranks") or []
+    if ranks and isinstance(ranks[0], dict) and ranks[0].get("mode"):
+        out["mode"] = str(ranks[0]["mode"])
     steps = a.steps
     if steps is not None and (out["span_ms"] is None or out["union_ms"] is None):
         dec = steps
-        if "kind" in dec:
-            dec = dec[dec["kind"].astype(str) == "decode"]
+        kind = "label" if "label" in dec else ("kind" if "kind" in dec else None)
+        if kind:
+            dec = dec[dec[kind].astype(str) == "decode"]
         if "rank" in dec and len(dec):
             dec = dec[dec["rank"] == dec["rank"].min()]
         for key, col in (("span_ms", "span_us"), ("union_ms", "busy_us"), ("kernel_sum_ms", "kernel_sum_us")):
@@ -123,6 +141,10 @@ def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | N
     return df
 
 
+def _device(totals: dict[str, Any]) -> str:
+    return "CPU worker" if totals.get("mode") == "cpu" else "device"
+
+
 def reconciliation(totals: dict[str, Any]) -> list[str]:
     """Sentences relating kernel sum, union, span and capture TPOT (all per decode step)."""
     s, u, sp, tpot = (totals.get(k) for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms"))
@@ -138,9 +160,11 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
                        f"({_fmt(u)} ms) agree.")
     if u is not None and sp is not None and sp > 0:
         idle = sp - u
-        out.append(f"Within a step's span of {_fmt(sp)} ms the device is busy {_fmt(u)} ms and idle "
-                   f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): gaps between kernels "
-                   f"where the device waits for the host to launch work or for data.")
+        gaps = ("gaps between ops where the worker runs Python, scheduling or synchronisation instead of "
+                "counted work" if totals.get("mode") == "cpu" else
+                "gaps between kernels where the device waits for the host to launch work or for data")
+        out.append(f"Within a step's span of {_fmt(sp)} ms the {_device(totals)} is busy {_fmt(u)} ms and idle "
+                   f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): {gaps}.")
     if tpot is not None and sp is not None and tpot > 0:
         gap = tpot - sp
         if abs(gap) <= TPOT_GAP_SHARE * tpot:
@@ -298,7 +322,10 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
                  + (f" ({totals['step_basis']})." if totals.get("step_basis") else "."))
     comm_sum = _category_ms(decode, COMMUNICATION_CATEGORIES)
     comm_exp = None
-    if amdahl is not None:
+    if "exposed_ms_mean" in decode:
+        sub = decode[decode["category"].isin(COMMUNICATION_CATEGORIES)]
+        comm_exp = float(sub["exposed_ms_mean"].sum()) if len(sub) else None
+    elif amdahl is not None:
         sub = amdahl[amdahl["category"].isin(COMMUNICATION_CATEGORIES)]
         comm_exp = float(sub["exposed_ms_per_step"].sum()) if len(sub) else None
     if comm_sum is None or comm_sum <= 0:
@@ -317,16 +344,19 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     sp, u, s = totals.get("span_ms"), totals.get("union_ms"), totals.get("kernel_sum_ms")
     if sp and u is not None:
         idle_share = (sp - u) / sp
+        dev = _device(totals)
+        cpu = totals.get("mode") == "cpu"
         if idle_share >= LAUNCH_BOUND_IDLE_SHARE:
-            sents.append(f"The device is idle {_fmt(100 * idle_share, 2)} % of each step (span {_fmt(sp)} ms, busy "
-                         f"{_fmt(u)} ms): the step is bound by the host launching work, not by the kernels, so "
-                         f"CUDA graphs, fewer launches or a faster host come before faster kernels.")
+            fix = ("per-op overhead (Python, scheduling, synchronisation) comes before faster kernels" if cpu else
+                   "CUDA graphs, fewer launches or a faster host come before faster kernels")
+            sents.append(f"The {dev} is idle {_fmt(100 * idle_share, 2)} % of each step (span {_fmt(sp)} ms, busy "
+                         f"{_fmt(u)} ms): the step is bound by the host side, not by the kernels, so {fix}.")
         elif idle_share <= DEVICE_BOUND_IDLE_SHARE:
-            sents.append(f"The device is busy {_fmt(100 * (1 - idle_share), 3)} % of each step, so the step is "
-                         f"bound by device work, not by kernel launches.")
+            sents.append(f"The {dev} is busy {_fmt(100 * (1 - idle_share), 3)} % of each step, so the step is "
+                         f"bound by the work itself, not by launch gaps.")
         else:
-            sents.append(f"The device idles {_fmt(100 * idle_share, 2)} % of each step: launch gaps matter, "
-                         f"but device work dominates.")
+            sents.append(f"The {dev} idles {_fmt(100 * idle_share, 2)} % of each step: launch gaps matter, "
+                         f"but the work itself dominates.")
     if s and u and s / u >= OVERLAP_RATIO:
         sents.append(f"Kernels overlap (summed {_fmt(s)} ms against {_fmt(u)} ms busy), so per-kernel totals "
                      f"overstate the step by {_fmt(100 * (s / u - 1), 2)} %.")
@@ -373,7 +403,8 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> l
         shares = [(s, r) for s, r in shares if s is not None]
         if shares:
             worst, r = max(shares, key=lambda x: x[0])
-            names = ", ".join(f"`{n}`" for n in (r.get("other_top_names") or [])[:5]) or "none listed"
+            names = ", ".join(f"`{name_of(n)[:80]}`" for n in (r.get("other_top_names") or [])[:5]) \
+                or "none listed"
             out.append(f"\"other\" holds at most {100 * worst:.2f} % of kernel time (rank {r.get('rank')}); "
                        f"its top names: {names}.")
         unattr = [(r.get("rank"), r.get("unattributed_events")) for r in ranks if r.get("unattributed_events")]
@@ -392,12 +423,15 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> l
     cc = ts.get("collectives_check")
     if isinstance(cc, dict) and cc:
         match = cc.get("match")
-        if match is None and isinstance(cc.get("expected"), dict) and isinstance(cc.get("observed"), dict):
-            match = all(num(cc["observed"].get(k)) == num(v) for k, v in cc["expected"].items())
+        exp, obs = collective_counts(cc.get("expected")), collective_counts(cc.get("observed"))
+        if match is None and exp and obs:
+            match = all(obs.get(k) == v for k, v in exp.items())
         if match is False:
             out.append(f"Collectives per decode step do not match the architecture: expected "
-                       f"{_kv(cc.get('expected'))}, observed {_kv(cc.get('observed'))}. "
-                       f"{cc.get('explanation') or ''}".strip())
+                       f"{_kv(exp)}, observed {_kv(obs)}. {words(cc.get('explanation'))}".strip())
+        elif not exp:
+            out.append(f"Collectives per decode step were not checked against the architecture: "
+                       f"{words(cc.get('explanation')) or 'no expectation given'}")
     for f in ts.get("flags") or []:
         if isinstance(f, dict) and f.get("message"):
             out.append(f"[05 {f.get('severity', 'info')}] {f.get('code', '')}: {f['message']}")
@@ -430,7 +464,7 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> l
 
 def _kv(d: Any) -> str:
     if isinstance(d, dict):
-        return ", ".join(f"{k} {v}" for k, v in d.items())
+        return ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in d.items())
     return str(d)
 
 

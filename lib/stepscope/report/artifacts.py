@@ -49,6 +49,9 @@ class RunArtifacts:
     capture_latency: dict | None = None
     trace_summary: dict | None = None
     decode_categories: pd.DataFrame | None = None
+    """The reference rank's decode table in the report's columns (see `_normalise_decode`)."""
+    decode_categories_all: pd.DataFrame | None = None
+    """The same for every rank (a `rank` column tells them apart)."""
     amdahl: pd.DataFrame | None = None
     rank_categories: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
@@ -95,12 +98,18 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.manifest = _json(a, "04_profiler_capture/manifest.json")
     a.capture_latency = _json(a, "04_profiler_capture/capture_latency.json")
     a.trace_summary = _json(a, "05_categorize/summary.json")
-    a.decode_categories = _csv(a, "05_categorize/decode_categories.csv")
-    if a.decode_categories is None and a.decode.get("categories"):
-        a.decode_categories = _frame(a.decode["categories"])
-    a.amdahl = _csv(a, "05_categorize/amdahl.csv")
-    if a.amdahl is None and a.decode.get("amdahl"):
-        a.amdahl = _frame(a.decode["amdahl"])
+    ref = a.decode.get("rank")
+    dec_all = _csv(a, "05_categorize/decode_categories.csv")
+    if dec_all is None and a.decode.get("categories"):
+        dec_all = _frame(a.decode["categories"])
+    a.decode_categories_all = _normalise_decode(dec_all)
+    a.decode_categories = _reference_rank(a.decode_categories_all, ref)
+    amdahl = _csv(a, "05_categorize/amdahl.csv")
+    if amdahl is None and a.decode.get("amdahl"):
+        amdahl = _frame(a.decode["amdahl"])
+    if amdahl is not None:
+        amdahl = amdahl.rename(columns={"exposed_ms": "exposed_ms_per_step", "speedup_ceiling": "max_speedup"})
+    a.amdahl = _reference_rank(amdahl, ref)
     a.rank_categories = _csv(a, "05_categorize/rank_categories.csv")
     a.steps = _csv(a, "05_categorize/steps.csv")
     a.cross_rank = _csv(a, "05_categorize/cross_rank.csv")
@@ -159,6 +168,31 @@ def _csv(a: RunArtifacts, rel: str) -> pd.DataFrame | None:
     return df if len(df) else None
 
 
+_DECODE_RENAMES = {
+    # stage 05's names -> the report's: per-category busy (union) time is "ms per step"
+    "union_ms_mean": "ms_per_step_mean", "union_ms_median": "ms_per_step_median",
+    "union_ms_p90": "ms_per_step_p90", "share_of_span": "share_of_step",
+}
+
+
+def _normalise_decode(df: pd.DataFrame | None) -> pd.DataFrame | None:
+    if df is None:
+        return None
+    df = df.rename(columns={k: v for k, v in _DECODE_RENAMES.items() if v not in df.columns})
+    if "category" not in df or "ms_per_step_mean" not in df:
+        return None
+    return df
+
+
+def _reference_rank(df: pd.DataFrame | None, ref: Any) -> pd.DataFrame | None:
+    """Rows of the rank stage 05 reported on (its `decode.rank`), else the lowest rank."""
+    if df is None or "rank" not in df or not len(df):
+        return df
+    ranks = pd.to_numeric(df["rank"], errors="coerce")
+    want = ref if ref is not None and (ranks == ref).any() else ranks.min()
+    return df[ranks == want].reset_index(drop=True)
+
+
 def _frame(rows: Any) -> pd.DataFrame | None:
     if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
         return pd.DataFrame(rows)
@@ -194,3 +228,31 @@ def num(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+def collective_count(v: Any) -> float | None:
+    """A per-step collective count, given flat or as stage 05's {median, min, max}."""
+    if isinstance(v, dict):
+        v = pick(v, "median", "mean")
+    return num(v)
+
+
+def collective_counts(d: Any) -> dict[str, float | None]:
+    """{collective: count per step} from an expected/observed mapping, skipping metadata keys."""
+    if not isinstance(d, dict):
+        return {}
+    return {k: collective_count(v) for k, v in d.items()
+            if k not in ("steps_used", "n_steps", "rank", "tp") and (isinstance(v, dict) or num(v) is not None)}
+
+
+def words(v: Any) -> str:
+    """An explanation given as a string or a list of clauses, as one sentence."""
+    if isinstance(v, (list, tuple)):
+        parts = [str(x).strip().rstrip(".") for x in v if str(x).strip()]
+        return ("; ".join(parts) + ".") if parts else ""
+    return str(v or "").strip()
+
+
+def name_of(v: Any) -> str:
+    """A kernel name from a plain string or a {name, sum_us, ...} record."""
+    return str(v.get("name", v)) if isinstance(v, dict) else str(v)

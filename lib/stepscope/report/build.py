@@ -14,7 +14,7 @@ from stepscope.config import WriteupParams, redact, redact_argv
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report import analysis as an
 from stepscope.report import figures as fg
-from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num, pick
+from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, pick, words
 from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
 from stepscope.runfolder import figures_dir
 
@@ -50,15 +50,14 @@ def _stage_figures(run_dir: Path, prefix: str) -> list[str]:
 
 
 def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
-    rc = a.rank_categories
-    if rc is not None and {"rank", "category"} <= set(rc.columns):
-        col = next((c for c in ("ms_per_decode_step", "ms_per_step", "ms_per_step_mean",
-                                "sum_ms_per_decode_step") if c in rc.columns), None)
-        if col is not None:
-            return pd.DataFrame({"label": "rank " + rc["rank"].astype(str), "category": rc["category"],
-                                 "ms_per_step": rc[col].astype(float)})
-    return pd.DataFrame({"label": "decode step (mean)", "category": decode["category"],
-                         "ms_per_step": decode["ms_per_step_mean"].astype(float)})
+    """One bar per rank when stage 05 wrote every rank's decode table, else the reference rank."""
+    d = a.decode_categories_all if a.decode_categories_all is not None else decode
+    if "rank" in d and d["rank"].nunique() > 1:
+        labels = "rank " + d["rank"].astype(str)
+    else:
+        labels = pd.Series(["decode step (mean)"] * len(d), index=d.index)
+    return pd.DataFrame({"label": labels, "category": d["category"],
+                         "ms_per_step": d["ms_per_step_mean"].astype(float)})
 
 
 def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
@@ -301,15 +300,20 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
     d = decode.copy()
     if "share_of_step" in d:
         d["share_pct"] = 100 * d["share_of_step"].astype(float)
-    text += md_table(d, [("category", "category"), ("ms_per_step_mean", "ms/step mean"),
+    text += ("*ms/step* is the category's busy time (the union of its kernels, so its own overlaps count once); "
+             "*summed* adds every kernel's duration; *exposed* is the part no higher-priority work covers "
+             "(compute, then communication, then memory).\n\n")
+    text += md_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", "ms/step mean"),
                          ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
+                         ("sum_ms_mean", "summed ms/step"), ("exposed_ms_mean", "exposed ms/step"),
                          ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
     text += "\nThe same step read four ways (ms per decode step):\n\n"
     rows = [("kernel sum (every kernel's duration added up)", totals.get("kernel_sum_ms")),
             ("union (time the device was busy)", totals.get("union_ms")),
             ("span (first to last device event of the step)", totals.get("span_ms")),
+            ("step annotation (host-side duration of the engine step)", totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
-    text += kv_table([(k, v) for k, v in rows], ("reading", "ms per step"))
+    text += kv_table([(k, v) for k, v in rows if v is not None or "TPOT" in k], ("reading (mean)", "ms per step"))
     rec = an.reconciliation(totals)
     if rec:
         text += "\n" + "\n".join(f"- {s}" for s in rec) + "\n"
@@ -320,10 +324,14 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
     if "timeline" not in figs:
         text += "\n" + missing_box("The decode-step timeline", ["05_categorize/timeline_rank0_step.csv"])
     cr = a.cross_rank
-    if cr is not None and len(cr):
-        text += ("\nAcross ranks (ms per decode step). For a collective, the rank that waited least approximates the "
-                 "transfer; the rest of the other ranks' time is waiting for the slowest rank:\n\n")
-        text += md_table(cr)
+    if cr is not None and len(cr) and "category" in cr:
+        text += ("\nAcross ranks (busy ms per decode step). For a collective, the rank that waited least "
+                 "approximates the transfer; the rest of each rank's time is waiting for the slowest rank:\n\n")
+        text += md_table(cr, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
+                              ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
+                              ("min_rank", "min on rank"), ("max_rank", "max on rank"),
+                              ("transfer_ms_est", "transfer est."), ("wait_ms_median", "wait (median)"),
+                              ("wait_ms_max", "wait (max)")])
     return text
 
 
@@ -332,37 +340,56 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     ts = a.trace_summary or {}
     cc = ts.get("collectives_check")
     if isinstance(cc, dict) and cc:
-        exp, obs = cc.get("expected"), cc.get("observed")
-        if isinstance(exp, dict) and isinstance(obs, dict):
-            rows = [{"collective": k, "expected": exp.get(k), "observed": obs.get(k)}
-                    for k in dict.fromkeys(list(exp) + list(obs))]
+        exp, obs = collective_counts(cc.get("expected")), collective_counts(cc.get("observed"))
+        if exp or obs:
+            rows = [{"collective": k, "expected": exp.get(k), "observed (median per step)": obs.get(k)}
+                    for k in dict.fromkeys(list(exp) + list(obs))
+                    if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
             df = pd.DataFrame(rows)
-            df["match"] = [num(e) == num(o) for e, o in zip(df["expected"], df["observed"])]
+            df["match"] = ["–" if e is None or o is None else ("yes" if e == o else "**no**")
+                           for e, o in zip(df["expected"], df["observed (median per step)"])]
+            n = (cc.get("observed") or {}).get("n_steps") if isinstance(cc.get("observed"), dict) else None
+            text += (f"Counted on rank {cc.get('rank', 0)}" + (f" over {n} decode steps" if n else "")
+                     + (f", TP={cc['tp']}" if cc.get("tp") else "") + ":\n\n")
             text += md_table(df)
-        else:
-            text += kv_table([(k, v) for k, v in cc.items() if k != "explanation" and not isinstance(v, (dict, list))])
-        if cc.get("explanation"):
-            text += f"\n{cc['explanation']}\n"
+        expl = words(cc.get("explanation"))
+        if expl:
+            text += f"\n{expl[0].upper() + expl[1:]}\n"
     else:
         text += missing_box("The architecture cross-check", ["05_categorize/summary.json (collectives_check)"])
     text += "\n### Trace against micro-benchmark predictions\n\n"
     mvt = ctx["mvt"]
-    if mvt is not None:
+    if mvt is not None and mvt["micro_predicted_ms_per_step"].notna().any():
         text += (f"Agreement means the ratio trace / prediction is within 1 ± {an.PREDICTION_TOLERANCE:g}.\n\n")
         text += md_table(mvt, [("quantity", "quantity"), ("trace_ms_per_step", "trace ms/step"),
                                ("micro_predicted_ms_per_step", "predicted ms/step"),
                                ("ratio_trace_over_micro", "trace / predicted"), ("agree", "agree?"),
                                ("prediction_method", "prediction")])
     else:
-        text += missing_box("Trace against prediction", ["02_gemm_micro/prediction.json",
-                                                         "03_nccl_burst/prediction.json",
-                                                         "05_categorize/decode_categories.csv"])
+        need = [f for f in ("02_gemm_micro/prediction.json", "03_nccl_burst/prediction.json",
+                            "05_categorize/decode_categories.csv") if not (a.run_dir / f).is_file()]
+        text += missing_box("Trace against prediction", need or ["a GEMM or communication prediction"])
     text += "\n### Profiler text table against the trace\n\n"
     tt = ts.get("text_table_check")
     if isinstance(tt, list) and tt and all(isinstance(r, dict) for r in tt):
         text += ("The text table's `Self CUDA time total` against the trace's summed kernel time (a difference "
                  "above 1 % is flagged; a CPU op's CUDA time is never added as kernel time):\n\n")
-        text += md_table(pd.DataFrame(tt))
+        df = pd.DataFrame(tt)
+        if "file" in df:
+            df["file"] = df["file"].map(lambda f: Path(str(f)).name)
+        if "rel_diff" in df:
+            df["diff_pct"] = 100 * pd.to_numeric(df["rel_diff"], errors="coerce")
+        df["remark"] = [
+            (r.get("flag") or {}).get("message") if isinstance(r.get("flag"), dict)
+            else (r.get("error") or r.get("note") or ("within 1 %" if pd.notna(r.get("rel_diff")) else ""))
+            for r in tt]
+        cols = [("file", "file"), ("rank", "rank"), ("layout", "layout"),
+                ("self_cuda_total_us", "Self CUDA total µs"), ("trace_kernel_sum_us", "trace kernel sum µs"),
+                ("diff_pct", "difference %"), ("self_cpu_total_us", "Self CPU total µs"), ("remark", "remark")]
+        for c in ("self_cuda_total_ms", "kernel_sum_ms", "flag"):
+            if c in df and c != "flag":
+                cols.append((c, c))
+        text += md_table(df, cols)
     elif isinstance(tt, dict) and tt:
         text += kv_table([(k, v) for k, v in tt.items() if not isinstance(v, (dict, list))])
     else:

@@ -69,9 +69,9 @@ def plot_decode_category_time_stacked(
             continue
         ax.axhline(value, color="black", linestyle=styles[i % len(styles)], linewidth=1.2,
                    label=f"{name}: {value:.3g} ms")
-    ax.set_ylabel("ms per decode step (kernel time, summed)")
+    ax.set_ylabel("ms per decode step (each category's busy time)")
     steps = f", mean over {n_steps} decode steps" if n_steps else ""
-    ax.set_title(f"Category time per decode step{steps}\n(bars: summed kernel time; lines: wall-time readings)")
+    ax.set_title(f"Category time per decode step{steps}\n(bars: per-category busy time, stacked; lines: whole-step readings)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     if len(labels) > 4:

@@ -32,7 +32,8 @@ def fmt_num(v: Any, digits: int = 3) -> str:
         return "–"
     if math.isinf(f):
         return "∞"
-    if f.is_integer() and abs(f) < 1e15 and not isinstance(v, float):
+    if f.is_integer() and abs(f) < 1e15:
+        # Integral floats are nearly always counts (calls per step read back from CSV).
         return f"{int(f):,}"
     a = abs(f)
     if a >= 10 ** digits:

@@ -134,26 +134,41 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
 
 
 def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: float) -> None:
+    """Stage 05's artifacts in its own schema (lib/stepscope/trace/analyze.py)."""
     d.mkdir(parents=True, exist_ok=True)
-    # (category, ms per step, calls per step, exposed ms per step)
+    # (category, class, busy ms per step, calls per step, exposed ms per step)
     ar_exposed = 5.0 if comm_exposed else 0.5
-    cats = [("all_reduce", 5.5, 123, ar_exposed), ("all_gather", 0.2, 1, 0.2),
-            ("quantized_gemm", 4.0, 244, 4.0), ("fused_moe", 1.0, 60, 1.0),
-            ("attention", 1.2, 61, 1.2), ("norm", 0.4, 123, 0.4), ("elementwise", 0.3, 200, 0.3),
-            ("other", 0.01, 3, 0.01)]
-    cats = [(c, ms * s, n, e * s) for c, ms, n, e in cats]
-    kernel_sum = sum(ms for _, ms, _, _ in cats)
+    cats = [("all_reduce", "communication", 5.5, 123, ar_exposed),
+            ("all_gather", "communication", 0.2, 1, 0.2),
+            ("quantized_gemm", "compute", 4.0, 244, 4.0), ("fused_moe", "compute", 1.0, 60, 1.0),
+            ("attention", "compute", 1.2, 61, 1.2), ("norm", "compute", 0.4, 123, 0.4),
+            ("elementwise", "compute", 0.3, 200, 0.3), ("other", "compute", 0.01, 3, 0.01)]
+    cats = [(c, k, ms * s, n, e * s) for c, k, ms, n, e in cats]
+    kernel_sum = sum(ms for _, _, ms, _, _ in cats) * 1.02
     union = sum(e for *_, e in cats)
     span = union * (3.0 if launch_bound else 1.05)
     tpot = 12.1 * s
-    step = span
-    rows = [{"category": c, "ms_per_step_mean": ms, "ms_per_step_median": ms,
-             "ms_per_step_p90": ms * 1.1, "share_of_step": ms / step, "calls_per_step": n,
-             "us_per_call": 1000 * ms / n} for c, ms, n, _ in cats]
-    amdahl = [{"category": c, "exposed_ms_per_step": e, "max_speedup": step / (step - e)}
-              for c, _, _, e in cats]
-    pd.DataFrame(rows).to_csv(d / "decode_categories.csv", index=False)
-    pd.DataFrame(amdahl).to_csv(d / "amdahl.csv", index=False)
+    n_dec = 155
+
+    def stat(v: float) -> dict:
+        return {"mean": v, "median": v, "p90": v * 1.1}
+
+    dec_rows = []
+    for r in range(8):
+        jitter = 1.0 + 0.02 * r
+        for c, k, ms, n, e in cats:
+            dec_rows.append({"rank": r, "category": c, "class": k, "n_steps": n_dec,
+                             "union_ms_mean": ms * jitter, "union_ms_median": ms * jitter,
+                             "union_ms_p90": ms * jitter * 1.1, "sum_ms_mean": ms * jitter * 1.02,
+                             "exposed_ms_mean": e * jitter, "share_of_span": ms * jitter / span,
+                             "exposed_share_of_busy": e / union, "calls_per_step": float(n),
+                             "us_per_call": 1000 * ms * jitter * 1.02 / n})
+    dec = pd.DataFrame(dec_rows)
+    dec.to_csv(d / "decode_categories.csv", index=False)
+    amdahl = pd.DataFrame([{"rank": 0, "category": c, "class": k, "step_ms": span, "exposed_ms": e,
+                            "speedup_ceiling": span / (span - e)} for c, k, _, _, e in cats]
+                          ).sort_values("speedup_ceiling", ascending=False)
+    amdahl.to_csv(d / "amdahl.csv", index=False)
     ranks = []
     for r in range(8):
         ranks.append({"rank": r, "file": f"rank{r}.pt.trace.json.gz", "mode": "gpu",
@@ -162,23 +177,35 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                       "span_us": span * 1000 * 160,
                       "categories": {c: {"count": n * 160, "sum_us": ms * 1000 * 160,
                                          "union_us": ms * 1000 * 160, "exposed_us": e * 1000 * 160}
-                                     for c, ms, n, e in cats},
-                      "other_share": 0.0006, "other_top_names": ["void foo_kernel<128>", "bar"],
-                      "n_steps": 165, "n_decode_steps": 155, "unattributed_events": 0 if r else 12,
-                      "step_source": "annotation",
-                      "collectives_per_decode_step": {"all_reduce": 123, "all_gather": 1}})
+                                     for c, _, ms, n, e in cats},
+                      "other_share": 0.0006,
+                      "other_top_names": [{"name": "void foo_kernel<128>", "sum_us": 90.0, "count": 400},
+                                          {"name": "bar", "sum_us": 5.0, "count": 3}],
+                      "n_steps": 165, "n_decode_steps": n_dec, "unattributed_events": 0 if r else 12,
+                      "step_source": "annotation:vllm",
+                      "collectives_per_decode_step": {"all_reduce": 123.0, "all_gather": 1.0}})
+    records = dec[dec["rank"] == 0].to_dict(orient="records")
     summary = {
         "ranks": ranks,
-        "decode": {"categories": rows, "n_decode_steps": 155,
-                   "kernel_sum_ms_per_step": kernel_sum, "union_ms_per_step": union,
-                   "span_ms_per_step": span, "tpot_capture_ms": tpot, "amdahl": amdahl},
-        "collectives_check": {"expected": {"all_reduce": 123, "all_gather": 1},
-                              "observed": {"all_reduce": 123, "all_gather": 1}, "match": True,
-                              "explanation": "2 per layer x 61 layers + 1 from the embedding = 123."},
+        "decode": {"rank": 0,
+                   "steps": {"steps_used": "decode", "n_steps": n_dec, "kernel_sum_ms": stat(kernel_sum),
+                             "union_ms": stat(union), "span_ms": stat(span),
+                             "annotation_ms": stat(span * 1.02), "tpot_capture_ms": tpot},
+                   "categories": records, "amdahl": amdahl.to_dict(orient="records")},
+        "collectives_check": {
+            "observed": {"steps_used": "decode", "n_steps": n_dec,
+                         "all_reduce": {"median": 123.0, "min": 123, "max": 123},
+                         "all_gather": {"median": 1.0, "min": 1, "max": 1},
+                         "other_collective": {"median": 0.0, "min": 0, "max": 0}},
+            "expected": {"all_reduce": 123, "all_gather": 1}, "match": True,
+            "explanation": ["observed counts match the architecture"], "rank": 0, "tp": 8},
         "cross_rank": [],
-        "text_table_check": [{"rank": 0, "self_cuda_total_ms": kernel_sum * 160 * 0.995,
-                              "kernel_sum_ms": kernel_sum * 160, "diff_pct": -0.5, "flag": False}],
-        "flags": [{"code": "other_share", "severity": "info", "message": "other is 0.06 % of kernel time"}],
+        "text_table_check": [{"file": "/x/profiler_out_0.txt", "rank": 0, "rows": 50, "layout": "gpu",
+                              "self_cuda_total_us": kernel_sum * 1000 * 160 * 0.995,
+                              "trace_kernel_sum_us": kernel_sum * 1000 * 160, "rel_diff": 0.005}],
+        "flags": [{"code": "kernel_sum_above_tpot", "severity": "info",
+                   "message": "kernel sum per decode step exceeds the measured TPOT: kernels overlap"}]
+        if kernel_sum > tpot else [],
     }
     write_json(d / "summary.json", summary)
     tl = []
@@ -187,12 +214,22 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
         cat = ["quantized_gemm", "attention", "all_reduce", "norm", "elementwise"][i % 5]
         dur = {"quantized_gemm": 30.0, "attention": 20.0, "all_reduce": 45.0, "norm": 5.0,
                "elementwise": 4.0}[cat] * s
-        tl.append({"stream": 7, "category": cat, "start_us": 1e6 + t, "dur_us": dur, "name": f"{cat}_k"})
+        tl.append({"rank": 0, "step_id": 7, "stream": 7, "category": cat, "class": "compute",
+                   "start_us": t, "dur_us": dur, "name": f"{cat}_k"})
         t += dur + (30.0 if launch_bound else 2.0)
-    tl.append({"stream": 13, "category": "memcpy", "start_us": 1e6 + 5, "dur_us": 3.0, "name": "Memcpy HtoD"})
+    tl.append({"rank": 0, "step_id": 7, "stream": 13, "category": "memcpy", "class": "memory",
+               "start_us": 5.0, "dur_us": 3.0, "name": "Memcpy HtoD"})
     pd.DataFrame(tl).to_csv(d / "timeline_rank0_step.csv", index=False)
-    pd.DataFrame([{"rank": r, "category": c, "ms_per_decode_step": ms} for r in range(8)
-                  for c, ms, _, _ in cats]).to_csv(d / "rank_categories.csv", index=False)
-    pd.DataFrame([{"rank": 0, "step": i, "kind": "decode", "span_us": span * 1000,
-                   "busy_us": union * 1000, "kernel_sum_us": kernel_sum * 1000} for i in range(5)]
-                 ).to_csv(d / "steps.csv", index=False)
+    pd.DataFrame([{"rank": r, "category": c, "class": k, "count": n * 160, "sum_us": ms * 160e3,
+                   "union_us": ms * 160e3, "exposed_us": e * 160e3} for r in range(8)
+                  for c, k, ms, n, e in cats]).to_csv(d / "rank_categories.csv", index=False)
+    steps = []
+    for r in range(8):
+        for i in range(165):
+            lab = "prefill" if i < 10 else "decode"
+            steps.append({"rank": r, "step_id": i, "name": f"step{i}", "source": "annotation:vllm",
+                          "label": lab, "n_events": 1000, "kernel_sum_us": kernel_sum * 1000,
+                          "busy_us": union * 1000, "span_us": span * 1000 * (1 + 0.01 * (i % 7)),
+                          "idle_us": (span - union) * 1000, "annotation_dur_us": span * 1020,
+                          "all_reduce_calls": 123, "all_gather_calls": 1, "other_collective_calls": 0})
+    pd.DataFrame(steps).to_csv(d / "steps.csv", index=False)
