@@ -1,0 +1,447 @@
+"""Stage 04: a torch.profiler capture of the live server at batch 1.
+
+Sequence (FACTS.md §2): warm-up requests, `POST /start_profile`, K sequential batch-1
+requests of a fixed output length (timed client-side), `POST /stop_profile`, then wait
+until every rank's trace file exists and is complete (its size is stable and, for
+`.gz`, the gzip stream ends). Only files that appeared or changed after the capture
+started count: the profiler directory may hold older captures.
+
+Artifacts in `04_profiler_capture/`:
+
+- `traces/`: the copied rank traces, the `profiler_out` text tables and the front-end
+  trace (which holds no device work).
+- `manifest.json`: engine, engine_version, base_url, profiler_dir, profiler_settings,
+  start_profile_body, tp, ranks_expected, ranks_found, missing_ranks, partial, notes,
+  started_at, stopped_at, and files: [{rank, path (relative to the stage folder), bytes,
+  sha256, kind}] with kind one of `trace`, `frontend_trace`, `profiler_table`,
+  `frontend_table`.
+- `capture_latency.json`: n_requests, n_completed, n_failed, input_len, output_len,
+  ttft_ms_mean, ttft_ms_median, tpot_ms_mean, tpot_ms_median, e2el_ms_mean,
+  e2el_ms_median, definitions (the sweep's metrics module, FACTS.md §6).
+- `capture_requests.jsonl`: the raw request records behind those numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pandas as pd
+from tqdm.auto import tqdm
+
+from stepscope.config import CaptureParams
+from stepscope.errors import ServerError, StepscopeError
+from stepscope.runfolder import write_json
+from stepscope.sweep import client as cl
+from stepscope.sweep.metrics import RequestRecord, level_metrics
+
+
+class CaptureError(StepscopeError):
+    """A profiler capture that cannot start or finish."""
+
+
+# --------------------------------------------------------------------------- file names
+
+_VLLM_RANK = re.compile(r"(?:^|[._-])rank[-_]?(\d+)(?=[._-])")
+_SGLANG_TP = re.compile(r"-TP-(\d+)(?:-(DECODE|EXTEND))?")
+_TABLE_OLD = re.compile(r"^profiler_out_(\d+)\.txt$")
+
+
+@dataclass(frozen=True)
+class ProfilerFile:
+    name: str
+    kind: str
+    """trace, frontend_trace, profiler_table or frontend_table."""
+    rank: int | None
+    stage: str | None = None
+    """SGLang's DECODE / EXTEND split, when the file name carries it."""
+
+
+def classify(name: str, engine: str = "vllm") -> ProfilerFile | None:
+    """What a file in the profiler directory is, from its name alone (None: not ours).
+
+    vLLM: `rank0.<ns>.pt.trace.json.gz` (0.32), `dp0_pp0_tp0_..._rank0.<ns>.pt.trace.json.gz`
+    (newer), `...-rank-0...` (older); tables `rank0.profiler_out.txt` or
+    `profiler_out_0.txt`; the front end's `*.async_llm.*` files hold no device work.
+    SGLang: `{id}-TP-{tp}[-DECODE|-EXTEND].trace.json.gz`.
+    """
+    is_trace = name.endswith((".trace.json.gz", ".trace.json"))
+    is_table = name.endswith(".txt") and "profiler_out" in name
+    if not (is_trace or is_table):
+        return None
+    if "async_llm" in name:
+        return ProfilerFile(name, "frontend_trace" if is_trace else "frontend_table", None)
+    if is_table:
+        m = _TABLE_OLD.match(name) or _VLLM_RANK.search(name)
+        return ProfilerFile(name, "profiler_table", int(m.group(1)) if m else None)
+    if engine == "sglang" or _SGLANG_TP.search(name):
+        m = _SGLANG_TP.search(name)
+        if m:
+            return ProfilerFile(name, "trace", int(m.group(1)), m.group(2))
+    m = _VLLM_RANK.search(name)
+    return ProfilerFile(name, "trace", int(m.group(1)) if m else None)
+
+
+def start_profile_body(engine: str, capture: CaptureParams, profiler_dir: str | None) -> dict[str, Any] | None:
+    """The JSON body of `POST /start_profile`.
+
+    vLLM takes none (its settings come from `--profiler-config`). SGLang takes the
+    output folder and stops by itself after `num_steps` engine steps: one per output token
+    of each captured request (the prefill step yields the first token).
+    """
+    if engine != "sglang":
+        return None
+    body: dict[str, Any] = {
+        "num_steps": capture.requests * capture.output_len,
+        "activities": ["CPU", "GPU"],
+        "with_stack": False,
+        "record_shapes": False,
+    }
+    if profiler_dir:
+        body["output_dir"] = profiler_dir
+    return body
+
+
+def enable_hint(engine: str, profiler_dir: str | None) -> str:
+    d = profiler_dir or "/abs/path/to/traces"
+    if engine == "sglang":
+        return (f"start SGLang with the environment variable SGLANG_TORCH_PROFILER_DIR={d} "
+                "(stepscope's launch mode sets it when server.profiler.enabled is true)")
+    cfg = json.dumps({"profiler": "torch", "torch_profiler_dir": d, "torch_profiler_with_stack": False})
+    return (f"start vLLM with --profiler-config '{cfg}' (stepscope's launch mode adds it when "
+            "server.profiler.enabled is true; VLLM_TORCH_PROFILER_DIR no longer works in vLLM >= 0.16)")
+
+
+# --------------------------------------------------------------------------- the directory
+
+
+def _listing(d: Path) -> dict[str, tuple[int, int]]:
+    """name -> (size, mtime_ns) of the regular files directly in d."""
+    out = {}
+    try:
+        for e in os.scandir(d):
+            if e.is_file():
+                st = e.stat()
+                out[e.name] = (st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def describe_dir(d: Path, since_ns: int | None = None) -> str:
+    """A listing for error messages: each file with its size and whether it is new."""
+    if not d.exists():
+        return f"{d} does not exist"
+    files = sorted(_listing(d).items())
+    if not files:
+        return f"{d} is empty"
+    lines = [f"{d} holds {len(files)} file(s):"]
+    for name, (size, mtime) in files[:40]:
+        age = "" if since_ns is None else (" (new)" if mtime >= since_ns else " (older than this capture)")
+        lines.append(f"  {name}  {size:,} B{age}")
+    if len(files) > 40:
+        lines.append(f"  ... and {len(files) - 40} more")
+    return "\n".join(lines)
+
+
+def check_writable(d: Path) -> None:
+    """Create the folder and a probe file in it, or say plainly that it is not writable."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".stepscope_probe_{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CaptureError(f"the profiler directory is not writable: {exc.strerror or exc}", where=str(d),
+                           hint="point server.profiler.dir (launch) or capture.profiler_dir (attach) at a "
+                                "folder the server can write") from None
+
+
+_HEAD_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^}]*"rank"\s*:\s*(\d+)')
+
+
+def gzip_complete(path: Path) -> tuple[bool, int | None]:
+    """(the gzip stream ends and decompresses cleanly, distributedInfo.rank if seen near the top)."""
+    try:
+        import isal.isal_zlib as z  # about 2x faster when installed
+    except ImportError:
+        z = zlib
+    d = z.decompressobj(16 + z.MAX_WBITS)
+    head = b""
+    rank = None
+    try:
+        with open(path, "rb") as fh:
+            while True:
+                block = fh.read(1 << 22)
+                if not block:
+                    break
+                out = d.decompress(block)
+                if len(head) < (1 << 20):
+                    head += out[: (1 << 20) - len(head)]
+                if d.eof:
+                    break
+    except (z.error, OSError):
+        return False, None
+    m = _HEAD_RANK.search(head)
+    if m:
+        rank = int(m.group(1))
+    return bool(d.eof), rank
+
+
+def json_complete(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, path.stat().st_size - 64))
+        return fh.read().rstrip().endswith(b"}")
+
+
+@dataclass
+class _Seen:
+    size: int
+    stable_polls: int = 0
+    complete: bool = False
+    checked: bool = False
+    content_rank: int | None = None
+
+
+def wait_for_traces(profiler_dir: Path, before: dict[str, tuple[int, int]], *, engine: str, tp: int,
+                    timeout_s: float, poll_s: float = 0.5, stable_polls: int = 2
+                    ) -> tuple[dict[str, ProfilerFile], dict[str, int | None], list[str]]:
+    """Wait until every rank 0..tp-1 has a complete new trace, or the timeout.
+
+    Returns (new complete files by name, rank read from each trace's distributedInfo,
+    notes). Files present before the capture with the same size and mtime are ignored.
+    """
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, _Seen] = {}
+    notes: list[str] = []
+    bar = tqdm(total=tp, desc="rank traces complete", leave=False)
+    try:
+        while True:
+            now_list = _listing(profiler_dir)
+            new = {n: v for n, v in now_list.items() if before.get(n) != v}
+            for name, (size, _) in new.items():
+                pf = classify(name, engine)
+                if pf is None or pf.kind != "trace":
+                    continue
+                s = seen.get(name)
+                if s is None or s.size != size or size == 0:
+                    seen[name] = _Seen(size=size)
+                    continue
+                if s.complete or s.checked:
+                    continue  # a stable file that failed the check is re-read only if it grows
+                s.stable_polls += 1
+                if s.stable_polls >= stable_polls:
+                    s.checked = True
+                    path = profiler_dir / name
+                    if name.endswith(".gz"):
+                        s.complete, s.content_rank = gzip_complete(path)
+                    else:
+                        s.complete = json_complete(path)
+            complete = {n: classify(n, engine) for n, s in seen.items() if s.complete}
+            ranks = {pf.rank for pf in complete.values()}
+            bar.n = len([r for r in range(tp) if r in ranks])
+            bar.refresh()
+            if all(r in ranks for r in range(tp)):
+                break
+            if time.monotonic() > deadline:
+                for n, s in seen.items():
+                    if not s.complete:
+                        notes.append(f"{n}: incomplete after {timeout_s:g} s "
+                                     f"({'gzip stream does not end' if s.stable_polls >= stable_polls else 'still growing'})")
+                break
+            time.sleep(poll_s)
+    finally:
+        bar.close()
+    content_ranks = {n: seen[n].content_rank for n in complete}
+    return complete, content_ranks, notes
+
+
+# --------------------------------------------------------------------------- the capture
+
+
+def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] | None):
+    return session.post(url, json=body) if body is not None else session.post(url)
+
+
+async def _profile_call(session: aiohttp.ClientSession, server: cl.ServerInfo, path: str,
+                        body: dict[str, Any] | None, profiler_dir: str | None) -> tuple[int, str]:
+    url = server.url(path)
+    try:
+        async with _post(session, url, body) as r:
+            text = await r.text()
+            status = r.status
+    except aiohttp.ClientError as exc:
+        raise ServerError(f"cannot reach the server: {exc}", where=url,
+                          hint="is the server from 00_deploy still running?") from None
+    if status == 404:
+        raise CaptureError(f"{path} answered 404: the server was started without a profiler", where=url,
+                           hint=enable_hint(server.engine, profiler_dir))
+    return status, text
+
+
+async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler_dir: str | None,
+                         body: dict[str, Any] | None) -> dict[str, Any]:
+    url = server.url("/v1/completions")
+    async with cl.make_session(server, 1) as session:
+        pool = await cl.token_pool(session, server)
+        prompts = cl.make_prompts(pool, capture.input_len, capture.warmup_requests + capture.requests, seed=4)
+        payloads = [cl.completion_payload(server.served_model, p, capture.output_len) for p in prompts]
+        warm = []
+        for i, p in enumerate(tqdm(payloads[: capture.warmup_requests], desc="warm-up", leave=False)):
+            warm.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i, warmup=True,
+                                                input_len=capture.input_len))
+        if warm and not any(r.success for r in warm):
+            raise ServerError(f"every warm-up request failed: {warm[0].error}", where=url,
+                              hint="check 00_deploy/server.log")
+        before_ns = time.time_ns()
+        before = _listing(Path(profiler_dir)) if profiler_dir else {}
+        started_at = datetime.now(timezone.utc).isoformat()
+        status, text = await _profile_call(session, server, "/start_profile", body, profiler_dir)
+        if status != 200:
+            raise CaptureError(f"/start_profile answered HTTP {status}: {text[:300]}", where=server.url("/start_profile"),
+                               hint="see the server log; a capture may already be running (POST /stop_profile)")
+        recs: list[RequestRecord] = []
+        try:
+            for i, p in enumerate(tqdm(payloads[capture.warmup_requests:], desc="captured requests", leave=False)):
+                recs.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i,
+                                                    input_len=capture.input_len))
+        finally:
+            t_stop = time.perf_counter()
+            stop_status, stop_text = await _profile_call(session, server, "/stop_profile", None, profiler_dir)
+            stop_s = time.perf_counter() - t_stop
+    return {"warm": warm, "records": recs, "before": before, "before_ns": before_ns,
+            "started_at": started_at, "stopped_at": datetime.now(timezone.utc).isoformat(),
+            "stop_status": stop_status, "stop_text": stop_text[:300], "stop_profile_s": stop_s}
+
+
+def _sha256_copy(src: Path, dst: Path) -> str:
+    h = hashlib.sha256()
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while True:
+            block = fi.read(1 << 22)
+            if not block:
+                break
+            h.update(block)
+            fo.write(block)
+    shutil.copystat(src, dst)
+    return h.hexdigest()
+
+
+@dataclass
+class CaptureResult:
+    manifest: dict[str, Any]
+    latency: dict[str, Any]
+    files: pd.DataFrame
+    """rank, path, bytes, sha256, kind: the manifest's file list as a table."""
+    out_dir: Path
+
+
+def resolve_profiler_dir(server: cl.ServerInfo, capture: CaptureParams) -> tuple[str, bool]:
+    """(the folder to read traces from, whether it is the user's attach-mode path)."""
+    if capture.profiler_dir:
+        return capture.profiler_dir, True
+    if server.profiler_dir:
+        return server.profiler_dir, False
+    raise CaptureError("no profiler directory is known for this server",
+                       where="00_deploy/server.json: profiler_dir",
+                       hint="in attach mode set capture.profiler_dir to where the server's traces can be "
+                            "read from here (a shared filesystem, or a folder copied by hand)")
+
+
+def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str | Path, *,
+                    profiler_settings: dict[str, Any] | None = None) -> CaptureResult:
+    """Run the capture sequence against `server` and write the stage's artifacts into out_dir."""
+    out_dir = Path(out_dir)
+    pdir_s, attach = resolve_profiler_dir(server, capture)
+    pdir = Path(pdir_s)
+    if not attach:
+        # the server writes here; on a shared machine an unwritable folder fails silently server-side
+        check_writable(pdir)
+    traces_dir = out_dir / "traces"
+    check_writable(traces_dir)
+    body = start_profile_body(server.engine, capture, pdir_s if server.engine == "sglang" else None)
+
+    run = asyncio.run(_capture_async(server, capture, pdir_s, body))
+    # raw records first: measured results hit disk before the wait
+    with open(out_dir / "capture_requests.jsonl", "w") as fh:
+        for r in run["warm"] + run["records"]:
+            fh.write(json.dumps(r.to_dict()) + "\n")
+    m = level_metrics(run["records"])
+    latency = {
+        "n_requests": m["n_requests"], "n_completed": m["n_completed"], "n_failed": m["n_failed"],
+        "input_len": capture.input_len, "output_len": capture.output_len,
+        **{k: m[k] for k in ("ttft_ms_mean", "ttft_ms_median", "tpot_ms_mean", "tpot_ms_median",
+                             "e2el_ms_mean", "e2el_ms_median")},
+        "definitions": "stepscope.sweep.metrics (vllm bench serve's, FACTS.md §6); sequential batch-1 "
+                       "requests measured client-side while the profiler ran, so profiler overhead is included",
+    }
+    write_json(out_dir / "capture_latency.json", latency)
+
+    notes: list[str] = []
+    if run["stop_status"] != 200:
+        notes.append(f"/stop_profile answered HTTP {run['stop_status']}: {run['stop_text']}"
+                     + (" (SGLang stops by itself after num_steps)" if server.engine == "sglang" else ""))
+    complete, content_ranks, wait_notes = wait_for_traces(
+        pdir, run["before"], engine=server.engine, tp=server.tp, timeout_s=capture.wait_timeout_s)
+    notes += wait_notes
+    if not complete:
+        raise CaptureError(
+            f"no complete trace appeared within {capture.wait_timeout_s:g} s after /stop_profile\n"
+            + describe_dir(pdir, run["before_ns"]),
+            where=str(pdir),
+            hint="if the server runs elsewhere, set capture.profiler_dir to where its traces are visible "
+                 "from here; otherwise raise capture.wait_timeout_s or check the server log")
+
+    # the text tables are written right after the traces: give them a moment
+    table_deadline = time.monotonic() + 10
+    while True:
+        listing = _listing(pdir)
+        new_names = [n for n, v in listing.items() if run["before"].get(n) != v]
+        tables = [n for n in new_names if (pf := classify(n, server.engine)) and pf.kind == "profiler_table"]
+        if server.engine == "sglang" or len(tables) >= len({pf.rank for pf in complete.values()}) \
+                or time.monotonic() > table_deadline:
+            break
+        time.sleep(0.5)
+    extra = [n for n in new_names if (pf := classify(n, server.engine)) and pf.kind != "trace"]
+
+    files = []
+    for name in sorted(complete) + sorted(extra):
+        pf = classify(name, server.engine)
+        rank = pf.rank
+        if name in content_ranks and content_ranks[name] is not None and content_ranks[name] != rank:
+            notes.append(f"{name}: the name says rank {rank}, distributedInfo.rank says {content_ranks[name]}; "
+                         "using the file's own")
+            rank = content_ranks[name]
+        dst = traces_dir / name
+        sha = _sha256_copy(pdir / name, dst)
+        files.append({"rank": rank, "path": str(dst.relative_to(out_dir)), "bytes": dst.stat().st_size,
+                      "sha256": sha, "kind": pf.kind, **({"stage": pf.stage} if pf.stage else {})})
+    ranks_found = sorted({f["rank"] for f in files if f["kind"] == "trace" and f["rank"] is not None})
+    missing = [r for r in range(server.tp) if r not in ranks_found]
+    if missing:
+        notes.append(f"partial capture: no complete trace for rank(s) {missing} of {server.tp}")
+    manifest = {
+        "engine": server.engine, "engine_version": server.engine_version, "base_url": server.base_url,
+        "profiler_dir": pdir_s, "profiler_dir_source": "capture.profiler_dir" if attach else "server.json",
+        "profiler_settings": profiler_settings or {}, "start_profile_body": body,
+        "tp": server.tp, "ranks_expected": list(range(server.tp)), "ranks_found": ranks_found,
+        "missing_ranks": missing, "partial": bool(missing),
+        "requests": capture.requests, "output_len": capture.output_len, "input_len": capture.input_len,
+        "warmup_requests": capture.warmup_requests, "stop_profile_s": run["stop_profile_s"],
+        "started_at": run["started_at"], "stopped_at": run["stopped_at"], "notes": notes, "files": files,
+    }
+    write_json(out_dir / "manifest.json", manifest)
+    return CaptureResult(manifest=manifest, latency=latency,
+                         files=pd.DataFrame(files, columns=["rank", "kind", "path", "bytes", "sha256"]).astype({"rank": "Int64"}),
+                         out_dir=out_dir)
