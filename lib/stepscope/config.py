@@ -43,6 +43,7 @@ class TinyModelParams:
     layers: int = 2
     hidden: int = 128
     heads: int = 4
+    """hidden/heads is the head size: vLLM's CPU backend needs 32, 64, 80, ... (FACTS §7)."""
     kv_heads: int = 2
     intermediate: int = 256
     vocab_size: int = 2048
@@ -69,17 +70,20 @@ class ModelParams:
 @dataclass(frozen=True)
 class ProfilerParams:
     enabled: bool = True
+    """Start the server with the torch profiler configured (needed by stage 04)."""
     dir: str | None = None
     """Where the server writes traces. Launch mode defaults to the run folder."""
     with_stack: bool = False
     """Stacks are 60-90 % of events and made /stop_profile take minutes (FACTS §2)."""
     record_shapes: bool = False
+    """Input shapes in the trace; costs size, helps GEMM attribution."""
     use_gzip: bool = True
 
 
 @dataclass(frozen=True)
 class ServerParams:
     mode: Literal["launch", "attach"] = "launch"
+    """`launch`: start the server from these params; `attach`: use one already running at `url`."""
     engine: Literal["vllm", "sglang"] = "vllm"
     url: str | None = None
     """Attach mode: the server's base URL, e.g. `http://127.0.0.1:8000`."""
@@ -87,12 +91,17 @@ class ServerParams:
     """Bind address. Loopback unless you mean to expose the server."""
     port: int = 8000
     tp: int = 1
+    """Tensor-parallel size: one worker (and one trace file) per rank."""
     dtype: str = "bfloat16"
     max_model_len: int | None = None
     enforce_eager: bool = False
+    """No CUDA graphs / torch.compile: starts faster; decode then launches kernels one by one."""
     extra_args: tuple[str, ...] = ()
+    """Appended verbatim to the server's command line."""
     env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the server (e.g. VLLM_CPU_KVCACHE_SPACE). Secret-looking names are redacted."""
     startup_timeout_s: float = 900.0
+    """How long to wait for /health before giving up and showing the log tail."""
     api_key_env: str | None = None
     """Name of the environment variable that holds the server's API key. The key itself
     never appears in params, outputs, logs or reports."""
@@ -452,3 +461,56 @@ def _coerce(tp: Any, value: Any, key_path: str, source: str) -> Any:
             return value
         raise _fail(source, key_path, f"expected a string, got {value!r}", "quote the value")
     raise _fail(source, key_path, f"unsupported schema type {tp!r}")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- reference docs
+
+
+def schema_reference() -> list[tuple[str, str, str, str]]:
+    """(key path, type, default, doc) for every leaf key: the README's params table.
+
+    Docs are the string literals written under each field in this file, read with
+    `ast` so the table and the schema cannot drift apart.
+    """
+    import ast
+    import inspect
+
+    docs: dict[tuple[str, str], str] = {}
+    tree = ast.parse(inspect.getsource(inspect.getmodule(Params)))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            body = node.body
+            for i, stmt in enumerate(body[:-1]):
+                nxt = body[i + 1]
+                if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                        and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                        and isinstance(nxt.value.value, str)):
+                    docs[(node.name, stmt.target.id)] = " ".join(nxt.value.value.split())
+
+    rows: list[tuple[str, str, str, str]] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            inner = _dataclass_in(hints[f.name])
+            if inner is not None and inner is not RuleParams:
+                walk(inner, f"{prefix}{f.name}.")
+                continue
+            if f.default is not dataclasses.MISSING:
+                default = repr(params_to_dict(f.default))
+            elif f.default_factory is not dataclasses.MISSING:
+                default = repr(params_to_dict(f.default_factory()))
+            else:
+                default = "required"
+            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), default,
+                         docs.get((cls.__name__, f.name), "")))
+
+    walk(Params, "")
+    return rows
+
+
+def schema_reference_markdown() -> str:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, tp, default, doc in schema_reference():
+        lines.append(f"| `{key}` | {tp} | `{default}` | {doc.replace('|', '/')} |")
+    return "\n".join(lines)
