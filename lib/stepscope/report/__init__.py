@@ -1,1 +1,42 @@
-"""Stage 06: the report, its figures, and run comparison."""
+"""Stage 06: the report, its figures, and run comparison.
+
+Public functions (what the CLI, the runner and notebook 06 call):
+
+- `build_report(run_dir, writeup=None) -> dict[str, Path]`
+  Reads only the run folder and writes `06_writeup/report.md` (figure links
+  `../figures/<name>.png`, markdown tables) and `06_writeup/report.html` (one file: images as
+  base64 data URIs, CSS inline, no script, nothing fetched). Returns {"markdown", "html",
+  "figures", "figure_<key>"...}. Any missing artifact turns its section into a visible
+  "⚠ Not measured" box; the rest still renders.
+- `compare_runs(run_a, run_b, out_dir=None) -> dict` writes compare.md / compare.html /
+  compare_*.csv (default folder `<run_b>/06_writeup/compare_vs_<run_a>/`).
+- `step_explorer(run_dir, extra_rules=())` returns an ipywidgets explorer (rank, step,
+  category -> table + timeline); its first render reads saved artifacts only.
+- `report_markdown_for_notebook(md_path, run_dir)` rewrites figure links for display in a notebook.
+- `make_synthetic_run(dir, ...)` writes a contract-shaped fake run folder (tests, previews).
+
+Figures written to `<run>/figures/` (colours from `stepscope.palette`):
+decode_category_ms_per_step_stacked.png, decode_category_share_of_step.png,
+decode_step_timeline_rank0_by_stream.png, decode_amdahl_ceiling_by_category.png,
+whatif_speculative_decoding_tpot.png; and, only when the stage did not save its own plot,
+writeup_throughput_vs_concurrency.png, writeup_latency_vs_concurrency.png,
+writeup_gemm_roofline.png, writeup_collective_latency_vs_size.png. Stage plots are picked up
+by name: sweep_*.png, gemm_roofline*.png, collective_*.png.
+
+Artifacts read (every one optional): run.json, params.yaml, 00_deploy/server.json,
+01_macro_sweep/{levels.csv, summary.json}, 02_gemm_micro/{gemm.csv, prediction.json},
+03_nccl_burst/{collectives.csv, burst.csv, prediction.json},
+04_profiler_capture/{manifest.json, capture_latency.json},
+05_categorize/{summary.json, decode_categories.csv, amdahl.csv, steps.csv, cross_rank.csv,
+timeline_rank0_step.csv}. Stage 05's column names (union_ms_mean, share_of_span, exposed_ms,
+speedup_ceiling, decode.steps.{kernel_sum_ms,union_ms,span_ms}.mean) are mapped in
+`artifacts.py`; flat spellings are accepted too.
+"""
+
+from stepscope.report.build import build_report, report_markdown_for_notebook
+from stepscope.report.compare import compare_runs
+from stepscope.report.explorer import step_explorer
+from stepscope.report.synthetic import make_synthetic_run
+
+__all__ = ["build_report", "compare_runs", "make_synthetic_run", "report_markdown_for_notebook",
+           "step_explorer"]

@@ -584,3 +584,17 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None) -> d
     for key, name in ctx["figs"].items():
         paths[f"figure_{key}"] = a.run_dir / "figures" / name
     return paths
+
+
+def report_markdown_for_notebook(md_path: str | Path, run_dir: str | Path, cwd: str | Path | None = None) -> str:
+    """report.md with its figure links made relative to where the notebook is viewed.
+
+    The runner passes an absolute run_dir and saves the executed notebook in
+    `<run_dir>/notebooks/`, so links become `../figures/...` there; a relative run_dir means
+    an interactive session, whose links resolve from the working directory.
+    """
+    run_dir = Path(run_dir)
+    view_dir = run_dir / "notebooks" if run_dir.is_absolute() else Path(cwd or Path.cwd())
+    rel = os.path.relpath((run_dir / "figures").resolve() if not run_dir.is_absolute() else run_dir / "figures",
+                          view_dir.resolve() if not run_dir.is_absolute() else view_dir)
+    return Path(md_path).read_text().replace(f"]({FIGURE_LINK_PREFIX}", f"]({Path(rel).as_posix()}/")

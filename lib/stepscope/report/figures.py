@@ -96,11 +96,13 @@ def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None) -> Fi
     return fig
 
 
-def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "") -> Figure:
+def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
+                              highlight: str | None = None) -> Figure:
     """One decode step on one rank: a lane per stream, each event coloured by category.
 
     `timeline`: stream, category, start_us, dur_us (name optional). Times are shifted so
-    the step starts at 0; white space between boxes is idle device time.
+    the step starts at 0; white space between boxes is idle device time. `highlight`
+    greys out every category but that one.
     """
     df = timeline.copy()
     df["start_us"] = df["start_us"].astype(float)
@@ -113,8 +115,9 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "") -> F
     for lane, stream in enumerate(streams):
         sub = df[df["stream"].astype(str) == stream]
         for cat, grp in sub.groupby("category"):
+            color = color_for(str(cat)) if highlight in (None, str(cat)) else "#e6e6e6"
             ax.broken_barh(list(zip(grp["start_us"], grp["dur_us"])), (lane - 0.4, 0.8),
-                           facecolors=color_for(str(cat)), edgecolor="none")
+                           facecolors=color, edgecolor="none")
     ax.set_yticks(range(len(streams)), [f"stream {s}" for s in streams])
     ax.set_ylim(-0.6, len(streams) - 0.4)
     ax.invert_yaxis()
@@ -122,6 +125,8 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "") -> F
     ax.set_xlim(0, end_us * 1.01 if end_us > 0 else 1)
     ax.set_xlabel("µs since the step's first device event")
     cats = sorted(df["category"].astype(str).unique(), key=category_sort_key)
+    if highlight is not None:
+        cats = [c for c in cats if c == highlight]
     ax.legend(handles=[Patch(color=color_for(c), label=c) for c in cats], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     note = f" {title_note}" if title_note else ""
