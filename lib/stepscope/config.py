@@ -211,7 +211,11 @@ class WriteupParams:
     """What-if: mean tokens accepted per step with speculative decoding."""
     draft_cost_fractions: tuple[float, ...] = (0.05, 0.1, 0.2)
     """What-if: draft cost as a fraction of one measured decode step."""
+    verify_extra_tokens: int = 1
+    """What-if: a verify step scores ceil(acceptance length) + this many tokens (the drafts
+    that were proposed but, on average, not accepted); sets the M of its GEMMs."""
     title: str | None = None
+    """Report title; defaults to one naming the run."""
 
 
 @dataclass(frozen=True)

@@ -265,12 +265,12 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
 
 
 def speculative_whatif(step_ms: float, gemm_ms: float | None, gemm_pred_us_by_m: dict | None,
-                       acceptance_lengths: tuple[float, ...], draft_cost_fractions: tuple[float, ...]
-                       ) -> pd.DataFrame:
+                       acceptance_lengths: tuple[float, ...], draft_cost_fractions: tuple[float, ...],
+                       verify_extra_tokens: int = 1) -> pd.DataFrame:
     """Projected TPOT and tok/s with speculative (multi-token) decoding at batch 1.
 
-    Model: each verify step scores M = ceil(a) + 1 tokens (a drafted tokens' worth plus one
-    spare) and emits `a` tokens on average. Its cost is the measured step with the GEMM
+    Model: each verify step scores M = ceil(a) + `verify_extra_tokens` tokens and emits `a`
+    tokens on average. Its cost is the measured step with the GEMM
     part rescaled by the micro-benchmark's GEMM time at M over M = 1 (decode GEMMs are
     weight-read bound, so this ratio is near 1); everything else (attention, collectives,
     launches) is assumed unchanged. The draft costs `f` × the measured step per verify step.
@@ -279,7 +279,7 @@ def speculative_whatif(step_ms: float, gemm_ms: float | None, gemm_pred_us_by_m:
     rows = []
     base_gemm_us = num((gemm_pred_us_by_m or {}).get("1"))
     for acc in acceptance_lengths:
-        m = int(math.ceil(acc)) + 1
+        m = int(math.ceil(acc)) + int(verify_extra_tokens)
         scale, scale_source = 1.0, "assumed 1 (no GEMM prediction)"
         if gemm_ms and base_gemm_us:
             ms = {int(k): num(v) for k, v in (gemm_pred_us_by_m or {}).items() if num(v) is not None}

@@ -30,7 +30,7 @@ def writeup_params_from(a: RunArtifacts, override: WriteupParams | None = None) 
     raw = (a.params or {}).get("writeup") or {}
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(WriteupParams):
-        if f.name in raw and raw[f.name] is not None:
+        if isinstance(raw, dict) and raw.get(f.name) is not None:
             v = raw[f.name]
             kwargs[f.name] = tuple(float(x) for x in v) if isinstance(v, list) else v
     try:
@@ -429,7 +429,8 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     text += (f"Projected from the measured step of **{fmt_num(base)} ms** ({ctx['whatif_basis']}) at batch 1, for "
              f"acceptance lengths {list(wp.acceptance_lengths)} and draft costs {list(wp.draft_cost_fractions)} "
              f"(fraction of one measured step).\n\nAssumptions:\n\n"
-             f"- A verify step scores M = ⌈acceptance⌉ + 1 tokens and emits the acceptance length on average.\n"
+             f"- A verify step scores M = ⌈acceptance⌉ + {wp.verify_extra_tokens} tokens and emits the acceptance "
+             f"length on average.\n"
              f"- Its cost is the measured step with the GEMM part ({fmt_num(ctx['gemm_ms'])} ms) scaled by the "
              f"micro-benchmark's GEMM time at M over M = 1; attention, collectives and launch gaps are unchanged.\n"
              f"- The draft model runs once per verify step and costs the stated fraction of a measured step.\n"
@@ -540,7 +541,8 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
                                else f"decode step {totals.get('step_basis')}")
         ctx["whatif"] = an.speculative_whatif(base, gemm_ms,
                                               (a.gemm_prediction or {}).get("gemm_us_per_decode_step"),
-                                              wp.acceptance_lengths, wp.draft_cost_fractions)
+                                              wp.acceptance_lengths, wp.draft_cost_fractions,
+                                              wp.verify_extra_tokens)
     ctx["verdict"] = an.verdict(a, totals, decode, amdahl, mvt)
     ctx["caveats"] = an.caveats(a, macro, totals)
     return ctx
