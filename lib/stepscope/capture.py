@@ -44,7 +44,7 @@ from stepscope.config import CaptureParams
 from stepscope.errors import ServerError, StepscopeError
 from stepscope.runfolder import write_json
 from stepscope.sweep import client as cl
-from stepscope.sweep.metrics import RequestRecord, level_metrics
+from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 
 
 class CaptureError(StepscopeError):
@@ -345,6 +345,23 @@ class CaptureResult:
     files: pd.DataFrame
     """rank, path, bytes, sha256, kind: the manifest's file list as a table."""
     out_dir: Path
+    requests: pd.DataFrame
+    """The captured requests, one row each (stepscope.sweep.metrics.request_table)."""
+
+    def overview(self) -> pd.DataFrame:
+        """Batch-1 latency during the capture and the capture's completeness, as one table."""
+        m, lat = self.manifest, self.latency
+        rows = [("requests completed / sent", f"{lat['n_completed']} / {lat['n_requests']}"),
+                ("output tokens per request", lat["output_len"]),
+                ("TTFT median (ms)", round(lat["ttft_ms_median"], 3)),
+                ("TPOT median (ms)", round(lat["tpot_ms_median"], 3)),
+                ("TPOT mean (ms)", round(lat["tpot_ms_mean"], 3)),
+                ("ranks found / expected", f"{len(m['ranks_found'])} / {len(m['ranks_expected'])}"),
+                ("partial capture", m["partial"]),
+                ("/stop_profile took (s)", round(m["stop_profile_s"], 2)),
+                ("engine", f"{m['engine']} {m['engine_version'] or ''}".strip()),
+                ("profiler dir", m["profiler_dir"])]
+        return pd.DataFrame(rows, columns=["quantity", "value"]).set_index("quantity")
 
 
 def resolve_profiler_dir(server: cl.ServerInfo, capture: CaptureParams) -> tuple[str, bool]:
@@ -444,4 +461,4 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
     write_json(out_dir / "manifest.json", manifest)
     return CaptureResult(manifest=manifest, latency=latency,
                          files=pd.DataFrame(files, columns=["rank", "kind", "path", "bytes", "sha256"]).astype({"rank": "Int64"}),
-                         out_dir=out_dir)
+                         out_dir=out_dir, requests=request_table(run["records"]))

@@ -1,1 +1,36 @@
-"""Stage 01: closed- and open-loop load against the server; serving metrics."""
+"""Stage 01: closed- and open-loop load against the server; serving metrics.
+
+Entry points: `load_server(run_dir)` (reads 00_deploy/server.json), `run_sweep(server,
+params.sweep, out_dir)`, `finish(out_dir, knee_gain)` (tables from what is on disk),
+`import_vllm_results(paths)` (vllm bench serve --save-result files into the same table),
+and `plots.sweep_figures` / `plots.save_figures`. Metric definitions live in one module,
+`stepscope.sweep.metrics` (vLLM's, FACTS.md §6), checked against vLLM's own code in tests.
+
+Artifacts in `01_macro_sweep/`:
+
+- `levels/<level>.jsonl`: raw records, one request per line: request_id, warmup, start_s,
+  end_s, chunk_times_s (perf_counter at each token-bearing chunk), input_tokens,
+  output_tokens (usage), success, error, http_status. Level names: `c0004` (closed loop,
+  concurrency 4), `r2.5` (open loop, 2.5 req/s Poisson).
+- `levels/<level>.meta.json`: level, mode, concurrency, request_rate, n_requests,
+  client_cpu_pct, server_metrics (/metrics snapshots: running, waiting, kv_cache_usage
+  0-1, t_s), complete (false: the server died in it), settings. Written last: its presence
+  marks a finished level, which a re-run skips.
+- `levels.csv`: one row per level: level, mode, concurrency, request_rate, n_requests,
+  n_completed, n_failed, duration_s, request_throughput_rps, output_throughput_tok_s,
+  total_throughput_tok_s, {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99},
+  littles_concurrency, peak_output_tok_s_1s, client_cpu_pct, client_bound,
+  server_running_max, server_waiting_max, kv_cache_usage_max (0-1), complete, source.
+- `summary.json`: knee_concurrency, plateau_output_tok_s, knee_gain, gains_per_doubling
+  {C: gain}, c1_ttft_ms_median, c1_tpot_ms_median, n_levels, died_at_level,
+  died_message, failures [{level, request_id, http_status, error}] (first 50),
+  n_failures, flags [str].
+- Figures: sweep_output_tok_s_vs_concurrency.png, sweep_latency_vs_concurrency.png,
+  sweep_latency_vs_throughput.png.
+"""
+
+from stepscope.sweep.client import ServerInfo, load_server
+from stepscope.sweep.run import SweepResult, finish, run_sweep
+from stepscope.sweep.vllm_import import import_vllm_results
+
+__all__ = ["ServerInfo", "SweepResult", "finish", "import_vllm_results", "load_server", "run_sweep"]

@@ -5,19 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # headless under papermill and CI; inline display still works in Jupyter
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from stepscope.runfolder import figures_dir  # noqa: E402
+from stepscope.runfolder import figures_dir
 
 FIGURE_NAMES = {
     "throughput": "sweep_output_tok_s_vs_concurrency.png",
     "latency": "sweep_latency_vs_concurrency.png",
     "curve": "sweep_latency_vs_throughput.png",
+    "capture": "capture_batch1_latency_per_request.png",
 }
 
 
@@ -113,3 +111,20 @@ def save_figures(figures: dict[str, Figure], run_dir: str | Path) -> list[Path]:
         fig.savefig(path, dpi=120)
         out.append(path)
     return out
+
+
+def plot_capture_requests(requests: pd.DataFrame) -> Figure:
+    """Per-request TTFT and TPOT of the profiled batch-1 requests (stage 04)."""
+    r = requests[requests["success"]]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    axes[0].bar(r["request_id"].astype(str), r["ttft_ms"])
+    axes[0].set_ylabel("TTFT (ms)")
+    axes[1].bar(r["request_id"].astype(str), r["tpot_ms"], color="tab:orange")
+    axes[1].set_ylabel("TPOT (ms)")
+    for ax in axes:
+        ax.set_xlabel("captured request #")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"Batch-1 requests while the profiler ran ({len(r)} completed, client-side, "
+                 "profiler overhead included)", fontsize=10)
+    fig.tight_layout()
+    return fig

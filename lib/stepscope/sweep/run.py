@@ -72,6 +72,14 @@ class SweepResult:
     out_dir: Path
     messages: list[str] = field(default_factory=list)
 
+    def overview(self) -> pd.DataFrame:
+        """The levels table's headline columns, for display."""
+        cols = ["level", "n_completed", "n_failed", "output_throughput_tok_s", "request_throughput_rps",
+                "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_p99",
+                "littles_concurrency", "peak_output_tok_s_1s", "client_cpu_pct", "server_running_max",
+                "server_waiting_max", "kv_cache_usage_max"]
+        return self.levels[cols].set_index("level").round(2)
+
     def raise_if_died(self) -> None:
         """After the results are shown and saved, fail the stage if the server died."""
         if self.summary.get("died_at_level"):
