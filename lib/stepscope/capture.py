@@ -389,7 +389,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
     check_writable(traces_dir)
     body = start_profile_body(server.engine, capture, pdir_s if server.engine == "sglang" else None)
 
-    run = asyncio.run(_capture_async(server, capture, pdir_s, body))
+    run = cl.run_sync(_capture_async(server, capture, pdir_s, body))
     # raw records first: measured results hit disk before the wait
     with open(out_dir / "capture_requests.jsonl", "w") as fh:
         for r in run["warm"] + run["records"]:

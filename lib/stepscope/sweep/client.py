@@ -77,6 +77,19 @@ def make_session(server: ServerInfo, limit: int) -> aiohttp.ClientSession:
         timeout=aiohttp.ClientTimeout(total=None))
 
 
+def run_sync(coro):
+    """Run a coroutine to completion from synchronous code, also inside Jupyter, whose kernel
+    already runs an event loop in the main thread (there it runs in a worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stepscope-client") as ex:
+        return ex.submit(asyncio.run, coro).result()
+
+
 # --------------------------------------------------------------------------- prompts
 
 _PROMPT_TEXT = (

@@ -34,7 +34,7 @@ def plot_throughput_vs_concurrency(levels: pd.DataFrame, summary: dict[str, Any]
     c = _closed(levels)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(c["concurrency"], c["output_throughput_tok_s"], "o-", label="output tok/s (tokens / duration)")
-    ax.plot(c["concurrency"], c["peak_output_tok_s_1s"], "x:", alpha=0.7, label="peak 1-s output tok/s")
+    ax.plot(c["concurrency"], c["peak_output_tok_s_1s"], "x:", alpha=0.7, label="peak 1-s output tok/s (vLLM's method;\nbelow the mean when a level lasts < 2 s)")
     knee = (summary or {}).get("knee_concurrency")
     plateau = (summary or {}).get("plateau_output_tok_s")
     if knee is not None:

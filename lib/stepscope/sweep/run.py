@@ -30,6 +30,9 @@ from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
 CLIENT_BOUND_CPU_PCT = 80.0
 """The client is one asyncio thread: near one full core it may be the bottleneck."""
 
+METRICS_POLL_S = 0.25
+"""/metrics polling period during a level: short levels on small models last about a second."""
+
 LEVEL_COLUMNS = [
     "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
     "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
@@ -240,7 +243,7 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
         async def poll() -> None:
             while not stop.is_set():
                 try:
-                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+                    await asyncio.wait_for(stop.wait(), timeout=METRICS_POLL_S)
                 except asyncio.TimeoutError:
                     s = await cl.metrics_snapshot(side, server)
                     if s:
@@ -298,8 +301,8 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
                 messages.append(f"level {level.name}: already measured, kept (resume)")
                 continue
         if pool is None:
-            pool = asyncio.run(_tokens(server))
-        records, meta = asyncio.run(_run_level(server, level, params, pool, seed=seed + i))
+            pool = cl.run_sync(_tokens(server))
+        records, meta = cl.run_sync(_run_level(server, level, params, pool, seed=seed + i))
         meta["settings"] = settings
         write_level(out_dir, level, records, meta)
         if not meta["complete"]:
