@@ -413,7 +413,7 @@ def parse_nccl_tests_text(text: str, *, world_size: int | None = None, op: str |
     world = world_size or (len(set(ranks)) if ranks else None)
     gm = re.search(r"graph:\s*(\d+)", text)
     graph = bool(gm and int(gm.group(1)) > 0)
-    im = re.search(r"\biters:\s*(\d+)", text)
+    im = re.search(r"(?<!warmup )\biters:\s*(\d+)", text)
     iters = int(im.group(1)) if im else None
     records = []
     for line in text.splitlines():
@@ -528,6 +528,21 @@ def describe_plan(plan: CollectivePlan) -> str:
             f"= {list(plan.burst_sizes_bytes)} B, {plan.burst_repeats} repeats; all-gather of the logits "
             f"{list(plan.all_gather_sizes_bytes)} B; timeout {plan.timeout_s:.0f} s"
             + ("".join(f"\n{n}" for n in plan.notes)))
+
+
+def describe_prediction(pred: dict) -> str:
+    """The prediction in one sentence: count, total, per-op time and mode together."""
+    if not pred.get("per_op_us"):
+        return "no communication predicted: " + "; ".join(pred.get("notes") or ["nothing measured"])
+    text = (f"predicted communication per decode step: {pred['comm_us_per_decode_step']:.1f} us = "
+            f"K {pred['k']} x {pred['per_op_us']:.1f} us per all-reduce of {pred['size_bytes']} B "
+            f"({pred['mode']} burst, {pred['backend']}, world size {pred['world_size']}); K from {pred['k_source']}")
+    if pred.get("eager_per_op_us_same_size"):
+        text += (f". The same all-reduce timed alone (eager loop): {pred['eager_per_op_us_same_size']:.1f} us "
+                 f"(burst/eager = {pred['burst_over_eager_per_op']:.2f})")
+    if pred.get("all_gather_us"):
+        text += f". Plus one logits all-gather ({pred['all_gather_size_bytes']} B): {pred['all_gather_us']:.1f} us"
+    return text + "".join(f"\n{n}" for n in pred.get("notes") or [])
 
 
 def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:

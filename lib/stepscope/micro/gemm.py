@@ -400,8 +400,19 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     """The measured rows in a compact, readable order (µs, TFLOP/s, GB/s, % of peak)."""
     cols = ["model", "gemm", "m", "n", "k", "batch", "dtype", "backend", "mode", "time_us_median", "time_us_p10",
             "time_us_p90", "tflops", "gbps", "pct_peak_bw", "status", "reason"]
-    return table[cols].round({"time_us_median": 1, "time_us_p10": 1, "time_us_p90": 1, "tflops": 3, "gbps": 2,
-                              "pct_peak_bw": 1})
+    out = table[cols].round({"time_us_median": 1, "time_us_p10": 1, "time_us_p90": 1, "tflops": 3, "gbps": 2,
+                             "pct_peak_bw": 1})
+    return out.astype({c: "Int64" for c in ("m", "n", "k", "batch")})
+
+
+def describe_run(stage: dict) -> str:
+    """How stage 02 timed, against which peak, in one paragraph."""
+    t = stage["table"]
+    peak = (f"{stage['peak_mem_bw_gbps']:.0f} GB/s" if stage["peak_mem_bw_gbps"] else "none") + \
+        f" ({stage['peak_source']})"
+    counts = t["status"].value_counts().to_dict()
+    return (f"{stage['device']}: {stage['prediction']['timing']}. Peak memory bandwidth: {peak}. "
+            f"Rows: {counts}. Times are medians over n_repeats samples; spread is p10..p90.")
 
 
 def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, peak_tflops: float | None = None,
@@ -440,7 +451,9 @@ def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, pea
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved; bytes = weights + scales + activations)")
     ax.set_ylabel("achieved TFLOP/s (FLOPs = 2·M·N·K, median time)")
     dev = ", ".join(sorted(set(ok["device"].astype(str))))
-    ax.set_title(f"GEMM roofline: {len(ok)} timed cases on {dev}{title_extra}", fontsize=10)
+    if not peak_bw_gbps:
+        title_extra += " (no roof drawn: peak bandwidth unknown; set hardware.peak_mem_bw_gbps)"
+    ax.set_title(f"GEMM roofline: {len(ok)} timed cases on {dev}{title_extra}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

@@ -1,0 +1,216 @@
+"""GEMM micro-benchmark: grid, byte/FLOP model, Marlin resolution (with fakes), timing, prediction."""
+
+from __future__ import annotations
+
+import types
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from stepscope.config import params_from_dict
+from stepscope.micro import gemm, marlin
+from stepscope.model import distinct_experts, gemm_shapes, load_architecture
+
+
+def tiny_params(**micro):
+    return params_from_dict({
+        "run": {"name": "t"},
+        "model": {"served_name": "tiny", "tiny": {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2,
+                                                   "intermediate": 256, "vocab_size": 512}},
+        "server": {"tp": 2, "dtype": "float32"},
+        "micro": {"gemm": {"m_values": [1, 4], "dtypes": ["float32"], "backends": ["torch", "marlin"],
+                           "warmup": 1, "repeats": 5, "threads": 1, **micro}},
+    })
+
+
+def test_plan_uses_tiny_model_and_preset_tp_rules():
+    targets, notes = gemm.plan_targets(tiny_params(presets=["kimi-k2.5"]))
+    assert [(t.label, t.tp, t.role) for t in targets] == [("tiny", 2, "served"), ("kimi-k2.5 (preset)", 8, "preset")]
+    assert targets[1].m_values == (1, 8)
+    p = params_from_dict({"run": {"name": "t"}, "model": {"arch_preset": "deepseek-v3"}, "hardware": {"gpu_count": 4},
+                          "micro": {"gemm": {"presets": ["kimi-k2.5"]}}})
+    targets, _ = gemm.plan_targets(p)
+    assert targets[1].tp == 4
+    p = params_from_dict({"run": {"name": "t"}, "micro": {"gemm": {"presets": ["kimi-k2.5"], "preset_tp": 16}}})
+    targets, notes = gemm.plan_targets(p)
+    assert [t.tp for t in targets] == [16]
+    assert "served model not timed" in notes[0] and "arch_preset" in notes[0]
+
+
+def test_kimi_grid_has_every_distinct_shape_once():
+    t = gemm.GemmTarget("kimi", load_architecture(preset="kimi-k2.5"), 8, (1,), "preset")
+    grid = gemm.gemm_grid([t], ["bfloat16"], ["torch"])
+    assert len(grid) == 12  # 14 GEMMs, shared and routed experts share two shapes
+    gu = grid[(grid.n == 512) & (grid.k == 7168)]
+    assert len(gu) == 1 and set(gu.gemm.iloc[0].split("+")) == {"shared_gate_up_proj", "expert_gate_up"}
+    down = grid[(grid.n == 7168) & (grid.k == 256)]
+    assert len(down) == 1
+    with pytest.raises(gemm.GemmMicroError, match="valid backends"):
+        gemm.gemm_grid([t], ["bfloat16"], ["cutlass"])
+
+
+def test_metrics_follow_flop_and_byte_model():
+    case = dict(m=4, n=512, k=7168, batch=1, dtype=gemm.MARLIN_DTYPE, backend="marlin")
+    stats = {"time_us_median": 10.0, "time_us_p10": 9.0, "time_us_p90": 11.0, "n_repeats": 5}
+    peak_bw_gbps = 1000.0
+    r = gemm._metrics(case, stats, peak_bw_gbps)
+    expect_bytes = 512 * 7168 / 2 + 2 * 512 * 7168 / 32 + 2 * 4 * 7168 + 2 * 4 * 512
+    assert r["bytes"] == pytest.approx(expect_bytes)
+    assert r["flops"] == 2 * 4 * 512 * 7168
+    assert r["tflops"] == pytest.approx(2 * 4 * 512 * 7168 / 10e-6 / 1e12)
+    assert r["gbps"] == pytest.approx(expect_bytes / 10e-6 / 1e9)
+    assert r["pct_peak_bw"] == pytest.approx(100 * r["gbps"] / peak_bw_gbps)
+    dense = gemm._metrics(dict(case, dtype="float32", backend="torch"), stats, None)
+    assert dense["bytes"] == 4 * 512 * 7168 + 4 * 4 * 7168 + 4 * 4 * 512
+    assert np.isnan(dense["pct_peak_bw"])
+
+
+def test_cpu_run_times_cases_and_says_why_marlin_is_missing(tmp_path):
+    targets, _ = gemm.plan_targets(tiny_params())
+    grid = gemm.gemm_grid(targets, ["float32"], ["torch", "marlin"])
+    table = gemm.run_gemm_grid(grid, warmup=1, repeats=5, threads=1, device="cpu", csv_path=tmp_path / "g.csv",
+                               progress=False)
+    ok = table[table.status == "ok"]
+    assert len(ok) == (grid.backend == "torch").sum()
+    assert (ok.time_us_median > 0).all()
+    assert (ok.time_us_p10 <= ok.time_us_median).all() and (ok.time_us_median <= ok.time_us_p90).all()
+    assert set(ok["mode"]) == {"hot"} and (ok["threads"] == 1).all()
+    skipped = table[table.backend == "marlin"]
+    assert len(skipped) == 1 and skipped.status.iloc[0] == "skipped"
+    assert "CUDA" in skipped.reason.iloc[0]
+    on_disk = pd.read_csv(tmp_path / "g.csv")
+    assert list(on_disk.columns) == gemm.GEMM_COLUMNS and len(on_disk) == len(table)
+    fig = gemm.plot_roofline(table)
+    assert "timed cases" in fig.axes[0].get_title()
+
+
+def _synthetic_table(target, times):
+    """One ok row per distinct shape and m, with time = times(m, n, k)."""
+    rows = []
+    for sh in gemm.distinct_shapes(target.arch, target.tp).itertuples():
+        for m in target.m_values:
+            rows.append(dict(model=target.label, n=sh.n, k=sh.k, batch=sh.batch, m=m, dtype="bfloat16",
+                             backend="torch", mode="hot", status="ok", time_us_median=times(m, sh.n, sh.k)))
+    return pd.DataFrame(rows)
+
+
+def test_prediction_weights_each_gemm_by_its_calls_per_step():
+    arch = load_architecture(preset="kimi-k2.5")
+    t = gemm.GemmTarget("kimi", arch, 8, (1, 8), "preset")
+    table = _synthetic_table(t, lambda m, n, k: 10.0 + m)  # 11 us at m=1, 18 us at m=8
+    pred = gemm.predict_gemm_us_per_step(table, t, backend="torch", dtype="bfloat16", mode="hot")
+    shapes = gemm_shapes(arch, 8)
+    routed = shapes.layer_kind == "routed_expert"
+    per_step_calls_m1 = (shapes.count_per_layer * shapes.layers).sum()
+    assert pred.set_index("m").loc[1, "gemm_us_per_step"] == pytest.approx(11.0 * per_step_calls_m1)
+    # At M=8 routed experts run D(8) times per layer on 8*8/D(8) rows (interpolated in M).
+    d = float(distinct_experts(384, 8, 8))
+    m_rows = 64 / d
+    other = (shapes[~routed].count_per_layer * shapes[~routed].layers).sum() * 18.0
+    routed_us = 2 * 60 * d * (10.0 + m_rows)
+    assert pred.set_index("m").loc[8, "gemm_us_per_step"] == pytest.approx(other + routed_us)
+    assert pred.set_index("m").loc[8, "missing_shapes"] == ""
+
+
+def test_build_prediction_picks_served_model_and_reports_presets():
+    p = tiny_params(presets=["kimi-k2.5"])
+    targets, _ = gemm.plan_targets(p)
+    table = pd.concat([_synthetic_table(dataclass_replace_m(t), lambda m, n, k: 5.0) for t in targets])
+    table["dtype"] = "float32"
+    pred = gemm.build_prediction(table, targets, p)
+    assert pred["model"] == "tiny" and pred["tp"] == 2
+    assert pred["gemm_us_per_decode_step"]["1"] == pytest.approx(5.0 * 9)  # 2 layers x 4 GEMMs + lm_head
+    assert pred["presets"][0]["model"] == "kimi-k2.5 (preset)"
+    rows = gemm.prediction_table(pred)
+    assert set(rows.model) == {"tiny", "kimi-k2.5 (preset)"}
+
+
+def dataclass_replace_m(t):
+    import dataclasses
+
+    return dataclasses.replace(t, m_values=(1,))
+
+
+# ------------------------------------------------------------------ Marlin entry point, with fakes
+
+
+def _fake_ops_old():
+    """A fake of an older vLLM `_custom_ops`: gptq_marlin_gemm with g_idx/perm and required b_zeros."""
+    calls = {}
+
+    def gptq_marlin_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor, b_zeros: torch.Tensor,
+                         g_idx: torch.Tensor, perm: torch.Tensor, workspace: torch.Tensor, b_q_type, size_m: int,
+                         size_n: int, size_k: int, is_k_full: bool, has_zp: bool = False,
+                         use_fp32_reduce: bool = False) -> torch.Tensor:
+        calls.update(locals())
+        return torch.zeros(size_m, size_n)
+
+    return types.SimpleNamespace(__name__="fake_ops_old", gptq_marlin_gemm=gptq_marlin_gemm), calls
+
+
+def _fake_ops_new():
+    """A fake of vLLM >= 0.33 `_custom_ops`: marlin_gemm with optional bias/scales (and the old name too)."""
+    calls = {}
+
+    def marlin_gemm(a: torch.Tensor, c: Optional[torch.Tensor], b_q_weight: torch.Tensor,
+                    b_bias: torch.Tensor | None, b_scales: torch.Tensor, a_scales: torch.Tensor | None,
+                    global_scale: torch.Tensor | None, b_zeros: torch.Tensor | None, workspace: torch.Tensor,
+                    b_q_type, size_m: int, size_n: int, size_k: int, use_atomic_add: bool = False,
+                    use_fp32_reduce: bool = False, is_zp_float: bool = False) -> torch.Tensor:
+        calls.update(locals())
+        return torch.zeros(size_m, size_n)
+
+    def gptq_marlin_gemm(*a, **k):  # pragma: no cover - must not be chosen
+        raise AssertionError("old entry point chosen over the new one")
+
+    return types.SimpleNamespace(__name__="fake_ops_new", marlin_gemm=marlin_gemm,
+                                 gptq_marlin_gemm=gptq_marlin_gemm), calls
+
+
+VALUES = dict(a="A", b_q_weight="Q", b_scales="S", workspace="W", b_q_type="u4b8", size_m=1, size_n=512,
+              size_k=7168, is_k_full=True, has_zp=False, use_fp32_reduce=True, use_atomic_add=False,
+              is_zp_float=False)
+
+
+def test_fake_old_signature_gets_empty_tensors_for_required_unused_inputs():
+    ops, calls = _fake_ops_old()
+    fn, name = marlin.resolve_entry_point(ops)
+    assert name == "gptq_marlin_gemm"
+    kw = marlin.build_kwargs(fn, VALUES, lambda: torch.empty(0, dtype=torch.int32))
+    assert kw["b_q_weight"] == "Q" and kw["size_k"] == 7168 and kw["is_k_full"] is True
+    for name_ in ("b_zeros", "g_idx", "perm"):
+        assert isinstance(kw[name_], torch.Tensor) and kw[name_].numel() == 0
+    assert "c" not in kw and "b_bias" not in kw
+    fn(**kw)
+    assert calls["size_n"] == 512
+
+
+def test_fake_new_signature_prefers_marlin_gemm_and_passes_none():
+    ops, calls = _fake_ops_new()
+    fn, name = marlin.resolve_entry_point(ops)
+    assert name == "marlin_gemm"
+    kw = marlin.build_kwargs(fn, VALUES, lambda: torch.empty(0))
+    for name_ in ("c", "b_bias", "a_scales", "global_scale", "b_zeros"):
+        assert kw[name_] is None, name_
+    assert kw["use_fp32_reduce"] is True and "is_k_full" not in kw
+    fn(**kw)
+    assert calls["b_q_type"] == "u4b8"
+
+
+def test_fake_unknown_signature_and_missing_entry_point_are_named():
+    def marlin_gemm(a, b_q_weight, b_scales, mystery_tensor, workspace):
+        return None
+
+    with pytest.raises(marlin.MarlinUnavailable, match="mystery_tensor"):
+        marlin.build_kwargs(marlin_gemm, VALUES, lambda: None)
+    with pytest.raises(marlin.MarlinUnavailable, match="marlin_gemm, gptq_marlin_gemm"):
+        marlin.resolve_entry_point(types.SimpleNamespace(__name__="fake_empty_ops"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_availability_reason_on_cpu():
+    reason = marlin.availability()
+    assert reason and "CUDA" in reason
