@@ -1,0 +1,160 @@
+"""Trace loading speed and memory: stepscope's loader vs gzip alone, json.loads and HTA.
+
+    .venv/bin/python benchmarks/trace_load.py [--mb 260] [--source NAME] [--keep DIR]
+
+Builds a trace of at least --mb MB of JSON by replicating the events of a shared trace
+(timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so
+peak RSS is clean, all in one run (the machine is noisy: read the ratios, not the times).
+Targets (issue 3): load <= 2x gzip time; peak RSS <= 0.5x JSON size; >= 10x faster than HTA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("STEPSCOPE_SHARED", REPO.parent / "shared")) / "traces"
+
+CHILD = r"""
+import resource, sys, time, json
+kind, path = sys.argv[1], sys.argv[2]
+if kind == "stepscope":
+    from stepscope.trace.load import read_trace
+    import pandas  # noqa: imported by the loader anyway
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+if kind == "gzip":
+    import gzip
+    n = 0
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            n += len(chunk)
+elif kind == "json":
+    import gzip
+    with gzip.open(path, "rb") as fh:
+        data = json.loads(fh.read())
+    n = len(data["traceEvents"])
+elif kind == "stepscope":
+    df, meta = read_trace(path)
+    n = len(df)
+elif kind == "hta":
+    from hta.trace_analysis import TraceAnalysis
+    import os
+    ta = TraceAnalysis(trace_dir=os.path.dirname(path))
+    n = 0
+dt = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"kind": kind, "s": dt, "peak_rss_mb": peak / 1024, "import_rss_mb": base / 1024, "n": n}))
+"""
+
+
+def build(source: Path, mb: int, out_dir: Path) -> tuple[Path, int, int]:
+    """Replicate the source's events (ts shifted per copy) into >= mb MB of JSON; gzip it."""
+    d = json.load(gzip.open(source))
+    events = d.pop("traceEvents")
+    span = max(e.get("ts", 0) + e.get("dur", 0) for e in events) - min(e.get("ts", 0) for e in events if "ts" in e)
+    one = [json.dumps(e) for e in events]
+    size_one = sum(len(s) + 2 for s in one)
+    copies = max(1, (mb << 20) // size_one + 1)
+    header = json.dumps(d)[:-1] + ', "traceEvents": [\n'
+    path = out_dir / "rank0.pt.trace.json"
+    n = 0
+    with open(path, "w") as fh:
+        fh.write(header)
+        first = True
+        for c in range(copies):
+            shift = c * (span + 1000.0)
+            for e in events:
+                if "ts" in e:
+                    e = dict(e, ts=e["ts"] + shift)
+                fh.write(("" if first else ",\n") + json.dumps(e))
+                first = False
+                n += 1
+        fh.write("\n]}\n")
+    json_bytes = path.stat().st_size
+    from isal import igzip
+
+    gz = out_dir / "rank0.pt.trace.json.gz"
+    with open(path, "rb") as src, igzip.open(gz, "wb", compresslevel=1) as dst:
+        while chunk := src.read(16 << 20):
+            dst.write(chunk)
+    path.unlink()  # only the .gz is loaded; HTA reads the folder
+    return gz, json_bytes, n
+
+
+def run(kind: str, path: Path) -> dict | None:
+    py = sys.executable
+    p = subprocess.run([py, "-c", CHILD, kind, str(path)], capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"kind": kind, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=260)
+    ap.add_argument("--source", default="hf-h100-qwen1.5-0.5b-eager.json.gz",
+                    help="shared trace whose events are replicated (a mix of stacks, ops, launches, kernels)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="build the trace here and keep it (reused by the next run with --keep)")
+    args = ap.parse_args()
+    tmp = args.keep or Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    cached = tmp / "rank0.pt.trace.json.gz"
+    if args.keep is not None and cached.is_file() and (tmp / "built.json").is_file():
+        gz = cached
+        info = json.loads((tmp / "built.json").read_text())
+        json_bytes, n = info["json_bytes"], info["n"]
+    else:
+        gz, json_bytes, n = build(SHARED / args.source, args.mb, tmp)
+        if args.keep is not None:
+            (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
+    print(f"built {gz} : {json_bytes / 2**20:.0f} MB JSON, {gz.stat().st_size / 2**20:.0f} MB gz, "
+          f"{n:,} events ({time.perf_counter() - t:.0f} s)")
+    try:
+        import hta  # noqa: F401
+        kinds = ["gzip", "stepscope", "json", "hta"]
+    except ImportError:
+        kinds = ["gzip", "stepscope", "json"]
+        print("HTA (holistictraceanalysis) not installed: its row is skipped")
+    res = {}
+    for k in kinds:
+        r = run(k, gz)
+        res[k] = r
+        if "error" in r:
+            print(f"{k:10s} failed: {r['error']}")
+        else:
+            print(f"{k:10s} {r['s']:7.2f} s   peak RSS {r['peak_rss_mb']:7.0f} MB "
+                  f"(after imports {r['import_rss_mb']:.0f} MB)   rows {r['n']:,}")
+    s, g = res.get("stepscope"), res.get("gzip")
+    json_mb = json_bytes / 2**20
+    print("\nratios (target):")
+    if s and g and "error" not in s and "error" not in g:
+        print(f"  stepscope time / gzip time      = {s['s'] / g['s']:.2f}  (<= 2.0)")
+        print(f"  stepscope peak RSS / JSON size  = {s['peak_rss_mb'] / json_mb:.2f}  (<= 0.5)")
+        print(f"    of which above its imports    = {(s['peak_rss_mb'] - s['import_rss_mb']) / json_mb:.2f}"
+              f"  (numpy+pandas+msgspec alone: {s['import_rss_mb']:.0f} MB)")
+    j = res.get("json")
+    if s and j and "error" not in j:
+        print(f"  json.loads time / stepscope     = {j['s'] / s['s']:.1f}x  "
+              f"(json.loads peak RSS {j['peak_rss_mb'] / json_mb:.2f}x JSON size)")
+    h = res.get("hta")
+    if s and h and "error" not in h:
+        print(f"  HTA time / stepscope time       = {h['s'] / s['s']:.1f}x  (>= 10)")
+    if args.keep is None:
+        for f in tmp.iterdir():
+            f.unlink()
+        tmp.rmdir()
+
+
+if __name__ == "__main__":
+    main()
