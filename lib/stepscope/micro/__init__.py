@@ -16,6 +16,7 @@ Stage 02 (`stepscope.micro.gemm`)
       A backend that cannot run (Marlin without CUDA) is one `skipped` row per model with its reason.
     02_gemm_micro/prediction.json:
       {model, tp, method, gemm_us_per_decode_step: {"<M>": us}, gemm_calls_per_decode_step: {"<M>": n},
+       weight_bytes_per_decode_step: {"<M>": bytes} (weights one GPU reads per step, distinct experts),
        missing_shapes, clamped_shapes, config: {backend, dtype, mode, routed_backend},
        presets: [{model, tp, gemm_us_per_decode_step, ...}], device, peak_mem_bw_gbps, peak_source,
        timing, notes}

@@ -23,6 +23,7 @@ from stepscope.model import (
     ArchitectureError,
     architecture_from_params,
     calls_per_step,
+    decode_weight_bytes,
     gemm_bytes,
     gemm_flops,
     gemm_shapes,
@@ -197,7 +198,8 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
 
     marlin_reason = marlin_mod.availability() if (grid["backend"] == "marlin").any() else None
     modes = ("hot", "cold") if device == "cuda" else ("hot",)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    # 50 MB when the property is missing: at least the L2 of current data-centre GPUs.
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device == "cuda" else 0
     groups = list(grid.groupby(["model", "tp", "backend", "dtype", "gemm", "n", "k", "batch"], sort=False))
     bar = tqdm(total=len(grid), desc="GEMM cases", disable=not progress)
     with torch_threads(threads if device == "cpu" else None):
@@ -264,8 +266,8 @@ def _time_group(base, cases, *, backend, dtype, device, modes, l2, warmup, repea
             if mode == "cold":
                 copies = _cold_copies(w_bytes, l2)
                 while len(weights) < copies:
-                    weights.append(marlin_mod.MarlinGemm(n, k, device=device, seed=len(weights))
-                                   if backend == "marlin" else _torch_weight(n, k, batch, act_dtype, device))
+                    weights.append(weights[0].copy() if backend == "marlin"
+                                   else _torch_weight(n, k, batch, act_dtype, device))
                 ws = weights[:copies]
             else:
                 ws = weights[:1]
@@ -377,13 +379,18 @@ def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> 
                               "config": {k: v for k, v in cfg.items()}, "presets": [], "notes": []}
     for t in targets:
         pred = predict_gemm_us_per_step(table, t, **cfg)
+        wb = decode_weight_bytes(t.arch, t.tp, [int(m) for m in pred["m"]],
+                                 quant_scope="routed_experts" if cfg["routed_backend"] else "none",
+                                 dense_bytes=_DTYPE_BYTES.get(cfg["dtype"], 2)).groupby("m")["weight_bytes"].sum()
         entry = {"model": t.label, "tp": t.tp,
+                 "weight_bytes_per_decode_step": {str(int(m)): float(b) for m, b in wb.items()},
                  "gemm_us_per_decode_step": {str(int(r.m)): float(r.gemm_us_per_step) for r in pred.itertuples()},
                  "gemm_calls_per_decode_step": {str(int(r.m)): float(r.n_gemm_calls) for r in pred.itertuples()},
                  "missing_shapes": sorted({s for v in pred["missing_shapes"] for s in v.split(",") if s}),
                  "clamped_shapes": sorted({s for v in pred["clamped_shapes"] for s in v.split(",") if s})}
         if t.role == "served" and result["model"] is None:
             result.update(model=t.label, tp=t.tp, gemm_us_per_decode_step=entry["gemm_us_per_decode_step"],
+                          weight_bytes_per_decode_step=entry["weight_bytes_per_decode_step"],
                           gemm_calls_per_decode_step=entry["gemm_calls_per_decode_step"],
                           missing_shapes=entry["missing_shapes"], clamped_shapes=entry["clamped_shapes"])
         else:
@@ -464,13 +471,18 @@ def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, pea
 
 
 def prediction_table(prediction: dict) -> pd.DataFrame:
-    """prediction.json as rows: model, tp, m, gemm_us_per_decode_step, gemm_calls_per_decode_step."""
+    """prediction.json as rows: model, tp, m, gemm_us_per_decode_step, gemm_calls_per_decode_step,
+    weight_bytes_per_decode_step and the weight-streaming rate that time implies (GB/s)."""
     rows = []
     for e in ([prediction] if prediction.get("model") else []) + list(prediction.get("presets", [])):
         for m, us in e["gemm_us_per_decode_step"].items():
+            wb = e.get("weight_bytes_per_decode_step", {}).get(m)
             rows.append(dict(model=e["model"], tp=e["tp"], m=int(m), gemm_us_per_decode_step=us,
-                             gemm_calls_per_decode_step=e.get("gemm_calls_per_decode_step", {}).get(m)))
-    return pd.DataFrame(rows, columns=["model", "tp", "m", "gemm_us_per_decode_step", "gemm_calls_per_decode_step"])
+                             gemm_calls_per_decode_step=e.get("gemm_calls_per_decode_step", {}).get(m),
+                             weight_bytes_per_decode_step=wb,
+                             implied_weight_gbps=(wb / us / 1e3) if wb and us else np.nan))
+    return pd.DataFrame(rows, columns=["model", "tp", "m", "gemm_us_per_decode_step", "gemm_calls_per_decode_step",
+                                       "weight_bytes_per_decode_step", "implied_weight_gbps"])
 
 
 def describe_plan(targets: list[GemmTarget], grid: pd.DataFrame, notes: list[str]) -> str:

@@ -107,6 +107,13 @@ class MarlinGemm:
             self.workspace = marlin_utils.marlin_make_workspace(n, torch.device(device))
         self.q_type = scalar_types.uint4b8
 
+    def copy(self) -> "MarlinGemm":
+        """Same weights in fresh memory (for rotating copies through L2); no re-quantization."""
+        other = object.__new__(MarlinGemm)
+        other.__dict__.update(self.__dict__)
+        other.q_w, other.scales = self.q_w.clone(), self.scales.clone()
+        return other
+
     def call(self, a):
         """Return a zero-argument callable computing a @ W (a: [m, k] bf16)."""
         import torch
