@@ -40,7 +40,7 @@ Stage 03 (`stepscope.micro.collectives`)
     03_nccl_burst/prediction.json: {model, k, k_source, backend, world_size, dtype, method,
       comm_us_per_decode_step (= k × per_op_us, batch 1), per_op_us, size_bytes, mode,
       by_batch: {"<M>": {...}}, eager_per_op_us_same_size, burst_over_eager_per_op,
-      all_gather_us, all_gather_size_bytes, notes}
+      all_gather_us, all_gather_size_bytes, interconnect, hardware, notes}
     03_nccl_burst/ranks/: raw per-rank timings (rank<R>.json), progress and logs.
     Figure: figures/collective_latency_vs_size.png.
 """

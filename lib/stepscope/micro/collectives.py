@@ -567,6 +567,9 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
         coll = collective_table(results)
         burst = burst_table(results, plan)
         prediction = build_prediction(burst, coll, plan)
+    # Collective speed is a property of the link as much as of the GPUs: record which link.
+    prediction["interconnect"] = params.hardware.interconnect
+    prediction["hardware"] = params.hardware.name
     if imported:
         coll = pd.concat([coll] + imported, ignore_index=True)
     coll.to_csv(out_dir / "collectives.csv", index=False)
