@@ -564,16 +564,18 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
     return "\n".join(sections)
 
 
-def build_report(run_dir: str | Path, writeup: WriteupParams | None = None) -> dict[str, Path]:
+def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
+                 draw_figures: bool = True) -> dict[str, Path]:
     """Write `06_writeup/report.md` and `06_writeup/report.html` from the run folder alone.
 
     Returns {"markdown", "html", "figures" (folder)} plus one entry per figure drawn. Sections
-    whose artifacts are missing render as a visible "not measured" box.
+    whose artifacts are missing render as a visible "not measured" box. `draw_figures=False`
+    renders the text only (stage PNGs are still linked): seconds faster, for re-renders and tests.
     """
     a = load_run_artifacts(run_dir)
     wp = writeup_params_from(a, writeup)
     ctx = report_context(a, wp)
-    ctx["figs"] = make_figures(a, ctx)
+    ctx["figs"] = make_figures(a, ctx) if draw_figures else {}
     text = render_report_markdown(a, ctx, wp)
     out_dir = a.run_dir / STAGE_ID
     out_dir.mkdir(parents=True, exist_ok=True)

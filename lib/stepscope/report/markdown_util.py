@@ -32,9 +32,6 @@ def fmt_num(v: Any, digits: int = 3) -> str:
         return "–"
     if math.isinf(f):
         return "∞"
-    if f.is_integer() and abs(f) < 1e15:
-        # Integral floats are nearly always counts (calls per step read back from CSV).
-        return f"{int(f):,}"
     a = abs(f)
     if a >= 10 ** digits:
         return f"{f:,.0f}"
@@ -55,7 +52,14 @@ def md_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]] | None = None,
     if columns is None:
         columns = [(c, c) for c in df.columns]
     columns = [(c, h) for c, h in columns if c in df.columns]
-    formats = formats or {}
+    formats = dict(formats or {})
+    for c, _ in columns:
+        # A float column holding only whole numbers is a count read back from CSV: print it as one.
+        if c not in formats and pd.api.types.is_float_dtype(df[c]):
+            vals = df[c].dropna()
+            vals = vals[~vals.isin([float("inf"), float("-inf")])]
+            if len(vals) and (vals == vals.round()).all():
+                formats[c] = lambda v: fmt_num(int(v)) if pd.notna(v) and abs(v) != float("inf") else fmt_num(v)
     rows = df if max_rows is None else df.head(max_rows)
     out = ["| " + " | ".join(h.replace("|", "\\|") for _, h in columns) + " |",
            "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool else "---"

@@ -1,0 +1,183 @@
+"""The writeup from synthetic run folders: numbers, missing-stage boxes, verdict, self-contained HTML."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from stepscope.report import build_report, make_synthetic_run
+from stepscope.report.analysis import speculative_whatif
+from stepscope.report.markdown_util import MISSING_MARK, fmt_num
+
+# The synthetic run's exposed ms per decode step (see report/synthetic.py), re-stated here so a
+# change there cannot silently change what the test expects.
+EXPOSED = {"all_reduce": 5.0, "all_gather": 0.2, "quantized_gemm": 4.0, "fused_moe": 1.0,
+           "attention": 1.2, "norm": 0.4, "elementwise": 0.3, "other": 0.01}
+
+
+def _report(tmp_path, name="run", **kw) -> tuple[str, str, dict]:
+    """Text-only report (figures take seconds to draw; `full` below draws them once)."""
+    run = make_synthetic_run(tmp_path / name, **kw)
+    paths = build_report(run, draw_figures=False)
+    return paths["markdown"].read_text(), paths["html"].read_text(), paths
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> tuple[str, str, dict]:
+    run = make_synthetic_run(tmp_path_factory.mktemp("full") / "run")
+    paths = build_report(run)
+    return paths["markdown"].read_text(), paths["html"].read_text(), paths
+
+
+def test_full_report_shows_measured_numbers(full):
+    md, _, paths = full
+    assert MISSING_MARK not in md
+    # macro: knee, plateau, c=1 TPOT/TTFT
+    assert "**concurrency 4**" in md and "**300 output tok/s**" in md
+    assert "median TPOT is **13.3 ms**" in md and "median TTFT **28.0 ms**" in md
+    # micro: GEMM pivot row and the burst with count, total, per-op and mode together
+    assert "| synthetic-moe | experts.down | 7,168 | 256 | w4a16 | marlin | cold | 11 | 12 | 14 | 18 |" in md
+    assert "| 123 | 14,336 | graph | nccl | 8 | 4,300 | 35.0 | 35.0 |" in md
+    assert "no CUDA on this machine" in md
+    # breakdown: all_reduce 5.5 ms of a span of 12.11 * 1.05 ms
+    span = sum(EXPOSED.values()) * 1.05
+    assert f"| all_reduce | communication | 5.50 |" in md
+    assert f"| {fmt_num(100 * 5.5 / span)} |" in md
+    assert "| span (first to last device event of the step) | 12.7 |" in md
+    assert "| TPOT measured by the client during capture | 12.1 |" in md
+    # cross-checks: collectives and micro-vs-trace ratio (5.7 ms traced / 4.3 ms predicted)
+    assert "| all_reduce | 123 | 123 | yes |" in md
+    assert f"| {fmt_num(5.7 / 4.3)} | no |" in md
+    # every figure exists and is linked relatively
+    figs = [p for k, p in paths.items() if k.startswith("figure_")]
+    assert len(figs) == 9 and all(p.stat().st_size > 5000 for p in figs)
+    for p in figs:
+        assert f"](../figures/{p.name})" in md
+
+
+def test_amdahl_ceiling_for_every_category(full):
+    md, _, _ = full
+    span = sum(EXPOSED.values()) * 1.05
+    for cat, exp in EXPOSED.items():
+        want = fmt_num(span / (span - exp))
+        assert f"Removing all exposed **{cat}** ({fmt_num(exp)} ms/step) would make a decode step at most " \
+               f"**{want}×** faster." in md
+    assert "**Dominant category: all_reduce**" in md
+
+
+def test_amdahl_recomputed_when_stage_gives_no_ceiling(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "05_categorize" / "amdahl.csv"
+    pd.read_csv(p).drop(columns=["speedup_ceiling"]).to_csv(p, index=False)
+    summary = json.loads((run / "05_categorize" / "summary.json").read_text())
+    summary["decode"].pop("amdahl")
+    (run / "05_categorize" / "summary.json").write_text(json.dumps(summary))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    span = sum(EXPOSED.values()) * 1.05
+    assert f"at most **{fmt_num(span / (span - 5.0))}×** faster" in md
+
+
+def test_missing_stages_render_as_not_measured_boxes(tmp_path):
+    md, html, _ = _report(tmp_path, stages=("05_categorize",))
+    for what in ("The load sweep", "GEMM timings", "Collective timings"):
+        assert f"> **{MISSING_MARK}:** {what}." in md
+    assert "Stage 01_macro_sweep (macro sweep) was not measured (not_run)." in md
+    assert "Stage 02_gemm_micro (GEMM micro-benchmark) was not measured (not_run)." in md
+    # the measured part still renders
+    assert "**Dominant category: all_reduce**" in md
+    assert html.count('<blockquote class="missing">') == md.count(f"**{MISSING_MARK}:**") >= 4
+
+
+def test_empty_run_folder_still_renders(tmp_path):
+    (tmp_path / "empty").mkdir()
+    paths = build_report(tmp_path / "empty", draw_figures=False)
+    md = paths["markdown"].read_text()
+    assert md.count(MISSING_MARK) >= 8
+    assert "## 8. Caveats" in md and "Stage 05_categorize (trace categorization) was not measured" in md
+
+
+def test_unreadable_artifact_becomes_a_caveat(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    (run / "05_categorize" / "summary.json").write_text("{not json")
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "Unreadable artifact: 05_categorize/summary.json: not readable as JSON" in md
+    # the per-category table comes from the CSV, so it still renders
+    assert "| all_reduce | communication | 5.50 |" in md
+
+
+def _verdict(md: str) -> str:
+    return re.search(r"^> \*\*Verdict\.\*\* (.*)$", md, re.M).group(1)
+
+
+def test_verdict_follows_the_data(tmp_path):
+    md_a, _, _ = _report(tmp_path, "a", comm_exposed=True, launch_bound=False)
+    md_b, _, _ = _report(tmp_path, "b", comm_exposed=False, launch_bound=True)
+    va, vb = _verdict(md_a), _verdict(md_b)
+    assert "Communication is exposed" in va and "mostly hidden" not in va
+    assert "Communication is mostly hidden under compute" in vb
+    assert "bound by the work itself" in va
+    assert "bound by the host side" in vb and "CUDA graphs" in vb
+    # launch-bound run: the span is 3x the busy time, so the device idles 2/3 of the step
+    assert "is idle 67 % of each step" in vb
+    assert va != vb
+
+
+def test_html_is_self_contained(full):
+    _, html, paths = full
+    assert "<script" not in html.lower()
+    assert not re.search(r"<link\b", html, re.I)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert not re.search(r"url\(\s*['\"]?(https?:)?//", html, re.I)
+    imgs = re.findall(r'<img[^>]*src="([^"]*)"', html)
+    assert len(imgs) == len([k for k in paths if k.startswith("figure_")])
+    assert all(s.startswith("data:image/png;base64,") for s in imgs)
+    assert "<table>" in html and "<style>" in html
+
+
+def test_markdown_has_no_raw_html_tables(full):
+    md, _, _ = full
+    assert "<table" not in md and "<img" not in md
+    assert md.count("\n|---") >= 10
+
+
+def test_secrets_never_reach_the_report(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "params.yaml"
+    p.write_text(p.read_text() + "secrets:\n  hf_token: hf_SECRET123\n")
+    rj = json.loads((run / "run.json").read_text())
+    rj["argv"] += ["--api-key", "sk-SECRET456"]
+    (run / "run.json").write_text(json.dumps(rj))
+    paths = build_report(run, draw_figures=False)
+    for f in (paths["markdown"], paths["html"]):
+        text = f.read_text()
+        assert "hf_SECRET123" not in text and "sk-SECRET456" not in text
+        assert "***redacted***" in text
+
+
+def test_speculative_whatif_arithmetic():
+    # step 10 ms of which GEMM 4 ms; GEMM at M=3 costs 1.1x M=1.
+    df = speculative_whatif(10.0, 4.0, {"1": 100.0, "3": 110.0, "8": 200.0}, (2.0,), (0.1,))
+    r = df.iloc[0]
+    assert r["verify_m"] == 3 and r["gemm_scale"] == pytest.approx(1.1)
+    assert r["verify_step_ms"] == pytest.approx(10.4)
+    assert r["tpot_ms_projected"] == pytest.approx((10.4 + 1.0) / 2)
+    assert r["tok_s_projected"] == pytest.approx(1000 / 5.7)
+    assert r["speedup"] == pytest.approx(10 / 5.7)
+    # without a GEMM prediction the verify step is assumed to cost one measured step
+    r = speculative_whatif(10.0, 4.0, None, (3.0,), (0.0,)).iloc[0]
+    assert r["tpot_ms_projected"] == pytest.approx(10 / 3)
+
+
+def test_whatif_section_uses_params(full):
+    md, _, _ = full
+    assert "acceptance lengths [1.5, 2.0, 3.0] and draft costs [0.1, 0.2]" in md
+    assert md.count("\n| 3.00 | 0.200 |") == 1
+
+
+@pytest.mark.parametrize("v,s", [(None, "–"), (float("nan"), "–"), (12.1, "12.1"), (0.0123456, "0.0123"),
+                                 (1536.4, "1,536"), (123.0, "123"), (28.0, "28.0"), (5, "5"), (float("inf"), "∞")])
+def test_fmt_num(v, s):
+    assert fmt_num(v) == s
