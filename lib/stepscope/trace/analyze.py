@@ -60,6 +60,36 @@ class Analysis:
     def reference(self) -> RankResult:
         return self.ranks[0]
 
+    def overview(self) -> pd.DataFrame:
+        """Decode categories of the reference rank, ms per step, largest first."""
+        d = self.reference.decode
+        cols = ["category", "class", "union_ms_mean", "union_ms_median", "union_ms_p90",
+                "exposed_ms_mean", "share_of_span", "calls_per_step", "us_per_call"]
+        return d[cols].round(4)
+
+    def step_times(self) -> pd.DataFrame:
+        """Per decode step: kernel sum vs union vs span (and annotation), beside the TPOT."""
+        t = self.summary["decode"]["steps"]
+        rows = [{"reading": k, **t[k]} for k in ("kernel_sum_ms", "union_ms", "span_ms",
+                                                 "annotation_ms")]
+        rows.append({"reading": "tpot_capture_ms", "mean": t["tpot_capture_ms"],
+                     "median": t["tpot_capture_ms"], "p90": None})
+        return pd.DataFrame(rows)
+
+    def other_names(self) -> pd.DataFrame:
+        """The names that fell into 'other', per rank, with their time."""
+        rows = [{"rank": r.rank, **o} for r in self.ranks for o in r.other_top]
+        return pd.DataFrame(rows, columns=["rank", "name", "sum_us", "count"])
+
+    def ranks_table(self) -> pd.DataFrame:
+        keys = ["rank", "mode", "step_source", "n_device_events", "kernel_sum_us", "busy_us",
+                "idle_us", "span_us", "other_share", "n_steps", "n_decode_steps",
+                "unattributed_events"]
+        return pd.DataFrame([{k: r[k] for k in keys} for r in self.summary["ranks"]])
+
+    def flags_table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.flags, columns=["code", "severity", "message"])
+
 
 def _flag(code: str, severity: str, message: str) -> dict[str, str]:
     return {"code": code, "severity": severity, "message": message}
@@ -344,6 +374,22 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
 
 
 # --------------------------------------------------------------------------- run folder
+
+
+def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: bool = True) -> Analysis:
+    """Stage 05 in one call: inputs from the run folder / params, architecture, TP, analysis.
+
+    Raises StageInputMissing when there are no traces to analyse.
+    """
+    paths, tpot = trace_inputs_for_run(run_dir, params)
+    arch, why = load_arch_for(params)
+    tp = params.analysis.tp or params.server.tp
+    an = analyze_traces(paths, Path(out_dir), arch=arch, tp=tp,
+                        extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress)
+    if arch is None:
+        an.summary["collectives_check"]["explanation"].append(f"architecture: {why}")
+        write_json(Path(out_dir) / "summary.json", an.summary)
+    return an
 
 
 def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float | None]:

@@ -258,16 +258,11 @@ class _Collector:
         nm = [e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in kept]
         self.name.extend([names[n] if n in names else names.setdefault(n, len(names)) for n in nm])
         self.cat.extend(cis)
-        pids = [e.pid for e in kept]
-        tids = [e.tid for e in kept]
-        if all(type(v) is int for v in pids):
-            self.pid.extend(pids)
-        else:
-            self.pid.extend([self._id(v) for v in pids])
-        if all(type(v) is int for v in tids):
-            self.tid.extend(tids)
-        else:
-            self.tid.extend([self._id(v) for v in tids])
+        for dst, vals in ((self.pid, [e.pid for e in kept]), (self.tid, [e.tid for e in kept])):
+            try:
+                dst.extend(array("q", vals))  # all-int (the usual case); atomic on failure
+            except TypeError:
+                dst.extend([self._id(v) for v in vals])
         self.ts.extend([e.ts for e in kept])
         self.dur.extend([e.dur for e in kept])
         args = [e.args or _NO_ARGS for e in kept]

@@ -17,13 +17,24 @@ def export_perfetto(r, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     w = r.work
     t0 = float(w["start_us"].min()) if len(w) else 0.0
-    pid = f"rank {r.rank} ({r.mode})"
+    # Integer pid/tid with name metadata: the form every Chrome-trace importer accepts.
+    pid = int(r.rank)
+    streams = sorted(int(x) for x in w["stream"].unique()) if len(w) else []
+    tid_of = {s: i + 1 for i, s in enumerate(streams)}
+    step_tid = len(streams) + 1
+    label = "stream" if r.mode == "gpu" else "thread"
     events: list[dict] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pid}},
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+         "args": {"name": f"rank {r.rank} ({r.mode}, categorized by stepscope)"}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": step_tid,
+         "args": {"name": "steps (work span)"}},
     ]
+    for s_, t in tid_of.items():
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t,
+                       "args": {"name": f"{label} {s_}"}})
     for row in w.itertuples(index=False):
         events.append({"ph": "X", "cat": row.category, "name": f"[{row.category}] {row.name}",
-                       "pid": pid, "tid": f"stream {row.stream}", "ts": row.start_us - t0,
+                       "pid": pid, "tid": tid_of[int(row.stream)], "ts": row.start_us - t0,
                        "dur": row.dur_us,
                        "args": {"category": row.category, "class": row[4],
                                 "step_id": int(row.step_id)}})
@@ -32,7 +43,7 @@ def export_perfetto(r, path: str | Path) -> Path:
         if row.n_events == 0:
             continue
         events.append({"ph": "X", "cat": "step", "name": f"step {row.step_id} {row.label}",
-                       "pid": pid, "tid": "steps (work span)", "ts": row.first_start_us - t0,
+                       "pid": pid, "tid": step_tid, "ts": row.first_start_us - t0,
                        "dur": row.span_us,
                        "args": {"annotation": row.name, "label": row.label,
                                 "busy_us": row.busy_us, "kernel_sum_us": row.kernel_sum_us}})
