@@ -49,8 +49,8 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("00_deploy", (), True, ("run", "model", "server", "hardware")),
     Stage("01_macro_sweep", ("00_deploy",), True, ("sweep",)),
-    Stage("02_gemm_micro", (), False, ("model", "micro", "hardware")),
-    Stage("03_nccl_burst", (), False, ("model", "micro", "server")),
+    Stage("02_gemm_micro", (), False, ("model", "server", "micro", "hardware")),
+    Stage("03_nccl_burst", (), False, ("model", "micro", "server", "hardware")),
     Stage("04_profiler_capture", ("00_deploy",), True, ("capture",)),
     Stage("05_categorize", (), False, ("analysis",)),
     Stage("06_writeup", (), False, ("writeup",)),
