@@ -187,7 +187,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
                 lvl = f" at {r['level']}" if key == "macro" else ""
                 changed.append(f"{r[label_col]}{lvl}: {fmt_num(r['a'])} → {fmt_num(r['b'])}"
                                + (f" ({r['ratio_b_over_a']:.3f}×)" if pd.notna(r["ratio_b_over_a"]) else ""))
-    if tables["macro"] is not None:
+    if n_macro_changed:
         changed.append(f"macro sweep: {n_macro_changed} of {len(tables['macro'])} per-level metrics "
                        f"(see the last table)")
     text += "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changed) if changed
