@@ -145,3 +145,12 @@ def test_load_server_errors(tmp_path):
         assert s.headers == {"Authorization": "Bearer k1"}
     finally:
         del os.environ["SS_TEST_KEY"]
+
+
+def test_all_requests_failing_fails_the_stage_with_the_first_error(tmp_path):
+    p = SweepParams(concurrency=(1,), input_len=2, output_len=2, min_requests=2, warmup_requests=0)
+    with FakeServer(FakeBehaviour(fail_every=1)) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+    assert res.summary["died_at_level"] is None  # the server is alive, it refuses
+    with pytest.raises(ServerError, match="every request of the sweep failed.*fake overload"):
+        res.raise_if_died()

@@ -94,3 +94,10 @@ def test_not_a_result_file(tmp_path):
         import_vllm_results([p])
     with pytest.raises(ResultImportError, match="file not found"):
         import_vllm_results([tmp_path / "missing.json"])
+
+
+def test_relative_paths_and_empty_list(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(SUMMARY_ONLY))
+    assert len(import_vllm_results(["r.json"], base_dir=tmp_path)) == 1
+    empty = import_vllm_results([])
+    assert empty.empty and list(empty.columns) == LEVEL_COLUMNS

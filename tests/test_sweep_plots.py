@@ -24,5 +24,15 @@ def test_figures_show_knee_and_save(tmp_path):
     assert "knee: C=4" in labels and any("client may be" in t for t in labels)
     assert list(ax.lines[0].get_ydata()) == [100.0, 190.0, 300.0, 310.0]
     paths = save_figures(figs, tmp_path)
-    assert sorted(p.name for p in paths) == sorted(v for k, v in FIGURE_NAMES.items() if k != "capture")
+    assert sorted(p.name for p in paths) == sorted(v for k, v in FIGURE_NAMES.items() if k not in ("capture", "by_source"))
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_by_source_has_one_line_per_source():
+    from stepscope.sweep.plots import plot_throughput_by_source
+
+    a = _levels().assign(source="stepscope")
+    b = _levels().assign(source="vllm bench serve: x.json", output_throughput_tok_s=[1.0, 2.0, 3.0, 4.0])
+    fig = plot_throughput_by_source(pd.concat([a, b]))
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2 and list(ax.lines[1].get_ydata()) == [1.0, 2.0, 3.0, 4.0]

@@ -123,6 +123,8 @@ class SweepParams:
     request_timeout_s: float = 600.0
     knee_gain: float = 0.10
     """The knee is the first level where doubling concurrency adds less than this."""
+    import_results: tuple[str, ...] = ()
+    """`vllm bench serve --save-result` JSON files to show beside this sweep (same table)."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ FIGURE_NAMES = {
     "latency": "sweep_latency_vs_concurrency.png",
     "curve": "sweep_latency_vs_throughput.png",
     "capture": "capture_batch1_latency_per_request.png",
+    "by_source": "sweep_output_tok_s_vs_concurrency_by_source.png",
 }
 
 
@@ -93,6 +94,29 @@ def plot_latency_vs_throughput(levels: pd.DataFrame) -> Figure:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plot_throughput_by_source(levels: pd.DataFrame) -> Figure:
+    """Output tok/s against concurrency, one line per source (this sweep, imported results)."""
+    c = _closed(levels)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for source, g in c.groupby("source", sort=False):
+        ax.plot(g["concurrency"], g["output_throughput_tok_s"], "o-", label=f"{source} ({len(g)} levels)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C (requests in flight, closed loop)")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title("Output throughput vs concurrency, by source (tokens / duration)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def comparison_figures(levels: pd.DataFrame, imported: pd.DataFrame) -> dict[str, Figure]:
+    """The by-source throughput figure when there are imported results; nothing otherwise."""
+    if imported is None or imported.empty:
+        return {}
+    return {FIGURE_NAMES["by_source"]: plot_throughput_by_source(pd.concat([levels, imported], ignore_index=True))}
 
 
 def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None) -> dict[str, Figure]:

@@ -84,7 +84,14 @@ class SweepResult:
         return self.levels[cols].set_index("level").round(2)
 
     def raise_if_died(self) -> None:
-        """After the results are shown and saved, fail the stage if the server died."""
+        """After the results are shown and saved, fail the stage if the server died or if
+        not one request completed (a setting the server refuses, e.g. a prompt too long)."""
+        if len(self.levels) and int(self.levels["n_completed"].sum()) == 0:
+            first = self.failures["error"].iloc[0] if len(self.failures) else "no error recorded"
+            raise ServerError(f"every request of the sweep failed; the first error: {first}",
+                              where=str(self.out_dir / "summary.json"),
+                              hint="check sweep.input_len + sweep.output_len against the server's "
+                                   "max model length, and the served model name")
         if self.summary.get("died_at_level"):
             raise ServerError(self.summary["died_message"], where=str(self.out_dir),
                               hint="see 00_deploy/server.log for why the server stopped; "

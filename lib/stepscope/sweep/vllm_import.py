@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from stepscope.errors import StepscopeError
+from stepscope.runfolder import REPO_ROOT
 from stepscope.sweep.metrics import RequestRecord, level_metrics
 from stepscope.sweep.run import LEVEL_COLUMNS
 
@@ -142,15 +143,18 @@ def result_row(d: dict[str, Any], source: str = "vllm bench serve") -> dict[str,
     return row
 
 
-def import_vllm_results(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """Levels table (LEVEL_COLUMNS) from one or more `--save-result` files."""
+def import_vllm_results(paths: Iterable[str | Path], base_dir: str | Path = REPO_ROOT) -> pd.DataFrame:
+    """Levels table (LEVEL_COLUMNS) from one or more `--save-result` files; relative paths
+    are resolved from `base_dir` (the repository root, like every params path)."""
     rows = []
     for p in paths:
-        p = Path(p)
+        p = Path(p) if Path(p).is_absolute() else Path(base_dir) / p
         if not p.is_file():
             raise ResultImportError("file not found", where=str(p))
         for d in _load_objects(p):
             rows.append(result_row(d, source=f"vllm bench serve: {p.name}"))
+    if not rows:
+        return pd.DataFrame(columns=LEVEL_COLUMNS)
     df = pd.DataFrame(rows)
     for col in LEVEL_COLUMNS:
         if col not in df:
