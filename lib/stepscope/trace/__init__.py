@@ -1,1 +1,94 @@
-"""Stage 05: trace loading, kernel categories, exact per-step accounting."""
+"""Stage 05: trace loading, kernel categories, exact per-step accounting.
+
+Public API
+----------
+- `analyze_traces(paths, out_dir, *, arch=None, tp=None, extra_rules=(), tpot_ms=None,
+  progress=True, cache_dir=None, perfetto=True) -> Analysis` (`stepscope.trace.analyze`):
+  trace files and/or folders in (`*.json`, `*.json.gz`; `*profiler_out*.txt` tables found
+  beside them are a cross-check), every artifact below written to `out_dir`. One unreadable
+  rank becomes an error flag; the rest are analysed. `Analysis` holds the DataFrames
+  (`decode_categories`, `steps`, `rank_categories`, `cross_rank`, `amdahl`, `timeline`,
+  `text_tables`), `summary` (the dict written as summary.json), `flags`, and per-rank
+  `RankResult`s (`work`, `steps_tot`, `step_categories`, ...); `overview()`,
+  `step_times()`, `other_names()`, `ranks_table()`, `flags_table()` give display tables.
+- `run_stage(params, run_dir, out_dir)`: stage 05 from a run folder (inputs, architecture
+  via `stepscope.model.architecture_from_params`, TP = analysis.tp or server.tp, TPOT from
+  04_profiler_capture/capture_latency.json).
+- `trace_inputs_for_run(run_dir, params) -> (paths, tpot_ms | None)`: params
+  `analysis.trace_paths`, else `04_profiler_capture/traces/`; `StageInputMissing` otherwise.
+- `load.load_rank(path, cache_dir=...)`, `load.load_ranks(paths, ...)`, `load.read_trace(path)`:
+  the streaming loader (slim event table per rank; Parquet cache keyed by size + content hash).
+- `categorize.make_rules(extra_rules)` + `rules.yaml`: ordered rules, first match wins.
+- `text_table.parse_text_table(path)`: torch's `key_averages` table (CPU and GPU layouts).
+- `plots.stage_figures(an)`, `plots.save_figures(figs, run_dir)`.
+
+Method
+------
+Work is device events (`kernel`, `gpu_memcpy`, `gpu_memset`) on GPU traces; on CPU-only
+traces it is the self time of each `cpu_op` (the op minus its children, split into pieces)
+on the threads that carry step annotations, inside a step. Each piece of work belongs to the
+step whose annotation encloses its launch on the launching thread (kernel `correlation` ->
+`cuda_runtime`/`cuda_driver` launch, HIP included; one graph launch covers all its kernels),
+then the step enclosing the launch in the same process, then the last step that began before
+the work (launch not in the trace). Step sources, in order: vLLM `execute_...` annotations
+(three forms), SGLang `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches,
+`execute_model` Python frames, one whole-trace step. Times are µs from the rank's first kept
+event (`origin_us` in summary.json is that instant on the trace's clock).
+Per (rank, step, category): count (calls; a CPU collective counts once, at its `c10d::` op),
+sum_us (summed durations), union_us (interval union) and exposed_us (class priority compute >
+communication > memory: compute categories' exposed time is their union; communication's is
+what no compute overlaps; memory's what neither overlaps). Identities, exact to rounding:
+busy + idle = span and compute_us + exposed_comm_us + exposed_mem_us = busy_us.
+
+Categories (class): all_reduce, all_gather, other_collective (communication); quant_gemm,
+dense_gemm, fused_moe, moe_routing, attention, kv_cache_write, norm, activation, rotary,
+quantize, sampling, elementwise (elementwise and other PyTorch library kernels), framework
+(CPU traces only: dispatcher and view/metadata ops), other (compute); memcpy, memset (memory).
+
+Artifacts in `05_categorize/`
+-----------------------------
+- `summary.json`:
+  - `ranks`: list, per rank: `rank`, `file`, `mode` ("gpu"/"cpu"), `origin_us`,
+    `n_device_events` (work events; CPU: ops), `kernel_sum_us`, `busy_us`, `idle_us`,
+    `span_us`, `categories` {category: {`count`, `sum_us`, `union_us`, `exposed_us`}},
+    `other_share` (other sum / kernel sum), `other_top_names` [{`name`, `sum_us`, `count`}],
+    `n_steps`, `n_decode_steps`, `step_source`, `unattributed_events`,
+    `collectives_per_decode_step` {`all_reduce`, `all_gather`} (medians over decode steps).
+  - `decode` (reference = lowest rank): `rank`; `steps` {`steps_used`, `n_steps`,
+    `kernel_sum_ms`, `union_ms`, `span_ms`, `annotation_ms` each {`mean`, `median`, `p90`},
+    `tpot_capture_ms`}; `categories` (rows of decode_categories.csv for that rank);
+    `amdahl` (rows of amdahl.csv).
+  - `collectives_check`: `observed` {`steps_used`, `n_steps`, `all_reduce`/`all_gather`/
+    `other_collective` {`median`, `min`, `max`}}, `expected` ({`all_reduce`, `all_gather`,
+    `reasoning`} or null), `match` (bool or null), `explanation` [sentences], `rank`, `tp`.
+  - `cross_rank`: rows of cross_rank.csv.
+  - `text_table_check`: per table {`file`, `rank`, `rows`, `layout`, `self_cpu_total_us`,
+    [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | `note`}.
+  - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
+    rank_unreadable, duplicate_rank, rank_assumed, bad_durations, unknown_event_category,
+    other_share_high, unattributed, step_fallback, collectives_mismatch,
+    text_table_mismatch, kernel_sum_above_tpot, mixed_modes.
+- `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
+  rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
+  exposed_ms_mean, share_of_span (union mean / step span mean), exposed_share_of_busy,
+  calls_per_step, us_per_call (sum / calls).
+- `steps.csv`: rank, step_id, name, source, label (prefill/decode/mixed/idle/unknown),
+  n_requests, n_tokens, prefill_requests, prefill_tokens, decode_requests, decode_tokens
+  (-1 = not in the annotation), annotation_ts_us, annotation_dur_us, n_events, kernel_sum_us,
+  busy_us, span_us, compute_us, exposed_comm_us, exposed_mem_us, all_reduce_calls,
+  all_gather_calls, other_collective_calls, first_start_us, idle_us.
+- `rank_categories.csv`: rank, category, class, count, sum_us, union_us, exposed_us (whole
+  trace, attributed or not).
+- `cross_rank.csv`: category, class, n_ranks, ms_per_step_min/median/max, min_rank, max_rank,
+  transfer_ms_est (collectives: the min-rank time), wait_ms_median, wait_ms_max, note.
+- `amdahl.csv`: rank, category, class, step_ms (mean decode work span), exposed_ms,
+  speedup_ceiling = step_ms / (step_ms - exposed_ms).
+- `timeline_rank0_step.csv`: the reference rank's decode step of median span: rank, step_id,
+  stream (CUDA stream, or CPU thread id), category, class, start_us (from the step's first
+  event), dur_us, name.
+- `text_tables.csv` (when tables were found): file, rank, the table's columns (times as
+  `<label>_us`, `calls`), truncated_name, layout.
+- `perfetto/rank<N>.categorized.json.gz`: Chrome-trace JSON, events named
+  `[category] name` with category/class/step in args, plus a steps track.
+- `cache/<size>-<hash>.parquet`: slim event tables (a second analysis reads these).
+"""

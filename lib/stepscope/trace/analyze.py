@@ -159,6 +159,7 @@ def _rank_summary(r: RankResult) -> dict:
         "rank": r.rank,
         "file": r.file,
         "mode": r.mode,
+        "origin_us": r.info.get("origin_us"),
         "n_device_events": int(t["n_events"]),
         "kernel_sum_us": kernel_sum,
         "busy_us": float(t["busy_us"]),
