@@ -174,7 +174,7 @@ def test_speculative_whatif_arithmetic():
 def test_whatif_section_uses_params(full):
     md, _, _ = full
     assert "acceptance lengths [1.5, 2.0, 3.0] and draft costs [0.1, 0.2]" in md
-    assert md.count("\n| 3.00 | 0.200 |") == 1
+    assert md.count("\n| 3.00 | 20 | 4 |") == 1
 
 
 @pytest.mark.parametrize("v,s", [(None, "–"), (float("nan"), "–"), (12.1, "12.1"), (0.0123456, "0.0123"),

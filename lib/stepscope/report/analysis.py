@@ -443,7 +443,21 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> l
         out.append("The load generator may have been the bottleneck at "
                    + ", ".join(macro["client_bound_levels"]) + "; treat those levels' throughput as a lower bound.")
     if macro.get("died_at_level") is not None:
-        out.append(f"The server died during the sweep at level {macro['died_at_level']}; later levels are absent.")
+        msg = (a.sweep_summary or {}).get("died_message")
+        out.append(f"The server died during the sweep at level {macro['died_at_level']}"
+                   + (f" ({msg})" if msg else "") + "; later levels are absent.")
+    n_fail = num((a.sweep_summary or {}).get("n_failures"))
+    if n_fail:
+        first = [f for f in (a.sweep_summary or {}).get("failures") or [] if isinstance(f, dict)][:3]
+        ex = "; ".join(f"{f.get('level')}: {f.get('error') or f.get('http_status')}" for f in first)
+        out.append(f"{int(n_fail)} sweep requests failed and are left out of the latency statistics"
+                   + (f" (first: {ex})" if ex else "") + ".")
+    cl = a.capture_latency or {}
+    if num(cl.get("n_failed")):
+        out.append(f"{int(num(cl['n_failed']))} of the capture's requests failed; its TPOT comes from the others.")
+    man = a.manifest or {}
+    if man.get("missing_ranks"):
+        out.append(f"Ranks missing from the capture: {man['missing_ranks']}.")
     if (a.manifest or {}).get("partial"):
         out.append("The profiler capture is partial: not every rank's trace was complete (see the manifest).")
     for stage_id, title in STAGE_TITLES.items():

@@ -93,6 +93,11 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.gemm = _csv(a, "02_gemm_micro/gemm.csv")
     a.gemm_prediction = _json(a, "02_gemm_micro/prediction.json")
     a.collectives = _csv(a, "03_nccl_burst/collectives.csv")
+    if a.collectives is not None:
+        # stage 03 names the across-rank spread of per-rank medians time_us_rank_{min,median,max}
+        a.collectives = a.collectives.rename(columns={
+            f"time_us_rank_{k}": f"time_us_{k}" for k in ("min", "median", "max")
+            if f"time_us_{k}" not in a.collectives.columns})
     a.burst = _csv(a, "03_nccl_burst/burst.csv")
     a.comm_prediction = _json(a, "03_nccl_burst/prediction.json")
     a.manifest = _json(a, "04_profiler_capture/manifest.json")

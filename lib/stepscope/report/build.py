@@ -259,16 +259,27 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
         b = b.copy()
         if {"k", "total_us"} <= set(b.columns):
             b["total_over_k_us"] = b["total_us"] / b["k"]
-        text += md_table(b, [("k", "K"), ("size_bytes", "bytes"), ("mode", "mode"), ("backend", "backend"),
-                             ("world_size", "ranks"), ("total_us", "total µs"), ("per_op_us", "per-op µs"),
-                             ("total_over_k_us", "total / K µs")])
+        text += md_table(b, [("k", "K"), ("batch_m", "batch M"), ("size_bytes", "bytes"), ("mode", "mode"),
+                             ("backend", "backend"), ("world_size", "ranks"), ("total_us", "total µs"),
+                             ("per_op_us", "per-op µs"), ("total_over_k_us", "total / K µs"),
+                             ("status", "status"), ("reason", "reason")])
     elif c is not None:
         text += "\n" + missing_box("The burst measurement", ["03_nccl_burst/burst.csv"])
     cp = a.comm_prediction
     if cp:
         text += (f"\nPredicted communication per decode step: {cp.get('k', '?')} × {fmt_num(num(cp.get('per_op_us')))} µs "
                  f"= **{fmt_num((num(cp.get('comm_us_per_decode_step')) or 0) / 1000)} ms** "
-                 f"({cp.get('size_bytes', '?')} bytes per op, {cp.get('backend', '?')}, {cp.get('mode', '?')} mode).\n")
+                 f"({cp.get('size_bytes', '?')} bytes per op, {cp.get('backend', '?')}, {cp.get('mode', '?')} mode")
+        if cp.get("k_source"):
+            text += f"; K from {cp['k_source']}"
+        text += ").\n"
+        eager = num(cp.get("eager_per_op_us_same_size"))
+        if eager is not None:
+            text += (f"One all-reduce of the same size timed alone (eager) takes {fmt_num(eager)} µs; in the burst each "
+                     f"costs {fmt_num(num(cp.get('burst_over_eager_per_op')))}× that.\n")
+        notes = cp.get("notes")
+        if notes:
+            text += "".join(f"\n- {n}" for n in (notes if isinstance(notes, list) else [notes])) + "\n"
     return text
 
 
@@ -276,8 +287,9 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
     text = "## 4. Profiler breakdown of a decode step\n\n"
     man = a.manifest
     if man:
-        files = man.get("files") or []
-        ranks = sorted({f.get("rank") for f in files if isinstance(f, dict) and f.get("rank") is not None})
+        files = [f for f in man.get("files") or [] if isinstance(f, dict)]
+        ranks = sorted({f.get("rank") for f in files
+                        if f.get("rank") is not None and f.get("kind", "trace") == "trace"})
         total_mb = sum(int(f.get("bytes") or 0) for f in files if isinstance(f, dict)) / 1e6
         text += (f"Capture: {man.get('engine', '?')} {man.get('engine_version', '')}, {len(files)} files from "
                  f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.get("partial") else "")
@@ -435,7 +447,8 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
              f"micro-benchmark's GEMM time at M over M = 1; attention, collectives and launch gaps are unchanged.\n"
              f"- The draft model runs once per verify step and costs the stated fraction of a measured step.\n"
              f"- Batch 1, no rejection overhead beyond that; TPOT = (verify + draft) / acceptance length.\n\n")
-    text += md_table(w, [("acceptance_length", "acceptance"), ("draft_cost_fraction", "draft cost"),
+    w = w.assign(draft_cost_pct=100 * w["draft_cost_fraction"])
+    text += md_table(w, [("acceptance_length", "acceptance"), ("draft_cost_pct", "draft cost (% of step)"),
                          ("verify_m", "verify M"), ("gemm_scale", "GEMM ×"), ("verify_step_ms", "verify ms"),
                          ("draft_ms", "draft ms"), ("tpot_ms_projected", "TPOT ms"),
                          ("tok_s_projected", "tok/s per stream"), ("speedup", "speed-up")])
@@ -554,7 +567,7 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
     v = ctx["verdict"]
     head = f"# {title}\n\n"
     if v.get("sentences"):
-        head += "**In short:** " + " ".join(v["sentences"][:3]) + "\n\n"
+        head += "> **In short:** " + " ".join(v["sentences"][:3]) + "\n\n"
     head += ("*Written by stepscope from the run folder's artifacts alone. Times are per decode step unless "
              "stated; units are in every column header.*\n\n[TOC]\n\n")
     sections = [head, _section_setup(a), _section_macro(a, ctx["macro"], ctx["figs"]),

@@ -137,6 +137,6 @@ def markdown_to_html(md_text: str, base_dir: Path, title: str) -> str:
     body = _IMG_RE.sub(inline, body)
     body = re.sub(r"<blockquote>(\s*<p><strong>" + re.escape(MISSING_MARK) + ")",
                   r'<blockquote class="missing">\1', body)
-    body = re.sub(r"<blockquote>(\s*<p><strong>Verdict)", r'<blockquote class="verdict">\1', body)
+    body = re.sub(r"<blockquote>(\s*<p><strong>(Verdict|In short))", r'<blockquote class="verdict">\1', body)
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
