@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES, category_sort_key
+from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import (STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, pick,
                                         words)
 
@@ -210,9 +210,13 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
     pred_gemm = _gemm_prediction_ms(a, 1)
     trace_gemm = _category_ms(dec, GEMM_CATEGORIES)
     if pred_gemm is not None or trace_gemm is not None:
+        gp = a.gemm_prediction or {}
+        cfg = gp.get("config") if isinstance(gp.get("config"), dict) else {}
+        how = (" ".join(str(cfg[k]) for k in ("backend", "dtype", "mode") if cfg.get(k))
+               or str(gp.get("method", "n/a")))
         rows.append({"quantity": "GEMM time per decode step (batch 1)", "trace_ms_per_step": trace_gemm,
                      "micro_predicted_ms_per_step": pred_gemm,
-                     "prediction_method": (a.gemm_prediction or {}).get("method", "n/a")})
+                     "prediction_method": how if len(how) <= 80 else how[:77] + "…"})
     cp = a.comm_prediction or {}
     pred_comm = num(cp.get("comm_us_per_decode_step"))
     trace_comm = _category_ms(dec, COMMUNICATION_CATEGORIES)
@@ -480,7 +484,3 @@ def _kv(d: Any) -> str:
     if isinstance(d, dict):
         return ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in d.items())
     return str(d)
-
-
-def sort_categories(cats: list[str]) -> list[str]:
-    return sorted(cats, key=category_sort_key)

@@ -14,7 +14,7 @@ from stepscope.config import WriteupParams, redact, redact_argv
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report import analysis as an
 from stepscope.report import figures as fg
-from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, pick, words
+from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
 from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
 from stepscope.runfolder import figures_dir
 
