@@ -83,7 +83,9 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
         if "share_of_step" in decode:
             save("shares", "decode_category_share_of_step.png", fg.plot_category_shares(decode, n))
     if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns):
-        save("timeline", "decode_step_timeline_rank0_by_stream.png", fg.plot_decode_step_timeline(a.timeline))
+        lane = "thread" if totals.get("mode") == "cpu" else "stream"
+        save("timeline", "decode_step_timeline_rank0_by_stream.png",
+             fg.plot_decode_step_timeline(a.timeline, lane=lane))
     if ctx["amdahl"] is not None:
         save("amdahl", "decode_amdahl_ceiling_by_category.png", fg.plot_amdahl_ceiling(ctx["amdahl"]))
     if ctx["whatif"] is not None:

@@ -73,6 +73,8 @@ class StepExplorer:
                 p = Path(f["path"])
                 p = p if p.is_absolute() else self.run_dir / "04_profiler_capture" / p
                 self.files.setdefault(int(f["rank"]), p)
+        ranks = (a.trace_summary or {}).get("ranks") or [{}]
+        self.lane = "thread" if isinstance(ranks[0], dict) and ranks[0].get("mode") == "cpu" else "stream"
         self._work: dict[int, pd.DataFrame] = {}
         self.notes: list[str] = []
 
@@ -191,7 +193,7 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
                              + category_top_names(ev, chosen).to_html(index=False,
                                                                       float_format=lambda v: f"{v:,.1f}")))
             fig = fg.plot_decode_step_timeline(ev, title_note=f"(rank {rank_dd.value}, step {step_dd.value})",
-                                               highlight=chosen)
+                                               highlight=chosen, lane=ex.lane)
             display(Image(data=_png(fig)))
 
     def on_rank_or_kind(*_):

@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 # Log axes label plain numbers ("20", "1k"), which read faster than 2 x 10^1.
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+_GENERAL = FuncFormatter(lambda v, _pos: f"{v:g}")
 
 from stepscope.palette import IDLE_COLOR, category_sort_key, color_for  # noqa: E402
 
@@ -97,12 +98,12 @@ def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None) -> Fi
 
 
 def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
-                              highlight: str | None = None) -> Figure:
+                              highlight: str | None = None, lane: str = "stream") -> Figure:
     """One decode step on one rank: a lane per stream, each event coloured by category.
 
     `timeline`: stream, category, start_us, dur_us (name optional). Times are shifted so
     the step starts at 0; white space between boxes is idle device time. `highlight`
-    greys out every category but that one.
+    greys out every category but that one; `lane` names the lanes ("thread" on CPU traces).
     """
     df = timeline.copy()
     df["start_us"] = df["start_us"].astype(float)
@@ -112,13 +113,13 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
     streams = sorted(df["stream"].astype(str).unique(), key=lambda s: (len(s), s))
     fig, ax = _new(10.0, max(2.2, 0.55 * len(streams) + 1.6))
     ax.set_facecolor(IDLE_COLOR)
-    for lane, stream in enumerate(streams):
+    for row, stream in enumerate(streams):
         sub = df[df["stream"].astype(str) == stream]
         for cat, grp in sub.groupby("category"):
             color = color_for(str(cat)) if highlight in (None, str(cat)) else "#e6e6e6"
-            ax.broken_barh(list(zip(grp["start_us"], grp["dur_us"])), (lane - 0.4, 0.8),
+            ax.broken_barh(list(zip(grp["start_us"], grp["dur_us"])), (row - 0.4, 0.8),
                            facecolors=color, edgecolor="none")
-    ax.set_yticks(range(len(streams)), [f"stream {s}" for s in streams])
+    ax.set_yticks(range(len(streams)), [f"{lane} {s}" for s in streams])
     ax.set_ylim(-0.6, len(streams) - 0.4)
     ax.invert_yaxis()
     end_us = float((df["start_us"] + df["dur_us"]).max())
@@ -131,7 +132,7 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     note = f" {title_note}" if title_note else ""
     ax.set_title(f"Timeline of one decode step, rank 0: {len(df)} device events on {len(streams)} "
-                 f"stream(s), {end_us:.0f} µs span{note}\n(white = no device work)")
+                 f"{lane}(s), {end_us:.0f} µs span{note}\n(white = no device work)")
     ax.grid(axis="x", alpha=0.3)
     return fig
 
@@ -217,6 +218,9 @@ def plot_gemm_roofline(gemm: pd.DataFrame, peak_bw_gbps: float | None = None,
                 + (f", {peak_tflops:g} TFLOP/s" if peak_tflops else ""))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(_GENERAL)
+        axis.set_minor_formatter(_GENERAL)
     ax.set_xlabel("arithmetic intensity (FLOP / byte, byte model of FACTS §6)")
     ax.set_ylabel("achieved TFLOP/s (median time)")
     ax.set_title(f"GEMM roofline ({len(df)} timed shapes × M)")
