@@ -161,3 +161,18 @@ def test_gzip_completeness(tmp_path):
     data = p.read_bytes()
     p.write_bytes(data[: len(data) // 2])
     assert gzip_complete(p)[0] is False
+
+
+def test_profiler_settings_come_from_the_server_argv(tmp_path):
+    from stepscope.capture import profiler_settings
+    from stepscope.config import params_from_dict
+
+    params = params_from_dict({"run": {"name": "x"}, "server": {"profiler": {"with_stack": True}}})
+    (tmp_path / "00_deploy").mkdir()
+    sj = tmp_path / "00_deploy" / "server.json"
+    cfg = {"profiler": "torch", "torch_profiler_dir": "/p", "torch_profiler_with_stack": False}
+    sj.write_text(json.dumps({"argv": ["python", "-m", "x", "--profiler-config", json.dumps(cfg)]}))
+    assert profiler_settings(tmp_path, params) == {"source": "server argv --profiler-config", **cfg}
+    sj.write_text(json.dumps({"argv": [], "mode": "attach"}))
+    got = profiler_settings(tmp_path, params)
+    assert got["with_stack"] is True and got["source"].startswith("params")

@@ -364,6 +364,33 @@ class CaptureResult:
         return pd.DataFrame(rows, columns=["quantity", "value"]).set_index("quantity")
 
 
+def profiler_settings(run_dir: str | Path, params=None) -> dict[str, Any]:
+    """The profiler settings the server really runs with: its `--profiler-config` from
+    00_deploy/server.json's argv (vLLM), else its SGLANG_TORCH_PROFILER_DIR, else what params
+    asked for (attach mode: the server's real flags are unknown here, and the result says so)."""
+    path = Path(run_dir) / "00_deploy" / "server.json"
+    d = json.loads(path.read_text()) if path.is_file() else {}
+    argv = d.get("argv") or []
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--profiler-config" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--profiler-config="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                return {"source": "server argv --profiler-config", **json.loads(value)}
+            except json.JSONDecodeError:
+                return {"source": "server argv --profiler-config", "raw": value}
+    env = d.get("env") or {}
+    if env.get("SGLANG_TORCH_PROFILER_DIR"):
+        return {"source": "server env", "SGLANG_TORCH_PROFILER_DIR": env["SGLANG_TORCH_PROFILER_DIR"]}
+    from stepscope.config import params_to_dict
+
+    asked = params_to_dict(params.server.profiler) if params is not None else {}
+    return {"source": "params server.profiler (the server's own flags are not known here)", **asked}
+
+
 def resolve_profiler_dir(server: cl.ServerInfo, capture: CaptureParams) -> tuple[str, bool]:
     """(the folder to read traces from, whether it is the user's attach-mode path)."""
     if capture.profiler_dir:
