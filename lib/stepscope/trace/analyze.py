@@ -370,8 +370,13 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     if perfetto:
         from stepscope.trace.perfetto import export_perfetto
 
-        for r in an.ranks:
-            export_perfetto(r, out_dir / "perfetto" / f"rank{r.rank}.categorized.json.gz")
+        # Every rank when small; for big captures the reference rank around its
+        # representative decode step (the file is for reading one step by eye).
+        big = sum(len(r.work) for r in an.ranks) > 400_000
+        focus = int(an.timeline["step_id"].iloc[0]) if len(an.timeline) else None
+        for r in (an.ranks[:1] if big else an.ranks):
+            export_perfetto(r, out_dir / "perfetto" / f"rank{r.rank}.categorized.json.gz",
+                            focus_step=focus if r is an.reference else None)
 
 
 # --------------------------------------------------------------------------- run folder

@@ -25,13 +25,14 @@ from operator import attrgetter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
 
 import msgspec
 import numpy as np
-import pandas as pd
-
 from stepscope.errors import TraceError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 LOADER_VERSION = 3
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
@@ -219,6 +220,7 @@ class _Collector:
         return got
 
     def add(self, events: list) -> None:
+        """Events decoded with the generic struct (`_Event`, which carries `cat`)."""
         # Hot path (millions of events): filter and split into columns with
         # comprehensions, which run far faster than one Python statement per event.
         self.n_total += len(events)
@@ -236,6 +238,28 @@ class _Collector:
         cis = [cat_index.get(e.cat) for e in kept]
         if None in cis:  # old capitalised categories
             cis = [ci if ci is not None else cat_index[CAT_ALIASES[e.cat]] for ci, e in zip(cis, kept)]
+        self._columns(kept, cis)
+
+    def add_tagged(self, events: list) -> None:
+        """Events decoded with the tagged union: the struct type is the category, and
+        skipped categories were decoded into empty structs (no field values built)."""
+        self.n_total += len(events)
+        keep = _TYPES_GPU if self.seen_device else _TYPES_ALL
+        kept = [e for e in events if type(e) in keep]
+        if not kept:
+            return
+        type_ci = _TYPE_CI
+        cis = [type_ci[type(e)] for e in kept]
+        if _PYFN in cis:
+            pairs = [(e, c) for e, c in zip(kept, cis)
+                     if c != _PYFN or (type(e.name) is str and "execute_model" in e.name)]
+            kept = [e for e, _ in pairs]
+            cis = [c for _, c in pairs]
+            if not kept:
+                return
+        self._columns(kept, cis)
+
+    def _columns(self, kept: list, cis: list) -> None:
         if not self.seen_device and any(ci < 3 for ci in cis):
             self.seen_device = True
         bad = [i for i, e in enumerate(kept)
@@ -248,7 +272,7 @@ class _Collector:
                     if ci < 3 or ci == _CPU_OP:
                         self.n_bad_dur += 1
                         if len(self.bad_dur) < 3:
-                            self.bad_dur.append(f"{e.cat} {str(e.name)[:60]!r} ts={e.ts} dur={e.dur}")
+                            self.bad_dur.append(f"{KEPT_CATS[ci]} {str(e.name)[:60]!r} ts={e.ts} dur={e.dur}")
                     drop.add(i)
                 else:
                     e.dur = 0.0  # an annotation without a duration marks an instant
@@ -308,6 +332,10 @@ class _Collector:
         self.add(evs)
 
     def frame(self) -> pd.DataFrame:
+        # pandas is imported only here, after the stream is parsed: it costs ~100 MB of
+        # RSS (pyarrow strings), which would otherwise stack on the parsing buffers.
+        import pandas as pd
+
         keep = None
         cat_codes = np.frombuffer(self.cat, dtype=np.int8) if len(self.cat) else np.zeros(0, np.int8)
         if self.seen_device:
@@ -341,23 +369,54 @@ class _Collector:
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(KEPT_CATS)}
+_CPU_OP = _CAT_INDEX["cpu_op"]
+_PYFN = _CAT_INDEX["python_function"]
 _KEEP_ALL = frozenset(KEPT_CATS) | frozenset(CAT_ALIASES)
 _KEEP_GPU = _KEEP_ALL - {"cpu_op", "Operator"}
 _NO_ARGS = _Args()
 _get_cat = attrgetter("cat")
+
+
+def _kept_struct(cat: str) -> type:
+    return msgspec.defstruct(
+        f"_Ev_{cat}", [("name", Any, None), ("pid", Any, None), ("tid", Any, None),
+                       ("ts", float | None, None), ("dur", float | None, None),
+                       ("args", _Args | None, None)],
+        tag=cat, tag_field="cat", gc=False, module=__name__)
+
+
+# One struct per category, tagged by `cat`: msgspec picks the type from the tag, and the
+# skipped categories (stack frames, flow arrows, ...) decode into empty structs whose
+# fields are parsed but never built. An unknown or missing `cat` fails the chunk, which
+# is then decoded again with the generic `_Event` (correct, only slower).
+_TYPE_CI: dict[type, int] = {}
+_tagged_types: list[type] = []
+for _cat in list(KEPT_CATS) + list(CAT_ALIASES):
+    _t = _kept_struct(_cat)
+    _TYPE_CI[_t] = _CAT_INDEX[CAT_ALIASES.get(_cat, _cat)]
+    _tagged_types.append(_t)
+for _cat in sorted(IGNORED_CATS - set(KEPT_CATS)):
+    _tagged_types.append(msgspec.defstruct(f"_Skip_{_cat.replace(' ', '_')}", [], tag=_cat,
+                                           tag_field="cat", gc=False, module=__name__))
+_TYPES_ALL = frozenset(_TYPE_CI)
+_TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
+_tagged_decoder = msgspec.json.Decoder(list[Union[tuple(_tagged_types)]])
 _KNOWN_OR_NONE = KNOWN_CATS | {None}
-_CPU_OP = _CAT_INDEX["cpu_op"]
-_PYFN = _CAT_INDEX["python_function"]
 
 
-def _decode_region(col: _Collector, region: bytes, path: Path, base: int) -> None:
+def _decode_into(col: _Collector, region) -> None:
+    """Decode a `[...]` region of events into the collector, fastest decoder first.
+
+    Raises msgspec.DecodeError only for malformed JSON (not for unexpected types)."""
+    try:
+        col.add_tagged(_tagged_decoder.decode(region))
+        return
+    except msgspec.ValidationError:
+        pass
     try:
         col.add(_events_decoder.decode(region))
     except msgspec.ValidationError:
-        try:
-            col.add_untyped(_any_decoder.decode(region))
-        except msgspec.DecodeError as exc:
-            raise _malformed(path, base, exc) from None
+        col.add_untyped(_any_decoder.decode(region))
 
 
 def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None
@@ -431,14 +490,8 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
                 with memoryview(buf) as mv:
                     region = mv[pos - 1:end + 1]
                     try:
-                        col.add(_events_decoder.decode(region))
+                        _decode_into(col, region)
                         ok = True
-                    except msgspec.ValidationError:
-                        try:
-                            col.add_untyped(_any_decoder.decode(region))
-                            ok = True
-                        except msgspec.DecodeError:
-                            at = len(region)
                     except msgspec.DecodeError as exc:
                         m = _BYTE_RE.search(str(exc))
                         at = int(m.group(1)) if m else len(region)
@@ -472,17 +525,9 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
                         where=str(path),
                         hint="copy the trace again once the profiler has finished writing it")
                 try:
-                    items = _events_decoder.decode(b"[" + rest[:idx + 1])
-                except msgspec.ValidationError:
-                    items = None
-                    try:
-                        col.add_untyped(_any_decoder.decode(b"[" + rest[:idx + 1]))
-                    except msgspec.DecodeError:
-                        continue
+                    _decode_into(col, b"[" + rest[:idx + 1])
                 except msgspec.DecodeError:
                     continue
-                if items is not None:
-                    col.add(items)
                 tail = rest[idx + 1:]
                 break
     try:

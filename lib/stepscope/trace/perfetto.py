@@ -10,12 +10,23 @@ import gzip
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 
-def export_perfetto(r, path: str | Path) -> Path:
+MAX_EVENTS = 200_000
+"""Above this, only the representative decode step and two steps either side are written:
+the file is for looking at a step by eye, and the UI slows down past a few 100k events."""
+
+
+def export_perfetto(r, path: str | Path, *, focus_step: int | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = r.work
+    if len(w) > MAX_EVENTS and focus_step is not None:
+        ids = r.steps_tot["step_id"].to_numpy()
+        pos = int(np.flatnonzero(ids == focus_step)[0])
+        keep = ids[max(0, pos - 2):pos + 3]
+        w = w[w["step_id"].isin(keep)]
     t0 = float(w["start_us"].min()) if len(w) else 0.0
     # Integer pid/tid with name metadata: the form every Chrome-trace importer accepts.
     pid = int(r.rank)
@@ -32,12 +43,14 @@ def export_perfetto(r, path: str | Path) -> Path:
     for s_, t in tid_of.items():
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t,
                        "args": {"name": f"{label} {s_}"}})
-    for row in w.itertuples(index=False):
-        events.append({"ph": "X", "cat": row.category, "name": f"[{row.category}] {row.name}",
-                       "pid": pid, "tid": tid_of[int(row.stream)], "ts": row.start_us - t0,
-                       "dur": row.dur_us,
-                       "args": {"category": row.category, "class": row[4],
-                                "step_id": int(row.step_id)}})
+    cols = zip(w["category"].to_numpy(object).tolist(), w["name"].to_numpy(object).tolist(),
+               w["stream"].to_numpy().tolist(), (w["start_us"].to_numpy() - t0).tolist(),
+               w["dur_us"].to_numpy().tolist(), w["class"].to_numpy(object).tolist(),
+               w["step_id"].to_numpy().tolist())
+    for cat, name, stream, ts, dur, klass, step in cols:
+        events.append({"ph": "X", "cat": cat, "name": f"[{cat}] {name}", "pid": pid,
+                       "tid": tid_of[int(stream)], "ts": ts, "dur": dur,
+                       "args": {"category": cat, "class": klass, "step_id": step}})
     st = r.steps_tot
     for row in st.itertuples(index=False):
         if row.n_events == 0:
