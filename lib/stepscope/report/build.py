@@ -337,6 +337,10 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
             text += "\n" + _img(figs[key], alt)
     if "timeline" not in figs:
         text += "\n" + missing_box("The decode-step timeline", ["05_categorize/timeline_rank0_step.csv"])
+    # Stage 05's own per-step and cross-rank plots add what the report's figures do not show:
+    # step-to-step variation and the spread across ranks. Its timeline would repeat ours.
+    for name in _stage_figures(a.run_dir, "05_decode_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
+        text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     cr = a.cross_rank
     if cr is not None and len(cr) and "category" in cr:
         text += ("\nAcross ranks (busy ms per decode step). For a collective, the rank that waited least "
