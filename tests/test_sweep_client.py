@@ -154,3 +154,18 @@ def test_all_requests_failing_fails_the_stage_with_the_first_error(tmp_path):
     assert res.summary["died_at_level"] is None  # the server is alive, it refuses
     with pytest.raises(ServerError, match="every request of the sweep failed.*fake overload"):
         res.raise_if_died()
+
+
+def test_without_tokenize_the_local_tokenizer_is_used_or_the_error_says_how(tmp_path, repo_root):
+    p = SweepParams(concurrency=(1,), input_len=5, output_len=2, min_requests=2, warmup_requests=0)
+    with FakeServer(FakeBehaviour(tokenize=False)) as fake:
+        with pytest.raises(ServerError, match="/tokenize answered HTTP 404"):
+            run_sweep(_server(fake), p, tmp_path / "a")
+        model = repo_root / "outputs" / "models" / "tiny-llama"
+        if not (model / "tokenizer_config.json").is_file():
+            pytest.skip("tiny model not built here")
+        server = ServerInfo(base_url=fake.base_url, served_model="fake", model_path=str(model))
+        res = run_sweep(server, p, tmp_path / "b")
+    assert res.levels["n_completed"].tolist() == [4]
+    recs = [json.loads(x) for x in (tmp_path / "b" / "levels" / "c0001.jsonl").read_text().splitlines()]
+    assert {r["input_tokens"] for r in recs} == {5}

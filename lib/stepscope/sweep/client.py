@@ -41,6 +41,8 @@ class ServerInfo:
     profiler_dir: str | None = None
     tp: int = 1
     api_key_env: str | None = None
+    model_path: str | None = None
+    """The model folder the server loaded (its /v1/models `root`), for a local tokenizer."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -66,7 +68,15 @@ def load_server(run_dir: str | Path) -> ServerInfo:
     return ServerInfo(
         base_url=d["base_url"], served_model=d["served_model"], engine=d.get("engine") or "vllm",
         engine_version=d.get("engine_version"), profiler_dir=d.get("profiler_dir"),
-        tp=int(d.get("tp") or 1), api_key_env=d.get("api_key_env"))
+        tp=int(d.get("tp") or 1), api_key_env=d.get("api_key_env"),
+        model_path=_model_root(d.get("models_response")))
+
+
+def _model_root(models_response: Any) -> str | None:
+    try:
+        return models_response["data"][0].get("root")
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def make_session(server: ServerInfo, limit: int) -> aiohttp.ClientSession:
@@ -101,24 +111,37 @@ _PROMPT_TEXT = (
 
 
 async def token_pool(session: aiohttp.ClientSession, server: ServerInfo) -> list[int]:
-    """Distinct token IDs of ordinary text, from the server's own `/tokenize`."""
+    """Distinct token IDs of ordinary text: from the server's own `/tokenize`, or, where the
+    server has none, from the model's tokenizer when its folder is readable here."""
     url = server.url("/tokenize")
     body = {"model": server.served_model, "prompt": _PROMPT_TEXT * 4, "add_special_tokens": False}
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp:
             text = await resp.text()
-            if resp.status != 200:
-                raise ServerError(f"/tokenize answered HTTP {resp.status}: {text[:200]}", where=url,
-                                  hint="stepscope builds exact-length prompts from the server's "
-                                       "tokenizer; use a server that exposes /tokenize (vLLM, SGLang)")
+            status = resp.status
     except aiohttp.ClientError as exc:
         raise ServerError(f"cannot reach the server: {exc}", where=url,
                           hint="is the server from 00_deploy still running?") from None
-    tokens = json.loads(text).get("tokens") or []
+    if status == 200:
+        tokens = json.loads(text).get("tokens") or []
+    elif server.model_path and Path(server.model_path, "tokenizer_config.json").is_file():
+        tokens = _local_tokens(server.model_path)
+    else:
+        raise ServerError(f"/tokenize answered HTTP {status}: {text[:200]}", where=url,
+                          hint="stepscope builds exact-length prompts from the server's tokenizer: use a "
+                               "server that exposes /tokenize, or make the model folder readable here "
+                               "(server.json models_response root)")
     pool = sorted(set(int(t) for t in tokens))
     if len(pool) < 8:
-        raise ServerError(f"/tokenize returned only {len(pool)} distinct tokens", where=url)
+        raise ServerError(f"the tokenizer returned only {len(pool)} distinct tokens", where=url)
     return pool
+
+
+def _local_tokens(model_path: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    return list(tok.encode(_PROMPT_TEXT * 4, add_special_tokens=False))
 
 
 def make_prompts(pool: Sequence[int], input_len: int, n: int, seed: int = 0) -> list[list[int]]:

@@ -42,6 +42,8 @@ class FakeBehaviour:
     hang_every: int = 0
     """Stall every n-th request for hang_s before answering (for timeouts)."""
     hang_s: float = 3.0
+    tokenize: bool = True
+    """Serve /tokenize (SGLang releases without it: False)."""
     profiler: str | None = "vllm"
     """`vllm`, `sglang` or None (no profiler endpoints: /start_profile is a 404)."""
     profiler_dir: str | None = None
@@ -110,7 +112,8 @@ class FakeServer:
     async def _serve(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/tokenize", self._tokenize)
+        if self.behaviour.tokenize:
+            app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         if self.behaviour.profiler:
