@@ -370,6 +370,9 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
             text += (f"Counted on rank {cc.get('rank', 0)}" + (f" over {n} decode steps" if n else "")
                      + (f", TP={cc['tp']}" if cc.get("tp") else "") + ":\n\n")
             text += md_table(df)
+        reasoning = (cc.get("expected") or {}).get("reasoning") if isinstance(cc.get("expected"), dict) else None
+        if reasoning:
+            text += f"\nExpected from the architecture: {words(reasoning)}\n"
         expl = words(cc.get("explanation"))
         if expl:
             text += f"\n{expl[0].upper() + expl[1:]}\n"
