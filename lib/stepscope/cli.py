@@ -40,10 +40,12 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from stepscope.report import compare_runs
 
-    out = Path(args.out) if args.out else Path(args.run_b) / "compare"
-    paths = compare_runs(Path(args.run_a), Path(args.run_b), out)
-    for p in (paths.values() if isinstance(paths, dict) else [paths]):
-        print(p)
+    for run in (args.run_a, args.run_b):
+        if not (Path(run) / "run.json").is_file() and not Path(run).is_dir():
+            raise StepscopeError("not a run folder", where=run, hint="pass two folders under outputs/")
+    paths = compare_runs(Path(args.run_a), Path(args.run_b), Path(args.out) if args.out else None)
+    for key, path in paths.items():
+        print(f"{key}: {path}")
     return 0
 
 
@@ -90,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="compare two run folders")
     c.add_argument("run_a")
     c.add_argument("run_b")
-    c.add_argument("--out")
+    c.add_argument("--out", help="default: <run_b>/06_writeup/compare_vs_<run_a>/")
     c.set_defaults(func=_cmd_compare)
 
     v = sub.add_parser("validate", help="validate params files without running anything")
