@@ -196,6 +196,8 @@ def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
     knee = find_knee(levels, knee_gain)
     c1 = levels[(levels["mode"] == "concurrency") & (levels["concurrency"] == 1)]
     flags: list[str] = []
+    if not len(levels):
+        flags.append("no load level was measured: sweep.concurrency and sweep.request_rates are both empty")
     if knee["knee_concurrency"] is None and len(levels):
         flags.append(f"no knee: every doubling of concurrency added >= {knee_gain:.0%} output tok/s; "
                      "the plateau was not reached, extend sweep.concurrency")
