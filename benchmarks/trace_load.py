@@ -31,6 +31,8 @@ if kind == "stepscope":
     # import's ~100 MB (pyarrow-backed strings) is counted in peak RSS, not in the time.
     import pandas  # noqa: F401
     from stepscope.trace.load import read_trace
+elif kind == "hta":
+    from hta.trace_analysis import TraceAnalysis
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 if kind == "gzip":
@@ -48,12 +50,13 @@ elif kind == "stepscope":
     df, meta = read_trace(path)
     n = len(df)
 elif kind == "hta":
-    from hta.trace_analysis import TraceAnalysis
     import os
     ta = TraceAnalysis(trace_dir=os.path.dirname(path))
     n = 0
 dt = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# HTA may parse in a worker process: count the larger of this process and its children.
+peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+           resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 print(json.dumps({"kind": kind, "s": dt, "peak_rss_mb": peak / 1024, "import_rss_mb": base / 1024, "n": n}))
 """
 
@@ -98,9 +101,12 @@ def build(source: Path, mb: int, out_dir: Path) -> tuple[Path, int, int]:
     return gz, json_bytes, n
 
 
-def run(kind: str, path: Path) -> dict | None:
+def run(kind: str, path: Path, extra_path: str | None = None) -> dict | None:
     py = sys.executable
-    p = subprocess.run([py, "-c", CHILD, kind, str(path)], capture_output=True, text=True)
+    env = dict(os.environ)
+    if extra_path:
+        env["PYTHONPATH"] = extra_path + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([py, "-c", CHILD, kind, str(path)], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return {"kind": kind, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -113,6 +119,8 @@ def main() -> None:
                     help="shared trace whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="build the trace here and keep it (reused by the next run with --keep)")
+    ap.add_argument("--hta-path", default=None,
+                    help="folder with HTA installed (pip --target), added to PYTHONPATH for its row only")
     args = ap.parse_args()
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -128,15 +136,18 @@ def main() -> None:
             (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
     print(f"built {gz} : {json_bytes / 2**20:.0f} MB JSON, {gz.stat().st_size / 2**20:.0f} MB gz, "
           f"{n:,} events ({time.perf_counter() - t:.0f} s)")
-    try:
-        import hta  # noqa: F401
-        kinds = ["gzip", "stepscope", "json", "hta"]
-    except ImportError:
-        kinds = ["gzip", "stepscope", "json"]
-        print("HTA (holistictraceanalysis) not installed: its row is skipped")
+    hta_path = args.hta_path or os.environ.get("STEPSCOPE_HTA_PATH")
+    probe = subprocess.run([sys.executable, "-c", "import hta"], capture_output=True,
+                           env={**os.environ, "PYTHONPATH": hta_path or ""})
+    kinds = ["gzip", "stepscope", "json"]
+    if probe.returncode == 0:
+        kinds.append("hta")
+    else:
+        print("HTA (holistictraceanalysis) not importable: its row is skipped "
+              "(pip install --target DIR holistictraceanalysis plotly networkx pydot, then --hta-path DIR)")
     res = {}
     for k in kinds:
-        r = run(k, gz)
+        r = run(k, gz, hta_path if k == "hta" else None)
         res[k] = r
         if "error" in r:
             print(f"{k:10s} failed: {r['error']}")
