@@ -145,3 +145,12 @@ def test_leaf_keys_cover_nested_sections():
     assert "server.profiler.with_stack" in keys
     assert "micro.gemm.m_values" in keys
     assert "analysis.extra_rules" in keys
+
+
+def test_readme_params_table_matches_schema(repo_root):
+    from stepscope.config import schema_reference_markdown
+
+    readme = (repo_root / "README.md").read_text()
+    table = readme.split("<!-- PARAMS-TABLE:BEGIN -->\n", 1)[1].split("<!-- PARAMS-TABLE:END -->", 1)[0]
+    assert table.strip() == schema_reference_markdown().strip(), \
+        "README params table is stale: regenerate it with `python -m stepscope.config README.md`"

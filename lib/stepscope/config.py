@@ -520,3 +520,19 @@ def schema_reference_markdown() -> str:
     for key, tp, default, doc in schema_reference():
         lines.append(f"| `{key}` | {tp} | `{default}` | {doc.replace('|', '/')} |")
     return "\n".join(lines)
+
+
+def update_readme_params_table(readme: str | Path) -> None:
+    """Rewrite the README's params table from the schema (`python -m stepscope.config README.md`)."""
+    readme = Path(readme)
+    text = readme.read_text()
+    begin, end = "<!-- PARAMS-TABLE:BEGIN -->\n", "<!-- PARAMS-TABLE:END -->"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(head + begin + schema_reference_markdown() + "\n" + end + tail)
+
+
+if __name__ == "__main__":
+    import sys
+
+    update_readme_params_table(sys.argv[1] if len(sys.argv) > 1 else "README.md")
