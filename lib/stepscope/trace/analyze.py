@@ -20,6 +20,8 @@ from stepscope.trace.steps import build_work, find_steps
 TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json", "*.trace.json.gz", "*.trace.json",
                "*.json.gz", "*.json")
 TEXT_TABLE_GLOBS = ("*profiler_out*.txt",)
+NOT_TRACES = frozenset({"manifest.json", "capture_latency.json", "summary.json", "server.json",
+                        "run.json", "prediction.json"})
 OTHER_SHARE_LIMIT = 0.005
 
 
@@ -106,7 +108,10 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
             seen: set[Path] = set()
             for pat in TRACE_GLOBS:
                 for f in sorted(p.glob(pat)):
-                    if f not in seen and ".async_llm." not in f.name and f.is_file():
+                    # The front end's trace holds no device work; the other JSON files
+                    # a run folder keeps beside traces are not traces.
+                    if (f not in seen and ".async_llm." not in f.name and f.is_file()
+                            and f.name not in NOT_TRACES):
                         seen.add(f)
                         traces.append(f)
             for pat in TEXT_TABLE_GLOBS:
@@ -172,6 +177,8 @@ def _rank_summary(r: RankResult) -> dict:
         "n_decode_steps": n_decode,
         "step_source": r.step_source,
         "unattributed_events": int((r.work["step_id"] < 0).sum()),
+        "attribution": {str(k): int(v) for k, v in r.work["attribution"].value_counts().items()},
+        "excluded": {k: v for k, v in r.info.items() if k != "origin_us"},
         "collectives_per_decode_step": {"all_reduce": obs["all_reduce"]["median"],
                                         "all_gather": obs["all_gather"]["median"]},
     }

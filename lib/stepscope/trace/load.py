@@ -115,6 +115,9 @@ _RANK_NAME_RES = (
 )
 
 
+_SGLANG_STAGE = re.compile(r"-TP-\d+-(DECODE|EXTEND)\b")
+
+
 def rank_from_filename(path: str | Path) -> int | None:
     """Rank number in a trace file name (`rank3`, `-rank-3`, `_rank0`, SGLang `TP-3`)."""
     name = Path(path).name
@@ -801,6 +804,17 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
         assert rt is not None
         if rt.rank in ranks:
             first = ranks[rt.rank].path
+            stages = {_SGLANG_STAGE.search(first.name), _SGLANG_STAGE.search(p.name)}
+            if None not in stages and len({m.group(1) for m in stages}) == 2:
+                # SGLang writes one trace per stage and rank: decode is what stage 05 reads.
+                keep, other = (rt, ranks[rt.rank]) if "DECODE" in p.name else (ranks[rt.rank], rt)
+                ranks[rt.rank] = keep
+                if keep is rt:
+                    flags.extend(rt.flags)
+                flags.append(_flag("sglang_stage_split", "info",
+                                   f"rank {rt.rank}: SGLang wrote {keep.path.name} and "
+                                   f"{other.path.name}; the DECODE trace is analysed"))
+                continue
             flags.append(_flag(
                 "duplicate_rank", "error",
                 str(TraceError(f"claims rank {rt.rank}, like {first.name} (from "

@@ -262,15 +262,21 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
                 st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
                 step[miss] = st2
                 how[miss[st2 >= 0]] = "launch_process"
-            # No launch event in the trace: the last step that began before the work did.
-            nol = np.flatnonzero(step < 0)
-            if len(nol):
-                order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
-                sts = steps["ts"].to_numpy(float)[order]
-                pos = np.searchsorted(sts, dev["ts"].to_numpy()[nol], side="right") - 1
+            # Launched between two steps: the last step that began before the launch
+            # (its tail, e.g. an output copy). No launch in the trace at all: the last
+            # step that began before the work itself did.
+            order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
+            sts = steps["ts"].to_numpy(float)[order]
+            sids = steps["step_id"].to_numpy()[order]
+            for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
+                                 ("work_time", np.flatnonzero((step < 0) & ~has))):
+                if not len(rows):
+                    continue
+                t = lts[rows] if method == "after_step_launch" else dev["ts"].to_numpy()[rows]
+                pos = np.searchsorted(sts, t, side="right") - 1
                 ok = pos >= 0
-                step[nol[ok]] = steps["step_id"].to_numpy()[order][pos[ok]]
-                how[nol[ok]] = "work_time"
+                step[rows[ok]] = sids[pos[ok]]
+                how[rows[ok]] = method
         cats = categorize(dev["name"], dev["cat"], rules)
         names = dev["name"].astype(str).to_numpy()
         work = pd.DataFrame({
