@@ -29,8 +29,10 @@ traces it is the self time of each `cpu_op` (the op minus its children, split in
 on the threads that carry step annotations, inside a step. Each piece of work belongs to the
 step whose annotation encloses its launch on the launching thread (kernel `correlation` ->
 `cuda_runtime`/`cuda_driver` launch, HIP included; one graph launch covers all its kernels),
-then the step enclosing the launch in the same process, then the last step that began before
-the work (launch not in the trace). Step sources, in order: vLLM `execute_...` annotations
+then the step enclosing the launch in the same process, then (launch between two steps) the
+last step that began before the launch, then (launch not in the trace) the last step that
+began before the work. Each row of the work table records which (`attribution`: launch_thread,
+launch_process, after_step_launch, work_time, op_thread, whole_trace, none). Step sources, in order: vLLM `execute_...` annotations
 (three forms), SGLang `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches,
 `execute_model` Python frames, one whole-trace step. Times are µs from the rank's first kept
 event (`origin_us` in summary.json is that instant on the trace's clock).
@@ -53,6 +55,8 @@ Artifacts in `05_categorize/`
     `span_us`, `categories` {category: {`count`, `sum_us`, `union_us`, `exposed_us`}},
     `other_share` (other sum / kernel sum), `other_top_names` [{`name`, `sum_us`, `count`}],
     `n_steps`, `n_decode_steps`, `step_source`, `unattributed_events`,
+    `attribution` {method: work rows}, `excluded` {n_launch_missing | n_cpu_ops_other_threads,
+    n_cpu_pieces_outside_steps, cpu_self_us_outside_steps},
     `collectives_per_decode_step` {`all_reduce`, `all_gather`} (medians over decode steps).
   - `decode` (reference = lowest rank): `rank`; `steps` {`steps_used`, `n_steps`,
     `kernel_sum_ms`, `union_ms`, `span_ms`, `annotation_ms` each {`mean`, `median`, `p90`},
@@ -67,7 +71,7 @@ Artifacts in `05_categorize/`
   - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
     rank_unreadable, duplicate_rank, rank_assumed, bad_durations, unknown_event_category,
     other_share_high, unattributed, step_fallback, collectives_mismatch,
-    text_table_mismatch, kernel_sum_above_tpot, mixed_modes.
+    text_table_mismatch, kernel_sum_above_tpot, mixed_modes, sglang_stage_split.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
   exposed_ms_mean, share_of_span (union mean / step span mean), exposed_share_of_busy,
