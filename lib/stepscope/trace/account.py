@@ -34,90 +34,115 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float((e[last] - s[idx]).sum())
 
 
-def grouped_union(keys: pd.Series, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
+def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
     """Union length of the intervals in each group, indexed by group key."""
+    keys = np.asarray(keys)
     if len(keys) == 0:
         return pd.Series(dtype=float)
-    d = pd.DataFrame({"k": np.asarray(keys), "s": np.asarray(starts, float),
-                      "e": np.asarray(ends, float)})
-    d = d.sort_values(["k", "s"], kind="stable").reset_index(drop=True)
-    run = d.groupby("k", sort=False)["e"].cummax()
-    prev = run.groupby(d["k"], sort=False).shift()
-    new = prev.isna() | (d["s"] > prev)
-    seg = new.cumsum()
-    seg_len = run.groupby(seg).last() - d["s"].groupby(seg).first()
-    seg_key = d["k"].groupby(seg).first()
-    return seg_len.groupby(seg_key.to_numpy()).sum()
+    codes, uniq = pd.factorize(keys)
+    s0 = np.asarray(starts, float)
+    o = np.argsort(s0, kind="stable")
+    out = _union_by_code(codes[o], s0[o], np.asarray(ends, float)[o], len(uniq))
+    return pd.Series(out, index=uniq)
+
+
+def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> np.ndarray:
+    """Union length per integer code 0..n-1 of intervals already sorted by start.
+
+    Exact: only max and subtraction of the trace's own values (no offsets added to make
+    groups disjoint), one running max per group.
+    """
+    if len(codes) == 0:
+        return np.zeros(n)
+    o = np.argsort(codes, kind="stable")  # keeps start order within each code
+    c, s, e = codes[o], s[o], e[o]
+    bounds = np.flatnonzero(np.diff(c)) + 1
+    run = np.empty_like(e)
+    for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(c)].tolist()):
+        np.maximum.accumulate(e[lo:hi], out=run[lo:hi])
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > run[:-1]
+    new[bounds] = True
+    seg = np.flatnonzero(new)
+    last = np.r_[seg[1:] - 1, len(s) - 1]
+    return np.bincount(c[seg], weights=run[last] - s[seg], minlength=n)
 
 
 def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per (key, category) metrics and per key totals for one rank's work."""
-    k = work[key].to_numpy()
-    s = work["start_us"].to_numpy()
-    e = work["end_us"].to_numpy()
-    cls = work["class"].to_numpy()
-    cat = work["category"].to_numpy()
-    keys = pd.Index(pd.unique(k))
+    """Per (key, category) metrics and per key totals for one rank's work.
 
-    def gu(mask: np.ndarray) -> pd.Series:
-        return grouped_union(pd.Series(k[mask]), s[mask], e[mask]).reindex(keys, fill_value=0.0)
+    Everything runs on integer codes over rows sorted once by start time.
+    """
+    o = np.argsort(work["start_us"].to_numpy(), kind="stable")
+    kc, keys_u = pd.factorize(work[key].to_numpy()[o])
+    cc, cats_u = pd.factorize(np.asarray(work["category"].to_numpy()[o], dtype=object))
+    cats_u = np.asarray(cats_u, dtype=object)
+    nk, ncat = len(keys_u), len(cats_u)
+    s = work["start_us"].to_numpy()[o]
+    e = work["end_us"].to_numpy()[o]
+    dur = work["dur_us"].to_numpy()[o]
+    calls = work["is_call"].to_numpy()[o].astype(float)
+    coll = work["collective_call"].to_numpy()[o]
+    klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
+    comp = (klass == "compute")[cc]
+    comm = (klass == "communication")[cc]
 
-    comp = cls == "compute"
-    comm = cls == "communication"
-    mem = cls == "memory"
+    def gu(mask: np.ndarray) -> np.ndarray:
+        return _union_by_code(kc[mask], s[mask], e[mask], nk)
+
     c_len = gu(comp)
     cm_len = gu(comp | comm)
-    busy = gu(np.ones(len(k), bool))
+    busy = gu(np.ones(len(kc), bool))
 
-    base = pd.DataFrame({key: k, "category": cat, "dur_us": work["dur_us"].to_numpy(),
-                         "is_call": work["is_call"].to_numpy()})
-    g = base.groupby([key, "category"], sort=False)
-    cat_tab = pd.DataFrame({"count": g["is_call"].sum().astype(np.int64),
-                            "sum_us": g["dur_us"].sum()})
-    union = grouped_union(pd.Series(list(zip(k, cat))), s, e)
-    cat_tab["union_us"] = [union.get(ix, 0.0) for ix in cat_tab.index]
-    exposed = []
-    for (kk, cc), u in zip(cat_tab.index, cat_tab["union_us"]):
-        exposed.append(u if CATEGORY_CLASS.get(cc, "compute") == "compute" else np.nan)
-    cat_tab["exposed_us"] = exposed
-    for cc in pd.unique(cat):
-        klass = CATEGORY_CLASS.get(cc, "compute")
-        if klass == "compute":
+    pair = kc.astype(np.int64) * ncat + cc
+    npair = nk * ncat
+    rows = np.bincount(pair, minlength=npair)
+    present = np.flatnonzero(rows)
+    union = _union_by_code(pair, s, e, npair)
+    exposed = union.copy()  # a compute category's exposed time is its union
+    for ci, cname in enumerate(cats_u):
+        if klass[ci] == "compute":
             continue
-        this = cat == cc
-        if klass == "communication":
-            over = gu(comp | this) - c_len
-        else:
-            over = gu(comp | comm | this) - cm_len
-        for kk in pd.unique(k[this]):
-            cat_tab.loc[(kk, cc), "exposed_us"] = max(0.0, float(over[kk]))
-    cat_tab = cat_tab.reset_index()
-    cat_tab.insert(2, "class", cat_tab["category"].map(CATEGORY_CLASS).fillna("compute"))
+        this = cc == ci
+        over = gu(comp | this) - c_len if klass[ci] == "communication" else \
+            gu(comp | comm | this) - cm_len
+        exposed[np.arange(nk) * ncat + ci] = np.maximum(0.0, over)
+    cat_tab = pd.DataFrame({
+        key: keys_u[present // ncat],
+        "category": cats_u[present % ncat],
+        "class": klass[present % ncat],
+        "count": np.bincount(pair, weights=calls, minlength=npair)[present].astype(np.int64),
+        "sum_us": np.bincount(pair, weights=dur, minlength=npair)[present],
+        "union_us": union[present],
+        "exposed_us": exposed[present],
+    })
 
-    starts = pd.Series(s).groupby(k).min()
-    ends = pd.Series(e).groupby(k).max()
-    kernel_sum = pd.Series(work["dur_us"].to_numpy()).groupby(k).sum()
-    n_ev = pd.Series(work["is_call"].to_numpy()).groupby(k).sum()
-    coll = work["collective_call"].to_numpy()
-    ar = pd.Series(coll & (cat == "all_reduce")).groupby(k).sum()
-    ag = pd.Series(coll & (cat == "all_gather")).groupby(k).sum()
-    oc = pd.Series(coll & (cat == "other_collective")).groupby(k).sum()
+    def per_key(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(kc, weights=weights, minlength=nk)
+
+    first = np.unique(kc, return_index=True)[1]  # rows are in start order
+    starts = s[first]
+    ends = pd.Series(e).groupby(kc).max().reindex(range(nk)).to_numpy()
+    cat_is = {name: (cats_u == name)[cc] if name in set(cats_u) else np.zeros(len(cc), bool)
+              for name in COLLECTIVE_CATEGORIES}
     tot = pd.DataFrame({
-        "n_events": n_ev.reindex(keys).astype(np.int64),
-        "kernel_sum_us": kernel_sum.reindex(keys),
+        key: keys_u,
+        "n_events": per_key(calls).astype(np.int64),
+        "kernel_sum_us": per_key(dur),
         "busy_us": busy,
-        "span_us": (ends - starts).reindex(keys),
+        "span_us": ends - starts,
         "compute_us": c_len,
         "exposed_comm_us": cm_len - c_len,
         "exposed_mem_us": busy - cm_len,
-        "all_reduce_calls": ar.reindex(keys).astype(np.int64),
-        "all_gather_calls": ag.reindex(keys).astype(np.int64),
-        "other_collective_calls": oc.reindex(keys).astype(np.int64),
-        "first_start_us": starts.reindex(keys),
+        "all_reduce_calls": per_key((coll & cat_is["all_reduce"]).astype(float)).astype(np.int64),
+        "all_gather_calls": per_key((coll & cat_is["all_gather"]).astype(float)).astype(np.int64),
+        "other_collective_calls": per_key((coll & cat_is["other_collective"]).astype(float)
+                                          ).astype(np.int64),
+        "first_start_us": starts,
     })
     tot["idle_us"] = tot["span_us"] - tot["busy_us"]
-    tot.index.name = key
-    return cat_tab, tot.reset_index()
+    return cat_tab, tot
 
 
 def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -106,10 +106,15 @@ def classify_name(name: str, cat: str | None, rules: list[Rule]) -> str:
 
 def categorize(names: pd.Series, cats: pd.Series, rules: list[Rule]) -> np.ndarray:
     """Category per event; the rules run once per distinct (name, cat) pair."""
-    pairs = pd.DataFrame({"name": names.astype(str).to_numpy(), "cat": cats.astype(str).to_numpy()})
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(pairs))
-    mapped = np.array([classify_name(n, c, rules) for n, c in uniques], dtype=object)
-    return mapped[codes] if len(codes) else np.array([], dtype=object)
+    n_codes, n_u = pd.factorize(names)
+    c_codes, c_u = pd.factorize(cats)
+    if len(n_codes) == 0:
+        return np.array([], dtype=object)
+    pair = n_codes.astype(np.int64) * len(c_u) + c_codes
+    p_codes, p_u = pd.factorize(pair)
+    mapped = np.array([classify_name(str(n_u[p // len(c_u)]), str(c_u[p % len(c_u)]), rules)
+                       for p in p_u], dtype=object)
+    return mapped[p_codes]
 
 
 def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.ndarray:
