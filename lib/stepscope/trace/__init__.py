@@ -31,8 +31,10 @@ step whose annotation encloses its launch on the launching thread (kernel `corre
 `cuda_runtime`/`cuda_driver` launch, HIP included; one graph launch covers all its kernels),
 then the step enclosing the launch in the same process, then (launch between two steps) the
 last step that began before the launch, then (launch not in the trace) the last step that
-began before the work. Each row of the work table records which (`attribution`: launch_thread,
-launch_process, after_step_launch, work_time, op_thread, whole_trace, none). Step sources, in order: vLLM `execute_...` annotations
+began before the work. A kernel whose correlation id precedes every launch on record was
+launched before the capture's CPU side began (an unrecorded earlier step) and stays
+unattributed. Each row of the work table records which (`attribution`: launch_thread,
+launch_process, after_step_launch, work_time, op_thread, whole_trace, before_capture, none). Step sources, in order: vLLM `execute_...` annotations
 (three forms), SGLang `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches,
 `execute_model` Python frames, one whole-trace step. Times are µs from the rank's first kept
 event (`origin_us` in summary.json is that instant on the trace's clock).

@@ -287,9 +287,11 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                                f"'other' (limit {OTHER_SHARE_LIMIT:.1%}); top: {top}; add rules "
                                "in params analysis.extra_rules"))
         if rs["unattributed_events"]:
+            why = {k: v for k, v in rs["attribution"].items() if k in ("none", "before_capture")}
             flags.append(_flag("unattributed", "warning",
-                               f"rank {rs['rank']}: {rs['unattributed_events']} work events are "
-                               "attributed to no step (their launch precedes the first step)"))
+                               f"rank {rs['rank']}: {rs['unattributed_events']} work events belong "
+                               f"to no recorded step ({why}; before_capture = launched before the "
+                               "capture's CPU side began, i.e. in an unrecorded earlier step)"))
         if rs["step_source"] != "annotation:vllm" and rs["step_source"].startswith(("graph", "exec",
                                                                                       "whole")):
             flags.append(_flag("step_fallback", "info",

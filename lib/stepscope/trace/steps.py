@@ -268,8 +268,14 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
             order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
             sts = steps["ts"].to_numpy(float)[order]
             sids = steps["step_id"].to_numpy()[order]
+            # Correlation ids grow monotonically: a kernel whose id is below every launch on
+            # record was launched before the CPU side of the capture began (the previous,
+            # unrecorded step). It stays unattributed rather than inflate the first step.
+            first_corr = launches["correlation"].min() if len(launches) else np.inf
+            early = ~has & (corr >= 0) & (corr < first_corr)
+            how[early] = "before_capture"
             for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
-                                 ("work_time", np.flatnonzero((step < 0) & ~has))):
+                                 ("work_time", np.flatnonzero((step < 0) & ~has & ~early))):
                 if not len(rows):
                     continue
                 t = lts[rows] if method == "after_step_launch" else dev["ts"].to_numpy()[rows]
