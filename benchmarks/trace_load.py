@@ -119,6 +119,8 @@ def main() -> None:
                     help="shared trace whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="build the trace here and keep it (reused by the next run with --keep)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="alternating runs of gzip and stepscope; the fastest of each is kept")
     ap.add_argument("--hta-path", default=None,
                     help="folder with HTA installed (pip --target), added to PYTHONPATH for its row only")
     args = ap.parse_args()
@@ -146,8 +148,15 @@ def main() -> None:
         print("HTA (holistictraceanalysis) not importable: its row is skipped "
               "(pip install --target DIR holistictraceanalysis plotly networkx pydot, then --hta-path DIR)")
     res = {}
+    # The machine is shared and noisy: gzip and stepscope (seconds each) run alternately
+    # --repeat times and keep their fastest run; json.loads and HTA run once.
+    for _ in range(args.repeat):
+        for k in ("gzip", "stepscope"):
+            r = run(k, gz)
+            if k not in res or ("error" not in r and r["s"] < res[k]["s"]):
+                res[k] = r
     for k in kinds:
-        r = run(k, gz, hta_path if k == "hta" else None)
+        r = res[k] if k in res else run(k, gz, hta_path if k == "hta" else None)
         res[k] = r
         if "error" in r:
             print(f"{k:10s} failed: {r['error']}")

@@ -251,22 +251,28 @@ class _Collector:
         kept = [e for e in events if type(e) in keep]
         if not kept:
             return
+        pyfn = _PYFN_TYPE
+        kept = [e for e in kept if type(e) is not pyfn
+                or (type(e.name) is str and "execute_model" in e.name)]
+        if not kept:
+            return
         type_ci = _TYPE_CI
-        cis = [type_ci[type(e)] for e in kept]
-        if _PYFN in cis:
-            pairs = [(e, c) for e, c in zip(kept, cis)
-                     if c != _PYFN or (type(e.name) is str and "execute_model" in e.name)]
-            kept = [e for e, _ in pairs]
-            cis = [c for _, c in pairs]
-            if not kept:
-                return
-        self._columns(kept, cis)
+        self._columns(kept, [type_ci[type(e)] for e in kept])
 
     def _columns(self, kept: list, cis: list) -> None:
         if not self.seen_device and any(ci < 3 for ci in cis):
             self.seen_device = True
-        bad = [i for i, e in enumerate(kept)
-               if e.ts is None or e.dur is None or e.dur < 0]
+        # Fast path: every ts/dur present and no negative duration (checked in C).
+        try:
+            ts_a = array("d", [e.ts for e in kept])
+            dur_a = array("d", [e.dur for e in kept])
+            bad = [] if not len(dur_a) or np.frombuffer(dur_a).min() >= 0 else None
+        except TypeError:
+            bad = None
+        if bad is None:
+            bad = [i for i, e in enumerate(kept)
+                   if e.ts is None or e.dur is None or e.dur < 0]
+            ts_a = dur_a = None
         if bad:
             drop = set()
             for i in bad:
@@ -290,8 +296,11 @@ class _Collector:
                 dst.extend(array("q", vals))  # all-int (the usual case); atomic on failure
             except TypeError:
                 dst.extend([self._id(v) for v in vals])
-        self.ts.extend([e.ts for e in kept])
-        self.dur.extend([e.dur for e in kept])
+        if ts_a is None or bad:
+            ts_a = array("d", [e.ts for e in kept])
+            dur_a = array("d", [e.dur for e in kept])
+        self.ts.extend(ts_a)
+        self.dur.extend(dur_a)
         args = [e.args or _NO_ARGS for e in kept]
         self.corr.extend([-1 if a.correlation is None else a.correlation for a in args])
         self.ext.extend([-1 if a.external_id is None else a.external_id for a in args])
@@ -402,6 +411,7 @@ for _cat in sorted(IGNORED_CATS - set(KEPT_CATS)):
     _tagged_types.append(msgspec.defstruct(f"_Skip_{_cat.replace(' ', '_')}", [], tag=_cat,
                                            tag_field="cat", gc=False, module=__name__))
 _TYPES_ALL = frozenset(_TYPE_CI)
+_PYFN_TYPE = next(t for t, ci in _TYPE_CI.items() if ci == _PYFN)
 _TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
 _tagged_decoder = msgspec.json.Decoder(list[Union[tuple(_tagged_types)]])
 _KNOWN_OR_NONE = KNOWN_CATS | {None}
