@@ -16,7 +16,6 @@ from stepscope.trace.categorize import classify_name, make_rules
 from stepscope.trace.load import load_rank
 from stepscope.trace.steps import parse_step_name
 
-TRACES = sorted(p.name for p in (Path(__file__).resolve().parents[2] / "shared" / "traces").glob("*.json.gz"))
 TP2 = ["vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"]
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from stepscope.trace.analyze import analyze_rank, analyze_traces
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.load import load_rank, load_ranks

@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
 import pandas as pd
 
 from stepscope.errors import StageInputMissing, TraceError
 from stepscope.runfolder import write_json
 from stepscope.trace import account as acc
-from stepscope.trace.categorize import CATEGORY_CLASS, make_rules
-from stepscope.trace.load import DEVICE_CATS, RankTrace, load_ranks
+from stepscope.trace.categorize import make_rules
+from stepscope.trace.load import RankTrace, load_ranks
 from stepscope.trace.steps import build_work, find_steps
 
 TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json", "*.trace.json.gz", "*.trace.json",
