@@ -86,3 +86,14 @@ def test_parallel_load_of_ranks(shared_traces: Path):
                               workers=2, progress=False)
     assert [r.rank for r in ranks] == [0, 1]
     assert not [f for f in flags if f["severity"] == "error"]
+
+
+def test_cpu_only_trace_from_a_gpu_machine_keeps_its_ops(tmp_path: Path):
+    # deviceProperties names a GPU, so cpu_ops are skipped on the first pass; with no device
+    # work in the file the loader reads it again keeping them.
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],
+                             "distributedInfo": {"rank": 0}, "traceEvents": ev}))
+    rt = load_rank(p)
+    assert rt.mode == "cpu" and (rt.events["cat"] == "cpu_op").sum() == 1

@@ -86,6 +86,7 @@ class _Event(msgspec.Struct, gc=False):
 _events_decoder = msgspec.json.Decoder(list[_Event])
 _any_decoder = msgspec.json.Decoder()
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_GPU_HEADER_RE = re.compile(rb'"deviceProperties"\s*:\s*\[\s*\{')
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
 
@@ -207,7 +208,8 @@ class _Collector:
         self.ids: dict[Any, int] = {}
         self.n_total = 0
         self.unknown: dict[str, int] = {}
-        self.seen_device = False
+        self.seen_device = False  # True: cpu_ops are no longer collected
+        self.has_device = False
         self.bad_dur: list[str] = []
         self.n_bad_dur = 0
 
@@ -260,8 +262,8 @@ class _Collector:
         self._columns(kept, [type_ci[type(e)] for e in kept])
 
     def _columns(self, kept: list, cis: list) -> None:
-        if not self.seen_device and any(ci < 3 for ci in cis):
-            self.seen_device = True
+        if not self.has_device and any(ci < 3 for ci in cis):
+            self.seen_device = self.has_device = True
         # Fast path: every ts/dur present and no negative duration (checked in C).
         try:
             ts_a = array("d", [e.ts for e in kept])
@@ -432,10 +434,13 @@ def _decode_into(col: _Collector, region) -> None:
         col.add_untyped(_any_decoder.decode(region))
 
 
-def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None
-               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None,
+               keep_cpu_ops: bool | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Stream one trace file. Returns (slim events, top-level metadata + load stats).
 
+    `keep_cpu_ops=None` decides from the header: Kineto writes every CPU event before the
+    first kernel, so a trace whose `deviceProperties` lists a GPU skips `cpu_op` from the
+    start (and is read again keeping them in the rare case it holds no device work).
     Raises TraceError for a truncated gzip, invalid JSON, or JSON that is not a trace.
     """
     path = Path(path)
@@ -463,6 +468,8 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
             if m:
                 header = bytes(buf[:m.end() - 1])
                 start = m.end()
+                if keep_cpu_ops is None and _GPU_HEADER_RE.search(header):
+                    col.seen_device = True  # i.e. drop cpu_ops from the first event on
                 break
             if not data or len(buf) > (64 << 20):
                 raise TraceError(
@@ -550,6 +557,8 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
     if not isinstance(meta, dict):
         raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
     meta.pop("traceEvents", None)
+    if keep_cpu_ops is None and col.seen_device and not col.has_device:
+        return read_trace(path, progress=progress, keep_cpu_ops=True)
     df = col.frame()
     kept_counts = df["cat"].value_counts()
     stats = {
