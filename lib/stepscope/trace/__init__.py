@@ -34,8 +34,8 @@ last step that began before the launch, then (launch not in the trace) the last 
 began before the work. A kernel whose correlation id precedes every launch on record was
 launched before the capture's CPU side began (an unrecorded earlier step) and stays
 unattributed. Each row of the work table records which (`attribution`: launch_thread,
-launch_process, after_step_launch, work_time, op_thread, whole_trace, before_capture, none). Step sources, in order: vLLM `execute_...` annotations
-(three forms), SGLang `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches,
+launch_process, after_step_launch, work_time, op_thread, whole_trace, before_capture, none).
+Step sources, in order: vLLM `execute_...` annotations (three forms), SGLang `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches,
 `execute_model` Python frames, one whole-trace step. Times are µs from the rank's first kept
 event (`origin_us` in summary.json is that instant on the trace's clock).
 Per (rank, step, category): count (calls; a CPU collective counts once, at its `c10d::` op),
@@ -71,8 +71,8 @@ Artifacts in `05_categorize/`
   - `text_table_check`: per table {`file`, `rank`, `rows`, `layout`, `self_cpu_total_us`,
     [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | `note`}.
   - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
-    rank_unreadable, duplicate_rank, rank_assumed, bad_durations, unknown_event_category,
-    other_share_high, unattributed, step_fallback, collectives_mismatch,
+    rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
+    unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,
     text_table_mismatch, kernel_sum_above_tpot, mixed_modes, sglang_stage_split.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,

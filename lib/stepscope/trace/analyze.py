@@ -271,9 +271,21 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                          where=str(out_dir), hint="see the messages above for each file")
     results: list[RankResult] = []
     for rt in tqdm(loaded, desc="analyze ranks", unit="rank", disable=not progress):
-        r = analyze_rank(rt, rules)
+        try:
+            r = analyze_rank(rt, rules)
+        except TraceError as exc:
+            flags.append(_flag("rank_unanalysable", "error", exc.render()))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one odd rank must not stop the others
+            flags.append(_flag("rank_unanalysable", "error",
+                               f"{rt.path}: unexpected {type(exc).__name__} while analysing: {exc} "
+                               "(a stepscope bug; please report it with the file)"))
+            continue
         results.append(r)
         rt.events = None  # free the raw table once analysed
+    if not results:
+        raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
+                         where=str(out_dir))
     modes = {r.mode for r in results}
     if len(modes) > 1:
         flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))

@@ -751,6 +751,10 @@ def _load_worker(args: tuple) -> tuple[str, RankTrace | None, str | None]:
                                     allow_no_rank=allow_no_rank), None
     except TraceError as exc:
         return str(path), None, exc.render()
+    except Exception as exc:  # noqa: BLE001 - one odd file must not stop the other ranks
+        return str(path), None, (f"{path}: unexpected {type(exc).__name__} while reading: {exc}\n"
+                                 "  fix: this looks like a stepscope bug; please report it with "
+                                 "the file")
 
 
 def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -> int:
