@@ -35,8 +35,9 @@ began before the work. A kernel whose correlation id precedes every launch on re
 launched before the capture's CPU side began (an unrecorded earlier step) and stays
 unattributed. Each row of the work table records which (`attribution`: launch_thread,
 launch_process, after_step_launch, work_time, op_thread, whole_trace, before_capture, none).
-Step sources, in order: vLLM `execute_...` annotations (three forms), SGLang `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches,
-`execute_model` Python frames, one whole-trace step. Times are µs from the rank's first kept
+Step sources, in order: vLLM `execute_...` annotations (three forms), SGLang
+`step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches, `execute_model` Python
+frames, one whole-trace step. Times are µs from the rank's first kept
 event (`origin_us` in summary.json is that instant on the trace's clock).
 Per (rank, step, category): count (calls; a CPU collective counts once, at its `c10d::` op),
 sum_us (summed durations), union_us (interval union) and exposed_us (class priority compute >
