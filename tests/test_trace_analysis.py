@@ -268,7 +268,11 @@ def test_analyze_traces_writes_the_documented_artifacts(shared_traces: Path, tmp
     assert s["collectives_check"]["match"] is True
     assert s["decode"]["steps"]["tpot_capture_ms"] == 25.0
     assert s["decode"]["steps"]["n_steps"] == 10
-    assert s["text_table_check"][0]["layout"] == "cpu"
+    tt = s["text_table_check"][0]
+    assert tt["layout"] == "cpu" and "flag" not in tt
+    # The table's collective call counts (whole capture) equal the trace's (all in steps).
+    assert {(c["name"], c["calls_table"], c["calls_trace_in_steps"]) for c in tt["collective_calls"]} == {
+        ("c10d::allreduce_", 60, 60), ("c10d::_allgather_base_", 12, 12)}
     for f in ("decode_categories.csv", "steps.csv", "rank_categories.csv", "cross_rank.csv",
               "amdahl.csv", "timeline_rank0_step.csv"):
         assert (tmp_path / f).is_file(), f

@@ -70,7 +70,8 @@ Artifacts in `05_categorize/`
     `reasoning`} or null), `match` (bool or null), `explanation` [sentences], `rank`, `tp`.
   - `cross_rank`: rows of cross_rank.csv.
   - `text_table_check`: per table {`file`, `rank`, `rows`, `layout`, `self_cpu_total_us`,
-    [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | `note`}.
+    [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | [`note`,
+    `collective_calls` [{`name`, `calls_table`, `calls_trace_in_steps`}] (CPU layout), `flag`]}.
   - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
     rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
     unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,

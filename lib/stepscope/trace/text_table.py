@@ -110,5 +110,18 @@ def check_text_tables(tables: list[Path], ranks: dict) -> tuple[pd.DataFrame, li
             c["note"] = ("CPU layout: the table has no kernel total; it is shown for reference, "
                          "its per-op Self CPU covers the whole capture (not only steps)"
                          if cuda_total is None else "no matching GPU rank to compare with")
+            if r is not None and r.mode == "cpu" and "calls" in df:
+                # Collective calls: the table counts the whole capture, the trace the steps.
+                w = r.work[r.work["is_call"].to_numpy()]
+                in_trace = w.groupby("name").size()
+                rows = df[df["Name"].str.startswith("c10d::") & ~df["truncated_name"]]
+                comp = [{"name": n, "calls_table": int(k), "calls_trace_in_steps": int(in_trace.get(n, 0))}
+                        for n, k in rows.groupby("Name")["calls"].sum().items()]
+                c["collective_calls"] = comp
+                diff = [x for x in comp if x["calls_table"] != x["calls_trace_in_steps"]]
+                if diff:
+                    c["flag"] = {"code": "text_table_mismatch", "severity": "info",
+                                 "message": f"{p.name}: collective calls differ between the table "
+                                            f"(whole capture) and the trace's steps: {diff}"}
         checks.append(c)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), checks
