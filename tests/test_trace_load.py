@@ -97,3 +97,12 @@ def test_cpu_only_trace_from_a_gpu_machine_keeps_its_ops(tmp_path: Path):
                              "distributedInfo": {"rank": 0}, "traceEvents": ev}))
     rt = load_rank(p)
     assert rt.mode == "cpu" and (rt.events["cat"] == "cpu_op").sum() == 1
+
+
+def test_chrome_json_array_form(tmp_path: Path):
+    ev = [{"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7,
+           "ts": 1.5, "dur": 2.25, "args": {"correlation": 1}}]
+    p = tmp_path / "trace_rank2.json"
+    p.write_text(json.dumps(ev))
+    rt = load_rank(p)
+    assert rt.rank == 2 and rt.events["dur"].tolist() == [2.25]

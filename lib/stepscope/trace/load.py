@@ -447,7 +447,7 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
     if not path.is_file():
         raise TraceError("trace file not found", where=str(path))
     col = _Collector()
-    header = b""
+    header: bytes | None = b""
     tail = b""
     with _open_stream(path) as stream:
         buf = bytearray()
@@ -462,7 +462,7 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
             if head == b"[":
                 # Chrome's "JSON array" form: the whole file is the event list.
                 start = buf.index(b"[") + 1
-                header = b'{"traceEvents":'
+                header = None
                 break
             m = _KEY_RE.search(buf)
             if m:
@@ -551,7 +551,7 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
                 tail = rest[idx + 1:]
                 break
     try:
-        meta = _any_decoder.decode(header + b"[]" + tail)
+        meta = {} if header is None else _any_decoder.decode(header + b"[]" + tail)
     except msgspec.DecodeError as exc:
         raise _malformed(path, consumed + len(buf), exc) from None
     if not isinstance(meta, dict):
