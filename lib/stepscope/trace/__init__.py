@@ -100,3 +100,18 @@ Artifacts in `05_categorize/`
   `[category] name` with category/class/step in args, plus a steps track.
 - `cache/<size>-<hash>.parquet`: slim event tables (a second analysis reads these).
 """
+
+_EXPORTS = {"analyze_traces": "analyze", "run_stage": "analyze", "trace_inputs_for_run": "analyze",
+            "Analysis": "analyze", "load_rank": "load", "load_ranks": "load", "read_trace": "load"}
+
+
+def __getattr__(name: str):
+    # Lazy re-exports: `import stepscope.trace.load` alone must not pull in pandas.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"stepscope.trace.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'stepscope.trace' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)
