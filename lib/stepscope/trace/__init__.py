@@ -75,7 +75,8 @@ Artifacts in `05_categorize/`
   - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
     rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
     unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,
-    text_table_mismatch, kernel_sum_above_tpot, mixed_modes, sglang_stage_split.
+    text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
+    sglang_stage_split.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
   exposed_ms_mean, share_of_span (union mean / step span mean), exposed_share_of_busy,

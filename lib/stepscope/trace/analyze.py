@@ -334,6 +334,12 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                                f"kernel sum per decode step ({times['kernel_sum_ms']['median']:.3f} "
                                f"ms) exceeds the measured TPOT ({times['tpot_capture_ms']:.3f} ms): "
                                "kernels overlap; read the union and span instead"))
+        gap = 1.0 - times["span_ms"]["median"] / times["tpot_capture_ms"]
+        if gap > 0.2:
+            flags.append(_flag("span_below_tpot", "info",
+                               f"a decode step's work spans {times['span_ms']['median']:.3f} ms of "
+                               f"the {times['tpot_capture_ms']:.3f} ms TPOT ({gap:.0%} of each token "
+                               "has no device work: host-side overhead, scheduling or launch gaps)"))
     timeline = representative_timeline(ref)
     summary = {
         "ranks": ranks_summary,
