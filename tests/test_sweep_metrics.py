@@ -110,3 +110,23 @@ def test_agrees_with_vllm_calculate_metrics():
         pct = dict(getattr(theirs, f"percentiles_{name}_ms"))
         assert ours[f"{name}_ms_p90"] == pytest.approx(pct[90.0], rel=1e-9)
         assert ours[f"{name}_ms_p99"] == pytest.approx(pct[99.0], rel=1e-9)
+
+
+def test_bunched_chunks_are_measured_and_flagged():
+    import pandas as pd
+
+    from stepscope.sweep.run import summarize
+
+    # 3 of 4 gaps are zero: the chunks were held back and delivered in one read.
+    bunched = RequestRecord(start_s=0.0, chunk_times_s=[0.1, 0.3, 0.3, 0.3, 0.3], end_s=0.31,
+                            output_tokens=5, success=True)
+    steady = RequestRecord(start_s=0.0, chunk_times_s=[0.1, 0.11, 0.12], end_s=0.13,
+                           output_tokens=3, success=True)
+    assert level_metrics([bunched])["bunched_chunk_share"] == pytest.approx(0.75)
+    assert level_metrics([steady])["bunched_chunk_share"] == 0.0
+    levels = pd.DataFrame([{"level": "c0002", "mode": "concurrency", "concurrency": 2, "request_rate": None,
+                            "complete": True, "n_completed": 1, "n_failed": 0, "n_requests": 1,
+                            "output_throughput_tok_s": 10.0, "client_bound": False, "client_cpu_pct": 1.0,
+                            "ttft_ms_median": 100.0, "tpot_ms_median": 0.0, "bunched_chunk_share": 0.75}])
+    flags = summarize(levels, pd.DataFrame(), 0.1)["flags"]
+    assert any("c0002: 75% of token chunks arrived together" in f for f in flags)

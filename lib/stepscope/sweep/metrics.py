@@ -135,6 +135,10 @@ def request_table(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.Da
     ])
 
 
+BUNCHED_GAP_MS = 0.05
+"""Inter-chunk gaps below this arrived together, in one read, rather than one decode step apart."""
+
+
 def itl_ms(records: Iterable[RequestRecord | Mapping[str, Any]]) -> np.ndarray:
     """Inter-chunk gaps in ms, pooled over the completed measured requests."""
     gaps = [np.diff(r.chunk_times_s) for r in _as_records(records) if not r.warmup and _ok(r)]
@@ -201,6 +205,11 @@ def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]]) -> dict[
     out.update(_stats(done["tpot_ms"], "tpot"))
     out.update(_stats(itl_ms(recs), "itl"))
     out.update(_stats(done["e2el_ms"], "e2el"))
+    gaps = itl_ms(recs)
+    # Chunks that land in the same network read (gap under BUNCHED_GAP_MS) were held back
+    # somewhere (a starved API process, a proxy's buffer): per-token latencies then
+    # describe the delivery, not the decode. The share makes that visible.
+    out["bunched_chunk_share"] = float(np.mean(gaps < BUNCHED_GAP_MS)) if gaps.size else math.nan
     out["littles_concurrency"] = per_s(float(done["e2el_ms"].sum()) / 1e3)
     out["peak_output_tok_s_1s"] = peak_output_tok_s_1s(recs)
     out["output_tokens_from_usage"] = bool(done["output_tokens_from_usage"].all()) if len(done) else True

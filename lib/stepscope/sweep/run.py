@@ -37,7 +37,7 @@ LEVEL_COLUMNS = [
     "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
     "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
     *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
-    "littles_concurrency", "peak_output_tok_s_1s", "client_cpu_pct", "client_bound",
+    "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "client_cpu_pct", "client_bound",
     "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
 ]
 
@@ -165,6 +165,10 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- saturation
 
 
+BUNCHED_FLAG_SHARE = 0.5
+"""Flag a level when more than this share of its inter-chunk gaps are bunched."""
+
+
 def find_knee(levels: pd.DataFrame, knee_gain: float = 0.10) -> dict[str, Any]:
     """Knee and plateau of the closed-loop levels.
 
@@ -204,6 +208,11 @@ def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
     for _, r in levels[levels["client_bound"]].iterrows():
         flags.append(f"level {r['level']}: client used {r['client_cpu_pct']:.0f} % of a core; "
                      "the client may be the bottleneck")
+    if "bunched_chunk_share" in levels:
+        for _, r in levels[levels["bunched_chunk_share"] > BUNCHED_FLAG_SHARE].iterrows():
+            flags.append(f"level {r['level']}: {r['bunched_chunk_share']:.0%} of token chunks arrived together "
+                         "with the previous one: the server delivered output in bursts (e.g. its API process "
+                         "starved of CPU), so TPOT/ITL here measure delivery, not decode")
     for _, r in levels[levels["n_failed"] > 0].iterrows():
         flags.append(f"level {r['level']}: {int(r['n_failed'])} of {int(r['n_requests'])} requests failed")
     if died:
