@@ -321,7 +321,12 @@ def stop_process_group(pgid: int, grace_s: float = 20.0) -> bool:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return True
+    # SIGKILL is delivered asynchronously: wait until the group is really gone, so a
+    # caller that starts the next server right away finds the port and cores free.
+    deadline = time.monotonic() + 10.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return True
 
 
@@ -332,12 +337,13 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A group whose leader is a zombie still answers signal 0; reap it if it is our child.
+    # A group of zombies still answers signal 0: reap the leader if it is our child, then
+    # look for any member that is really running (orphans are reparented, not reaped).
     try:
-        pid, _ = os.waitpid(pgid, os.WNOHANG)
+        os.waitpid(pgid, os.WNOHANG)
     except ChildProcessError:
-        pid = 0
-    return pid == 0 and _any_member(pgid)
+        pass
+    return _any_member(pgid)
 
 
 def _any_member(pgid: int) -> bool:
