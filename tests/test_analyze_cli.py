@@ -1,0 +1,43 @@
+"""`stepscope analyze`: stages 05 and 06 through papermill on traces captured elsewhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepscope.cli import main
+
+
+@pytest.mark.slow
+def test_analyze_real_cpu_tp2_traces(shared_traces, tmp_path, capsys):
+    files = [str(shared_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz") for r in (0, 1)]
+    out = tmp_path / "an"
+    assert main(["analyze", *files, "--tp", "2", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "05_categorize" / "summary.json").read_text())
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
+    for rank in summary["ranks"]:
+        assert rank["unattributed_events"] == 0
+        assert rank["collectives_per_decode_step"] == {"all_reduce": 5.0, "all_gather": 1.0}
+        assert rank["busy_us"] + rank["idle_us"] == pytest.approx(rank["span_us"], rel=1e-9)
+    record = json.loads((out / "run.json").read_text())
+    assert set(record["stages"]) == {"05_categorize", "06_writeup"}
+    assert (out / "06_writeup" / "report.html").is_file()
+    assert f"report: {out / '06_writeup' / 'report.html'}" in capsys.readouterr().out
+
+
+def test_analyze_missing_path_is_named(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "nope.json.gz")]) == 2
+    err = capsys.readouterr().err
+    assert "trace path not found" in err and "nope.json.gz" in err
+
+
+def test_analyze_folder_without_traces_fails_stage_05_with_a_message(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "an"
+    assert main(["analyze", str(empty), "--out", str(out), "--no-progress"]) == 1
+    record = json.loads((out / "run.json").read_text())
+    assert record["stages"]["05_categorize"]["status"] == "failed"
+    assert "empty" in record["stages"]["05_categorize"]["error"]
+    assert record["stages"]["06_writeup"]["status"] == "ok"  # the report still renders, with gaps marked
