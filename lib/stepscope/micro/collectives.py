@@ -483,38 +483,59 @@ def read_nccl_tests(path: str | Path, **kw: Any) -> pd.DataFrame:
 # --------------------------------------------------------------------------- plots
 
 
+def _bytes_label(v: float, _pos=None) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if v >= scale:
+            return f"{v / scale:g} {unit}"
+    return f"{v:g} B"
+
+
 def plot_latency_vs_size(collectives: pd.DataFrame, burst: pd.DataFrame | None = None):
     """Per-op time (µs) against message size, log-log: eager all-reduce median across ranks
-    with the min–max band, burst per-op times, and any imported nccl-tests rows."""
+    with the min–max band, burst per-op times, and any imported nccl-tests rows.
+
+    `collectives` has collectives.csv's columns (size_bytes, time_us_rank_{min,median,max} and
+    the op / backend / world_size / mode / source keys present); burst rows without a status
+    column count as measured."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, ((src, op, backend, world, mode), g) in enumerate(
-            collectives.groupby(["source", "op", "backend", "world_size", "mode"], sort=False, dropna=False)):
-        g = g[g["placement"].isin(["in-place"]) | (g["op"] != "all_reduce")] if src != "stepscope" else g
+    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
+    df = collectives.dropna(subset=["size_bytes", "time_us_rank_median"])
+    keys = [k for k in ("source", "op", "backend", "world_size", "mode") if k in df]
+    for i, (key, g) in enumerate(df.groupby(keys, sort=False, dropna=False)):
+        key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        src = key.get("source", "stepscope")
+        if src != "stepscope" and "placement" in g:
+            g = g[g["placement"].isin(["in-place"]) | (g["op"] != "all_reduce")]
         g = g.sort_values("size_bytes")
-        lbl = f"{op} {backend} n={world} {mode} ({src}, median over ranks)"
-        ax.plot(g["size_bytes"], g["time_us_rank_median"], "o-", color=f"C{i}", ms=4, label=lbl)
-        if g["time_us_rank_min"].notna().any():
+        what = " ".join(f"n={v}" if k == "world_size" else str(v) for k, v in key.items() if k != "source")
+        ax.plot(g["size_bytes"], g["time_us_rank_median"], "o-", color=f"C{i}", ms=4,
+                label=f"{what} ({src}, median over ranks)")
+        if "time_us_rank_min" in g and g["time_us_rank_min"].notna().any():
             ax.fill_between(g["size_bytes"], g["time_us_rank_min"], g["time_us_rank_max"], color=f"C{i}", alpha=0.2)
-    if burst is not None:
-        ok = burst[burst["status"] == "ok"]
+    if burst is not None and len(burst):
+        ok = burst[burst["status"] == "ok"] if "status" in burst else burst
         for j, (mode, g) in enumerate(ok.groupby("mode")):
             ax.scatter(g["size_bytes"], g["per_op_us"], marker="*", s=120, color=f"C{5 + j}", zorder=5,
                        label=f"burst per-op ({mode}, K={int(g['k'].iloc[0])})")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
+    plain = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    times = df["time_us_rank_median"]
+    if len(times) and times.max() <= 30 * times.min():  # under ~1.5 decades few major ticks show
+        ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("time per collective (µs)")
-    n_sizes = collectives["size_bytes"].nunique()
-    ax.set_title(f"Collective latency vs size: {n_sizes} sizes; eager = each op timed alone, "
-                 "band = min..max across ranks", fontsize=9)
+    ax.set_title(f"Collective latency vs size: {df['size_bytes'].nunique()} sizes\n"
+                 "eager = each op timed alone, band = min..max across ranks", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig
 
 

@@ -425,45 +425,57 @@ def describe_run(stage: dict) -> str:
 def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, peak_tflops: float | None = None,
                   title_extra: str = ""):
     """Achieved TFLOP/s against arithmetic intensity (FLOP/byte, FACTS §6 byte model), log-log,
-    one colour per backend/dtype, one marker per model; the roof where peaks are known."""
+    one colour per backend/dtype/mode, one marker per model; the roof where peaks are known.
+
+    Needs the rate columns only (tflops, gbps; intensity = tflops / gbps = flops / bytes), so the
+    report can draw it from any gemm.csv; rows with a status other than "ok" are left out."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    ok = table[table["status"] == "ok"].copy()
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ok = table[table["status"] == "ok"].copy() if "status" in table else table.copy()
+    ok = ok[(ok["tflops"] > 0) & (ok["gbps"] > 0)]
+    fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
     if ok.empty:
         ax.text(0.5, 0.5, "no GEMM measured", ha="center", va="center", transform=ax.transAxes)
         return fig
-    ok["ai"] = ok["flops"] / ok["bytes"]
+    ok["ai"] = ok["tflops"] * 1e3 / ok["gbps"]  # (1e12 FLOP/s) / (1e9 B/s) = 1e3 FLOP/B
+    if "model" not in ok:
+        ok["model"] = "GEMM"
+    keys = [c for c in ("backend", "dtype", "mode") if c in ok]
     markers = ["o", "s", "^", "D", "v", "P"]
     models = list(dict.fromkeys(ok["model"]))
-    for ci, ((be, dt, mode), g) in enumerate(ok.groupby(["backend", "dtype", "mode"], sort=False)):
+    for ci, (key, g) in enumerate(ok.groupby(keys, sort=False, dropna=False)):
+        what = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
         for mi, model in enumerate(models):
             s = g[g["model"] == model]
             if s.empty:
                 continue
             ax.scatter(s["ai"], s["tflops"], s=18, marker=markers[mi % len(markers)], color=f"C{ci}", alpha=0.8,
-                       label=f"{model} · {be} {dt} {mode}")
+                       label=f"{model} · {what}")
     if peak_bw_gbps:
         x = np.logspace(np.log10(ok["ai"].min() / 2), np.log10(ok["ai"].max() * 2), 100)
         roof = x * peak_bw_gbps / 1e3
         if peak_tflops:
             roof = np.minimum(roof, peak_tflops)
-        ax.plot(x, roof, "k--", lw=1, label=f"roof: {peak_bw_gbps:.0f} GB/s"
-                + (f", {peak_tflops:.0f} TFLOP/s" if peak_tflops else ""))
+        ax.plot(x, roof, "k--", lw=1, label=f"roof: {peak_bw_gbps:g} GB/s"
+                + (f", {peak_tflops:g} TFLOP/s" if peak_tflops else ""))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # 0.01 and 10 read faster than 10^-2 and 10^1
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved; bytes = weights + scales + activations)")
     ax.set_ylabel("achieved TFLOP/s (FLOPs = 2·M·N·K, median time)")
-    dev = ", ".join(sorted(set(ok["device"].astype(str))))
+    dev = ", ".join(sorted(set(ok["device"].dropna().astype(str)))) if "device" in ok else ""
     if not peak_bw_gbps:
-        title_extra += " (no roof drawn: peak bandwidth unknown; set hardware.peak_mem_bw_gbps)"
-    ax.set_title(f"GEMM roofline: {len(ok)} timed cases on {dev}{title_extra}", fontsize=9)
+        title_extra += "\n(no roof drawn: peak bandwidth unknown; set hardware.peak_mem_bw_gbps)"
+    ax.set_title(f"GEMM roofline: {len(ok)} timed cases" + (f" on {dev}" if dev else "") + title_extra,
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
     return fig
 
 

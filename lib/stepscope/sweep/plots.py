@@ -8,6 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from stepscope.runfolder import figures_dir
 
@@ -18,6 +19,15 @@ FIGURE_NAMES = {
     "capture": "capture_batch1_latency_per_request.png",
     "by_source": "sweep_output_tok_s_vs_concurrency_by_source.png",
 }
+
+
+# Concurrency doubles per level: label the log-2 axis 1, 2, 4 rather than 2^0, 2^1, 2^2.
+_PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
+
+
+def _concurrency_axis(ax) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(_PLAIN)
 
 
 def _closed(levels: pd.DataFrame) -> pd.DataFrame:
@@ -42,11 +52,11 @@ def plot_throughput_vs_concurrency(levels: pd.DataFrame, summary: dict[str, Any]
         ax.axvline(knee, color="tab:red", ls="--", lw=1, label=f"knee: C={knee}")
     if plateau is not None:
         ax.axhline(plateau, color="tab:gray", ls=":", lw=1, label=f"plateau {plateau:,.0f} tok/s")
-    bound = c[c["client_bound"]]
+    bound = c[c["client_bound"].eq(True)]
     if len(bound):
         ax.scatter(bound["concurrency"], bound["output_throughput_tok_s"], s=120, facecolors="none",
                    edgecolors="tab:orange", label="client may be the bottleneck")
-    ax.set_xscale("log", base=2)
+    _concurrency_axis(ax)
     ax.set_xlabel("concurrency C (requests in flight, closed loop)")
     ax.set_ylabel("output throughput (tok/s)")
     ax.set_title(f"Output throughput vs concurrency ({_count_note(c)})", fontsize=10)
@@ -63,7 +73,7 @@ def plot_latency_vs_concurrency(levels: pd.DataFrame) -> Figure:
     for ax, metric, label in ((axes[0], "ttft", "TTFT"), (axes[1], "tpot", "TPOT")):
         ax.plot(c["concurrency"], c[f"{metric}_ms_median"], "o-", label=f"{label} p50")
         ax.plot(c["concurrency"], c[f"{metric}_ms_p99"], "s--", label=f"{label} p99")
-        ax.set_xscale("log", base=2)
+        _concurrency_axis(ax)
         ax.set_xlabel("concurrency C")
         ax.set_ylabel(f"{label} (ms)")
         ax.grid(alpha=0.3)
@@ -102,7 +112,7 @@ def plot_throughput_by_source(levels: pd.DataFrame) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for source, g in c.groupby("source", sort=False):
         ax.plot(g["concurrency"], g["output_throughput_tok_s"], "o-", label=f"{source} ({len(g)} levels)")
-    ax.set_xscale("log", base=2)
+    _concurrency_axis(ax)
     ax.set_xlabel("concurrency C (requests in flight, closed loop)")
     ax.set_ylabel("output throughput (tok/s)")
     ax.set_title("Output throughput vs concurrency, by source (tokens / duration)", fontsize=10)
