@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from stepscope.palette import CATEGORY_COLORS, CATEGORY_ORDER, category_sort_key, color_for
-from stepscope.report import figures as fg
 from stepscope.report.explorer import StepExplorer, category_top_names, step_category_table
 from stepscope.report.synthetic import make_synthetic_run
+from stepscope.trace import plots as cat
 
 ISSUE_CATEGORIES = ["all_reduce", "all_gather", "other_collective", "communication", "quantized_gemm",
                     "dense_gemm", "fused_moe", "moe_routing", "attention", "kv_cache_write", "norm",
@@ -46,7 +46,7 @@ def test_stacked_bars_use_the_palette():
     bars = pd.DataFrame({"label": ["rank 0", "rank 0", "rank 1", "rank 1"],
                          "category": ["attention", "all_reduce", "attention", "all_reduce"],
                          "ms_per_step": [1.0, 2.0, 1.5, 2.5]})
-    fig = fg.plot_decode_category_time_stacked(bars, {"span": 4.0}, n_steps=10)
+    fig = cat.plot_decode_category_time_stacked(bars, {"span": 4.0}, n_steps=10)
     ax = fig.axes[0]
     colors = _facecolors(ax)
     assert colors == {"all_reduce": CATEGORY_COLORS["all_reduce"], "attention": CATEGORY_COLORS["attention"]}
@@ -58,7 +58,7 @@ def test_stacked_bars_use_the_palette():
 def test_timeline_has_one_lane_per_stream():
     tl = pd.DataFrame({"stream": [7, 7, 13], "category": ["dense_gemm", "all_reduce", "memcpy"],
                        "start_us": [100.0, 120.0, 105.0], "dur_us": [10.0, 30.0, 2.0]})
-    fig = fg.plot_decode_step_timeline(tl)
+    fig = cat.plot_decode_step_timeline(tl)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["stream 7", "stream 13"]
     assert ax.get_xlim()[1] == pytest.approx(50 * 1.01)  # shifted to start at 0, ends at 150-100

@@ -13,10 +13,14 @@ import yaml
 from stepscope.config import WriteupParams, redact, redact_argv
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report import analysis as an
+from stepscope.micro.collectives import plot_latency_vs_size
+from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
 from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
 from stepscope.runfolder import figures_dir
+from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
+from stepscope.trace import plots as cat
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -60,11 +64,18 @@ def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
                          "ms_per_step": d["ms_per_step_mean"].astype(float)})
 
 
-def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
-    """Draw the report's own figures into figures/; return {key: file name}.
+def _stage_collectives(c: pd.DataFrame) -> pd.DataFrame:
+    """collectives.csv as stage 03 names it (artifacts renames the rank spread for the tables)."""
+    return c.rename(columns={f"time_us_{k}": f"time_us_rank_{k}" for k in ("min", "median", "max")})
 
-    Stage plots (sweep_*, gemm_roofline, collective_*) are reused when the stage saved them;
-    otherwise a fallback is drawn from the stage's CSV under a writeup_* name.
+
+def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
+    """Draw the report's figures into figures/; return {key: file name}.
+
+    Every figure is drawn by the function its stage uses (category figures: `trace.plots`;
+    sweep, roofline, collectives: their stage modules). A stage plot (sweep_*, gemm_roofline*,
+    collective_*, 05_step_timeline*) is reused when the stage saved it; otherwise it is drawn
+    here from the stage's CSV, under a name of the report's own (writeup_*, decode_*).
     """
     out_dir = figures_dir(a.run_dir)
     made: dict[str, str] = {}
@@ -79,33 +90,37 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
         markers = {"busy (union)": totals.get("union_ms"), "span": totals.get("span_ms"),
                    "capture TPOT": totals.get("tpot_capture_ms")}
         save("stacked", "decode_category_ms_per_step_stacked.png",
-             fg.plot_decode_category_time_stacked(_bars_frame(a, decode), markers, n))
+             cat.plot_decode_category_time_stacked(_bars_frame(a, decode), markers, n))
         if "share_of_step" in decode:
-            save("shares", "decode_category_share_of_step.png", fg.plot_category_shares(decode, n))
-    if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns):
+            save("shares", "decode_category_share_of_step.png", cat.plot_category_shares(decode, n))
+    if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns) \
+            and not _stage_figures(a.run_dir, "05_step_timeline"):
         lane = "thread" if totals.get("mode") == "cpu" else "stream"
         save("timeline", "decode_step_timeline_rank0_by_stream.png",
-             fg.plot_decode_step_timeline(a.timeline, lane=lane))
+             cat.plot_decode_step_timeline(a.timeline, lane=lane))
     if ctx["amdahl"] is not None:
-        save("amdahl", "decode_amdahl_ceiling_by_category.png", fg.plot_amdahl_ceiling(ctx["amdahl"]))
+        save("amdahl", "decode_amdahl_ceiling_by_category.png", cat.plot_amdahl_ceiling(ctx["amdahl"]))
     if ctx["whatif"] is not None:
         save("whatif", "whatif_speculative_decoding_tpot.png",
              fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"]))
     lv = a.levels
-    if lv is not None and "concurrency" in lv and not _stage_figures(a.run_dir, "sweep_"):
-        lvc = lv[lv["mode"].astype(str) != "rate"] if "mode" in lv else lv
-        if "output_throughput_tok_s" in lvc and len(lvc):
-            save("sweep_tput", "writeup_throughput_vs_concurrency.png",
-                 fg.plot_throughput_vs_concurrency(lvc, num(ctx["macro"].get("knee_concurrency"))))
-            save("sweep_lat", "writeup_latency_vs_concurrency.png", fg.plot_latency_vs_concurrency(lvc))
+    sweep_cols = {"mode", "concurrency", "n_completed", "output_throughput_tok_s", "peak_output_tok_s_1s",
+                  "client_bound", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99"}
+    if lv is not None and sweep_cols <= set(lv.columns) and not _stage_figures(a.run_dir, "sweep_") \
+            and ((lv["mode"] == "concurrency") & (lv["n_completed"] > 0)).any():
+        save("sweep_tput", "writeup_throughput_vs_concurrency.png", plot_throughput_vs_concurrency(lv, ctx["macro"]))
+        save("sweep_lat", "writeup_latency_vs_concurrency.png", plot_latency_vs_concurrency(lv))
     if a.gemm is not None and not _stage_figures(a.run_dir, "gemm_roofline") \
             and {"tflops", "gbps", "backend", "dtype"} <= set(a.gemm.columns):
         hw = (a.params or {}).get("hardware") or {}
         save("roofline", "writeup_gemm_roofline.png",
-             fg.plot_gemm_roofline(a.gemm, num(hw.get("peak_mem_bw_gbps")), num(hw.get("peak_tflops"))))
+             plot_roofline(a.gemm, peak_bw_gbps=num(hw.get("peak_mem_bw_gbps")), peak_tflops=num(hw.get("peak_tflops"))))
     if a.collectives is not None and not _stage_figures(a.run_dir, "collective_") \
             and {"size_bytes", "time_us_median"} <= set(a.collectives.columns):
-        save("coll", "writeup_collective_latency_vs_size.png", fg.plot_collective_latency_vs_size(a.collectives))
+        burst = a.burst if a.burst is not None and {"size_bytes", "per_op_us", "mode", "k"} <= set(a.burst.columns) \
+            else None
+        save("coll", "writeup_collective_latency_vs_size.png",
+             plot_latency_vs_size(_stage_collectives(a.collectives), burst))
     return made
 
 
@@ -335,10 +350,13 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                      ("timeline", "timeline of one decode step on rank 0")):
         if key in figs:
             text += "\n" + _img(figs[key], alt)
-    if "timeline" not in figs:
+    # Stage 05's own plots: its timeline (the report draws one only when the stage did not),
+    # then what the report's figures do not show: step-to-step variation and the spread across ranks.
+    stage_timeline = _stage_figures(a.run_dir, "05_step_timeline")
+    for name in stage_timeline:
+        text += "\n" + _img(name, "timeline of one decode step on rank 0")
+    if "timeline" not in figs and not stage_timeline:
         text += "\n" + missing_box("The decode-step timeline", ["05_categorize/timeline_rank0_step.csv"])
-    # Stage 05's own per-step and cross-rank plots add what the report's figures do not show:
-    # step-to-step variation and the spread across ranks. Its timeline would repeat ours.
     for name in _stage_figures(a.run_dir, "05_decode_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     cr = a.cross_rank

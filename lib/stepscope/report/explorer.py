@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.report import figures as fg
 from stepscope.report.artifacts import load_run_artifacts
+from stepscope.trace.plots import plot_decode_step_timeline
 
 EXPLORER_DPI = 72
 """Low resolution keeps each rendered timeline around 30 kB in a saved notebook."""
@@ -192,8 +192,8 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
                 display(HTML(f"<b>{chosen}</b>: top kernels in this step"
                              + category_top_names(ev, chosen).to_html(index=False,
                                                                       float_format=lambda v: f"{v:,.1f}")))
-            fig = fg.plot_decode_step_timeline(ev, title_note=f"(rank {rank_dd.value}, step {step_dd.value})",
-                                               highlight=chosen, lane=ex.lane)
+            fig = plot_decode_step_timeline(ev, title_note=f"(rank {rank_dd.value}, step {step_dd.value})",
+                                            highlight=chosen, lane=ex.lane)
             display(Image(data=_png(fig)))
 
     def on_rank_or_kind(*_):

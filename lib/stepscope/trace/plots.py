@@ -1,103 +1,259 @@
-"""Stage-05 figures. Each function takes DataFrames and returns a Figure; saving is apart."""
+"""Category figures: the one implementation, used by stage 05 and by the report (stage 06).
+
+Each function takes DataFrames and returns a matplotlib Figure; `save_figure` is the one place
+such a figure hits disk. Every category takes its colour from `stepscope.palette.color_for`, so
+a category looks alike in every figure, and every figure names its unit, count and method.
+Figures are built without pyplot (no global state, no display) and sized by their content.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from stepscope.trace.categorize import CATEGORIES
+from stepscope.palette import IDLE_COLOR, category_sort_key, color_for
 
-_CMAP = plt.get_cmap("tab20")
-COLORS = {c: _CMAP(i % 20) for i, c in enumerate(CATEGORIES)}
-COLORS["other"] = (0.5, 0.5, 0.5, 1.0)
+DPI = 110
+_STEP_MARKERS = ("_", ".", "x", "+")
+_LINE_STYLES = ("--", ":", "-.", (0, (5, 1)))
+
+
+def new_figure(width: float = 8.0, height: float = 4.2) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # frees figures the stage modules drew with pyplot; a no-op for the others
+    return path
+
+
+# --------------------------------------------------------------------------- stacked bars
+
+
+def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequence[float] | None] | None = None,
+                       *, title: str, xlabel: str | None = None) -> Figure:
+    """Stacked bars of category busy time (ms), one bar per `label`, categories in palette order.
+
+    `bars` is long-form: label, category, ms_per_step. Each `markers` entry is either one value
+    (ms; a horizontal line across all bars, e.g. the mean span) or one value per bar (a mark on
+    each bar, e.g. that step's span), so the reader sees whether stacked busy time exceeds the
+    wall time of a step (categories overlap, so it can).
+    """
+    labels = list(dict.fromkeys(bars["label"].astype(str)))
+    cats = sorted(bars["category"].astype(str).unique(), key=category_sort_key)
+    n = len(labels)
+    fig, ax = new_figure(min(18.0, max(8.5, 0.12 * n + 5.0)), 4.6)
+    x = np.arange(n)
+    bottom = np.zeros(n)
+    label_col = bars["label"].astype(str)
+    for cat in cats:
+        sub = bars[bars["category"].astype(str) == cat].groupby(label_col)["ms_per_step"].sum()
+        vals = np.array([float(sub.get(lbl, 0.0)) for lbl in labels])
+        ax.bar(x, vals, bottom=bottom, color=color_for(cat), label=cat, width=0.8,
+               edgecolor="white", linewidth=0.4 if n <= 40 else 0)
+        bottom += vals
+    for i, (name, value) in enumerate((markers or {}).items()):
+        if value is None:
+            continue
+        if np.ndim(value) == 0:
+            if np.isfinite(float(value)):
+                ax.axhline(float(value), color="black", linestyle=_LINE_STYLES[i % len(_LINE_STYLES)],
+                           linewidth=1.2, label=f"{name}: {float(value):.3g} ms")
+        else:
+            ax.plot(x, np.asarray(value, dtype=float), linestyle="none", color="black",
+                    marker=_STEP_MARKERS[i % len(_STEP_MARKERS)], markersize=10 if n <= 40 else 6,
+                    markeredgewidth=1.5, label=name)
+    every = max(1, int(np.ceil(n / 40)))  # at most ~40 tick labels, however many steps
+    ax.set_xticks(x[::every], labels[::every])
+    if n > 4:
+        ax.tick_params(axis="x", rotation=90 if n > 12 else 30, labelsize=7 if n > 12 else None)
+    ax.set_xlim(-0.6, n - 0.4)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms per decode step (each category's busy time)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_decode_category_time_stacked(bars: pd.DataFrame, markers: Mapping[str, float | None] | None = None,
+                                      n_steps: int | None = None) -> Figure:
+    """Mean category time per decode step, one bar per `label` (e.g. a rank), with whole-step
+    readings (union, span, capture TPOT in ms) as horizontal lines."""
+    steps = f", mean over {n_steps} decode steps" if n_steps else ""
+    return plot_category_bars(bars, markers, title=f"Category time per decode step{steps}\n"
+                              "(bars: per-category busy time, stacked; lines: whole-step readings)")
+
+
+def decode_step_bars(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0
+                     ) -> tuple[pd.DataFrame, dict[str, np.ndarray], str]:
+    """Long-form bars of one rank's decode steps (label = step id, ms_per_step = category union),
+    each step's work span and kernel/op sum (ms), and what the steps are ("decode steps", or
+    "all steps" when the trace labels none as decode)."""
+    st = steps[(steps["rank"] == rank) & (steps["n_events"] > 0)]
+    dec, which = st[st["label"] == "decode"], "decode steps"
+    if dec.empty:
+        dec, which = st, "steps (none labelled decode)"
+    sc = step_categories[(step_categories["rank"] == rank) & step_categories["step_id"].isin(dec["step_id"])]
+    grid = pd.MultiIndex.from_product([dec["step_id"], sorted(sc["category"].unique())],
+                                      names=["step_id", "category"])
+    union = sc.groupby(["step_id", "category"])["union_us"].sum().reindex(grid, fill_value=0.0)
+    bars = union.reset_index()
+    bars = pd.DataFrame({"label": bars["step_id"].astype(str), "category": bars["category"],
+                         "ms_per_step": bars["union_us"] / 1e3})
+    marks = {"work span (first to last event)": dec["span_us"].to_numpy() / 1e3,
+             "kernel/op sum": dec["kernel_sum_us"].to_numpy() / 1e3}
+    return bars, marks, which
 
 
 def plot_decode_steps(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0) -> Figure:
-    """Stacked bar per decode step: union ms of each category, with the step's work span
-    and kernel sum marked. Categories overlap, so bars can exceed the busy time."""
-    st = steps[(steps["rank"] == rank) & (steps["n_events"] > 0)]
-    dec = st[st["label"] == "decode"]
-    which = "decode steps"
-    if dec.empty:
-        dec, which = st, "all steps (no decode labels)"
-    sc = step_categories[(step_categories["rank"] == rank)
-                         & step_categories["step_id"].isin(dec["step_id"])]
-    piv = sc.pivot_table(index="step_id", columns="category", values="union_us",
-                         aggfunc="sum", fill_value=0.0).reindex(dec["step_id"], fill_value=0.0) / 1e3
-    order = piv.mean().sort_values(ascending=False).index
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(piv) + 3), 4.2))
-    x = np.arange(len(piv))
-    bottom = np.zeros(len(piv))
-    for cat in order:
-        ax.bar(x, piv[cat].to_numpy(), bottom=bottom, color=COLORS.get(cat), label=cat, width=0.8)
-        bottom += piv[cat].to_numpy()
-    ax.plot(x, dec["span_us"].to_numpy() / 1e3, "k_", markersize=14, mew=2, label="work span")
-    ax.plot(x, dec["kernel_sum_us"].to_numpy() / 1e3, "r.", label="kernel/op sum")
-    ax.set_xticks(x, [str(s) for s in piv.index], rotation=90 if len(x) > 30 else 0, fontsize=7)
-    ax.set_xlabel("step id")
-    ax.set_ylabel("ms per step (union of each category's intervals)")
-    ax.set_title(f"Rank {rank}: time per category in {len(piv)} {which}\n"
-                 "(interval union per category, ms; bars stack overlapping categories)", fontsize=10)
-    ax.legend(fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
-    fig.tight_layout()
-    return fig
+    """One stacked bar per decode step of one rank: each category's busy time, with the step's
+    work span and kernel/op sum marked; shows how steps vary, where the mean bars cannot."""
+    bars, marks, which = decode_step_bars(step_categories, steps, rank)
+    n = bars["label"].nunique()
+    return plot_category_bars(bars, marks, xlabel="step id", title=(
+        f"Rank {rank}: category time in each of {n} {which}\n"
+        "(bars: per-category busy time = interval union, stacked; marks: the step's span and kernel/op sum)"))
 
 
-def plot_step_timeline(timeline: pd.DataFrame) -> Figure:
-    """One representative decode step: each event as a bar on its stream/thread row."""
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * max(1, timeline["stream"].nunique())))
+# --------------------------------------------------------------------------- timeline
+
+
+def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
+                              highlight: str | None = None, lane: str = "stream") -> Figure:
+    """One decode step on one rank: a lane per stream (GPU) or thread (CPU, `lane="thread"`),
+    each event coloured by category.
+
+    `timeline`: stream, category, start_us, dur_us (rank, step_id, name optional). Times are
+    shifted so the step starts at 0; white space between boxes is idle time. `highlight`
+    greys out every category but that one.
+    """
+    what = "ops" if lane == "thread" else "device events"
     if timeline.empty:
-        ax.text(0.5, 0.5, "no decode step", ha="center", va="center", transform=ax.transAxes)
+        fig, ax = new_figure(10.0, 2.2)
+        ax.text(0.5, 0.5, "no decode step to draw", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
         return fig
-    streams = sorted(timeline["stream"].unique())
-    y = {s: i for i, s in enumerate(streams)}
-    for cat, g in timeline.groupby("category"):
-        for s, gs in g.groupby("stream"):
-            ax.broken_barh(list(zip(gs["start_us"] / 1e3, gs["dur_us"] / 1e3)),
-                           (y[s] - 0.4, 0.8), color=COLORS.get(cat), label=None)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS.get(c)) for c in
-               timeline.groupby("category")["dur_us"].sum().sort_values(ascending=False).index]
-    labels = list(timeline.groupby("category")["dur_us"].sum().sort_values(ascending=False).index)
-    ax.legend(handles, labels, fontsize=7, ncol=1, bbox_to_anchor=(1.01, 1), loc="upper left")
-    ax.set_yticks(range(len(streams)), [f"stream/thread {s}" for s in streams], fontsize=7)
-    ax.set_xlabel("ms from the step's first event")
-    sid = int(timeline["step_id"].iloc[0])
-    ax.set_title(f"Rank {int(timeline['rank'].iloc[0])}, decode step {sid} (median span): "
-                 f"{len(timeline)} events by category", fontsize=10)
-    fig.tight_layout()
+    df = timeline.copy()
+    df["start_us"] = df["start_us"].astype(float)
+    df["dur_us"] = df["dur_us"].astype(float)
+    df["start_us"] -= float(df["start_us"].min())
+    streams = sorted(df["stream"].astype(str).unique(), key=lambda s: (len(s), s))
+    fig, ax = new_figure(10.0, max(2.2, 0.55 * len(streams) + 1.6))
+    ax.set_facecolor(IDLE_COLOR)
+    for row, stream in enumerate(streams):
+        sub = df[df["stream"].astype(str) == stream]
+        for cat, grp in sub.groupby("category"):
+            color = color_for(str(cat)) if highlight in (None, str(cat)) else "#e6e6e6"
+            ax.broken_barh(list(zip(grp["start_us"], grp["dur_us"])), (row - 0.4, 0.8),
+                           facecolors=color, edgecolor="none")
+    ax.set_yticks(range(len(streams)), [f"{lane} {s}" for s in streams])
+    ax.set_ylim(-0.6, len(streams) - 0.4)
+    ax.invert_yaxis()
+    end_us = float((df["start_us"] + df["dur_us"]).max())
+    ax.set_xlim(0, end_us * 1.01 if end_us > 0 else 1)
+    ax.set_xlabel(f"µs since the step's first {what.removesuffix('s')}")
+    cats = sorted(df["category"].astype(str).unique(), key=category_sort_key)
+    if highlight is not None:
+        cats = [c for c in cats if c == highlight]
+    ax.legend(handles=[Patch(color=color_for(c), label=c) for c in cats], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    where = ""
+    if "rank" in df and df["rank"].nunique() == 1:
+        where = f", rank {df['rank'].iloc[0]}"
+    note = f" {title_note}" if title_note else ""
+    ax.set_title(f"Timeline of one decode step{where}: {len(df)} {what} on {len(streams)} "
+                 f"{lane}(s), {end_us:.0f} µs span{note}\n(white = no {what.removesuffix('s')} running)")
+    ax.grid(axis="x", alpha=0.3)
     return fig
 
 
-def plot_cross_rank(cross_rank: pd.DataFrame) -> Figure:
-    """Per category: min / median / max across ranks of decode ms per step."""
-    d = cross_rank.head(12)
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(d) + 1.5))
+# --------------------------------------------------------------------------- per-category summaries
+
+
+def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None) -> Figure:
+    """Horizontal bars: each category's share of a decode step (%), largest on top."""
+    df = decode.copy()
+    df["share_pct"] = 100.0 * df["share_of_step"].astype(float)
+    df = df.sort_values("share_pct")
+    fig, ax = new_figure(8.0, max(2.5, 0.32 * len(df) + 1.2))
+    ax.barh(df["category"], df["share_pct"], color=[color_for(c) for c in df["category"]])
+    for y, (v, ms) in enumerate(zip(df["share_pct"], df["ms_per_step_mean"])):
+        ax.text(v, y, f" {v:.1f} % ({ms:.3g} ms)", va="center", fontsize=8)
+    ax.set_xlabel("share of the decode step (%)")
+    steps = f"{n_steps} decode steps, " if n_steps else ""
+    ax.set_title(f"Category shares of a decode step\n({steps}mean ms per step / step time)")
+    ax.set_xlim(0, max(5.0, float(df["share_pct"].max()) * 1.3))
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def plot_amdahl_ceiling(amdahl: pd.DataFrame) -> Figure:
+    """Horizontal bars of the Amdahl ceiling per category (× faster if its exposed time were 0)."""
+    df = amdahl[np.isfinite(amdahl["max_speedup"].astype(float))].sort_values("max_speedup")
+    fig, ax = new_figure(8.0, max(2.5, 0.32 * len(df) + 1.2))
+    ax.barh(df["category"], df["max_speedup"] - 1.0, left=1.0,
+            color=[color_for(c) for c in df["category"]])
+    for y, v in enumerate(df["max_speedup"]):
+        ax.text(v, y, f" {v:.2f}×", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("decode step speed-up if the category's exposed time were removed (×)")
+    ax.set_title("Amdahl ceiling per category (step time / (step time − exposed time))")
+    ax.set_xlim(1.0, max(1.1, float(df["max_speedup"].max()) * 1.08) if len(df) else 2.0)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12) -> Figure:
+    """Per category (the `top` first rows): min, median and max across ranks of the decode
+    busy ms per step. A collective's min-rank time approximates the transfer; the rest waits."""
+    d = cross_rank.head(top)
+    fig, ax = new_figure(8.5, max(2.5, 0.38 * len(d) + 1.4))
     yy = np.arange(len(d))[::-1]
-    ax.hlines(yy, d["ms_per_step_min"], d["ms_per_step_max"], color="0.6")
-    ax.plot(d["ms_per_step_min"], yy, "|", color="k", markersize=10, label="min rank")
-    ax.plot(d["ms_per_step_max"], yy, "|", color="r", markersize=10, label="max rank")
-    ax.plot(d["ms_per_step_median"], yy, "o", color="C0", label="median")
-    ax.set_yticks(yy, d["category"], fontsize=8)
-    ax.set_xlabel("ms per decode step (union), across ranks")
+    colors = [color_for(c) for c in d["category"]]
+    ax.hlines(yy, d["ms_per_step_min"], d["ms_per_step_max"], colors=colors, linewidth=3, alpha=0.6)
+    ax.scatter(d["ms_per_step_min"], yy, marker="|", s=160, color="black", label="min over ranks", zorder=3)
+    ax.scatter(d["ms_per_step_max"], yy, marker="|", s=160, color="dimgray", linewidths=1, zorder=3,
+               label="max over ranks")
+    ax.scatter(d["ms_per_step_median"], yy, marker="o", s=40, c=colors, edgecolors="black", linewidths=0.6,
+               zorder=4, label="median over ranks")
+    ax.set_yticks(yy, d["category"])
+    ax.set_xlabel("busy ms per decode step (interval union), across ranks")
     n = int(d["n_ranks"].max()) if len(d) else 0
-    ax.set_title(f"Across {n} ranks: a collective's min-rank time approximates the transfer; "
-                 "the rest is waiting", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.set_title(f"Category time across {n} ranks (min / median / max)\n"
+                 "a collective's min-rank time approximates the transfer; the rest is waiting")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
     return fig
+
+
+# --------------------------------------------------------------------------- stage 05
 
 
 def stage_figures(an) -> dict[str, Figure]:
-    """The stage's figures by file name (without extension)."""
+    """Stage 05's figures by file name (without extension): the reference rank's steps and
+    its median-span decode step, and the cross-rank spread when there are several ranks."""
     ref = an.reference
+    lane = "thread" if ref.mode == "cpu" else "stream"
+    note = ""
+    if not an.timeline.empty and "step_id" in an.timeline:
+        note = f"(step {int(an.timeline['step_id'].iloc[0])}, the median span)"
     figs = {
-        f"05_decode_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories,
-                                                                      an.steps, ref.rank),
-        f"05_step_timeline_rank{ref.rank}": plot_step_timeline(an.timeline),
+        f"05_decode_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories, an.steps, ref.rank),
+        f"05_step_timeline_rank{ref.rank}": plot_decode_step_timeline(an.timeline, title_note=note, lane=lane),
     }
     if len(an.ranks) > 1 and not an.cross_rank.empty:
         figs["05_cross_rank_categories"] = plot_cross_rank(an.cross_rank)
@@ -105,12 +261,8 @@ def stage_figures(an) -> dict[str, Figure]:
 
 
 def save_figures(figures: dict[str, Figure], run_dir: str | Path) -> list[Path]:
+    """Save each figure as `<name>.png` in the run's figures/ folder."""
     from stepscope.runfolder import figures_dir
 
-    out = []
     d = figures_dir(run_dir)
-    for name, fig in figures.items():
-        p = d / f"{name}.png"
-        fig.savefig(p, dpi=130, bbox_inches="tight")
-        out.append(p)
-    return out
+    return [save_figure(fig, d / f"{name}.png") for name, fig in figures.items()]
