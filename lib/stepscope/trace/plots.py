@@ -126,7 +126,7 @@ def plot_decode_steps(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: 
     n = bars["label"].nunique()
     return plot_category_bars(bars, marks, xlabel="step id", title=(
         f"Rank {rank}: category time in each of {n} {which}\n"
-        "(bars: per-category busy time = interval union, stacked; marks: the step's span and kernel/op sum)"))
+        "(bars: each category's busy time, stacked; marks: the step's span and kernel/op sum)"))
 
 
 # --------------------------------------------------------------------------- timeline
@@ -229,7 +229,9 @@ def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12) -> Figure:
     ax.scatter(d["ms_per_step_max"], yy, marker="|", s=160, color="dimgray", linewidths=1, zorder=3,
                label="max over ranks")
     ax.scatter(d["ms_per_step_median"], yy, marker="o", s=40, c=colors, edgecolors="black", linewidths=0.6,
-               zorder=4, label="median over ranks")
+               zorder=4)
+    # the median dots take their category's colour, so the legend shows a neutral one
+    ax.scatter([], [], marker="o", s=40, color="white", edgecolors="black", linewidths=0.6, label="median over ranks")
     ax.set_yticks(yy, d["category"])
     ax.set_xlabel("busy ms per decode step (interval union), across ranks")
     n = int(d["n_ranks"].max()) if len(d) else 0
