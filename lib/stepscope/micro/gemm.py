@@ -433,7 +433,7 @@ def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, pea
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogFormatter
 
     ok = table[table["status"] == "ok"].copy() if "status" in table else table.copy()
     ok = ok[(ok["tflops"] > 0) & (ok["gbps"] > 0)]
@@ -467,6 +467,8 @@ def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, pea
     plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # 0.01 and 10 read faster than 10^-2 and 10^1
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(plain)
+        # matplotlib labels a few minor ticks when an axis spans under ~2 decades; plainly too
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved; bytes = weights + scales + activations)")
     ax.set_ylabel("achieved TFLOP/s (FLOPs = 2·M·N·K, median time)")
     dev = ", ".join(sorted(set(ok["device"].dropna().astype(str)))) if "device" in ok else ""

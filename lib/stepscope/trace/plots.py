@@ -142,6 +142,7 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
     greys out every category but that one.
     """
     what = "ops" if lane == "thread" else "device events"
+    idle = "no op running" if lane == "thread" else "no device work"
     if timeline.empty:
         fig, ax = new_figure(10.0, 2.2)
         ax.text(0.5, 0.5, "no decode step to draw", ha="center", va="center", transform=ax.transAxes)
@@ -176,7 +177,7 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
         where = f", rank {df['rank'].iloc[0]}"
     note = f" {title_note}" if title_note else ""
     ax.set_title(f"Timeline of one decode step{where}: {len(df)} {what} on {len(streams)} "
-                 f"{lane}(s), {end_us:.0f} µs span{note}\n(white = no {what.removesuffix('s')} running)")
+                 f"{lane}(s), {end_us:.0f} µs span{note}\n(white = {idle})")
     ax.grid(axis="x", alpha=0.3)
     return fig
 
