@@ -15,13 +15,17 @@ Public functions (what the CLI, the runner and notebook 06 call):
 - `report_markdown_for_notebook(md_path, run_dir)` rewrites figure links for display in a notebook.
 - `make_synthetic_run(dir, ...)` writes a contract-shaped fake run folder (tests, previews).
 
-Figures written to `<run>/figures/` (colours from `stepscope.palette`):
-decode_category_ms_per_step_stacked.png, decode_category_share_of_step.png,
-decode_step_timeline_rank0_by_stream.png, decode_amdahl_ceiling_by_category.png,
+Figures written to `<run>/figures/`, each drawn by the one function its stage uses (category
+figures: `stepscope.trace.plots`, colours from `stepscope.palette`; sweep: `stepscope.sweep.plots`;
+roofline: `stepscope.micro.gemm.plot_roofline`; collectives:
+`stepscope.micro.collectives.plot_latency_vs_size`): decode_category_ms_per_step_stacked.png,
+decode_category_share_of_step.png, decode_amdahl_ceiling_by_category.png,
 whatif_speculative_decoding_tpot.png; and, only when the stage did not save its own plot,
-writeup_throughput_vs_concurrency.png, writeup_latency_vs_concurrency.png,
-writeup_gemm_roofline.png, writeup_collective_latency_vs_size.png. Stage plots are picked up
-by name: sweep_*.png, gemm_roofline*.png, collective_*.png.
+decode_step_timeline_rank0_by_stream.png, writeup_throughput_vs_concurrency.png,
+writeup_latency_vs_concurrency.png, writeup_gemm_roofline.png,
+writeup_collective_latency_vs_size.png. Stage plots are picked up by name: sweep_*.png,
+gemm_roofline*.png, collective_*.png, 05_step_timeline*.png, 05_decode_step_categories*.png,
+05_cross_rank*.png.
 
 Artifacts read (every one optional): run.json, params.yaml, 00_deploy/server.json,
 01_macro_sweep/{levels.csv, summary.json}, 02_gemm_micro/{gemm.csv, prediction.json},
