@@ -20,7 +20,8 @@ Public API
   the streaming loader (slim event table per rank; Parquet cache keyed by size + content hash).
 - `categorize.make_rules(extra_rules)` + `rules.yaml`: ordered rules, first match wins.
 - `text_table.parse_text_table(path)`: torch's `key_averages` table (CPU and GPU layouts).
-- `plots.stage_figures(an)`, `plots.save_figures(figs, run_dir)`.
+- `plots.stage_figures(an)`, `plots.save_figures(figs, run_dir)`; `plots` holds the one
+  implementation of every category figure (the report draws its own with them too).
 
 Method
 ------
