@@ -30,6 +30,18 @@ def _concurrency_axis(ax) -> None:
     ax.xaxis.set_major_formatter(_PLAIN)
 
 
+def _throughput_axes(fig: Figure, ax, title: str) -> Figure:
+    """Axes, title and legend shared by the two tok/s-against-concurrency figures."""
+    _concurrency_axis(ax)
+    ax.set_xlabel("concurrency C (requests in flight, closed loop)")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def _closed(levels: pd.DataFrame) -> pd.DataFrame:
     c = levels[(levels["mode"] == "concurrency") & (levels["n_completed"] > 0)]
     return c.sort_values("concurrency")
@@ -56,14 +68,7 @@ def plot_throughput_vs_concurrency(levels: pd.DataFrame, summary: dict[str, Any]
     if len(bound):
         ax.scatter(bound["concurrency"], bound["output_throughput_tok_s"], s=120, facecolors="none",
                    edgecolors="tab:orange", label="client may be the bottleneck")
-    _concurrency_axis(ax)
-    ax.set_xlabel("concurrency C (requests in flight, closed loop)")
-    ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title(f"Output throughput vs concurrency ({_count_note(c)})", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _throughput_axes(fig, ax, f"Output throughput vs concurrency ({_count_note(c)})")
 
 
 def plot_latency_vs_concurrency(levels: pd.DataFrame) -> Figure:
@@ -112,14 +117,7 @@ def plot_throughput_by_source(levels: pd.DataFrame) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for source, g in c.groupby("source", sort=False):
         ax.plot(g["concurrency"], g["output_throughput_tok_s"], "o-", label=f"{source} ({len(g)} levels)")
-    _concurrency_axis(ax)
-    ax.set_xlabel("concurrency C (requests in flight, closed loop)")
-    ax.set_ylabel("output throughput (tok/s)")
-    ax.set_title("Output throughput vs concurrency, by source (tokens / duration)", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _throughput_axes(fig, ax, "Output throughput vs concurrency, by source (tokens / duration)")
 
 
 def comparison_figures(levels: pd.DataFrame, imported: pd.DataFrame) -> dict[str, Figure]:
