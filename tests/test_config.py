@@ -10,6 +10,7 @@ from stepscope.config import (
     REDACTED,
     Params,
     iter_leaf_keys,
+    params_to_dict,
     load_params,
     params_from_dict,
     redact,
@@ -133,6 +134,27 @@ def test_redaction_by_key_name():
     assert out["server"]["env"]["HF_TOKEN"] == REDACTED
     assert out["server"]["env"]["VLLM_HOST_IP"] == "127.0.0.1"
     assert out["api_key"] == REDACTED
+
+
+def test_redaction_spares_counts_paths_and_variable_names():
+    params = {"writeup": {"verify_extra_tokens": 1}, "sweep": {"max_tokens": 32},
+              "server": {"api_key_env": "VLLM_API_KEY",
+                         "env": {"HF_TOKEN": "hf_x", "ACCESS_TOKEN": "a", "OPENAI_KEY": "k",
+                                 "MY_SECRET_VALUE": "s", "TOKENIZERS_PARALLELISM": "false"}}}
+    out = redact(params)
+    assert out["writeup"]["verify_extra_tokens"] == 1
+    assert out["sweep"]["max_tokens"] == 32
+    assert out["server"]["api_key_env"] == "VLLM_API_KEY"
+    env = out["server"]["env"]
+    assert env["TOKENIZERS_PARALLELISM"] == "false"
+    assert {env[k] for k in ("HF_TOKEN", "ACCESS_TOKEN", "OPENAI_KEY", "MY_SECRET_VALUE")} == {REDACTED}
+
+
+def test_snapshot_of_every_shipped_params_file_still_validates(repo_root):
+    # The redacted snapshot is what a re-run of a stage reads: it must stay valid params.
+    for name in SHIPPED:
+        p = load_params(repo_root / "params" / f"{name}.yaml")
+        params_from_dict(redact(params_to_dict(p)))
 
 
 def test_argv_redaction():

@@ -294,7 +294,11 @@ def params_to_dict(params: Any) -> Any:
     return params
 
 
-SECRET_KEY_RE = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.I)
+# Key names that hold secrets. `token` and `auth` must stand as their own word so that
+# counts (`max_tokens`, `verify_extra_tokens`) and paths (`--tokenizer`) stay visible.
+SECRET_KEY_RE = re.compile(
+    r"api[_-]?key|(?:^|[_-])key$|(?:^|[_-])token(?:$|[_-])|(?:^|[_-])auth(?:$|[_-])|authorization"
+    r"|secret|password|passwd|credential", re.I)
 REDACTED = "***redacted***"
 
 
@@ -304,7 +308,8 @@ def redact(obj: Any, key: str = "") -> Any:
         return {k: redact(v, str(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v, key) for v in obj]
-    if obj is not None and SECRET_KEY_RE.search(key):
+    # `*_env` keys name the variable that holds a secret, not the secret: keep them.
+    if obj is not None and SECRET_KEY_RE.search(key) and not key.endswith("_env"):
         return REDACTED
     return obj
 
@@ -318,7 +323,7 @@ def redact_argv(argv: list[str]) -> list[str]:
             out.append(REDACTED)
             hide_next = False
             continue
-        if arg.startswith("--") and SECRET_KEY_RE.search(arg):
+        if arg.startswith("--") and SECRET_KEY_RE.search(arg.split("=", 1)[0]):
             if "=" in arg:
                 out.append(arg.split("=", 1)[0] + "=" + REDACTED)
             else:
