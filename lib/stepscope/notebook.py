@@ -22,3 +22,18 @@ def not_built_yet(out_dir: str | Path, what: str) -> None:
     message = f"{out_dir.name}: not built yet; {what} are not measured in this release."
     write_json(out_dir / "not_built.json", {"stage": out_dir.name, "message": message})
     print(message)
+
+
+def show_figures(figures: dict, run_dir: str | Path) -> list[Path]:
+    """Save `{name: figure}` into the run's figures/ and show the saved PNGs.
+
+    Showing the file, not the live figure, means the notebook displays exactly what
+    the report embeds, and the figure can be closed at once to free its memory.
+    """
+    from IPython.display import Image, display
+
+    from stepscope.runfolder import save_figures
+
+    saved = save_figures(figures, run_dir)
+    display(*(Image(filename=str(p)) for p in saved))
+    return saved

@@ -71,6 +71,27 @@ def figures_dir(run_dir: str | Path) -> Path:
     return d
 
 
+FIGURE_DPI = 110
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """The one place a figure is written: PNG at FIGURE_DPI, then closed to free memory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=FIGURE_DPI)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # frees pyplot-managed figures; a no-op for the others
+    return path
+
+
+def save_figures(figures: dict, run_dir: str | Path) -> list[Path]:
+    """Save `{name: figure}` as PNGs in the run's figures/ folder (`.png` added if missing)."""
+    d = figures_dir(run_dir)
+    return [save_figure(fig, d / (name if name.endswith(".png") else f"{name}.png"))
+            for name, fig in figures.items()]
+
+
 def params_snapshot_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "params.yaml"
 

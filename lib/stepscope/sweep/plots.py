@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from stepscope.runfolder import figures_dir
+from stepscope.runfolder import save_figures  # noqa: F401  (the one saver; re-exported)
 
 FIGURE_NAMES = {
     "throughput": "sweep_output_tok_s_vs_concurrency.png",
@@ -133,16 +133,6 @@ def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None) -
         FIGURE_NAMES["latency"]: plot_latency_vs_concurrency(levels),
         FIGURE_NAMES["curve"]: plot_latency_vs_throughput(levels),
     }
-
-
-def save_figures(figures: dict[str, Figure], run_dir: str | Path) -> list[Path]:
-    """Save each figure as PNG under the run's figures/ folder."""
-    out = []
-    for name, fig in figures.items():
-        path = figures_dir(run_dir) / name
-        fig.savefig(path, dpi=120)
-        out.append(path)
-    return out
 
 
 def plot_capture_requests(requests: pd.DataFrame) -> Figure:

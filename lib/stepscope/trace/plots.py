@@ -18,8 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from stepscope.palette import IDLE_COLOR, category_sort_key, color_for
+from stepscope.runfolder import FIGURE_DPI as DPI
+from stepscope.runfolder import save_figure, save_figures  # noqa: F401  (the one saver; re-exported)
 
-DPI = 110
 _STEP_MARKERS = ("_", ".", "x", "+")
 _LINE_STYLES = ("--", ":", "-.", (0, (5, 1)))
 
@@ -28,15 +29,6 @@ def new_figure(width: float = 8.0, height: float = 4.2) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     return fig, fig.add_subplot()
 
-
-def save_figure(fig: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)  # frees figures the stage modules drew with pyplot; a no-op for the others
-    return path
 
 
 # --------------------------------------------------------------------------- stacked bars
@@ -263,9 +255,3 @@ def stage_figures(an) -> dict[str, Figure]:
     return figs
 
 
-def save_figures(figures: dict[str, Figure], run_dir: str | Path) -> list[Path]:
-    """Save each figure as `<name>.png` in the run's figures/ folder."""
-    from stepscope.runfolder import figures_dir
-
-    d = figures_dir(run_dir)
-    return [save_figure(fig, d / f"{name}.png") for name, fig in figures.items()]
