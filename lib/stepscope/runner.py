@@ -171,6 +171,9 @@ def execute_notebook(stage: Stage, params_file: Path, run_dir: Path, progress: b
         parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
         kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=progress,
         log_output=False, request_save_on_cell_execute=True,
+        # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
+        # loopback) are noise in every stage's output; errors still come through.
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
     )
     return out_nb
 
