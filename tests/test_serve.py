@@ -173,3 +173,33 @@ def test_live_server_record(live_vllm_server):
     assert [m["id"] for m in rec["models_response"]["data"]] == ["tiny-llama"]
     assert "--profiler-config" in rec["argv"]
     assert rec["base_url"].startswith("http://127.0.0.1:")
+
+
+def test_ctrl_c_during_start_up_leaves_no_orphans(tmp_path):
+    """SIGINT to `stepscope run` while the server starts: exit 130, whole group gone."""
+    import signal
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    pidfile = tmp_path / "child.pid"
+    fake = _fake_server(tmp_path, f"sleep 300 &\necho $! > {pidfile}\necho loading\nsleep 300\n")
+    params = tmp_path / "p.yaml"
+    params.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\n"
+                      f"model: {{path: {model}}}\n"
+                      f"server: {{port: 18557, python: {fake}, startup_timeout_s: 120}}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "run", str(params), "--run-id", "r",
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    child = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    time.sleep(0.5)
+    assert not _running(child), "the server's child process outlived Ctrl-C"
+    stages = json.loads((tmp_path / "out" / "r" / "run.json").read_text())["stages"]
+    assert stages["00_deploy"]["status"] == "interrupted"
