@@ -249,13 +249,11 @@ class _Collector:
         """Events decoded with the tagged union: the struct type is the category, and
         skipped categories were decoded into empty structs (no field values built)."""
         self.n_total += len(events)
-        keep = _TYPES_GPU if self.seen_device else _TYPES_ALL
-        kept = [e for e in events if type(e) in keep]
-        if not kept:
-            return
+        keep = _TYPES_GPU_NO_PYFN if self.seen_device else _TYPES_ALL_NO_PYFN
         pyfn = _PYFN_TYPE
-        kept = [e for e in kept if type(e) is not pyfn
-                or (type(e.name) is str and "execute_model" in e.name)]
+        # One pass: kept categories, plus the stack frames that mark a step.
+        kept = [e for e in events if type(e) in keep
+                or (type(e) is pyfn and type(e.name) is str and "execute_model" in e.name)]
         if not kept:
             return
         type_ci = _TYPE_CI
@@ -392,11 +390,15 @@ _get_cat = attrgetter("cat")
 
 
 def _kept_struct(cat: str) -> type:
-    return msgspec.defstruct(
-        f"_Ev_{cat}", [("name", Any, None), ("pid", Any, None), ("tid", Any, None),
-                       ("ts", float | None, None), ("dur", float | None, None),
-                       ("args", _Args | None, None)],
-        tag=cat, tag_field="cat", gc=False, module=__name__)
+    fields = [("name", Any, None), ("pid", Any, None), ("tid", Any, None),
+              ("ts", float | None, None), ("dur", float | None, None)]
+    if cat == "python_function":
+        # Stack frames are kept only to find `execute_model` (a step fallback) and carry
+        # no ids stepscope uses: leave their args unparsed (`args` reads as None).
+        return msgspec.defstruct(f"_Ev_{cat}", fields, tag=cat, tag_field="cat", gc=False,
+                                 module=__name__, namespace={"args": None})
+    return msgspec.defstruct(f"_Ev_{cat}", fields + [("args", _Args | None, None)],
+                             tag=cat, tag_field="cat", gc=False, module=__name__)
 
 
 # One struct per category, tagged by `cat`: msgspec picks the type from the tag, and the
@@ -415,7 +417,16 @@ for _cat in sorted(IGNORED_CATS - set(KEPT_CATS)):
 _TYPES_ALL = frozenset(_TYPE_CI)
 _PYFN_TYPE = next(t for t, ci in _TYPE_CI.items() if ci == _PYFN)
 _TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
+_TYPES_ALL_NO_PYFN = _TYPES_ALL - {_PYFN_TYPE}
+_TYPES_GPU_NO_PYFN = _TYPES_GPU - {_PYFN_TYPE}
 _tagged_decoder = msgspec.json.Decoder(list[Union[tuple(_tagged_types)]])
+# Once a trace is known to hold device work its cpu_ops are dropped anyway (they are
+# often a third of the events): decode them into empty structs, like the skipped kinds.
+_CPU_OP_TAGS = ("cpu_op",) + tuple(a for a, c in CAT_ALIASES.items() if c == "cpu_op")
+_tagged_decoder_gpu = msgspec.json.Decoder(list[Union[tuple(
+    [t for t in _tagged_types if _TYPE_CI.get(t) != _CPU_OP]
+    + [msgspec.defstruct(f"_Skip_gpu_{c}", [], tag=c, tag_field="cat", gc=False, module=__name__)
+       for c in _CPU_OP_TAGS])]])
 _KNOWN_OR_NONE = KNOWN_CATS | {None}
 
 
@@ -424,7 +435,7 @@ def _decode_into(col: _Collector, region) -> None:
 
     Raises msgspec.DecodeError only for malformed JSON (not for unexpected types)."""
     try:
-        col.add_tagged(_tagged_decoder.decode(region))
+        col.add_tagged((_tagged_decoder_gpu if col.seen_device else _tagged_decoder).decode(region))
         return
     except msgspec.ValidationError:
         pass
