@@ -270,20 +270,10 @@ def wait_for_traces(profiler_dir: Path, before: dict[str, tuple[int, int]], *, e
 # --------------------------------------------------------------------------- the capture
 
 
-def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any] | None):
-    return session.post(url, json=body) if body is not None else session.post(url)
-
-
 async def _profile_call(session: aiohttp.ClientSession, server: cl.ServerInfo, path: str,
                         body: dict[str, Any] | None, profiler_dir: str | None) -> tuple[int, str]:
     url = server.url(path)
-    try:
-        async with _post(session, url, body) as r:
-            text = await r.text()
-            status = r.status
-    except aiohttp.ClientError as exc:
-        raise ServerError(f"cannot reach the server: {exc}", where=url,
-                          hint="is the server from 00_deploy still running?") from None
+    status, text = await cl.post_text(session, url, body)
     if status == 404:
         raise CaptureError(f"{path} answered 404: the server was started without a profiler", where=url,
                            hint=enable_hint(server.engine, profiler_dir))

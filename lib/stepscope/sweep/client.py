@@ -110,18 +110,27 @@ _PROMPT_TEXT = (
 )
 
 
+async def post_text(session: aiohttp.ClientSession, url: str, body: dict[str, Any] | None = None,
+                    *, timeout_s: float | None = None) -> tuple[int, str]:
+    """POST (with a JSON body when given) and return (status, text). A server that cannot
+    be reached is a ServerError naming the URL; any HTTP status is the caller's to judge."""
+    kwargs: dict[str, Any] = {} if body is None else {"json": body}
+    if timeout_s is not None:
+        kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with session.post(url, **kwargs) as resp:
+            return resp.status, await resp.text()
+    except aiohttp.ClientError as exc:
+        raise ServerError(f"cannot reach the server: {exc}", where=url,
+                          hint="is the server from 00_deploy still running?") from None
+
+
 async def token_pool(session: aiohttp.ClientSession, server: ServerInfo) -> list[int]:
     """Distinct token IDs of ordinary text: from the server's own `/tokenize`, or, where the
     server has none, from the model's tokenizer when its folder is readable here."""
     url = server.url("/tokenize")
     body = {"model": server.served_model, "prompt": _PROMPT_TEXT * 4, "add_special_tokens": False}
-    try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp:
-            text = await resp.text()
-            status = resp.status
-    except aiohttp.ClientError as exc:
-        raise ServerError(f"cannot reach the server: {exc}", where=url,
-                          hint="is the server from 00_deploy still running?") from None
+    status, text = await post_text(session, url, body, timeout_s=60)
     if status == 200:
         tokens = json.loads(text).get("tokens") or []
     elif server.model_path and Path(server.model_path, "tokenizer_config.json").is_file():
