@@ -229,8 +229,6 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
                 continue
             t0 = time.monotonic()
             try:
-                if stage.id == "00_deploy":
-                    _prepare_model(params, echo)
                 if stage.uses_server:
                     server_started_here |= _ensure_server(params, run_dir, progress, echo)
                 echo(f"  {stage.id}: running")
