@@ -39,6 +39,7 @@ def test_clean_sweep_writes_levels_and_exact_metrics(tmp_path):
     # exact lengths: the fake reports the prompt length it received and the tokens it sent
     assert {x["input_tokens"] for x in measured} == {7} and {x["output_tokens"] for x in measured} == {5}
     assert all(len(x["chunk_times_s"]) == 5 for x in measured)
+    assert res.levels["merged_token_share"].tolist() == [0.0, 0.0]
     c1 = res.levels.iloc[0]
     assert c1["ttft_ms_median"] >= 50 and c1["tpot_ms_median"] >= 10
     assert c1["server_running_max"] == 1.0 and c1["kv_cache_usage_max"] == 0.25
@@ -46,6 +47,20 @@ def test_clean_sweep_writes_levels_and_exact_metrics(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["c1_ttft_ms_median"] == pytest.approx(c1["ttft_ms_median"])
     assert summary["died_at_level"] is None
+
+
+def test_merged_tokens_are_measured_and_flagged(tmp_path):
+    # Like vLLM when its API process falls behind: 6 tokens in 3 chunks of 2.
+    b = FakeBehaviour(chunk_delay_s=0.002, tokens_per_chunk=2)
+    p = SweepParams(concurrency=(1,), input_len=3, output_len=6, min_requests=3, warmup_requests=0)
+    with FakeServer(b) as fake:
+        res = run_sweep(_server(fake), p, tmp_path)
+    lv = res.levels.iloc[0]
+    assert lv["merged_token_share"] == pytest.approx(0.5)
+    # TPOT divides by the usage count (6 tokens, 5 steps); ITL only sees 2 gaps per request.
+    lines = [json.loads(x) for x in (tmp_path / "levels" / "c0001.jsonl").read_text().splitlines()]
+    assert all(len(x["chunk_times_s"]) == 3 and x["output_tokens"] == 6 for x in lines)
+    assert any("c0001: 50% of output tokens arrived merged" in f for f in res.summary["flags"])
 
 
 def test_failures_are_recorded_with_messages_and_excluded(tmp_path):

@@ -24,7 +24,11 @@ def test_live_sweep_two_levels(live_vllm_server, tmp_path):
     # the server's own usage confirms the exact lengths
     assert {r["input_tokens"] for r in measured} == {16}
     assert {r["output_tokens"] for r in measured} == {8}
-    assert all(len(r["chunk_times_s"]) == 8 for r in measured)
+    # One chunk per token, unless vLLM coalesced outputs because its API process fell
+    # behind (it does on a busy 2-core machine); the level measures how often.
+    n_chunks = [len(r["chunk_times_s"]) for r in measured]
+    assert all(1 <= n <= 8 for n in n_chunks)
+    assert lv.loc["c0002", "merged_token_share"] == pytest.approx((8 * 8 - sum(n_chunks)) / (8 * 8))
     assert lv.loc["c0001", "tpot_ms_median"] > 0 and lv.loc["c0001", "ttft_ms_median"] > 0
     # /metrics was read around and during the level (a sub-second level may miss the
     # running gauge while it is non-zero, so only its presence is certain).

@@ -174,6 +174,23 @@ def peak_output_tok_s_1s(records: Iterable[RequestRecord | Mapping[str, Any]]) -
     return float(buckets.max())
 
 
+def merged_token_share(done: pd.DataFrame) -> float:
+    """Share of output tokens that did not arrive in a chunk of their own.
+
+    vLLM coalesces a request's pending outputs into one SSE chunk when its API process
+    falls behind the engine, so a level can complete every token yet deliver fewer
+    chunks than tokens. Those tokens have no inter-token gap of their own: ITL is then
+    pooled over fewer, longer gaps, while TPOT (which divides by the usage-reported token
+    count) is unaffected. Only requests whose token count came from the server's usage
+    are counted; NaN when there are none.
+    """
+    d = done[done["output_tokens_from_usage"]] if len(done) else done
+    tokens = int(d["output_tokens"].sum()) if len(d) else 0
+    if tokens == 0:
+        return math.nan
+    return max(0.0, (tokens - int(d["n_chunks"].sum())) / tokens)
+
+
 def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]]) -> dict[str, Any]:
     """Every serving metric of one load level, from its raw records (warm-ups ignored)."""
     recs = [r for r in _as_records(records) if not r.warmup]
@@ -210,6 +227,7 @@ def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]]) -> dict[
     # somewhere (a starved API process, a proxy's buffer): per-token latencies then
     # describe the delivery, not the decode. The share makes that visible.
     out["bunched_chunk_share"] = float(np.mean(gaps < BUNCHED_GAP_MS)) if gaps.size else math.nan
+    out["merged_token_share"] = merged_token_share(done)
     out["littles_concurrency"] = per_s(float(done["e2el_ms"].sum()) / 1e3)
     out["peak_output_tok_s_1s"] = peak_output_tok_s_1s(recs)
     out["output_tokens_from_usage"] = bool(done["output_tokens_from_usage"].all()) if len(done) else True

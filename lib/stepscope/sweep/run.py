@@ -37,7 +37,8 @@ LEVEL_COLUMNS = [
     "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
     "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
     *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
-    "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "client_cpu_pct", "client_bound",
+    "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "merged_token_share",
+    "client_cpu_pct", "client_bound",
     "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
 ]
 
@@ -168,6 +169,9 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
 BUNCHED_FLAG_SHARE = 0.5
 """Flag a level when more than this share of its inter-chunk gaps are bunched."""
 
+MERGED_FLAG_SHARE = 0.05
+"""Flag a level when more than this share of its output tokens shared a chunk with another."""
+
 
 def find_knee(levels: pd.DataFrame, knee_gain: float = 0.10) -> dict[str, Any]:
     """Knee and plateau of the closed-loop levels.
@@ -213,6 +217,11 @@ def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
             flags.append(f"level {r['level']}: {r['bunched_chunk_share']:.0%} of token chunks arrived together "
                          "with the previous one: the server delivered output in bursts (e.g. its API process "
                          "starved of CPU), so TPOT/ITL here measure delivery, not decode")
+    if "merged_token_share" in levels:
+        for _, r in levels[levels["merged_token_share"] > MERGED_FLAG_SHARE].iterrows():
+            flags.append(f"level {r['level']}: {r['merged_token_share']:.0%} of output tokens arrived merged "
+                         "into another token's chunk (vLLM coalesces outputs when its API process falls "
+                         "behind), so ITL here is pooled over fewer, longer gaps; TPOT is unaffected")
     for _, r in levels[levels["n_failed"] > 0].iterrows():
         flags.append(f"level {r['level']}: {int(r['n_failed'])} of {int(r['n_requests'])} requests failed")
     if died:
