@@ -19,6 +19,10 @@ class StepscopeError(Exception):
         self.hint = hint
         super().__init__(self.render())
 
+    def __reduce__(self):
+        # Keep where/hint when the error crosses a process boundary (loader workers).
+        return (_rebuild, (type(self), self.message, self.where, self.hint))
+
     def render(self) -> str:
         parts = []
         if self.where:
@@ -28,6 +32,10 @@ class StepscopeError(Exception):
         if self.hint:
             parts.append(f"  fix: {self.hint}")
         return "\n".join(parts)
+
+
+def _rebuild(cls: type[StepscopeError], message: str, where: str | None, hint: str | None) -> StepscopeError:
+    return cls(message, where=where, hint=hint)
 
 
 class ParamsError(StepscopeError):

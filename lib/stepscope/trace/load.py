@@ -2,10 +2,11 @@
 
 A vLLM rank trace is 1-1.5 GB of JSON and 5-9 M events, most of them Python stack
 frames. `json.loads` needs ~5x the file in memory (FACTS §3), so the loader never
-holds the decoded trace: it decompresses in chunks (isal, in a background thread),
-cuts each chunk at an event boundary, decodes the chunk's events with msgspec into a
-struct that names only the fields stepscope reads, and keeps only the event kinds
-below. Timestamps stay float64 exactly as written (no rounding: HTA's rounding lost
+holds the decoded trace: it decompresses in chunks (isal), cuts each chunk at an event
+boundary, decodes the chunk's events with msgspec into a struct that names only the
+fields stepscope reads, and keeps only the event kinds below, in numpy arrays (pandas is
+not imported while parsing). A large trace is parsed by several processes, each
+decoding every n-th chunk (`parse_trace`). Timestamps stay float64 exactly as written (no rounding: HTA's rounding lost
 4-7 % of kernel time on vLLM traces).
 
 Kept: device work (`kernel`, `gpu_memcpy`, `gpu_memset`), launches (`cuda_runtime`,
@@ -21,6 +22,7 @@ import hashlib
 import os
 import re
 from array import array
+from itertools import compress
 from operator import attrgetter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -38,6 +40,8 @@ LOADER_VERSION = 3
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
 
 CHUNK_BYTES = 4 << 20
+DECOMPRESS_BLOCK_BYTES = 1 << 20
+"""Blocks the decompression thread hands over (it queues at most two)."""
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -134,14 +138,16 @@ def rank_from_filename(path: str | Path) -> int | None:
 # --------------------------------------------------------------------------- reading
 
 
-def _open_stream(path: Path):
+def _open_stream(path: Path, threaded: bool = True):
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic == b"\x1f\x8b":
-        from isal import igzip
+        from isal import igzip, igzip_threaded
 
-        # isal's igzip is ~2.5x faster than zlib. (Its threaded reader was slower on a busy
-        # 2-core machine and holds a queue of decompressed blocks.)
+        # isal's igzip is ~4x faster than zlib. With a core to spare, decompressing in
+        # isal's background thread (it releases the GIL) overlaps the JSON decoding.
+        if threaded and usable_cores() > 1:
+            return igzip_threaded.open(path, "rb", threads=1, block_size=DECOMPRESS_BLOCK_BYTES)
         return igzip.open(path, "rb")
     return open(path, "rb", buffering=0)
 
@@ -245,19 +251,24 @@ class _Collector:
             cis = [ci if ci is not None else cat_index[CAT_ALIASES[e.cat]] for ci, e in zip(cis, kept)]
         self._columns(kept, cis)
 
-    def add_tagged(self, events: list) -> None:
+    def add_tagged(self, events: list, step_frames_possible: bool = True) -> None:
         """Events decoded with the tagged union: the struct type is the category, and
-        skipped categories were decoded into empty structs (no field values built)."""
+        skipped categories were decoded into empty structs (no field values built).
+
+        `step_frames_possible=False` (the chunk's bytes do not contain `execute_model`)
+        lets the filter run without a Python-level loop over every event."""
         self.n_total += len(events)
         keep = _TYPES_GPU_NO_PYFN if self.seen_device else _TYPES_ALL_NO_PYFN
-        pyfn = _PYFN_TYPE
-        # One pass: kept categories, plus the stack frames that mark a step.
-        kept = [e for e in events if type(e) in keep
-                or (type(e) is pyfn and type(e.name) is str and "execute_model" in e.name)]
+        if step_frames_possible:
+            pyfn = _PYFN_TYPE
+            # One pass: kept categories, plus the stack frames that mark a step.
+            kept = [e for e in events if type(e) in keep
+                    or (type(e) is pyfn and type(e.name) is str and "execute_model" in e.name)]
+        else:
+            kept = list(compress(events, map(keep.__contains__, map(type, events))))
         if not kept:
             return
-        type_ci = _TYPE_CI
-        self._columns(kept, [type_ci[type(e)] for e in kept])
+        self._columns(kept, list(map(_TYPE_CI.__getitem__, map(type, kept))))
 
     def _columns(self, kept: list, cis: list) -> None:
         if not self.has_device and any(ci < 3 for ci in cis):
@@ -343,41 +354,142 @@ class _Collector:
                            msg_nelems=_int(args.get("In msg nelems")))))
         self.add(evs)
 
+    def share(self, share: int, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
+        arrays = {col: (np.frombuffer(getattr(self, attr), dtype=dtype) if len(getattr(self, attr))
+                        else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
+        return _Share(share=share, arrays=arrays, names=list(self.names), colls=list(self.colls),
+                      ids=dict(self.ids), segments=segments, n_total=self.n_total,
+                      n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
+                      seen_device=self.seen_device, has_device=self.has_device, top=top)
+
+
+_ARRAY_FIELDS = (
+    ("cat", "cat", np.int8), ("name", "name", np.int32), ("pid", "pid", np.int64),
+    ("tid", "tid", np.int64), ("ts", "ts", np.float64), ("dur", "dur", np.float64),
+    ("correlation", "corr", np.int64), ("external_id", "ext", np.int64),
+    ("stream", "stream", np.int64), ("collective", "coll", np.int32), ("msg_nelems", "nelems", np.int64),
+)
+
+
+@dataclass
+class _Share:
+    """What one parsing process collected from its share of a trace's chunks."""
+
+    share: int
+    arrays: dict[str, np.ndarray]
+    """Columns as collected: `name`/`collective` index `names`/`colls`; string pids and
+    tids carry negative ids from `ids`."""
+    names: list[str]
+    colls: list[str]
+    ids: dict[Any, int]
+    segments: list[tuple[int, int, int]]
+    """(chunk number, first row, end row) of each decoded chunk, to restore file order."""
+    n_total: int
+    n_bad_dur: int
+    bad_dur: list[str]
+    unknown: dict[str, int]
+    seen_device: bool
+    has_device: bool
+    top: dict[str, Any] | None
+    """The trace's top-level metadata; only share 0 reads the trailer."""
+
+
+def _merge_shares(shares: list[_Share]) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
+    """One set of columns in file order, with names, collectives and string ids renumbered."""
+    if len(shares) == 1:
+        sh = shares[0]
+        return sh.arrays, sh.names, sh.colls
+    names: dict[str, int] = {}
+    colls: dict[str, int] = {"": 0}
+    ids: dict[Any, int] = {}
+    parts: list[dict[str, np.ndarray]] = []
+    pieces: list[tuple[int, int, int]] = []  # (chunk number, first row, end row) in the concatenation
+    base = 0
+    for sh in shares:
+        a = dict(sh.arrays)
+        name_map = np.array([names.setdefault(n, len(names)) for n in sh.names], dtype=np.int32)
+        coll_map = np.array([colls.setdefault(c, len(colls)) for c in sh.colls], dtype=np.int32)
+        if len(a["name"]):
+            a["name"] = name_map[a["name"]]
+            a["collective"] = coll_map[a["collective"]]
+        for key, local in sh.ids.items():
+            glob = ids.setdefault(key, -2 - len(ids))
+            if glob != local:
+                for c in ("pid", "tid"):
+                    a[c] = np.where(sh.arrays[c] == local, glob, a[c])
+        parts.append(a)
+        pieces.extend((chunk, base + lo, base + hi) for chunk, lo, hi in sh.segments)
+        base += len(a["ts"])
+    pieces.sort()
+    order = (np.concatenate([np.arange(lo, hi) for _, lo, hi in pieces]) if pieces
+             else np.zeros(0, np.intp))
+    arrays = {col: np.concatenate([p[col] for p in parts])[order] for col, _, _ in _ARRAY_FIELDS}
+    return arrays, list(names), list(colls)
+
+
+def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
+    arrays, all_names, colls = _merge_shares(shares)
+    seen_device = any(sh.seen_device for sh in shares)
+    # cpu_ops seen before the first device event are not needed on a GPU trace.
+    keep = arrays["cat"] != _CPU_OP if seen_device else None
+    columns = {k: (v[keep] if keep is not None else v) for k, v in arrays.items()}
+    # Only the names still used (cpu_ops dropped above leave theirs behind), in order of
+    # first use, so the table and its Parquet stay slim and the categories do not depend
+    # on how many processes parsed the trace.
+    columns["name"], names = _by_first_use(columns["name"], all_names)
+    columns["collective"], colls = _by_first_use(columns["collective"], colls, keep=0)
+    counts = np.bincount(columns["cat"].astype(np.intp), minlength=len(KEPT_CATS))
+    unknown: dict[str, int] = {}
+    for sh in shares:
+        for c, n in sh.unknown.items():
+            unknown[c] = unknown.get(c, 0) + n
+    stats = {
+        "cat_counts": {c: int(n) for c, n in zip(KEPT_CATS, counts) if n},
+        "n_events_total": sum(sh.n_total for sh in shares),
+        "n_bad_dur": sum(sh.n_bad_dur for sh in shares),
+        "bad_dur_examples": [x for sh in shares for x in sh.bad_dur][:3],
+        "unknown_cats": unknown,
+    }
+    return ParsedTrace(columns=columns, names=names, collectives=colls,
+                       top=shares[0].top or {}, stats=stats)
+
+
+def _by_first_use(codes: np.ndarray, table: list[str], keep: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """Codes renumbered to the used entries of `table` in order of first use (`keep` first)."""
+    used, first = np.unique(codes, return_index=True)
+    used = used[np.argsort(first, kind="stable")]
+    if keep is not None:
+        used = np.concatenate([[keep], used[used != keep]]).astype(used.dtype)
+    remap = np.zeros(max(len(table), 1), dtype=np.int32)
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    return remap[codes], [table[i] for i in used]
+
+
+@dataclass
+class ParsedTrace:
+    """One trace's kept events as numpy arrays (`cat`, `name`, `collective` as codes).
+
+    Parsing builds this without pandas, so a loader worker process holds only the
+    interpreter, numpy and the kept events; `frame()` makes the slim DataFrame in the
+    process that analyses it."""
+
+    columns: dict[str, np.ndarray]
+    names: list[str]
+    collectives: list[str]
+    top: dict[str, Any]
+    """The trace's top-level metadata (everything but traceEvents)."""
+    stats: dict[str, Any]
+    """cat_counts, n_events_total, n_bad_dur, bad_dur_examples, unknown_cats."""
+
     def frame(self) -> pd.DataFrame:
-        # pandas is imported only here, after the stream is parsed: it costs ~100 MB of
-        # RSS (pyarrow strings), which would otherwise stack on the parsing buffers.
         import pandas as pd
 
-        keep = None
-        cat_codes = np.frombuffer(self.cat, dtype=np.int8) if len(self.cat) else np.zeros(0, np.int8)
-        if self.seen_device:
-            # cpu_ops seen before the first device event are not needed on a GPU trace.
-            keep = cat_codes != _CPU_OP
-        name_list = list(self.names)
-        coll_list = list(self.colls)
-
-        def col(a: array, dtype) -> np.ndarray:
-            arr = np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)
-            return arr[keep] if keep is not None else arr
-
-        codes = col(self.cat, np.int8)
-        df = pd.DataFrame({
-            "cat": pd.Categorical.from_codes(codes.astype(np.int16), categories=list(KEPT_CATS)),
-            "name": pd.Categorical.from_codes(col(self.name, np.int32), categories=name_list)
-            if name_list else pd.Categorical([], categories=[]),
-            "pid": col(self.pid, np.int64),
-            "tid": col(self.tid, np.int64),
-            "ts": col(self.ts, np.float64),
-            "dur": col(self.dur, np.float64),
-            "correlation": col(self.corr, np.int64),
-            "external_id": col(self.ext, np.int64),
-            "stream": col(self.stream, np.int64),
-            "collective": pd.Categorical.from_codes(col(self.coll, np.int32), categories=coll_list),
-            "msg_nelems": col(self.nelems, np.int64),
-        })
-        # Drop unused name categories so the table (and its Parquet) stays slim.
-        df["name"] = df["name"].cat.remove_unused_categories()
-        return df
+        c = self.columns
+        data: dict[str, Any] = dict(c)
+        data["cat"] = pd.Categorical.from_codes(c["cat"].astype(np.int16), categories=list(KEPT_CATS))
+        data["name"] = pd.Categorical.from_codes(c["name"], categories=self.names)
+        data["collective"] = pd.Categorical.from_codes(c["collective"], categories=self.collectives)
+        return pd.DataFrame({k: data[k] for k in SLIM_COLUMNS})
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(KEPT_CATS)}
@@ -428,14 +540,16 @@ _tagged_decoder_gpu = msgspec.json.Decoder(list[Union[tuple(
     + [msgspec.defstruct(f"_Skip_gpu_{c}", [], tag=c, tag_field="cat", gc=False, module=__name__)
        for c in _CPU_OP_TAGS])]])
 _KNOWN_OR_NONE = KNOWN_CATS | {None}
+_STEP_FRAME = b"execute_model"
 
 
-def _decode_into(col: _Collector, region) -> None:
+def _decode_into(col: _Collector, region, step_frames_possible: bool = True) -> None:
     """Decode a `[...]` region of events into the collector, fastest decoder first.
 
     Raises msgspec.DecodeError only for malformed JSON (not for unexpected types)."""
     try:
-        col.add_tagged((_tagged_decoder_gpu if col.seen_device else _tagged_decoder).decode(region))
+        events = (_tagged_decoder_gpu if col.seen_device else _tagged_decoder).decode(region)
+        col.add_tagged(events, step_frames_possible)
         return
     except msgspec.ValidationError:
         pass
@@ -445,22 +559,96 @@ def _decode_into(col: _Collector, region) -> None:
         col.add_untyped(_any_decoder.decode(region))
 
 
-def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None,
-               keep_cpu_ops: bool | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Stream one trace file. Returns (slim events, top-level metadata + load stats).
+def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Stream one trace file. Returns (slim events, {"top": metadata, "stats": load stats})."""
+    parsed = parse_trace(path, progress=progress)
+    return parsed.frame(), {"top": parsed.top, "stats": parsed.stats}
+
+
+def parse_trace(path: str | Path, *, progress: Callable[[int], None] | None = None,
+                keep_cpu_ops: bool | None = None, processes: int | None = None) -> ParsedTrace:
+    """Stream one trace file into numpy arrays of its kept events (no pandas involved).
 
     `keep_cpu_ops=None` decides from the header: Kineto writes every CPU event before the
     first kernel, so a trace whose `deviceProperties` lists a GPU skips `cpu_op` from the
     start (and is read again keeping them in the rare case it holds no device work).
+
+    A large trace is parsed by `processes` processes (default: the usable cores, at most
+    MAX_SPLIT). Decompressing costs a fifth of parsing, so each process decompresses the
+    whole stream and decodes every n-th chunk; no decompressed bytes cross processes.
+    Any doubt about a chunk boundary (a decode error) falls back to one process, which
+    finds the right boundary or reports the damage.
+
     Raises TraceError for a truncated gzip, invalid JSON, or JSON that is not a trace.
     """
     path = Path(path)
     if not path.is_file():
         raise TraceError("trace file not found", where=str(path))
+    n = _split_count(path, processes)
+    shares = _parse_split(path, n, keep_cpu_ops, progress) if n > 1 else None
+    if shares is None:
+        shares = [_parse_share(path, 0, 1, keep_cpu_ops, progress)]
+    if keep_cpu_ops is None and any(sh.seen_device for sh in shares) \
+            and not any(sh.has_device for sh in shares):
+        return parse_trace(path, progress=progress, keep_cpu_ops=True, processes=processes)
+    return _parsed_from_shares(shares)
+
+
+MAX_SPLIT = 4
+"""Most processes for one trace: each also decompresses the whole stream."""
+SPLIT_MIN_JSON_BYTES = 64 << 20
+"""Smaller traces parse in well under a second in one process."""
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _split_count(path: Path, processes: int | None) -> int:
+    if processes is None:
+        processes = min(MAX_SPLIT, usable_cores())
+    if processes <= 1 or not hasattr(os, "fork") or _json_size_estimate(path) < SPLIT_MIN_JSON_BYTES:
+        return 1
+    return processes
+
+
+class _SplitFailed(Exception):
+    """A chunk boundary may be wrong: parse in one process instead."""
+
+
+def _parse_split(path: Path, n: int, keep_cpu_ops: bool | None,
+                 progress: Callable[[int], None] | None) -> list[_Share] | None:
+    """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back."""
+    import multiprocessing as mp
+
+    try:
+        pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=mp.get_context("fork"))
+    except (OSError, ValueError):
+        return None
+    with pool:
+        futs = [pool.submit(_parse_share, path, i, n, keep_cpu_ops, None) for i in range(1, n)]
+        try:
+            shares = [_parse_share(path, 0, n, keep_cpu_ops, progress)]
+            shares += [f.result() for f in futs]
+        except _SplitFailed:
+            for f in futs:
+                f.cancel()
+            return None
+    return shares
+
+
+def _parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
+                 progress: Callable[[int], None] | None) -> _Share:
+    """Decode every `of`-th chunk of the trace, starting with chunk `share`."""
     col = _Collector()
+    segments: list[tuple[int, int, int]] = []
     header: bytes | None = b""
     tail = b""
-    with _open_stream(path) as stream:
+    with _open_stream(path, threaded=of == 1) as stream:
         buf = bytearray()
         # 1. Header: everything before the traceEvents array.
         while True:
@@ -494,6 +682,7 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
         buf = bytearray(buf)
         pos = start
         eof = False
+        chunk_no = 0
         # 2. Events, one chunk at a time.
         while True:
             if not eof:
@@ -514,16 +703,24 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
                 if b is None:
                     break
                 end, nxt = b
+                if chunk_no % of != share:  # another process decodes this chunk
+                    pos = nxt
+                    chunk_no += 1
+                    break
                 saved = buf[end]
                 buf[pos - 1] = 0x5B  # '['
                 buf[end] = 0x5D  # ']'
                 ok = False
+                rows = len(col.ts)
                 with memoryview(buf) as mv:
                     region = mv[pos - 1:end + 1]
                     try:
-                        _decode_into(col, region)
+                        _decode_into(col, region, buf.find(_STEP_FRAME, pos, end) >= 0)
                         ok = True
                     except msgspec.DecodeError as exc:
+                        if of > 1:
+                            region.release()
+                            raise _SplitFailed() from None
                         m = _BYTE_RE.search(str(exc))
                         at = int(m.group(1)) if m else len(region)
                         # An error well before the cut is real damage; one at the cut
@@ -534,16 +731,22 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
                     region.release()
                 buf[end] = saved
                 if ok:
+                    if of > 1:
+                        segments.append((chunk_no, rows, len(col.ts)))
                     pos = nxt
+                    chunk_no += 1
                     break
                 attempts += 1
                 hi = end - 1
             if eof:
                 break
+        if share != 0:
+            return col.share(share, segments, None)
         buf = bytes(buf)
-        # 3. The last event, the closing bracket and the trailer.
+        # 3. The last event, the closing bracket and the trailer (share 0's).
         rest = buf[pos:]
         s = rest.lstrip()
+        rows = len(col.ts)
         if s.startswith(b"]"):
             tail = s[1:]
         else:
@@ -561,6 +764,7 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
                     continue
                 tail = rest[idx + 1:]
                 break
+        segments.append((chunk_no, rows, len(col.ts)))
     try:
         meta = {} if header is None else _any_decoder.decode(header + b"[]" + tail)
     except msgspec.DecodeError as exc:
@@ -568,18 +772,7 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
     if not isinstance(meta, dict):
         raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
     meta.pop("traceEvents", None)
-    if keep_cpu_ops is None and col.seen_device and not col.has_device:
-        return read_trace(path, progress=progress, keep_cpu_ops=True)
-    df = col.frame()
-    kept_counts = df["cat"].value_counts()
-    stats = {
-        "cat_counts": {str(c): int(n) for c, n in kept_counts.items() if n},
-        "n_events_total": col.n_total,
-        "n_bad_dur": col.n_bad_dur,
-        "bad_dur_examples": col.bad_dur,
-        "unknown_cats": dict(col.unknown),
-    }
-    return df, {"top": meta, "stats": stats}
+    return col.share(share, segments, meta)
 
 
 # --------------------------------------------------------------------------- one rank
@@ -597,23 +790,24 @@ def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Pat
     explicit override wins over both). `allow_no_rank` lets a lone file default to 0.
     """
     path = Path(path)
-    key = None
-    if cache_dir is not None:
-        key = cache_key(path)
-        hit = _cache_read(Path(cache_dir), key)
-        if hit is not None:
-            df, meta = hit
-            return _finish(path, df, meta, rank, allow_no_rank, from_cache=True)
-    df, meta = read_trace(path)
-    meta = _summarize_meta(path, df, meta)
-    if key is not None:
+    key = cache_key(path) if cache_dir is not None else None
+    hit = _cache_read(Path(cache_dir), key) if key is not None else None
+    if hit is not None:
+        df, meta = hit
+        return _finish(path, df, meta, rank, allow_no_rank, from_cache=True)
+    return _from_parsed(path, parse_trace(path), key, cache_dir, rank, allow_no_rank)
+
+
+def _from_parsed(path: Path, parsed: ParsedTrace, key: str | None, cache_dir: str | Path | None,
+                 rank: int | None, allow_no_rank: bool) -> RankTrace:
+    df = parsed.frame()
+    meta = _summarize_meta(path, parsed.top, parsed.stats)
+    if key is not None and cache_dir is not None:
         _cache_write(Path(cache_dir), key, df, meta)
     return _finish(path, df, meta, rank, allow_no_rank, from_cache=False)
 
 
-def _summarize_meta(path: Path, df: pd.DataFrame, raw: dict[str, Any]) -> dict[str, Any]:
-    top = raw["top"]
-    stats = raw["stats"]
+def _summarize_meta(path: Path, top: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
     dev = top.get("deviceProperties")
     device_name = dev[0].get("name") if isinstance(dev, list) and dev and isinstance(dev[0], dict) else None
@@ -755,26 +949,30 @@ def _cache_write(cache_dir: Path, key: str, df: pd.DataFrame, meta: dict) -> Non
 # --------------------------------------------------------------------------- many ranks
 
 
-def _load_worker(args: tuple) -> tuple[str, RankTrace | None, str | None]:
-    path, rank, cache_dir, allow_no_rank = args
+def _guarded(path: Path, fn: Callable[[], Any]) -> tuple[Any, str | None]:
+    """(fn(), None), or (None, message) when it fails: one odd file must not stop the others."""
     try:
-        return str(path), load_rank(path, rank=rank, cache_dir=cache_dir,
-                                    allow_no_rank=allow_no_rank), None
+        return fn(), None
     except TraceError as exc:
-        return str(path), None, exc.render()
-    except Exception as exc:  # noqa: BLE001 - one odd file must not stop the other ranks
-        return str(path), None, (f"{path}: unexpected {type(exc).__name__} while reading: {exc}\n"
-                                 "  fix: this looks like a stepscope bug; please report it with "
-                                 "the file")
+        return None, exc.render()
+    except Exception as exc:  # noqa: BLE001
+        return None, (f"{path}: unexpected {type(exc).__name__} while reading: {exc}\n"
+                      "  fix: this looks like a stepscope bug; please report it with the file")
+
+
+def _parse_worker(path: Path, processes: int) -> tuple[ParsedTrace | None, str | None]:
+    # Runs in a loader process: it parses only, and sends numpy arrays back, so the
+    # worker never builds (or pickles) a DataFrame.
+    return _guarded(path, lambda: parse_trace(path, processes=processes))
 
 
 def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -> int:
-    """Processes for loading: at most the cores, and as many as the memory budget allows.
+    """Processes for loading: at most the usable cores, and as many as the memory budget allows.
 
-    A rank costs about 1.2x its decompressed-chunk working set plus its kept events,
-    which stays below 0.5x its JSON size; gzip traces are ~10x smaller than their JSON.
+    Parsing a trace peaks at about 0.25x its JSON size above the interpreter's imports
+    (measured by benchmarks/trace_load.py: 0.23x on a 264 MB trace), and gzip traces are
+    ~10x smaller than their JSON; 0.4x plus 64 MB per rank leaves headroom.
     """
-    cores = os.cpu_count() or 1
     if memory_budget_bytes is None:
         try:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -782,9 +980,9 @@ def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -
             avail = 4 << 30
         memory_budget_bytes = int(avail * 0.5)
     biggest = max((_json_size_estimate(p) for p in paths), default=1)
-    per_rank = 0.5 * biggest + (200 << 20)
+    per_rank = 0.4 * biggest + (64 << 20)
     by_mem = max(1, int(memory_budget_bytes // per_rank))
-    return max(1, min(len(paths), cores, by_mem))
+    return max(1, min(len(paths), usable_cores(), by_mem))
 
 
 def _json_size_estimate(p: Path) -> int:
@@ -807,31 +1005,53 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
 
     paths = [Path(p) for p in paths]
     allow_no_rank = len(paths) == 1
-    if workers is None:
-        workers = default_workers(paths, memory_budget_bytes)
-    jobs = [(p, None, str(cache_dir) if cache_dir else None, allow_no_rank) for p in paths]
-    results: dict[str, tuple[RankTrace | None, str | None]] = {}
-    bar = tqdm(total=len(jobs), desc="load traces", unit="rank", disable=not progress)
-    if workers <= 1 or len(jobs) == 1:
-        for job in jobs:
-            p, rt, err = _load_worker(job)
-            results[p] = (rt, err)
+    results: dict[Path, tuple[RankTrace | None, str | None]] = {}
+    bar = tqdm(total=len(paths), desc="load traces", unit="rank", disable=not progress)
+    # Cache hits are read here (Parquet, well under a second each); only misses are parsed.
+    keys: dict[Path, str | None] = {}
+    todo: list[Path] = []
+    for p in paths:
+        key, err = _guarded(p, lambda p=p: cache_key(p)) if cache_dir else (None, None)
+        hit = _cache_read(Path(cache_dir), key) if cache_dir and key is not None else None
+        if err is not None:
+            results[p] = (None, err)
+        elif hit is not None:
+            results[p] = _guarded(p, lambda p=p, hit=hit: _finish(p, hit[0], hit[1], None, allow_no_rank,
+                                                                  from_cache=True))
+        else:
+            keys[p] = key
+            todo.append(p)
+        if p in results:
             bar.update()
+
+    def finish(p: Path, parsed: ParsedTrace | None, err: str | None) -> None:
+        results[p] = (None, err) if parsed is None else _guarded(
+            p, lambda: _from_parsed(p, parsed, keys[p], cache_dir, None, allow_no_rank))
+        bar.update()
+
+    if workers is None:
+        workers = default_workers(todo, memory_budget_bytes) if todo else 1
+    workers = max(1, min(workers, len(todo)))
+    # Cores left over by the rank-level processes split each trace further.
+    per_trace = max(1, min(MAX_SPLIT, usable_cores() // workers))
+    if workers == 1:
+        for p in todo:
+            finish(p, *_parse_worker(p, per_trace))
     else:
         import multiprocessing as mp
 
+        # fork: the workers share the parent's imported modules instead of importing
+        # their own copies (each would cost ~40 MB of private memory).
         ctx = mp.get_context("fork") if hasattr(os, "fork") else None
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futs = [pool.submit(_load_worker, job) for job in jobs]
+            futs = {pool.submit(_parse_worker, p, per_trace): p for p in todo}
             for fut in as_completed(futs):
-                p, rt, err = fut.result()
-                results[p] = (rt, err)
-                bar.update()
+                finish(futs[fut], *fut.result())
     bar.close()
     flags: list[dict[str, str]] = []
     ranks: dict[int, RankTrace] = {}
     for p in paths:  # input order decides which duplicate wins
-        rt, err = results[str(p)]
+        rt, err = results[p]
         if err is not None:
             flags.append(_flag("rank_unreadable", "error", err))
             continue

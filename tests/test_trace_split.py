@@ -1,0 +1,101 @@
+"""One trace parsed by several processes gives exactly what one process gives."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stepscope.trace.load as load
+from stepscope.errors import TraceError
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    # Small traces and chunks, so a shared trace is cut into dozens of chunks and split.
+    monkeypatch.setattr(load, "SPLIT_MIN_JSON_BYTES", 0)
+    monkeypatch.setattr(load, "CHUNK_BYTES", 16384)
+
+
+def _same(a: load.ParsedTrace, b: load.ParsedTrace) -> None:
+    assert a.columns.keys() == b.columns.keys()
+    for k in a.columns:
+        np.testing.assert_array_equal(a.columns[k], b.columns[k], err_msg=k)
+    assert a.names == b.names and a.collectives == b.collectives
+    assert a.stats == b.stats and a.top == b.top
+
+
+@pytest.mark.parametrize("name", ["hf-h100-qwen1.5-0.5b-eager.json.gz", "hta-a100-ddp-nccl.json.gz",
+                                  "vllm-mi300x-gptoss-decode-fullgraph.json.gz",
+                                  "vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz"])
+def test_split_parse_equals_one_process(shared_traces: Path, split_small, monkeypatch, name: str):
+    one = load.parse_trace(shared_traces / name, processes=1)
+    splits = _record_splits(monkeypatch)
+    three = load.parse_trace(shared_traces / name, processes=3)
+    _same(one, three)
+    assert len(one.columns["ts"]) > 100
+    # Each process decoded its own chunks (no fallback to one process).
+    assert splits == ["split"]
+
+
+def _record_splits(monkeypatch) -> list[str]:
+    """'split' or 'fallback' for each parse that tried several processes."""
+    seen: list[str] = []
+    real = load._parse_split
+
+    def spy(*a):
+        out = real(*a)
+        seen.append("fallback" if out is None else "split")
+        return out
+
+    monkeypatch.setattr(load, "_parse_split", spy)
+    return seen
+
+
+def _events_with_nested_args(n: int) -> list[dict]:
+    ev = []
+    for i in range(n):
+        ev.append({"ph": "X", "cat": "kernel", "name": f"k{i % 7}", "pid": "GPU 0", "tid": f"stream {i % 3}",
+                   "ts": float(i), "dur": 0.5, "args": {"correlation": i, "stream": i % 3,
+                                                         "x": [{"a": 1}, {"b": [{"c": 2}, {"d": 3}]}]}})
+    return ev
+
+
+def test_cut_inside_nested_objects_falls_back_to_one_process(tmp_path: Path, split_small, monkeypatch):
+    monkeypatch.setattr(load, "CHUNK_BYTES", 1000)
+    p = tmp_path / "rank0.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"distributedInfo": {"rank": 0}, "traceEvents": _events_with_nested_args(400)}, fh)
+    splits = _record_splits(monkeypatch)
+    got = load.parse_trace(p, processes=2)
+    assert splits == ["fallback"]  # a cut fell inside nested args; one process read it
+    df = load.ParsedTrace.frame(got)
+    assert df["ts"].tolist() == [float(i) for i in range(400)]
+    # String pids/tids get stable negative ids ("GPU 0" first seen, then the streams).
+    assert df["pid"].unique().tolist() == [-2] and sorted(df["tid"].unique().tolist()) == [-5, -4, -3]
+
+
+def test_string_ids_are_renumbered_across_processes(tmp_path: Path, split_small, monkeypatch):
+    monkeypatch.setattr(load, "CHUNK_BYTES", 2000)
+    ev = [dict(e, args={"correlation": e["args"]["correlation"]}) for e in _events_with_nested_args(300)]
+    # Later chunks meet the ids in another order than the first ones.
+    for e in ev[150:]:
+        e["pid"], e["tid"] = e["tid"], e["pid"]
+    p = tmp_path / "rank0.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"distributedInfo": {"rank": 0}, "traceEvents": ev}, fh)
+    splits = _record_splits(monkeypatch)
+    _same(load.parse_trace(p, processes=1), load.parse_trace(p, processes=3))
+    assert splits == ["split"]
+
+
+def test_truncated_trace_in_split_mode(shared_traces: Path, tmp_path: Path, split_small):
+    data = (shared_traces / "hta-a100-ddp-nccl.json.gz").read_bytes()
+    p = tmp_path / "rank0.pt.trace.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceError, match="truncated") as exc:
+        load.parse_trace(p, processes=2)
+    assert str(p) in str(exc.value) and "fix:" in str(exc.value)
