@@ -44,6 +44,7 @@ def test_clean_sweep_writes_levels_and_exact_metrics(tmp_path):
     assert c1["ttft_ms_median"] >= 50 and c1["tpot_ms_median"] >= 10
     assert c1["server_running_max"] == 1.0 and c1["kv_cache_usage_max"] == 0.25
     assert (tmp_path / "levels.csv").is_file()
+    assert not list((tmp_path / "levels").glob("*.partial.jsonl"))  # replaced by the level's files
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["c1_ttft_ms_median"] == pytest.approx(c1["ttft_ms_median"])
     assert summary["died_at_level"] is None
@@ -109,6 +110,46 @@ def test_server_death_stops_the_sweep_and_resume_skips_done_levels(tmp_path):
     assert res2.summary["died_at_level"] is None
     assert res2.levels["n_completed"].tolist() == [4, 8, 16]
     assert any("c0001: already measured" in m for m in res2.messages)
+
+
+INTERRUPTED_SWEEP = """
+import sys
+from stepscope.config import SweepParams
+from stepscope.sweep.client import ServerInfo
+from stepscope.sweep.run import run_sweep
+p = SweepParams(concurrency=(1, 2), input_len=2, output_len=4, min_requests=4, warmup_requests=0)
+run_sweep(ServerInfo(base_url=sys.argv[1], served_model="fake", tp=2), p, sys.argv[2])
+"""
+
+
+def test_ctrl_c_mid_level_keeps_its_finished_requests(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # c0001 (4 requests) is quick; c0002 (8 requests, 2 at a time, ~0.4 s each) is interrupted.
+    with FakeServer(FakeBehaviour()) as fast, FakeServer(FakeBehaviour(chunk_delay_s=0.1)) as slow:
+        # Measure c0001 fast first; then the same sweep against the slow server resumes at c0002.
+        run_sweep(_server(fast), SweepParams(concurrency=(1,), input_len=2, output_len=4, min_requests=4,
+                                              warmup_requests=0), tmp_path)
+        proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_SWEEP, slow.base_url, str(tmp_path)],
+                                stderr=subprocess.PIPE, text=True)
+        partial = tmp_path / "levels" / "c0002.partial.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if partial.is_file() and len(partial.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    kept = [json.loads(x) for x in partial.read_text().splitlines()]
+    assert 2 <= len(kept) < 8 and all(r["success"] and len(r["chunk_times_s"]) == 4 for r in kept)
+    assert f"sweep interrupted during level c0002: its {len(kept)} finished requests are in {partial}" in err
+    # The complete level stays complete and tabulated; the interrupted one is not in the table.
+    assert pd.read_csv(tmp_path / "levels.csv")["level"].tolist() == ["c0001"]
+    assert not (tmp_path / "levels" / "c0002.jsonl").exists()
 
 
 def test_open_loop_rate_level(tmp_path):

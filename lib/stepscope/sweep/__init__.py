@@ -16,10 +16,15 @@ Artifacts in `01_macro_sweep/`:
   client_cpu_pct, server_metrics (/metrics snapshots: running, waiting, kv_cache_usage
   0-1, t_s), complete (false: the server died in it), settings. Written last: its presence
   marks a finished level, which a re-run skips.
+- `levels/<level>.partial.jsonl`: the measured requests of a level in progress, appended
+  as each finishes; replaced by the two files above when the level ends, so only an
+  interrupted level (Ctrl-C, a killed kernel) leaves one.
 - `levels.csv`: one row per level: level, mode, concurrency, request_rate, n_requests,
   n_completed, n_failed, duration_s, request_throughput_rps, output_throughput_tok_s,
   total_throughput_tok_s, {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99},
-  littles_concurrency, peak_output_tok_s_1s, client_cpu_pct, client_bound,
+  littles_concurrency, peak_output_tok_s_1s, bunched_chunk_share (inter-chunk gaps under
+  0.05 ms), merged_token_share (output tokens that arrived in another token's chunk),
+  client_cpu_pct, client_bound,
   server_running_max, server_waiting_max, kv_cache_usage_max (0-1), complete, source.
 - `summary.json`: knee_concurrency, plateau_output_tok_s, knee_gain, gains_per_doubling
   {C: gain}, c1_ttft_ms_median, c1_tpot_ms_median, n_levels, died_at_level,

@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -119,6 +120,7 @@ def write_level(out_dir: Path, level: Level, records: list[RequestRecord], meta:
             fh.write(json.dumps(r.to_dict()) + "\n")
     os.replace(tmp, d / f"{level.name}.jsonl")
     write_json(d / f"{level.name}.meta.json", meta)
+    partial_path(out_dir, level).unlink(missing_ok=True)
 
 
 def read_level_records(path: str | Path) -> list[RequestRecord]:
@@ -245,8 +247,13 @@ def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
 # --------------------------------------------------------------------------- the sweep
 
 
+def partial_path(out_dir: Path, level: Level) -> Path:
+    """Measured requests of a level still running, one JSON line each as it finishes."""
+    return levels_dir(out_dir) / f"{level.name}.partial.jsonl"
+
+
 async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
-                     pool: list[int], seed: int) -> tuple[list[RequestRecord], dict[str, Any]]:
+                     pool: list[int], seed: int, partial: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
     url = server.url("/v1/completions")
     n_warm = params.warmup_requests
     prompts = cl.make_prompts(pool, params.input_len, n_warm + level.n_requests, seed=seed)
@@ -277,17 +284,28 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                         snaps.append(s)
 
         bar = tqdm(total=level.n_requests, desc=f"level {level.name}", leave=False)
+        # An interrupted level (Ctrl-C, a killed kernel) keeps its finished requests here.
+        keep = open(partial, "w")
+
+        def done(r: RequestRecord) -> None:
+            keep.write(json.dumps(r.to_dict()) + "\n")
+            keep.flush()
+            bar.update(1)
+
         poller = asyncio.create_task(poll())
         cpu0, wall0 = proc.cpu_times(), time.perf_counter()
         measured = payloads[n_warm:]
-        if level.mode == "concurrency":
-            recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
-                                        timeout_s=params.request_timeout_s, input_len=params.input_len,
-                                        on_done=lambda r: bar.update(1))
-        else:
-            recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
-                                      timeout_s=params.request_timeout_s, input_len=params.input_len,
-                                      seed=seed, on_done=lambda r: bar.update(1))
+        try:
+            if level.mode == "concurrency":
+                recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
+                                            timeout_s=params.request_timeout_s, input_len=params.input_len,
+                                            on_done=done)
+            else:
+                recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
+                                          timeout_s=params.request_timeout_s, input_len=params.input_len,
+                                          seed=seed, on_done=done)
+        finally:
+            keep.close()
         cpu1, wall1 = proc.cpu_times(), time.perf_counter()
         stop.set()
         await poller
@@ -329,7 +347,16 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
                 continue
         if pool is None:
             pool = cl.run_sync(_tokens(server))
-        records, meta = cl.run_sync(_run_level(server, level, params, pool, seed=seed + i))
+        partial = partial_path(out_dir, level)
+        try:
+            records, meta = cl.run_sync(_run_level(server, level, params, pool, seed + i, partial))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            n_kept = sum(1 for _ in open(partial)) if partial.is_file() else 0
+            finish(out_dir, params.knee_gain, messages=messages)
+            tqdm.write(f"sweep interrupted during level {level.name}: its {n_kept} finished requests are "
+                       f"in {partial}; the {i} earlier level(s) are complete and in levels.csv. "
+                       "Run again with --resume to keep them and measure the rest.", file=sys.stderr)
+            raise
         meta["settings"] = settings
         write_level(out_dir, level, records, meta)
         if not meta["complete"]:
