@@ -29,7 +29,8 @@ def test_clean_sweep_writes_levels_and_exact_metrics(tmp_path):
     p = SweepParams(concurrency=(1, 2), input_len=7, output_len=5, min_requests=4, warmup_requests=1)
     with FakeServer(b) as fake:
         res = run_sweep(_server(fake), p, tmp_path)
-        assert fake.n_requests == (1 + 4) + (1 + 8)
+        # warm-up: 1 request before c0001, a full wave of 2 before c0002
+        assert fake.n_requests == (1 + 4) + (2 + 8)
     assert list(res.levels.columns) == LEVEL_COLUMNS
     assert res.levels["level"].tolist() == ["c0001", "c0002"]
     assert res.levels["n_completed"].tolist() == [4, 8] and res.levels["n_failed"].sum() == 0
@@ -106,7 +107,7 @@ def test_server_death_stops_the_sweep_and_resume_skips_done_levels(tmp_path):
     # resume: c0001 is kept, c0002 re-measured, c0004 measured
     with FakeServer(FakeBehaviour()) as fake:
         res2 = run_sweep(_server(fake), p, tmp_path)
-        assert fake.n_requests == (1 + 8) + (1 + 16)
+        assert fake.n_requests == (2 + 8) + (4 + 16)  # warm-ups: a full wave
     assert res2.summary["died_at_level"] is None
     assert res2.levels["n_completed"].tolist() == [4, 8, 16]
     assert any("c0001: already measured" in m for m in res2.messages)
@@ -182,6 +183,16 @@ def test_knee_is_first_level_where_doubling_adds_little():
     k = find_knee(_levels([1, 4, 16], [100, 300, 345]), 0.10)
     assert k["knee_concurrency"] == 4
     assert find_knee(_levels([1, 2], [100, 200]), 0.10)["knee_concurrency"] is None
+
+
+def test_a_dip_before_throughput_climbs_again_is_no_knee():
+    # Measured on the CPU demo: C=2 gained nothing over C=1, then C=16 gave 11x C=1.
+    k = find_knee(_levels([1, 2, 4, 8, 16], [177, 175, 274, 239, 2033]), 0.10)
+    assert k["knee_concurrency"] is None
+    assert k["gains_per_doubling"][1] == pytest.approx(175 / 177 - 1)
+    # A dip followed by a real plateau: the knee is where the plateau starts.
+    k = find_knee(_levels([1, 2, 4, 8, 16], [100, 99, 200, 205, 208]), 0.10)
+    assert k["knee_concurrency"] == 4 and k["plateau_output_tok_s"] == 208
 
 
 def test_load_server_errors(tmp_path):

@@ -120,9 +120,12 @@ class SweepParams:
     min_requests: int = 16
     """Requests per level are max(4 x concurrency, min_requests)."""
     warmup_requests: int = 2
+    """Unmeasured requests before each level; a closed-loop level sends at least one full
+    wave (its concurrency) so each batch size is seen once. 0: no warm-up."""
     request_timeout_s: float = 600.0
     knee_gain: float = 0.10
-    """The knee is the first level where doubling concurrency adds less than this."""
+    """The knee is the first level beyond which no level adds this much output tok/s per
+    doubling of concurrency."""
     import_results: tuple[str, ...] = ()
     """`vllm bench serve --save-result` JSON files to show beside this sweep (same table)."""
 

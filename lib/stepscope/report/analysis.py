@@ -246,6 +246,7 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
     out = {"knee_concurrency": pick(s, "knee_concurrency"), "plateau_output_tok_s": num(pick(s, "plateau_output_tok_s")),
            "c1_ttft_ms_median": num(pick(s, "c1_ttft_ms_median")),
            "c1_tpot_ms_median": num(pick(s, "c1_tpot_ms_median")), "died_at_level": pick(s, "died_at_level"),
+           "knee_gain": num(pick(s, "knee_gain", default=0.10)),
            "client_bound_levels": []}
     if lv is not None and "concurrency" in lv:
         c1 = lv[lv["concurrency"] == 1]

@@ -185,8 +185,8 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     h = macro
     parts = []
     if h.get("knee_concurrency") is not None:
-        parts.append(f"the knee (doubling concurrency adds < 10 % output tok/s) is at **concurrency "
-                     f"{fmt_num(h['knee_concurrency'])}**")
+        parts.append(f"the knee (beyond it, doubling concurrency adds < {h['knee_gain']:.0%} output tok/s) "
+                     f"is at **concurrency {fmt_num(h['knee_concurrency'])}**")
     if h.get("plateau_output_tok_s") is not None:
         parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**")
     if h.get("c1_tpot_ms_median") is not None:
