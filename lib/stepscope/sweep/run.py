@@ -263,9 +263,9 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
     url = server.url("/v1/completions")
     n_warm = params.warmup_requests
     if n_warm and level.mode == "concurrency":
-        # One full wave at least, so every batch size the level runs has been seen once:
-        # a first batch at a new size took ~1 s on vLLM's CPU backend (TTFT p99 2.5 s at
-        # C=8 with 2 warm-ups, in a measured run).
+        # One full wave at least, so every batch size the level runs has been formed once
+        # before measuring: an engine that builds kernels, graphs or buffers per batch size
+        # on first use (eager mode, lazily compiled shapes) pays for it in the warm-up.
         n_warm = max(n_warm, level.concurrency)
     prompts = cl.make_prompts(pool, params.input_len, n_warm + level.n_requests, seed=seed)
     payloads = [cl.completion_payload(server.served_model, p, params.output_len) for p in prompts]
