@@ -68,8 +68,12 @@ def test_stage_inputs(tmp_path: Path, shared_traces: Path):
     d = tmp_path / "04_profiler_capture" / "traces"
     d.mkdir(parents=True)
     shutil.copy(shared_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz", d)
-    (tmp_path / "04_profiler_capture" / "capture_latency.json").write_text('{"tpot_ms_median": 12.1}')
+    lat = tmp_path / "04_profiler_capture" / "capture_latency.json"
+    lat.write_text('{"tpot_ms_median": 12.1}')
     assert trace_inputs_for_run(tmp_path, params) == ([d], 12.1)
+    # The mean when there is one: it sits beside the per-step means in the report.
+    lat.write_text('{"tpot_ms_mean": 13.4, "tpot_ms_median": 12.1}')
+    assert trace_inputs_for_run(tmp_path, params) == ([d], 13.4)
     given = SimpleNamespace(analysis=SimpleNamespace(trace_paths=(str(shared_traces),)))
     assert trace_inputs_for_run(tmp_path, given)[0] == [shared_traces]
     with pytest.raises(StageInputMissing, match="not found"):

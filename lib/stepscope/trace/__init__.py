@@ -64,7 +64,7 @@ Artifacts in `05_categorize/`
     `collectives_per_decode_step` {`all_reduce`, `all_gather`} (medians over decode steps).
   - `decode` (reference = lowest rank): `rank`; `steps` {`steps_used`, `n_steps`,
     `kernel_sum_ms`, `union_ms`, `span_ms`, `annotation_ms` each {`mean`, `median`, `p90`},
-    `tpot_capture_ms`}; `categories` (rows of decode_categories.csv for that rank);
+    `tpot_capture_ms` (mean TPOT the client measured during capture)}; `categories` (rows of decode_categories.csv for that rank);
     `amdahl` (rows of amdahl.csv).
   - `collectives_check`: `observed` {`steps_used`, `n_steps`, `all_reduce`/`all_gather`/
     `other_collective` {`median`, `min`, `max`}}, `expected` ({`all_reduce`, `all_gather`,

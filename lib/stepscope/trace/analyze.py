@@ -438,7 +438,9 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float
     lat = run_dir / "04_profiler_capture" / "capture_latency.json"
     if lat.is_file():
         try:
-            v = json.loads(lat.read_text()).get("tpot_ms_median")
+            # The mean, like the per-step readings it is shown beside (kernel sum, union, span).
+            lat_d = json.loads(lat.read_text())
+            v = lat_d.get("tpot_ms_mean", lat_d.get("tpot_ms_median"))
             tpot = float(v) if v is not None else None
         except (ValueError, TypeError, AttributeError):
             tpot = None
