@@ -262,7 +262,7 @@ def test_analyze_traces_writes_the_documented_artifacts(shared_traces: Path, tmp
                                      "num_attention_heads": 4, "num_key_value_heads": 2,
                                      "intermediate_size": 256, "vocab_size": 2048})
     paths = [shared_traces / n for n in TP2] + [shared_traces / "vllm-cpu-tinyllama-tp2-rank0.profiler_out.txt"]
-    an = analyze_traces(paths, tmp_path, arch=arch, tp=2, tpot_ms=25.0, progress=False)
+    an = analyze_traces(paths, tmp_path, arch=arch, tp=2, tpot_ms=30.0, progress=False)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert set(s) == {"ranks", "decode", "collectives_check", "cross_rank", "text_table_check", "flags"}
     for r in s["ranks"]:
@@ -271,8 +271,15 @@ def test_analyze_traces_writes_the_documented_artifacts(shared_traces: Path, tmp
         for v in r["categories"].values():
             assert set(v) == {"count", "sum_us", "union_us", "exposed_us"}
     assert s["collectives_check"]["match"] is True
-    assert s["decode"]["steps"]["tpot_capture_ms"] == 25.0
+    assert s["decode"]["steps"]["tpot_capture_ms"] == 30.0
     assert s["decode"]["steps"]["n_steps"] == 10
+    # The span is set against the TPOT mean for mean, the way the report shows both.
+    span_mean = s["decode"]["steps"]["span_ms"]["mean"]
+    gap_flags = [f["message"] for f in s["flags"] if f["code"] == "span_below_tpot"]
+    assert span_mean < 0.8 * 30.0
+    assert gap_flags == [f"a decode step's work spans {span_mean:.3f} ms (mean) of the 30.000 ms mean TPOT "
+                         f"({1 - span_mean / 30.0:.0%} of each token has no device work: host-side overhead, "
+                         "scheduling or launch gaps)"]
     tt = s["text_table_check"][0]
     assert tt["layout"] == "cpu" and "flag" not in tt
     # The table's collective call counts (whole capture) equal the trace's (all in steps).
