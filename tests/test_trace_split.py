@@ -99,3 +99,28 @@ def test_truncated_trace_in_split_mode(shared_traces: Path, tmp_path: Path, spli
     with pytest.raises(TraceError, match="truncated") as exc:
         load.parse_trace(p, processes=2)
     assert str(p) in str(exc.value) and "fix:" in str(exc.value)
+
+
+def test_rank_processes_split_their_traces_when_cores_are_left(shared_traces: Path, tmp_path: Path,
+                                                               split_small, monkeypatch):
+    import os
+
+    # 4 cores, 2 ranks: each rank's process forks one more to parse its trace in two.
+    names = [f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)]
+    serial, _ = load.load_ranks([shared_traces / n for n in names], workers=1, progress=False)
+    monkeypatch.setattr(load, "usable_cores", lambda: 4)
+    real = load._parse_split
+
+    def marked_split(path, n, *a):
+        # Runs in the rank processes (forked): leave a mark the test can see.
+        (tmp_path / f"split-{os.getpid()}-{n}").write_text(str(path))
+        return real(path, n, *a)
+
+    monkeypatch.setattr(load, "_parse_split", marked_split)
+    nested, flags = load.load_ranks([shared_traces / n for n in names], workers=2, progress=False)
+    assert not flags and [r.rank for r in nested] == [0, 1]
+    marks = sorted(tmp_path.glob("split-*"))
+    assert len(marks) == 2 and all(m.name.endswith("-2") for m in marks)
+    assert {m.name.split("-")[1] for m in marks}.isdisjoint({str(os.getpid())})
+    for a, b in zip(serial, nested):
+        assert a.events.equals(b.events)
