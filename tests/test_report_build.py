@@ -108,6 +108,24 @@ def test_unreadable_artifact_becomes_a_caveat(tmp_path):
     assert "| all_reduce | communication | 5.50 |" in md
 
 
+def test_single_gpu_trace_without_architecture_renders_its_crosscheck(tmp_path):
+    # `stepscope analyze` on one TP=1 trace with no config.json: nothing expected, none seen.
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["collectives_check"] = {
+        "observed": {"steps_used": "all steps", "n_steps": 1,
+                     "all_reduce": {"median": 0.0, "min": 0, "max": 0},
+                     "all_gather": {"median": 0.0, "min": 0, "max": 0}},
+        "expected": None, "match": None, "rank": 0, "tp": 1,
+        "explanation": ["no expectation: no architecture given"]}
+    p.write_text(json.dumps(s))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    section = md.split("### Collectives per decode step", 1)[1].split("###", 1)[0]
+    assert "Counted on rank 0 over 1 decode steps, TP=1:\n\nNo collective ran in these steps." in section
+    assert "No expectation: no architecture given" in section
+
+
 def _verdict(md: str) -> str:
     return re.search(r"^> \*\*Verdict\.\*\* (.*)$", md, re.M).group(1)
 

@@ -381,13 +381,16 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
             rows = [{"collective": k, "expected": exp.get(k), "observed (median per step)": obs.get(k)}
                     for k in dict.fromkeys(list(exp) + list(obs))
                     if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
-            df = pd.DataFrame(rows)
-            df["match"] = ["–" if e is None or o is None else ("yes" if e == o else "**no**")
-                           for e, o in zip(df["expected"], df["observed (median per step)"])]
             n = (cc.get("observed") or {}).get("n_steps") if isinstance(cc.get("observed"), dict) else None
             text += (f"Counted on rank {cc.get('rank', 0)}" + (f" over {n} decode steps" if n else "")
                      + (f", TP={cc['tp']}" if cc.get("tp") else "") + ":\n\n")
-            text += md_table(df)
+            if rows:
+                df = pd.DataFrame(rows)
+                df["match"] = ["–" if e is None or o is None else ("yes" if e == o else "**no**")
+                               for e, o in zip(df["expected"], df["observed (median per step)"])]
+                text += md_table(df)
+            else:
+                text += "No collective ran in these steps.\n"
         reasoning = (cc.get("expected") or {}).get("reasoning") if isinstance(cc.get("expected"), dict) else None
         if reasoning:
             text += f"\nExpected from the architecture: {words(reasoning)}\n"
