@@ -18,6 +18,8 @@ Public API
   `analysis.trace_paths`, else `04_profiler_capture/traces/`; `StageInputMissing` otherwise.
 - `load.load_rank(path, cache_dir=...)`, `load.load_ranks(paths, ...)`, `load.read_trace(path)`:
   the streaming loader (slim event table per rank; Parquet cache keyed by size + content hash).
+  `load.parse_trace(path, processes=...)` is its pandas-free core (numpy arrays), which
+  loader processes run; a trace over 64 MB of JSON is split across processes by chunk.
 - `categorize.make_rules(extra_rules)` + `rules.yaml`: ordered rules, first match wins.
 - `text_table.parse_text_table(path)`: torch's `key_averages` table (CPU and GPU layouts).
 - `plots.stage_figures(an)`, `plots.save_figures(figs, run_dir)`; `plots` holds the one
@@ -104,7 +106,8 @@ Artifacts in `05_categorize/`
 """
 
 _EXPORTS = {"analyze_traces": "analyze", "run_stage": "analyze", "trace_inputs_for_run": "analyze",
-            "Analysis": "analyze", "load_rank": "load", "load_ranks": "load", "read_trace": "load"}
+            "Analysis": "analyze", "load_rank": "load", "load_ranks": "load", "read_trace": "load",
+            "parse_trace": "load"}
 
 
 def __getattr__(name: str):
