@@ -354,10 +354,10 @@ class _Collector:
                            msg_nelems=_int(args.get("In msg nelems")))))
         self.add(evs)
 
-    def share(self, share: int, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
+    def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
         arrays = {col: (np.frombuffer(getattr(self, attr), dtype=dtype) if len(getattr(self, attr))
                         else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
-        return _Share(share=share, arrays=arrays, names=list(self.names), colls=list(self.colls),
+        return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
                       n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
                       seen_device=self.seen_device, has_device=self.has_device, top=top)
@@ -375,7 +375,6 @@ _ARRAY_FIELDS = (
 class _Share:
     """What one parsing process collected from its share of a trace's chunks."""
 
-    share: int
     arrays: dict[str, np.ndarray]
     """Columns as collected: `name`/`collective` index `names`/`colls`; string pids and
     tids carry negative ids from `ids`."""
@@ -741,7 +740,7 @@ def _parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
             if eof:
                 break
         if share != 0:
-            return col.share(share, segments, None)
+            return col.share(segments, None)
         buf = bytes(buf)
         # 3. The last event, the closing bracket and the trailer (share 0's).
         rest = buf[pos:]
@@ -772,7 +771,7 @@ def _parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
     if not isinstance(meta, dict):
         raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
     meta.pop("traceEvents", None)
-    return col.share(share, segments, meta)
+    return col.share(segments, meta)
 
 
 # --------------------------------------------------------------------------- one rank
@@ -790,12 +789,22 @@ def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Pat
     explicit override wins over both). `allow_no_rank` lets a lone file default to 0.
     """
     path = Path(path)
-    key = cache_key(path) if cache_dir is not None else None
-    hit = _cache_read(Path(cache_dir), key) if key is not None else None
-    if hit is not None:
-        df, meta = hit
-        return _finish(path, df, meta, rank, allow_no_rank, from_cache=True)
+    key, cached = _from_cache(path, cache_dir, rank, allow_no_rank)
+    if cached is not None:
+        return cached
     return _from_parsed(path, parse_trace(path), key, cache_dir, rank, allow_no_rank)
+
+
+def _from_cache(path: Path, cache_dir: str | Path | None, rank: int | None,
+                allow_no_rank: bool) -> tuple[str | None, RankTrace | None]:
+    """(cache key, the rank from the Parquet cache or None); (None, None) without a cache."""
+    if cache_dir is None:
+        return None, None
+    key = cache_key(path)
+    hit = _cache_read(Path(cache_dir), key)
+    if hit is None:
+        return key, None
+    return key, _finish(path, hit[0], hit[1], rank, allow_no_rank, from_cache=True)
 
 
 def _from_parsed(path: Path, parsed: ParsedTrace, key: str | None, cache_dir: str | Path | None,
@@ -1011,18 +1020,13 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
     keys: dict[Path, str | None] = {}
     todo: list[Path] = []
     for p in paths:
-        key, err = _guarded(p, lambda p=p: cache_key(p)) if cache_dir else (None, None)
-        hit = _cache_read(Path(cache_dir), key) if cache_dir and key is not None else None
-        if err is not None:
-            results[p] = (None, err)
-        elif hit is not None:
-            results[p] = _guarded(p, lambda p=p, hit=hit: _finish(p, hit[0], hit[1], None, allow_no_rank,
-                                                                  from_cache=True))
-        else:
-            keys[p] = key
+        found, err = _guarded(p, lambda p=p: _from_cache(p, cache_dir, None, allow_no_rank))
+        if err is None and found[1] is None:  # a cache miss: parse it below
+            keys[p] = found[0]
             todo.append(p)
-        if p in results:
-            bar.update()
+            continue
+        results[p] = (None if err else found[1], err)
+        bar.update()
 
     def finish(p: Path, parsed: ParsedTrace | None, err: str | None) -> None:
         results[p] = (None, err) if parsed is None else _guarded(
