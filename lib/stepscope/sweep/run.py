@@ -295,18 +295,17 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                         snaps.append(s)
 
         bar = tqdm(total=level.n_requests, desc=f"level {level.name}", leave=False)
-        # An interrupted level (Ctrl-C, a killed kernel) keeps its finished requests here.
-        keep = open(partial, "w")
-
-        def done(r: RequestRecord) -> None:
-            keep.write(json.dumps(r.to_dict()) + "\n")
-            keep.flush()
-            bar.update(1)
-
         poller = asyncio.create_task(poll())
         cpu0, wall0 = proc.cpu_times(), time.perf_counter()
         measured = payloads[n_warm:]
-        try:
+        # An interrupted level (Ctrl-C, a killed kernel) keeps its finished requests here.
+        with open(partial, "w") as keep:
+
+            def done(r: RequestRecord) -> None:
+                keep.write(json.dumps(r.to_dict()) + "\n")
+                keep.flush()
+                bar.update(1)
+
             if level.mode == "concurrency":
                 recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
                                             timeout_s=params.request_timeout_s, input_len=params.input_len,
@@ -315,8 +314,6 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                 recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
                                           timeout_s=params.request_timeout_s, input_len=params.input_len,
                                           seed=seed, on_done=done)
-        finally:
-            keep.close()
         cpu1, wall1 = proc.cpu_times(), time.perf_counter()
         stop.set()
         await poller
@@ -362,7 +359,7 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
         try:
             records, meta = cl.run_sync(_run_level(server, level, params, pool, seed + i, partial))
         except (KeyboardInterrupt, asyncio.CancelledError):
-            n_kept = sum(1 for _ in open(partial)) if partial.is_file() else 0
+            n_kept = len(partial.read_text().splitlines()) if partial.is_file() else 0
             finish(out_dir, params.knee_gain, messages=messages)
             tqdm.write(f"sweep interrupted during level {level.name}: its {n_kept} finished requests are "
                        f"in {partial}; the {i} earlier level(s) are complete and in levels.csv. "
