@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/trace_load.py [--mb 260] [--source NAME] [--keep DIR]
 
-Builds a trace of at least --mb MB of JSON by replicating the events of a shared trace
+Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
 (timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so
 peak RSS is clean, all in one run (the machine is noisy: read the ratios, not the times).
 Targets (issue 3): load <= 2x gzip time; peak RSS <= 0.5x JSON size; >= 10x faster than HTA.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("STEPSCOPE_SHARED", REPO.parent / "shared")) / "traces"
+SHARED = REPO / "tests" / "data" / "traces"
 
 CHILD = r"""
 import resource, sys, time, json
@@ -125,7 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=260)
     ap.add_argument("--source", default="hf-h100-qwen1.5-0.5b-eager.json.gz",
-                    help="shared trace whose events are replicated (a mix of stacks, ops, launches, kernels)")
+                    help="trace in tests/data/traces whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="build the trace here and keep it (reused by the next run with --keep)")
     ap.add_argument("--repeat", type=int, default=3,

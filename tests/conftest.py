@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,9 +9,7 @@ import pytest
 from stepscope.runfolder import REPO_ROOT
 
 
-def _shared_dir() -> Path:
-    # CI lays shared/ beside the clone; STEPSCOPE_SHARED overrides for other layouts.
-    return Path(os.environ.get("STEPSCOPE_SHARED", REPO_ROOT.parent / "shared"))
+TRACE_DATA = Path(__file__).resolve().parent / "data" / "traces"
 
 
 @pytest.fixture(scope="session")
@@ -21,11 +18,11 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    d = _shared_dir() / "traces"
-    if not d.is_dir():
-        pytest.fail(f"real traces not found at {d}; set STEPSCOPE_SHARED to the shared/ folder")
-    return d
+def real_traces() -> Path:
+    """The real profiler traces kept in the repository (tests/data/traces/README.md)."""
+    if not TRACE_DATA.is_dir():
+        pytest.fail(f"real traces not found at {TRACE_DATA}; the clone is incomplete")
+    return TRACE_DATA
 
 
 class LiveServer:

@@ -10,8 +10,8 @@ from stepscope.cli import main
 
 
 @pytest.mark.slow
-def test_analyze_real_cpu_tp2_traces(shared_traces, tmp_path, capsys):
-    files = [str(shared_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz") for r in (0, 1)]
+def test_analyze_real_cpu_tp2_traces(real_traces, tmp_path, capsys):
+    files = [str(real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz") for r in (0, 1)]
     out = tmp_path / "an"
     assert main(["analyze", *files, "--tp", "2", "--out", str(out), "--no-progress"]) == 0
     summary = json.loads((out / "05_categorize" / "summary.json").read_text())

@@ -20,10 +20,10 @@ TP2 = ["vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", "vllm-cpu-tinyllama-tp2-
 
 
 @pytest.fixture(scope="module")
-def analysed(shared_traces: Path) -> dict:
+def analysed(real_traces: Path) -> dict:
     rules = make_rules()
     out = {}
-    for p in sorted(shared_traces.glob("*.json.gz")):
+    for p in sorted(real_traces.glob("*.json.gz")):
         out[p.name] = analyze_rank(load_rank(p, allow_no_rank=True), rules)
     assert len(out) == 11
     return out
@@ -255,13 +255,13 @@ SUMMARY_RANK_KEYS = {"rank", "n_device_events", "kernel_sum_us", "busy_us", "idl
                      "collectives_per_decode_step"}
 
 
-def test_analyze_traces_writes_the_documented_artifacts(shared_traces: Path, tmp_path: Path):
+def test_analyze_traces_writes_the_documented_artifacts(real_traces: Path, tmp_path: Path):
     from stepscope.model import architecture_from_config
 
     arch = architecture_from_config({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128,
                                      "num_attention_heads": 4, "num_key_value_heads": 2,
                                      "intermediate_size": 256, "vocab_size": 2048})
-    paths = [shared_traces / n for n in TP2] + [shared_traces / "vllm-cpu-tinyllama-tp2-rank0.profiler_out.txt"]
+    paths = [real_traces / n for n in TP2] + [real_traces / "vllm-cpu-tinyllama-tp2-rank0.profiler_out.txt"]
     an = analyze_traces(paths, tmp_path, arch=arch, tp=2, tpot_ms=30.0, progress=False)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert set(s) == {"ranks", "decode", "collectives_check", "cross_rank", "text_table_check", "flags"}

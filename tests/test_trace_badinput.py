@@ -30,8 +30,8 @@ def _write(path: Path, obj) -> Path:
     return path
 
 
-def test_truncated_gzip(shared_traces: Path, tmp_path: Path):
-    data = (shared_traces / GOOD).read_bytes()
+def test_truncated_gzip(real_traces: Path, tmp_path: Path):
+    data = (real_traces / GOOD).read_bytes()
     p = tmp_path / "rank0.pt.trace.json.gz"
     p.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceError, match="truncated") as exc:
@@ -90,13 +90,13 @@ def test_unknown_event_category(tmp_path: Path):
     assert rt.flags[0]["code"] == "unknown_event_category"
 
 
-def test_duplicate_rank_and_bad_rank_do_not_stop_the_others(shared_traces: Path, tmp_path: Path):
+def test_duplicate_rank_and_bad_rank_do_not_stop_the_others(real_traces: Path, tmp_path: Path):
     dup = tmp_path / "copy_rank0.pt.trace.json.gz"
-    dup.write_bytes((shared_traces / GOOD).read_bytes())
+    dup.write_bytes((real_traces / GOOD).read_bytes())
     broken = tmp_path / "rank5.json"
     broken.write_text("{not json")
-    ranks, flags = load_ranks([shared_traces / GOOD, dup, broken,
-                               shared_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"],
+    ranks, flags = load_ranks([real_traces / GOOD, dup, broken,
+                               real_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"],
                               workers=1, progress=False)
     assert [r.rank for r in ranks] == [0, 1]
     codes = sorted(f["code"] for f in flags)
@@ -104,10 +104,10 @@ def test_duplicate_rank_and_bad_rank_do_not_stop_the_others(shared_traces: Path,
     assert any("copy_rank0" in f["message"] for f in flags if f["code"] == "duplicate_rank")
 
 
-def test_analyze_reports_bad_rank_in_flags(shared_traces: Path, tmp_path: Path):
+def test_analyze_reports_bad_rank_in_flags(real_traces: Path, tmp_path: Path):
     broken = tmp_path / "rank7.json.gz"
     broken.write_bytes(gzip.compress(b'{"traceEvents": [')[:-6])
-    an = analyze_traces([shared_traces / GOOD, broken], tmp_path / "out", progress=False,
+    an = analyze_traces([real_traces / GOOD, broken], tmp_path / "out", progress=False,
                         perfetto=False)
     assert [r["rank"] for r in an.summary["ranks"]] == [0]
     assert any(f["code"] == "rank_unreadable" and "rank7.json.gz" in f["message"]

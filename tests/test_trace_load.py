@@ -20,9 +20,9 @@ TP2 = "vllm-cpu-tinyllama-tp2-rank{}.pt.trace.json.gz"
 @pytest.mark.parametrize("name", ["hf-h100-qwen1.5-0.5b-eager.json.gz",
                                   "vllm-mi300x-gptoss-decode-fullgraph.json.gz",
                                   "hta-a100-ddp-nccl.json.gz"])
-def test_loader_matches_json_exactly(shared_traces: Path, name: str):
-    ref = json.load(gzip.open(shared_traces / name))["traceEvents"]
-    df, meta = read_trace(shared_traces / name)
+def test_loader_matches_json_exactly(real_traces: Path, name: str):
+    ref = json.load(gzip.open(real_traces / name))["traceEvents"]
+    df, meta = read_trace(real_traces / name)
     for cat in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"):
         want = [e for e in ref if e.get("cat") == cat]
         got = df[df["cat"] == cat]
@@ -37,44 +37,44 @@ def test_loader_matches_json_exactly(shared_traces: Path, name: str):
     assert meta["stats"]["n_events_total"] == len(ref)
 
 
-def test_cpu_trace_keeps_cpu_ops_and_gpu_trace_drops_them(shared_traces: Path):
-    cpu, _ = read_trace(shared_traces / TP2.format(0))
+def test_cpu_trace_keeps_cpu_ops_and_gpu_trace_drops_them(real_traces: Path):
+    cpu, _ = read_trace(real_traces / TP2.format(0))
     assert (cpu["cat"] == "cpu_op").sum() == 3696
-    gpu, meta = read_trace(shared_traces / "hta-a100-ddp-nccl.json.gz")
+    gpu, meta = read_trace(real_traces / "hta-a100-ddp-nccl.json.gz")
     assert (gpu["cat"] == "cpu_op").sum() == 0
 
 
-def test_chunk_boundaries_do_not_change_the_result(shared_traces: Path, monkeypatch):
+def test_chunk_boundaries_do_not_change_the_result(real_traces: Path, monkeypatch):
     import stepscope.trace.load as load
 
-    full, _ = read_trace(shared_traces / TP2.format(1))
+    full, _ = read_trace(real_traces / TP2.format(1))
     monkeypatch.setattr(load, "CHUNK_BYTES", 4096)  # many cuts, some inside nested args
-    small, _ = read_trace(shared_traces / TP2.format(1))
+    small, _ = read_trace(real_traces / TP2.format(1))
     assert small["ts"].tolist() == full["ts"].tolist()
     assert small["name"].astype(str).tolist() == full["name"].astype(str).tolist()
 
 
-def test_step_frames_are_found_in_whichever_chunk_holds_them(shared_traces: Path, monkeypatch):
+def test_step_frames_are_found_in_whichever_chunk_holds_them(real_traces: Path, monkeypatch):
     import stepscope.trace.load as load
 
     name = "vllm-mi300x-gptoss-decode-fullgraph.json.gz"
-    ref = json.load(gzip.open(shared_traces / name))["traceEvents"]
+    ref = json.load(gzip.open(real_traces / name))["traceEvents"]
     want = [e["ts"] for e in ref if e.get("cat") == "python_function" and "execute_model" in e["name"]]
     # Small chunks: most hold no execute_model frame and take the loop-free filter.
     monkeypatch.setattr(load, "CHUNK_BYTES", 8192)
-    df, _ = read_trace(shared_traces / name)
+    df, _ = read_trace(real_traces / name)
     got = df[df["cat"] == "python_function"]
     assert len(want) >= 1 and got["ts"].tolist() == want
     assert (df["cat"] == "kernel").sum() == sum(e.get("cat") == "kernel" for e in ref)
 
 
-def test_parsing_needs_no_pandas(shared_traces: Path):
+def test_parsing_needs_no_pandas(real_traces: Path):
     # Loader workers parse only: importing pandas would cost each ~100 MB of RSS.
     code = ("import sys; from stepscope.trace.load import parse_trace; "
-            f"p = parse_trace({str(shared_traces / TP2.format(0))!r}); "
+            f"p = parse_trace({str(real_traces / TP2.format(0))!r}); "
             "print(len(p.columns['ts']), len(p.names), 'pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    df, _ = read_trace(shared_traces / TP2.format(0))
+    df, _ = read_trace(real_traces / TP2.format(0))
     assert out == [str(len(df)), str(df["name"].nunique()), "False"]
     # Only the names still used are kept (cpu_ops dropped on GPU traces leave theirs behind).
     assert len(df["name"].cat.categories) == df["name"].nunique()
@@ -88,18 +88,18 @@ def test_rank_from_filename(name, rank):
     assert rank_from_filename(name) == rank
 
 
-def test_rank_from_distributed_info_then_error(shared_traces: Path, tmp_path: Path):
-    assert load_rank(shared_traces / TP2.format(1)).rank == 1
+def test_rank_from_distributed_info_then_error(real_traces: Path, tmp_path: Path):
+    assert load_rank(real_traces / TP2.format(1)).rank == 1
     with pytest.raises(TraceError, match="which rank") as exc:
-        load_rank(shared_traces / "hta-no-distributed-info.json.gz")
+        load_rank(real_traces / "hta-no-distributed-info.json.gz")
     assert "hta-no-distributed-info.json.gz" in str(exc.value)
     # A single file is unambiguous: rank 0, with an info flag.
-    rt = load_rank(shared_traces / "hta-no-distributed-info.json.gz", allow_no_rank=True)
+    rt = load_rank(real_traces / "hta-no-distributed-info.json.gz", allow_no_rank=True)
     assert rt.rank == 0 and rt.flags[0]["code"] == "rank_assumed"
 
 
-def test_parquet_cache_hit_is_fast_and_identical(shared_traces: Path, tmp_path: Path):
-    p = shared_traces / TP2.format(0)
+def test_parquet_cache_hit_is_fast_and_identical(real_traces: Path, tmp_path: Path):
+    p = real_traces / TP2.format(0)
     a = load_rank(p, cache_dir=tmp_path)
     t = time.perf_counter()
     b = load_rank(p, cache_dir=tmp_path)
@@ -109,8 +109,8 @@ def test_parquet_cache_hit_is_fast_and_identical(shared_traces: Path, tmp_path: 
     assert list(tmp_path.glob("*.parquet"))
 
 
-def test_parallel_load_of_ranks(shared_traces: Path):
-    ranks, flags = load_ranks([shared_traces / TP2.format(1), shared_traces / TP2.format(0)],
+def test_parallel_load_of_ranks(real_traces: Path):
+    ranks, flags = load_ranks([real_traces / TP2.format(1), real_traces / TP2.format(0)],
                               workers=2, progress=False)
     assert [r.rank for r in ranks] == [0, 1]
     assert not [f for f in flags if f["severity"] == "error"]

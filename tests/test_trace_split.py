@@ -31,10 +31,10 @@ def _same(a: load.ParsedTrace, b: load.ParsedTrace) -> None:
 @pytest.mark.parametrize("name", ["hf-h100-qwen1.5-0.5b-eager.json.gz", "hta-a100-ddp-nccl.json.gz",
                                   "vllm-mi300x-gptoss-decode-fullgraph.json.gz",
                                   "vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz"])
-def test_split_parse_equals_one_process(shared_traces: Path, split_small, monkeypatch, name: str):
-    one = load.parse_trace(shared_traces / name, processes=1)
+def test_split_parse_equals_one_process(real_traces: Path, split_small, monkeypatch, name: str):
+    one = load.parse_trace(real_traces / name, processes=1)
     splits = _record_splits(monkeypatch)
-    three = load.parse_trace(shared_traces / name, processes=3)
+    three = load.parse_trace(real_traces / name, processes=3)
     _same(one, three)
     assert len(one.columns["ts"]) > 100
     # Each process decoded its own chunks (no fallback to one process).
@@ -92,8 +92,8 @@ def test_string_ids_are_renumbered_across_processes(tmp_path: Path, split_small,
     assert splits == ["split"]
 
 
-def test_truncated_trace_in_split_mode(shared_traces: Path, tmp_path: Path, split_small):
-    data = (shared_traces / "hta-a100-ddp-nccl.json.gz").read_bytes()
+def test_truncated_trace_in_split_mode(real_traces: Path, tmp_path: Path, split_small):
+    data = (real_traces / "hta-a100-ddp-nccl.json.gz").read_bytes()
     p = tmp_path / "rank0.pt.trace.json.gz"
     p.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceError, match="truncated") as exc:
@@ -101,13 +101,13 @@ def test_truncated_trace_in_split_mode(shared_traces: Path, tmp_path: Path, spli
     assert str(p) in str(exc.value) and "fix:" in str(exc.value)
 
 
-def test_rank_processes_split_their_traces_when_cores_are_left(shared_traces: Path, tmp_path: Path,
+def test_rank_processes_split_their_traces_when_cores_are_left(real_traces: Path, tmp_path: Path,
                                                                split_small, monkeypatch):
     import os
 
     # 4 cores, 2 ranks: each rank's process forks one more to parse its trace in two.
     names = [f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)]
-    serial, _ = load.load_ranks([shared_traces / n for n in names], workers=1, progress=False)
+    serial, _ = load.load_ranks([real_traces / n for n in names], workers=1, progress=False)
     monkeypatch.setattr(load, "usable_cores", lambda: 4)
     real = load._parse_split
 
@@ -117,7 +117,7 @@ def test_rank_processes_split_their_traces_when_cores_are_left(shared_traces: Pa
         return real(path, n, *a)
 
     monkeypatch.setattr(load, "_parse_split", marked_split)
-    nested, flags = load.load_ranks([shared_traces / n for n in names], workers=2, progress=False)
+    nested, flags = load.load_ranks([real_traces / n for n in names], workers=2, progress=False)
     assert not flags and [r.rank for r in nested] == [0, 1]
     marks = sorted(tmp_path.glob("split-*"))
     assert len(marks) == 2 and all(m.name.endswith("-2") for m in marks)

@@ -85,12 +85,12 @@ def test_sglang_stage_files_keep_decode(tmp_path: Path):
     assert [f["code"] for f in flags] == ["sglang_stage_split"]
 
 
-def test_folder_input_skips_frontend_and_non_traces(shared_traces: Path, tmp_path: Path):
+def test_folder_input_skips_frontend_and_non_traces(real_traces: Path, tmp_path: Path):
     import shutil
 
     d = tmp_path / "traces"
     d.mkdir()
-    shutil.copy(shared_traces / "vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", d)
+    shutil.copy(real_traces / "vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", d)
     (d / "vm_1.async_llm.123.pt.trace.json.gz").write_bytes(b"not read")
     (d / "manifest.json").write_text("{}")
     an = analyze_traces(d, tmp_path / "out", progress=False, perfetto=False)

@@ -16,8 +16,8 @@ from stepscope.trace.analyze import analyze_traces, trace_inputs_for_run
 from stepscope.trace.text_table import check_text_tables, parse_text_table, parse_time_us
 
 
-def test_parse_cpu_layout(shared_traces: Path):
-    df, footer = parse_text_table(shared_traces / "vllm-cpu-tinyllama-tp2-rank0.profiler_out.txt")
+def test_parse_cpu_layout(real_traces: Path):
+    df, footer = parse_text_table(real_traces / "vllm-cpu-tinyllama-tp2-rank0.profiler_out.txt")
     assert footer == {"self_cpu_total_us": 3.616e6}
     assert len(df) == 50 and (df["layout"] == "cpu").all()
     row = df[df["Name"] == "c10d::allreduce_"].iloc[0]
@@ -61,29 +61,29 @@ def test_gpu_layout_cross_check_flags_over_one_percent(tmp_path: Path):
     assert checks[0]["flag"]["code"] == "text_table_mismatch"
 
 
-def test_stage_inputs(tmp_path: Path, shared_traces: Path):
+def test_stage_inputs(tmp_path: Path, real_traces: Path):
     params = SimpleNamespace(analysis=SimpleNamespace(trace_paths=()))
     with pytest.raises(StageInputMissing, match="04_profiler_capture/traces"):
         trace_inputs_for_run(tmp_path, params)
     d = tmp_path / "04_profiler_capture" / "traces"
     d.mkdir(parents=True)
-    shutil.copy(shared_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz", d)
+    shutil.copy(real_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz", d)
     lat = tmp_path / "04_profiler_capture" / "capture_latency.json"
     lat.write_text('{"tpot_ms_median": 12.1}')
     assert trace_inputs_for_run(tmp_path, params) == ([d], 12.1)
     # The mean when there is one: it sits beside the per-step means in the report.
     lat.write_text('{"tpot_ms_mean": 13.4, "tpot_ms_median": 12.1}')
     assert trace_inputs_for_run(tmp_path, params) == ([d], 13.4)
-    given = SimpleNamespace(analysis=SimpleNamespace(trace_paths=(str(shared_traces),)))
-    assert trace_inputs_for_run(tmp_path, given)[0] == [shared_traces]
+    given = SimpleNamespace(analysis=SimpleNamespace(trace_paths=(str(real_traces),)))
+    assert trace_inputs_for_run(tmp_path, given)[0] == [real_traces]
     with pytest.raises(StageInputMissing, match="not found"):
         trace_inputs_for_run(tmp_path, SimpleNamespace(analysis=SimpleNamespace(trace_paths=("/nope",))))
 
 
-def test_figures(shared_traces: Path, tmp_path: Path):
+def test_figures(real_traces: Path, tmp_path: Path):
     from stepscope.trace.plots import save_figures, stage_figures
 
-    an = analyze_traces([shared_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)],
+    an = analyze_traces([real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)],
                         tmp_path / "05", progress=False, perfetto=False)
     figs = stage_figures(an)
     assert set(figs) == {"05_decode_step_categories_rank0", "05_step_timeline_rank0",
@@ -94,12 +94,12 @@ def test_figures(shared_traces: Path, tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_notebook_runs_under_papermill(tmp_path: Path, shared_traces: Path, repo_root: Path):
+def test_notebook_runs_under_papermill(tmp_path: Path, real_traces: Path, repo_root: Path):
     run = tmp_path / "run"
     d = run / "04_profiler_capture" / "traces"
     d.mkdir(parents=True)
     for r in (0, 1):
-        shutil.copy(shared_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz", d)
+        shutil.copy(real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz", d)
     nb = repo_root / "notebooks"
     cmd = [sys.executable, "-m", "papermill", str(nb / "05_categorize.ipynb"), str(tmp_path / "out.ipynb"),
            "-p", "params_file", str(repo_root / "params" / "cpu-demo.yaml"), "-p", "run_dir", str(run),
