@@ -11,6 +11,13 @@ from stepscope.runfolder import REPO_ROOT
 
 TRACE_DATA = Path(__file__).resolve().parent / "data" / "traces"
 
+# The suite must test the library of the checkout it sits in, not another one an editable
+# install or a stale PYTHONPATH points at (a second clone or worktree sharing one venv).
+if REPO_ROOT != Path(__file__).resolve().parents[1]:
+    raise pytest.UsageError(
+        f"stepscope is imported from {REPO_ROOT}, but these tests belong to "
+        f"{Path(__file__).resolve().parents[1]}; set PYTHONPATH=<this checkout>/lib or reinstall")
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
