@@ -17,18 +17,9 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import (STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, pick,
                                         words)
 
-LAUNCH_BOUND_IDLE_SHARE = 0.30
-"""Device idle above this share of the step span: the step waits on the host to launch work."""
-DEVICE_BOUND_IDLE_SHARE = 0.10
-COMM_EXPOSED_SHARE = 0.80
-"""Exposed/summed communication above this: it runs with nothing to hide behind."""
-COMM_HIDDEN_SHARE = 0.30
-OVERLAP_RATIO = 1.15
-"""Kernel sum / union above this: overlap makes summed kernel time overstate the step."""
-TPOT_GAP_SHARE = 0.10
-"""|TPOT - span| above this share of TPOT is worth explaining in words."""
-PREDICTION_TOLERANCE = 0.25
-"""Trace and micro-benchmark agree when their ratio is within 1 ± this."""
+from stepscope.thresholds import (COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,  # noqa: F401
+                                  LAUNCH_BOUND_IDLE_SHARE, OVERLAP_RATIO, PREDICTION_TOLERANCE,
+                                  TPOT_GAP_SHARE)
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:

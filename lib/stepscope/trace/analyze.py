@@ -12,6 +12,7 @@ import pandas as pd
 from stepscope.errors import StageInputMissing, TraceError
 from stepscope.runfolder import write_json
 from stepscope.trace import account as acc
+from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.load import RankTrace, load_ranks
 from stepscope.trace.steps import build_work, find_steps
@@ -21,7 +22,6 @@ TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json", "*.trace.json.gz", "*.tr
 TEXT_TABLE_GLOBS = ("*profiler_out*.txt",)
 NOT_TRACES = frozenset({"manifest.json", "capture_latency.json", "summary.json", "server.json",
                         "run.json", "prediction.json"})
-OTHER_SHARE_LIMIT = 0.005
 
 
 @dataclass
@@ -339,7 +339,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                                f"({times['tpot_capture_ms']:.3f} ms): kernels overlap; read the union "
                                "and span instead"))
         gap = 1.0 - times["span_ms"]["mean"] / times["tpot_capture_ms"]
-        if gap > 0.2:
+        if gap > TPOT_GAP_SHARE:
             flags.append(_flag("span_below_tpot", "info",
                                f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
                                f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "

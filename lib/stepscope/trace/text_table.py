@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepscope.thresholds import TEXT_TABLE_DIFF_LIMIT
+
 _RULE = re.compile(r"^-+(\s+-+)+\s*$")
 _TIME = re.compile(r"^(-?[\d.]+)\s*(us|ms|s)$")
 _FOOT = re.compile(r"^Self (CPU|CUDA|XPU|MTIA|PrivateUse1) time total:\s*(\S+)")
 _UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
-TEXT_TABLE_DIFF_LIMIT = 0.01
 
 
 def parse_time_us(text: str) -> float | None:

@@ -1,0 +1,29 @@
+"""Every threshold that turns a number into a flag or a judgement, in one place.
+
+One threshold per flag: the stage that raises a flag and the report that explains it
+read the same constant here, so they cannot disagree about where the line is.
+"""
+
+from __future__ import annotations
+
+# --- stage 05 data-quality flags -------------------------------------------------------
+OTHER_SHARE_LIMIT = 0.005
+"""Kernel time that no category rule matched, above this share of the kernel sum: add rules."""
+TEXT_TABLE_DIFF_LIMIT = 0.01
+"""The profiler's text table and the trace disagree by more than this relative difference."""
+
+# --- verdict ----------------------------------------------------------------------------
+LAUNCH_BOUND_IDLE_SHARE = 0.30
+"""Device idle above this share of the step: the step waits on the host to launch work."""
+DEVICE_BOUND_IDLE_SHARE = 0.10
+"""Device idle below this share of the step: the device is the bottleneck."""
+COMM_EXPOSED_SHARE = 0.80
+"""Exposed/summed communication above this: it runs with nothing to hide behind."""
+COMM_HIDDEN_SHARE = 0.30
+"""Exposed/summed communication below this: other work hides most of it."""
+OVERLAP_RATIO = 1.15
+"""Kernel sum / union above this: overlap makes summed kernel time overstate the step."""
+TPOT_GAP_SHARE = 0.10
+"""|TPOT - step time| above this share of TPOT is flagged and explained (stage 05 and the report)."""
+PREDICTION_TOLERANCE = 0.25
+"""Trace and micro-benchmark agree when their ratio is within 1 ± this."""
