@@ -44,7 +44,7 @@ def test_full_report_shows_measured_numbers(full):
     assert "no CUDA on this machine" in md
     # breakdown: all_reduce 5.5 ms of a span of 12.11 * 1.05 ms
     span = sum(EXPOSED.values()) * 1.05
-    assert f"| all_reduce | communication | 5.50 |" in md
+    assert "| all_reduce | communication | 5.50 |" in md
     assert f"| {fmt_num(100 * 5.5 / span)} |" in md
     assert "| span (first to last device event of the step) | 12.7 |" in md
     assert "| TPOT measured by the client during capture | 12.1 |" in md

@@ -8,7 +8,6 @@ is what stepscope does when a server dies or hangs.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import stat
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.config import REDACTED, params_from_dict
+from stepscope.config import params_from_dict
 from stepscope.errors import ServerError
 from stepscope.serve import build_server_command, launch, stop_server
 from stepscope.serve.launch import attach, likely_cause, stop_process_group, _group_alive

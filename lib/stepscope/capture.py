@@ -23,7 +23,6 @@ Artifacts in `04_profiler_capture/`:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os

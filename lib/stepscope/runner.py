@@ -27,7 +27,6 @@ from stepscope.errors import StepscopeError
 from stepscope.runfolder import (
     NOTEBOOKS_DIR,
     REPO_ROOT,
-    STAGE_BY_ID,
     STAGES,
     Stage,
     params_snapshot_path,

@@ -449,8 +449,8 @@ def _section_verdict(ctx: dict) -> str:
              f"{fmt_num(100 * share if share is not None else None)} % of a decode step.\n\n")
     text += "> **Verdict.** " + " ".join(v["sentences"]) + "\n\n"
     if am is not None:
-        text += (f"Amdahl ceiling per category (step time / (step time − exposed time); exposed = time no "
-                 f"higher-priority work covers: compute, then communication, then memory):\n\n")
+        text += ("Amdahl ceiling per category (step time / (step time − exposed time); exposed = time no "
+                 "higher-priority work covers: compute, then communication, then memory):\n\n")
         for _, r in am.iterrows():
             text += (f"- Removing all exposed **{r['category']}** ({fmt_num(r['exposed_ms_per_step'])} ms/step) "
                      f"would make a decode step at most **{fmt_num(r['max_speedup'])}×** faster.\n")

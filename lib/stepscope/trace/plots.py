@@ -8,7 +8,6 @@ Figures are built without pyplot (no global state, no display) and sized by thei
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
