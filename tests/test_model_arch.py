@@ -1,4 +1,4 @@
-"""Architecture reading and decode-step arithmetic, checked against FACTS.md §7."""
+"""Architecture reading and decode-step arithmetic, checked against docs/methods.md#architectures."""
 
 from __future__ import annotations
 

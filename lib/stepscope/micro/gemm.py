@@ -40,7 +40,7 @@ GEMM_COLUMNS = [
 MARLIN_DTYPE = "w4a16-g32"
 DEFAULT_PRESET_TP = 8
 """TP for presets when neither micro.gemm.preset_tp nor hardware.gpu_count is set: the
-campaign of FACTS.md §1 (Kimi-K2.5 on 8 GPUs)."""
+reference campaign in docs/methods.md (Kimi-K2.5 on 8 GPUs)."""
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -424,7 +424,7 @@ def describe_run(stage: dict) -> str:
 
 def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, peak_tflops: float | None = None,
                   title_extra: str = ""):
-    """Achieved TFLOP/s against arithmetic intensity (FLOP/byte, FACTS §6 byte model), log-log,
+    """Achieved TFLOP/s against arithmetic intensity (FLOP/byte, docs/methods.md#gemm-byte-model), log-log,
     one colour per backend/dtype/mode, one marker per model; the roof where peaks are known.
 
     Needs the rate columns only (tflops, gbps; intensity = tflops / gbps = flops / bytes), so the

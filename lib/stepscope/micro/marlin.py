@@ -2,7 +2,7 @@
 
 vLLM renamed and re-shaped the entry point across releases (`ops.gptq_marlin_gemm`
 with g_idx/perm/is_k_full, later `ops.marlin_gemm` with bias and activation scales;
-FACTS.md §6). Rather than pin one signature, the call is built from the function's
+docs/methods.md#gemm-byte-model). Rather than pin one signature, the call is built from the function's
 parameter names: known inputs by name, optional tensors as None (or an empty tensor
 where the signature does not allow None), everything else from its default.
 """

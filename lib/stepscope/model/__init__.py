@@ -16,7 +16,7 @@ Public API (all pure):
   experts per MoE layer on m·k/D(m) rows each).
 - `decode_weight_bytes(arch, tp, m_values, quant_scope=...) -> DataFrame[m, layer_kind,
   distinct_experts, weight_bytes]`.
-- Formulas: `gemm_flops` (2MNK), `gemm_bytes` (FACTS §6 byte model), `distinct_experts`
+- Formulas: `gemm_flops` (2MNK), `gemm_bytes` (docs/methods.md#gemm-byte-model), `distinct_experts`
   (E·(1−(1−k/E)^M)), `hidden_vector_bytes`.
 """
 

@@ -74,7 +74,7 @@ class Architecture:
         return self.n_layers - self.n_dense_layers if self.is_moe else 0
 
 
-# FACTS.md §7. Kimi-K2.5's language model is DeepSeek-V3's with 384 experts, 64 heads and
+# docs/methods.md#architectures. Kimi-K2.5's language model is DeepSeek-V3's with 384 experts, 64 heads and
 # one dense layer; both use 61 layers, hidden 7168, dense FFN 18432, expert FFN 2048.
 _PRESETS: dict[str, Architecture] = {
     "kimi-k2.5": Architecture(

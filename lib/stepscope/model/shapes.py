@@ -35,7 +35,7 @@ def gemm_flops(m: int | np.ndarray, n: int | np.ndarray, k: int | np.ndarray, ba
 
 def gemm_bytes(m, n, k, *, weight_bits: float = 16, act_bytes: int = 2, group_size: int | None = None,
                scale_bytes: int = 2, batch: int = 1):
-    """Bytes a GEMM must move (FACTS.md §6): weights + scales + activations in + out.
+    """Bytes a GEMM must move (docs/methods.md#gemm-byte-model): weights + scales + activations in + out.
 
     W4A16 at g=32: N·K/2 + 2·N·K/32 + 2·M·K + 2·M·N. Dense bf16: 2·N·K + 2·M·K + 2·M·N.
     `weight_bits` is the stored weight width *without* scales; `group_size` adds one

@@ -1,7 +1,7 @@
 """A small hand-made run folder that follows every stage's artifact contract.
 
 Used by the tests and to preview the report without a server: the numbers are invented
-(loosely shaped like FACTS §1's TP=8 campaign) and the run says so in its params name.
+(loosely shaped like the TP=8 reference campaign in docs/methods.md) and the run says so in its params name.
 `comm_exposed` and `launch_bound` switch the story the numbers tell, so a test can check
 that the verdict follows the data.
 """

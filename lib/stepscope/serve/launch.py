@@ -37,7 +37,7 @@ LIKELY_CAUSES: tuple[tuple[str, str], ...] = (
                                    "`python -m vllm.entrypoints.openai.api_server` (stepscope does)"),
     ("No module named 'vllm'", "vLLM is not installed in server.python's environment"),
     ("No module named 'sglang'", "SGLang is not installed in server.python's environment"),
-    ("head size", "vLLM's CPU attention does not support this head size (FACTS §7)"),
+    ("head size", "vLLM's CPU attention does not support this head size (docs/methods.md#vllm-cpu-backend)"),
     ("block_size", "the KV block size must be a multiple of 32 on the CPU backend"),
     ("KV cache", "not enough KV-cache memory: raise VLLM_CPU_KVCACHE_SPACE (CPU) or "
                  "--gpu-memory-utilization, or lower --max-model-len"),
@@ -141,7 +141,7 @@ def build_server_command(params: Params, run_dir: str | Path) -> ServerCommand:
             argv.append("--enforce-eager")
         if prof_dir is not None:
             argv += ["--profiler-config", json.dumps(vllm_profiler_config(params, prof_dir))]
-        # VLLM_TORCH_PROFILER_DIR was removed in 0.16 and is ignored with a warning (FACTS §2).
+        # VLLM_TORCH_PROFILER_DIR was removed in 0.16 and is ignored with a warning (docs/methods.md#profiler-capture).
         env.pop("VLLM_TORCH_PROFILER_DIR", None)
     else:
         argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),

@@ -15,7 +15,7 @@ from pathlib import Path
 from stepscope.config import TinyModelParams
 from stepscope.errors import StepscopeError
 
-# vLLM's CPU attention supports these head sizes only (FACTS.md §7); 16 fails at the first request.
+# vLLM's CPU attention supports these head sizes only (docs/methods.md#vllm-cpu-backend); 16 fails at the first request.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _TRAIN_BYTES = 4_000_000  # enough text for a 2k-token BPE; keeps training to a few seconds
 

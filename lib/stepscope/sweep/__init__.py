@@ -4,7 +4,7 @@ Entry points: `load_server(run_dir)` (reads 00_deploy/server.json), `run_sweep(s
 params.sweep, out_dir)`, `finish(out_dir, knee_gain)` (tables from what is on disk),
 `import_vllm_results(paths)` (vllm bench serve --save-result files into the same table),
 and `plots.sweep_figures` / `plots.save_figures`. Metric definitions live in one module,
-`stepscope.sweep.metrics` (vLLM's, FACTS.md §6), checked against vLLM's own code in tests.
+`stepscope.sweep.metrics` (vLLM's, docs/methods.md#serving-metrics), checked against vLLM's own code in tests.
 
 Artifacts in `01_macro_sweep/`:
 

@@ -1,6 +1,6 @@
 """Serving metrics from raw per-request records: the one place they are defined.
 
-Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py, FACTS.md §6):
+Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py; docs/methods.md#serving-metrics):
 
 - TTFT: dispatch to the first token-bearing chunk.
 - E2EL: dispatch to the last token-bearing chunk.

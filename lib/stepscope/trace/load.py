@@ -1,7 +1,7 @@
 """Streaming Kineto trace loader: `.json` / `.json.gz` in, one slim DataFrame per rank out.
 
 A vLLM rank trace is 1-1.5 GB of JSON and 5-9 M events, most of them Python stack
-frames. `json.loads` needs ~5x the file in memory (FACTS §3), so the loader never
+frames. `json.loads` needs ~5x the file in memory (docs/methods.md#trace-format), so the loader never
 holds the decoded trace: it decompresses in chunks (isal), cuts each chunk at an event
 boundary, decodes the chunk's events with msgspec into a struct that names only the
 fields stepscope reads, and keeps only the event kinds below, in numpy arrays (pandas is

@@ -1,6 +1,6 @@
 """Parser for torch.profiler's `key_averages().table()` text (`profiler_out_*.txt`).
 
-Only a cross-check (FACTS §4): the footer's `Self CUDA time total` is the true kernel
+Only a cross-check (docs/methods.md#the-profilers-text-table): the footer's `Self CUDA time total` is the true kernel
 sum and is compared with the trace's; the per-row `Self CUDA` of CPU ops repeats their
 kernels' time and is never added up.
 """
