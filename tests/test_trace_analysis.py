@@ -55,11 +55,11 @@ def test_identities_hold_per_rank_and_per_step(analysed):
     for name, r in analysed.items():
         t = r.totals
         assert t["busy_us"] + t["idle_us"] == pytest.approx(t["span_us"], rel=1e-6)
-        assert t["compute_us"] + t["exposed_comm_us"] + t["exposed_mem_us"] == pytest.approx(
+        assert t["compute_us"] + t["comm_exposed_us"] + t["memory_exposed_us"] == pytest.approx(
             t["busy_us"], rel=1e-6)
         st = r.steps_tot[r.steps_tot["n_events"] > 0]
         np.testing.assert_allclose(st["busy_us"] + st["idle_us"], st["span_us"], rtol=1e-6)
-        np.testing.assert_allclose(st["compute_us"] + st["exposed_comm_us"] + st["exposed_mem_us"],
+        np.testing.assert_allclose(st["compute_us"] + st["comm_exposed_us"] + st["memory_exposed_us"],
                                    st["busy_us"], rtol=1e-6)
         # A union never exceeds the sum, and busy never exceeds the kernel sum.
         assert (r.rank_categories["union_us"] <= r.rank_categories["sum_us"] * (1 + 1e-9)).all()
@@ -189,6 +189,8 @@ def test_extra_rules_come_first():
     ("execute_new_2_cached_0", "prefill", 2, -1),
     ("execute_new_0_cached_5", "decode", 5, -1),
     ("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk55086sqsq32sqsk55086)", "decode", 32, 32),
+    ("execute_context_1(888_788544)_generation_0(0)", "prefill", 1, 888),
+    ("execute_context_2(10_50)_generation_3(3_3)", "mixed", 5, 13),
     ("step[DECODE bs=32]", "decode", 32, -1),
     ("step[EXTEND bs=4]", "prefill", 4, -1),
     ("ProfilerStep#6", "unknown", -1, -1),
@@ -264,7 +266,8 @@ def test_analyze_traces_writes_the_documented_artifacts(real_traces: Path, tmp_p
     paths = [real_traces / n for n in TP2] + [real_traces / "vllm-cpu-tinyllama-tp2-rank0.profiler_out.txt"]
     an = analyze_traces(paths, tmp_path, arch=arch, tp=2, tpot_ms=30.0, progress=False)
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert set(s) == {"ranks", "decode", "collectives_check", "cross_rank", "text_table_check", "flags"}
+    assert set(s) == {"trace_info", "notes", "ranks", "decode", "collectives_check", "cross_rank",
+                      "text_table_check", "flags"}
     for r in s["ranks"]:
         assert SUMMARY_RANK_KEYS <= set(r)
         assert r["collectives_per_decode_step"] == {"all_reduce": 5, "all_gather": 1}

@@ -27,3 +27,14 @@ TPOT_GAP_SHARE = 0.10
 """|TPOT - step time| above this share of TPOT is flagged and explained (stage 05 and the report)."""
 PREDICTION_TOLERANCE = 0.25
 """Trace and micro-benchmark agree when their ratio is within 1 ± this."""
+
+# --- trace analysis ---------------------------------------------------------------------
+LOW_CONFIDENCE_STEPS = 5
+"""Fewer steps than this of the kind a trace is judged on: its per-step figures are flagged
+low-confidence (one step says nothing about step-to-step spread)."""
+MACRO_GAP_US = 1000.0
+"""A gap in a step's device work at least this long is macro idle (a stall: a blocking copy,
+a host-side pause); shorter gaps are micro idle (launch and dependency gaps between kernels)."""
+CLOCK_SKEW_LIMIT_US = 5000.0
+"""Ranks whose matched collectives end further apart than this (median) have clocks that
+disagree: cross-rank arrival skews are then not trusted."""

@@ -46,7 +46,9 @@ Per (rank, step, category): count (calls; a CPU collective counts once, at its `
 sum_us (summed durations), union_us (interval union) and exposed_us (class priority compute >
 communication > memory: compute categories' exposed time is their union; communication's is
 what no compute overlaps; memory's what neither overlaps). Identities, exact to rounding:
-busy + idle = span and compute_us + exposed_comm_us + exposed_mem_us = busy_us.
+busy + idle = span and compute_us + comm_exposed_us + memory_exposed_us = busy_us (the class
+totals). Per-category exposed times need not add up to busy: compute kernels can overlap each
+other (several streams), and each compute category's exposed time is its whole union.
 
 Categories (class): all_reduce, all_gather, other_collective (communication); quant_gemm,
 dense_gemm, fused_moe, moe_routing, attention, kv_cache_write, norm, activation, rotary,
@@ -56,10 +58,20 @@ quantize, sampling, elementwise (elementwise and other PyTorch library kernels),
 Artifacts in `05_categorize/`
 -----------------------------
 - `summary.json`:
+  - `trace_info` (`stepscope.trace.info`): `kind` (decode/prefill/mixed/training/single_step/
+    unknown), `engine` (vllm/sglang/unknown), `device_name`, `device_count`, `batch_size`
+    (median requests per decode step from the annotations; else the input shape's batch),
+    `batch_source`, `input_shape`, `world_size`, `ranks_present`, `tp`, `tp_source`
+    (params/trace/default), `tp_disagreement`, `n_steps`, `n_decode_steps`, `step_kinds`,
+    `judged_kind`, `low_confidence` (fewer than 5 steps of the judged kind).
+  - `notes`: {`exposed_us`: what a category's exposed time means when kernels overlap}.
   - `ranks`: list, per rank: `rank`, `file`, `mode` ("gpu"/"cpu"), `origin_us`,
     `n_device_events` (work events; CPU: ops), `kernel_sum_us`, `busy_us`, `idle_us`,
     `span_us`, `categories` {category: {`count`, `sum_us`, `union_us`, `exposed_us`}},
+    `class_totals_us` {`compute_us`, `comm_exposed_us`, `memory_exposed_us`, `busy_us`} (exact:
+    the first three add up to busy), `step_kinds` {kind: steps with work},
     `other_share` (other sum / kernel sum), `other_top_names` [{`name`, `sum_us`, `count`}],
+    `catch_all_share`, `catch_all_top_names` (kernels only a catch-all rule matched),
     `n_steps`, `n_decode_steps`, `step_source`, `unattributed_events`,
     `attribution` {method: work rows}, `excluded` {n_launch_missing | n_cpu_ops_other_threads,
     n_cpu_pieces_outside_steps, cpu_self_us_outside_steps},
@@ -79,15 +91,17 @@ Artifacts in `05_categorize/`
     rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
     unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,
     text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
-    sglang_stage_split.
+    sglang_stage_split, unknown_step_annotation, tp_disagreement, low_confidence,
+    ranks_missing.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
   exposed_ms_mean, share_of_span (union mean / step span mean), exposed_share_of_busy,
   calls_per_step, us_per_call (sum / calls).
-- `steps.csv`: rank, step_id, name, source, label (prefill/decode/mixed/idle/unknown),
+- `steps.csv`: rank, step_id, name, source, label (prefill/decode/mixed/idle/unknown), kind
+  (label, or training/profiler_step for `ProfilerStep`s; see `steps.STEP_KINDS`),
   n_requests, n_tokens, prefill_requests, prefill_tokens, decode_requests, decode_tokens
   (-1 = not in the annotation), annotation_ts_us, annotation_dur_us, n_events, kernel_sum_us,
-  busy_us, span_us, compute_us, exposed_comm_us, exposed_mem_us, all_reduce_calls,
+  busy_us, span_us, compute_us, comm_exposed_us, memory_exposed_us, all_reduce_calls,
   all_gather_calls, other_collective_calls, first_start_us, idle_us.
 - `rank_categories.csv`: rank, category, class, count, sum_us, union_us, exposed_us (whole
   trace, attributed or not).

@@ -8,7 +8,7 @@ compute overlaps; a memory category's is the part that neither compute nor
 communication overlaps; a compute category's exposed time is its union. So, exactly:
 
     busy + idle = span
-    compute_us + exposed_comm_us + exposed_mem_us = busy_us
+    compute_us + comm_exposed_us + memory_exposed_us = busy_us
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         "busy_us": busy,
         "span_us": ends - starts,
         "compute_us": c_len,
-        "exposed_comm_us": cm_len - c_len,
-        "exposed_mem_us": busy - cm_len,
+        "comm_exposed_us": cm_len - c_len,
+        "memory_exposed_us": busy - cm_len,
         "all_reduce_calls": per_key((coll & cat_is["all_reduce"]).astype(float)).astype(np.int64),
         "all_gather_calls": per_key((coll & cat_is["all_gather"]).astype(float)).astype(np.int64),
         "other_collective_calls": per_key((coll & cat_is["other_collective"]).astype(float)
@@ -153,12 +153,12 @@ def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame
         pd.DataFrame(columns=["step_id", "category", "class", "count", "sum_us", "union_us",
                               "exposed_us"]), pd.DataFrame(columns=["step_id"]))
     cat_tab.insert(0, "rank", rank)
-    meta = steps[["step_id", "name", "source", "label", "n_requests", "n_tokens",
+    meta = steps[["step_id", "name", "source", "label", "kind", "n_requests", "n_tokens",
                   "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
                   "ts", "dur"]].rename(columns={"ts": "annotation_ts_us", "dur": "annotation_dur_us"})
     tot = meta.merge(tot, on="step_id", how="left")
-    zero_cols = ["n_events", "kernel_sum_us", "busy_us", "span_us", "compute_us", "exposed_comm_us",
-                 "exposed_mem_us", "idle_us", "all_reduce_calls", "all_gather_calls",
+    zero_cols = ["n_events", "kernel_sum_us", "busy_us", "span_us", "compute_us", "comm_exposed_us",
+                 "memory_exposed_us", "idle_us", "all_reduce_calls", "all_gather_calls",
                  "other_collective_calls"]
     for c in zero_cols:
         if c in tot:

@@ -14,8 +14,19 @@ from stepscope.runfolder import write_json
 from stepscope.trace import account as acc
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import make_rules
+from stepscope.trace.info import detect_engine, input_token_shape, trace_info
 from stepscope.trace.load import RankTrace, load_ranks
-from stepscope.trace.steps import build_work, find_steps
+from stepscope.trace.steps import build_work, find_steps, unknown_step_names
+
+CATCH_ALL_CATEGORY = "unattributed_elementwise"
+"""The labelled bucket of kernels matched only by a catch-all rule (see rules.yaml)."""
+
+EXPOSED_NOTE = (
+    "A category's exposed_us is the part of its union that no higher-priority class covers "
+    "(compute, then communication, then memory). Compute categories can overlap each other "
+    "(kernels on several streams), so per-category exposed times can sum to more than busy_us. "
+    "The class totals in class_totals_us are exact: compute_us + comm_exposed_us + "
+    "memory_exposed_us == busy_us.")
 
 TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json", "*.trace.json.gz", "*.trace.json",
                "*.json.gz", "*.json")
@@ -40,6 +51,7 @@ class RankResult:
     other_top: list[dict]
     info: dict
     steps_tot: pd.DataFrame = field(default_factory=pd.DataFrame)
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -132,6 +144,9 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     origin = float(ev["ts"].min()) if len(ev) else 0.0
     ev = ev.assign(ts=ev["ts"] - origin)
     steps, source = find_steps(ev, rt.rank)
+    meta = {**rt.meta, "engine": detect_engine(ev, rt.meta),
+            "unknown_step_names": unknown_step_names(
+                ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
     step_cats, step_tot = acc.account_steps(work, steps)
     rank_cats, totals = acc.account_rank(work)
@@ -147,7 +162,7 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
-                      steps_tot=step_tot)
+                      steps_tot=step_tot, meta=meta)
 
 
 def _rank_summary(r: RankResult) -> dict:
@@ -158,6 +173,10 @@ def _rank_summary(r: RankResult) -> dict:
     kernel_sum = float(t["kernel_sum_us"])
     other_sum = cats.get("other", {}).get("sum_us", 0.0)
     n_decode = int(((r.steps_tot["label"] == "decode") & (r.steps_tot["n_events"] > 0)).sum())
+    with_work = r.steps_tot[r.steps_tot["n_events"] > 0]
+    catch = r.work[r.work["category"] == CATCH_ALL_CATEGORY]
+    catch_top = (catch.groupby("name")["dur_us"].agg(["sum", "count"])
+                 .sort_values("sum", ascending=False).head(10))
     obs = acc.observed_collectives(r.steps_tot)
     return {
         "rank": r.rank,
@@ -170,7 +189,15 @@ def _rank_summary(r: RankResult) -> dict:
         "idle_us": float(t["idle_us"]),
         "span_us": float(t["span_us"]),
         "categories": cats,
+        "class_totals_us": {"compute_us": float(t["compute_us"]),
+                            "comm_exposed_us": float(t["comm_exposed_us"]),
+                            "memory_exposed_us": float(t["memory_exposed_us"]),
+                            "busy_us": float(t["busy_us"])},
+        "step_kinds": {str(k): int(v) for k, v in with_work["kind"].value_counts().items()},
         "other_share": other_sum / kernel_sum if kernel_sum else 0.0,
+        "catch_all_share": float(catch["dur_us"].sum()) / kernel_sum if kernel_sum else 0.0,
+        "catch_all_top_names": [{"name": str(n), "sum_us": float(x["sum"]), "count": int(x["count"])}
+                                for n, x in catch_top.iterrows()],
         "other_top_names": r.other_top,
         "n_steps": int(len(r.steps)),
         "n_decode_steps": n_decode,
@@ -316,10 +343,13 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     times = acc.decode_step_times(ref.steps_tot, tpot_ms)
     amd = acc.amdahl(ref.decode, times)
     xr = acc.cross_rank([r.decode for r in results])
-    expected, why = _expected_collectives(arch, tp)
+    info = trace_info(results, tp, _shape_hint(ref))
+    flags.extend(_info_flags(info, results))
+    expected, why = _expected_collectives(arch, info["tp"])
     check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
     check["rank"] = ref.rank
-    check["tp"] = tp
+    check["tp"] = info["tp"]
+    check["tp_source"] = info["tp_source"]
     if check["match"] is False:
         flags.append(_flag("collectives_mismatch", "warning",
                            "collectives per decode step differ from the architecture: "
@@ -346,6 +376,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                                "has no device work: host-side overhead, scheduling or launch gaps)"))
     timeline = representative_timeline(ref)
     summary = {
+        "trace_info": info,
+        "notes": {"exposed_us": EXPOSED_NOTE},
         "ranks": ranks_summary,
         "decode": {
             "rank": ref.rank,
@@ -363,6 +395,40 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                   timeline=timeline, text_tables=tt_df)
     write_artifacts(an, out_dir, perfetto=perfetto)
     return an
+
+
+def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
+    """Token shape of a ProfilerStep trace that names no engine step kind (else None)."""
+    kinds = set(ref.steps_tot["kind"])
+    if kinds & {"decode", "prefill", "mixed", "training"} or "profiler_step" not in kinds:
+        return None
+    return input_token_shape(ref.file)
+
+
+def _info_flags(info: dict, results: list[RankResult]) -> list[dict[str, str]]:
+    out = []
+    for r in results:
+        if r.meta.get("unknown_step_names"):
+            names = r.meta["unknown_step_names"]
+            out.append(_flag("unknown_step_annotation", "warning",
+                             f"rank {r.rank}: {len(names)} annotation name(s) look like an engine "
+                             f"step but match no known form: {', '.join(names[:5])}; steps came "
+                             f"from {r.step_source}"))
+    if info["tp_disagreement"]:
+        out.append(_flag("tp_disagreement", "warning",
+                         f"TP from params is {info['tp']}, but the traces' distributedInfo."
+                         f"world_size is {info['world_size']}; the params value is used"))
+    if info["low_confidence"]:
+        out.append(_flag("low_confidence", "warning",
+                         f"only {info['step_kinds'].get(info['judged_kind'], 0)} "
+                         f"{info['judged_kind']} step(s) with work (under 5): per-step figures "
+                         "rest on too few steps to show their spread"))
+    world, present = info["world_size"], info["ranks_present"]
+    if world and len(present) < world:
+        out.append(_flag("ranks_missing", "warning",
+                         f"{len(present)} of {world} ranks' traces given (ranks {present}); "
+                         "no cross-rank claim is made"))
+    return out
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -419,7 +485,10 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
     """
     paths, tpot = trace_inputs_for_run(run_dir, params)
     arch, why = load_arch_for(params)
-    tp = params.analysis.tp or params.server.tp
+    # server.tp is the truth only for a server this run deployed or attached to; otherwise
+    # (stepscope analyze) TP comes from the traces' world size unless analysis.tp says.
+    deployed = (Path(run_dir) / "00_deploy").is_dir()
+    tp = params.analysis.tp or (params.server.tp if deployed else None)
     an = analyze_traces(paths, Path(out_dir), arch=arch, tp=tp,
                         extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress)
     if arch is None:

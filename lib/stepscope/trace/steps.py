@@ -21,15 +21,26 @@ import pandas as pd
 from stepscope.trace.categorize import categorize, class_of, resolve_waits
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 
-_VLLM_CTX = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
-_VLLM_DETAILED = re.compile(r"^execute_(\d+)_context_(\d+)\((.*?)\)_generation_(\d+)\((.*?)\)$")
+# vLLM's step names, in every version seen: `execute_context_N(T)_generation_M(U)`,
+# `execute_context_1(888_788544)_generation_0(0)` (tokens, then their square),
+# `execute_T_context_N(sq..sk..)_generation_M(sq..sk..)`. Read leniently: request counts
+# are the numbers outside the parentheses, tokens the first number inside.
+_VLLM_STEP = re.compile(r"^execute_(?:(\d+)_)?context_(\d+)\(([^()]*)\)_generation_(\d+)\(([^()]*)\)$")
 _VLLM_NEW = re.compile(r"^execute_new_(\d+)_cached_(\d+)$")
 _SGLANG = re.compile(r"^step\[\s*([A-Za-z_]+)?\s*bs=(\d+)\s*\]$")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
-_SQ = re.compile(r"sq(\d+)")
+_FIRST_INT = re.compile(r"\d+")
+# Names that look like an engine step: one that no form above matches is flagged by name
+# rather than silently dropped to a fallback.
+STEP_LIKE = re.compile(r"^execute_|_context_\d|_generation_\d|^step\[|^ProfilerStep", re.I)
 
-STEP_COLUMNS = ["rank", "step_id", "name", "source", "label", "n_requests", "n_tokens",
+STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "unknown")
+"""Per-step `kind`: the engine's label where the annotation says it; `training` for a
+`ProfilerStep` of a trace that runs backward or an optimizer; `profiler_step` for
+another `ProfilerStep`; `unknown` for fallback steps (graph launches, frames, whole trace)."""
+
+STEP_COLUMNS = ["rank", "step_id", "name", "source", "label", "kind", "n_requests", "n_tokens",
                 "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
                 "pid", "tid", "ts", "dur"]
 
@@ -44,29 +55,33 @@ def _label(prefill_reqs: int, decode_reqs: int) -> str:
     return "idle"
 
 
+def _first_int(text: str) -> int:
+    m = _FIRST_INT.search(text)
+    return int(m.group(0)) if m else -1
+
+
+def _counts(family: str, label: str, nc: int, tc: int, ng: int, tg: int, total: int) -> dict:
+    return dict(family=family, label=label, prefill_requests=nc, prefill_tokens=tc,
+                decode_requests=ng, decode_tokens=tg, n_requests=nc + ng if nc >= 0 else -1,
+                n_tokens=total)
+
+
 def parse_step_name(name: str) -> dict | None:
-    """Family, label and request/token counts of a step annotation, or None."""
-    m = _VLLM_CTX.match(name)
+    """Family, label and request/token counts of a step annotation, or None (-1 = not said)."""
+    m = _VLLM_STEP.match(name)
     if m:
-        nc, tc, ng, tg = map(int, m.groups())
-        return dict(family="vllm", label=_label(nc, ng), prefill_requests=nc, prefill_tokens=tc,
-                    decode_requests=ng, decode_tokens=tg, n_requests=nc + ng, n_tokens=tc + tg)
-    m = _VLLM_DETAILED.match(name)
-    if m:
-        n, nc, cdet, ng, gdet = m.groups()
-        tc = _SQ.search(cdet)
-        tg = _SQ.search(gdet)
+        total, nc, cdet, ng, gdet = m.groups()
         nc, ng = int(nc), int(ng)
-        return dict(family="vllm", label=_label(nc, ng), prefill_requests=nc,
-                    prefill_tokens=int(tc.group(1)) if tc else -1, decode_requests=ng,
-                    decode_tokens=int(tg.group(1)) if tg else -1, n_requests=nc + ng,
-                    n_tokens=int(n))
+        tc, tg = _first_int(cdet), _first_int(gdet)
+        if total is not None:
+            n_tok = int(total)
+        else:
+            n_tok = tc + tg if tc >= 0 and tg >= 0 else -1
+        return _counts("vllm", _label(nc, ng), nc, tc, ng, tg, n_tok)
     m = _VLLM_NEW.match(name)
     if m:
         new, cached = map(int, m.groups())
-        return dict(family="vllm", label=_label(new, cached), prefill_requests=new,
-                    prefill_tokens=-1, decode_requests=cached, decode_tokens=cached,
-                    n_requests=new + cached, n_tokens=-1)
+        return _counts("vllm", _label(new, cached), new, -1, cached, cached, -1)
     m = _SGLANG.match(name)
     if m:
         mode = (m.group(1) or "").upper()
@@ -78,13 +93,32 @@ def parse_step_name(name: str) -> dict | None:
                     decode_tokens=bs if label == "decode" else -1, n_requests=bs, n_tokens=-1)
     m = _PROFILER_STEP.match(name)
     if m:
-        return dict(family="profiler_step", label="unknown", prefill_requests=-1,
-                    prefill_tokens=-1, decode_requests=-1, decode_tokens=-1,
-                    n_requests=-1, n_tokens=-1)
+        return _counts("profiler_step", "unknown", -1, -1, -1, -1, -1)
     return None
 
 
+def unknown_step_names(names) -> list[str]:
+    """Annotation names that look like an engine step but match no known form."""
+    return sorted({str(n) for n in names if STEP_LIKE.search(str(n)) and parse_step_name(str(n)) is None})
+
+
 _FAMILY_ORDER = ("vllm", "sglang", "profiler_step")
+
+# What only training does: autograd's backward, an optimizer step, weight/data-gradient
+# kernels, Adam's multi-tensor kernels. One of these marks every ProfilerStep `training`.
+_TRAINING_ANN = re.compile(r"autograd::engine::evaluate_function|^Optimizer\.(?:step|zero_grad)|"
+                           r"^## (?:backward|optimizer) ##")
+_TRAINING_KERNEL = re.compile(r"wgrad|dgrad|multi_tensor_apply_kernel.*Adam", re.I)
+
+
+def looks_like_training(ev: pd.DataFrame) -> bool:
+    """Whether one rank's events show backward passes or optimizer steps."""
+    names = ev["name"].astype(str)
+    cat = ev["cat"]
+    ann = names[cat.isin(("user_annotation", "gpu_user_annotation", "cpu_op"))]
+    if ann.str.contains(_TRAINING_ANN).any():
+        return True
+    return bool(names[cat == "kernel"].str.contains(_TRAINING_KERNEL).any())
 
 
 def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
@@ -102,9 +136,11 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
             source = f"annotation:{fam}"
             names = [n for n, p in parsed.items() if p and p["family"] == fam]
             sel = ann[ann["name"].astype(str).isin(names)].sort_values("ts")
+            kind_ps = "training" if fam == "profiler_step" and looks_like_training(ev) else None
             for r in sel.itertuples(index=False):
                 p = parsed[str(r.name)]
-                rows.append(dict(name=str(r.name), label=p["label"],
+                kind = kind_ps or ("profiler_step" if fam == "profiler_step" else p["label"])
+                rows.append(dict(name=str(r.name), label=p["label"], kind=kind,
                                  **{k: p[k] for k in ("n_requests", "n_tokens", "prefill_requests",
                                                       "prefill_tokens", "decode_requests",
                                                       "decode_tokens")},
@@ -141,7 +177,7 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
 
 
 def _unknown_step(name: str, pid, tid, ts: float, dur: float) -> dict:
-    return dict(name=name, label="unknown", n_requests=-1, n_tokens=-1, prefill_requests=-1,
+    return dict(name=name, label="unknown", kind="unknown", n_requests=-1, n_tokens=-1, prefill_requests=-1,
                 prefill_tokens=-1, decode_requests=-1, decode_tokens=-1, pid=pid, tid=tid,
                 ts=ts, dur=dur)
 
