@@ -45,23 +45,23 @@ def test_cpu_trace_keeps_cpu_ops_and_gpu_trace_drops_them(real_traces: Path):
 
 
 def test_chunk_boundaries_do_not_change_the_result(real_traces: Path, monkeypatch):
-    import stepscope.trace.load as load
+    import stepscope.trace.parse as parse
 
     full, _ = read_trace(real_traces / TP2.format(1))
-    monkeypatch.setattr(load, "CHUNK_BYTES", 4096)  # many cuts, some inside nested args
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 4096)  # many cuts, some inside nested args
     small, _ = read_trace(real_traces / TP2.format(1))
     assert small["ts"].tolist() == full["ts"].tolist()
     assert small["name"].astype(str).tolist() == full["name"].astype(str).tolist()
 
 
 def test_step_frames_are_found_in_whichever_chunk_holds_them(real_traces: Path, monkeypatch):
-    import stepscope.trace.load as load
+    import stepscope.trace.parse as parse
 
     name = "vllm-mi300x-gptoss-decode-fullgraph.json.gz"
     ref = json.load(gzip.open(real_traces / name))["traceEvents"]
     want = [e["ts"] for e in ref if e.get("cat") == "python_function" and "execute_model" in e["name"]]
     # Small chunks: most hold no execute_model frame and take the loop-free filter.
-    monkeypatch.setattr(load, "CHUNK_BYTES", 8192)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 8192)
     df, _ = read_trace(real_traces / name)
     got = df[df["cat"] == "python_function"]
     assert len(want) >= 1 and got["ts"].tolist() == want

@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 
 import stepscope.trace.load as load
+import stepscope.trace.parse as parse
+import stepscope.trace.split as split
 from stepscope.errors import TraceError
 
 
 @pytest.fixture
 def split_small(monkeypatch):
     # Small traces and chunks, so a shared trace is cut into dozens of chunks and split.
-    monkeypatch.setattr(load, "SPLIT_MIN_JSON_BYTES", 0)
-    monkeypatch.setattr(load, "CHUNK_BYTES", 16384)
+    monkeypatch.setattr(split, "SPLIT_MIN_JSON_BYTES", 0)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 16384)
 
 
 def _same(a: load.ParsedTrace, b: load.ParsedTrace) -> None:
@@ -44,14 +46,14 @@ def test_split_parse_equals_one_process(real_traces: Path, split_small, monkeypa
 def _record_splits(monkeypatch) -> list[str]:
     """'split' or 'fallback' for each parse that tried several processes."""
     seen: list[str] = []
-    real = load._parse_split
+    real = split.parse_split
 
     def spy(*a):
         out = real(*a)
         seen.append("fallback" if out is None else "split")
         return out
 
-    monkeypatch.setattr(load, "_parse_split", spy)
+    monkeypatch.setattr(split, "parse_split", spy)
     return seen
 
 
@@ -65,7 +67,7 @@ def _events_with_nested_args(n: int) -> list[dict]:
 
 
 def test_cut_inside_nested_objects_falls_back_to_one_process(tmp_path: Path, split_small, monkeypatch):
-    monkeypatch.setattr(load, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 1000)
     p = tmp_path / "rank0.json.gz"
     with gzip.open(p, "wt") as fh:
         json.dump({"distributedInfo": {"rank": 0}, "traceEvents": _events_with_nested_args(400)}, fh)
@@ -79,7 +81,7 @@ def test_cut_inside_nested_objects_falls_back_to_one_process(tmp_path: Path, spl
 
 
 def test_string_ids_are_renumbered_across_processes(tmp_path: Path, split_small, monkeypatch):
-    monkeypatch.setattr(load, "CHUNK_BYTES", 2000)
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 2000)
     ev = [dict(e, args={"correlation": e["args"]["correlation"]}) for e in _events_with_nested_args(300)]
     # Later chunks meet the ids in another order than the first ones.
     for e in ev[150:]:
@@ -108,15 +110,15 @@ def test_rank_processes_split_their_traces_when_cores_are_left(real_traces: Path
     # 4 cores, 2 ranks: each rank's process forks one more to parse its trace in two.
     names = [f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)]
     serial, _ = load.load_ranks([real_traces / n for n in names], workers=1, progress=False)
-    monkeypatch.setattr(load, "usable_cores", lambda: 4)
-    real = load._parse_split
+    monkeypatch.setattr(split, "usable_cores", lambda: 4)
+    real = split.parse_split
 
     def marked_split(path, n, *a):
         # Runs in the rank processes (forked): leave a mark the test can see.
         (tmp_path / f"split-{os.getpid()}-{n}").write_text(str(path))
         return real(path, n, *a)
 
-    monkeypatch.setattr(load, "_parse_split", marked_split)
+    monkeypatch.setattr(split, "parse_split", marked_split)
     nested, flags = load.load_ranks([real_traces / n for n in names], workers=2, progress=False)
     assert not flags and [r.rank for r in nested] == [0, 1]
     marks = sorted(tmp_path.glob("split-*"))

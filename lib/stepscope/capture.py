@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from stepscope.config import CaptureParams
 from stepscope.errors import ServerError, StepscopeError
+from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.runfolder import write_json
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
@@ -52,44 +53,17 @@ class CaptureError(StepscopeError):
 
 # --------------------------------------------------------------------------- file names
 
-_VLLM_RANK = re.compile(r"(?:^|[._-])rank[-_]?(\d+)(?=[._-])")
-_SGLANG_TP = re.compile(r"-TP-(\d+)(?:-(DECODE|EXTEND))?")
-_TABLE_OLD = re.compile(r"^profiler_out_(\d+)\.txt$")
-
-
-@dataclass(frozen=True)
-class ProfilerFile:
-    name: str
-    kind: str
-    """trace, frontend_trace, profiler_table or frontend_table."""
-    rank: int | None
-    stage: str | None = None
-    """SGLang's DECODE / EXTEND split, when the file name carries it."""
-
 
 def classify(name: str, engine: str = "vllm") -> ProfilerFile | None:
     """What a file in the profiler directory is, from its name alone (None: not ours).
 
-    vLLM: `rank0.<ns>.pt.trace.json.gz` (0.32), `dp0_pp0_tp0_..._rank0.<ns>.pt.trace.json.gz`
-    (newer), `...-rank-0...` (older); tables `rank0.profiler_out.txt` or
-    `profiler_out_0.txt`; the front end's `*.async_llm.*` files hold no device work.
-    SGLang: `{id}-TP-{tp}[-DECODE|-EXTEND].trace.json.gz`.
+    One parser for stage 04 and stage 05 (`stepscope.filenames.parse_name`), so the capture
+    and the trace loader always agree on a file's rank. `engine` is kept for callers; the
+    names of vLLM and SGLang do not collide.
     """
-    is_trace = name.endswith((".trace.json.gz", ".trace.json"))
-    is_table = name.endswith(".txt") and "profiler_out" in name
-    if not (is_trace or is_table):
-        return None
-    if "async_llm" in name:
-        return ProfilerFile(name, "frontend_trace" if is_trace else "frontend_table", None)
-    if is_table:
-        m = _TABLE_OLD.match(name) or _VLLM_RANK.search(name)
-        return ProfilerFile(name, "profiler_table", int(m.group(1)) if m else None)
-    if engine == "sglang" or _SGLANG_TP.search(name):
-        m = _SGLANG_TP.search(name)
-        if m:
-            return ProfilerFile(name, "trace", int(m.group(1)), m.group(2))
-    m = _VLLM_RANK.search(name)
-    return ProfilerFile(name, "trace", int(m.group(1)) if m else None)
+    del engine
+    pf = parse_name(name)
+    return pf if pf.kind is not None else None
 
 
 def start_profile_body(engine: str, capture: CaptureParams, profiler_dir: str | None) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepscope.filenames import rank_from_filename
 from stepscope.thresholds import TEXT_TABLE_DIFF_LIMIT
 
 _RULE = re.compile(r"^-+(\s+-+)+\s*$")
@@ -73,9 +74,6 @@ def parse_text_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
     return df, footer
 
 
-_RANK = re.compile(r"(?:rank[-_]?|profiler_out_)(\d+)")
-
-
 def check_text_tables(tables: list[Path], ranks: dict) -> tuple[pd.DataFrame, list[dict]]:
     """Parse each table and compare it with its rank's trace.
 
@@ -90,8 +88,7 @@ def check_text_tables(tables: list[Path], ranks: dict) -> tuple[pd.DataFrame, li
         except (OSError, ValueError) as exc:
             checks.append({"file": str(p), "error": str(exc)})
             continue
-        m = _RANK.search(p.name)
-        rank = int(m.group(1)) if m else None
+        rank = rank_from_filename(p)
         df.insert(0, "file", p.name)
         df.insert(1, "rank", rank)
         frames.append(df)

@@ -1,0 +1,662 @@
+"""Streaming Kineto trace parser: `.json` / `.json.gz` in, numpy arrays of the kept events out.
+
+A vLLM rank trace is 1-1.5 GB of JSON and 5-9 M events, most of them Python stack
+frames. `json.loads` needs ~5x the file in memory (docs/methods.md#trace-format), so the loader never
+holds the decoded trace: it decompresses in chunks (isal), cuts each chunk at an event
+boundary, decodes the chunk's events with msgspec into a struct that names only the
+fields stepscope reads, and keeps only the event kinds below, in numpy arrays (pandas is
+not imported while parsing). A large trace is parsed by several processes, each
+decoding every n-th chunk (`parse_trace`, with `split`). Timestamps stay float64 exactly as written (no rounding: HTA's rounding lost
+4-7 % of kernel time on vLLM traces).
+
+Kept: device work (`kernel`, `gpu_memcpy`, `gpu_memset`), launches (`cuda_runtime`,
+`cuda_driver`; HIP names use the same categories), annotations (`user_annotation`,
+`gpu_user_annotation`), `cpu_op` (only while the trace has shown no device work, so
+CPU-only traces keep their ops and GPU traces do not pay for them) and the few
+`python_function` frames named `execute_model` (a step fallback).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from array import array
+from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+import msgspec
+import numpy as np
+
+from stepscope.errors import TraceError
+from stepscope.trace import split
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+LOADER_VERSION = 3
+"""Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
+
+CHUNK_BYTES = 4 << 20
+DECOMPRESS_BLOCK_BYTES = 1 << 20
+"""Blocks the decompression thread hands over (it queues at most two)."""
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+KEPT_CATS = DEVICE_CATS + LAUNCH_CATS + ANNOTATION_CATS + ("cpu_op", "python_function")
+# Kineto categories that stepscope knows and ignores on purpose.
+IGNORED_CATS = frozenset({
+    "python_function", "ac2g", "fwdbwd", "cpu_instant_event", "Trace", "cuda_profiler_range",
+    "gpu_user_annotation", "user_annotation", "overhead", "memory", "cuda_sync",
+    "kineto_metadata", "privateuse1_runtime", "privateuse1_driver", "mtia_runtime",
+    "mtia_ccp_events", "Trace Collector", "gpu_kernel_memory",
+})
+# Older Kineto releases capitalised the categories; map them onto today's names.
+CAT_ALIASES = {
+    "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op",
+}
+KNOWN_CATS = frozenset(KEPT_CATS) | IGNORED_CATS | frozenset(CAT_ALIASES)
+
+BAD_DUR_TOLERANCE = 0.001
+"""Up to this share of work events may lack a usable duration: they are dropped and
+flagged. Above it the rank is rejected (the trace is damaged, not just ragged)."""
+
+SLIM_COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "correlation", "external_id",
+                "stream", "collective", "msg_nelems")
+
+
+class _Args(msgspec.Struct, gc=False):
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    stream: int | None = None
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    msg_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+
+
+class _Event(msgspec.Struct, gc=False):
+    cat: str | None = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+_events_decoder = msgspec.json.Decoder(list[_Event])
+_any_decoder = msgspec.json.Decoder()
+_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_GPU_HEADER_RE = re.compile(rb'"deviceProperties"\s*:\s*\[\s*\{')
+_BYTE_RE = re.compile(r"\(byte (\d+)\)")
+_WS = b" \t\r\n"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _open_stream(path: Path, threaded: bool = True):
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        from isal import igzip, igzip_threaded
+
+        # isal's igzip is ~4x faster than zlib. With a core to spare, decompressing in
+        # isal's background thread (it releases the GIL) overlaps the JSON decoding.
+        if threaded and split.usable_cores() > 1:
+            return igzip_threaded.open(path, "rb", threads=1, block_size=DECOMPRESS_BLOCK_BYTES)
+        return igzip.open(path, "rb")
+    return open(path, "rb", buffering=0)
+
+
+def _read(stream, path: Path, n: int) -> bytes:
+    try:
+        return stream.read(n)
+    except EOFError:
+        raise TraceError(
+            "the gzip stream is truncated (the file ends before the compressed data does)",
+            where=str(path),
+            hint="the capture was probably copied while the profiler was still writing; "
+                 "copy it again after /stop_profile returns",
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"cannot decompress: {exc}", where=str(path),
+                         hint="check that the file is a complete .json.gz trace") from None
+
+
+def _malformed(path: Path, offset: int, exc: Exception) -> TraceError:
+    return TraceError(
+        f"not valid JSON near byte {offset:,} of the decompressed trace ({exc})",
+        where=str(path),
+        hint="the file is damaged or not a Kineto trace; re-copy it from the profiler directory",
+    )
+
+
+def _last_boundary(buf: bytes | bytearray, lo: int, hi: int) -> tuple[int, int] | None:
+    """(end of an event, start of the next) for the last `} , {` in buf[lo:hi]."""
+    j = hi
+    while True:
+        j = buf.rfind(b"{", lo, j)
+        if j <= lo:
+            return None
+        k = j - 1
+        while k > lo and buf[k] in _WS:
+            k -= 1
+        if buf[k] != 0x2C:  # ','
+            continue
+        k -= 1
+        while k > lo and buf[k] in _WS:
+            k -= 1
+        if buf[k] == 0x7D:  # '}'
+            return k + 1, j
+
+
+class _Collector:
+    """Accumulates kept events column-wise in compact arrays (names interned)."""
+
+    def __init__(self) -> None:
+        self.cat = array("b")
+        self.name = array("i")
+        self.pid = array("q")
+        self.tid = array("q")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.corr = array("q")
+        self.ext = array("q")
+        self.stream = array("q")
+        self.coll = array("i")
+        self.nelems = array("q")
+        self.names: dict[str, int] = {}
+        self.colls: dict[str, int] = {"": 0}
+        self.ids: dict[Any, int] = {}
+        self.n_total = 0
+        self.unknown: dict[str, int] = {}
+        self.seen_device = False  # True: cpu_ops are no longer collected
+        self.has_device = False
+        self.bad_dur: list[str] = []
+        self.n_bad_dur = 0
+
+    def _id(self, v: Any) -> int:
+        if type(v) is int:
+            return v
+        if v is None:
+            return -1
+        # String pids/tids ("Spans", "stream 7") get stable negative ids.
+        got = self.ids.get(v)
+        if got is None:
+            got = self.ids[v] = -2 - len(self.ids)
+        return got
+
+    def add(self, events: list) -> None:
+        """Events decoded with the generic struct (`_Event`, which carries `cat`)."""
+        # Hot path (millions of events): filter and split into columns with
+        # comprehensions, which run far faster than one Python statement per event.
+        self.n_total += len(events)
+        unknown = set(map(_get_cat, events)) - _KNOWN_OR_NONE
+        for c in unknown:  # rare: count only what the summary must name
+            self.unknown[c] = self.unknown.get(c, 0) + sum(1 for e in events if e.cat == c)
+        keep = _KEEP_GPU if self.seen_device else _KEEP_ALL
+        kept = [e for e in events if e.cat in keep]
+        if not kept:
+            return
+        if any(e.cat == "python_function" for e in kept):
+            kept = [e for e in kept if e.cat != "python_function"
+                    or (type(e.name) is str and "execute_model" in e.name)]
+        cat_index = _CAT_INDEX
+        cis = [cat_index.get(e.cat) for e in kept]
+        if None in cis:  # old capitalised categories
+            cis = [ci if ci is not None else cat_index[CAT_ALIASES[e.cat]] for ci, e in zip(cis, kept)]
+        self._columns(kept, cis)
+
+    def add_tagged(self, events: list, step_frames_possible: bool = True) -> None:
+        """Events decoded with the tagged union: the struct type is the category, and
+        skipped categories were decoded into empty structs (no field values built).
+
+        `step_frames_possible=False` (the chunk's bytes do not contain `execute_model`)
+        lets the filter run without a Python-level loop over every event."""
+        self.n_total += len(events)
+        keep = _TYPES_GPU_NO_PYFN if self.seen_device else _TYPES_ALL_NO_PYFN
+        if step_frames_possible:
+            pyfn = _PYFN_TYPE
+            # One pass: kept categories, plus the stack frames that mark a step.
+            kept = [e for e in events if type(e) in keep
+                    or (type(e) is pyfn and type(e.name) is str and "execute_model" in e.name)]
+        else:
+            kept = list(compress(events, map(keep.__contains__, map(type, events))))
+        if not kept:
+            return
+        self._columns(kept, list(map(_TYPE_CI.__getitem__, map(type, kept))))
+
+    def _columns(self, kept: list, cis: list) -> None:
+        if not self.has_device and any(ci < 3 for ci in cis):
+            self.seen_device = self.has_device = True
+        # Fast path: every ts/dur present and no negative duration (checked in C).
+        try:
+            ts_a = array("d", [e.ts for e in kept])
+            dur_a = array("d", [e.dur for e in kept])
+            bad = [] if not len(dur_a) or np.frombuffer(dur_a).min() >= 0 else None
+        except TypeError:
+            bad = None
+        if bad is None:
+            bad = [i for i, e in enumerate(kept)
+                   if e.ts is None or e.dur is None or e.dur < 0]
+            ts_a = dur_a = None
+        if bad:
+            drop = set()
+            for i in bad:
+                e, ci = kept[i], cis[i]
+                if ci < 3 or ci == _CPU_OP or e.ts is None:
+                    if ci < 3 or ci == _CPU_OP:
+                        self.n_bad_dur += 1
+                        if len(self.bad_dur) < 3:
+                            self.bad_dur.append(f"{KEPT_CATS[ci]} {str(e.name)[:60]!r} ts={e.ts} dur={e.dur}")
+                    drop.add(i)
+                else:
+                    e.dur = 0.0  # an annotation without a duration marks an instant
+            kept = [e for i, e in enumerate(kept) if i not in drop]
+            cis = [c for i, c in enumerate(cis) if i not in drop]
+        names = self.names
+        nm = [e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in kept]
+        self.name.extend([names[n] if n in names else names.setdefault(n, len(names)) for n in nm])
+        self.cat.extend(cis)
+        for dst, vals in ((self.pid, [e.pid for e in kept]), (self.tid, [e.tid for e in kept])):
+            try:
+                dst.extend(array("q", vals))  # all-int (the usual case); atomic on failure
+            except TypeError:
+                dst.extend([self._id(v) for v in vals])
+        if ts_a is None or bad:
+            ts_a = array("d", [e.ts for e in kept])
+            dur_a = array("d", [e.dur for e in kept])
+        self.ts.extend(ts_a)
+        self.dur.extend(dur_a)
+        args = [e.args or _NO_ARGS for e in kept]
+        self.corr.extend([-1 if a.correlation is None else a.correlation for a in args])
+        self.ext.extend([-1 if a.external_id is None else a.external_id for a in args])
+        self.stream.extend([-1 if a.stream is None else a.stream for a in args])
+        self.nelems.extend([-1 if a.msg_nelems is None else a.msg_nelems for a in args])
+        colls = self.colls
+        self.coll.extend([0 if a.collective is None else
+                          (colls[a.collective] if a.collective in colls
+                           else colls.setdefault(a.collective, len(colls))) for a in args])
+
+    def add_untyped(self, items: list) -> None:
+        """Slow path for chunks whose field types differ from Kineto's usual ones."""
+        evs = []
+        for d in items:
+            if not isinstance(d, dict):
+                continue
+            args = d.get("args") if isinstance(d.get("args"), dict) else {}
+
+            def _int(v: Any) -> int | None:
+                try:
+                    return int(v) if v is not None else None
+                except (TypeError, ValueError):
+                    return None
+
+            def _float(v: Any) -> float | None:
+                try:
+                    return float(v) if v is not None else None
+                except (TypeError, ValueError):
+                    return None
+
+            evs.append(_Event(
+                cat=d.get("cat") if isinstance(d.get("cat"), str) else None,
+                name=d.get("name"), pid=d.get("pid"), tid=d.get("tid"),
+                ts=_float(d.get("ts")), dur=_float(d.get("dur")),
+                args=_Args(correlation=_int(args.get("correlation")),
+                           external_id=_int(args.get("External id")),
+                           stream=_int(args.get("stream")),
+                           collective=(str(args["Collective name"])
+                                       if "Collective name" in args else None),
+                           msg_nelems=_int(args.get("In msg nelems")))))
+        self.add(evs)
+
+    def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
+        arrays = {col: (np.frombuffer(getattr(self, attr), dtype=dtype) if len(getattr(self, attr))
+                        else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
+        return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
+                      ids=dict(self.ids), segments=segments, n_total=self.n_total,
+                      n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
+                      seen_device=self.seen_device, has_device=self.has_device, top=top)
+
+
+_ARRAY_FIELDS = (
+    ("cat", "cat", np.int8), ("name", "name", np.int32), ("pid", "pid", np.int64),
+    ("tid", "tid", np.int64), ("ts", "ts", np.float64), ("dur", "dur", np.float64),
+    ("correlation", "corr", np.int64), ("external_id", "ext", np.int64),
+    ("stream", "stream", np.int64), ("collective", "coll", np.int32), ("msg_nelems", "nelems", np.int64),
+)
+
+
+@dataclass
+class _Share:
+    """What one parsing process collected from its share of a trace's chunks."""
+
+    arrays: dict[str, np.ndarray]
+    """Columns as collected: `name`/`collective` index `names`/`colls`; string pids and
+    tids carry negative ids from `ids`."""
+    names: list[str]
+    colls: list[str]
+    ids: dict[Any, int]
+    segments: list[tuple[int, int, int]]
+    """(chunk number, first row, end row) of each decoded chunk, to restore file order."""
+    n_total: int
+    n_bad_dur: int
+    bad_dur: list[str]
+    unknown: dict[str, int]
+    seen_device: bool
+    has_device: bool
+    top: dict[str, Any] | None
+    """The trace's top-level metadata; only share 0 reads the trailer."""
+
+
+def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
+    arrays, all_names, colls = split.merge_shares(shares, tuple(c for c, _, _ in _ARRAY_FIELDS))
+    seen_device = any(sh.seen_device for sh in shares)
+    # cpu_ops seen before the first device event are not needed on a GPU trace.
+    keep = arrays["cat"] != _CPU_OP if seen_device else None
+    columns = {k: (v[keep] if keep is not None else v) for k, v in arrays.items()}
+    # Only the names still used (cpu_ops dropped above leave theirs behind), in order of
+    # first use, so the table and its Parquet stay slim and the categories do not depend
+    # on how many processes parsed the trace.
+    columns["name"], names = _by_first_use(columns["name"], all_names)
+    columns["collective"], colls = _by_first_use(columns["collective"], colls, keep=0)
+    counts = np.bincount(columns["cat"].astype(np.intp), minlength=len(KEPT_CATS))
+    unknown: dict[str, int] = {}
+    for sh in shares:
+        for c, n in sh.unknown.items():
+            unknown[c] = unknown.get(c, 0) + n
+    stats = {
+        "cat_counts": {c: int(n) for c, n in zip(KEPT_CATS, counts) if n},
+        "n_events_total": sum(sh.n_total for sh in shares),
+        "n_bad_dur": sum(sh.n_bad_dur for sh in shares),
+        "bad_dur_examples": [x for sh in shares for x in sh.bad_dur][:3],
+        "unknown_cats": unknown,
+    }
+    return ParsedTrace(columns=columns, names=names, collectives=colls,
+                       top=shares[0].top or {}, stats=stats)
+
+
+def _by_first_use(codes: np.ndarray, table: list[str], keep: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """Codes renumbered to the used entries of `table` in order of first use (`keep` first)."""
+    used, first = np.unique(codes, return_index=True)
+    used = used[np.argsort(first, kind="stable")]
+    if keep is not None:
+        used = np.concatenate([[keep], used[used != keep]]).astype(used.dtype)
+    remap = np.zeros(max(len(table), 1), dtype=np.int32)
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    return remap[codes], [table[i] for i in used]
+
+
+@dataclass
+class ParsedTrace:
+    """One trace's kept events as numpy arrays (`cat`, `name`, `collective` as codes).
+
+    Parsing builds this without pandas, so a loader worker process holds only the
+    interpreter, numpy and the kept events; `frame()` makes the slim DataFrame in the
+    process that analyses it."""
+
+    columns: dict[str, np.ndarray]
+    names: list[str]
+    collectives: list[str]
+    top: dict[str, Any]
+    """The trace's top-level metadata (everything but traceEvents)."""
+    stats: dict[str, Any]
+    """cat_counts, n_events_total, n_bad_dur, bad_dur_examples, unknown_cats."""
+
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        c = self.columns
+        data: dict[str, Any] = dict(c)
+        data["cat"] = pd.Categorical.from_codes(c["cat"].astype(np.int16), categories=list(KEPT_CATS))
+        data["name"] = pd.Categorical.from_codes(c["name"], categories=self.names)
+        data["collective"] = pd.Categorical.from_codes(c["collective"], categories=self.collectives)
+        return pd.DataFrame({k: data[k] for k in SLIM_COLUMNS})
+
+
+_CAT_INDEX = {c: i for i, c in enumerate(KEPT_CATS)}
+_CPU_OP = _CAT_INDEX["cpu_op"]
+_PYFN = _CAT_INDEX["python_function"]
+_KEEP_ALL = frozenset(KEPT_CATS) | frozenset(CAT_ALIASES)
+_KEEP_GPU = _KEEP_ALL - {"cpu_op", "Operator"}
+_NO_ARGS = _Args()
+_get_cat = attrgetter("cat")
+
+
+def _kept_struct(cat: str) -> type:
+    fields = [("name", Any, None), ("pid", Any, None), ("tid", Any, None),
+              ("ts", float | None, None), ("dur", float | None, None)]
+    if cat == "python_function":
+        # Stack frames are kept only to find `execute_model` (a step fallback) and carry
+        # no ids stepscope uses: leave their args unparsed (`args` reads as None).
+        return msgspec.defstruct(f"_Ev_{cat}", fields, tag=cat, tag_field="cat", gc=False,
+                                 module=__name__, namespace={"args": None})
+    return msgspec.defstruct(f"_Ev_{cat}", fields + [("args", _Args | None, None)],
+                             tag=cat, tag_field="cat", gc=False, module=__name__)
+
+
+# One struct per category, tagged by `cat`: msgspec picks the type from the tag, and the
+# skipped categories (stack frames, flow arrows, ...) decode into empty structs whose
+# fields are parsed but never built. An unknown or missing `cat` fails the chunk, which
+# is then decoded again with the generic `_Event` (correct, only slower).
+_TYPE_CI: dict[type, int] = {}
+_tagged_types: list[type] = []
+for _cat in list(KEPT_CATS) + list(CAT_ALIASES):
+    _t = _kept_struct(_cat)
+    _TYPE_CI[_t] = _CAT_INDEX[CAT_ALIASES.get(_cat, _cat)]
+    _tagged_types.append(_t)
+for _cat in sorted(IGNORED_CATS - set(KEPT_CATS)):
+    _tagged_types.append(msgspec.defstruct(f"_Skip_{_cat.replace(' ', '_')}", [], tag=_cat,
+                                           tag_field="cat", gc=False, module=__name__))
+_TYPES_ALL = frozenset(_TYPE_CI)
+_PYFN_TYPE = next(t for t, ci in _TYPE_CI.items() if ci == _PYFN)
+_TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
+_TYPES_ALL_NO_PYFN = _TYPES_ALL - {_PYFN_TYPE}
+_TYPES_GPU_NO_PYFN = _TYPES_GPU - {_PYFN_TYPE}
+_tagged_decoder = msgspec.json.Decoder(list[Union[tuple(_tagged_types)]])
+# Once a trace is known to hold device work its cpu_ops are dropped anyway (they are
+# often a third of the events): decode them into empty structs, like the skipped kinds.
+_CPU_OP_TAGS = ("cpu_op",) + tuple(a for a, c in CAT_ALIASES.items() if c == "cpu_op")
+_tagged_decoder_gpu = msgspec.json.Decoder(list[Union[tuple(
+    [t for t in _tagged_types if _TYPE_CI.get(t) != _CPU_OP]
+    + [msgspec.defstruct(f"_Skip_gpu_{c}", [], tag=c, tag_field="cat", gc=False, module=__name__)
+       for c in _CPU_OP_TAGS])]])
+_KNOWN_OR_NONE = KNOWN_CATS | {None}
+_STEP_FRAME = b"execute_model"
+
+
+def _decode_into(col: _Collector, region, step_frames_possible: bool = True) -> None:
+    """Decode a `[...]` region of events into the collector, fastest decoder first.
+
+    Raises msgspec.DecodeError only for malformed JSON (not for unexpected types)."""
+    try:
+        events = (_tagged_decoder_gpu if col.seen_device else _tagged_decoder).decode(region)
+        col.add_tagged(events, step_frames_possible)
+        return
+    except msgspec.ValidationError:
+        pass
+    try:
+        col.add(_events_decoder.decode(region))
+    except msgspec.ValidationError:
+        col.add_untyped(_any_decoder.decode(region))
+
+
+def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = None
+               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Stream one trace file. Returns (slim events, {"top": metadata, "stats": load stats})."""
+    parsed = parse_trace(path, progress=progress)
+    return parsed.frame(), {"top": parsed.top, "stats": parsed.stats}
+
+
+def parse_trace(path: str | Path, *, progress: Callable[[int], None] | None = None,
+                keep_cpu_ops: bool | None = None, processes: int | None = None) -> ParsedTrace:
+    """Stream one trace file into numpy arrays of its kept events (no pandas involved).
+
+    `keep_cpu_ops=None` decides from the header: Kineto writes every CPU event before the
+    first kernel, so a trace whose `deviceProperties` lists a GPU skips `cpu_op` from the
+    start (and is read again keeping them in the rare case it holds no device work).
+
+    A large trace is parsed by `processes` processes (default: the usable cores, at most
+    split.MAX_SPLIT). Decompressing costs a fifth of parsing, so each process decompresses the
+    whole stream and decodes every n-th chunk; no decompressed bytes cross processes.
+    Any doubt about a chunk boundary (a decode error) falls back to one process, which
+    finds the right boundary or reports the damage.
+
+    Raises TraceError for a truncated gzip, invalid JSON, or JSON that is not a trace.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError("trace file not found", where=str(path))
+    n = split.split_count(path, processes)
+    shares = split.parse_split(path, n, parse_share, keep_cpu_ops, progress) if n > 1 else None
+    if shares is None:
+        shares = [parse_share(path, 0, 1, keep_cpu_ops, progress)]
+    if keep_cpu_ops is None and any(sh.seen_device for sh in shares) \
+            and not any(sh.has_device for sh in shares):
+        logger.info("%s: deviceProperties names a GPU but the trace holds no device work; "
+                    "reading it again keeping its cpu_ops", path)
+        return parse_trace(path, progress=progress, keep_cpu_ops=True, processes=processes)
+    return _parsed_from_shares(shares)
+
+
+
+def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
+                 progress: Callable[[int], None] | None) -> _Share:
+    """Decode every `of`-th chunk of the trace, starting with chunk `share`."""
+    col = _Collector()
+    segments: list[tuple[int, int, int]] = []
+    header: bytes | None = b""
+    tail = b""
+    with _open_stream(path, threaded=of == 1) as stream:
+        buf = bytearray()
+        # 1. Header: everything before the traceEvents array.
+        while True:
+            data = _read(stream, path, CHUNK_BYTES)
+            buf += data
+            head = buf.lstrip()[:1]
+            if head and head not in (b"{", b"["):
+                raise TraceError("not a JSON trace (it does not start with '{' or '[')",
+                                 where=str(path), hint="pass Kineto .json / .json.gz traces")
+            if head == b"[":
+                # Chrome's "JSON array" form: the whole file is the event list.
+                start = buf.index(b"[") + 1
+                header = None
+                break
+            m = _KEY_RE.search(buf)
+            if m:
+                header = bytes(buf[:m.end() - 1])
+                start = m.end()
+                if keep_cpu_ops is None and _GPU_HEADER_RE.search(header):
+                    col.seen_device = True  # i.e. drop cpu_ops from the first event on
+                break
+            if not data or len(buf) > (64 << 20):
+                raise TraceError(
+                    "no traceEvents array: this JSON is not a Kineto / Chrome trace",
+                    where=str(path),
+                    hint="pass the *.pt.trace.json(.gz) files the profiler wrote")
+        consumed = 0  # decompressed bytes before buf[0], for error offsets
+        # The buffer is a bytearray so each region can be decoded in place: the byte
+        # before an event (`[`, `,` or blank) becomes `[` and the one after its last event
+        # becomes `]`; no copy of the chunk is made.
+        buf = bytearray(buf)
+        pos = start
+        eof = False
+        chunk_no = 0
+        # 2. Events, one chunk at a time.
+        while True:
+            if not eof:
+                data = _read(stream, path, CHUNK_BYTES)
+                if data:
+                    del buf[:pos - 1]
+                    consumed += pos - 1
+                    pos = 1
+                    buf += data
+                else:
+                    eof = True
+            if progress is not None and not eof:
+                progress(len(data))
+            hi = len(buf)
+            attempts = 0
+            while True:
+                b = _last_boundary(buf, pos, hi)
+                if b is None:
+                    break
+                end, nxt = b
+                if chunk_no % of != share:  # another process decodes this chunk
+                    pos = nxt
+                    chunk_no += 1
+                    break
+                saved = buf[end]
+                buf[pos - 1] = 0x5B  # '['
+                buf[end] = 0x5D  # ']'
+                ok = False
+                rows = len(col.ts)
+                with memoryview(buf) as mv:
+                    region = mv[pos - 1:end + 1]
+                    try:
+                        _decode_into(col, region, buf.find(_STEP_FRAME, pos, end) >= 0)
+                        ok = True
+                    except msgspec.DecodeError as exc:
+                        if of > 1:
+                            region.release()
+                            raise split.SplitFailed() from None
+                        m = _BYTE_RE.search(str(exc))
+                        at = int(m.group(1)) if m else len(region)
+                        # An error well before the cut is real damage; one at the cut
+                        # means the cut fell inside a nested object, so cut earlier.
+                        if at < len(region) - 2 or attempts > 20:
+                            region.release()
+                            raise _malformed(path, consumed + pos + at, exc) from None
+                    region.release()
+                buf[end] = saved
+                if ok:
+                    if of > 1:
+                        segments.append((chunk_no, rows, len(col.ts)))
+                    pos = nxt
+                    chunk_no += 1
+                    break
+                attempts += 1
+                hi = end - 1
+            if eof:
+                break
+        if share != 0:
+            return col.share(segments, None)
+        buf = bytes(buf)
+        # 3. The last event, the closing bracket and the trailer (share 0's).
+        rest = buf[pos:]
+        s = rest.lstrip()
+        rows = len(col.ts)
+        if s.startswith(b"]"):
+            tail = s[1:]
+        else:
+            idx = -1
+            while True:
+                idx = rest.find(b"]", idx + 1)
+                if idx < 0:
+                    raise TraceError(
+                        "the JSON ends inside the traceEvents array (the file is truncated)",
+                        where=str(path),
+                        hint="copy the trace again once the profiler has finished writing it")
+                try:
+                    _decode_into(col, b"[" + rest[:idx + 1])
+                except msgspec.DecodeError:
+                    continue
+                tail = rest[idx + 1:]
+                break
+        segments.append((chunk_no, rows, len(col.ts)))
+    try:
+        meta = {} if header is None else _any_decoder.decode(header + b"[]" + tail)
+    except msgspec.DecodeError as exc:
+        raise _malformed(path, consumed + len(buf), exc) from None
+    if not isinstance(meta, dict):
+        raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
+    meta.pop("traceEvents", None)
+    return col.share(segments, meta)
+
+

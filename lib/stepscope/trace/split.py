@@ -1,0 +1,115 @@
+"""One trace parsed by several processes: how many, running them, merging what they read.
+
+Decompressing costs a fifth of parsing, so each process decompresses the whole stream and
+decodes every n-th chunk (`parse.parse_share`); no decompressed bytes cross processes.
+The shares come back as numpy arrays and are merged here into file order, with the
+interned names and string ids renumbered, so the result is identical to one process's.
+Any doubt about a chunk boundary (`SplitFailed`) makes the caller parse in one process.
+
+This module imports nothing from `parse` (which imports it): the share parser is passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from stepscope.trace.parse import _Share
+
+logger = logging.getLogger(__name__)
+
+MAX_SPLIT = 4
+"""Most processes for one trace: each also decompresses the whole stream."""
+SPLIT_MIN_JSON_BYTES = 64 << 20
+"""Smaller traces parse in well under a second in one process."""
+
+
+class SplitFailed(Exception):
+    """A chunk boundary may be wrong: parse in one process instead."""
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def json_size_estimate(p: Path) -> int:
+    """Bytes of JSON in a trace file: gzip traces are about 12x smaller than their JSON."""
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return size * 12 if gz else size
+
+
+def split_count(path: Path, processes: int | None) -> int:
+    """Processes to parse this trace with (1: no split)."""
+    if processes is None:
+        processes = min(MAX_SPLIT, usable_cores())
+    if processes <= 1 or not hasattr(os, "fork") or json_size_estimate(path) < SPLIT_MIN_JSON_BYTES:
+        return 1
+    return processes
+
+
+def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu_ops: bool | None,
+                progress: Callable[[int], None] | None) -> list[_Share] | None:
+    """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back."""
+    import multiprocessing as mp
+
+    try:
+        pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=mp.get_context("fork"))
+    except (OSError, ValueError) as exc:
+        logger.info("%s: cannot fork parsing processes (%s); parsing in one", path, exc)
+        return None
+    with pool:
+        futs = [pool.submit(parse_share, path, i, n, keep_cpu_ops, None) for i in range(1, n)]
+        try:
+            shares = [parse_share(path, 0, n, keep_cpu_ops, progress)]
+            shares += [f.result() for f in futs]
+        except SplitFailed:
+            for f in futs:
+                f.cancel()
+            logger.info("%s: a chunk cut fell inside an event; parsing in one process", path)
+            return None
+    return shares
+
+
+def merge_shares(shares: list[_Share], columns: tuple[str, ...]
+                 ) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
+    """One set of columns in file order, with names, collectives and string ids renumbered."""
+    if len(shares) == 1:
+        sh = shares[0]
+        return sh.arrays, sh.names, sh.colls
+    names: dict[str, int] = {}
+    colls: dict[str, int] = {"": 0}
+    ids: dict[Any, int] = {}
+    parts: list[dict[str, np.ndarray]] = []
+    pieces: list[tuple[int, int, int]] = []  # (chunk number, first row, end row) in the concatenation
+    base = 0
+    for sh in shares:
+        a = dict(sh.arrays)
+        name_map = np.array([names.setdefault(n, len(names)) for n in sh.names], dtype=np.int32)
+        coll_map = np.array([colls.setdefault(c, len(colls)) for c in sh.colls], dtype=np.int32)
+        if len(a["name"]):
+            a["name"] = name_map[a["name"]]
+            a["collective"] = coll_map[a["collective"]]
+        for key, local in sh.ids.items():
+            glob = ids.setdefault(key, -2 - len(ids))
+            if glob != local:
+                for c in ("pid", "tid"):
+                    a[c] = np.where(sh.arrays[c] == local, glob, a[c])
+        parts.append(a)
+        pieces.extend((chunk, base + lo, base + hi) for chunk, lo, hi in sh.segments)
+        base += len(a["ts"])
+    pieces.sort()
+    order = (np.concatenate([np.arange(lo, hi) for _, lo, hi in pieces]) if pieces
+             else np.zeros(0, np.intp))
+    arrays = {col: np.concatenate([p[col] for p in parts])[order] for col in columns}
+    return arrays, list(names), list(colls)
