@@ -105,7 +105,8 @@ def _from_parsed(path: Path, parsed: ParsedTrace, key: str | None, cache_dir: st
 def _summarize_meta(path: Path, top: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     dist = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
     dev = top.get("deviceProperties")
-    device_name = dev[0].get("name") if isinstance(dev, list) and dev and isinstance(dev[0], dict) else None
+    first = dev[0] if isinstance(dev, list) and dev and isinstance(dev[0], dict) else None
+    device_name = first.get("name") if first else None
     return {
         "file": str(path),
         "bytes": path.stat().st_size,
@@ -113,6 +114,10 @@ def _summarize_meta(path: Path, top: dict[str, Any], stats: dict[str, Any]) -> d
         "world_size": dist.get("world_size"),
         "backend": dist.get("backend"),
         "device_name": device_name,
+        # The first device's properties, for stepscope.hardware.lookup_device (some ROCm
+        # traces leave the name empty; the properties still identify the part).
+        "device_properties": first,
+        "device_count": len(dev) if isinstance(dev, list) else 0,
         "vllm_version": top.get("vllm_version"),
         "base_time_ns": top.get("baseTimeNanoseconds"),
         **stats,
