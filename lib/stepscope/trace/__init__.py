@@ -77,9 +77,16 @@ Artifacts in `05_categorize/`
     n_cpu_pieces_outside_steps, cpu_self_us_outside_steps},
     `collectives_per_decode_step` {`all_reduce`, `all_gather`} (medians over decode steps).
   - `decode` (reference = lowest rank): `rank`; `steps` {`steps_used`, `n_steps`,
-    `kernel_sum_ms`, `union_ms`, `span_ms`, `annotation_ms` each {`mean`, `median`, `p90`},
-    `tpot_capture_ms` (mean TPOT the client measured during capture)}; `categories` (rows of decode_categories.csv for that rank);
-    `amdahl` (rows of amdahl.csv).
+    `kernel_sum_ms`, `union_ms`, `span_ms`, `annotation_ms`, `period_ms` each {`mean`, `median`,
+    `p90`}, `tpot_capture_ms` (mean TPOT the client measured during capture)}; `period_ms`
+    {`mean`, `median`, `p90`, `n`} (step start to next step start, over steps followed by a step
+    of the same kind; `stepscope.trace.period`), `denominator` ("period", or "span" when no
+    period exists) and `denominator_reason`, `idle_micro_ms` / `idle_macro_ms` (mean per step
+    of the gaps inside a step's work, split at `thresholds.MACRO_GAP_US`), `largest_gap`
+    {`dur_ms`, `step`, `before`, `after`, `host_call` (the runtime call covering it, e.g. a
+    blocking memcpy), `macro`} or null, `launch_delay_us` {`median`, `p90`} (first kernel of
+    each launch minus the launch call; null on CPU traces); `categories` (rows of
+    decode_categories.csv for that rank); `amdahl` (rows of amdahl.csv).
   - `collectives_check`: `observed` {`steps_used`, `n_steps`, `all_reduce`/`all_gather`/
     `other_collective` {`median`, `min`, `max`}}, `expected` ({`all_reduce`, `all_gather`,
     `reasoning`} or null), `match` (bool or null), `explanation` [sentences], `rank`, `tp`.
@@ -95,19 +102,24 @@ Artifacts in `05_categorize/`
     ranks_missing.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
-  exposed_ms_mean, share_of_span (union mean / step span mean), exposed_share_of_busy,
+  exposed_ms_mean, share_of_span (union mean / step span mean), share_of_period (union mean /
+  mean decode period; NaN without a period), exposed_share_of_busy,
   calls_per_step, us_per_call (sum / calls).
 - `steps.csv`: rank, step_id, name, source, label (prefill/decode/mixed/idle/unknown), kind
   (label, or training/profiler_step for `ProfilerStep`s; see `steps.STEP_KINDS`),
   n_requests, n_tokens, prefill_requests, prefill_tokens, decode_requests, decode_tokens
   (-1 = not in the annotation), annotation_ts_us, annotation_dur_us, n_events, kernel_sum_us,
   busy_us, span_us, compute_us, comm_exposed_us, memory_exposed_us, all_reduce_calls,
-  all_gather_calls, other_collective_calls, first_start_us, idle_us.
+  all_gather_calls, other_collective_calls, first_start_us, idle_us, period_us (to the next
+  step's start; empty for the last), between_steps_us (period - span), idle_micro_us,
+  idle_macro_us, largest_gap_us, largest_gap_start_us, gap_before, gap_after, gap_host_call,
+  launch_delay_us (median over the step's launches).
 - `rank_categories.csv`: rank, category, class, count, sum_us, union_us, exposed_us (whole
   trace, attributed or not).
 - `cross_rank.csv`: category, class, n_ranks, ms_per_step_min/median/max, min_rank, max_rank,
   transfer_ms_est (collectives: the min-rank time), wait_ms_median, wait_ms_max, note.
-- `amdahl.csv`: rank, category, class, step_ms (mean decode work span), exposed_ms,
+- `amdahl.csv`: rank, category, class, step_ms (mean decode period; the mean work span when
+  there is no period), denominator ("period" or "span"), exposed_ms,
   speedup_ceiling = step_ms / (step_ms - exposed_ms).
 - `timeline_rank0_step.csv`: the reference rank's decode step of median span: rank, step_id,
   stream (CUDA stream, or CPU thread id), category, class, start_us (from the step's first

@@ -192,9 +192,11 @@ def select_decode_steps(step_totals: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return step_totals[has_work], "all steps (no decode labels in this trace)"
 
 
-def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFrame:
+def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame,
+                      step_times: dict | None = None) -> pd.DataFrame:
     """Per category over the decode steps of one rank: ms per step (mean/median/p90 of
-    the union), share of the step span, calls per step and µs per call."""
+    the union), share of the step span and of the step period (when `step_times` has
+    one), calls per step and µs per call."""
     dec, _ = select_decode_steps(step_totals)
     ids = dec["step_id"].to_numpy()
     n = len(ids)
@@ -203,6 +205,7 @@ def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.
         return pd.DataFrame(columns=DECODE_COLUMNS)
     rank = int(step_totals["rank"].iloc[0])
     span_mean = float(dec["span_us"].mean())
+    period_ms = ((step_times or {}).get("period_ms") or {}).get("mean")
     busy_mean = float(dec["busy_us"].mean())
     rows = []
     for cat, g in sc.groupby("category", sort=False):
@@ -217,6 +220,7 @@ def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.
             "sum_ms_mean": g["sum_us"].sum() / 1e3 / n,
             "exposed_ms_mean": x.mean(),
             "share_of_span": (u.mean() * 1e3 / span_mean) if span_mean else np.nan,
+            "share_of_period": (u.mean() / period_ms) if period_ms else np.nan,
             "exposed_share_of_busy": (x.mean() * 1e3 / busy_mean) if busy_mean else np.nan,
             "calls_per_step": cnt / n,
             "us_per_call": (g["sum_us"].sum() / cnt) if cnt else np.nan,
@@ -227,7 +231,7 @@ def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.
 
 DECODE_COLUMNS = ["rank", "category", "class", "n_steps", "union_ms_mean", "union_ms_median",
                   "union_ms_p90", "sum_ms_mean", "exposed_ms_mean", "share_of_span",
-                  "exposed_share_of_busy", "calls_per_step", "us_per_call"]
+                  "share_of_period", "exposed_share_of_busy", "calls_per_step", "us_per_call"]
 
 
 def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:
@@ -240,22 +244,40 @@ def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -
         out[label] = {"mean": float(v.mean()) if len(v) else None,
                       "median": float(np.median(v)) if len(v) else None,
                       "p90": float(np.percentile(v, 90)) if len(v) else None}
+    ok = _followed_by_same_kind(step_totals, dec)
+    v = step_totals["period_us"].to_numpy(float)[ok] / 1e3 if "period_us" in step_totals else []
+    v = np.asarray(v)[np.isfinite(v)] if len(v) else np.array([])
+    out["period_ms"] = {"mean": float(v.mean()) if len(v) else None,
+                        "median": float(np.median(v)) if len(v) else None,
+                        "p90": float(np.percentile(v, 90)) if len(v) else None}
     out["tpot_capture_ms"] = tpot_ms
     return out
+
+
+def _followed_by_same_kind(step_totals: pd.DataFrame, chosen: pd.DataFrame) -> np.ndarray:
+    """Rows of step_totals that are in `chosen` and whose next step is of the same kind:
+    their period is one step's, not a gap between requests."""
+    kinds = step_totals["kind"].to_numpy() if "kind" in step_totals else np.array([])
+    same_next = np.r_[kinds[1:] == kinds[:-1], False] if len(kinds) else np.zeros(0, bool)
+    return step_totals["step_id"].isin(chosen["step_id"]).to_numpy() & same_next
 
 
 def amdahl(decode_cats: pd.DataFrame, step_times: dict) -> pd.DataFrame:
     """Speedup of the decode step if a category's exposed time were zero: step / (step - exposed).
 
-    The step is the mean span of a decode step's work (first start to last end).
+    The step is the mean decode period (step start to next step start), which TPOT
+    measures; with no period (one step), the mean span of a step's work. `denominator`
+    says which.
     """
-    step_ms = (step_times.get("span_ms") or {}).get("mean")
+    period_ms = (step_times.get("period_ms") or {}).get("mean")
+    step_ms = period_ms or (step_times.get("span_ms") or {}).get("mean")
     if not step_ms or decode_cats.empty:
-        return pd.DataFrame(columns=["rank", "category", "class", "step_ms", "exposed_ms",
-                                     "speedup_ceiling"])
+        return pd.DataFrame(columns=["rank", "category", "class", "step_ms", "denominator",
+                                     "exposed_ms", "speedup_ceiling"])
     d = decode_cats[["rank", "category", "class", "exposed_ms_mean"]].rename(
         columns={"exposed_ms_mean": "exposed_ms"})
     d.insert(3, "step_ms", step_ms)
+    d.insert(4, "denominator", "period" if period_ms else "span")
     rest = step_ms - d["exposed_ms"]
     d["speedup_ceiling"] = np.where(rest > 0, step_ms / rest.where(rest > 0, np.nan), np.inf)
     return d.sort_values("speedup_ceiling", ascending=False, kind="stable").reset_index(drop=True)

@@ -14,8 +14,9 @@ from stepscope.runfolder import write_json
 from stepscope.trace import account as acc
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import make_rules
+from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.info import detect_engine, input_token_shape, trace_info
-from stepscope.trace.load import RankTrace, load_ranks
+from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.trace.steps import build_work, find_steps, unknown_step_names
 
 CATCH_ALL_CATEGORY = "unattributed_elementwise"
@@ -84,7 +85,7 @@ class Analysis:
         """Per decode step: kernel sum vs union vs span (and annotation), beside the TPOT."""
         t = self.summary["decode"]["steps"]
         rows = [{"reading": k, **t[k]} for k in ("kernel_sum_ms", "union_ms", "span_ms",
-                                                 "annotation_ms")]
+                                                 "annotation_ms", "period_ms") if k in t]
         rows.append({"reading": "tpot_capture_ms", "mean": t["tpot_capture_ms"],
                      "median": t["tpot_capture_ms"], "p90": None})
         return pd.DataFrame(rows)
@@ -149,11 +150,13 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
                 ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
     step_cats, step_tot = acc.account_steps(work, steps)
+    host = ev.loc[ev["cat"].isin(LAUNCH_CATS), ["ts", "dur", "name"]]
+    step_tot = step_tot.merge(step_idle(work, step_tot, host), on="step_id", how="left")
     rank_cats, totals = acc.account_rank(work)
     rank_cats.insert(0, "rank", rt.rank)
     info["origin_us"] = origin
-    dec = acc.decode_categories(step_cats, step_tot)
     times = acc.decode_step_times(step_tot)
+    dec = acc.decode_categories(step_cats, step_tot, times)
     other = work[work["category"] == "other"]
     top = (other.groupby("name")["dur_us"].agg(["sum", "count"]).sort_values("sum", ascending=False)
            .head(10))
@@ -342,6 +345,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     rank_cats = pd.concat([r.rank_categories for r in results], ignore_index=True)
     times = acc.decode_step_times(ref.steps_tot, tpot_ms)
     amd = acc.amdahl(ref.decode, times)
+    period = decode_period(ref.steps_tot, acc.select_decode_steps(ref.steps_tot)[0], ref.work)
     xr = acc.cross_rank([r.decode for r in results])
     info = trace_info(results, tp, _shape_hint(ref))
     flags.extend(_info_flags(info, results))
@@ -382,6 +386,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
         "decode": {
             "rank": ref.rank,
             "steps": times,
+            **period,
             "categories": _records(ref.decode),
             "amdahl": _records(amd),
         },

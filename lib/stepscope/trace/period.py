@@ -1,0 +1,153 @@
+"""Step period, idle inside a step (micro and macro) and launch-to-execute delay.
+
+- Period: one step's start to the next step's start (the engine's annotations, host clock).
+  It is what TPOT measures; the span (first to last device work of a step) leaves out the
+  time between steps. The decode period is taken over decode steps followed directly by
+  another decode step, so the gap between two requests never counts as a step.
+- Idle inside a step: the gaps between the merged intervals of the step's device work.
+  A gap shorter than `thresholds.MACRO_GAP_US` is micro idle (launch and dependency gaps
+  between kernels); a longer one is macro idle (a stall), and the single largest is named
+  by the work on either side of it.
+- Launch delay: a kernel's start minus the start of the runtime call that launched it, for
+  the first kernel of each launch (the later kernels of a graph launch wait on their
+  predecessors, not on the launch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from stepscope.thresholds import MACRO_GAP_US
+
+PERIOD_COLUMNS = ["step_id", "period_us", "between_steps_us", "idle_micro_us", "idle_macro_us",
+                  "largest_gap_us", "largest_gap_start_us", "gap_before", "gap_after", "gap_host_call",
+                  "launch_delay_us"]
+NAME_CHARS = 160
+"""Kernel names beside a gap are cut to this many characters (templated names run to 1,000+)."""
+
+
+def step_periods(steps: pd.DataFrame) -> np.ndarray:
+    """Start of the next step minus this step's start, in step order (NaN for the last)."""
+    ts = steps["annotation_ts_us"].to_numpy(float)
+    out = np.full(len(ts), np.nan)
+    if len(ts) > 1 and not (steps["source"] == "whole_trace").all():
+        out[:-1] = np.diff(ts)
+    return out
+
+
+def _gaps_one(w: pd.DataFrame) -> tuple[float, float, float, float, str, str]:
+    """(micro, macro, largest, its start, before, after) idle of one step's work (by start)."""
+    if len(w) < 2:
+        return 0.0, 0.0, 0.0, np.nan, "", ""
+    s = w["start_us"].to_numpy(float)
+    e = w["end_us"].to_numpy(float)
+    run = np.maximum.accumulate(e)
+    gap = s[1:] - run[:-1]
+    gap = np.where(gap > 0, gap, 0.0)
+    big = gap >= MACRO_GAP_US
+    i = int(np.argmax(gap))
+    if gap[i] <= 0:
+        return float(gap.sum()), 0.0, 0.0, np.nan, "", ""
+    # The work that ended last before the gap, and the work that starts it again.
+    ended = int(np.flatnonzero(e[: i + 1] == run[i])[-1])
+    names = w["name"].to_numpy()
+    cats = w["category"].to_numpy()
+    return (float(gap[~big].sum()), float(gap[big].sum()), float(gap[i]), float(run[i]),
+            f"{cats[ended]}: {names[ended]}"[:NAME_CHARS], f"{cats[i + 1]}: {names[i + 1]}"[:NAME_CHARS])
+
+
+def host_call_during(host: pd.DataFrame, start: float, end: float) -> str:
+    """The longest host runtime call covering most of [start, end), e.g. a blocking memcpy
+    behind a stall; "" when none does."""
+    if not len(host) or not np.isfinite(start):
+        return ""
+    s = host["ts"].to_numpy(float)
+    e = s + host["dur"].to_numpy(float)
+    cover = np.minimum(e, end) - np.maximum(s, start)
+    i = int(np.argmax(cover))
+    return str(host["name"].iloc[i]) if cover[i] >= 0.5 * (end - start) else ""
+
+
+def launch_delays(w: pd.DataFrame) -> np.ndarray:
+    """Start of the first kernel of each launch minus the launch call's start (µs)."""
+    if "launch_us" not in w or w["launch_us"].isna().all():
+        return np.array([])
+    x = w[w["launch_us"].notna() & (w["correlation"] >= 0)]
+    first = x.sort_values("start_us", kind="stable").drop_duplicates("correlation")
+    return (first["start_us"] - first["launch_us"]).to_numpy(float)
+
+
+def _launch_delay(w: pd.DataFrame) -> float:
+    d = launch_delays(w)
+    return float(np.median(d)) if len(d) else float("nan")
+
+
+def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
+              host: pd.DataFrame | None = None) -> pd.DataFrame:
+    """PERIOD_COLUMNS per step of one rank (steps in step order). `host`: the rank's runtime
+    calls (ts, dur, name), to name the host call behind each macro gap."""
+    period = step_periods(steps_tot)
+    span = steps_tot["span_us"].to_numpy(float)
+    rows = {}
+    att = work[work["step_id"] >= 0].sort_values("start_us", kind="stable")
+    for sid, w in att.groupby("step_id", sort=False):
+        rows[int(sid)] = (*_gaps_one(w), _launch_delay(w))
+    out = []
+    for k, sid in enumerate(steps_tot["step_id"].astype(int)):
+        micro, macro, largest, g0, before, after, delay = rows.get(
+            sid, (0.0, 0.0, 0.0, np.nan, "", "", np.nan))
+        call = host_call_during(host, g0, g0 + largest) if (
+            host is not None and largest >= MACRO_GAP_US) else ""
+        out.append({"step_id": sid, "period_us": period[k],
+                    "between_steps_us": period[k] - span[k] if np.isfinite(period[k]) else np.nan,
+                    "idle_micro_us": micro, "idle_macro_us": macro, "largest_gap_us": largest,
+                    "largest_gap_start_us": g0, "gap_before": before, "gap_after": after,
+                    "gap_host_call": call, "launch_delay_us": delay})
+    return pd.DataFrame(out, columns=PERIOD_COLUMNS)
+
+
+def _stats(v: np.ndarray) -> dict:
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return {"mean": None, "median": None, "p90": None, "n": 0}
+    return {"mean": float(v.mean()), "median": float(np.median(v)),
+            "p90": float(np.percentile(v, 90)), "n": int(len(v))}
+
+
+def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFrame) -> dict:
+    """The `decode` block's period, idle, largest gap and launch delay on one rank.
+
+    `steps_tot` carries PERIOD_COLUMNS; `judged` is the subset of its rows the summary is
+    about (decode steps, else every step with work). The period is measured over judged
+    steps whose next step is of the same kind. Launch delays pool every launch of the
+    judged steps.
+    """
+    kinds = steps_tot["kind"].to_numpy()
+    same_next = np.r_[kinds[1:] == kinds[:-1], False]
+    ok = steps_tot["step_id"].isin(judged["step_id"]).to_numpy() & same_next
+    period_ms = steps_tot["period_us"].to_numpy(float)[ok] / 1e3
+    p = _stats(period_ms)
+    if p["n"]:
+        denominator, reason = "period", "step start to next step start, same kind of step"
+    else:
+        denominator = "span"
+        reason = ("one step only: no next step to measure a period against" if len(judged) <= 1
+                  else "no two consecutive steps of this kind")
+    out: dict = {"period_ms": p, "denominator": denominator, "denominator_reason": reason}
+    if judged.empty:
+        out.update(idle_micro_ms=None, idle_macro_ms=None, largest_gap=None,
+                   launch_delay_us={"median": None, "p90": None})
+        return out
+    out["idle_micro_ms"] = float(judged["idle_micro_us"].mean() / 1e3)
+    out["idle_macro_ms"] = float(judged["idle_macro_us"].mean() / 1e3)
+    g = judged.loc[judged["largest_gap_us"].idxmax()]
+    out["largest_gap"] = ({"dur_ms": float(g["largest_gap_us"] / 1e3), "step": int(g["step_id"]),
+                           "before": str(g["gap_before"]), "after": str(g["gap_after"]),
+                           "host_call": str(g["gap_host_call"]) or None,
+                           "macro": bool(g["largest_gap_us"] >= MACRO_GAP_US)}
+                          if g["largest_gap_us"] > 0 else None)
+    d = launch_delays(work[work["step_id"].isin(judged["step_id"])])
+    out["launch_delay_us"] = {"median": float(np.median(d)) if len(d) else None,
+                              "p90": float(np.percentile(d, 90)) if len(d) else None}
+    return out
