@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/loadgen.py [--concurrency 32] [--requests 128] [--tokens 256] [--rounds 3]
 
-A fake SSE server (stepscope.sweep.fake_server; it measures the client, not a model)
+A fake SSE server (stepscope.testing.fake_server; it measures the client, not a model)
 runs in its own process and streams fixed completion chunks as fast as it can, batching
 events into few socket writes so that the client, not the fake, is the bottleneck. In the
 same run, alternating rounds, the same requests at the same concurrency go through
@@ -24,7 +24,7 @@ import aiohttp
 
 
 def _serve(port_q: "mp.Queue", events_per_write: int) -> None:
-    from stepscope.sweep.fake_server import FakeBehaviour, FakeServer
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
 
     fake = FakeServer(FakeBehaviour(events_per_write=events_per_write, profiler=None)).start()
     port_q.put(fake.port)

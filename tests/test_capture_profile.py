@@ -14,7 +14,7 @@ from stepscope.capture import (CaptureError, capture_profile, classify, gzip_com
                                start_profile_body)
 from stepscope.config import CaptureParams
 from stepscope.sweep.client import ServerInfo
-from stepscope.sweep.fake_server import FakeBehaviour, FakeServer
+from stepscope.testing.fake_server import FakeBehaviour, FakeServer
 
 CAP = CaptureParams(warmup_requests=1, requests=3, input_len=4, output_len=6, wait_timeout_s=5)
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from stepscope import schema
 from stepscope.runfolder import STAGES
 from stepscope.runner import run_pipeline
 
@@ -41,3 +42,10 @@ def test_smoke_run_end_to_end(repo_root, tmp_path):
     html = (run_dir / "06_writeup" / "report.html").read_text()
     assert "<img" in html and "http://" not in html.split("<body", 1)[-1].replace("http://127.0.0.1", "")
     assert (run_dir / "01_macro_sweep" / "levels.csv").is_file()
+    # Every stage's real output reads through the artifact schema.
+    arts = schema.check_run_folder(run_dir)
+    typed = {a.path for a in schema.ARTIFACTS if a.type is not None and not a.optional}
+    assert typed <= set(arts), typed - set(arts)
+    assert arts["run.json"].schema_version == schema.SCHEMA_VERSION
+    assert arts["00_deploy/server.json"].tp == 2
+    assert sorted(f.rank for f in arts["04_profiler_capture/manifest.json"].files if f.kind == "trace") == [0, 1]

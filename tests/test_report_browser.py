@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from stepscope.report.build import build_report
-from stepscope.report.synthetic import make_synthetic_run
+from stepscope.testing.synthetic import make_synthetic_run
 
 pytestmark = pytest.mark.slow
 

@@ -8,11 +8,12 @@ import re
 import pandas as pd
 import pytest
 
-from stepscope.report import build_report, make_synthetic_run
+from stepscope.report import build_report
+from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.report.analysis import speculative_whatif
 from stepscope.report.markdown_util import MISSING_MARK, fmt_num
 
-# The synthetic run's exposed ms per decode step (see report/synthetic.py), re-stated here so a
+# The synthetic run's exposed ms per decode step (see stepscope/testing/synthetic.py), re-stated here so a
 # change there cannot silently change what the test expects.
 EXPOSED = {"all_reduce": 5.0, "all_gather": 0.2, "quantized_gemm": 4.0, "fused_moe": 1.0,
            "attention": 1.2, "norm": 0.4, "elementwise": 0.3, "other": 0.01}
@@ -40,7 +41,7 @@ def test_full_report_shows_measured_numbers(full):
     assert "median TPOT is **13.3 ms**" in md and "median TTFT **28.0 ms**" in md
     # micro: GEMM pivot row and the burst with count, total, per-op and mode together
     assert "| synthetic-moe | experts.down | 7,168 | 256 | w4a16 | marlin | cold | 11 | 12 | 14 | 18 |" in md
-    assert "| 123 | 14,336 | graph | nccl | 8 | 4,300 | 35.0 | 35.0 |" in md
+    assert "| 123 | 1 | 14,336 | cuda_graph | nccl | 8 | 4,300 | 35.0 | 35.0 | ok |" in md
     assert "no CUDA on this machine" in md
     # breakdown: all_reduce 5.5 ms of a span of 12.11 * 1.05 ms
     span = sum(EXPOSED.values()) * 1.05
@@ -84,8 +85,8 @@ def test_missing_stages_render_as_not_measured_boxes(tmp_path):
     md, html, _ = _report(tmp_path, stages=("05_categorize",))
     for what in ("The load sweep", "GEMM timings", "Collective timings"):
         assert f"> **{MISSING_MARK}:** {what}." in md
-    assert "Stage 01_macro_sweep (macro sweep) was not measured (not_run)." in md
-    assert "Stage 02_gemm_micro (GEMM micro-benchmark) was not measured (not_run)." in md
+    assert "Stage 01_macro_sweep (macro sweep) was not measured (no artifacts)." in md
+    assert "Stage 02_gemm_micro (GEMM micro-benchmark) was not measured (no artifacts)." in md
     # the measured part still renders
     assert "**Dominant category: all_reduce**" in md
     assert html.count('<blockquote class="missing">') == md.count(f"**{MISSING_MARK}:**") >= 4

@@ -7,7 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from stepscope.report import compare_runs, make_synthetic_run
+from stepscope.report import compare_runs
+from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.report.compare import NOISE_REL
 
 

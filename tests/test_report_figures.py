@@ -8,7 +8,7 @@ import pytest
 
 from stepscope.palette import CATEGORY_COLORS, CATEGORY_ORDER, category_sort_key, color_for
 from stepscope.report.explorer import StepExplorer, category_top_names, step_category_table
-from stepscope.report.synthetic import make_synthetic_run
+from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.trace import plots as cat
 
 ISSUE_CATEGORIES = ["all_reduce", "all_gather", "other_collective", "communication", "quantized_gemm",

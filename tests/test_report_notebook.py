@@ -5,7 +5,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from stepscope.report import make_synthetic_run
+from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.runfolder import NOTEBOOKS_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.slow

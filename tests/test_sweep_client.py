@@ -10,7 +10,7 @@ import pytest
 from stepscope.config import SweepParams
 from stepscope.errors import ServerError, StageInputMissing
 from stepscope.sweep.client import ServerInfo, load_server, parse_prometheus_gauges
-from stepscope.sweep.fake_server import FakeBehaviour, FakeServer
+from stepscope.testing.fake_server import FakeBehaviour, FakeServer
 from stepscope.sweep.run import LEVEL_COLUMNS, find_knee, plan_levels, run_sweep
 
 

@@ -39,10 +39,10 @@ import aiohttp
 import pandas as pd
 from tqdm.auto import tqdm
 
+from stepscope import schema
 from stepscope.config import CaptureParams
 from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
-from stepscope.runfolder import write_json
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 
@@ -393,7 +393,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
         "definitions": "stepscope.sweep.metrics (vllm bench serve's, docs/methods.md#serving-metrics); sequential batch-1 "
                        "requests measured client-side while the profiler ran, so profiler overhead is included",
     }
-    write_json(out_dir / "capture_latency.json", latency)
+    schema.write(out_dir / "capture_latency.json", latency, schema.CaptureLatency)
 
     notes: list[str] = []
     if run["stop_status"] != 200:
@@ -448,7 +448,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
         "warmup_requests": capture.warmup_requests, "stop_profile_s": run["stop_profile_s"],
         "started_at": run["started_at"], "stopped_at": run["stopped_at"], "notes": notes, "files": files,
     }
-    write_json(out_dir / "manifest.json", manifest)
+    schema.write(out_dir / "manifest.json", manifest, schema.CaptureManifest)
     return CaptureResult(manifest=manifest, latency=latency,
                          files=pd.DataFrame(files, columns=["rank", "kind", "path", "bytes", "sha256"]).astype({"rank": "Int64"}),
                          out_dir=out_dir, requests=request_table(run["records"]))

@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Sequence
 
+from stepscope import schema
 from stepscope.config import Params, load_params, params_to_dict, redact
 from stepscope.errors import StepscopeError
 from stepscope.runfolder import (
@@ -127,6 +128,7 @@ class _RunRecord:
         previous = read_json(self.path) if (resume and self.path.is_file()) else {}
         self.data = {
             "run_id": run_dir.name,
+            "schema_version": schema.SCHEMA_VERSION,
             "created_at": previous.get("created_at") or _now(),
             "updated_at": _now(),
             "params_file": str(params_file),
@@ -152,7 +154,7 @@ class _RunRecord:
 
     def save(self) -> None:
         self.data["updated_at"] = _now()
-        write_json(self.path, self.data)
+        schema.write(self.path, self.data, schema.RunRecord)
 
 
 def _now() -> str:

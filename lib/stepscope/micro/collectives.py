@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stepscope import schema
 from stepscope.errors import StepscopeError
 from stepscope.model import ArchitectureError, architecture_from_params, expected_collectives, hidden_vector_bytes
 
@@ -568,7 +569,7 @@ def describe_prediction(pred: dict) -> str:
 def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
     """Stage 03 end to end: plan, run the ranks (raw per-rank JSON under ranks/), write
     collectives.csv (with any imported nccl-tests rows), burst.csv and prediction.json."""
-    from stepscope.runfolder import REPO_ROOT, write_json
+    from stepscope.runfolder import REPO_ROOT
 
     out_dir = Path(out_dir)
     plan = plan_collectives(params)
@@ -592,7 +593,7 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
     prediction["hardware"] = params.hardware.name
     if imported:
         coll = pd.concat([coll] + imported, ignore_index=True)
-    coll.to_csv(out_dir / "collectives.csv", index=False)
-    burst.to_csv(out_dir / "burst.csv", index=False)
-    write_json(out_dir / "prediction.json", prediction)
+    schema.write_table(coll, out_dir / "collectives.csv", schema.CollectiveRow)
+    schema.write_table(burst, out_dir / "burst.csv", schema.BurstRow)
+    schema.write(out_dir / "prediction.json", prediction, schema.CommPrediction)
     return dict(plan=plan, collectives=coll, burst=burst, prediction=prediction)

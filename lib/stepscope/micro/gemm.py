@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from stepscope import schema
 from stepscope.errors import StepscopeError
 from stepscope.model import (
     Architecture,
@@ -516,7 +517,6 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
     import torch
 
     from stepscope.micro.timing import peak_mem_bw_gbps
-    from stepscope.runfolder import write_json
 
     out_dir = Path(out_dir)
     g = params.micro.gemm
@@ -534,6 +534,7 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
                               f"perf_counter, warm-up {g.warmup}, {g.repeats} samples, "
                               f"{g.threads or torch.get_num_threads()} torch thread(s), one weight (hot)"))
     prediction["notes"] = list(notes) + prediction["notes"]
-    write_json(out_dir / "prediction.json", prediction)
+    schema.check_frame(table, schema.GemmRow, str(out_dir / "gemm.csv"))
+    schema.write(out_dir / "prediction.json", prediction, schema.GemmPrediction)
     return dict(targets=targets, grid=grid, table=table, prediction=prediction, peak_mem_bw_gbps=peak,
                 peak_source=peak_source, notes=notes, device=device)

@@ -13,7 +13,6 @@ Public functions (what the CLI, the runner and notebook 06 call):
 - `step_explorer(run_dir, extra_rules=())` returns an ipywidgets explorer (rank, step,
   category -> table + timeline); its first render reads saved artifacts only.
 - `report_markdown_for_notebook(md_path, run_dir)` rewrites figure links for display in a notebook.
-- `make_synthetic_run(dir, ...)` writes a contract-shaped fake run folder (tests, previews).
 
 Figures written to `<run>/figures/`, each drawn by the one function its stage uses (category
 figures: `stepscope.trace.plots`, colours from `stepscope.palette`; sweep: `stepscope.sweep.plots`;
@@ -40,7 +39,6 @@ speedup_ceiling, decode.steps.{kernel_sum_ms,union_ms,span_ms}.mean) are mapped 
 from stepscope.report.build import build_report, report_markdown_for_notebook
 from stepscope.report.compare import compare_runs
 from stepscope.report.explorer import step_explorer
-from stepscope.report.synthetic import make_synthetic_run
 
-__all__ = ["build_report", "compare_runs", "make_synthetic_run", "report_markdown_for_notebook",
+__all__ = ["build_report", "compare_runs", "report_markdown_for_notebook",
            "step_explorer"]

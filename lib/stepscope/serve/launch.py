@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from stepscope import schema
 from stepscope.config import Params, redact, redact_argv
 from stepscope.errors import ServerError
 from stepscope.runfolder import REPO_ROOT, read_json, stage_dir, write_json
@@ -445,7 +446,7 @@ def launch(params: Params, run_dir: str | Path, progress: bool = True) -> tuple[
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             startup_s=round(startup_s, 1))
         describe(handle)
-        write_json(server_json_path(run_dir), handle.to_json())
+        schema.write(server_json_path(run_dir), handle.to_json(), schema.ServerRecord)
     except BaseException:
         proc.stop()
         raise
@@ -469,7 +470,7 @@ def attach(params: Params, run_dir: str | Path) -> ServerHandle:
                           api_key_env=s.api_key_env,
                           started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     describe(handle)
-    write_json(server_json_path(run_dir), handle.to_json())
+    schema.write(server_json_path(run_dir), handle.to_json(), schema.ServerRecord)
     return handle
 
 

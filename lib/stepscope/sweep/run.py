@@ -22,6 +22,7 @@ import pandas as pd
 import psutil
 from tqdm.auto import tqdm
 
+from stepscope import schema
 from stepscope.config import SweepParams
 from stepscope.errors import ServerError
 from stepscope.runfolder import read_json, write_json
@@ -402,7 +403,7 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
         bad = levels.loc[~levels["complete"], "level"].iloc[0]
         died = (bad, f"the server stopped answering during level {bad}; later levels were not measured")
     summary = summarize(levels, failures, knee_gain, died)
-    levels.to_csv(out_dir / "levels.csv", index=False)
-    write_json(out_dir / "summary.json", summary)
+    schema.write_table(levels, out_dir / "levels.csv", schema.LevelRow)
+    schema.write(out_dir / "summary.json", summary, schema.SweepSummary)
     return SweepResult(levels=levels, summary=summary, failures=failures, out_dir=out_dir,
                        messages=list(messages or []))

@@ -9,8 +9,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from stepscope import schema
 from stepscope.errors import StageInputMissing, TraceError
-from stepscope.runfolder import write_json
 from stepscope.trace import account as acc
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import make_rules
@@ -459,13 +459,13 @@ def representative_timeline(r: RankResult) -> pd.DataFrame:
 
 def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> None:
     out_dir = Path(out_dir)
-    write_json(out_dir / "summary.json", an.summary)
-    an.decode_categories.to_csv(out_dir / "decode_categories.csv", index=False)
-    an.steps.to_csv(out_dir / "steps.csv", index=False)
-    an.rank_categories.to_csv(out_dir / "rank_categories.csv", index=False)
-    an.cross_rank.to_csv(out_dir / "cross_rank.csv", index=False)
-    an.amdahl.to_csv(out_dir / "amdahl.csv", index=False)
-    an.timeline.to_csv(out_dir / "timeline_rank0_step.csv", index=False)
+    schema.write(out_dir / "summary.json", an.summary, schema.TraceSummary)
+    schema.write_table(an.decode_categories, out_dir / "decode_categories.csv", schema.DecodeCategoryRow)
+    schema.write_table(an.steps, out_dir / "steps.csv", schema.StepRow)
+    schema.write_table(an.rank_categories, out_dir / "rank_categories.csv", schema.RankCategoryRow)
+    schema.write_table(an.cross_rank, out_dir / "cross_rank.csv", schema.CrossRankRow)
+    schema.write_table(an.amdahl, out_dir / "amdahl.csv", schema.AmdahlRow)
+    schema.write_table(an.timeline, out_dir / "timeline_rank0_step.csv", schema.TimelineRow)
     if an.text_tables is not None and not an.text_tables.empty:
         an.text_tables.to_csv(out_dir / "text_tables.csv", index=False)
     if perfetto:
@@ -498,7 +498,7 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
                         extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress)
     if arch is None:
         an.summary["collectives_check"]["explanation"].append(f"architecture: {why}")
-        write_json(Path(out_dir) / "summary.json", an.summary)
+        schema.write(Path(out_dir) / "summary.json", an.summary, schema.TraceSummary)
     return an
 
 

@@ -1,4 +1,4 @@
-"""A small hand-made run folder that follows every stage's artifact contract.
+"""A small hand-made run folder that follows every artifact's schema (`stepscope.schema`).
 
 Used by the tests and to preview the report without a server: the numbers are invented
 (loosely shaped like the TP=8 reference campaign in docs/methods.md) and the run says so in its params name.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stepscope.runfolder import write_json
+from stepscope import schema
 
 ALL_STAGES = ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst",
               "04_profiler_capture", "05_categorize")
@@ -39,31 +39,32 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
         "hardware": {"name": "8x synthetic GPU", "peak_mem_bw_gbps": 1800.0, "peak_tflops": 500.0},
     }
     (run_dir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    status = {s: {"status": "ok" if s in stages else "not_run", "duration_s": 12.5, "error": None,
-                  "notebook": f"notebooks/{s}.ipynb"} for s in ALL_STAGES}
-    write_json(run_dir / "run.json", {
-        "run_id": run_dir.name, "created_at": "2026-11-29T10:00:00Z", "git_commit": "abc1234",
+    status = {s: {"status": "ok", "duration_s": 12.5, "error": None,
+                  "notebook": f"notebooks/{s}.ipynb"} for s in ALL_STAGES if s in stages}
+    schema.write(run_dir / "run.json", {
+        "run_id": run_dir.name, "schema_version": schema.SCHEMA_VERSION, "created_at": "2026-11-29T10:00:00Z", "git_commit": "abc1234",
         "git_dirty": False, "packages": {"vllm": "0.13.0", "torch": "2.9.0"},
         "hardware": {"cpu": "Synthetic CPU 64 cores", "gpus": ["synthetic GPU 96 GB"] * 8},
         "params": params, "argv": ["stepscope", "run", "params/synthetic.yaml"],
         "stages": status,
-    })
+    }, schema.RunRecord)
     s = scale
     if "00_deploy" in stages:
         d = run_dir / "00_deploy"
-        write_json(d / "server.json", {
+        schema.write(d / "server.json", {
             "mode": "launch", "engine": "vllm", "engine_version": "0.13.0",
             "base_url": "http://127.0.0.1:8000", "served_model": "synthetic-moe",
             "models_response": {}, "tp": 8, "log_path": "00_deploy/server.log",
             "argv": ["vllm", "serve", "/models/x", "--tensor-parallel-size", "8", "--api-key",
-                     "***redacted***"], "profiler_dir": "/tmp/prof", "started_at": "2026-11-29T10:00:05Z"})
+                     "***redacted***"], "profiler_dir": "/tmp/prof", "started_at": "2026-11-29T10:00:05Z"},
+            schema.ServerRecord)
     if "01_macro_sweep" in stages:
         d = run_dir / "01_macro_sweep"
         d.mkdir(exist_ok=True)
         rows = []
         for c, tok in ((1, 80.0), (2, 150.0), (4, 280.0), (8, 300.0)):
             tok = tok / s
-            rows.append({"mode": "concurrency", "concurrency": c, "request_rate": float("inf"),
+            rows.append({"level": f"c{c:04d}", "mode": "concurrency", "concurrency": c, "request_rate": float("inf"),
                          "n_requests": 4 * c + 8, "n_completed": 4 * c + 8, "n_failed": 0,
                          "duration_s": 10.0, "request_throughput_rps": tok / 128,
                          "output_throughput_tok_s": tok, "total_throughput_tok_s": 2 * tok,
@@ -74,10 +75,10 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
                          "itl_ms_median": 12.0 * s, "e2el_ms_median": 1600.0 * s,
                          "littles_concurrency": c * 0.97, "peak_output_tok_s_1s": tok * 1.2,
                          "client_cpu_pct": 95.0 if c == 8 else 20.0, "client_bound": c == 8})
-        pd.DataFrame(rows).to_csv(d / "levels.csv", index=False)
-        write_json(d / "summary.json", {"knee_concurrency": 4, "plateau_output_tok_s": 300.0 / s,
-                                        "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
-                                        "died_at_level": None, "flags": []})
+        schema.write_table(pd.DataFrame(rows), d / "levels.csv", schema.LevelRow)
+        schema.write(d / "summary.json", {"knee_concurrency": 4, "plateau_output_tok_s": 300.0 / s,
+                                          "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
+                                          "died_at_level": None, "flags": []}, schema.SweepSummary)
     if "02_gemm_micro" in stages:
         d = run_dir / "02_gemm_micro"
         d.mkdir(exist_ok=True)
@@ -95,38 +96,42 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
         rows.append({"model": "synthetic-moe", "gemm": "experts.down", "layer_kind": "moe", "m": 1,
                      "n": 7168, "k": 256, "dtype": "w4a16", "backend": "fused_moe", "mode": "cold",
                      "status": "skipped", "reason": "no CUDA on this machine"})
-        pd.DataFrame(rows).to_csv(d / "gemm.csv", index=False)
-        write_json(d / "prediction.json", {"model": "synthetic-moe", "tp": 8, "method": "sum of median times",
-                                           "gemm_us_per_decode_step": {"1": 5200.0 * s, "2": 5400.0 * s,
-                                                                       "4": 5800.0 * s, "8": 6600.0 * s}})
+        schema.write_table(pd.DataFrame(rows), d / "gemm.csv", schema.GemmRow)
+        schema.write(d / "prediction.json", {"model": "synthetic-moe", "tp": 8, "method": "sum of median times",
+                                             "gemm_us_per_decode_step": {"1": 5200.0 * s, "2": 5400.0 * s,
+                                                                         "4": 5800.0 * s, "8": 6600.0 * s}},
+                     schema.GemmPrediction)
     if "03_nccl_burst" in stages:
         d = run_dir / "03_nccl_burst"
         d.mkdir(exist_ok=True)
         rows = []
         for size in (256, 4096, 14336, 65536, 1048576):
             t = (20.0 + size / 5e3) * s
-            rows.append({"op": "all_reduce", "backend": "nccl", "world_size": 8, "size_bytes": size,
-                         "mode": "eager", "time_us_median": t, "time_us_min": 0.9 * t,
-                         "time_us_max": 1.2 * t, "algbw_gbps": size / t / 1e3,
-                         "busbw_gbps": size / t / 1e3 * 1.75})
-        pd.DataFrame(rows).to_csv(d / "collectives.csv", index=False)
-        pd.DataFrame([{"k": 123, "size_bytes": 14336, "total_us": 6810.0 * s, "per_op_us": 55.4 * s,
-                       "mode": "eager", "backend": "nccl", "world_size": 8},
-                      {"k": 123, "size_bytes": 14336, "total_us": 4300.0 * s, "per_op_us": 35.0 * s,
-                       "mode": "graph", "backend": "nccl", "world_size": 8}]).to_csv(d / "burst.csv", index=False)
-        write_json(d / "prediction.json", {"comm_us_per_decode_step": 4300.0 * s, "k": 123,
-                                           "per_op_us": 35.0 * s, "size_bytes": 14336, "mode": "graph",
-                                           "backend": "nccl"})
+            rows.append({"source": "stepscope", "op": "all_reduce", "backend": "nccl", "world_size": 8,
+                         "dtype": "bfloat16", "size_bytes": size, "count": size // 2, "mode": "eager",
+                         "placement": "in-place", "time_us_rank_min": 0.9 * t, "time_us_rank_median": t,
+                         "time_us_rank_max": 1.2 * t, "algbw_gbps": size / t / 1e3,
+                         "busbw_gbps": size / t / 1e3 * 1.75, "n_iters": 50})
+        schema.write_table(pd.DataFrame(rows), d / "collectives.csv", schema.CollectiveRow)
+        burst = [{"k": 123, "batch_m": 1, "size_bytes": 14336, "total_us": 6810.0 * s, "per_op_us": 55.4 * s,
+                  "mode": "eager", "backend": "nccl", "world_size": 8, "status": "ok"},
+                 {"k": 123, "batch_m": 1, "size_bytes": 14336, "total_us": 4300.0 * s, "per_op_us": 35.0 * s,
+                  "mode": "cuda_graph", "backend": "nccl", "world_size": 8, "status": "ok"}]
+        schema.write_table(pd.DataFrame(burst), d / "burst.csv", schema.BurstRow)
+        schema.write(d / "prediction.json", {"comm_us_per_decode_step": 4300.0 * s, "k": 123,
+                                             "per_op_us": 35.0 * s, "size_bytes": 14336, "mode": "cuda_graph",
+                                             "backend": "nccl"}, schema.CommPrediction)
     if "04_profiler_capture" in stages:
         d = run_dir / "04_profiler_capture"
-        write_json(d / "manifest.json", {"engine": "vllm", "engine_version": "0.13.0",
+        schema.write(d / "manifest.json", {"engine": "vllm", "engine_version": "0.13.0",
                                          "profiler_settings": {"with_stack": False}, "partial": False,
                                          "files": [{"rank": r, "path": f"traces/rank{r}.pt.trace.json.gz",
                                                     "bytes": 80_000_000, "sha256": "0" * 64,
-                                                    "kind": "trace"} for r in range(8)]})
-        write_json(d / "capture_latency.json", {"n_requests": 5, "output_len": 32, "ttft_ms_mean": 30.0 * s,
-                                                "ttft_ms_median": 29.0 * s, "tpot_ms_mean": 12.1 * s,
-                                                "tpot_ms_median": 12.1 * s})
+                                                    "kind": "trace"} for r in range(8)]},
+                     schema.CaptureManifest)
+        schema.write(d / "capture_latency.json", {"n_requests": 5, "output_len": 32, "ttft_ms_mean": 30.0 * s,
+                                                  "ttft_ms_median": 29.0 * s, "tpot_ms_mean": 12.1 * s,
+                                                  "tpot_ms_median": 12.1 * s}, schema.CaptureLatency)
     if "05_categorize" in stages:
         _write_categorize(run_dir / "05_categorize", comm_exposed=comm_exposed,
                           launch_bound=launch_bound, s=s)
@@ -134,7 +139,7 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
 
 
 def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: float) -> None:
-    """Stage 05's artifacts in its own schema (lib/stepscope/trace/analyze.py)."""
+    """Stage 05's artifacts (`stepscope.schema.categorize`)."""
     d.mkdir(parents=True, exist_ok=True)
     # (category, class, busy ms per step, calls per step, exposed ms per step)
     ar_exposed = 5.0 if comm_exposed else 0.5
@@ -164,11 +169,22 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                              "exposed_share_of_busy": e / union, "calls_per_step": float(n),
                              "us_per_call": 1000 * ms * jitter * 1.02 / n})
     dec = pd.DataFrame(dec_rows)
-    dec.to_csv(d / "decode_categories.csv", index=False)
+    schema.write_table(dec, d / "decode_categories.csv", schema.DecodeCategoryRow)
+    xr = []
+    for (c, k), g in dec.groupby(["category", "class"], sort=False):
+        lo, hi = g.loc[g["union_ms_mean"].idxmin()], g.loc[g["union_ms_mean"].idxmax()]
+        comm = k == "communication"
+        xr.append({"category": c, "class": k, "n_ranks": len(g), "ms_per_step_min": lo["union_ms_mean"],
+                   "ms_per_step_median": g["union_ms_mean"].median(), "ms_per_step_max": hi["union_ms_mean"],
+                   "min_rank": int(lo["rank"]), "max_rank": int(hi["rank"]),
+                   "transfer_ms_est": lo["union_ms_mean"] if comm else None,
+                   "wait_ms_median": g["union_ms_mean"].median() - lo["union_ms_mean"] if comm else None,
+                   "wait_ms_max": hi["union_ms_mean"] - lo["union_ms_mean"] if comm else None, "note": ""})
+    schema.write_table(pd.DataFrame(xr), d / "cross_rank.csv", schema.CrossRankRow)
     amdahl = pd.DataFrame([{"rank": 0, "category": c, "class": k, "step_ms": span, "exposed_ms": e,
                             "speedup_ceiling": span / (span - e)} for c, k, _, _, e in cats]
                           ).sort_values("speedup_ceiling", ascending=False)
-    amdahl.to_csv(d / "amdahl.csv", index=False)
+    schema.write_table(amdahl, d / "amdahl.csv", schema.AmdahlRow)
     ranks = []
     for r in range(8):
         ranks.append({"rank": r, "file": f"rank{r}.pt.trace.json.gz", "mode": "gpu",
@@ -199,7 +215,7 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                          "other_collective": {"median": 0.0, "min": 0, "max": 0}},
             "expected": {"all_reduce": 123, "all_gather": 1}, "match": True,
             "explanation": ["observed counts match the architecture"], "rank": 0, "tp": 8},
-        "cross_rank": [],
+        "cross_rank": xr,
         "text_table_check": [{"file": "/x/profiler_out_0.txt", "rank": 0, "rows": 50, "layout": "gpu",
                               "self_cuda_total_us": kernel_sum * 1000 * 160 * 0.995,
                               "trace_kernel_sum_us": kernel_sum * 1000 * 160, "rel_diff": 0.005}],
@@ -207,7 +223,7 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                    "message": "kernel sum per decode step exceeds the measured TPOT: kernels overlap"}]
         if kernel_sum > tpot else [],
     }
-    write_json(d / "summary.json", summary)
+    schema.write(d / "summary.json", summary, schema.TraceSummary)
     tl = []
     t = 0.0
     for i in range(40):
@@ -219,10 +235,10 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
         t += dur + (30.0 if launch_bound else 2.0)
     tl.append({"rank": 0, "step_id": 7, "stream": 13, "category": "memcpy", "class": "memory",
                "start_us": 5.0, "dur_us": 3.0, "name": "Memcpy HtoD"})
-    pd.DataFrame(tl).to_csv(d / "timeline_rank0_step.csv", index=False)
-    pd.DataFrame([{"rank": r, "category": c, "class": k, "count": n * 160, "sum_us": ms * 160e3,
+    schema.write_table(pd.DataFrame(tl), d / "timeline_rank0_step.csv", schema.TimelineRow)
+    schema.write_table(pd.DataFrame([{"rank": r, "category": c, "class": k, "count": n * 160, "sum_us": ms * 160e3,
                    "union_us": ms * 160e3, "exposed_us": e * 160e3} for r in range(8)
-                  for c, k, ms, n, e in cats]).to_csv(d / "rank_categories.csv", index=False)
+                  for c, k, ms, n, e in cats]), d / "rank_categories.csv", schema.RankCategoryRow)
     steps = []
     for r in range(8):
         for i in range(165):
@@ -232,4 +248,4 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                           "busy_us": union * 1000, "span_us": span * 1000 * (1 + 0.01 * (i % 7)),
                           "idle_us": (span - union) * 1000, "annotation_dur_us": span * 1020,
                           "all_reduce_calls": 123, "all_gather_calls": 1, "other_collective_calls": 0})
-    pd.DataFrame(steps).to_csv(d / "steps.csv", index=False)
+    schema.write_table(pd.DataFrame(steps), d / "steps.csv", schema.StepRow)

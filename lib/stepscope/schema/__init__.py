@@ -1,0 +1,116 @@
+"""The run folder's artifacts, typed in one place: every key, column, unit and meaning.
+
+Stages talk only through files in `outputs/<run-id>/`. Each JSON file is a
+`msgspec.Struct` here and each CSV table a `Row` (one field per column; fields without a
+default are required columns). Writers check what they write (`write`, `validate`,
+`check_frame`), the report and `compare` read through `read` and `check_frame`, and the
+README's artifact section and `docs/artifacts.md` are generated from `ARTIFACTS`
+(`python -m stepscope.schema README.md docs/artifacts.md`).
+
+Reading ignores unknown keys (a newer file still reads) and fills documented defaults for
+keys an older stage did not write; a missing required key or a wrong type is an
+`ArtifactError` naming the file and the key path. Times are µs unless the key says `_ms`
+or `_s`; shares are 0-1 unless the key says `pct`.
+"""
+
+from __future__ import annotations
+
+from stepscope.schema._base import (SCHEMA_VERSION, Artifact, ArtifactError, Record, Row, check_frame,
+                                    columns, convert, read, required_columns, to_builtins, validate,
+                                    write, write_table)
+from stepscope.schema.capture import CaptureFile, CaptureLatency, CaptureManifest
+from stepscope.schema.categorize import (AmdahlRow, CollectiveInstanceRow, CollectivesCheck, CrossRankRow,
+                                         DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
+                                         StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
+from stepscope.schema.deploy import ServerRecord
+from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmPrediction, GemmRow
+from stepscope.schema.run import RunRecord, StageStatus
+from stepscope.schema.sweep import LevelRow, SweepSummary
+
+ARTIFACTS: tuple[Artifact, ...] = (
+    Artifact("run.json", "run", "git commit, package versions, hardware, params (redacted), "
+             "per-stage status/duration/error, `schema_version`", RunRecord),
+    Artifact("params.yaml", "run", "the params snapshot, secrets redacted (`stepscope.config.Params`; "
+             "keys in the params reference below)"),
+    Artifact("notebooks/NN_name.ipynb", "run", "the executed notebooks"),
+    Artifact("figures/*.png", "run", "every figure, named for what it shows"),
+    Artifact("profiler_raw/", "run", "where the launched server writes its traces", optional=True),
+    Artifact("00_deploy/server.json", "00_deploy", "url, engine + version, /v1/models, argv and env "
+             "redacted, profiler_dir, tp", ServerRecord),
+    Artifact("00_deploy/server.log", "00_deploy", "the launched server's log", optional=True),
+    Artifact("01_macro_sweep/levels/<level>.jsonl", "01_macro_sweep",
+             "raw per-request records; an interrupted level leaves `<level>.partial.jsonl` "
+             "(its finished requests)"),
+    Artifact("01_macro_sweep/levels/<level>.meta.json", "01_macro_sweep",
+             "level settings, client CPU, server /metrics snapshots; marks a finished level"),
+    Artifact("01_macro_sweep/levels.csv", "01_macro_sweep", "one row per level", LevelRow),
+    Artifact("01_macro_sweep/summary.json", "01_macro_sweep", "knee, plateau, batch-1 latency, "
+             "failures, flags", SweepSummary),
+    Artifact("02_gemm_micro/gemm.csv", "02_gemm_micro", "one row per timed GEMM shape and setting", GemmRow),
+    Artifact("02_gemm_micro/prediction.json", "02_gemm_micro", "GEMM time per decode step by batch size",
+             GemmPrediction),
+    Artifact("03_nccl_burst/collectives.csv", "03_nccl_burst", "latency and bandwidth per collective "
+             "and size", CollectiveRow),
+    Artifact("03_nccl_burst/burst.csv", "03_nccl_burst", "bursts of one decode step's all-reduces",
+             BurstRow),
+    Artifact("03_nccl_burst/prediction.json", "03_nccl_burst", "communication time per decode step",
+             CommPrediction),
+    Artifact("03_nccl_burst/ranks/", "03_nccl_burst", "raw per-rank timings, progress and logs"),
+    Artifact("04_profiler_capture/traces/", "04_profiler_capture",
+             "rank traces, `profiler_out` tables, the front end's trace"),
+    Artifact("04_profiler_capture/manifest.json", "04_profiler_capture",
+             "what was captured: ranks, files with sizes and hashes, profiler settings", CaptureManifest),
+    Artifact("04_profiler_capture/capture_latency.json", "04_profiler_capture",
+             "client-side TTFT/TPOT of the capture's requests", CaptureLatency),
+    Artifact("05_categorize/summary.json", "05_categorize", "per-rank totals, the decode summary, "
+             "checks and flags (below)", TraceSummary),
+    Artifact("05_categorize/decode_categories.csv", "05_categorize", "per rank and category over "
+             "decode steps", DecodeCategoryRow),
+    Artifact("05_categorize/steps.csv", "05_categorize", "one row per step and rank", StepRow),
+    Artifact("05_categorize/rank_categories.csv", "05_categorize", "per rank and category, whole trace",
+             RankCategoryRow),
+    Artifact("05_categorize/cross_rank.csv", "05_categorize", "per category across ranks", CrossRankRow),
+    Artifact("05_categorize/amdahl.csv", "05_categorize", "per category: speed-up ceiling", AmdahlRow),
+    Artifact("05_categorize/timeline_rank0_step.csv", "05_categorize",
+             "the work of one representative decode step", TimelineRow),
+    Artifact("05_categorize/collective_instances.csv", "05_categorize",
+             "collectives matched across ranks", CollectiveInstanceRow, optional=True),
+    Artifact("05_categorize/text_tables.csv", "05_categorize", "the `profiler_out` tables, parsed",
+             optional=True),
+    Artifact("05_categorize/perfetto/", "05_categorize", "categorized Chrome traces for Perfetto"),
+    Artifact("05_categorize/cache/", "05_categorize", "slim per-rank event tables (Parquet)"),
+    Artifact("06_writeup/report.md", "06_writeup", "the report"),
+    Artifact("06_writeup/report.html", "06_writeup", "the same as one self-contained HTML file"),
+)
+ARTIFACT_BY_PATH = {a.path: a for a in ARTIFACTS}
+
+
+def artifact(path: str) -> Artifact:
+    return ARTIFACT_BY_PATH[path]
+
+
+def check_run_folder(run_dir) -> dict[str, object]:
+    """Every typed artifact present in `run_dir`, read through its schema: {path: Struct or
+    DataFrame}. Raises ArtifactError at the first file that does not match."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    out: dict[str, object] = {}
+    for a in ARTIFACTS:
+        p = Path(run_dir) / a.path
+        if a.type is None or not p.is_file():
+            continue
+        out[a.path] = read(p, a.type) if a.kind == "json" else check_frame(pd.read_csv(p), a.type, str(p))
+    return out
+
+
+__all__ = [
+    "ARTIFACTS", "ARTIFACT_BY_PATH", "SCHEMA_VERSION", "AmdahlRow", "Artifact", "ArtifactError",
+    "BurstRow", "CaptureFile", "CaptureLatency", "CaptureManifest", "CollectiveInstanceRow",
+    "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
+    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "LevelRow", "RankCategoryRow", "RankSummary",
+    "Record", "Row", "RunRecord", "ServerRecord", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
+    "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
+    "required_columns", "to_builtins", "validate", "write", "write_table",
+]

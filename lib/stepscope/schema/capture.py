@@ -1,0 +1,64 @@
+"""Stage 04 (`04_profiler_capture/`): the profiler capture (`stepscope.capture`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.schema._base import Record
+
+
+class CaptureFile(Record, kw_only=True):
+    path: str
+    """Relative to `04_profiler_capture/`."""
+    rank: int | None = None
+    bytes: int | None = None
+    sha256: str | None = None
+    kind: str = "trace"
+    """`trace`, `frontend_trace`, `profiler_table` or `frontend_table`."""
+
+
+class CaptureManifest(Record, kw_only=True):
+    engine: str | None = None
+    engine_version: str | None = None
+    base_url: str | None = None
+    profiler_dir: str | None = None
+    profiler_dir_source: str | None = None
+    """Where `profiler_dir` came from (server.json, params)."""
+    profiler_settings: dict[str, Any] = {}
+    """with_stack, record_shapes, ... as the server was configured."""
+    start_profile_body: Any = None
+    tp: int | None = None
+    ranks_expected: list[int] = []
+    ranks_found: list[int] = []
+    missing_ranks: list[int] = []
+    partial: bool = False
+    """True when not every expected rank's trace was complete."""
+    requests: int | None = None
+    """Sequential batch-1 requests sent while the profiler ran."""
+    output_len: int | None = None
+    input_len: int | None = None
+    warmup_requests: int | None = None
+    stop_profile_s: float | None = None
+    """How long /stop_profile took, s."""
+    started_at: str | None = None
+    stopped_at: str | None = None
+    notes: list[str] = []
+    files: list[CaptureFile] = []
+
+
+class CaptureLatency(Record, kw_only=True):
+    """Client-side latency of the capture's requests (the sweep's metric definitions)."""
+
+    n_requests: int | None = None
+    n_completed: int | None = None
+    n_failed: int = 0
+    input_len: int | None = None
+    output_len: int | None = None
+    ttft_ms_mean: float | None = None
+    ttft_ms_median: float | None = None
+    tpot_ms_mean: float | None = None
+    """Mean TPOT over the capture's requests, ms: what stage 05 sets beside a step's span."""
+    tpot_ms_median: float | None = None
+    e2el_ms_mean: float | None = None
+    e2el_ms_median: float | None = None
+    definitions: str | None = None

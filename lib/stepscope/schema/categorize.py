@@ -1,0 +1,392 @@
+"""Stage 05 (`05_categorize/`): kernel categories and exact per-step accounting
+(`stepscope.trace`). All times are µs unless the key says `_ms`.
+
+Keys marked "(new)" come from issue 10's stage-05 contract; runs written before it lack
+them, so every one is optional here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import field
+
+from stepscope.schema._base import Record, Row
+
+
+class Stat(Record, kw_only=True):
+    mean: float | None = None
+    median: float | None = None
+    p90: float | None = None
+
+
+class CountStat(Record, kw_only=True):
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class CategoryTotals(Record, kw_only=True):
+    count: int
+    """Calls (a CPU collective counts once, at its entry op)."""
+    sum_us: float
+    """Summed durations."""
+    union_us: float
+    """Interval union: time at least one of its kernels ran."""
+    exposed_us: float
+    """Time no higher-priority class covers (compute > communication > memory). Compute
+    kernels may overlap each other, so the compute categories' exposed times can add up to
+    more than compute's union; the class totals (`class_totals_us`) add up exactly."""
+
+
+class NamedTime(Record, kw_only=True):
+    name: str
+    sum_us: float
+    count: int
+
+
+class ClassTotals(Record, kw_only=True):
+    """(new) compute_us + comm_exposed_us + memory_exposed_us == busy_us, exactly."""
+
+    compute_us: float
+    comm_exposed_us: float
+    memory_exposed_us: float
+    busy_us: float
+
+
+class RankSummary(Record, kw_only=True):
+    rank: int
+    """From `distributedInfo.rank`, else the file name."""
+    file: str
+    mode: str
+    """`gpu` (device kernels) or `cpu` (CPU-only trace: op self time is the work)."""
+    origin_us: float | None = None
+    """The trace-clock instant every other time of this rank is measured from."""
+    n_device_events: int
+    """Work events (CPU traces: op pieces)."""
+    kernel_sum_us: float
+    """Summed durations of all work."""
+    busy_us: float
+    """Union of all work."""
+    idle_us: float
+    span_us: float
+    """First to last work; busy_us + idle_us == span_us exactly."""
+    categories: dict[str, CategoryTotals] = {}
+    other_share: float = 0.0
+    """Time in `other` (no rule matched) / kernel sum, 0-1."""
+    other_top_names: list[NamedTime] = []
+    n_steps: int = 0
+    n_decode_steps: int = 0
+    step_source: str | None = None
+    """`annotation:vllm`, `annotation:sglang`, `annotation:profiler_step`, or the fallback used."""
+    unattributed_events: int = 0
+    """Work that belongs to no recorded step (left out of per-step figures)."""
+    attribution: dict[str, int] = {}
+    """{how a work row found its step: rows}."""
+    excluded: dict[str, float] = {}
+    """Work left out and why (CPU traces: ops on other threads or outside steps)."""
+    collectives_per_decode_step: dict[str, float | None] = {}
+    """{all_reduce, all_gather}: medians over decode steps."""
+    step_kinds: dict[str, int] | None = None
+    """(new) {step kind: count}."""
+    class_totals_us: ClassTotals | None = None
+    """(new) Whole-trace class totals."""
+    catch_all_share: float | None = None
+    """(new) Share of kernel time in the catch-all bucket."""
+    catch_all_top_names: list[Any] | None = None
+    """(new) Its largest names."""
+
+
+class StepTimes(Record, kw_only=True):
+    """Per decode step readings on the reference rank, each {mean, median, p90}."""
+
+    steps_used: str | None = None
+    """`decode`, or what was used when no step is labelled decode."""
+    n_steps: int = 0
+    kernel_sum_ms: Stat = field(default_factory=Stat)
+    union_ms: Stat = field(default_factory=Stat)
+    """Busy time: the union of the step's work."""
+    span_ms: Stat = field(default_factory=Stat)
+    """First to last work of the step."""
+    annotation_ms: Stat = field(default_factory=Stat)
+    """The engine's host-side step annotation."""
+    tpot_capture_ms: float | None = None
+    """Mean TPOT the client measured during capture."""
+
+
+class LargestGap(Record, kw_only=True):
+    dur_ms: float | None = None
+    step: int | None = None
+    before: str | None = None
+    after: str | None = None
+
+
+class DecodeSummary(Record, kw_only=True):
+    rank: int | None = None
+    """The reference rank (the lowest)."""
+    steps: StepTimes = field(default_factory=StepTimes)
+    categories: list[DecodeCategoryRow] = []
+    """The reference rank's rows of decode_categories.csv."""
+    amdahl: list[AmdahlRow] = []
+    """The reference rank's rows of amdahl.csv."""
+    period_ms: dict[str, float | None] | None = None
+    """(new) Step start to next step start: {mean, median, p90, n}."""
+    denominator: str | None = None
+    """(new) `period` (shares and Amdahl ceilings use it) or `span` (one step only)."""
+    denominator_reason: str | None = None
+    idle_micro_ms: float | None = None
+    """(new) Mean per step: gaps between kernels inside a step."""
+    idle_macro_ms: float | None = None
+    """(new) Mean per step: the gap between steps."""
+    largest_gap: LargestGap | None = None
+    """(new)"""
+    launch_delay_us: dict[str, float | None] | None = None
+    """(new) {median, p90}: launch to kernel start."""
+
+
+class CollectivesCheck(Record, kw_only=True):
+    observed: dict[str, Any] = {}
+    """{steps_used, n_steps, all_reduce/all_gather/other_collective: {median, min, max}}."""
+    expected: dict[str, Any] | None = None
+    """{all_reduce, all_gather, reasoning} from the architecture; null without one."""
+    match: bool | None = None
+    explanation: list[str] = []
+    """Sentences: why the counts differ, or what was not checked."""
+    rank: int | None = None
+    tp: int | None = None
+    """The TP size the expectation used."""
+
+
+class TraceInfo(Record, kw_only=True):
+    """(new) What the traces are."""
+
+    kind: str | None = None
+    """`decode`, `prefill`, `mixed`, `training`, `single_step` or `unknown`."""
+    engine: str | None = None
+    """`vllm`, `sglang` or `unknown`."""
+    device_name: str | None = None
+    device_count: int | None = None
+    batch_size: float | None = None
+    """Requests per decode step from the annotations, median; null when unknown."""
+    world_size: int | None = None
+    """From `distributedInfo`."""
+    tp: int | None = None
+    tp_source: str | None = None
+    """`params`, `trace` or `default`."""
+    tp_disagreement: bool | None = None
+    n_steps: int | None = None
+    n_decode_steps: int | None = None
+    low_confidence: bool | None = None
+    """Fewer than 5 steps of the judged kind."""
+
+
+class CollectivesMatched(Record, kw_only=True):
+    """(new) Collectives matched across ranks (instances in collective_instances.csv)."""
+
+    world_size: int | None = None
+    ranks_present: list[int] | int | None = None
+    complete: bool | None = None
+    n_instances: int | None = None
+    transfer_ms_per_step: float | None = None
+    wait_ms_per_step: float | None = None
+    skew_us: dict[str, float | None] | None = None
+    """{p50, p90}."""
+    straggler_rank: int | None = None
+    clock_flag: Any = None
+
+
+class RooflineDevice(Record, kw_only=True):
+    name: str | None = None
+    peak_mem_bw_gbps: float | None = None
+    peak_tflops: float | None = None
+    known: bool | None = None
+
+
+class RooflineRow(Record, kw_only=True):
+    category: str
+    calls_per_step: float | None = None
+    flops_per_step: float | None = None
+    bytes_per_step: float | None = None
+    time_ms_per_step: float | None = None
+    achieved_tflops: float | None = None
+    achieved_gbps: float | None = None
+    pct_peak_bw: float | None = None
+    pct_peak_flops: float | None = None
+    source: str | None = None
+
+
+class Roofline(Record, kw_only=True):
+    """(new)"""
+
+    device: RooflineDevice = field(default_factory=RooflineDevice)
+    rows: list[RooflineRow] = []
+
+
+class Flag(Record, kw_only=True):
+    code: str
+    severity: str
+    """`info`, `warning` or `error`."""
+    message: str
+
+
+class TraceSummary(Record, kw_only=True):
+    ranks: list[RankSummary]
+    """One entry per rank."""
+    decode: DecodeSummary = field(default_factory=DecodeSummary)
+    """The decode summary on the reference rank."""
+    collectives_check: CollectivesCheck = field(default_factory=CollectivesCheck)
+    """Observed against expected collectives per decode step (2L+1 all-reduces and 1
+    all-gather for vLLM at TP>1)."""
+    cross_rank: list[CrossRankRow] = []
+    """Rows of cross_rank.csv."""
+    text_table_check: list[dict[str, Any]] = []
+    """The `profiler_out` tables against the trace (flagged above 1 %)."""
+    flags: list[Flag] = []
+    """Data-quality flags."""
+    trace_info: TraceInfo | None = None
+    """(new) What the traces are."""
+    collectives_matched: CollectivesMatched | None = None
+    """(new) Collectives matched across ranks."""
+    roofline: Roofline | None = None
+    """(new) Per category: achieved FLOP/s and bytes/s against the device's peaks."""
+
+
+# --------------------------------------------------------------------------- tables
+
+
+class DecodeCategoryRow(Row, kw_only=True):
+    """Per rank and category over decode steps (all steps when none is labelled decode)."""
+
+    rank: int
+    category: str
+    class_: str = field(name="class")
+    """`compute`, `communication` or `memory`."""
+    n_steps: int | None = None
+    union_ms_mean: float
+    """Per-step busy time of the category, ms: mean over steps."""
+    union_ms_median: float | None = None
+    union_ms_p90: float | None = None
+    sum_ms_mean: float | None = None
+    """Summed durations per step (kernels of one category may overlap)."""
+    exposed_ms_mean: float | None = None
+    """Per-step time no higher-priority class covers."""
+    share_of_span: float | None = None
+    """union_ms_mean / mean step span, 0-1."""
+    exposed_share_of_busy: float | None = None
+    calls_per_step: float | None = None
+    us_per_call: float | None = None
+    """sum / calls, µs."""
+
+
+class StepRow(Row, kw_only=True):
+    """One step of one rank."""
+
+    rank: int
+    step_id: int
+    name: str | None = None
+    """The engine's step annotation."""
+    source: str | None = None
+    label: str | None = None
+    """`prefill`, `decode`, `mixed`, `idle` or `unknown`."""
+    n_requests: float | None = None
+    """From the annotation; -1 = not in it."""
+    n_tokens: float | None = None
+    prefill_requests: float | None = None
+    prefill_tokens: float | None = None
+    decode_requests: float | None = None
+    decode_tokens: float | None = None
+    annotation_ts_us: float | None = None
+    annotation_dur_us: float | None = None
+    n_events: int
+    kernel_sum_us: float
+    busy_us: float
+    span_us: float
+    compute_us: float | None = None
+    exposed_comm_us: float | None = None
+    exposed_mem_us: float | None = None
+    all_reduce_calls: float | None = None
+    all_gather_calls: float | None = None
+    other_collective_calls: float | None = None
+    first_start_us: float | None = None
+    idle_us: float | None = None
+    kind: str | None = None
+    """(new) decode, prefill, mixed, training, ..."""
+    period_us: float | None = None
+    """(new) This step's start to the next's."""
+    comm_exposed_us: float | None = None
+    """(new)"""
+    memory_exposed_us: float | None = None
+    """(new)"""
+    idle_micro_us: float | None = None
+    """(new)"""
+    idle_macro_us: float | None = None
+    """(new)"""
+    launch_delay_us: float | None = None
+    """(new)"""
+
+
+class RankCategoryRow(Row, kw_only=True):
+    """Per rank and category over the whole trace, attributed to a step or not."""
+
+    rank: int
+    category: str
+    class_: str = field(name="class")
+    count: int
+    sum_us: float
+    union_us: float
+    exposed_us: float
+
+
+class CrossRankRow(Row, kw_only=True):
+    """Per category: decode time per step across ranks."""
+
+    category: str
+    class_: str | None = field(name="class", default=None)
+    n_ranks: int | None = None
+    ms_per_step_min: float | None = None
+    ms_per_step_median: float | None = None
+    ms_per_step_max: float | None = None
+    min_rank: int | None = None
+    max_rank: int | None = None
+    transfer_ms_est: float | None = None
+    """Collectives: the least-waiting rank's time estimates the transfer."""
+    wait_ms_median: float | None = None
+    """Collectives: the rest is waiting for other ranks."""
+    wait_ms_max: float | None = None
+    note: str | None = None
+
+
+class AmdahlRow(Row, kw_only=True):
+    """Per category on the reference rank: the most removing its exposed time could buy."""
+
+    rank: int | None = None
+    category: str
+    class_: str | None = field(name="class", default=None)
+    step_ms: float
+    """The step basis (mean decode step span, or period when published)."""
+    exposed_ms: float
+    speedup_ceiling: float | None
+    """step_ms / (step_ms - exposed_ms)."""
+
+
+class TimelineRow(Row, kw_only=True):
+    """The work of the reference rank's decode step of median span."""
+
+    rank: int
+    step_id: int
+    stream: int | None = None
+    """CUDA stream, or CPU thread id."""
+    category: str
+    class_: str | None = field(name="class", default=None)
+    start_us: float
+    """From the step's first work."""
+    dur_us: float
+    name: str | None = None
+
+
+class CollectiveInstanceRow(Row, kw_only=True):
+    """(new) One collective matched across ranks."""
+
+    step_id: int | None = None
+    category: str | None = None
+

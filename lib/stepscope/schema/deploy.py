@@ -1,0 +1,42 @@
+"""`00_deploy/server.json`: the run's server, launched or attached (`stepscope.serve`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.schema._base import Record
+
+
+class ServerRecord(Record, kw_only=True):
+    mode: str
+    """`launch` (this run started it) or `attach` (someone else's)."""
+    engine: str
+    """`vllm` or `sglang`."""
+    base_url: str
+    """e.g. `http://127.0.0.1:8000`."""
+    served_model: str | None = None
+    """The model name requests use."""
+    engine_version: str | None = None
+    models_response: dict[str, Any] | None = None
+    """The server's `/v1/models` answer."""
+    argv: list[str] = []
+    """The server's command line, secrets redacted (launch mode)."""
+    env: dict[str, str] = {}
+    """Only the variables stepscope set, secrets redacted."""
+    profiler_dir: str | None = None
+    """Where the server writes its traces."""
+    tp: int = 1
+    """Tensor-parallel size: one worker and one trace per rank."""
+    pid: int | None = None
+    pgid: int | None = None
+    """Process group the runner stops at the end (launch mode)."""
+    log_path: str | None = None
+    """The server's log (`00_deploy/server.log` in launch mode)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (never the key)."""
+    started_at: str | None = None
+    """ISO 8601, UTC."""
+    startup_s: float | None = None
+    """Seconds from launch until /health answered."""
+    stopped_at: str | None = None
+    """ISO 8601, UTC: when the runner stopped the server it launched."""

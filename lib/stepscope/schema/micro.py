@@ -1,0 +1,178 @@
+"""Stages 02 (`02_gemm_micro/`) and 03 (`03_nccl_burst/`): micro-benchmarks at the model's
+own shapes (`stepscope.micro`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.schema._base import Record, Row
+
+
+class GemmRow(Row, kw_only=True):
+    """One (model, shape, M, dtype, backend, mode) timing, or one skipped/failed backend."""
+
+    model: str
+    tp: int | None = None
+    """TP size the shapes are sharded at."""
+    gemm: str | None = None
+    """The GEMMs sharing this shape, `+`-joined (e.g. `qkv_proj+down_proj`)."""
+    layer_kind: str | None = None
+    m: int | None = None
+    """Rows: tokens in the batch (decode: the batch size)."""
+    n: int | None = None
+    k: int | None = None
+    batch: int | None = None
+    """Batched GEMM count (MLA's per-head bmm), else 1."""
+    dtype: str
+    """`float32`, `bfloat16`, `w4a16-g32`."""
+    backend: str
+    """`torch` or `marlin`."""
+    mode: str
+    """`hot` (one weight, cache-resident) or `cold` (weights rotated through > 2x L2)."""
+    device: str | None = None
+    threads: int | None = None
+    """CPU timing thread count."""
+    time_us_median: float | None = None
+    """Per call, µs; median over repeats."""
+    time_us_p10: float | None = None
+    time_us_p90: float | None = None
+    n_repeats: int | None = None
+    flops: float | None = None
+    """2·M·N·K·batch."""
+    bytes: float | None = None
+    """Weights at their precision + activations in and out."""
+    tflops: float | None = None
+    gbps: float | None = None
+    """Bytes / median time, GB/s."""
+    pct_peak_bw: float | None = None
+    """% of `hardware.peak_mem_bw_gbps`; empty when no peak is known."""
+    status: str
+    """`ok`, `skipped` or `failed` (see `reason`)."""
+    reason: str | None = None
+
+
+class GemmPresetPrediction(Record, kw_only=True):
+    model: str
+    tp: int | None = None
+    gemm_us_per_decode_step: dict[str, float] = {}
+    gemm_calls_per_decode_step: dict[str, float] = {}
+    weight_bytes_per_decode_step: dict[str, float] = {}
+    missing_shapes: list[str] = []
+    clamped_shapes: list[str] = []
+
+
+class GemmPrediction(Record, kw_only=True):
+    model: str | None = None
+    """The served model; null when it was not timed (see `notes`)."""
+    tp: int | None = None
+    method: str | None = None
+    """How the prediction is computed, in words."""
+    gemm_us_per_decode_step: dict[str, float] = {}
+    """{M: GEMM time per decode step, µs}: calls per step x median time, summed over GEMMs."""
+    gemm_calls_per_decode_step: dict[str, float] = {}
+    """{M: GEMM calls per decode step}."""
+    weight_bytes_per_decode_step: dict[str, float] = {}
+    """{M: weight bytes one GPU reads per decode step} (distinct experts)."""
+    missing_shapes: list[str] = []
+    """Shapes with no measured row (left out of the sum)."""
+    clamped_shapes: list[str] = []
+    """Shapes whose M lies outside the timed grid (time clamped to its edge)."""
+    config: dict[str, Any] = {}
+    """{backend, dtype, mode, routed_backend}: which measured rows stand for the served model."""
+    presets: list[GemmPresetPrediction] = []
+    """The same for each `micro.gemm.presets` architecture."""
+    device: str | None = None
+    peak_mem_bw_gbps: float | None = None
+    peak_source: str | None = None
+    timing: str | None = None
+    """The timing method in words (clock, warm-up, repeats, threads, hot/cold)."""
+    notes: list[str] = []
+
+
+class CollectiveRow(Row, kw_only=True):
+    """One collective at one message size: per-rank medians, then across ranks."""
+
+    source: str
+    """`stepscope`, or the nccl-tests file it was imported from."""
+    op: str
+    """`all_reduce` or `all_gather`."""
+    backend: str | None = None
+    world_size: int | None = None
+    dtype: str | None = None
+    size_bytes: int
+    count: int | None = None
+    """Elements per rank."""
+    mode: str | None = None
+    """`eager` or `cuda_graph`."""
+    placement: str | None = None
+    """`in-place` or `out-of-place`."""
+    time_us_rank_min: float | None = None
+    """Each rank's median per-op time, µs; then the minimum across ranks."""
+    time_us_rank_median: float | None = None
+    """The median across ranks (nccl-tests imports: their time)."""
+    time_us_rank_max: float | None = None
+    algbw_gbps: float | None = None
+    """bytes / time (nccl-tests' formula)."""
+    busbw_gbps: float | None = None
+    """algbw · 2(n-1)/n for all-reduce, (n-1)/n for all-gather."""
+    n_iters: int | None = None
+
+
+class BurstRow(Row, kw_only=True):
+    """K back-to-back all-reduces of one decode step's size, as a decode step issues them."""
+
+    k: int
+    """All-reduces per burst (the model's per-step count)."""
+    batch_m: int | None = None
+    """Decode batch size: each all-reduce is M x hidden x dtype bytes."""
+    size_bytes: int
+    total_us: float | None = None
+    """Median over repeats of the slowest rank's burst time."""
+    total_us_p10: float | None = None
+    total_us_p90: float | None = None
+    per_op_us: float | None = None
+    """total_us / k."""
+    mode: str
+    """`eager` or `cuda_graph`."""
+    backend: str | None = None
+    world_size: int | None = None
+    n_repeats: int | None = None
+    status: str = "ok"
+    """`ok`, `skipped` or `failed` (see `reason`)."""
+    reason: str | None = None
+
+
+class CommBatchPrediction(Record, kw_only=True):
+    comm_us_per_decode_step: float | None = None
+    per_op_us: float | None = None
+    size_bytes: int | None = None
+    mode: str | None = None
+
+
+class CommPrediction(Record, kw_only=True):
+    model: str | None = None
+    k: int | None = None
+    """All-reduces per decode step."""
+    k_source: str | None = None
+    """Where `k` comes from (the architecture's 2L+1, or params)."""
+    backend: str | None = None
+    world_size: int | None = None
+    dtype: str | None = None
+    method: str | None = None
+    comm_us_per_decode_step: float | None = None
+    """k x per_op_us at batch 1, µs."""
+    per_op_us: float | None = None
+    size_bytes: int | None = None
+    mode: str | None = None
+    """The burst mode the prediction uses (`cuda_graph` when measured, else `eager`)."""
+    by_batch: dict[str, CommBatchPrediction] = {}
+    """{M: the same at decode batch M}."""
+    eager_per_op_us_same_size: float | None = None
+    """One isolated all-reduce of the same size, µs (for comparison)."""
+    burst_over_eager_per_op: float | None = None
+    all_gather_us: float | None = None
+    """One logits all-gather, µs."""
+    all_gather_size_bytes: int | None = None
+    interconnect: str | None = None
+    hardware: str | None = None
+    notes: list[str] = []

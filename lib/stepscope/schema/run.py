@@ -1,0 +1,47 @@
+"""`run.json`: provenance and per-stage status, written by the runner (and `analyze`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.schema._base import Record
+
+
+class StageStatus(Record, kw_only=True):
+    status: str
+    """`ok`, `failed` (see `error`) or `skipped` (a stage it needs did not finish)."""
+    duration_s: float | None = None
+    """Wall time of the stage's notebook, seconds."""
+    error: str | None = None
+    """The stage's error message, without a traceback."""
+    notebook: str | None = None
+    """The executed (or partial) notebook."""
+    finished_at: str | None = None
+    """ISO 8601, UTC."""
+
+
+class RunRecord(Record, kw_only=True):
+    run_id: str
+    """The run folder's name."""
+    schema_version: int = 1
+    """Version of this schema the run was written with (`stepscope.schema.SCHEMA_VERSION`);
+    runs written before it existed read as 1."""
+    created_at: str | None = None
+    """ISO 8601, UTC."""
+    updated_at: str | None = None
+    params_file: str | None = None
+    """The params YAML the run was started from."""
+    argv: list[str] = []
+    """The command line, secrets redacted."""
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    """Uncommitted changes to tracked files when the run started."""
+    packages: dict[str, str] = {}
+    """{distribution: version} of the packages that shape the numbers."""
+    hardware: dict[str, Any] = {}
+    """`machine`, `cpu_count`, `cpu`, `memory_gib`, and `gpus` (nvidia-smi lines) when present."""
+    python: str | None = None
+    params: dict[str, Any] | None = None
+    """The validated params with every default filled in, secrets redacted."""
+    stages: dict[str, StageStatus] = {}
+    """{stage id: status}, in the order the stages ran."""
