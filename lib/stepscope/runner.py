@@ -32,7 +32,6 @@ from stepscope.runfolder import (
     Stage,
     params_snapshot_path,
     read_json,
-    write_json,
     write_yaml,
 )
 
