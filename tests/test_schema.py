@@ -116,3 +116,26 @@ def test_schema_import_is_light():
             "print(sorted(m for m in ('pandas', 'numpy', 'yaml', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_readme_and_docs_artifact_sections_equal_the_schema(repo_root):
+    from stepscope.schema import docs
+
+    readme = (repo_root / "README.md").read_text()
+    assert readme == docs.readme_with_artifacts(readme), (
+        "README's artifact section is stale: run `python -m stepscope.schema README.md docs/artifacts.md`")
+    assert (repo_root / "docs" / "artifacts.md").read_text() == docs.artifacts_markdown() + "\n", (
+        "docs/artifacts.md is stale: run `python -m stepscope.schema README.md docs/artifacts.md`")
+    # Every typed artifact, and the exposed-time caveat, reach the README.
+    for a in schema.ARTIFACTS:
+        assert a.path.rsplit("/", 1)[-1] in readme or a.path in readme, a.path
+    assert "can add up to more than `busy_us`" in readme
+
+
+def test_generated_docs_carry_each_field_its_type_and_meaning():
+    from stepscope.schema import docs
+
+    md = docs.artifacts_markdown()
+    assert "| `tpot_ms_mean` | float or null | Per request (E2EL - TTFT) / (tokens - 1)" in md
+    assert "- `knee_concurrency` (int | null, optional): The first level beyond which" in md
+    assert "## `05_categorize/steps.csv`" in md and "| `class` | str | `compute`, `communication` or `memory`. |" in md

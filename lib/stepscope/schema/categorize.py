@@ -1,8 +1,8 @@
 """Stage 05 (`05_categorize/`): kernel categories and exact per-step accounting
 (`stepscope.trace`). All times are µs unless the key says `_ms`.
 
-Keys marked "(new)" come from issue 10's stage-05 contract; runs written before it lack
-them, so every one is optional here.
+Keys added with schema version 2 (trace_info, class totals, period, idle split, matched
+collectives, roofline) are optional: runs written before them lack them.
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ class CategoryTotals(Record, kw_only=True):
     union_us: float
     """Interval union: time at least one of its kernels ran."""
     exposed_us: float
-    """Time no higher-priority class covers (compute > communication > memory). Compute
-    kernels may overlap each other, so the compute categories' exposed times can add up to
-    more than compute's union; the class totals (`class_totals_us`) add up exactly."""
+    """Time no higher-priority class covers (compute > communication > memory)."""
 
 
 class NamedTime(Record, kw_only=True):
@@ -46,7 +44,7 @@ class NamedTime(Record, kw_only=True):
 
 
 class ClassTotals(Record, kw_only=True):
-    """(new) compute_us + comm_exposed_us + memory_exposed_us == busy_us, exactly."""
+    """compute_us + comm_exposed_us + memory_exposed_us == busy_us, exactly."""
 
     compute_us: float
     comm_exposed_us: float
@@ -55,6 +53,8 @@ class ClassTotals(Record, kw_only=True):
 
 
 class RankSummary(Record, kw_only=True):
+    """One rank's whole trace."""
+
     rank: int
     """From `distributedInfo.rank`, else the file name."""
     file: str
@@ -72,11 +72,17 @@ class RankSummary(Record, kw_only=True):
     span_us: float
     """First to last work; busy_us + idle_us == span_us exactly."""
     categories: dict[str, CategoryTotals] = {}
+    """{category: totals}. Exposed time is what no higher-priority class covers: compute
+    first, then communication, then memory. Compute kernels can overlap each other and a
+    compute category's exposed time is its whole union, so the categories' exposed times can
+    add up to more than `busy_us`; `class_totals_us` adds up exactly."""
     other_share: float = 0.0
     """Time in `other` (no rule matched) / kernel sum, 0-1."""
     other_top_names: list[NamedTime] = []
+    """The largest names in `other`, always shown."""
     n_steps: int = 0
     n_decode_steps: int = 0
+    """Steps labelled decode that hold work."""
     step_source: str | None = None
     """`annotation:vllm`, `annotation:sglang`, `annotation:profiler_step`, or the fallback used."""
     unattributed_events: int = 0
@@ -88,17 +94,17 @@ class RankSummary(Record, kw_only=True):
     collectives_per_decode_step: dict[str, float | None] = {}
     """{all_reduce, all_gather}: medians over decode steps."""
     step_kinds: dict[str, int] | None = None
-    """(new) {step kind: count}."""
+    """{step kind: count}."""
     class_totals_us: ClassTotals | None = None
-    """(new) Whole-trace class totals."""
+    """Whole-trace class totals; they add up to busy_us exactly, unlike per-category exposed times."""
     catch_all_share: float | None = None
-    """(new) Share of kernel time in the catch-all bucket."""
+    """Share of kernel time in the catch-all bucket (what no rule matched)."""
     catch_all_top_names: list[Any] | None = None
-    """(new) Its largest names."""
+    """Its largest names."""
 
 
 class StepTimes(Record, kw_only=True):
-    """Per decode step readings on the reference rank, each {mean, median, p90}."""
+    """Per-step readings on the reference rank, each {mean, median, p90} over the steps used."""
 
     steps_used: str | None = None
     """`decode`, or what was used when no step is labelled decode."""
@@ -110,6 +116,8 @@ class StepTimes(Record, kw_only=True):
     """First to last work of the step."""
     annotation_ms: Stat = field(default_factory=Stat)
     """The engine's host-side step annotation."""
+    period_ms: Stat | None = None
+    """Step start to the next step's start."""
     tpot_capture_ms: float | None = None
     """Mean TPOT the client measured during capture."""
 
@@ -117,31 +125,41 @@ class StepTimes(Record, kw_only=True):
 class LargestGap(Record, kw_only=True):
     dur_ms: float | None = None
     step: int | None = None
+    """The step it follows or lies in."""
     before: str | None = None
+    """`category: name` of the work before the gap."""
     after: str | None = None
+    host_call: str | None = None
+    """The host call running during the gap, when the trace shows one."""
+    macro: bool | None = None
+    """True: between steps; false: inside a step."""
 
 
 class DecodeSummary(Record, kw_only=True):
+    """The decode summary on the reference rank."""
+
     rank: int | None = None
     """The reference rank (the lowest)."""
     steps: StepTimes = field(default_factory=StepTimes)
+    """Kernel sum, union, span, annotation and period per step, beside the capture's TPOT."""
     categories: list[DecodeCategoryRow] = []
     """The reference rank's rows of decode_categories.csv."""
     amdahl: list[AmdahlRow] = []
     """The reference rank's rows of amdahl.csv."""
     period_ms: dict[str, float | None] | None = None
-    """(new) Step start to next step start: {mean, median, p90, n}."""
+    """Step start to next step start: {mean, median, p90, n}."""
     denominator: str | None = None
-    """(new) `period` (shares and Amdahl ceilings use it) or `span` (one step only)."""
+    """`period` (shares and Amdahl ceilings divide by it) or `span` (one step only; see
+    `denominator_reason`)."""
     denominator_reason: str | None = None
     idle_micro_ms: float | None = None
-    """(new) Mean per step: gaps between kernels inside a step."""
+    """Mean per step: gaps between work inside a step."""
     idle_macro_ms: float | None = None
-    """(new) Mean per step: the gap between steps."""
+    """Mean per step: the gap between a step's last work and the next step's first."""
     largest_gap: LargestGap | None = None
-    """(new)"""
+    """The longest gap in any decode step."""
     launch_delay_us: dict[str, float | None] | None = None
-    """(new) {median, p90}: launch to kernel start."""
+    """{median, p90}: launch to kernel start (GPU traces)."""
 
 
 class CollectivesCheck(Record, kw_only=True):
@@ -158,7 +176,7 @@ class CollectivesCheck(Record, kw_only=True):
 
 
 class TraceInfo(Record, kw_only=True):
-    """(new) What the traces are."""
+    """What the traces are."""
 
     kind: str | None = None
     """`decode`, `prefill`, `mixed`, `training`, `single_step` or `unknown`."""
@@ -168,20 +186,26 @@ class TraceInfo(Record, kw_only=True):
     device_count: int | None = None
     batch_size: float | None = None
     """Requests per decode step from the annotations, median; null when unknown."""
+    batch_source: str | None = None
+    input_shape: Any = None
     world_size: int | None = None
     """From `distributedInfo`."""
+    ranks_present: list[int] = []
     tp: int | None = None
     tp_source: str | None = None
     """`params`, `trace` or `default`."""
     tp_disagreement: bool | None = None
     n_steps: int | None = None
     n_decode_steps: int | None = None
+    step_kinds: dict[str, int] = {}
+    judged_kind: str | None = None
+    """The step kind the per-step figures describe."""
     low_confidence: bool | None = None
     """Fewer than 5 steps of the judged kind."""
 
 
 class CollectivesMatched(Record, kw_only=True):
-    """(new) Collectives matched across ranks (instances in collective_instances.csv)."""
+    """Collectives matched across ranks (instances in collective_instances.csv)."""
 
     world_size: int | None = None
     ranks_present: list[int] | int | None = None
@@ -216,7 +240,7 @@ class RooflineRow(Record, kw_only=True):
 
 
 class Roofline(Record, kw_only=True):
-    """(new)"""
+    """Per category on the trace: achieved FLOP/s and bytes/s against the device's peaks."""
 
     device: RooflineDevice = field(default_factory=RooflineDevice)
     rows: list[RooflineRow] = []
@@ -230,6 +254,9 @@ class Flag(Record, kw_only=True):
 
 
 class TraceSummary(Record, kw_only=True):
+    """Stage 05's summary: what other tools and CI checks read. All times are µs unless the
+    key says `_ms`."""
+
     ranks: list[RankSummary]
     """One entry per rank."""
     decode: DecodeSummary = field(default_factory=DecodeSummary)
@@ -244,11 +271,12 @@ class TraceSummary(Record, kw_only=True):
     flags: list[Flag] = []
     """Data-quality flags."""
     trace_info: TraceInfo | None = None
-    """(new) What the traces are."""
+    """What the traces are."""
+    notes: dict[str, str] = {}
+    """{key: what it means, in one sentence}, e.g. `exposed_us`."""
     collectives_matched: CollectivesMatched | None = None
-    """(new) Collectives matched across ranks."""
+    """Collectives matched across ranks."""
     roofline: Roofline | None = None
-    """(new) Per category: achieved FLOP/s and bytes/s against the device's peaks."""
 
 
 # --------------------------------------------------------------------------- tables
@@ -272,6 +300,8 @@ class DecodeCategoryRow(Row, kw_only=True):
     """Per-step time no higher-priority class covers."""
     share_of_span: float | None = None
     """union_ms_mean / mean step span, 0-1."""
+    share_of_period: float | None = None
+    """union_ms_mean / mean step period, 0-1."""
     exposed_share_of_busy: float | None = None
     calls_per_step: float | None = None
     us_per_call: float | None = None
@@ -302,27 +332,32 @@ class StepRow(Row, kw_only=True):
     busy_us: float
     span_us: float
     compute_us: float | None = None
-    exposed_comm_us: float | None = None
-    exposed_mem_us: float | None = None
+    """Union of compute work; compute_us + comm_exposed_us + memory_exposed_us == busy_us."""
+    comm_exposed_us: float | None = None
+    """Communication no compute overlaps."""
+    memory_exposed_us: float | None = None
+    """Copies and sets nothing else overlaps."""
     all_reduce_calls: float | None = None
     all_gather_calls: float | None = None
     other_collective_calls: float | None = None
     first_start_us: float | None = None
     idle_us: float | None = None
     kind: str | None = None
-    """(new) decode, prefill, mixed, training, ..."""
+    """`decode`, `prefill`, `mixed`, `training`, `profiler_step`, ..."""
     period_us: float | None = None
-    """(new) This step's start to the next's."""
-    comm_exposed_us: float | None = None
-    """(new)"""
-    memory_exposed_us: float | None = None
-    """(new)"""
+    """This step's start to the next step's start."""
+    between_steps_us: float | None = None
     idle_micro_us: float | None = None
-    """(new)"""
+    """Gaps between work inside the step."""
     idle_macro_us: float | None = None
-    """(new)"""
+    """The gap after the step's last work, before the next step's first."""
+    largest_gap_us: float | None = None
+    largest_gap_start_us: float | None = None
+    gap_before: str | None = None
+    gap_after: str | None = None
+    gap_host_call: str | None = None
     launch_delay_us: float | None = None
-    """(new)"""
+    """Median launch-to-start delay of the step's kernels (GPU traces)."""
 
 
 class RankCategoryRow(Row, kw_only=True):
@@ -363,7 +398,9 @@ class AmdahlRow(Row, kw_only=True):
     category: str
     class_: str | None = field(name="class", default=None)
     step_ms: float
-    """The step basis (mean decode step span, or period when published)."""
+    """The step basis: the mean decode step period, or the span (see `denominator`)."""
+    denominator: str | None = None
+    """`period` or `span`."""
     exposed_ms: float
     speedup_ceiling: float | None
     """step_ms / (step_ms - exposed_ms)."""
@@ -385,7 +422,7 @@ class TimelineRow(Row, kw_only=True):
 
 
 class CollectiveInstanceRow(Row, kw_only=True):
-    """(new) One collective matched across ranks."""
+    """One collective matched across ranks."""
 
     step_id: int | None = None
     category: str | None = None

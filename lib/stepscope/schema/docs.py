@@ -1,0 +1,189 @@
+"""Generated documentation: the README's artifact section and docs/artifacts.md.
+
+`python -m stepscope.schema README.md docs/artifacts.md` rewrites both from the schema; a
+test keeps them equal. A field's meaning is the string literal written under it in its
+module (read with `ast`, as `stepscope.config` does for the params table), so the files
+and the schema cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import sys
+import typing
+from pathlib import Path
+
+import msgspec
+
+from stepscope.schema import ARTIFACTS, Artifact, Record, Row
+
+TREE_MARKERS = ("<!-- ARTIFACTS-TREE:BEGIN -->\n", "<!-- ARTIFACTS-TREE:END -->")
+SUMMARY_MARKERS = ("<!-- SUMMARY-JSON:BEGIN -->\n", "<!-- SUMMARY-JSON:END -->")
+
+
+@functools.lru_cache(maxsize=None)
+def _module_docs(module_name: str) -> dict[tuple[str, str], str]:
+    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    docs: dict[tuple[str, str], str] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt, nxt in zip(node.body, node.body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[(node.name, stmt.target.id)] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def field_doc(cls: type, attr: str) -> str:
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("stepscope."):
+            continue
+        doc = _module_docs(klass.__module__).get((klass.__name__, attr))
+        if doc:
+            return doc
+    return ""
+
+
+def class_doc(cls: type) -> str:
+    doc = cls.__doc__ or ""
+    return "" if doc in (Record.__doc__, Row.__doc__) else " ".join(doc.split())
+
+
+def type_name(tp) -> str:
+    """A short, readable name of a field's type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return "null"
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " | ".join(type_name(a) for a in args)
+    if origin is list:
+        return f"list[{type_name(args[0])}]" if args else "list"
+    if origin is dict:
+        return f"{{{type_name(args[0])}: {type_name(args[1])}}}" if args else "object"
+    if tp is typing.Any:
+        return "any"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _struct_in(tp) -> type | None:
+    """The Struct a field holds: itself, in a list, as a dict value, or beside null."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp
+    for a in typing.get_args(tp):
+        inner = _struct_in(a)
+        if inner is not None:
+            return inner
+    return None
+
+
+def _field_line(f: msgspec.structs.FieldInfo, cls: type) -> str:
+    req = "" if f.required else ", optional"
+    doc = field_doc(cls, f.name)
+    return f"`{f.encode_name}` ({type_name(f.type)}{req})" + (f": {doc}" if doc else "")
+
+
+def struct_bullets(cls: type, indent: int = 0, depth: int = 2, seen: tuple = ()) -> list[str]:
+    """Nested bullets for every field of `cls`; Structs inside are expanded `depth` levels."""
+    lines = []
+    pad = "  " * indent
+    for f in msgspec.structs.fields(cls):
+        lines.append(f"{pad}- {_field_line(f, cls)}")
+        inner = _struct_in(f.type)
+        if inner is None or inner in seen:
+            continue
+        if issubclass(inner, Row):
+            table = next((a.path.rsplit("/", 1)[-1] for a in ARTIFACTS if a.type is inner), None)
+            if table:
+                lines.append(f"{pad}  - rows of `{table}`")
+                continue
+        if depth > 0:
+            lines += struct_bullets(inner, indent + 1, depth - 1, seen + (cls,))
+    return lines
+
+
+def run_folder_tree() -> str:
+    """The README's run-folder listing: every artifact, grouped by folder."""
+    lines = ["outputs/<run-id>/"]
+    folder = None
+    for a in ARTIFACTS:
+        head, _, name = a.path.partition("/")
+        when = " (when present)" if a.optional else ""
+        if not head[:2].isdigit():
+            lines.append(f"  {a.path:<32}{a.what}{when}")
+            continue
+        if head != folder:
+            folder = head
+            lines.append(f"  {head}/")
+        lines.append(f"    {name:<30}{a.what}{when}")
+    return "\n".join(lines)
+
+
+def _columns_table(row: type[Row]) -> list[str]:
+    out = ["| column | type | meaning |", "|---|---|---|"]
+    for f in msgspec.structs.fields(row):
+        req = "" if f.required else " (optional)"
+        out.append(f"| `{f.encode_name}` | {type_name(f.type).replace(' | ', ' or ')}{req} | "
+                   f"{field_doc(row, f.name).replace('|', '/')} |")
+    return out
+
+
+def summary_json_markdown() -> str:
+    from stepscope.schema.categorize import TraceSummary
+
+    head = (f"{class_doc(TraceSummary)} Typed as `stepscope.schema.TraceSummary`; "
+            "every file and column: [docs/artifacts.md](docs/artifacts.md).").strip()
+    return head + "\n\n" + "\n".join(struct_bullets(TraceSummary, depth=1))
+
+
+def artifacts_markdown() -> str:
+    """docs/artifacts.md: every file of the run folder, every key and column."""
+    import stepscope.schema as schema
+
+    out = ["# The run folder's artifacts", "",
+           "Generated from `lib/stepscope/schema/` by `python -m stepscope.schema README.md "
+           "docs/artifacts.md`; a test keeps this file equal to the schema. Edit the schema, not this file.",
+           "", schema.__doc__.split("\n\n", 1)[1].strip(), "",
+           f"Schema version: **{schema.SCHEMA_VERSION}** (written to `run.json` as `schema_version`).", "",
+           "```", run_folder_tree(), "```", ""]
+    for a in ARTIFACTS:
+        if a.type is None:
+            continue
+        out += [f"## `{a.path}`", "", f"Written by {_writer(a)}; typed as `stepscope.schema.{a.type.__name__}`. "
+                + (class_doc(a.type) or a.what[:1].upper() + a.what[1:] + "."), ""]
+        if a.kind == "csv":
+            out += _columns_table(a.type) + [""]
+        else:
+            out += struct_bullets(a.type, depth=3) + [""]
+    return "\n".join(out)
+
+
+def _writer(a: Artifact) -> str:
+    return "the runner" if a.stage == "run" else f"stage {a.stage}"
+
+
+def _replace(text: str, markers: tuple[str, str], body: str, where: str) -> str:
+    begin, end = markers
+    if begin not in text or end not in text:
+        raise ValueError(f"{where}: markers {begin.strip()} ... {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + body + "\n" + end + tail
+
+
+def readme_with_artifacts(text: str, where: str = "README.md") -> str:
+    text = _replace(text, TREE_MARKERS, "```\n" + run_folder_tree() + "\n```", where)
+    return _replace(text, SUMMARY_MARKERS, summary_json_markdown(), where)
+
+
+def update(readme: str | Path | None = "README.md", artifacts_md: str | Path | None = "docs/artifacts.md") -> None:
+    if readme:
+        p = Path(readme)
+        p.write_text(readme_with_artifacts(p.read_text(), str(p)))
+    if artifacts_md:
+        p = Path(artifacts_md)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(artifacts_markdown() + "\n")
