@@ -91,6 +91,16 @@ Artifacts in `05_categorize/`
     `other_collective` {`median`, `min`, `max`}}, `expected` ({`all_reduce`, `all_gather`,
     `reasoning`} or null), `match` (bool or null), `explanation` [sentences], `rank`, `tp`.
   - `cross_rank`: rows of cross_rank.csv.
+  - `collectives_matched` (`stepscope.trace.collectives`): `world_size`, `ranks_present`,
+    `complete` (every rank of the world present, at least two), `reason` (why nothing was
+    matched, else null), `n_instances`, `steps_used`, `n_instances_judged`, `n_asymmetric`,
+    `transfer_ms_per_step`, `wait_ms_per_step` (mean over ranks) and
+    `wait_ms_per_step_by_rank`, `skew_us` / `transfer_us` {`p50`, `p90`}, `straggler_rank`,
+    `straggler_share`, `busbw_gbps` {`p50`}, `clock_flag` ({`ranks`, `median_end_offset_us`}
+    or null), `count_mismatch` (when ranks issued different counts), `by_category`
+    {category: {`n_instances`, `n_asymmetric`, `skew_us`, `transfer_us`,
+    `transfer_ms_per_step`, `wait_ms_per_step_by_rank`, `straggler_rank`, `bytes_p50`,
+    `busbw_gbps_p50`}}.
   - `text_table_check`: per table {`file`, `rank`, `rows`, `layout`, `self_cpu_total_us`,
     [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | [`note`,
     `collective_calls` [{`name`, `calls_table`, `calls_trace_in_steps`}] (CPU layout), `flag`]}.
@@ -99,7 +109,7 @@ Artifacts in `05_categorize/`
     unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,
     text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
     sglang_stage_split, unknown_step_annotation, tp_disagreement, low_confidence,
-    ranks_missing.
+    ranks_missing, clock_disagreement, collective_count_mismatch.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
   exposed_ms_mean, share_of_span (union mean / step span mean), share_of_period (union mean /
@@ -113,7 +123,8 @@ Artifacts in `05_categorize/`
   all_gather_calls, other_collective_calls, first_start_us, idle_us, period_us (to the next
   step's start; empty for the last), between_steps_us (period - span), idle_micro_us,
   idle_macro_us, largest_gap_us, largest_gap_start_us, gap_before, gap_after, gap_host_call,
-  launch_delay_us (median over the step's launches).
+  launch_delay_us (median over the step's launches); on the reference rank, when ranks were
+  matched: coll_transfer_us, coll_wait_us (mean over ranks), straggler_rank.
 - `rank_categories.csv`: rank, category, class, count, sum_us, union_us, exposed_us (whole
   trace, attributed or not).
 - `cross_rank.csv`: category, class, n_ranks, ms_per_step_min/median/max, min_rank, max_rank,
@@ -121,6 +132,12 @@ Artifacts in `05_categorize/`
 - `amdahl.csv`: rank, category, class, step_ms (mean decode period; the mean work span when
   there is no period), denominator ("period" or "span"), exposed_ms,
   speedup_ceiling = step_ms / (step_ms - exposed_ms).
+- `collective_instances.csv`: one row per collective instance matched across ranks:
+  instance, category, step_id / step_kind (reference rank), n_ranks, first_arrival_us,
+  last_arrival_us, last_rank, skew_us, completion_us (median of the ranks' ends), transfer_us
+  (completion - last arrival; empty when `asymmetric`), asymmetric, nelems, dtype, bytes,
+  bytes_source, algbw_gbps, busbw_gbps, then arrival_us_r<N>, end_us_r<N>, wait_us_r<N> per
+  rank (times on the reference rank's clock, from its origin). Empty when ranks are missing.
 - `timeline_rank0_step.csv`: the reference rank's decode step of median span: rank, step_id,
   stream (CUDA stream, or CPU thread id), category, class, start_us (from the step's first
   event), dur_us, name.

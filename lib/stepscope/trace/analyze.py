@@ -12,6 +12,7 @@ import pandas as pd
 from stepscope import schema
 from stepscope.errors import StageInputMissing, TraceError
 from stepscope.trace import account as acc
+from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.period import decode_period, step_idle
@@ -69,6 +70,7 @@ class Analysis:
     amdahl: pd.DataFrame = field(default_factory=pd.DataFrame)
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     text_tables: pd.DataFrame = field(default_factory=pd.DataFrame)
+    collective_instances: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def reference(self) -> RankResult:
@@ -341,7 +343,6 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                                f"{rs['step_source']}"))
     ref = results[0]
     dec_all = pd.concat([r.decode for r in results], ignore_index=True)
-    steps_all = pd.concat([r.steps_tot for r in results], ignore_index=True)
     rank_cats = pd.concat([r.rank_categories for r in results], ignore_index=True)
     times = acc.decode_step_times(ref.steps_tot, tpot_ms)
     amd = acc.amdahl(ref.decode, times)
@@ -349,6 +350,18 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     xr = acc.cross_rank([r.decode for r in results])
     info = trace_info(results, tp, _shape_hint(ref))
     flags.extend(_info_flags(info, results))
+    matched, instances, coll_steps = match_collectives(results, info, arch)
+    if matched.get("clock_flag"):
+        flags.append(_flag("clock_disagreement", "warning",
+                           f"ranks {matched['clock_flag']['ranks']}: matched collectives end "
+                           f"{matched['clock_flag']['median_end_offset_us']} µs (median) from the "
+                           "reference rank's; their clocks disagree, so cross-rank skews are not "
+                           "trusted"))
+    if matched.get("count_mismatch"):
+        flags.append(_flag("collective_count_mismatch", "warning",
+                           f"collective calls per rank differ ({matched['count_mismatch']}): "
+                           "instances were matched in issue order up to the shortest rank"))
+    ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
     expected, why = _expected_collectives(arch, info["tp"])
     check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
     check["rank"] = ref.rank
@@ -391,15 +404,54 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
             "amdahl": _records(amd),
         },
         "collectives_check": check,
+        "collectives_matched": matched,
         "cross_rank": _records(xr),
         "text_table_check": tt_check,
         "flags": flags,
     }
+    steps_all = pd.concat([r.steps_tot for r in results], ignore_index=True)
     an = Analysis(ranks=results, summary=summary, flags=flags, decode_categories=dec_all,
-                  steps=steps_all, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
+                  steps=steps_all, collective_instances=instances, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
                   timeline=timeline, text_tables=tt_df)
     write_artifacts(an, out_dir, perfetto=perfetto)
     return an
+
+
+def match_collectives(results: list[RankResult], info: dict, arch: Any = None
+                      ) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(`collectives_matched`, collective_instances table, per-step transfer/wait of the
+    reference rank). No cross-rank matching when ranks are missing from the world."""
+    ranks = [r.rank for r in results]
+    world = info["world_size"] or len(results)
+    judged = info["judged_kind"]
+    n_judged = int(info["step_kinds"].get(judged, 0))
+    empty_steps = pd.DataFrame(columns=["step_id", "coll_transfer_us", "coll_wait_us", "straggler_rank"])
+    if len(results) < 2 or len(results) < world:
+        why = ("one rank: nothing to match" if len(results) < 2 else
+               f"{len(results)} of {world} ranks present: no cross-rank claim is made")
+        out = coll.summarize(pd.DataFrame(), ranks, info["world_size"], judged, n_judged, {})
+        out["reason"] = why
+        return out, pd.DataFrame(columns=coll.INSTANCE_COLUMNS), empty_steps
+    origin = results[0].info["origin_us"]
+    per_rank = {}
+    for r in results:
+        kinds = dict(zip(r.steps_tot["step_id"].astype(int), r.steps_tot["kind"]))
+        per_rank[r.rank] = coll.rank_instances(r.work, kinds, r.info["origin_us"] - origin)
+    bytes_for = None
+    if arch is not None and info.get("batch_size"):
+        from stepscope.model import hidden_vector_bytes
+
+        m = int(info["batch_size"])
+        bytes_for = (lambda cat, kind: hidden_vector_bytes(arch, m)
+                     if cat == "all_reduce" and kind == "decode" else None)
+    table, notes = coll.match_instances(per_rank, world, bytes_for)
+    out = coll.summarize(table, ranks, info["world_size"], judged, n_judged,
+                         {k: v for k, v in notes.items() if v})
+    out["reason"] = None
+    steps = coll.per_step(table, ranks)
+    steps = pd.DataFrame({"step_id": steps["step_id"], "coll_transfer_us": steps["transfer_ms"] * 1e3,
+                          "coll_wait_us": steps["wait_ms"] * 1e3, "straggler_rank": steps["straggler_rank"]})
+    return out, table, steps
 
 
 def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
@@ -466,6 +518,8 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     schema.write_table(an.cross_rank, out_dir / "cross_rank.csv", schema.CrossRankRow)
     schema.write_table(an.amdahl, out_dir / "amdahl.csv", schema.AmdahlRow)
     schema.write_table(an.timeline, out_dir / "timeline_rank0_step.csv", schema.TimelineRow)
+    schema.write_table(an.collective_instances, out_dir / "collective_instances.csv",
+                       schema.CollectiveInstanceRow)
     if an.text_tables is not None and not an.text_tables.empty:
         an.text_tables.to_csv(out_dir / "text_tables.csv", index=False)
     if perfetto:

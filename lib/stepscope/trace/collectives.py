@@ -1,0 +1,225 @@
+"""Collectives matched across ranks: who arrived when, how long the transfer took.
+
+One collective *instance* is what a rank does for one collective call: on a GPU, one
+collective kernel; on a CPU trace, the `c10d::`/`_C::shm_*` entry op with its wrapper and
+the wait on it. Instances are matched across ranks in issue order, per category (the
+slim trace keeps no process-group name; vLLM issues each category on one group). Times are
+each trace's own clock, shifted only by the trace's origin, so ranks on one host compare
+directly; ranks whose matched collectives end far apart have clocks that disagree, and
+are flagged.
+
+Per instance: the arrival of each rank (its start), the arrival skew (last - first), the
+last rank to arrive, and the transfer: from the last arrival to the completion, the median
+of the ranks' ends (the typical rank's; with two ranks, their mean). An instance in which
+some rank finished before the last one arrived is not a symmetric collective (a gather to
+one rank, or an asynchronous call whose wait is elsewhere): it is marked `asymmetric` and
+gets no transfer time. Waiting is each rank's last arrival minus its own arrival. Bandwidth follows
+nccl-tests: algbw = bytes / transfer time; busbw = algbw x 2(n-1)/n for all-reduce and
+x (n-1)/n for all-gather and reduce-scatter, with bytes = the message size (`In msg nelems`
+x the element size; an all-gather's size is its output, n x the input).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.thresholds import CLOCK_SKEW_LIMIT_US
+from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
+
+_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
+                "float": 4, "f32": 4, "fp32": 4, "float32": 4, "double": 8, "f64": 8,
+                "int8_t": 1, "uint8_t": 1, "int8": 1, "uint8": 1, "int32_t": 4, "uint32_t": 4,
+                "int64_t": 8, "uint64_t": 8, "fp8": 1, "f8e4m3": 1, "f8e5m2": 1}
+_NCCL_DTYPE = re.compile(r"_(bf16|half|f16|f32|f64|float|double|u?int(?:8|32|64)_t|fp8|f8e4m3|f8e5m2)"
+                         r"(?=[_(]|$)", re.I)
+PROLOGUE_GAP_US = 1.0
+"""A communication piece that ends within this of a collective call's start is that call's
+prologue (the `_c10d_functional` wrapper's self time before its `c10d::` child)."""
+
+INSTANCE_COLUMNS = ["instance", "category", "step_id", "step_kind", "n_ranks", "first_arrival_us",
+                    "last_arrival_us", "last_rank", "skew_us", "completion_us", "transfer_us", "asymmetric",
+                    "nelems", "dtype", "bytes", "bytes_source", "algbw_gbps", "busbw_gbps"]
+
+
+def dtype_from_kernel(name: str) -> str | None:
+    """The element type in an NCCL kernel name (`..._Sum_bf16...`, `..._Sum_float(`)."""
+    m = _NCCL_DTYPE.search(name)
+    return m.group(1).lower() if m else None
+
+
+def bus_factor(category: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for a collective over n ranks."""
+    if n <= 1:
+        return 1.0
+    if category == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if category == "all_gather":
+        return (n - 1) / n
+    return 1.0
+
+
+def rank_instances(work: pd.DataFrame, kinds: dict[int, str], offset_us: float) -> pd.DataFrame:
+    """One rank's collective instances in issue order: category, step, arrival, end, size."""
+    comm = work[work["category"].isin(COLLECTIVE_CATEGORIES)]
+    cols = ["category", "step_id", "step_kind", "arrival_us", "end_us", "nelems", "dtype"]
+    if comm.empty or not comm["collective_call"].any():
+        return pd.DataFrame(columns=cols)
+    parts = []
+    for _, g in comm.groupby("stream", sort=False):
+        g = g.sort_values("start_us", kind="stable")
+        call = g["collective_call"].to_numpy()
+        start = g["start_us"].to_numpy(float)
+        end = g["end_us"].to_numpy(float)
+        inst = np.cumsum(call) - 1
+        nxt_call = np.r_[call[1:], False]
+        nxt_start = np.r_[start[1:], np.inf]
+        prologue = ~call & nxt_call & (nxt_start - end <= PROLOGUE_GAP_US)
+        inst = np.where(prologue, inst + 1, inst)
+        g = g.assign(_inst=inst)
+        g = g[g["_inst"] >= 0]
+        calls = g[g["collective_call"]].set_index("_inst")
+        agg = g.groupby("_inst").agg(arrival_us=("start_us", "min"), end_us=("end_us", "max"))
+        agg["category"] = calls["category"]
+        agg["step_id"] = calls["step_id"].astype(int)
+        agg["nelems"] = calls["msg_nelems"]
+        agg["dtype"] = [dtype_from_kernel(n) for n in calls["name"].astype(str)]
+        parts.append(agg)
+    out = pd.concat(parts, ignore_index=True)
+    out["arrival_us"] += offset_us
+    out["end_us"] += offset_us
+    out["step_kind"] = out["step_id"].map(kinds).fillna("none")
+    return out.sort_values("arrival_us", kind="stable").reset_index(drop=True)[cols]
+
+
+def _bytes(category: str, nelems: int, dtype: str | None, n: int,
+           fallback_bytes: float | None) -> tuple[float | None, str]:
+    if nelems is not None and nelems >= 0 and dtype in _DTYPE_BYTES:
+        b = float(nelems) * _DTYPE_BYTES[dtype]
+        return (b * n if category == "all_gather" else b), "In msg nelems x kernel dtype"
+    if fallback_bytes:
+        return float(fallback_bytes), "architecture (tokens x hidden x dtype)"
+    return None, "unknown (no message size in the trace)"
+
+
+def match_instances(per_rank: dict[int, pd.DataFrame], world: int,
+                    bytes_for: Any = None) -> tuple[pd.DataFrame, dict]:
+    """Match instances across ranks per category in issue order.
+
+    `bytes_for(category, step_kind)` gives a message size when the trace records none.
+    Returns (instances table, notes {count_mismatch: {category: {rank: count}}}).
+    """
+    ranks = sorted(per_rank)
+    ref = ranks[0]
+    rows, mismatch = [], {}
+    for cat in COLLECTIVE_CATEGORIES:
+        seqs = {r: per_rank[r][per_rank[r]["category"] == cat].reset_index(drop=True) for r in ranks}
+        counts = {r: len(s) for r, s in seqs.items()}
+        if len(set(counts.values())) > 1:
+            mismatch[cat] = counts
+        n = min(counts.values())
+        for i in range(n):
+            arr = np.array([seqs[r]["arrival_us"].iloc[i] for r in ranks])
+            end = np.array([seqs[r]["end_us"].iloc[i] for r in ranks])
+            head = seqs[ref].iloc[i]
+            last = int(np.argmax(arr))
+            asym = bool(end.min() < arr.max())
+            transfer = float("nan") if asym else float(np.median(end) - arr.max())
+            nb, src = _bytes(cat, int(head["nelems"]), head["dtype"], world,
+                             bytes_for(cat, head["step_kind"]) if bytes_for else None)
+            algbw = nb / transfer / 1e3 if nb and transfer > 0 else None  # B/µs / 1e3 = GB/s
+            row = {"instance": len(rows), "category": cat, "step_id": int(head["step_id"]),
+                   "step_kind": head["step_kind"], "n_ranks": len(ranks),
+                   "first_arrival_us": float(arr.min()), "last_arrival_us": float(arr.max()),
+                   "last_rank": ranks[last], "skew_us": float(arr.max() - arr.min()),
+                   "completion_us": float(np.median(end)), "transfer_us": transfer, "asymmetric": asym,
+                   "nelems": int(head["nelems"]), "dtype": head["dtype"], "bytes": nb,
+                   "bytes_source": src, "algbw_gbps": algbw,
+                   "busbw_gbps": algbw * bus_factor(cat, world) if algbw else None}
+            for k, r in enumerate(ranks):
+                row[f"arrival_us_r{r}"] = float(arr[k])
+                row[f"end_us_r{r}"] = float(end[k])
+                row[f"wait_us_r{r}"] = float(arr.max() - arr[k])
+            rows.append(row)
+    extra = [f"{p}_r{r}" for r in ranks for p in ("arrival_us", "end_us", "wait_us")]
+    table = pd.DataFrame(rows, columns=INSTANCE_COLUMNS + extra)
+    return table, {"count_mismatch": mismatch}
+
+
+def _clock_flag(table: pd.DataFrame, ranks: list[int]) -> dict | None:
+    """Ranks whose matched collectives end (median) further from the reference than the limit."""
+    if table.empty or len(ranks) < 2:
+        return None
+    ref = ranks[0]
+    off = {r: float(np.median(table[f"end_us_r{r}"] - table[f"end_us_r{ref}"])) for r in ranks[1:]}
+    bad = {r: v for r, v in off.items() if abs(v) > CLOCK_SKEW_LIMIT_US}
+    return {"ranks": sorted(bad), "median_end_offset_us": off} if bad else None
+
+
+def summarize(table: pd.DataFrame, ranks: list[int], world: int | None, judged_kind: str,
+              n_judged_steps: int, notes: dict) -> dict:
+    """The `collectives_matched` block of summary.json."""
+    out: dict = {"world_size": world, "ranks_present": ranks,
+                 "complete": bool(world and len(ranks) >= world and len(ranks) > 1),
+                 "n_instances": int(len(table)), "steps_used": judged_kind,
+                 "transfer_ms_per_step": None, "wait_ms_per_step": None, "wait_ms_per_step_by_rank": None,
+                 "skew_us": {"p50": None, "p90": None}, "transfer_us": {"p50": None, "p90": None},
+                 "straggler_rank": None, "straggler_share": None, "busbw_gbps": {"p50": None},
+                 "clock_flag": None, **notes}
+    if table.empty:
+        return out
+    sel = table[table["step_kind"] == judged_kind] if judged_kind else table
+    if sel.empty:
+        return out
+    n = max(n_judged_steps, 1)
+    waits = {r: float(sel[f"wait_us_r{r}"].sum() / n / 1e3) for r in ranks}
+    last = sel["last_rank"].value_counts()
+    bw = sel["busbw_gbps"].dropna()
+    out.update({
+        "n_instances_judged": int(len(sel)),
+        "n_asymmetric": int(sel["asymmetric"].sum()),
+        "transfer_ms_per_step": float(sel["transfer_us"].sum() / n / 1e3),
+        "wait_ms_per_step": float(np.mean(list(waits.values()))),
+        "wait_ms_per_step_by_rank": {str(r): v for r, v in waits.items()},
+        "skew_us": {"p50": float(sel["skew_us"].quantile(0.5)), "p90": float(sel["skew_us"].quantile(0.9))},
+        "transfer_us": {"p50": float(sel["transfer_us"].quantile(0.5)),
+                        "p90": float(sel["transfer_us"].quantile(0.9))},
+        "straggler_rank": int(last.index[0]),
+        "straggler_share": float(last.iloc[0] / len(sel)),
+        "busbw_gbps": {"p50": float(bw.median()) if len(bw) else None},
+        "clock_flag": _clock_flag(sel, ranks),
+        "by_category": {cat: _category_stats(g, ranks, n) for cat, g in sel.groupby("category")},
+    })
+    return out
+
+
+def _category_stats(g: pd.DataFrame, ranks: list[int], n_steps: int) -> dict:
+    return {"n_instances": int(len(g)), "n_asymmetric": int(g["asymmetric"].sum()),
+            "skew_us": {"p50": float(g["skew_us"].quantile(0.5)), "p90": float(g["skew_us"].quantile(0.9))},
+            "transfer_us": {"p50": _q(g["transfer_us"], 0.5), "p90": _q(g["transfer_us"], 0.9)},
+            "transfer_ms_per_step": float(g["transfer_us"].sum() / n_steps / 1e3),
+            "wait_ms_per_step_by_rank": {str(r): float(g[f"wait_us_r{r}"].sum() / n_steps / 1e3)
+                                         for r in ranks},
+            "straggler_rank": int(g["last_rank"].value_counts().index[0]),
+            "bytes_p50": _q(g["bytes"], 0.5), "busbw_gbps_p50": _q(g["busbw_gbps"], 0.5)}
+
+
+def _q(v: pd.Series, q: float) -> float | None:
+    v = pd.to_numeric(v, errors="coerce").dropna()
+    return float(v.quantile(q)) if len(v) else None
+
+
+def per_step(table: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
+    """Per step (reference rank's step ids): transfer and waiting (ms), and the straggler."""
+    if table.empty:
+        return pd.DataFrame(columns=["step_id", "transfer_ms", "wait_ms", "straggler_rank"])
+    g = table.groupby("step_id")
+    out = pd.DataFrame({
+        "transfer_ms": g["transfer_us"].sum() / 1e3,
+        "wait_ms": g[[f"wait_us_r{r}" for r in ranks]].sum().mean(axis=1) / 1e3,
+        "straggler_rank": g["last_rank"].agg(lambda s: int(s.value_counts().index[0])),
+    })
+    return out.reset_index()

@@ -1,0 +1,101 @@
+"""Collectives matched across ranks: skew, waiting, transfer, bandwidth (issue 14, item 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stepscope.trace.analyze import analyze_traces
+from stepscope.trace.collectives import bus_factor, dtype_from_kernel
+
+TP2 = [f"vllm-cpu-tinyllama-tp2-rank{i}.pt.trace.json.gz" for i in (0, 1)]
+
+
+def test_tp2_cpu_all_reduces_split_into_waiting_and_transfer(real_traces: Path, tmp_path: Path):
+    an = analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False)
+    m = an.summary["collectives_matched"]
+    assert (m["world_size"], m["ranks_present"], m["complete"], m["clock_flag"]) == (2, [0, 1], True, None)
+    ar = m["by_category"]["all_reduce"]
+    # The 50 all-reduces of the 10 decode steps, matched in issue order.
+    assert ar["n_instances"] == 50 and ar["n_asymmetric"] == 0
+    assert ar["skew_us"]["p90"] == pytest.approx(4265.5, abs=1.0)      # review: ~4.3 ms
+    assert ar["transfer_us"]["p50"] == pytest.approx(701.4, abs=1.0)   # review: ~0.70 ms
+    # Rank 0 arrives last most of the time; rank 1 does the waiting.
+    assert ar["straggler_rank"] == 0
+    assert ar["wait_ms_per_step_by_rank"]["0"] == pytest.approx(0.225, abs=0.001)
+    assert ar["wait_ms_per_step_by_rank"]["1"] == pytest.approx(4.315, abs=0.001)
+    assert ar["transfer_ms_per_step"] == pytest.approx(8.016, abs=0.001)
+    # vLLM's logits gather: rank 1 leaves before rank 0 arrives in 6 of 10; no transfer then.
+    assert m["by_category"]["all_gather"]["n_asymmetric"] == 6
+    t = pd.read_csv(tmp_path / "collective_instances.csv")
+    assert len(t) == m["n_instances"] == 72
+    assert t.loc[t["asymmetric"], "transfer_us"].isna().all()
+    row = t[t["category"] == "all_reduce"].iloc[0]
+    assert row["skew_us"] == pytest.approx(abs(row["arrival_us_r0"] - row["arrival_us_r1"]))
+    assert row["wait_us_r0"] + row["wait_us_r1"] == pytest.approx(row["skew_us"])
+    st = an.steps.query("rank == 0 and kind == 'decode'")
+    assert st["coll_transfer_us"].notna().all() and set(st["straggler_rank"]) <= {0, 1}
+
+
+def test_ranks_missing_from_the_world_make_no_cross_rank_claim(real_traces: Path, tmp_path: Path):
+    an = analyze_traces([real_traces / f"hta-sampled-rank-{i}.json.gz" for i in (0, 1)], tmp_path,
+                        progress=False, perfetto=False)
+    m = an.summary["collectives_matched"]
+    assert (m["complete"], m["n_instances"], m["transfer_ms_per_step"], m["straggler_rank"]) == (
+        False, 0, None, None)
+    assert m["reason"] == "2 of 128 ranks present: no cross-rank claim is made"
+    assert pd.read_csv(tmp_path / "collective_instances.csv").empty
+
+
+def _nccl(ts: float, corr: int, dur: float, nelems: int, name: str) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "stream": 7, "Collective name": "allreduce",
+                     "In msg nelems": nelems}}
+
+
+def _gpu_rank(tmp_path: Path, rank: int, arrivals, clock_offset: float = 0.0) -> Path:
+    ev = []
+    for i, (a, d) in enumerate(arrivals):
+        t = a + clock_offset
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_8(8)",
+                   "pid": 1, "tid": 1, "ts": t - 50.0, "dur": 40.0})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                   "ts": t - 45.0, "dur": 2.0, "args": {"correlation": i + 1}})
+        ev.append(_nccl(t, i + 1, d, 4 * 1024 * 1024, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)"))
+    p = tmp_path / f"rank{rank}.json"
+    p.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": ev}))
+    return p
+
+
+def test_gpu_bandwidth_from_message_size_and_a_clock_flag(tmp_path: Path):
+    # Rank 1 arrives 100 µs late each time; the transfer after it takes 200 µs.
+    r0 = _gpu_rank(tmp_path, 0, [(1000.0 * k, 300.0) for k in range(1, 7)])
+    r1 = _gpu_rank(tmp_path, 1, [(1000.0 * k + 100.0, 200.0) for k in range(1, 7)])
+    an = analyze_traces([r0, r1], tmp_path / "out", progress=False, perfetto=False)
+    m = an.summary["collectives_matched"]
+    ar = m["by_category"]["all_reduce"]
+    assert ar["n_instances"] == 6 and ar["straggler_rank"] == 1
+    assert ar["skew_us"]["p50"] == pytest.approx(100.0) and ar["transfer_us"]["p50"] == pytest.approx(200.0)
+    assert ar["wait_ms_per_step_by_rank"] == {"0": pytest.approx(0.1), "1": pytest.approx(0.0)}
+    assert ar["bytes_p50"] == 8 * 1024 * 1024  # 4 Mi bf16 elements
+    # algbw = 8 MiB / 200 µs; busbw = algbw x 2(n-1)/n = algbw at n = 2.
+    assert ar["busbw_gbps_p50"] == pytest.approx(8 * 1024 * 1024 / 200e-6 / 1e9)
+    assert m["clock_flag"] is None
+    # The same capture with rank 1's clock 1 s ahead: the ranks' clocks disagree.
+    r1 = _gpu_rank(tmp_path, 1, [(1000.0 * k + 100.0, 200.0) for k in range(1, 7)], clock_offset=1e6)
+    an = analyze_traces([r0, r1], tmp_path / "out2", progress=False, perfetto=False)
+    assert an.summary["collectives_matched"]["clock_flag"]["ranks"] == [1]
+    assert any(f["code"] == "clock_disagreement" for f in an.flags)
+
+
+def test_nccl_factors_and_kernel_dtypes():
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert bus_factor("all_reduce", 1) == 1.0
+    assert dtype_from_kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*)") == "float"
+    assert dtype_from_kernel("ncclDevKernel_AllGather_RING_LL_Sum_int8_t(x)") == "int8_t"
+    assert dtype_from_kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "bf16"
+    assert dtype_from_kernel("cross_device_reduce_1stage<bf16>") is None
