@@ -442,8 +442,9 @@ def match_collectives(results: list[RankResult], info: dict, arch: Any = None
         from stepscope.model import hidden_vector_bytes
 
         m = int(info["batch_size"])
-        bytes_for = (lambda cat, kind: hidden_vector_bytes(arch, m)
-                     if cat == "all_reduce" and kind == "decode" else None)
+
+        def bytes_for(cat: str, kind: str) -> int | None:
+            return hidden_vector_bytes(arch, m) if cat == "all_reduce" and kind == "decode" else None
     table, notes = coll.match_instances(per_rank, world, bytes_for)
     out = coll.summarize(table, ranks, info["world_size"], judged, n_judged,
                          {k: v for k, v in notes.items() if v})
