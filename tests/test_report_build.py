@@ -17,6 +17,9 @@ from stepscope.report.markdown_util import MISSING_MARK, fmt_num
 # change there cannot silently change what the test expects.
 EXPOSED = {"all_reduce": 5.0, "all_gather": 0.2, "quantized_gemm": 4.0, "fused_moe": 1.0,
            "attention": 1.2, "norm": 0.4, "elementwise": 0.3, "other": 0.01}
+SPAN = sum(EXPOSED.values()) * 1.05
+PERIOD = SPAN * 1.04
+"""Shares and Amdahl ceilings divide by the period (step start to next step start)."""
 
 
 def _report(tmp_path, name="run", **kw) -> tuple[str, str, dict]:
@@ -43,10 +46,10 @@ def test_full_report_shows_measured_numbers(full):
     assert "| synthetic-moe | experts.down | 7,168 | 256 | w4a16 | marlin | cold | 11 | 12 | 14 | 18 |" in md
     assert "| 123 | 1 | 14,336 | cuda_graph | nccl | 8 | 4,300 | 35.0 | 35.0 | ok |" in md
     assert "no CUDA on this machine" in md
-    # breakdown: all_reduce 5.5 ms of a span of 12.11 * 1.05 ms
-    span = sum(EXPOSED.values()) * 1.05
+    # breakdown: all_reduce 5.5 ms of a period of 12.11 * 1.05 * 1.04 ms
     assert "| all_reduce | communication | 5.50 |" in md
-    assert f"| {fmt_num(100 * 5.5 / span)} |" in md
+    assert f"| {fmt_num(100 * 5.5 / PERIOD)} |" in md
+    assert f"| period (start of one step to the start of the next) | {fmt_num(PERIOD)} |" in md
     assert "| span (first to last device event of the step) | 12.7 |" in md
     assert "| TPOT measured by the client during capture | 12.1 |" in md
     # cross-checks: collectives and micro-vs-trace ratio (5.7 ms traced / 4.3 ms predicted)
@@ -61,9 +64,8 @@ def test_full_report_shows_measured_numbers(full):
 
 def test_amdahl_ceiling_for_every_category(full):
     md, _, _ = full
-    span = sum(EXPOSED.values()) * 1.05
     for cat, exp in EXPOSED.items():
-        want = fmt_num(span / (span - exp))
+        want = fmt_num(PERIOD / (PERIOD - exp))
         assert f"Removing all exposed **{cat}** ({fmt_num(exp)} ms/step) would make a decode step at most " \
                f"**{want}×** faster." in md
     assert "**Dominant category: all_reduce**" in md
@@ -77,8 +79,7 @@ def test_amdahl_recomputed_when_stage_gives_no_ceiling(tmp_path):
     summary["decode"].pop("amdahl")
     (run / "05_categorize" / "summary.json").write_text(json.dumps(summary))
     md = build_report(run, draw_figures=False)["markdown"].read_text()
-    span = sum(EXPOSED.values()) * 1.05
-    assert f"at most **{fmt_num(span / (span - 5.0))}×** faster" in md
+    assert f"at most **{fmt_num(PERIOD / (PERIOD - 5.0))}×** faster" in md
 
 
 def test_missing_stages_render_as_not_measured_boxes(tmp_path):
@@ -138,9 +139,9 @@ def test_verdict_follows_the_data(tmp_path):
     assert "Communication is exposed" in va and "mostly hidden" not in va
     assert "Communication is mostly hidden under compute" in vb
     assert "bound by the work itself" in va
-    assert "bound by the host side" in vb and "CUDA graphs" in vb
-    # launch-bound run: the span is 3x the busy time, so the device idles 2/3 of the step
-    assert "is idle 67 % of each step" in vb
+    assert "the step is host-bound" in vb and "CUDA graphs" in vb
+    # launch-bound run: the period is 3 x 1.04 x the busy time, so the device idles 68 % of it
+    assert f"idles {fmt_num(100 * (1 - 1 / 3.12))} % of each step" in vb
     assert va != vb
 
 

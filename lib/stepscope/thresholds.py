@@ -38,3 +38,11 @@ a host-side pause); shorter gaps are micro idle (launch and dependency gaps betw
 CLOCK_SKEW_LIMIT_US = 5000.0
 """Ranks whose matched collectives end further apart than this (median) have clocks that
 disagree: cross-rank arrival skews are then not trusted."""
+HOST_BOUND_MICRO_IDLE_SHARE = 0.15
+"""Micro idle (short gaps between kernels inside a step) above this share of the step: the
+device waits on launches, so the step is host-bound. Idle in one long gap does not count."""
+STALL_GAP_SHARE = 0.5
+"""One gap holding more than this share of a step's idle is a stall to name, not a host-bound step."""
+HOST_AHEAD_LAUNCH_DELAY_US = 50.0
+"""Median launch-to-start delay above this: kernels queue behind each other, so the host runs
+ahead of the device and gaps between kernels are not launch gaps."""

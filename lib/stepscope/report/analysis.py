@@ -1,8 +1,9 @@
 """The report's numbers: derived from the artifacts, never from a notebook.
 
-Pure functions over `RunArtifacts` (or plain values) returning dicts and DataFrames.
-Sentences that carry a judgement (the verdict, the reconciliation, the caveats) are built
-here too, from thresholds named below, so they are tested like any other number.
+Pure functions over `RunArtifacts` (or plain values) returning dicts and DataFrames: the
+step readings, the category table, Amdahl ceilings, micro-vs-trace, macro headlines, the
+reconciliation and the caveats. The verdict's judgements are typed findings in
+`report.verdict`, written out by `report.prose`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,8 @@ import pandas as pd
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import (STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, pick,
                                         words)
-
-from stepscope.thresholds import (COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,  # noqa: F401
-                                  LAUNCH_BOUND_IDLE_SHARE, OVERLAP_RATIO, PREDICTION_TOLERANCE,
-                                  TPOT_GAP_SHARE)
-
-
-def _fmt(v: float | None, digits: int = 3) -> str:
-    if v is None or not math.isfinite(v):
-        return "n/a"
-    return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:,.0f}"
+from stepscope.report.numbers import fmt_num as _fmt
+from stepscope.thresholds import PREDICTION_TOLERANCE, TPOT_GAP_SHARE
 
 
 # --------------------------------------------------------------------------- decode step
@@ -34,8 +27,10 @@ def _fmt(v: float | None, digits: int = 3) -> str:
 def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
     """Per-decode-step wall and kernel readings in ms, with what each is based on.
 
-    `step_ms` is the basis for shares and Amdahl ceilings: the span (wall time the device
-    spent on a step) when known, else the union, else the capture TPOT.
+    `step_ms` is the basis for shares and Amdahl ceilings: the period (start of one step to
+    the start of the next, what TPOT measures) when stage 05 gives it, else the span (first to
+    last device event of a step), else the union, else the capture TPOT. `basis_reason` says
+    why the period was not used.
     """
     d = a.decode
     # Stage 05 writes decode.steps = {kernel_sum_ms: {mean, median, p90}, ...}; flat keys are
@@ -87,9 +82,19 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         if ranks:
             out["n_decode_steps"] = ranks[0].get("n_decode_steps")
     span, union = out["span_ms"], out["union_ms"]
+    period = d.get("period_ms") if isinstance(d.get("period_ms"), dict) else {}
+    out["period_ms"] = num(pick(period, "mean", "median"))
+    out["period_n"] = period.get("n")
+    use_period = out["period_ms"] is not None and d.get("denominator", "period") == "period"
     out["idle_ms"] = span - union if span is not None and union is not None else None
-    out["step_ms"] = span or union or out["tpot_capture_ms"]
-    out["step_basis"] = "span" if span else ("union" if union else ("capture TPOT" if out["step_ms"] else None))
+    if use_period:
+        out["step_ms"], out["step_basis"], out["basis_reason"] = out["period_ms"], "period", None
+    else:
+        out["step_ms"] = span or union or out["tpot_capture_ms"]
+        out["step_basis"] = "span" if span else ("union" if union else ("capture TPOT" if out["step_ms"] else None))
+        out["basis_reason"] = (words(d.get("denominator_reason")) or
+                               ("stage 05 gave no step period" if out["period_ms"] is None else
+                                f"stage 05 chose the {d.get('denominator')}"))
     return out
 
 
@@ -100,7 +105,8 @@ def decode_category_table(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFra
         return None
     df = df.copy()
     step = totals.get("step_ms")
-    if "share_of_step" not in df and step:
+    if step:
+        # Always against the report's basis: stage 05's share_of_span divides by the span.
         df["share_of_step"] = df["ms_per_step_mean"] / step
     if "us_per_call" not in df and "calls_per_step" in df:
         df["us_per_call"] = 1000.0 * df["ms_per_step_mean"] / df["calls_per_step"].replace(0, np.nan)
@@ -111,8 +117,8 @@ def decode_category_table(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFra
 def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | None:
     """Per category: exposed ms per step and the step speed-up if it were removed.
 
-    max_speedup = step / (step - exposed). Stage 05's value is kept when it gives one; it is
-    recomputed from the exposed time and the step basis otherwise.
+    max_speedup = step / (step - exposed), on the report's step basis (the period when
+    known). Stage 05's ceiling is used only when the basis is unknown.
     """
     df = a.amdahl
     if df is None or "category" not in df or "exposed_ms_per_step" not in df:
@@ -121,11 +127,7 @@ def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | N
     step = totals.get("step_ms")
     if step:
         remaining = step - df["exposed_ms_per_step"].astype(float)
-        computed = np.where(remaining > 0, step / remaining.where(remaining > 0, np.nan), np.inf)
-        if "max_speedup" in df:
-            df["max_speedup"] = df["max_speedup"].astype(float).where(df["max_speedup"].notna(), computed)
-        else:
-            df["max_speedup"] = computed
+        df["max_speedup"] = np.where(remaining > 0, step / remaining.where(remaining > 0, np.nan), np.inf)
     elif "max_speedup" not in df:
         return None
     df = df.sort_values("max_speedup", ascending=False, kind="stable").reset_index(drop=True)
@@ -156,6 +158,13 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
                 "gaps between kernels where the device waits for the host to launch work or for data")
         out.append(f"Within a step's span of {_fmt(sp)} ms the {_device(totals)} is busy {_fmt(u)} ms and idle "
                    f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): {gaps}.")
+    period = totals.get("period_ms")
+    if period is not None and sp is not None and period > 0:
+        n = totals.get("period_n")
+        out.append(f"Consecutive steps start {_fmt(period)} ms apart (the period, mean"
+                   + (f" over {_fmt(n)} intervals" if n else "") + f"), against a span of {_fmt(sp)} ms: "
+                   f"{_fmt(max(period - sp, 0.0))} ms per step pass with no device work of the step. Shares and "
+                   f"Amdahl ceilings divide by the period, because it is what TPOT measures.")
     if tpot is not None and sp is not None and tpot > 0:
         gap = tpot - sp
         if abs(gap) <= TPOT_GAP_SHARE * tpot:
@@ -238,7 +247,9 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
            "c1_ttft_ms_median": num(pick(s, "c1_ttft_ms_median")),
            "c1_tpot_ms_median": num(pick(s, "c1_tpot_ms_median")), "died_at_level": pick(s, "died_at_level"),
            "knee_gain": num(pick(s, "knee_gain", default=0.10)),
-           "client_bound_levels": []}
+           "client_bound_levels": [], "best_output_tok_s": None, "best_concurrency": None}
+    if out["knee_concurrency"] is None:
+        out["plateau_output_tok_s"] = None
     if lv is not None and "concurrency" in lv:
         c1 = lv[lv["concurrency"] == 1]
         if len(c1):
@@ -246,8 +257,12 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
                 out["c1_ttft_ms_median"] = num(c1["ttft_ms_median"].iloc[0])
             if out["c1_tpot_ms_median"] is None and "tpot_ms_median" in c1:
                 out["c1_tpot_ms_median"] = num(c1["tpot_ms_median"].iloc[0])
-        if out["plateau_output_tok_s"] is None and "output_throughput_tok_s" in lv:
-            out["plateau_output_tok_s"] = num(lv["output_throughput_tok_s"].max())
+        closed = lv[lv["mode"] == "concurrency"] if "mode" in lv else lv
+        if "output_throughput_tok_s" in closed and closed["output_throughput_tok_s"].notna().any():
+            # The best measured level, never called a plateau: only stage 01's knee makes one.
+            best = closed.loc[closed["output_throughput_tok_s"].astype(float).idxmax()]
+            out["best_output_tok_s"] = num(best["output_throughput_tok_s"])
+            out["best_concurrency"] = int(best["concurrency"]) if num(best["concurrency"]) is not None else None
         if "client_bound" in lv:
             cb = lv[lv["client_bound"].astype(str).str.lower().isin(["true", "1"])]
             out["client_bound_levels"] = [
@@ -295,95 +310,6 @@ def speculative_whatif(step_ms: float, gemm_ms: float | None, gemm_pred_us_by_m:
                          "tpot_ms_projected": tpot, "tok_s_projected": 1000.0 / tpot,
                          "speedup": step_ms / tpot})
     return pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------- verdict
-
-
-def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
-            amdahl: pd.DataFrame | None, mvt: pd.DataFrame | None) -> dict[str, Any]:
-    """The dominant category, and a paragraph whose every sentence depends on the numbers."""
-    out: dict[str, Any] = {"dominant": None, "dominant_share": None, "sentences": []}
-    if decode is None or not len(decode):
-        return out
-    step = totals.get("step_ms")
-    top = decode.iloc[0]
-    share = num(top.get("share_of_step"))
-    out["dominant"], out["dominant_share"] = str(top["category"]), share
-    sents = out["sentences"]
-    n = totals.get("n_decode_steps")
-    nsteps = f" over {n} decode steps" if n else ""
-    sents.append(f"{top['category']} is the largest category{nsteps}: {_fmt(num(top['ms_per_step_mean']))} ms "
-                 f"per step, {_fmt(100 * share if share is not None else None, 3)} % of a {_fmt(step)} ms step"
-                 + (f" ({totals['step_basis']})." if totals.get("step_basis") else "."))
-    comm_sum = _category_ms(decode, COMMUNICATION_CATEGORIES)
-    comm_exp = None
-    if "exposed_ms_mean" in decode:
-        sub = decode[decode["category"].isin(COMMUNICATION_CATEGORIES)]
-        comm_exp = float(sub["exposed_ms_mean"].sum()) if len(sub) else None
-    elif amdahl is not None:
-        sub = amdahl[amdahl["category"].isin(COMMUNICATION_CATEGORIES)]
-        comm_exp = float(sub["exposed_ms_per_step"].sum()) if len(sub) else None
-    if comm_sum is None or comm_sum <= 0:
-        sents.append("No collective ran in the decode steps (one rank, or TP=1), so communication plays no part.")
-    elif comm_exp is not None:
-        frac = comm_exp / comm_sum
-        if frac >= COMM_EXPOSED_SHARE:
-            sents.append(f"Communication is exposed: {_fmt(comm_exp)} of its {_fmt(comm_sum)} ms per step runs "
-                         f"with no compute alongside, so every microsecond saved there shortens the step.")
-        elif frac <= COMM_HIDDEN_SHARE:
-            sents.append(f"Communication is mostly hidden under compute: only {_fmt(comm_exp)} of its "
-                         f"{_fmt(comm_sum)} ms per step is exposed, so faster collectives would buy little.")
-        else:
-            sents.append(f"Communication is partly hidden: {_fmt(comm_exp)} of its {_fmt(comm_sum)} ms per step "
-                         f"({_fmt(100 * frac, 2)} %) is exposed.")
-    sp, u, s = totals.get("span_ms"), totals.get("union_ms"), totals.get("kernel_sum_ms")
-    if sp and u is not None:
-        idle_share = (sp - u) / sp
-        dev = _device(totals)
-        cpu = totals.get("mode") == "cpu"
-        if idle_share >= LAUNCH_BOUND_IDLE_SHARE:
-            fix = ("per-op overhead (Python, scheduling, synchronisation) comes before faster kernels" if cpu else
-                   "CUDA graphs, fewer launches or a faster host come before faster kernels")
-            sents.append(f"The {dev} is idle {_fmt(100 * idle_share, 2)} % of each step (span {_fmt(sp)} ms, busy "
-                         f"{_fmt(u)} ms): the step is bound by the host side, not by the kernels, so {fix}.")
-        elif idle_share <= DEVICE_BOUND_IDLE_SHARE:
-            sents.append(f"The {dev} is busy {_fmt(100 * (1 - idle_share), 3)} % of each step, so the step is "
-                         f"bound by the work itself, not by launch gaps.")
-        else:
-            sents.append(f"The {dev} idles {_fmt(100 * idle_share, 2)} % of each step: launch gaps matter, "
-                         f"but the work itself dominates.")
-    if s and u and s / u >= OVERLAP_RATIO:
-        sents.append(f"Kernels overlap (summed {_fmt(s)} ms against {_fmt(u)} ms busy), so per-kernel totals "
-                     f"overstate the step by {_fmt(100 * (s / u - 1), 2)} %.")
-    tpot = totals.get("tpot_capture_ms")
-    if tpot and sp and (tpot - sp) > TPOT_GAP_SHARE * tpot:
-        sents.append(f"{_fmt(tpot - sp)} ms of the {_fmt(tpot)} ms TPOT lies outside the device steps, on the "
-                     f"host side; no kernel fix reaches it.")
-    if amdahl is not None and len(amdahl):
-        best = amdahl.iloc[0]
-        txt = (f"The biggest single lever is {best['category']}: removing all of its exposed time would make a "
-               f"decode step at most {_fmt(num(best['max_speedup']))}× faster")
-        if len(amdahl) > 1:
-            nxt = amdahl.iloc[1]
-            txt += f"; next is {nxt['category']} at {_fmt(num(nxt['max_speedup']))}×"
-        sents.append(txt + ".")
-    if mvt is not None:
-        for _, r in mvt.iterrows():
-            ratio = num(r["ratio_trace_over_micro"])
-            if ratio is None:
-                continue
-            what = "communication" if "communication" in r["quantity"] else "GEMM time"
-            if abs(ratio - 1) <= PREDICTION_TOLERANCE:
-                sents.append(f"The trace's {what} per step agrees with the micro-benchmark's prediction "
-                             f"(ratio {_fmt(ratio)}).")
-            elif ratio > 1 and what == "communication":
-                sents.append(f"The trace's communication per step is {_fmt(ratio)}× the micro-benchmark's "
-                             f"prediction: beyond the transfer itself, ranks wait for each other.")
-            else:
-                sents.append(f"The trace's {what} per step is {_fmt(ratio)}× the micro-benchmark's prediction, "
-                             f"so the isolated benchmark does not describe the running engine.")
-    return out
 
 
 # --------------------------------------------------------------------------- caveats

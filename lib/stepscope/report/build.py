@@ -13,6 +13,8 @@ import yaml
 from stepscope.config import WriteupParams, redact, redact_argv
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report import analysis as an
+from stepscope.report import prose
+from stepscope.report import verdict as vd
 from stepscope.micro.collectives import plot_latency_vs_size
 from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
@@ -131,7 +133,7 @@ def _img(name: str, alt: str) -> str:
     return image(FIGURE_LINK_PREFIX + name, alt)
 
 
-def _section_setup(a: RunArtifacts) -> str:
+def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     run, server, params = a.run or {}, a.server or {}, a.params or {}
     hw_p = params.get("hardware") or {}
     hw_r = run.get("hardware") or {}
@@ -144,19 +146,40 @@ def _section_setup(a: RunArtifacts) -> str:
         gpu_txt = str(gpus)
     model = params.get("model") or {}
     srv = params.get("server") or {}
-    engine = server.get("engine") or srv.get("engine")
-    version = server.get("engine_version") or (run.get("packages") or {}).get(str(engine))
+    # The engine the trace shows, else the one the run served; never params' default.
+    engine = ident.engine or server.get("engine") or (a.manifest or {}).get("engine")
+    version = (server.get("engine_version") or (a.manifest or {}).get("engine_version")
+               or (run.get("packages") or {}).get(str(engine)) if engine and a.server is not None else None)
+    device = None
+    if ident.device_name:
+        device = (f"{fmt_num(ident.device_count)} × {ident.device_name}" if ident.device_count
+                  else ident.device_name) + " (from the trace)"
+    tp = None
+    if ident.tp:
+        tp = f"{fmt_num(ident.tp)} (from the {ident.tp_source})"
+        if ident.tp_disagreement:
+            tp += " — **the trace's world size and the params disagree**"
+    batch = (f"{fmt_num(ident.batch_size)} requests per step (median, from the step annotations)"
+             if ident.batch_size is not None else None)
+    # The machine that ran stepscope is the trace's only when this run captured the trace itself.
+    captured_here = a.stage_present("04_profiler_capture")
     pairs = [
         ("Run", f"`{run.get('run_id', a.run_dir.name)}`"),
         ("Date", run.get("created_at") or server.get("started_at")),
-        ("Hardware", hw_p.get("name")), ("CPU", hw_r.get("cpu")), ("Accelerators", gpu_txt),
+        ("Trace", f"{ident.kind} ({ident.step_label}s: {fmt_num(ident.n_judged_steps)})"
+         if ident.n_judged_steps is not None else ident.kind),
+        ("Device", device),
+        ("Hardware", hw_p.get("name")),
+        ("CPU" if captured_here else "Analysed on (CPU)", hw_r.get("cpu")),
+        ("Accelerators" if captured_here else "Analysed on (accelerators)", gpu_txt),
         ("Interconnect", hw_p.get("interconnect")),
-        ("Engine", f"{engine or '?'} {version or ''}".strip()),
+        ("Engine", f"{engine} {version or ''}".strip() if engine else "unknown (neither the trace nor the run says)"),
         ("Server", f"{server.get('mode', srv.get('mode', '?'))} mode at {server.get('base_url', srv.get('url', '?'))}"
-         if server or srv else None),
+         if server else None),
         ("Model", server.get("served_model") or model.get("served_name") or model.get("path")),
         ("Quantization", model.get("quantization")),
-        ("Tensor parallel (TP)", server.get("tp") or srv.get("tp")),
+        ("Batch", batch),
+        ("Tensor parallel (TP)", tp),
         ("Code", f"`{run.get('git_commit', '?')}`" + (" (uncommitted changes)" if run.get("git_dirty") else "")
          if run else None),
     ]
@@ -164,14 +187,14 @@ def _section_setup(a: RunArtifacts) -> str:
     text = "## 1. Setup\n\n" + kv_table(pairs, ("", "value"))
     sw = params.get("sweep") or {}
     cap = params.get("capture") or {}
-    if sw or cap:
-        bits = []
-        if sw:
-            bits.append(f"sweep concurrency {sw.get('concurrency', '?')}, input {sw.get('input_len', '?')} / "
-                        f"output {sw.get('output_len', '?')} tokens")
-        if cap:
-            bits.append(f"profiler capture: {cap.get('requests', '?')} requests × {cap.get('output_len', '?')} "
-                        f"output tokens at batch 1")
+    bits = []
+    if sw and a.stage_present("01_macro_sweep"):
+        bits.append(f"sweep concurrency {sw.get('concurrency', '?')}, input {sw.get('input_len', '?')} / "
+                    f"output {sw.get('output_len', '?')} tokens")
+    if cap and captured_here:
+        bits.append(f"profiler capture: {cap.get('requests', '?')} requests × {cap.get('output_len', '?')} "
+                    f"output tokens at batch 1")
+    if bits:
         text += "\nKey parameters: " + "; ".join(bits) + ". The full params file is in the appendix.\n"
     if a.run is None and a.server is None:
         text += "\n" + missing_box("Provenance (hardware, engine version, date)", ["run.json", "00_deploy/server.json"])
@@ -187,8 +210,12 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     if h.get("knee_concurrency") is not None:
         parts.append(f"the knee (beyond it, doubling concurrency adds < {h['knee_gain']:.0%} output tok/s) "
                      f"is at **concurrency {fmt_num(h['knee_concurrency'])}**")
-    if h.get("plateau_output_tok_s") is not None:
+    if h.get("knee_concurrency") is not None and h.get("plateau_output_tok_s") is not None:
         parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**")
+    elif h.get("best_output_tok_s") is not None:
+        parts.append(f"**no plateau was reached**: output tok/s still grew by at least {fmt_num(100 * h['knee_gain'])} % "
+                     f"per doubling of concurrency, up to {fmt_num(h['best_output_tok_s'])} output tok/s at "
+                     f"concurrency {fmt_num(h['best_concurrency'])}")
     if h.get("c1_tpot_ms_median") is not None:
         parts.append(f"at concurrency 1 the median TPOT is **{fmt_num(h['c1_tpot_ms_median'])} ms** and the "
                      f"median TTFT **{fmt_num(h['c1_ttft_ms_median'])} ms**")
@@ -322,10 +349,13 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
         return text + missing_box("The per-category breakdown", ["05_categorize/summary.json",
                                                                  "05_categorize/decode_categories.csv"],
                                   _why(a, "05_categorize"))
-    n = totals.get("n_decode_steps")
-    text += (f"Per category, over {fmt_num(n) if n else 'all'} decode steps (rank 0 unless stated; ms per step "
-             f"from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
-             f"{fmt_num(totals.get('step_ms'))} ms):\n\n")
+    ident = ctx["verdict"].identity
+    n = ident.n_judged_steps
+    text += (f"Per category, over {fmt_num(n) if n else 'all'} {ident.step_label}s (rank 0 unless stated; ms per "
+             f"step from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
+             f"{fmt_num(totals.get('step_ms'))} ms"
+             + (f"; the period is not used: {totals['basis_reason']}" if totals.get("basis_reason") else "")
+             + "):\n\n")
     d = decode.copy()
     if "share_of_step" in d:
         d["share_pct"] = 100 * d["share_of_step"].astype(float)
@@ -336,10 +366,11 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                          ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
                          ("sum_ms_mean", "summed ms/step"), ("exposed_ms_mean", "exposed ms/step"),
                          ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
-    text += "\nThe same step read four ways (ms per decode step):\n\n"
+    text += f"\nThe same step read several ways (ms per {ident.step_label}):\n\n"
     rows = [("kernel sum (every kernel's duration added up)", totals.get("kernel_sum_ms")),
             ("union (time the device was busy)", totals.get("union_ms")),
             ("span (first to last device event of the step)", totals.get("span_ms")),
+            ("period (start of one step to the start of the next)", totals.get("period_ms")),
             ("step annotation (host-side duration of the engine step)", totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
     text += kv_table([(k, v) for k, v in rows if v is not None or "TPOT" in k], ("reading (mean)", "ms per step"))
@@ -360,13 +391,19 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
     for name in _stage_figures(a.run_dir, "05_decode_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     cr = a.cross_rank
-    if cr is not None and len(cr) and "category" in cr:
-        text += ("\nAcross ranks (busy ms per decode step). For a collective, the rank that waited least "
-                 "approximates the transfer; the rest of each rank's time is waiting for the slowest rank:\n\n")
+    split = ctx["verdict"].comm_split
+    if cr is not None and len(cr) and "category" in cr and split is not None and split.status == "ranks missing":
+        text += (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
+                 f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
+                 f"the job; the table is left out.\n")
+    elif cr is not None and len(cr) and "category" in cr:
+        text += ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time is an "
+                 "upper bound on the transfer (a per-rank mean, not a per-instance measure); the verdict's transfer "
+                 "and waiting come from collectives matched instance by instance, when stage 05 matched them:\n\n")
         text += md_table(cr, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
                               ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
                               ("min_rank", "min on rank"), ("max_rank", "max on rank"),
-                              ("transfer_ms_est", "transfer est."), ("wait_ms_median", "wait (median)"),
+                              ("transfer_ms_est", "least-waiting rank"), ("wait_ms_median", "wait (median)"),
                               ("wait_ms_max", "wait (max)")])
     return text
 
@@ -382,7 +419,8 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                     for k in dict.fromkeys(list(exp) + list(obs))
                     if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
             n = (cc.get("observed") or {}).get("n_steps") if isinstance(cc.get("observed"), dict) else None
-            text += (f"Counted on rank {cc.get('rank', 0)}" + (f" over {n} decode steps" if n else "")
+            label = ctx["verdict"].identity.step_label
+            text += (f"Counted on rank {cc.get('rank', 0)}" + (f" over {n} {label}s" if n else "")
                      + (f", TP={cc['tp']}" if cc.get("tp") else "") + ":\n\n")
             if rows:
                 df = pd.DataFrame(rows)
@@ -441,29 +479,43 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
 
 def _section_verdict(ctx: dict) -> str:
     text = "## 6. Verdict\n\n"
-    v, am = ctx["verdict"], ctx["amdahl"]
-    if v.get("dominant") is None:
+    v: vd.Verdict = ctx["verdict"]
+    am = ctx["amdahl"]
+    if v.dominant is None:
         return text + missing_box("The verdict", ["05_categorize/decode_categories.csv"])
-    share = v.get("dominant_share")
-    text += (f"**Dominant category: {v['dominant']}**, "
-             f"{fmt_num(100 * share if share is not None else None)} % of a decode step.\n\n")
-    text += "> **Verdict.** " + " ".join(v["sentences"]) + "\n\n"
-    if am is not None:
-        text += ("Amdahl ceiling per category (step time / (step time − exposed time); exposed = time no "
-                 "higher-priority work covers: compute, then communication, then memory):\n\n")
-        for _, r in am.iterrows():
-            text += (f"- Removing all exposed **{r['category']}** ({fmt_num(r['exposed_ms_per_step'])} ms/step) "
-                     f"would make a decode step at most **{fmt_num(r['max_speedup'])}×** faster.\n")
+    d = v.dominant
+    text += (f"**Dominant category: {d.category}**, {fmt_num(d.share_pct)} % of a {d.step_label} "
+             f"({d.denominator}).\n\n")
+    text += "> **Verdict.** " + " ".join(prose.verdict_sentences(v)) + "\n\n"
+    if v.levers:
+        text += (f"Amdahl ceiling per category, on the {v.basis.denominator} of {fmt_num(v.basis.step_ms)} ms "
+                 f"({v.basis.denominator} / ({v.basis.denominator} − exposed time); exposed = time no "
+                 f"higher-priority work covers: compute, then communication, then memory):\n\n")
+        for lv in v.levers:
+            text += (f"- Removing all exposed **{lv.category}** ({fmt_num(lv.exposed_ms)} ms/step) "
+                     f"would make a {v.identity.step_label} at most **{fmt_num(lv.ceiling_x)}×** faster.\n")
         if "amdahl" in ctx["figs"]:
             text += "\n" + _img(ctx["figs"]["amdahl"], "Amdahl ceiling per category")
-    else:
+    elif am is None:
         text += missing_box("Amdahl ceilings", ["05_categorize/amdahl.csv"])
+    if v.roofline:
+        text += "\nOn-trace roofline of the GEMM categories (stage 05; % of the device's peak):\n\n"
+        text += md_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
+                         [("category", "category"), ("time_ms_per_step", "ms/step"),
+                          ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
+                          ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
+                          ("device", "device")])
     return text
 
 
 def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     text = "## 7. What-if: speculative / multi-token decoding\n\n"
     w = ctx["whatif"]
+    ident = ctx["verdict"].identity
+    if not ident.has_decode:
+        what = f"a {ident.kind} trace" if ident.kind != "unknown" else "a trace with no step labelled decode"
+        return text + (f"Not projected: this is {what}, and speculative decoding changes decode steps "
+                       f"only.\n")
     if w is None:
         return text + missing_box("The projection", ["05_categorize/decode_categories.csv",
                                                      "04_profiler_capture/capture_latency.json"])
@@ -575,8 +627,9 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
     macro = an.macro_headlines(a)
     ctx: dict[str, Any] = {"totals": totals, "decode": decode, "amdahl": amdahl, "mvt": mvt, "macro": macro,
                            "whatif": None, "whatif_base_ms": None, "whatif_basis": None, "gemm_ms": None}
+    ctx["verdict"] = vd.verdict(a, totals, decode, amdahl, mvt, macro)
     base = totals.get("tpot_capture_ms") or totals.get("step_ms")
-    if decode is not None and base:
+    if decode is not None and base and ctx["verdict"].identity.has_decode:
         gemm_ms = float(decode[decode["category"].isin(GEMM_CATEGORIES)]["ms_per_step_mean"].sum())
         ctx["gemm_ms"] = gemm_ms
         ctx["whatif_base_ms"] = base
@@ -586,7 +639,6 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
                                               (a.gemm_prediction or {}).get("gemm_us_per_decode_step"),
                                               wp.acceptance_lengths, wp.draft_cost_fractions,
                                               wp.verify_extra_tokens)
-    ctx["verdict"] = an.verdict(a, totals, decode, amdahl, mvt)
     ctx["caveats"] = an.caveats(a, macro, totals)
     return ctx
 
@@ -594,13 +646,13 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
 def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
     run_id = (a.run or {}).get("run_id", a.run_dir.name)
     title = wp.title or f"Where does a decode step's time go? Run {run_id}"
-    v = ctx["verdict"]
     head = f"# {title}\n\n"
-    if v.get("sentences"):
-        head += "> **In short:** " + " ".join(v["sentences"][:3]) + "\n\n"
+    short = prose.headline(ctx["verdict"])
+    if short:
+        head += "> **In short:** " + " ".join(short) + "\n\n"
     head += ("*Written by stepscope from the run folder's artifacts alone. Times are per decode step unless "
              "stated; units are in every column header.*\n\n[TOC]\n\n")
-    sections = [head, _section_setup(a), _section_macro(a, ctx["macro"], ctx["figs"]),
+    sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
                 _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),
                 _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
                 _section_caveats(ctx["caveats"]), _section_appendix(a)]

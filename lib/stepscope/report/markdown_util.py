@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -12,33 +11,9 @@ from typing import Any, Callable, Sequence
 import markdown as md_lib
 import pandas as pd
 
+from stepscope.report.numbers import fmt_num  # noqa: F401  (re-exported: the one formatter)
+
 MISSING_MARK = "⚠ Not measured"
-
-
-def fmt_num(v: Any, digits: int = 3) -> str:
-    """Human number: integers with separators, floats to about `digits` significant figures."""
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, (int,)) and not isinstance(v, bool):
-        return f"{v:,}"
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        s = str(v)
-        return "–" if s.lower() in ("nan", "none", "") else s
-    if math.isnan(f):
-        return "–"
-    if math.isinf(f):
-        return "∞"
-    a = abs(f)
-    if a >= 10 ** digits:
-        return f"{f:,.0f}"
-    if a == 0:
-        return "0"
-    decimals = max(0, digits - 1 - int(math.floor(math.log10(a))))
-    return f"{f:,.{decimals}f}"
 
 
 def _cell(v: Any, f: Callable[[Any], str] | None) -> str:

@@ -2,8 +2,10 @@
 
 Used by the tests and to preview the report without a server: the numbers are invented
 (loosely shaped like the TP=8 reference campaign in docs/methods.md) and the run says so in its params name.
-`comm_exposed` and `launch_bound` switch the story the numbers tell, so a test can check
-that the verdict follows the data.
+`comm_exposed`, `launch_bound`, `stall`, `plateau`, `kind` and `ranks_missing` switch the
+story the numbers tell, so a test can check that the verdict follows the data.
+`contract_keys=False` leaves out the newer stage-05 keys (trace_info, period, idle split,
+collectives_matched, roofline), as an older run folder would.
 """
 
 from __future__ import annotations
@@ -21,12 +23,18 @@ ALL_STAGES = ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst",
 
 def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STAGES,
                        comm_exposed: bool = True, launch_bound: bool = False,
-                       scale: float = 1.0) -> Path:
+                       scale: float = 1.0, plateau: bool = True, kind: str = "decode",
+                       stall: bool = False, ranks_missing: bool = False,
+                       contract_keys: bool = True) -> Path:
     """Write a synthetic run folder and return its path.
 
     comm_exposed: all-reduce runs with nothing overlapping it (else compute hides most of it).
     launch_bound: the device idles most of each step (span >> union).
     scale: multiplies every device time, to build a "variant" run for compare tests.
+    plateau: the sweep levels off (a knee at 4); else throughput doubles at every level.
+    kind: the trace's kind (`decode`, `prefill`, `training`): non-decode steps carry no decode labels.
+    stall: the device's idle is one long gap instead of many short ones (with launch_bound).
+    ranks_missing: only 2 of the 8 ranks' traces matched (no cross-rank claim may be made).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -62,7 +70,8 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
         d = run_dir / "01_macro_sweep"
         d.mkdir(exist_ok=True)
         rows = []
-        for c, tok in ((1, 80.0), (2, 150.0), (4, 280.0), (8, 300.0)):
+        tputs = (80.0, 150.0, 280.0, 300.0) if plateau else (80.0, 160.0, 320.0, 640.0)
+        for c, tok in zip((1, 2, 4, 8), tputs):
             tok = tok / s
             rows.append({"level": f"c{c:04d}", "mode": "concurrency", "concurrency": c, "request_rate": float("inf"),
                          "n_requests": 4 * c + 8, "n_completed": 4 * c + 8, "n_failed": 0,
@@ -76,9 +85,13 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
                          "littles_concurrency": c * 0.97, "peak_output_tok_s_1s": tok * 1.2,
                          "client_cpu_pct": 95.0 if c == 8 else 20.0, "client_bound": c == 8})
         schema.write_table(pd.DataFrame(rows), d / "levels.csv", schema.LevelRow)
-        schema.write(d / "summary.json", {"knee_concurrency": 4, "plateau_output_tok_s": 300.0 / s,
-                                          "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
-                                          "died_at_level": None, "flags": []}, schema.SweepSummary)
+        schema.write(d / "summary.json", {
+            "knee_concurrency": 4 if plateau else None, "plateau_output_tok_s": 300.0 / s if plateau else None,
+            "knee_gain": 0.1, "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
+            "died_at_level": None,
+            "flags": [] if plateau else ["no knee: output tok/s still grows by >= 10% per doubling of concurrency "
+                                         "beyond every level; the plateau was not reached, extend sweep.concurrency"]},
+            schema.SweepSummary)
     if "02_gemm_micro" in stages:
         d = run_dir / "02_gemm_micro"
         d.mkdir(exist_ok=True)
@@ -134,11 +147,13 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
                                                   "tpot_ms_median": 12.1 * s}, schema.CaptureLatency)
     if "05_categorize" in stages:
         _write_categorize(run_dir / "05_categorize", comm_exposed=comm_exposed,
-                          launch_bound=launch_bound, s=s)
+                          launch_bound=launch_bound, s=s, kind=kind, stall=stall,
+                          ranks_missing=ranks_missing, contract_keys=contract_keys)
     return run_dir
 
 
-def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: float) -> None:
+def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: float, kind: str = "decode",
+                      stall: bool = False, ranks_missing: bool = False, contract_keys: bool = True) -> None:
     """Stage 05's artifacts (`stepscope.schema.categorize`)."""
     d.mkdir(parents=True, exist_ok=True)
     # (category, class, busy ms per step, calls per step, exposed ms per step)
@@ -153,7 +168,8 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     union = sum(e for *_, e in cats)
     span = union * (3.0 if launch_bound else 1.05)
     tpot = 12.1 * s
-    n_dec = 155
+    n_dec = 155 if kind == "decode" else 0
+    n_judged = n_dec or 165
 
     def stat(v: float) -> dict:
         return {"mean": v, "median": v, "p90": v * 1.1}
@@ -198,13 +214,15 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                       "other_top_names": [{"name": "void foo_kernel<128>", "sum_us": 90.0, "count": 400},
                                           {"name": "bar", "sum_us": 5.0, "count": 3}],
                       "n_steps": 165, "n_decode_steps": n_dec, "unattributed_events": 0 if r else 12,
+                      "step_kinds": {kind: n_judged} if kind != "decode" else {"prefill": 10, "decode": n_dec},
                       "step_source": "annotation:vllm",
                       "collectives_per_decode_step": {"all_reduce": 123.0, "all_gather": 1.0}})
     records = dec[dec["rank"] == 0].to_dict(orient="records")
     summary = {
         "ranks": ranks,
         "decode": {"rank": 0,
-                   "steps": {"steps_used": "decode", "n_steps": n_dec, "kernel_sum_ms": stat(kernel_sum),
+                   "steps": {"steps_used": "decode" if n_dec else "all steps (no decode labels in this trace)",
+                             "n_steps": n_judged, "kernel_sum_ms": stat(kernel_sum),
                              "union_ms": stat(union), "span_ms": stat(span),
                              "annotation_ms": stat(span * 1.02), "tpot_capture_ms": tpot},
                    "categories": records, "amdahl": amdahl.to_dict(orient="records")},
@@ -223,6 +241,9 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                    "message": "kernel sum per decode step exceeds the measured TPOT: kernels overlap"}]
         if kernel_sum > tpot else [],
     }
+    if contract_keys:
+        _add_contract_keys(summary, kind=kind, n_judged=n_judged, n_dec=n_dec, union=union, span=span,
+                           launch_bound=launch_bound, stall=stall, ranks_missing=ranks_missing, s=s)
     schema.write(d / "summary.json", summary, schema.TraceSummary)
     tl = []
     t = 0.0
@@ -242,10 +263,45 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     steps = []
     for r in range(8):
         for i in range(165):
-            lab = "prefill" if i < 10 else "decode"
+            lab = ("prefill" if i < 10 else "decode") if kind == "decode" else kind
             steps.append({"rank": r, "step_id": i, "name": f"step{i}", "source": "annotation:vllm",
                           "label": lab, "n_events": 1000, "kernel_sum_us": kernel_sum * 1000,
                           "busy_us": union * 1000, "span_us": span * 1000 * (1 + 0.01 * (i % 7)),
                           "idle_us": (span - union) * 1000, "annotation_dur_us": span * 1020,
                           "all_reduce_calls": 123, "all_gather_calls": 1, "other_collective_calls": 0})
     schema.write_table(pd.DataFrame(steps), d / "steps.csv", schema.StepRow)
+
+
+def _add_contract_keys(summary: dict, *, kind: str, n_judged: int, n_dec: int, union: float, span: float,
+                       launch_bound: bool, stall: bool, ranks_missing: bool, s: float) -> None:
+    """The newer stage-05 keys (PROTOCOL's contract): trace_info, period, idle split, matching, roofline."""
+    period = span * 1.04
+    idle = period - union
+    micro = idle * (0.1 if stall else 0.8 if launch_bound else 0.5)
+    summary["trace_info"] = {
+        "kind": kind, "engine": "vllm", "device_name": "synthetic GPU", "device_count": 8, "batch_size": 1.0,
+        "world_size": 8, "tp": 8, "tp_source": "trace", "tp_disagreement": False, "n_steps": 165,
+        "n_decode_steps": n_dec, "low_confidence": False, "graph_replay": False}
+    dec = summary["decode"]
+    dec["period_ms"] = {"mean": period, "median": period, "p90": period * 1.05, "n": n_judged - 1}
+    dec["denominator"] = "period"
+    dec["idle_micro_ms"], dec["idle_macro_ms"] = micro, idle - micro
+    dec["largest_gap"] = {"dur_ms": (0.85 * idle if stall else 0.05 * idle), "step": 42,
+                          "before": "Memcpy DtoH (Device -> Pageable)" if stall else "quantized_gemm_k",
+                          "after": "all_reduce_k"}
+    dec["launch_delay_us"] = {"median": 8.0, "p90": 20.0}
+    ar = 5.5 * s
+    summary["collectives_matched"] = {
+        "world_size": 8, "ranks_present": 2 if ranks_missing else 8, "complete": not ranks_missing,
+        "n_instances": 123 * n_judged, "transfer_ms_per_step": 0.6 * ar, "wait_ms_per_step": 0.4 * ar,
+        "skew_us": {"p50": 9.0, "p90": 31.0}, "straggler_rank": 5, "clock_flag": False}
+    rows = []
+    for cat, gb, ms in (("quantized_gemm", 3.6, 4.0 * s), ("fused_moe", 0.9, 1.0 * s)):
+        gbps = gb / (ms / 1e3)
+        tflops = 2 * 7168 * 512 * 244 / (ms / 1e3) / 1e12
+        rows.append({"category": cat, "calls_per_step": 244.0, "flops_per_step": 2 * 7168 * 512 * 244,
+                     "bytes_per_step": gb * 1e9, "time_ms_per_step": ms, "achieved_tflops": tflops,
+                     "achieved_gbps": gbps, "pct_peak_bw": 100 * gbps / 1800.0,
+                     "pct_peak_flops": 100 * tflops / 500.0, "source": "architecture"})
+    summary["roofline"] = {"device": {"name": "synthetic GPU", "peak_mem_bw_gbps": 1800.0, "peak_tflops": 500.0,
+                                      "known": True}, "rows": rows}

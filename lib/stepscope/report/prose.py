@@ -1,0 +1,212 @@
+"""Findings into sentences: the verdict's prose, and nothing else.
+
+Each sentence is written from one finding (`report.verdict`) and prints only that
+finding's fields, through the report's one formatter. No arithmetic happens here: a number
+the text needs is a field of the finding (`busy_pct`, `share_pct`, ...), so a test can find
+every printed number in the structured value it came from (`sentences`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.report.numbers import fmt_num as f
+from stepscope.report.verdict import (Agreement, Boundness, CommSplit, Communication, Dominant, Lever, Overlap,
+                                      Plateau, RooflineFinding, TpotGap, TraceIdentity, Verdict)
+
+Sentence = tuple[tuple[Any, ...], str]
+"""A sentence and the findings its numbers come from."""
+
+
+def steps(n: int | None, label: str) -> str:
+    """"1 decode step", "155 decode steps"."""
+    return f"{f(n)} {label}" + ("" if n == 1 else "s")
+
+
+def identity_sentences(i: TraceIdentity) -> list[str]:
+    out = []
+    if not i.has_decode:
+        n = steps(i.n_judged_steps, i.step_label) if i.n_judged_steps else f"{i.step_label}s"
+        kind = {"prefill": "a prefill trace", "training": "a training trace",
+                "single_step": "a single-step trace"}.get(i.kind, "a trace with no step labelled decode")
+        out.append(f"This is {kind} ({n}), not decode: what follows summarises its steps, with no decode verdict "
+                   f"and no speculative-decoding what-if.")
+    if i.low_confidence and i.n_judged_steps is not None:
+        out.append(f"Low confidence: only {steps(i.n_judged_steps, i.step_label)} judged, fewer than "
+                   f"{f(i.min_steps)}, so one odd step can move every figure below.")
+    return out
+
+
+def dominant_sentence(d: Dominant) -> str:
+    over = f" over {steps(d.n_steps, d.step_label)}" if d.n_steps else ""
+    share = (f", {f(d.share_pct)} % of a {f(d.step_ms)} ms {d.step_label} ({d.denominator})"
+             if d.share_pct is not None and d.step_ms else "")
+    return f"{d.category} is the largest category{over}: {f(d.ms_per_step)} ms per step{share}."
+
+
+def communication_sentence(c: Communication) -> str:
+    if c.status == "none":
+        return "No collective ran in these steps (one rank, or no tensor parallelism), so communication plays no part."
+    if c.status == "unknown":
+        return (f"Communication takes {f(c.comm_ms)} ms per step; how much of it is hidden under compute was "
+                f"not measured.")
+    if c.status == "exposed":
+        return (f"Communication is exposed: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms per step "
+                f"({f(c.exposed_pct)} %, at least {f(c.exposed_threshold_pct)} %) runs with no compute alongside.")
+    if c.status == "hidden":
+        return (f"Communication is mostly hidden under compute: only {f(c.exposed_ms)} of its {f(c.comm_ms)} ms "
+                f"per step ({f(c.exposed_pct)} %, at most {f(c.hidden_threshold_pct)} %) is exposed, so faster "
+                f"collectives would buy little.")
+    return (f"Communication is partly hidden: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms per step "
+            f"({f(c.exposed_pct)} %) is exposed.")
+
+
+def comm_split_sentences(s: CommSplit) -> list[str]:
+    if s.status == "ranks missing":
+        return [f"Only {f(s.ranks_present)} of {f(s.world_size)} ranks' traces are here, so no cross-rank claim "
+                f"is made: transfer and waiting cannot be told apart."]
+    if s.status == "not matched":
+        return ["Whether that time is transfer or ranks waiting for each other was not measured: the trace "
+                "analysis did not match collectives across ranks."]
+    out = []
+    if s.transfer_ms is not None:
+        out.append(f"Communication costs {f(s.transfer_ms)} ms per step in transfer (from the last rank's "
+                   f"arrival to completion, over {f(s.n_instances)} matched collectives): faster or fewer "
+                   f"collectives (fusion, a custom all-reduce, a faster link) shorten that part.")
+    if s.wait_ms is not None:
+        who = f", straggler rank {f(s.straggler_rank)}" if s.straggler_rank is not None else ""
+        skew = f" (p90 arrival skew {f(s.skew_p90_us)} µs{who})" if s.skew_p90_us is not None else ""
+        out.append(f"Ranks wait {f(s.wait_ms)} ms per step for each other{skew}: evening out the ranks' work "
+                   f"and host jitter before each collective shortens that part; a faster collective does not.")
+    if s.clock_flag:
+        out.append("The ranks' clocks disagree (stage 05 flagged them), so the skew above is approximate.")
+    return out
+
+
+def boundness_sentence(b: Boundness) -> str:
+    dev, basis = b.device_word, f"{b.denominator} {f(b.step_ms)} ms, busy {f(b.busy_ms)} ms"
+    if b.status == "device-bound":
+        return (f"The {dev} is busy {f(b.busy_pct)} % of each step ({basis}; idle at most "
+                f"{f(b.device_bound_pct)} %), so the step is bound by the work itself, not by launch gaps.")
+    if b.status == "host-bound":
+        if b.cpu:
+            fix = "per-op overhead (Python, scheduling, synchronisation) comes before faster kernels"
+        elif b.graph_replay:
+            fix = ("the step already replays a graph, so fewer and larger kernels (fusion) or a faster host "
+                   "come before faster kernels")
+        else:
+            fix = "CUDA graphs, fewer launches or a faster host come before faster kernels"
+        delay = (f"; kernels start {f(b.launch_delay_median_us)} µs after their launch (median), so the queue "
+                 f"runs dry" if b.launch_delay_median_us is not None and not b.cpu else "")
+        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
+                f"gaps between kernels (host-bound from {f(b.micro_threshold_pct)} %){delay}: the step is "
+                f"host-bound, so {fix}.")
+    if b.status == "stall":
+        where = (f" between `{b.gap_before}` and `{b.gap_after}`" if b.gap_before or b.gap_after else "")
+        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but one gap of "
+                f"{f(b.largest_gap_ms)} ms{where} holds {f(b.largest_gap_pct_of_idle)} % of that idle, while "
+                f"short gaps between kernels are only {f(b.micro_idle_pct)} %: a stall to remove, not a "
+                f"host-bound step; faster kernels or launches would not touch it.")
+    if b.status == "host-ahead gaps":
+        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
+                f"gaps, yet kernels start {f(b.launch_delay_median_us)} µs after their launch (median, above "
+                f"{f(b.host_ahead_us)} µs): the host runs ahead, so the gaps are waits inside the device work "
+                f"(synchronisation, dependencies), not launch overhead.")
+    if b.status == "undetermined":
+        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but idle was not split into short "
+                f"gaps between kernels and long stalls, so host-bound cannot be told from one stall.")
+    return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}): gaps matter, but the work itself "
+            f"dominates.")
+
+
+def overlap_sentence(o: Overlap) -> str:
+    return (f"Kernels overlap (summed {f(o.kernel_sum_ms)} ms against {f(o.union_ms)} ms busy), so per-kernel "
+            f"totals overstate the step by {f(o.overstate_pct)} %.")
+
+
+def tpot_gap_sentence(t: TpotGap) -> str:
+    return (f"{f(t.gap_ms)} ms of the {f(t.tpot_ms)} ms TPOT ({f(t.gap_pct)} %) lies outside the device steps' "
+            f"{t.denominator} of {f(t.step_ms)} ms, on the host side; no kernel fix reaches it.")
+
+
+def lever_sentence(levers: tuple[Lever, ...], step_label: str) -> str:
+    best = levers[0]
+    txt = (f"The biggest single lever is {best.category}: removing all of its exposed time "
+           f"({f(best.exposed_ms)} ms per step) would make a {step_label} at most {f(best.ceiling_x)}× faster "
+           f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
+    if len(levers) > 1:
+        txt += f"; next is {levers[1].category} at {f(levers[1].ceiling_x)}×"
+    return txt + "."
+
+
+def agreement_sentence(g: Agreement) -> str:
+    if g.agree:
+        return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) agrees with the micro-benchmark's "
+                f"prediction ({f(g.predicted_ms)} ms; ratio {f(g.ratio)}, within ±{f(g.tolerance_pct)} %).")
+    why = ("beyond the transfer itself, ranks wait for each other or the engine's collectives differ"
+           if g.quantity == "communication" and g.ratio > 1 else
+           "so the isolated benchmark does not describe the running engine")
+    return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) is {f(g.ratio)}× the micro-benchmark's "
+            f"prediction ({f(g.predicted_ms)} ms): {why}.")
+
+
+def roofline_sentence(r: RooflineFinding) -> str:
+    if not r.peak_known or r.pct_peak_bw is None:
+        dev = f" ({r.device})" if r.device else ""
+        return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s; the device's peak{dev} is unknown, so "
+                f"no % of peak is given.")
+    flops = (f" and {f(r.achieved_tflops)} TFLOP/s ({f(r.pct_peak_flops)} % of peak compute)"
+             if r.pct_peak_flops is not None else "")
+    return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s, {f(r.pct_peak_bw)} % of the {r.device}'s "
+            f"peak memory bandwidth{flops}.")
+
+
+def plateau_sentence(p: Plateau) -> str:
+    if p.reached:
+        return (f"Throughput levels off from concurrency {f(p.knee_concurrency)}: the plateau is "
+                f"{f(p.plateau_tok_s)} output tok/s.")
+    upto = (f" up to concurrency {f(p.best_concurrency)} ({f(p.best_tok_s)} output tok/s)"
+            if p.best_concurrency is not None else "")
+    return (f"No plateau was reached: output tok/s still grew by at least {f(p.knee_gain_pct)} % per doubling of "
+            f"concurrency{upto}, so the sweep stopped short of saturation.")
+
+
+def sentences(v: Verdict) -> list[Sentence]:
+    """The verdict, in order, each sentence with the findings it was written from."""
+    out: list[Sentence] = [((v.identity,), s) for s in identity_sentences(v.identity)]
+    if v.dominant is not None:
+        out.append(((v.dominant,), dominant_sentence(v.dominant)))
+    if v.communication is not None:
+        out.append(((v.communication,), communication_sentence(v.communication)))
+    # A split of hidden communication would advertise a lever the step cannot feel.
+    if v.comm_split is not None and v.communication is not None and v.communication.status != "hidden":
+        out += [((v.comm_split,), s) for s in comm_split_sentences(v.comm_split)]
+    if v.boundness is not None:
+        out.append(((v.boundness,), boundness_sentence(v.boundness)))
+    if v.overlap is not None:
+        out.append(((v.overlap,), overlap_sentence(v.overlap)))
+    if v.tpot_gap is not None:
+        out.append(((v.tpot_gap,), tpot_gap_sentence(v.tpot_gap)))
+    if v.levers:
+        out.append((v.levers[:2], lever_sentence(v.levers, v.identity.step_label)))
+    out += [((r,), roofline_sentence(r)) for r in v.roofline]
+    out += [((g,), agreement_sentence(g)) for g in v.agreements]
+    return out
+
+
+def verdict_sentences(v: Verdict) -> list[str]:
+    return [s for _, s in sentences(v)]
+
+
+def headline_sentences(v: Verdict) -> list[Sentence]:
+    """The report's "In short": what the trace is, the dominant category, communication,
+    host or device, the biggest lever, and the sweep's plateau (or that none was reached)."""
+    keep = (TraceIdentity, Dominant, Communication, Boundness, Lever)
+    out = [(src, s) for src, s in sentences(v) if isinstance(src[0], keep)]
+    if v.plateau is not None:
+        out.append(((v.plateau,), plateau_sentence(v.plateau)))
+    return out
+
+
+def headline(v: Verdict) -> list[str]:
+    return [s for _, s in headline_sentences(v)]

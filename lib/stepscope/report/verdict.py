@@ -1,0 +1,465 @@
+"""The verdict as typed findings: what the data says, before any sentence is written.
+
+`verdict(a)` reads a run folder's artifacts (through `RunArtifacts`) and returns a
+`Verdict`: frozen dataclasses holding every number a judgement rests on, the threshold it
+was judged against and the denominator it was divided by. `report.prose` turns findings
+into sentences and never computes a number of its own, so a test can check each number in
+the text against the field it came from. How each finding is decided: `docs/verdict.md`.
+
+Stage-05 keys that newer runs carry (`trace_info`, `decode.period_ms`, the idle split,
+`collectives_matched`, `roofline`) are optional: a finding that needs a missing key says
+what it could not decide instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
+from stepscope.report.artifacts import RunArtifacts, num
+from stepscope.thresholds import (COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
+                                  HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
+                                  LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, OVERLAP_RATIO,
+                                  PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
+
+KIND_STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
+                    "mixed": "mixed prefill-and-decode step", "training": "training step",
+                    "single_step": "step", "unknown": "step"}
+"""How a step of each trace kind is named in the report."""
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True)
+class TraceIdentity:
+    """What the trace is: kind, engine, device, batch, TP, and how many steps were judged."""
+
+    kind: str
+    step_label: str
+    source: str
+    """`trace_info` (stage 05 detected it) or `step counts` (inferred from an older summary)."""
+    engine: str | None = None
+    device_name: str | None = None
+    device_count: int | None = None
+    batch_size: float | None = None
+    tp: int | None = None
+    tp_source: str | None = None
+    tp_disagreement: bool = False
+    world_size: int | None = None
+    ranks_present: int | None = None
+    n_steps: int | None = None
+    n_judged_steps: int | None = None
+    low_confidence: bool = False
+    min_steps: int = LOW_CONFIDENCE_STEPS
+    graph_replay: bool | None = None
+
+    @property
+    def has_decode(self) -> bool:
+        return self.kind in ("decode", "mixed")
+
+    @property
+    def ranks_missing(self) -> bool:
+        return bool(self.world_size and self.ranks_present is not None and self.ranks_present < self.world_size)
+
+
+@dataclass(frozen=True)
+class StepBasis:
+    """The denominator of every share and Amdahl ceiling."""
+
+    denominator: str | None
+    """`period` (step start to next step start), `span`, `union` or `capture TPOT`."""
+    step_ms: float | None
+    reason: str | None = None
+    """Why the period was not used, when it was not."""
+
+
+@dataclass(frozen=True)
+class Dominant:
+    category: str
+    ms_per_step: float
+    share_pct: float | None
+    step_ms: float | None
+    denominator: str | None
+    n_steps: int | None
+    step_label: str
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Whether communication runs exposed or hidden under compute."""
+
+    status: str
+    """`none`, `exposed`, `partly hidden`, `hidden` or `unknown` (no exposed time)."""
+    comm_ms: float | None = None
+    exposed_ms: float | None = None
+    exposed_pct: float | None = None
+    exposed_threshold_pct: float = 100 * COMM_EXPOSED_SHARE
+    hidden_threshold_pct: float = 100 * COMM_HIDDEN_SHARE
+
+
+@dataclass(frozen=True)
+class CommSplit:
+    """Communication's cost split into transfer and ranks waiting for each other."""
+
+    status: str
+    """`split` (every rank matched), `ranks missing`, `not matched` (stage 05 gave no matching)."""
+    transfer_ms: float | None = None
+    wait_ms: float | None = None
+    skew_p90_us: float | None = None
+    straggler_rank: int | None = None
+    world_size: int | None = None
+    ranks_present: int | None = None
+    n_instances: int | None = None
+    clock_flag: bool = False
+
+
+@dataclass(frozen=True)
+class Boundness:
+    """Host-bound, device-bound, one stall, or between."""
+
+    status: str
+    """`device-bound`, `host-bound`, `stall`, `host-ahead gaps`, `mixed`, `undetermined`."""
+    device_word: str
+    """`device` or `CPU worker`."""
+    step_ms: float
+    busy_ms: float
+    idle_pct: float
+    busy_pct: float
+    denominator: str | None
+    micro_idle_pct: float | None = None
+    macro_idle_pct: float | None = None
+    largest_gap_ms: float | None = None
+    largest_gap_pct_of_idle: float | None = None
+    gap_before: str | None = None
+    gap_after: str | None = None
+    launch_delay_median_us: float | None = None
+    graph_replay: bool | None = None
+    cpu: bool = False
+    device_bound_pct: float = 100 * DEVICE_BOUND_IDLE_SHARE
+    idle_heavy_pct: float = 100 * LAUNCH_BOUND_IDLE_SHARE
+    micro_threshold_pct: float = 100 * HOST_BOUND_MICRO_IDLE_SHARE
+    stall_threshold_pct: float = 100 * STALL_GAP_SHARE
+    host_ahead_us: float = HOST_AHEAD_LAUNCH_DELAY_US
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """Knee and plateau of the load sweep, or the plain fact that none was reached."""
+
+    reached: bool
+    knee_concurrency: int | None = None
+    plateau_tok_s: float | None = None
+    best_tok_s: float | None = None
+    best_concurrency: int | None = None
+    knee_gain_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class Lever:
+    category: str
+    exposed_ms: float
+    ceiling_x: float
+    step_ms: float
+    denominator: str | None
+
+
+@dataclass(frozen=True)
+class Agreement:
+    quantity: str
+    trace_ms: float
+    predicted_ms: float
+    ratio: float
+    agree: bool
+    tolerance_pct: float = 100 * PREDICTION_TOLERANCE
+
+
+@dataclass(frozen=True)
+class RooflineFinding:
+    category: str
+    time_ms_per_step: float | None
+    achieved_gbps: float | None
+    pct_peak_bw: float | None
+    achieved_tflops: float | None
+    pct_peak_flops: float | None
+    device: str | None
+    peak_known: bool
+
+
+@dataclass(frozen=True)
+class TpotGap:
+    tpot_ms: float
+    step_ms: float
+    denominator: str
+    gap_ms: float
+    gap_pct: float
+    threshold_pct: float = 100 * TPOT_GAP_SHARE
+
+
+@dataclass(frozen=True)
+class Overlap:
+    kernel_sum_ms: float
+    union_ms: float
+    overstate_pct: float
+    threshold_pct: float = 100 * (OVERLAP_RATIO - 1)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    identity: TraceIdentity
+    basis: StepBasis
+    dominant: Dominant | None = None
+    communication: Communication | None = None
+    comm_split: CommSplit | None = None
+    boundness: Boundness | None = None
+    overlap: Overlap | None = None
+    tpot_gap: TpotGap | None = None
+    levers: tuple[Lever, ...] = ()
+    agreements: tuple[Agreement, ...] = ()
+    roofline: tuple[RooflineFinding, ...] = ()
+    plateau: Plateau | None = None
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def trace_identity(a: RunArtifacts) -> TraceIdentity:
+    """The trace's kind, engine, device, batch and TP: stage 05's `trace_info` when present."""
+    ts = a.trace_summary or {}
+    info = ts.get("trace_info") if isinstance(ts.get("trace_info"), dict) else None
+    ranks = [r for r in ts.get("ranks") or [] if isinstance(r, dict)]
+    ref = ranks[0] if ranks else {}
+    cm = ts.get("collectives_matched") if isinstance(ts.get("collectives_matched"), dict) else {}
+    params_tp, params_src = _params_tp(a)
+    if info is not None:
+        kind = str(info.get("kind") or "unknown")
+        judged = info.get("n_decode_steps") if kind in ("decode", "mixed") else info.get("n_steps")
+        tp = _int(info.get("tp")) or params_tp
+        return TraceIdentity(
+            kind=kind, step_label=KIND_STEP_LABELS.get(kind, "step"), source="trace_info",
+            engine=_known(info.get("engine")), device_name=_known(info.get("device_name")),
+            device_count=_int(info.get("device_count")), batch_size=num(info.get("batch_size")),
+            tp=tp, tp_source=str(info.get("tp_source") or (params_src if tp else None)),
+            tp_disagreement=bool(info.get("tp_disagreement")),
+            world_size=_int(info.get("world_size")) or _int(cm.get("world_size")),
+            ranks_present=_int(cm.get("ranks_present")) or (len(ranks) or None),
+            n_steps=_int(info.get("n_steps")), n_judged_steps=_int(judged),
+            low_confidence=bool(info.get("low_confidence", (_int(judged) or 0) < LOW_CONFIDENCE_STEPS)),
+            graph_replay=info.get("graph_replay") if isinstance(info.get("graph_replay"), bool) else None)
+    # An older summary: the kind from the step counts, the rest from the run's own files.
+    n_dec = _int(ref.get("n_decode_steps"))
+    if n_dec:
+        kind, label, judged = "decode", KIND_STEP_LABELS["decode"], n_dec
+    else:
+        src = str(ref.get("step_source") or "")
+        kind = "unknown"
+        label = "profiler step" if "profiler_step" in src else "step"
+        judged = _int((a.decode.get("steps") or {}).get("n_steps")) or _int(ref.get("n_steps"))
+    return TraceIdentity(
+        kind=kind, step_label=label, source="step counts",
+        engine=_known((a.server or {}).get("engine") or (a.manifest or {}).get("engine")),
+        tp=params_tp, tp_source=params_src if params_tp else None,
+        ranks_present=len(ranks) or None, n_steps=_int(ref.get("n_steps")), n_judged_steps=judged,
+        low_confidence=(judged or 0) < LOW_CONFIDENCE_STEPS)
+
+
+def _params_tp(a: RunArtifacts) -> tuple[int | None, str]:
+    srv = _int((a.server or {}).get("tp"))
+    if srv:
+        return srv, "server"
+    p = a.params or {}
+    v = _int(((p.get("analysis") or {}).get("tp"))) or _int(((p.get("server") or {}).get("tp")))
+    # `stepscope analyze` without --tp writes no TP: a default of 1 would be a guess.
+    return (v, "params") if v and (a.server is not None or (p.get("analysis") or {}).get("tp")) else (None, "")
+
+
+def _known(v: Any) -> str | None:
+    return None if v in (None, "", "unknown") else str(v)
+
+
+def _int(v: Any) -> int | None:
+    f = num(v)
+    return int(f) if f is not None else None
+
+
+# --------------------------------------------------------------------------- findings
+
+
+def step_basis(totals: dict[str, Any]) -> StepBasis:
+    return StepBasis(denominator=totals.get("step_basis"), step_ms=totals.get("step_ms"),
+                     reason=totals.get("basis_reason"))
+
+
+def dominant(decode: pd.DataFrame | None, basis: StepBasis, ident: TraceIdentity) -> Dominant | None:
+    if decode is None or not len(decode):
+        return None
+    top = decode.iloc[0]
+    share = num(top.get("share_of_step"))
+    return Dominant(category=str(top["category"]), ms_per_step=float(top["ms_per_step_mean"]),
+                    share_pct=100 * share if share is not None else None, step_ms=basis.step_ms,
+                    denominator=basis.denominator, n_steps=ident.n_judged_steps, step_label=ident.step_label)
+
+
+def communication(decode: pd.DataFrame | None, amdahl: pd.DataFrame | None) -> Communication | None:
+    if decode is None or not len(decode):
+        return None
+    sub = decode[decode["category"].isin(COMMUNICATION_CATEGORIES)]
+    comm = float(sub["ms_per_step_mean"].sum()) if len(sub) else 0.0
+    if comm <= 0:
+        return Communication(status="none")
+    exposed = None
+    if "exposed_ms_mean" in decode:
+        exposed = float(sub["exposed_ms_mean"].sum())
+    elif amdahl is not None:
+        s2 = amdahl[amdahl["category"].isin(COMMUNICATION_CATEGORIES)]
+        exposed = float(s2["exposed_ms_per_step"].sum()) if len(s2) else None
+    if exposed is None:
+        return Communication(status="unknown", comm_ms=comm)
+    frac = exposed / comm
+    status = ("exposed" if frac >= COMM_EXPOSED_SHARE else "hidden" if frac <= COMM_HIDDEN_SHARE
+              else "partly hidden")
+    return Communication(status=status, comm_ms=comm, exposed_ms=exposed, exposed_pct=100 * frac)
+
+
+def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None) -> CommSplit | None:
+    """Transfer against waiting from stage 05's cross-rank matching; no claim with ranks missing."""
+    if comm is None or comm.status == "none":
+        return None
+    cm = (a.trace_summary or {}).get("collectives_matched")
+    if not isinstance(cm, dict) or not cm:
+        return CommSplit(status="not matched", world_size=ident.world_size, ranks_present=ident.ranks_present)
+    ws, present = _int(cm.get("world_size")), _int(cm.get("ranks_present"))
+    if not cm.get("complete", ws is not None and present is not None and present >= ws):
+        return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
+    skew = cm.get("skew_us") if isinstance(cm.get("skew_us"), dict) else {}
+    return CommSplit(status="split", transfer_ms=num(cm.get("transfer_ms_per_step")),
+                     wait_ms=num(cm.get("wait_ms_per_step")), skew_p90_us=num(skew.get("p90")),
+                     straggler_rank=_int(cm.get("straggler_rank")), world_size=ws, ranks_present=present,
+                     n_instances=_int(cm.get("n_instances")), clock_flag=bool(cm.get("clock_flag")))
+
+
+def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
+              ident: TraceIdentity) -> Boundness | None:
+    """Device- or host-bound from idle on the step basis; host-bound only on micro idle."""
+    step, busy = basis.step_ms, totals.get("union_ms")
+    if not step or busy is None:
+        return None
+    d = a.decode
+    cpu = totals.get("mode") == "cpu"
+    idle_frac = max(step - busy, 0.0) / step
+    micro, macro = num(d.get("idle_micro_ms")), num(d.get("idle_macro_ms"))
+    gap = d.get("largest_gap") if isinstance(d.get("largest_gap"), dict) else {}
+    gap_ms = num(gap.get("dur_ms"))
+    ld = d.get("launch_delay_us") if isinstance(d.get("launch_delay_us"), dict) else {}
+    delay = num(ld.get("median"))
+    idle_ms = step - busy
+    kw = dict(device_word="CPU worker" if cpu else "device", step_ms=step, busy_ms=busy,
+              idle_pct=100 * idle_frac, busy_pct=100 * (1 - idle_frac), denominator=basis.denominator, cpu=cpu,
+              micro_idle_pct=100 * micro / step if micro is not None else None,
+              macro_idle_pct=100 * macro / step if macro is not None else None,
+              largest_gap_ms=gap_ms,
+              largest_gap_pct_of_idle=100 * gap_ms / idle_ms if gap_ms is not None and idle_ms > 0 else None,
+              gap_before=_known(gap.get("before")), gap_after=_known(gap.get("after")),
+              launch_delay_median_us=delay, graph_replay=ident.graph_replay)
+    if idle_frac <= DEVICE_BOUND_IDLE_SHARE:
+        return Boundness(status="device-bound", **kw)
+    if micro is None:
+        # Without the split one long stall and many launch gaps look alike: decide nothing.
+        return Boundness(status="undetermined" if idle_frac >= LAUNCH_BOUND_IDLE_SHARE else "mixed", **kw)
+    if micro / step >= HOST_BOUND_MICRO_IDLE_SHARE:
+        host_ahead = not cpu and delay is not None and delay >= HOST_AHEAD_LAUNCH_DELAY_US
+        return Boundness(status="host-ahead gaps" if host_ahead else "host-bound", **kw)
+    if gap_ms is not None and idle_ms > 0 and gap_ms / idle_ms >= STALL_GAP_SHARE:
+        return Boundness(status="stall", **kw)
+    return Boundness(status="mixed", **kw)
+
+
+def overlap(totals: dict[str, Any]) -> Overlap | None:
+    s, u = totals.get("kernel_sum_ms"), totals.get("union_ms")
+    if s and u and s / u >= OVERLAP_RATIO:
+        return Overlap(kernel_sum_ms=s, union_ms=u, overstate_pct=100 * (s / u - 1))
+    return None
+
+
+def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
+    """TPOT against the device step: only for decode, and only when the gap is worth saying."""
+    tpot = totals.get("tpot_capture_ms")
+    ref_name = "period" if totals.get("period_ms") else "span"
+    ref = totals.get("period_ms") or totals.get("span_ms")
+    if not ident.has_decode or not tpot or not ref or (tpot - ref) <= TPOT_GAP_SHARE * tpot:
+        return None
+    return TpotGap(tpot_ms=tpot, step_ms=ref, denominator=ref_name, gap_ms=tpot - ref,
+                   gap_pct=100 * (tpot - ref) / tpot)
+
+
+def levers(amdahl: pd.DataFrame | None, basis: StepBasis) -> tuple[Lever, ...]:
+    if amdahl is None or not len(amdahl) or not basis.step_ms:
+        return ()
+    return tuple(Lever(category=str(r["category"]), exposed_ms=float(r["exposed_ms_per_step"]),
+                       ceiling_x=float(r["max_speedup"]), step_ms=basis.step_ms, denominator=basis.denominator)
+                 for _, r in amdahl.iterrows() if num(r.get("max_speedup")) is not None)
+
+
+def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
+    if mvt is None:
+        return ()
+    out = []
+    for _, r in mvt.iterrows():
+        t, p, ratio = num(r["trace_ms_per_step"]), num(r["micro_predicted_ms_per_step"]), \
+            num(r["ratio_trace_over_micro"])
+        if t is None or p is None or ratio is None:
+            continue
+        what = "communication" if "communication" in str(r["quantity"]) else "GEMM time"
+        out.append(Agreement(quantity=what, trace_ms=t, predicted_ms=p, ratio=ratio,
+                             agree=abs(ratio - 1) <= PREDICTION_TOLERANCE))
+    return tuple(out)
+
+
+def roofline(a: RunArtifacts) -> tuple[RooflineFinding, ...]:
+    """GEMM-like rows of stage 05's on-trace roofline, with the device they were judged against."""
+    rf = (a.trace_summary or {}).get("roofline")
+    if not isinstance(rf, dict):
+        return ()
+    dev = rf.get("device") if isinstance(rf.get("device"), dict) else {}
+    known = bool(dev.get("known")) and (num(dev.get("peak_mem_bw_gbps")) is not None
+                                        or num(dev.get("peak_tflops")) is not None)
+    out = []
+    for r in rf.get("rows") or []:
+        if not isinstance(r, dict) or r.get("category") not in GEMM_CATEGORIES:
+            continue
+        out.append(RooflineFinding(
+            category=str(r["category"]), time_ms_per_step=num(r.get("time_ms_per_step")),
+            achieved_gbps=num(r.get("achieved_gbps")), pct_peak_bw=num(r.get("pct_peak_bw")) if known else None,
+            achieved_tflops=num(r.get("achieved_tflops")),
+            pct_peak_flops=num(r.get("pct_peak_flops")) if known else None,
+            device=_known(dev.get("name")), peak_known=known))
+    return tuple(out)
+
+
+def plateau(macro: dict[str, Any] | None) -> Plateau | None:
+    """The knee and plateau as stage 01 found them; without a knee, no plateau is claimed."""
+    if not macro or (macro.get("knee_concurrency") is None and macro.get("best_output_tok_s") is None):
+        return None
+    gain = num(macro.get("knee_gain"))
+    knee = _int(macro.get("knee_concurrency"))
+    return Plateau(reached=knee is not None, knee_concurrency=knee,
+                   plateau_tok_s=num(macro.get("plateau_output_tok_s")) if knee is not None else None,
+                   best_tok_s=num(macro.get("best_output_tok_s")),
+                   best_concurrency=_int(macro.get("best_concurrency")),
+                   knee_gain_pct=100 * gain if gain is not None else None)
+
+
+def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
+            amdahl: pd.DataFrame | None, mvt: pd.DataFrame | None,
+            macro: dict[str, Any] | None = None) -> Verdict:
+    """Every finding of the report, typed; `report.prose.verdict_sentences` writes them out."""
+    ident = trace_identity(a)
+    basis = step_basis(totals)
+    comm = communication(decode, amdahl)
+    return Verdict(identity=ident, basis=basis, dominant=dominant(decode, basis, ident), communication=comm,
+                   comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
+                   overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=levers(amdahl, basis),
+                   agreements=agreements(mvt), roofline=roofline(a), plateau=plateau(macro))

@@ -1,0 +1,243 @@
+"""The structured verdict: every printed number comes from a finding, and no sentence claims
+what the data contradicts. Run folders with contrasting data (synthetic, with the stage-05
+contract's keys) and real traces analysed by stage 05 in-process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from stepscope.report import build_report, make_synthetic_run
+from stepscope.report import prose
+from stepscope.report.artifacts import load_run_artifacts
+from stepscope.report.build import report_context, writeup_params_from
+from stepscope.report.numbers import NUMBER_RE, fmt_num
+from stepscope.thresholds import COMM_EXPOSED_SHARE, HOST_BOUND_MICRO_IDLE_SHARE, LOW_CONFIDENCE_STEPS
+
+CASES = {
+    "exposed-device-bound-plateau": dict(comm_exposed=True, launch_bound=False, plateau=True),
+    "hidden-host-bound-no-plateau": dict(comm_exposed=False, launch_bound=True, plateau=False),
+    "one-stall": dict(launch_bound=True, stall=True),
+    "ranks-missing": dict(ranks_missing=True),
+    "prefill": dict(kind="prefill"),
+    "training": dict(kind="training", launch_bound=True),
+    "older-summary": dict(contract_keys=False, launch_bound=True),
+}
+
+
+def _build(tmp_path: Path, name: str, **kw):
+    run = make_synthetic_run(tmp_path / name, **kw)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    return run, md, ctx["verdict"]
+
+
+def _quote(md: str, mark: str) -> str:
+    return re.search(rf"^> \*\*{re.escape(mark)}\*\* (.*)$", md, re.M).group(1)
+
+
+def _printable(findings) -> set[str]:
+    """Every numeric field of the findings, formatted as the report formats numbers."""
+    out = set()
+    for f in findings:
+        for v in dataclasses.asdict(f).values():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.add(fmt_num(v))
+    return out
+
+
+def _numbers(sentence: str) -> list[str]:
+    return NUMBER_RE.findall(re.sub(r"`[^`]*`", "", sentence))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_number_in_headline_and_verdict_is_a_structured_value(tmp_path, case):
+    _, md, v = _build(tmp_path, case, **CASES[case])
+    pairs = prose.sentences(v)
+    assert " ".join(s for _, s in pairs) == _quote(md, "Verdict.")
+    head = prose.headline_sentences(v)
+    assert " ".join(s for _, s in head) == _quote(md, "In short:")
+    for src, sentence in pairs + head:
+        allowed = _printable(src)
+        stray = [n for n in _numbers(sentence) if n not in allowed]
+        assert not stray, f"{sentence!r} prints {stray}, which no field of {type(src[0]).__name__} holds"
+    assert len(pairs) >= 4
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_sentence_claims_what_the_data_contradicts(tmp_path, case):
+    run, md, v = _build(tmp_path, case, **CASES[case])
+    said = _quote(md, "Verdict.") + " " + _quote(md, "In short:")
+    summary = json.loads((run / "05_categorize" / "summary.json").read_text())
+    sweep = json.loads((run / "01_macro_sweep" / "summary.json").read_text())
+    dec = pd.read_csv(run / "05_categorize" / "decode_categories.csv")
+    dec = dec[dec["rank"] == 0]
+    comm = dec[dec["class"] == "communication"]
+    exposed_frac = comm["exposed_ms_mean"].sum() / comm["union_ms_mean"].sum()
+    # the plateau: only where stage 01 found a knee
+    knee = sweep["knee_concurrency"]
+    assert ("the plateau is" in said) == (knee is not None)
+    assert ("No plateau was reached" in said) == (knee is None)
+    if knee is None:
+        assert "**no plateau was reached**" in md and "the plateau is **" not in md
+    # exposed communication only at or above the threshold
+    assert ("Communication is exposed" in said) == (exposed_frac >= COMM_EXPOSED_SHARE)
+    # host-bound only where short gaps carry it
+    d = summary["decode"]
+    if "host-bound" in said.replace("not a host-bound", "").replace("host-bound from", "").replace(
+            "host-bound cannot be told", ""):
+        assert d["idle_micro_ms"] / d["period_ms"]["mean"] >= HOST_BOUND_MICRO_IDLE_SHARE
+    if d.get("largest_gap") and CASES[case].get("stall"):
+        assert "a stall to remove, not a host-bound step" in said and "CUDA graphs" not in said
+    # waiting and transfer: never with ranks missing, always apart otherwise
+    cm = summary.get("collectives_matched")
+    if cm and not cm["complete"]:
+        assert "Ranks wait" not in said and "in transfer" not in said
+        assert f"Only {cm['ranks_present']} of {cm['world_size']} ranks' traces are here" in said
+    # the kind of trace
+    kind = (summary.get("trace_info") or {}).get("kind", "decode")
+    if "idle_micro_ms" not in d and CASES[case].get("launch_bound"):
+        assert "host-bound cannot be told from one stall" in said
+    if kind != "decode":
+        assert "decode step" not in said
+        assert f"This is a {kind} trace" in said
+        assert "Not projected: this is a" in md
+    else:
+        assert "decode step" in said
+
+
+def test_verdicts_differ_where_the_data_does(tmp_path):
+    _, _, a = _build(tmp_path, "a", **CASES["exposed-device-bound-plateau"])
+    _, _, b = _build(tmp_path, "b", **CASES["hidden-host-bound-no-plateau"])
+    _, _, c = _build(tmp_path, "c", **CASES["one-stall"])
+    assert (a.communication.status, b.communication.status) == ("exposed", "hidden")
+    assert (a.boundness.status, b.boundness.status, c.boundness.status) == ("device-bound", "host-bound", "stall")
+    assert a.plateau.reached and not b.plateau.reached
+    assert a.comm_split.status == "split" and a.comm_split.wait_ms == pytest.approx(0.4 * 5.5)
+
+
+def test_shares_and_ceilings_use_the_period(tmp_path):
+    run, md, v = _build(tmp_path, "p")
+    period = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["period_ms"]["mean"]
+    assert v.basis.denominator == "period" and v.basis.step_ms == pytest.approx(period)
+    top = v.levers[0]
+    assert top.ceiling_x == pytest.approx(period / (period - top.exposed_ms))
+    assert f"on the period of {fmt_num(period)} ms" in _quote(md, "In short:")
+
+
+def test_falls_back_to_the_span_and_says_why(tmp_path):
+    _, md, v = _build(tmp_path, "old", contract_keys=False)
+    assert v.basis.denominator == "span"
+    assert "the period is not used: stage 05 gave no step period" in md
+
+
+def test_no_cuda_graphs_advice_for_a_step_that_replays_a_graph(tmp_path):
+    run = make_synthetic_run(tmp_path / "g", launch_bound=True)
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["trace_info"]["graph_replay"] = True
+    p.write_text(json.dumps(s))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    v = _quote(md, "Verdict.")
+    assert "the step is host-bound" in v and "already replays a graph" in v and "CUDA graphs" not in v
+
+
+def test_low_confidence_under_five_steps(tmp_path):
+    run = make_synthetic_run(tmp_path / "few")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["trace_info"].update(n_decode_steps=1, low_confidence=True)
+    p.write_text(json.dumps(s))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert (f"Low confidence: only 1 decode step judged, fewer than {LOW_CONFIDENCE_STEPS}"
+            in _quote(md, "In short:"))
+
+
+# --------------------------------------------------------------------------- issue 10's report bugs
+
+
+def test_no_plateau_claimed_without_a_knee(tmp_path):
+    # The CPU demo's sweep: knee null and a "no knee" flag, throughput still doubling.
+    _, md, _ = _build(tmp_path, "np", plateau=False)
+    macro = md.split("## 2.", 1)[1].split("## 3.", 1)[0]
+    assert "plateau is" not in macro
+    assert "**no plateau was reached**: output tok/s still grew by at least 10.0 % per doubling" in macro
+    assert "up to 640 output tok/s at concurrency 8" in macro
+
+
+def _analyze_style(run: Path, info: dict) -> None:
+    """What `stepscope analyze` leaves: stage 05 only, params with defaults, the analysing machine in run.json."""
+    for stage in ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst", "04_profiler_capture"):
+        for f in sorted((run / stage).rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+        (run / stage).rmdir()
+    (run / "params.yaml").write_text(yaml.safe_dump({"run": {"name": "analyze"},
+                                                     "server": {"engine": "vllm", "tp": 1},
+                                                     "capture": {"requests": 5, "output_len": 32}}))
+    rj = json.loads((run / "run.json").read_text())
+    rj["hardware"] = {"cpu": "AMD EPYC (the analysing machine)", "gpus": []}
+    (run / "run.json").write_text(json.dumps(rj))
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["trace_info"].update(info)
+    p.write_text(json.dumps(s))
+
+
+def _setup(md: str) -> dict[str, str]:
+    sec = md.split("## 1. Setup", 1)[1].split("## 2.", 1)[0]
+    return dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", sec, re.M))
+
+
+def test_setup_comes_from_the_trace_not_the_analysing_machine(tmp_path):
+    run = make_synthetic_run(tmp_path / "an")
+    _analyze_style(run, {"engine": "sglang", "device_name": "AMD Instinct MI300X", "device_count": 1,
+                         "batch_size": 32.0, "tp": 8, "tp_source": "trace", "world_size": 8})
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    rows = _setup(md)
+    assert rows["Engine"] == "sglang"
+    assert rows["Device"] == "1 × AMD Instinct MI300X (from the trace)"
+    assert rows["Batch"].startswith("32.0 requests per step")
+    assert rows["Tensor parallel (TP)"] == "8 (from the trace)"
+    assert "CPU" not in rows and rows["Analysed on (CPU)"] == "AMD EPYC (the analysing machine)"
+    assert "at batch 1" not in md.split("## 2.", 1)[0]
+
+
+def test_tp_disagreement_is_shown(tmp_path):
+    run = make_synthetic_run(tmp_path / "tp")
+    _analyze_style(run, {"tp": 8, "tp_source": "trace", "tp_disagreement": True})
+    rows = _setup(build_report(run, draw_figures=False)["markdown"].read_text())
+    assert rows["Tensor parallel (TP)"].startswith("8 (from the trace) — **the trace's world size and the params")
+
+
+def _real_run(tmp_path: Path, traces: list[Path]) -> Path:
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces(traces, run / "05_categorize", progress=False, perfetto=False)
+    return run
+
+
+def test_training_trace_is_not_called_decode(tmp_path, real_traces):
+    # A DDP training trace: ProfilerStep#N markers, n_decode_steps 0.
+    run = _real_run(tmp_path, [real_traces / "hta-a100-ddp-nccl.json.gz"])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    said = _quote(md, "Verdict.") + _quote(md, "In short:")
+    assert "decode step" not in said
+    assert "over 3 profiler steps" in said
+    assert "Not projected: this is a" in md.split("## 7.", 1)[1]
+
+
+def test_eager_prefill_gets_no_decode_verdict(tmp_path, real_traces):
+    run = _real_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    said = _quote(md, "Verdict.")
+    assert "decode step" not in said and "Low confidence: only 1 profiler step judged" in said
+    whatif = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
+    assert "Not projected: this is a trace with no step labelled decode" in whatif and "| acceptance" not in whatif
