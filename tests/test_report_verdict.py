@@ -230,7 +230,7 @@ def test_training_trace_is_not_called_decode(tmp_path, real_traces):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     said = _quote(md, "Verdict.") + _quote(md, "In short:")
     assert "decode step" not in said
-    assert "over 3 profiler steps" in said
+    assert "over 3 training steps" in said and "This is a training trace" in said
     assert "Not projected: this is a" in md.split("## 7.", 1)[1]
 
 
@@ -238,6 +238,17 @@ def test_eager_prefill_gets_no_decode_verdict(tmp_path, real_traces):
     run = _real_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     said = _quote(md, "Verdict.")
-    assert "decode step" not in said and "Low confidence: only 1 profiler step judged" in said
+    assert "decode step" not in said and "Low confidence: only 1 prefill step judged" in said
+    assert "This is a prefill trace (1 prefill step)" in said
     whatif = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
-    assert "Not projected: this is a trace with no step labelled decode" in whatif and "| acceptance" not in whatif
+    assert "Not projected: this is a prefill trace" in whatif and "| acceptance" not in whatif
+
+
+def test_two_ranks_of_a_large_world_make_no_cross_rank_claim(tmp_path, real_traces):
+    run = _real_run(tmp_path, [real_traces / "hta-sampled-rank-0.json.gz", real_traces / "hta-sampled-rank-1.json.gz"])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    said = _quote(md, "Verdict.")
+    world = json.loads((run / "05_categorize" / "summary.json").read_text())["trace_info"]["world_size"]
+    assert world > 2
+    assert f"Only 2 of {world} ranks' traces are here, so no cross-rank claim is made" in said
+    assert "least-waiting rank" not in md and "the table is left out" in md

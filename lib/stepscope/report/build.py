@@ -156,11 +156,15 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
                   else ident.device_name) + " (from the trace)"
     tp = None
     if ident.tp:
-        tp = f"{fmt_num(ident.tp)} (from the {ident.tp_source})"
+        tp = (f"{fmt_num(ident.tp)} (a default: neither the params nor the trace give it)"
+              if ident.tp_source == "default" else f"{fmt_num(ident.tp)} (from the {ident.tp_source})")
         if ident.tp_disagreement:
             tp += " — **the trace's world size and the params disagree**"
-    batch = (f"{fmt_num(ident.batch_size)} requests per step (median, from the step annotations)"
-             if ident.batch_size is not None else None)
+    batch = None
+    if ident.batch_size is not None:
+        batch = (f"{fmt_num(ident.batch_size)} sequences per pass (from the input shapes)"
+                 if ident.batch_source == "input shapes" else
+                 f"{fmt_num(ident.batch_size)} requests per step (median, from the step annotations)")
     # The machine that ran stepscope is the trace's only when this run captured the trace itself.
     captured_here = a.stage_present("04_profiler_capture")
     pairs = [

@@ -46,6 +46,7 @@ class TraceIdentity:
     device_name: str | None = None
     device_count: int | None = None
     batch_size: float | None = None
+    batch_source: str | None = None
     tp: int | None = None
     tp_source: str | None = None
     tp_disagreement: bool = False
@@ -236,16 +237,23 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
     params_tp, params_src = _params_tp(a)
     if info is not None:
         kind = str(info.get("kind") or "unknown")
-        judged = info.get("n_decode_steps") if kind in ("decode", "mixed") else info.get("n_steps")
+        step_kinds = info.get("step_kinds") if isinstance(info.get("step_kinds"), dict) else {}
+        if info.get("judged_kind") in step_kinds:
+            judged = step_kinds[info["judged_kind"]]
+        else:
+            judged = info.get("n_decode_steps") if kind in ("decode", "mixed") else info.get("n_steps")
+        present = info.get("ranks_present")
+        present = len(present) if isinstance(present, list) else _int(present)
         tp = _int(info.get("tp")) or params_tp
         return TraceIdentity(
             kind=kind, step_label=KIND_STEP_LABELS.get(kind, "step"), source="trace_info",
             engine=_known(info.get("engine")), device_name=_known(info.get("device_name")),
             device_count=_int(info.get("device_count")), batch_size=num(info.get("batch_size")),
+            batch_source=_known(info.get("batch_source")),
             tp=tp, tp_source=str(info.get("tp_source") or (params_src if tp else None)),
             tp_disagreement=bool(info.get("tp_disagreement")),
             world_size=_int(info.get("world_size")) or _int(cm.get("world_size")),
-            ranks_present=_int(cm.get("ranks_present")) or (len(ranks) or None),
+            ranks_present=_int(cm.get("ranks_present")) or present or (len(ranks) or None),
             n_steps=_int(info.get("n_steps")), n_judged_steps=_int(judged),
             low_confidence=bool(info.get("low_confidence", (_int(judged) or 0) < LOW_CONFIDENCE_STEPS)),
             graph_replay=info.get("graph_replay") if isinstance(info.get("graph_replay"), bool) else None)
@@ -330,7 +338,8 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
         return None
     cm = (a.trace_summary or {}).get("collectives_matched")
     if not isinstance(cm, dict) or not cm:
-        return CommSplit(status="not matched", world_size=ident.world_size, ranks_present=ident.ranks_present)
+        status = "ranks missing" if ident.ranks_missing else "not matched"
+        return CommSplit(status=status, world_size=ident.world_size, ranks_present=ident.ranks_present)
     ws, present = _int(cm.get("world_size")), _int(cm.get("ranks_present"))
     if not cm.get("complete", ws is not None and present is not None and present >= ws):
         return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
