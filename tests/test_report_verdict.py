@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from stepscope.report import build_report, make_synthetic_run
+from stepscope.report import build_report
+from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.report import prose
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
