@@ -242,8 +242,7 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
             judged = step_kinds[info["judged_kind"]]
         else:
             judged = info.get("n_decode_steps") if kind in ("decode", "mixed") else info.get("n_steps")
-        present = info.get("ranks_present")
-        present = len(present) if isinstance(present, list) else _int(present)
+        present = _count(info.get("ranks_present"))
         tp = _int(info.get("tp")) or params_tp
         return TraceIdentity(
             kind=kind, step_label=KIND_STEP_LABELS.get(kind, "step"), source="trace_info",
@@ -253,7 +252,7 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
             tp=tp, tp_source=str(info.get("tp_source") or (params_src if tp else None)),
             tp_disagreement=bool(info.get("tp_disagreement")),
             world_size=_int(info.get("world_size")) or _int(cm.get("world_size")),
-            ranks_present=_int(cm.get("ranks_present")) or present or (len(ranks) or None),
+            ranks_present=_count(cm.get("ranks_present")) or present or (len(ranks) or None),
             n_steps=_int(info.get("n_steps")), n_judged_steps=_int(judged),
             low_confidence=bool(info.get("low_confidence", (_int(judged) or 0) < LOW_CONFIDENCE_STEPS)),
             graph_replay=info.get("graph_replay") if isinstance(info.get("graph_replay"), bool) else None)
@@ -286,6 +285,11 @@ def _params_tp(a: RunArtifacts) -> tuple[int | None, str]:
 
 def _known(v: Any) -> str | None:
     return None if v in (None, "", "unknown") else str(v)
+
+
+def _count(v: Any) -> int | None:
+    """How many ranks: stage 05 lists them (`ranks_present: [0, 1]`); a bare count is read too."""
+    return len(v) if isinstance(v, list) else _int(v)
 
 
 def _int(v: Any) -> int | None:
@@ -340,7 +344,7 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
     if not isinstance(cm, dict) or not cm:
         status = "ranks missing" if ident.ranks_missing else "not matched"
         return CommSplit(status=status, world_size=ident.world_size, ranks_present=ident.ranks_present)
-    ws, present = _int(cm.get("world_size")), _int(cm.get("ranks_present"))
+    ws, present = _int(cm.get("world_size")), _count(cm.get("ranks_present"))
     if not cm.get("complete", ws is not None and present is not None and present >= ws):
         return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
     skew = cm.get("skew_us") if isinstance(cm.get("skew_us"), dict) else {}
