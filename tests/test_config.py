@@ -176,3 +176,49 @@ def test_readme_params_table_matches_schema(repo_root):
     table = readme.split("<!-- PARAMS-TABLE:BEGIN -->\n", 1)[1].split("<!-- PARAMS-TABLE:END -->", 1)[0]
     assert table.strip() == schema_reference_markdown().strip(), \
         "README params table is stale: regenerate it with `python -m stepscope.config README.md`"
+
+
+# --------------------------------------------------------------------------- campaign variants
+
+_CAMPAIGN = """run: {name: c}
+server: {tp: 2, extra_args: [--block-size, "32"], env: {A: "1"}}
+campaign:
+  baseline: tp2
+  variants:
+    - name: tp1
+      overrides: {server: {tp: 1}}
+"""
+
+
+def test_campaign_variants_validate_and_merge(tmp_path):
+    from stepscope.config import variant_params_dict
+
+    text = _CAMPAIGN + "    - name: spec\n      overrides: {server: {env: {B: \"2\"}}, capture: {output_len: 96}}\n"
+    p = load_params(_write(tmp_path, text))
+    assert p.campaign.baseline == "tp2"
+    assert [v.name for v in p.campaign.variants] == ["tp1", "spec"]
+    import yaml
+
+    merged = params_from_dict(variant_params_dict(yaml.safe_load(text), p.campaign.variants[1]))
+    # mappings merge key by key (env gains B, keeps A); untouched sections stay the baseline's
+    assert merged.server.env == {"A": "1", "B": "2"}
+    assert merged.capture.output_len == 96 and merged.server.tp == 2
+    assert merged.server.extra_args == ("--block-size", "32") and merged.campaign is None
+
+
+@pytest.mark.parametrize("override, path, words", [
+    ("{server: {tpp: 1}}", "campaign.variants[1:bad].overrides.server.tpp", "did you mean 'tp'"),
+    ("{server: {profiler: {with_stacks: true}}}", "campaign.variants[1:bad].overrides.server.profiler.with_stacks",
+     "unknown key"),
+    ("{server: {tp: one}}", "campaign.variants[1:bad].overrides.server.tp", "expected an integer"),
+    ("{run: {name: y}}", "campaign.variants[1:bad].overrides.run", "cannot override 'run'"),
+    ("[1]", "campaign.variants[1:bad].overrides", "expected a mapping"),
+])
+def test_bad_variant_override_names_variant_and_key_path(tmp_path, override, path, words):
+    msg = _error(tmp_path, _CAMPAIGN + f"    - name: bad\n      overrides: {override}\n")
+    assert path in msg and words in msg and "p.yaml" in msg
+
+
+def test_variant_names_must_be_unique_and_folder_safe(tmp_path):
+    assert "used twice" in _error(tmp_path, _CAMPAIGN + "    - name: tp2\n")
+    assert "cannot name a folder" in _error(tmp_path, _CAMPAIGN + "    - name: a/b\n")

@@ -49,6 +49,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_campaign(args: argparse.Namespace) -> int:
+    from stepscope.campaign.run import run_campaign
+
+    code, _ = run_campaign(args.params, campaign_id=args.campaign_id, resume=args.resume,
+                           repeats=args.repeats, progress=not args.no_progress)
+    return code
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from stepscope.config import load_params
 
@@ -95,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_b")
     c.add_argument("--out", help="default: <run_b>/06_writeup/compare_vs_<run_a>/")
     c.set_defaults(func=_cmd_compare)
+
+    g = sub.add_parser("campaign", help="run a baseline and its variants, then compare them (docs/campaigns.md)")
+    g.add_argument("params", help="params YAML with a campaign section, e.g. params/cpu-campaign.yaml")
+    g.add_argument("--campaign-id", help="campaign folder under outputs/ (default: <name>-<timestamp>)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue --campaign-id at its first unfinished variant and stage")
+    g.add_argument("--repeats", type=int, help="runs per variant, interleaved (default: campaign.repeats)")
+    g.add_argument("--no-progress", action="store_true")
+    g.set_defaults(func=_cmd_campaign)
 
     v = sub.add_parser("validate", help="validate params files without running anything")
     v.add_argument("params", nargs="+")

@@ -232,6 +232,38 @@ class HardwareParams:
     interconnect: str | None = None
 
 
+class Overrides(dict):
+    """A variant's changes to the baseline: a nested mapping shaped like the params file.
+
+    Validated key by key against the params schema when the file is read, so a typo in a
+    variant fails before anything starts; the merged params are validated again in full.
+    """
+
+
+# Sections a variant may not override: the run's name and the campaign itself.
+VARIANT_FORBIDDEN = ("run", "campaign")
+
+
+@dataclass(frozen=True)
+class VariantParams:
+    name: str
+    """Folder name of the variant's run under the campaign folder; letters, digits, `-`, `_`, `.`."""
+    overrides: Overrides = field(default_factory=Overrides)
+    """Changes to the baseline, shaped like the params file (e.g. `server: {tp: 1}`)."""
+    description: str | None = None
+    """One line for the campaign report, e.g. `n-gram speculative decoding, k=3`."""
+
+
+@dataclass(frozen=True)
+class CampaignParams:
+    baseline: str = "baseline"
+    """Name of the baseline variant: the params file's own settings, unchanged."""
+    variants: tuple[VariantParams, ...] = ()
+    """Variants run after the baseline, each a full run with its own server."""
+    repeats: int = 1
+    """Runs of each variant, interleaved (all variants once, then again); `--repeats` overrides."""
+
+
 @dataclass(frozen=True)
 class Params:
     run: RunParams
@@ -243,6 +275,8 @@ class Params:
     analysis: AnalysisParams = field(default_factory=AnalysisParams)
     writeup: WriteupParams = field(default_factory=WriteupParams)
     hardware: HardwareParams = field(default_factory=HardwareParams)
+    campaign: CampaignParams | None = None
+    """Baseline and variants for `stepscope campaign`; `stepscope run` ignores it."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -344,7 +378,7 @@ def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         path = f"{prefix}{f.name}"
         inner = _dataclass_in(hints[f.name])
-        if inner is not None and inner is not RuleParams:
+        if inner is not None and inner not in _LIST_SECTIONS:
             keys.extend(iter_leaf_keys(inner, path + "."))
         else:
             keys.append(path)
@@ -352,6 +386,10 @@ def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
 
 
 # --------------------------------------------------------------------------- validator
+
+# Sections that come as lists: one row in the docs table, not one per field.
+_LIST_SECTIONS = (RuleParams, VariantParams)
+_VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 _FLOAT_LIKE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
@@ -379,6 +417,8 @@ def _type_name(tp: Any) -> str:
         return "a mapping of strings"
     if dataclasses.is_dataclass(tp):
         return "a mapping (section)"
+    if tp is Overrides:
+        return "a mapping shaped like the params file"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
@@ -435,12 +475,20 @@ def _coerce(tp: Any, value: Any, key_path: str, source: str) -> Any:
         raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}",
                     f"did you mean '{near[0]}'?" if near else None)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key_path, source)
+        built = _build(tp, value, key_path, source)
+        if tp is VariantParams and not _VARIANT_NAME.match(built.name):
+            raise _fail(source, f"{key_path}.name", f"variant name {built.name!r} cannot name a folder",
+                        "use letters, digits, '-', '_' or '.', e.g. spec-ngram")
+        if tp is CampaignParams:
+            _check_variant_names(built, key_path, source)
+        return built
+    if tp is Overrides:
+        return _check_overrides(Params, value, key_path, source)
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}",
                         f"write it as a YAML list, e.g. [{value!r}]")
-        return tuple(_coerce(args[0], v, f"{key_path}[{i}]", source) for i, v in enumerate(value))
+        return tuple(_coerce(args[0], v, _item_path(key_path, i, v), source) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, Mapping):
             raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}")
@@ -477,6 +525,58 @@ def _coerce(tp: Any, value: Any, key_path: str, source: str) -> Any:
     raise _fail(source, key_path, f"unsupported schema type {tp!r}")  # pragma: no cover
 
 
+def _item_path(key_path: str, i: int, value: Any) -> str:
+    """`campaign.variants[1:spec-ngram]`: list items that carry a name are named in errors."""
+    name = value.get("name") if isinstance(value, Mapping) else None
+    return f"{key_path}[{i}:{name}]" if isinstance(name, str) else f"{key_path}[{i}]"
+
+
+def _check_variant_names(c: CampaignParams, key_path: str, source: str) -> None:
+    seen = {c.baseline}
+    for i, v in enumerate(c.variants):
+        if v.name in seen:
+            raise _fail(source, f"{key_path}.variants[{i}:{v.name}].name",
+                        f"variant name {v.name!r} is used twice (the baseline is {c.baseline!r})",
+                        "give every variant its own name: it names the variant's run folder")
+        seen.add(v.name)
+    if c.repeats < 1:
+        raise _fail(source, f"{key_path}.repeats", f"expected at least 1 run per variant, got {c.repeats}")
+
+
+def _check_overrides(cls: type, value: Any, key_path: str, source: str) -> Overrides:
+    """Check a variant's overrides key by key against the schema; leaves are type-checked."""
+    if not isinstance(value, Mapping):
+        raise _fail(source, key_path, f"expected a mapping shaped like the params file, got {value!r}",
+                    "e.g. overrides: {server: {tp: 1}}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    out = Overrides()
+    for key, sub in value.items():
+        path = _join(key_path, str(key))
+        if cls is Params and key in VARIANT_FORBIDDEN:
+            raise _fail(source, path, f"a variant cannot override '{key}'",
+                        "the campaign names every variant's run itself; move this key to the baseline")
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(sorted(fields))}"
+            raise _fail(source, path, "unknown key", hint)
+        inner = _dataclass_in(hints[key])
+        if inner is not None and inner not in _LIST_SECTIONS and isinstance(sub, Mapping):
+            out[key] = _check_overrides(inner, sub, path, source)
+        else:
+            _coerce(hints[key], sub, path, source)
+            out[key] = sub
+    return out
+
+
+def variant_params_dict(base: Mapping[str, Any], variant: VariantParams | None) -> dict:
+    """The params file of one variant: the baseline with the variant's overrides merged in,
+    and no campaign section (each variant is a plain run)."""
+    merged = deep_merge(base, variant.overrides) if variant is not None else dict(base)
+    merged.pop("campaign", None)
+    return merged
+
+
 # --------------------------------------------------------------------------- reference docs
 
 
@@ -507,7 +607,7 @@ def schema_reference() -> list[tuple[str, str, str, str]]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             inner = _dataclass_in(hints[f.name])
-            if inner is not None and inner is not RuleParams:
+            if inner is not None and inner not in _LIST_SECTIONS:
                 walk(inner, f"{prefix}{f.name}.")
                 continue
             if f.default is not dataclasses.MISSING:

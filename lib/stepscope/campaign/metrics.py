@@ -1,0 +1,173 @@
+"""Speculative-decoding acceptance from vLLM's Prometheus `/metrics` counters.
+
+The counters are cumulative over the server's life, so a window (one stage) is the
+difference of two scrapes taken around it. Counters read (vLLM V1 names):
+
+- `vllm:spec_decode_num_drafts_total`: verify steps that carried a draft
+- `vllm:spec_decode_num_draft_tokens_total`: draft tokens proposed
+- `vllm:spec_decode_num_accepted_tokens_total`: draft tokens accepted
+- `vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}`: accepted at draft position i
+- `vllm:generation_tokens_total`, `vllm:request_success_total`: tokens and requests finished
+
+Derived (batch-independent identities, each decode step of a request emits one token plus
+its accepted drafts): decode steps per request = generated − first tokens − accepted, so
+tokens per decode step = (generated − requests) / (generated − requests − accepted).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stepscope.errors import StepscopeError
+
+_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATED = "vllm:generation_tokens_total"
+REQUESTS = "vllm:request_success_total"
+
+
+def parse_prometheus(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """`{metric: {labels: value}}` from Prometheus text exposition; comments skipped."""
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
+        out.setdefault(m.group(1), {})[labels] = value
+    return out
+
+
+def _total(parsed: dict, name: str) -> float | None:
+    series = parsed.get(name)
+    return sum(series.values()) if series else None
+
+
+def _per_position(parsed: dict) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for labels, v in (parsed.get(ACCEPTED_PER_POS) or {}).items():
+        pos = dict(labels).get("position")
+        if pos is not None and pos.isdigit():
+            out[int(pos)] = out.get(int(pos), 0.0) + v
+    return out
+
+
+@dataclass(frozen=True)
+class SpecDecodeStats:
+    """Counter differences over one window, and what follows from them."""
+
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    accepted_per_position: dict[int, float] = field(default_factory=dict)
+    generated_tokens: float | None = None
+    requests: float | None = None
+
+    @property
+    def speculating(self) -> bool:
+        return self.drafts > 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_verify_step(self) -> float | None:
+        """Tokens a step that carried a draft emits on average: 1 + accepted / drafts."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    @property
+    def decode_steps(self) -> float | None:
+        """Decode steps summed over requests (each request's first token comes from prefill)."""
+        if self.generated_tokens is None or self.requests is None:
+            return None
+        return self.generated_tokens - self.requests - self.accepted_tokens
+
+    @property
+    def tokens_per_decode_step(self) -> float | None:
+        """Tokens per decode step over all steps, those that drafted nothing included."""
+        steps = self.decode_steps
+        if not steps or steps <= 0:
+            return None
+        return (self.generated_tokens - self.requests) / steps
+
+    @property
+    def draft_step_share(self) -> float | None:
+        """Share of decode steps that carried a draft."""
+        steps = self.decode_steps
+        return self.drafts / steps if steps and steps > 0 else None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["accepted_per_position"] = {str(k): v for k, v in sorted(self.accepted_per_position.items())}
+        for key in ("acceptance_rate", "tokens_per_verify_step", "decode_steps", "tokens_per_decode_step",
+                    "draft_step_share"):
+            d[key] = getattr(self, key)
+        return d
+
+
+def spec_decode_delta(before_text: str, after_text: str) -> SpecDecodeStats | None:
+    """Counters over the window between two scrapes; None when the server has no spec decoding."""
+    a, b = parse_prometheus(before_text), parse_prometheus(after_text)
+    if _total(b, DRAFTS) is None:
+        return None
+
+    def diff(name: str) -> float | None:
+        vb = _total(b, name)
+        if vb is None:
+            return None
+        return vb - (_total(a, name) or 0.0)
+
+    pa, pb = _per_position(a), _per_position(b)
+    return SpecDecodeStats(
+        drafts=diff(DRAFTS) or 0.0, draft_tokens=diff(DRAFT_TOKENS) or 0.0,
+        accepted_tokens=diff(ACCEPTED) or 0.0,
+        accepted_per_position={k: pb[k] - pa.get(k, 0.0) for k in sorted(pb)},
+        generated_tokens=diff(GENERATED), requests=diff(REQUESTS))
+
+
+def stats_from_json(d: dict | None) -> SpecDecodeStats | None:
+    if not d:
+        return None
+    return SpecDecodeStats(
+        drafts=float(d["drafts"]), draft_tokens=float(d["draft_tokens"]),
+        accepted_tokens=float(d["accepted_tokens"]),
+        accepted_per_position={int(k): float(v) for k, v in (d.get("accepted_per_position") or {}).items()},
+        generated_tokens=_opt(d.get("generated_tokens")), requests=_opt(d.get("requests")))
+
+
+def _opt(v) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def scrape(base_url: str, timeout_s: float = 10.0) -> str:
+    """The server's `/metrics` text; a StepscopeError naming the URL when it cannot be read."""
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - our own server's URL
+            return resp.read().decode("utf-8", "replace")
+    except OSError as exc:
+        raise StepscopeError(f"could not read the server's metrics: {exc}", where=url,
+                             hint="vLLM serves /metrics on its API port; is the server still up?") from None
+
+
+def save_scrape(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -1,0 +1,123 @@
+"""The campaign plan: which runs, in which order, into which folders, and what is reused.
+
+Pure functions over validated params; nothing here starts a server or writes a file.
+
+Order: with N repeats, every variant runs once (baseline first), then all again, so that
+slow drift of a shared machine spreads over the variants instead of landing on one.
+
+Reuse: a stage whose inputs are the same for two runs is measured once and copied. The
+inputs of a stage are the params key paths listed in `STAGE_INPUTS`; a stage that talks to
+the server (00, 01, 04) or reads another stage's output (05, 06) is never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from stepscope.config import Params, params_from_dict, params_to_dict, variant_params_dict
+
+# Params key paths each reusable stage reads. The GEMM micro-benchmark times the model's
+# shapes at the per-rank size TP gives; the collectives burst times the model's all-reduce
+# at the world size. Neither talks to the server, so server flags (speculative decoding,
+# custom all-reduce, NCCL environment of the server) do not change them.
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "02_gemm_micro": ("model", "server.tp", "server.dtype", "micro.gemm", "hardware"),
+    "03_nccl_burst": ("model", "server.tp", "server.dtype", "micro.collectives", "hardware"),
+}
+# Figures each reusable stage writes into figures/ (file-name prefixes).
+STAGE_FIGURES: dict[str, tuple[str, ...]] = {
+    "02_gemm_micro": ("gemm_",),
+    "03_nccl_burst": ("collective_",),
+}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    variant: str
+    repeat: int
+    """1-based."""
+    run_dir: Path
+    params: Params
+    params_dict: dict
+    """The variant's full params file (baseline merged with its overrides)."""
+    description: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}#{self.repeat}"
+
+
+@dataclass(frozen=True)
+class CampaignPlan:
+    campaign_dir: Path
+    baseline: str
+    variants: tuple[str, ...]
+    """Baseline first, then the variants in file order."""
+    repeats: int
+    runs: tuple[PlannedRun, ...]
+
+    def runs_of(self, variant: str) -> list[PlannedRun]:
+        return [r for r in self.runs if r.variant == variant]
+
+
+def run_folder(campaign_dir: Path, variant: str, repeat: int, repeats: int) -> Path:
+    """`<campaign>/<variant>/` for one run per variant, `<variant>/repeat-<k>/` for several."""
+    return campaign_dir / variant if repeats == 1 else campaign_dir / variant / f"repeat-{repeat}"
+
+
+def plan_campaign(raw: Mapping[str, Any], params: Params, campaign_dir: Path,
+                  repeats: int | None = None, source: str = "<params>") -> CampaignPlan:
+    """Every run of the campaign, interleaved by repeat. Raises ParamsError for a bad variant."""
+    c = params.campaign
+    if c is None:
+        from stepscope.errors import ParamsError
+
+        raise ParamsError("no campaign section", where=source,
+                          hint="add 'campaign: {variants: [{name: ..., overrides: {...}}]}' (docs/campaigns.md)")
+    n = repeats if repeats is not None else c.repeats
+    if n < 1:
+        from stepscope.errors import StepscopeError
+
+        raise StepscopeError(f"--repeats must be at least 1, got {n}", where="--repeats")
+    entries: list[tuple[str, dict, str | None]] = [(c.baseline, variant_params_dict(raw, None), "baseline")]
+    for v in c.variants:
+        entries.append((v.name, variant_params_dict(raw, v), v.description))
+    built = [(name, d, desc, params_from_dict(d, source=f"{source} (variant {name})")) for name, d, desc in entries]
+    runs = tuple(PlannedRun(name, k, run_folder(campaign_dir, name, k, n), p, d, desc)
+                 for k in range(1, n + 1) for name, d, desc, p in built)
+    return CampaignPlan(campaign_dir, c.baseline, tuple(e[0] for e in entries), n, runs)
+
+
+def _at(d: Any, path: str) -> Any:
+    for part in path.split("."):
+        d = d.get(part) if isinstance(d, Mapping) else None
+    return d
+
+
+def stage_fingerprint(params: Params, stage_id: str) -> str | None:
+    """A hash of the params a reusable stage reads; None for a stage that is never reused."""
+    keys = STAGE_INPUTS.get(stage_id)
+    if keys is None:
+        return None
+    d = params_to_dict(params)
+    blob = json.dumps({k: _at(d, k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def reuse_source(run: PlannedRun, stage_id: str, finished: Mapping[str, Mapping[str, str]]) -> str | None:
+    """Key of an earlier run whose stage had the same inputs and finished, else None.
+
+    `finished` maps a run key to `{stage_id: fingerprint}` of its stages that finished
+    measuring (never of stages that were themselves copied: the source is always a measurement).
+    """
+    fp = stage_fingerprint(run.params, stage_id)
+    if fp is None:
+        return None
+    for key, stages in finished.items():
+        if key != run.key and stages.get(stage_id) == fp:
+            return key
+    return None

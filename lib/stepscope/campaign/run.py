@@ -1,0 +1,243 @@
+"""`stepscope campaign`: run the baseline and every variant, each a full run with its own server.
+
+The campaign folder:
+
+    outputs/<campaign-id>/
+        campaign.json           the plan, per-run status, wall times, reused stages
+        params.yaml             the campaign's params file, secrets redacted
+        <variant>/              one ordinary run folder (same stage contract as `stepscope run`)
+            variant_params.yaml     the params this variant ran with (baseline + overrides)
+            campaign_metrics/       /metrics scraped around stages 01 and 04, and the
+                                    speculative-decoding counters over each (`<stage>.spec_decode.json`)
+        <variant>/repeat-<k>/   instead, when a variant runs more than once
+        campaign_report.md, campaign_report.html, figures/
+
+`--resume` skips runs whose stages all finished and continues an unfinished run at its
+first unfinished stage (the runner's own `--resume`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from stepscope.campaign.metrics import save_scrape, scrape, spec_decode_delta
+from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, PlannedRun, plan_campaign, \
+    reuse_source, stage_fingerprint
+from stepscope.config import load_params, redact
+from stepscope.errors import ParamsError, StepscopeError
+from stepscope.runfolder import STAGES, Stage, read_json, write_json, write_yaml
+from stepscope.runner import execute_notebook, resolve_outputs_dir, run_pipeline
+
+log = logging.getLogger(__name__)
+
+Executor = Callable[[Stage, Path, Path, bool], Path]
+Scraper = Callable[[Path], "str | None"]
+
+# Stages around which /metrics is read: the sweep and the capture (both decode on the server).
+METRICS_STAGES = ("01_macro_sweep", "04_profiler_capture")
+METRICS_DIR = "campaign_metrics"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def scrape_run_server(run_dir: Path) -> str | None:
+    """The /metrics text of the run's live server, or None when there is none to ask."""
+    from stepscope.serve import running_server
+
+    record = running_server(run_dir)
+    if not record or not record.get("base_url"):
+        return None
+    return scrape(record["base_url"])
+
+
+def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
+    """Wrap a stage executor: read /metrics before and after the decode stages.
+
+    A failed scrape is logged and leaves the stage alone: acceptance is then reported
+    missing, never guessed.
+    """
+    def run(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
+        watch = stage.id in METRICS_STAGES
+        before = _safe_scrape(scraper, run_dir) if watch else None
+        nb = inner(stage, params_file, run_dir, progress)
+        if watch:
+            after = _safe_scrape(scraper, run_dir)
+            d = run_dir / METRICS_DIR
+            if before is not None:
+                save_scrape(d / f"{stage.id}.before.prom", before)
+            if after is not None:
+                save_scrape(d / f"{stage.id}.after.prom", after)
+            stats = spec_decode_delta(before, after) if before is not None and after is not None else None
+            write_json(d / f"{stage.id}.spec_decode.json",
+                       {"stage": stage.id, "spec_decode": stats.to_json() if stats else None,
+                        "note": None if stats else ("no speculative-decoding counters on this server"
+                                                    if before is not None and after is not None
+                                                    else "metrics could not be read")})
+        return nb
+    return run
+
+
+def _safe_scrape(scraper: Scraper, run_dir: Path) -> str | None:
+    try:
+        return scraper(run_dir)
+    except StepscopeError as exc:
+        log.warning("metrics not read: %s", exc)
+        return None
+
+
+class CampaignRecord:
+    """campaign.json, rewritten after every change."""
+
+    def __init__(self, plan: CampaignPlan, params_file: Path, resume: bool):
+        self.path = plan.campaign_dir / "campaign.json"
+        prev = read_json(self.path) if resume and self.path.is_file() else {}
+        prev_runs = {r["key"]: r for r in prev.get("runs", [])}
+        self.data = {
+            "campaign_id": plan.campaign_dir.name, "created_at": prev.get("created_at") or _now(),
+            "params_file": str(params_file), "baseline": plan.baseline, "variants": list(plan.variants),
+            "repeats": plan.repeats, "wall_s": prev.get("wall_s", 0.0),
+            "runs": [prev_runs.get(r.key) or {
+                "key": r.key, "variant": r.variant, "repeat": r.repeat,
+                "run_dir": str(r.run_dir.relative_to(plan.campaign_dir)), "description": r.description,
+                "status": "pending", "wall_s": None, "reused": {}, "measured": {}} for r in plan.runs],
+        }
+        self.save()
+
+    def run(self, key: str) -> dict:
+        return next(r for r in self.data["runs"] if r["key"] == key)
+
+    def measured(self) -> dict[str, dict[str, str]]:
+        return {r["key"]: r.get("measured", {}) for r in self.data["runs"]}
+
+    def save(self) -> None:
+        self.data["updated_at"] = _now()
+        write_json(self.path, self.data)
+
+
+def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> None:
+    """Copy a finished stage's artifacts, notebook and figures, and record where they came from."""
+    src, dst = src_run / stage_id, dst_run / stage_id
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    nb = src_run / "notebooks" / f"{stage_id}.ipynb"
+    if nb.is_file():
+        (dst_run / "notebooks").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(nb, dst_run / "notebooks" / nb.name)
+    for prefix in STAGE_FIGURES.get(stage_id, ()):
+        for fig in (src_run / "figures").glob(f"{prefix}*.png"):
+            (dst_run / "figures").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(fig, dst_run / "figures" / fig.name)
+    write_json(dst / "reused_from.json", {"run": source_key, "path": str(src_run)})
+    run_json = dst_run / "run.json"
+    data = read_json(run_json) if run_json.is_file() else {"run_id": dst_run.name, "stages": {}}
+    data.setdefault("stages", {})[stage_id] = {
+        "status": "ok", "duration_s": 0.0, "error": None, "finished_at": _now(),
+        "notebook": str(dst_run / "notebooks" / f"{stage_id}.ipynb"), "reused_from": source_key}
+    write_json(run_json, data)
+
+
+def _stage_status(run_dir: Path) -> dict[str, dict]:
+    p = run_dir / "run.json"
+    return (read_json(p).get("stages") or {}) if p.is_file() else {}
+
+
+def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignRecord, *, executor: Executor,
+             progress: bool, echo: Callable[[str], None]) -> int:
+    entry = record.run(run.key)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    params_file = write_yaml(run.run_dir / "variant_params.yaml", run.params_dict)
+    done = _stage_status(run.run_dir)
+    for stage_id in STAGE_INPUTS:
+        if done.get(stage_id, {}).get("status") == "ok":
+            continue
+        src = reuse_source(run, stage_id, record.measured())
+        if src is not None:
+            src_dir = plan.campaign_dir / record.run(src)["run_dir"]
+            copy_stage(src_dir, run.run_dir, stage_id, src)
+            entry["reused"][stage_id] = src
+            echo(f"  {stage_id}: same inputs as {src}, reused")
+    record.save()
+    t0 = time.monotonic()
+    code, _ = run_pipeline(params_file, run_dir=run.run_dir, resume=(run.run_dir / "run.json").is_file(),
+                           progress=progress, notebook_executor=executor, echo=echo)
+    stages = _stage_status(run.run_dir)
+    for stage_id in STAGE_INPUTS:
+        st = stages.get(stage_id, {})
+        if st.get("status") == "ok" and not st.get("reused_from"):
+            entry["measured"][stage_id] = stage_fingerprint(run.params, stage_id)
+    entry["status"] = "ok" if code == 0 else "failed"
+    entry["exit_code"] = code
+    entry["wall_s"] = round((entry.get("wall_s") or 0.0) + time.monotonic() - t0, 1)
+    record.save()
+    return code
+
+
+def _finished(run: PlannedRun) -> bool:
+    stages = _stage_status(run.run_dir)
+    return all(stages.get(s.id, {}).get("status") == "ok" for s in STAGES)
+
+
+def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, resume: bool = False,
+                 repeats: int | None = None, progress: bool = True, executor: Executor | None = None,
+                 scraper: Scraper = scrape_run_server, report: bool = True,
+                 echo: Callable[[str], None] = print) -> tuple[int, Path]:
+    """Run every variant (interleaved by repeat), then write the campaign report."""
+    params_file = Path(params_file).resolve()
+    params = load_params(params_file)  # every variant's overrides are checked here
+    raw = yaml.safe_load(params_file.read_text()) or {}
+    if resume and not campaign_id:
+        raise StepscopeError("--resume needs --campaign-id", hint="name the campaign folder to resume")
+    cid = campaign_id or f"{params.run.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    campaign_dir = (resolve_outputs_dir(params) / cid).resolve()
+    if resume and not (campaign_dir / "campaign.json").is_file():
+        raise StepscopeError("nothing to resume: no campaign.json", where=str(campaign_dir),
+                             hint="drop --resume to start this campaign")
+    if resume and repeats is None:
+        repeats = read_json(campaign_dir / "campaign.json").get("repeats")
+    plan = plan_campaign(raw, params, campaign_dir, repeats, source=str(params_file))
+    campaign_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(campaign_dir / "params.yaml", redact(raw))
+    record = CampaignRecord(plan, params_file, resume)
+    wrapped = metrics_executor(executor or execute_notebook, scraper)
+    echo(f"stepscope campaign: {campaign_dir} ({len(plan.runs)} runs: {', '.join(plan.variants)}"
+         + (f" x {plan.repeats}" if plan.repeats > 1 else "") + ")")
+    t0 = time.monotonic()
+    failed: list[str] = []
+    try:
+        for i, run in enumerate(plan.runs, 1):
+            if resume and record.run(run.key)["status"] == "ok" and _finished(run):
+                echo(f"[{i}/{len(plan.runs)}] {run.key}: finished earlier, skipped (--resume)")
+                continue
+            echo(f"[{i}/{len(plan.runs)}] {run.key}: {run.description or ''}".rstrip(": "))
+            code = _run_one(run, plan, record, executor=wrapped, progress=progress, echo=echo)
+            if code == 130:
+                echo("interrupted: finished runs are kept; continue with --resume")
+                return 130, campaign_dir
+            if code != 0:
+                failed.append(run.key)
+    finally:
+        record.data["wall_s"] = round(record.data.get("wall_s", 0.0) + time.monotonic() - t0, 1)
+        record.save()
+    if report:
+        from stepscope.campaign.report import build_campaign_report
+
+        try:
+            paths = build_campaign_report(campaign_dir)
+            echo(f"campaign report: {paths['html']}")
+        except (StepscopeError, ParamsError) as exc:
+            echo(f"campaign report not written: {exc}")
+            failed.append("report")
+    if failed:
+        echo("failed: " + ", ".join(failed))
+        return 1, campaign_dir
+    return 0, campaign_dir

@@ -1,0 +1,121 @@
+"""The campaign runner: order, folders, reused stages and --resume, with a stand-in stage executor.
+
+The executor here replaces papermill only (the stages themselves are tested elsewhere): it
+writes a marker into each stage's folder and records the call, so what ran where is exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.campaign.run import run_campaign
+from stepscope.runfolder import read_json
+
+PARAMS = """run: {{name: camp, outputs_dir: {out}}}
+server: {{mode: attach, url: "http://127.0.0.1:9", tp: 2}}
+campaign:
+  baseline: tp2
+  variants:
+    - name: spec
+      description: n-gram speculative decoding
+      overrides: {{server: {{extra_args: [--speculative-config, '{{"method":"ngram"}}']}}}}
+    - name: tp1
+      overrides: {{server: {{tp: 1}}}}
+"""
+
+
+class Recorder:
+    def __init__(self, fail_once: tuple[str, str] | None = None):
+        self.calls: list[tuple[str, str]] = []
+        self.fail_once = fail_once
+
+    def __call__(self, stage, params_file, run_dir, progress):
+        key = (Path(run_dir).name, stage.id)
+        if self.fail_once == key:
+            self.fail_once = None
+            raise RuntimeError("stage broke")
+        self.calls.append(key)
+        (Path(run_dir) / stage.id).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / stage.id / "done.txt").write_text(str(params_file))
+        nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
+        nb.parent.mkdir(parents=True, exist_ok=True)
+        nb.write_text("{}")
+        return nb
+
+
+@pytest.fixture
+def params_file(tmp_path):
+    f = tmp_path / "camp.yaml"
+    f.write_text(PARAMS.format(out=tmp_path / "out"))
+    return f
+
+
+def _run(params_file, rec, **kw):
+    # attach mode with no server: the runner's _ensure_server is bypassed by marking server stages' need
+    import stepscope.runner as runner
+
+    orig = runner._ensure_server
+    runner._ensure_server = lambda *a, **k: False
+    try:
+        return run_campaign(params_file, campaign_id="c1", executor=rec, scraper=lambda d: None,
+                            report=False, progress=False, echo=lambda s: None, **kw)
+    finally:
+        runner._ensure_server = orig
+
+
+def test_each_variant_is_a_full_run_and_unchanged_stages_are_reused(params_file):
+    rec = Recorder()
+    code, cdir = _run(params_file, rec)
+    assert code == 0
+    ran = {}
+    for run_name, stage in rec.calls:
+        ran.setdefault(run_name, []).append(stage[:2])
+    # the spec variant changes only server flags: GEMM micro and collectives burst are copied
+    assert ran["tp2"] == ["00", "01", "02", "03", "04", "05", "06"]
+    assert ran["spec"] == ["00", "01", "04", "05", "06"]
+    # TP=1 changes the per-rank shapes and the world size: both measured again
+    assert ran["tp1"] == ["00", "01", "02", "03", "04", "05", "06"]
+    rec_json = read_json(cdir / "campaign.json")
+    spec = next(r for r in rec_json["runs"] if r["variant"] == "spec")
+    assert spec["reused"] == {"02_gemm_micro": "tp2#1", "03_nccl_burst": "tp2#1"}
+    run_json = read_json(cdir / "spec" / "run.json")
+    assert run_json["stages"]["02_gemm_micro"]["reused_from"] == "tp2#1"
+    assert (cdir / "spec" / "02_gemm_micro" / "reused_from.json").is_file()
+    # each run ran its own merged params file
+    assert "speculative-config" in (cdir / "spec" / "variant_params.yaml").read_text()
+    assert "campaign" not in (cdir / "spec" / "variant_params.yaml").read_text()
+
+
+def test_repeats_interleave_variants(params_file):
+    rec = Recorder()
+    code, cdir = _run(params_file, rec, repeats=2)
+    assert code == 0
+    order = [r for r, s in rec.calls if s == "00_deploy"]
+    assert order == ["repeat-1"] * 3 + ["repeat-2"] * 3
+    runs = read_json(cdir / "campaign.json")["runs"]
+    assert [r["key"] for r in runs] == ["tp2#1", "spec#1", "tp1#1", "tp2#2", "spec#2", "tp1#2"]
+    assert (cdir / "tp1" / "repeat-2" / "06_writeup" / "done.txt").is_file()
+    # repeat 2 of the baseline reuses its own first repeat's micro-benchmarks
+    assert next(r for r in runs if r["key"] == "tp2#2")["reused"]["02_gemm_micro"] == "tp2#1"
+
+
+def test_resume_continues_at_the_first_unfinished_variant_and_stage(params_file):
+    rec = Recorder(fail_once=("spec", "04_profiler_capture"))
+    code, cdir = _run(params_file, rec)
+    assert code == 1
+    assert read_json(cdir / "campaign.json")["runs"][1]["status"] == "failed"
+    rec2 = Recorder()
+    code, _ = _run(params_file, rec2, resume=True)
+    assert code == 0
+    # the baseline and tp1 finished: not run again; the spec run resumes at its capture, the
+    # one stage that did not finish (05 and 06 do not need 04's run to have worked, so they ran)
+    assert rec2.calls == [("spec", "04_profiler_capture")]
+
+
+def test_resume_without_a_campaign_folder_is_a_clear_error(params_file):
+    from stepscope.errors import StepscopeError
+
+    with pytest.raises(StepscopeError, match="nothing to resume"):
+        _run(params_file, Recorder(), resume=True)
