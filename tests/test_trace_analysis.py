@@ -25,7 +25,7 @@ def analysed(real_traces: Path) -> dict:
     out = {}
     for p in sorted(real_traces.glob("*.json.gz")):
         out[p.name] = analyze_rank(load_rank(p, allow_no_rank=True), rules)
-    assert len(out) == 11
+    assert len(out) == 13  # 11 + the two n-gram speculative-decoding ranks
     return out
 
 
