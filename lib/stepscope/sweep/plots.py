@@ -17,11 +17,14 @@ FIGURE_NAMES = {
     "curve": "sweep_latency_vs_throughput.png",
     "capture": "capture_batch1_latency_per_request.png",
     "by_source": "sweep_output_tok_s_vs_concurrency_by_source.png",
+    "distribution": "sweep_tpot_itl_distribution_by_concurrency.png",
 }
 
 
 # Concurrency doubles per level: label the log-2 axis 1, 2, 4 rather than 2^0, 2^1, 2^2.
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
+# On a log axis spanning less than a decade, label the 2s and 5s between the powers of ten too.
+_PLAIN_25 = FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:e}"[0] in "25" else "")
 
 
 def _concurrency_axis(ax) -> None:
@@ -132,6 +135,48 @@ def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None) -
         FIGURE_NAMES["latency"]: plot_latency_vs_concurrency(levels),
         FIGURE_NAMES["curve"]: plot_latency_vs_throughput(levels),
     }
+
+
+def plot_latency_distributions(samples: pd.DataFrame) -> Figure:
+    """ECDF of TPOT (one value per request) and of ITL (every inter-chunk gap, pooled) at each
+    concurrency, ms on a log axis: the shape behind the levels table's percentiles.
+
+    `samples` is `stepscope.sweep.distributions.latency_samples`' long form."""
+    import seaborn as sns
+    from matplotlib.colors import Normalize
+
+    data = samples[samples["value_ms"] > 0]
+    levels = sorted(data["concurrency"].unique())
+    cmap = sns.color_palette("viridis", as_cmap=True)
+    norm = Normalize(vmin=0, vmax=max(1, len(levels) - 1))
+    palette = {c: cmap(norm(i)) for i, c in enumerate(levels)}
+    fig = Figure(figsize=(10.5, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, metric, label, per in ((axes[0], "tpot", "TPOT", "requests"), (axes[1], "itl", "ITL", "gaps")):
+        d = data[data["metric"] == metric]
+        counts = d.groupby("concurrency").size()
+        if len(d):
+            sns.ecdfplot(data=d, x="value_ms", hue="concurrency", hue_order=levels, palette=palette,
+                         log_scale=True, ax=ax, legend=False)
+        for c in levels:
+            ax.plot([], [], color=palette[c], label=f"C={c} (n={int(counts.get(c, 0))})")
+        ax.xaxis.set_major_formatter(_PLAIN)
+        ax.xaxis.set_minor_formatter(_PLAIN_25)
+        ax.set_xlabel(f"{label} (ms, log scale)")
+        ax.set_ylabel(f"fraction of {per} at or below")
+        ax.set_title(f"{label}: {int(counts.sum())} {per} over {len(counts)} levels", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Latency distributions per concurrency (ECDF; TPOT per request = (E2EL-TTFT)/(out-1), "
+                 "ITL per chunk, pooled)", fontsize=10)
+    return fig
+
+
+def distribution_figures(samples: pd.DataFrame) -> dict[str, Figure]:
+    """The TPOT/ITL distribution figure, or nothing when no closed-loop level has samples."""
+    if samples.empty or not (samples["value_ms"] > 0).any():
+        return {}
+    return {FIGURE_NAMES["distribution"]: plot_latency_distributions(samples)}
 
 
 def plot_capture_requests(requests: pd.DataFrame) -> Figure:

@@ -8,6 +8,7 @@ Figures are built without pyplot (no global state, no display) and sized by thei
 
 from __future__ import annotations
 
+import warnings
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -118,6 +119,63 @@ def plot_decode_steps(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: 
     return plot_category_bars(bars, marks, xlabel="step id", title=(
         f"Rank {rank}: category time in each of {n} {which}\n"
         "(bars: each category's busy time, stacked; marks: the step's span and kernel/op sum)"))
+
+
+
+# --------------------------------------------------------------------------- distributions
+
+
+def step_category_matrix(bars: pd.DataFrame) -> pd.DataFrame:
+    """Category x step table of busy ms (rows in palette order, columns in step order) from
+    `decode_step_bars`' long form; a category absent from a step is 0 ms there."""
+    if bars.empty:
+        return pd.DataFrame(dtype=float)
+    m = bars.pivot_table(index="category", columns="label", values="ms_per_step", aggfunc="sum",
+                         fill_value=0.0, sort=False)
+    m = m[list(dict.fromkeys(bars["label"].astype(str)))]
+    return m.loc[sorted(m.index, key=category_sort_key)]
+
+
+def plot_step_category_distribution(bars: pd.DataFrame, *, which: str = "decode steps") -> Figure:
+    """Per-step busy ms of each category across steps: a box (quartiles, whiskers at 1.5 IQR)
+    with every step drawn as a point, so a bimodal category or a few slow steps show."""
+    import seaborn as sns
+
+    order = sorted(bars["category"].astype(str).unique(), key=category_sort_key)
+    n_steps = bars["label"].nunique()
+    fig, ax = new_figure(max(7.0, 0.55 * len(order) + 3.0), 4.4)
+    palette = {c: color_for(c) for c in order}
+    kw = dict(data=bars, x="category", y="ms_per_step", order=order, hue="category", hue_order=order,
+              palette=palette, legend=False, ax=ax)
+    with warnings.catch_warnings():
+        # seaborn 0.13 still passes `vert=` to matplotlib's bxp, deprecated since matplotlib 3.11
+        warnings.filterwarnings("ignore", message=".*vert: bool", category=DeprecationWarning)
+        sns.boxplot(**kw, showfliers=False, width=0.6, boxprops={"alpha": 0.45})
+    sns.stripplot(**kw, size=2.5, jitter=0.25, edgecolor="black", linewidth=0.2)
+    ax.set_xlabel("")
+    ax.set_ylabel("ms per step (category busy time, union)")
+    ax.tick_params(axis="x", rotation=45, labelsize=8)
+    ax.set_title(f"Per-step time by category across {n_steps} {which}\n"
+                 "(box: quartiles, whiskers 1.5 IQR; dots: one per step)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_step_category_heatmap(matrix: pd.DataFrame, *, which: str = "decode steps") -> Figure:
+    """Category busy ms in every step (colour), rows = categories, columns = steps in order:
+    warm-up steps and outliers stand out as columns unlike their neighbours."""
+    import seaborn as sns
+
+    n_steps = matrix.shape[1]
+    fig, ax = new_figure(min(18.0, max(7.0, 0.08 * n_steps + 4.0)), max(3.0, 0.32 * len(matrix) + 1.6))
+    sns.heatmap(matrix, ax=ax, cmap="rocket_r", xticklabels=max(1, int(np.ceil(n_steps / 40))),
+                cbar_kws={"label": "ms per step (busy time)"})
+    ax.set_xlabel("step id")
+    ax.set_ylabel("")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(f"Category time in each of {n_steps} {which} (ms, union of each category's work)",
+                 fontsize=10)
+    return fig
 
 
 # --------------------------------------------------------------------------- timeline
@@ -249,6 +307,12 @@ def stage_figures(an) -> dict[str, Figure]:
         f"05_decode_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories, an.steps, ref.rank),
         f"05_step_timeline_rank{ref.rank}": plot_decode_step_timeline(an.timeline, title_note=note, lane=lane),
     }
+    bars, _, which = decode_step_bars(ref.step_categories, an.steps, ref.rank)
+    if bars["label"].nunique() > 1:
+        figs[f"05_decode_step_categories_distribution_rank{ref.rank}"] = \
+            plot_step_category_distribution(bars, which=which)
+        figs[f"05_decode_step_categories_heatmap_rank{ref.rank}"] = \
+            plot_step_category_heatmap(step_category_matrix(bars), which=which)
     if len(an.ranks) > 1 and not an.cross_rank.empty:
         figs["05_cross_rank_categories"] = plot_cross_rank(an.cross_rank)
     return figs
