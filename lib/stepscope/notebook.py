@@ -5,7 +5,50 @@ from __future__ import annotations
 from pathlib import Path
 
 from stepscope.config import Params, load_params
-from stepscope.runfolder import STAGE_BY_ID, stage_dir, write_json
+from stepscope.errors import StepscopeError
+from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, read_json, stage_dir, write_json
+
+DEMO_PARAMS = REPO_ROOT / "params" / "cpu-demo.yaml"
+
+
+class NoRunYet(StepscopeError):
+    """A notebook opened by hand with no run to work on."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback: the message is the whole story.
+        return [self.render()]
+
+
+def newest_run(params_file: str | Path = DEMO_PARAMS) -> Path | None:
+    """The newest run folder (by its timestamped name) of the params file's `run.name`."""
+    params = load_params(params_file)
+    outputs = Path(params.run.outputs_dir)
+    outputs = outputs if outputs.is_absolute() else REPO_ROOT / outputs
+    runs = sorted(p for p in outputs.glob(f"{params.run.name}-*") if (p / "run.json").is_file())
+    return runs[-1] if runs else None
+
+
+def default_run(params_file: str | Path | None, run_dir: str | Path | None, *,
+                demo_params: str | Path = DEMO_PARAMS) -> tuple[Path, Path]:
+    """What papermill injects, for a notebook run by hand (JupyterLab): the newest CPU-demo
+    run and the params file it was run with. Injected values pass through unchanged."""
+    if run_dir is None:
+        run_dir = newest_run(demo_params)
+        if run_dir is None:
+            raise NoRunYet("no CPU-demo run yet: run `stepscope run params/cpu-demo.yaml` first, "
+                           "or set run_dir and params_file in the parameters cell")
+    return Path(params_file or params_file_of(run_dir)), Path(run_dir)
+
+
+def params_file_of(run_dir: str | Path) -> Path:
+    """The params file a run was started with (run.json names it; a relative name is from the
+    repository root or the caller's directory), else the run's redacted snapshot."""
+    record = Path(run_dir) / "run.json"
+    recorded = read_json(record).get("params_file") if record.is_file() else None
+    for candidate in ((Path(recorded), REPO_ROOT / recorded) if recorded else ()):
+        if candidate.is_file():
+            return candidate.resolve()
+    return Path(run_dir) / "params.yaml"
 
 
 def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> tuple[Params, Path]:
