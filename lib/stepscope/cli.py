@@ -57,6 +57,12 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from stepscope.lab import run_lab
+
+    return run_lab(args.run, host=args.host, port=args.port)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from stepscope.config import load_params
 
@@ -112,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repeats", type=int, help="runs per variant, interleaved (default: campaign.repeats)")
     g.add_argument("--no-progress", action="store_true")
     g.set_defaults(func=_cmd_campaign)
+
+    j = sub.add_parser("lab", help="open the workbook (or a run's executed notebooks) in JupyterLab")
+    j.add_argument("run", nargs="?", help="a run folder or run id under outputs/ (default: notebooks/)")
+    j.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    j.add_argument("--port", type=int, help="default: a free port")
+    j.set_defaults(func=_cmd_lab)
 
     v = sub.add_parser("validate", help="validate params files without running anything")
     v.add_argument("params", nargs="+")

@@ -1,0 +1,105 @@
+"""The step explorer in JupyterLab, in a real browser.
+
+`stepscope analyze` writes a run from the real TP=2 traces; `start_lab` (what `stepscope lab
+RUN` runs) serves its executed notebooks; headless Debian Chromium, driven by Playwright's
+Python package (no browser download: `executable_path`), opens 06_writeup, runs every cell
+from JupyterLab's Run menu, and changes the explorer's selections. The widget must render
+from JupyterLab's own widget extension (installed with ipywidgets, nothing built) and each
+selection must change what it shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+TP2 = ["vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"]
+RUN_ALL_S = 240_000
+"""ms: the kernel's start, the report's build and the explorer's first render, on 2 busy cores."""
+
+
+def _dropdown(page, label: str):
+    return page.locator(f".widget-dropdown:has(label:text-is('{label}')) select").last
+
+
+def _explorer_output(page):
+    """The explorer's output area (the table, the top names and the timeline image)."""
+    return page.locator(".widget-vbox .widget-output").last
+
+
+@pytest.fixture(scope="module")
+def lab(real_traces, tmp_path_factory):
+    from stepscope.cli import main
+    from stepscope.lab import start_lab
+
+    tmp = tmp_path_factory.mktemp("lab")
+    run = tmp / "analyze-tp2"
+    assert main(["analyze", *[str(real_traces / n) for n in TP2], "--tp", "2", "--out", str(run),
+                 "--no-progress"]) == 0
+    # JupyterLab's per-user state (settings, workspaces, runtime files) stays in tmp.
+    env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws"),
+           "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
+    server = start_lab(run, env=env, log_path=tmp / "lab.log")
+    yield server
+    server.stop()
+    assert server.proc.poll() is not None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM:
+        pytest.fail("chromium not found: `bash .ci/setup` installs Debian's chromium")
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def test_explorer_renders_and_follows_its_selections(lab, browser, tmp_path):
+    assert lab.host == "127.0.0.1" and lab.url.startswith("http://127.0.0.1:")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{lab.base_url}/lab/tree/notebooks/06_writeup.ipynb?token={lab.token}")
+    page.locator(".jp-Notebook").wait_for(timeout=60_000)
+    page.locator("#jp-main-statusbar :text-matches('Idle')").first.wait_for(timeout=60_000)
+
+    page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+    for label in ("rank", "steps", "step", "category"):
+        _dropdown(page, label).wait_for(timeout=RUN_ALL_S)
+    out = _explorer_output(page)
+    out.locator("img").first.wait_for(timeout=60_000)
+    page.locator(".widget-vbox").last.screenshot(path=str(tmp_path / "explorer.png"))
+    assert "union_us" in out.inner_text()  # the per-category table of the step
+    assert _dropdown(page, "rank").locator("option").all_inner_texts() == ["0", "1"]
+    first_img = out.locator("img").first.get_attribute("src")
+
+    # A category: its top kernels in this step appear under the table.
+    categories = _dropdown(page, "category").locator("option").all_inner_texts()
+    assert "all_reduce" in categories and categories[0] == "(all)"
+    assert "top kernels in this step" not in out.inner_text()
+    _dropdown(page, "category").select_option("all_reduce")
+    out.locator("text=top kernels in this step").wait_for(timeout=60_000)
+    assert "all_reduce" in out.inner_text()
+
+    # Another step: loaded from the rank's trace, drawn as a different timeline.
+    step = _dropdown(page, "step")
+    current = step.input_value()
+    other = next(v for v in step.locator("option").all_inner_texts() if v != current)
+    step.select_option(other)
+    deadline = time.monotonic() + 120
+    while out.locator("img").count() == 0 or out.locator("img").first.get_attribute("src") == first_img:
+        assert time.monotonic() < deadline, "the timeline did not change with the step"
+        page.wait_for_timeout(250)
+    assert step.input_value() == other
+    assert not errors, errors
