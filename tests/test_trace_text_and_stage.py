@@ -87,7 +87,8 @@ def test_figures(real_traces: Path, tmp_path: Path):
                         tmp_path / "05", progress=False, perfetto=False)
     figs = stage_figures(an)
     assert set(figs) == {"05_decode_step_categories_rank0", "05_step_timeline_rank0",
-                         "05_cross_rank_categories"}
+                         "05_decode_step_categories_distribution_rank0",
+                         "05_decode_step_categories_heatmap_rank0", "05_cross_rank_categories"}
     assert len(figs["05_decode_step_categories_rank0"].axes[0].patches) == 10 * 7  # steps x categories
     paths = save_figures(figs, tmp_path)
     assert all(p.stat().st_size > 10_000 for p in paths)
