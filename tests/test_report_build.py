@@ -10,7 +10,6 @@ import pytest
 
 from stepscope.report import build_report
 from stepscope.testing.synthetic import make_synthetic_run
-from stepscope.report.analysis import speculative_whatif
 from stepscope.report.markdown_util import MISSING_MARK, fmt_num
 
 # The synthetic run's exposed ms per decode step (see stepscope/testing/synthetic.py), re-stated here so a
@@ -177,24 +176,11 @@ def test_secrets_never_reach_the_report(tmp_path):
         assert "***redacted***" in text
 
 
-def test_speculative_whatif_arithmetic():
-    # step 10 ms of which GEMM 4 ms; GEMM at M=3 costs 1.1x M=1.
-    df = speculative_whatif(10.0, 4.0, {"1": 100.0, "3": 110.0, "8": 200.0}, (2.0,), (0.1,))
-    r = df.iloc[0]
-    assert r["verify_m"] == 3 and r["gemm_scale"] == pytest.approx(1.1)
-    assert r["verify_step_ms"] == pytest.approx(10.4)
-    assert r["tpot_ms_projected"] == pytest.approx((10.4 + 1.0) / 2)
-    assert r["tok_s_projected"] == pytest.approx(1000 / 5.7)
-    assert r["speedup"] == pytest.approx(10 / 5.7)
-    # without a GEMM prediction the verify step is assumed to cost one measured step
-    r = speculative_whatif(10.0, 4.0, None, (3.0,), (0.0,)).iloc[0]
-    assert r["tpot_ms_projected"] == pytest.approx(10 / 3)
-
-
 def test_whatif_section_uses_params(full):
     md, _, _ = full
     assert "acceptance lengths [1.5, 2.0, 3.0] and draft costs [0.1, 0.2]" in md
-    assert md.count("\n| 3.00 | 20 | 4 |") == 1
+    # acceptance 3: k = 3 drafted tokens, M = 4, batch 1 from the trace
+    assert md.count("\n| 3.00 | 3 | 4 | 1 |") == 2
 
 
 @pytest.mark.parametrize("v,s", [(None, "–"), (float("nan"), "–"), (12.1, "12.1"), (0.0123456, "0.0123"),

@@ -215,10 +215,10 @@ class WriteupParams:
     acceptance_lengths: tuple[float, ...] = (1.5, 2.0, 3.0)
     """What-if: mean tokens accepted per step with speculative decoding."""
     draft_cost_fractions: tuple[float, ...] = (0.05, 0.1, 0.2)
-    """What-if: draft cost as a fraction of one measured decode step."""
+    """What-if: the draft's cost per drafted token, as a fraction of one measured decode step."""
     verify_extra_tokens: int = 1
-    """What-if: a verify step scores ceil(acceptance length) + this many tokens (the drafts
-    that were proposed but, on average, not accepted); sets the M of its GEMMs."""
+    """What-if: k = ceil(acceptance length) - 1 + this many drafted tokens per step; a verify
+    step scores M = k + 1 tokens per request (the drafts plus the target's own token)."""
     title: str | None = None
     """Report title; defaults to one naming the run."""
 

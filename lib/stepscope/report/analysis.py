@@ -8,7 +8,6 @@ reconciliation and the caveats. The verdict's judgements are typed findings in
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -270,46 +269,6 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
                 + (f" (client CPU {r['client_cpu_pct']:.0f} %)" if pd.notna(r.get("client_cpu_pct")) else "")
                 for _, r in cb.iterrows()]
     return out
-
-
-# --------------------------------------------------------------------------- what-if
-
-
-def speculative_whatif(step_ms: float, gemm_ms: float | None, gemm_pred_us_by_m: dict | None,
-                       acceptance_lengths: tuple[float, ...], draft_cost_fractions: tuple[float, ...],
-                       verify_extra_tokens: int = 1) -> pd.DataFrame:
-    """Projected TPOT and tok/s with speculative (multi-token) decoding at batch 1.
-
-    Model: each verify step scores M = ceil(a) + `verify_extra_tokens` tokens and emits `a`
-    tokens on average. Its cost is the measured step with the GEMM
-    part rescaled by the micro-benchmark's GEMM time at M over M = 1 (decode GEMMs are
-    weight-read bound, so this ratio is near 1); everything else (attention, collectives,
-    launches) is assumed unchanged. The draft costs `f` × the measured step per verify step.
-    TPOT = (verify + draft) / a.
-    """
-    rows = []
-    base_gemm_us = num((gemm_pred_us_by_m or {}).get("1"))
-    for acc in acceptance_lengths:
-        m = int(math.ceil(acc)) + int(verify_extra_tokens)
-        scale, scale_source = 1.0, "assumed 1 (no GEMM prediction)"
-        if gemm_ms and base_gemm_us:
-            ms = {int(k): num(v) for k, v in (gemm_pred_us_by_m or {}).items() if num(v) is not None}
-            xs = sorted(ms)
-            if xs:
-                # Linear interpolation in M between the timed points; clamp outside the grid.
-                val = float(np.interp(m, xs, [ms[x] for x in xs]))
-                scale = val / base_gemm_us
-                scale_source = f"micro GEMM time at M={m} / M=1"
-        verify_ms = step_ms + (gemm_ms or 0.0) * (scale - 1.0)
-        for frac in draft_cost_fractions:
-            draft_ms = frac * step_ms
-            tpot = (verify_ms + draft_ms) / acc
-            rows.append({"acceptance_length": acc, "draft_cost_fraction": frac, "verify_m": m,
-                         "gemm_scale": scale, "gemm_scale_source": scale_source,
-                         "verify_step_ms": verify_ms, "draft_ms": draft_ms,
-                         "tpot_ms_projected": tpot, "tok_s_projected": 1000.0 / tpot,
-                         "speedup": step_ms / tpot})
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- caveats

@@ -11,10 +11,10 @@ import pandas as pd
 import yaml
 
 from stepscope.config import WriteupParams, redact, redact_argv
-from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report import analysis as an
 from stepscope.report import prose
 from stepscope.report import verdict as vd
+from stepscope.report import whatif as wi
 from stepscope.micro.collectives import plot_latency_vs_size
 from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
@@ -523,25 +523,43 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     if w is None:
         return text + missing_box("The projection", ["05_categorize/decode_categories.csv",
                                                      "04_profiler_capture/capture_latency.json"])
-    base = ctx["whatif_base_ms"]
-    text += (f"Projected from the measured step of **{fmt_num(base)} ms** ({ctx['whatif_basis']}) at batch 1, for "
-             f"acceptance lengths {list(wp.acceptance_lengths)} and draft costs {list(wp.draft_cost_fractions)} "
-             f"(fraction of one measured step).\n\nAssumptions:\n\n"
-             f"- A verify step scores M = ⌈acceptance⌉ + {wp.verify_extra_tokens} tokens and emits the acceptance "
-             f"length on average.\n"
-             f"- Its cost is the measured step with the GEMM part ({fmt_num(ctx['gemm_ms'])} ms) scaled by the "
-             f"micro-benchmark's GEMM time at M over M = 1; attention, collectives and launch gaps are unchanged.\n"
-             f"- The draft model runs once per verify step and costs the stated fraction of a measured step.\n"
-             f"- Batch 1, no rejection overhead beyond that; TPOT = (verify + draft) / acceptance length.\n\n")
-    w = w.assign(draft_cost_pct=100 * w["draft_cost_fraction"])
-    text += md_table(w, [("acceptance_length", "acceptance"), ("draft_cost_pct", "draft cost (% of step)"),
-                         ("verify_m", "verify M"), ("gemm_scale", "GEMM ×"), ("verify_step_ms", "verify ms"),
-                         ("draft_ms", "draft ms"), ("tpot_ms_projected", "TPOT ms"),
-                         ("tok_s_projected", "tok/s per stream"), ("speedup", "speed-up")])
-    best = w.loc[w["speedup"].idxmax()]
-    text += (f"\nThe best case here, acceptance {fmt_num(best['acceptance_length'])} with a "
-             f"{fmt_num(100 * best['draft_cost_fraction'])} % draft, projects {fmt_num(best['tpot_ms_projected'])} ms "
-             f"TPOT ({fmt_num(best['tok_s_projected'])} tok/s per stream, {fmt_num(best['speedup'])}× faster).\n")
+    base: wi.SpecBaseline = ctx["whatif_baseline"]
+    preds: list[wi.Prediction] = ctx["whatif_predictions"]
+    batch = preds[0].batch
+    text += (f"Projected from the measured decode step of **{fmt_num(base.step_ms)} ms** ({base.step_basis}) at "
+             f"**{fmt_num(batch)} requests per step**, for acceptance lengths {list(wp.acceptance_lengths)} and "
+             f"draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token. A verify step "
+             f"scores M = k + 1 tokens per request (k drafted: ⌈acceptance⌉ − 1 + writeup.verify_extra_tokens, "
+             f"here {wp.verify_extra_tokens}) "
+             f"and emits the acceptance length on average; TPOT = (verify step + k × draft per token) / "
+             f"acceptance. The model is `stepscope.report.whatif.predict_spec_decode_tpot`.\n\n")
+    rows = [{"acceptance": p.acceptance_length, "k": p.draft_tokens, "M": p.verify_tokens, "batch": p.batch,
+             "draft_per_token_ms": p.draft_ms / p.draft_tokens, "verify_ms": p.verify_ms, "draft_ms": p.draft_ms,
+             "tpot_ms": p.tpot_ms, "tok_s": p.tok_s_per_stream, "speedup": p.speedup,
+             "defaults": "; ".join(x for x in p.assumptions if not x.startswith("k = ")) or "no default used"}
+            for p in preds]
+    text += md_table(pd.DataFrame(rows), [
+        ("acceptance", "acceptance"), ("k", "drafted k"), ("M", "verify M"), ("batch", "batch"),
+        ("draft_per_token_ms", "draft ms/token"), ("verify_ms", "verify ms"), ("draft_ms", "draft ms"),
+        ("tpot_ms", "TPOT ms"), ("tok_s", "tok/s per stream"), ("speedup", "speed-up"),
+        ("defaults", "assumed by default")])
+    by_m = {p.verify_tokens: p for p in preds}
+    parts = []
+    for i, part in enumerate(base.parts):
+        row = {"part": part.name, "ms": part.ms, "law": wi.LAWS[part.law],
+               "source": next(iter(by_m.values())).parts[i].source}
+        for m, p in sorted(by_m.items()):
+            row[f"x{m}"] = p.parts[i].scale
+        parts.append(row)
+    text += ("\nHow each part of the measured step grows in a verify step (exposed ms per step; × at each M; "
+             "`default` marks an assumption where a stage's measurement was missing):\n\n")
+    text += md_table(pd.DataFrame(parts), [("part", "part"), ("ms", "measured ms"), ("law", "grows with")]
+                     + [(f"x{m}", f"× at M={m}") for m in sorted(by_m)] + [("source", "source")])
+    best = max(preds, key=lambda p: p.speedup)
+    text += (f"\nThe best case here, acceptance {fmt_num(best.acceptance_length)} with {fmt_num(best.draft_tokens)} "
+             f"drafted tokens at {fmt_num(best.draft_ms / best.draft_tokens)} ms each, projects "
+             f"{fmt_num(best.tpot_ms)} ms TPOT ({fmt_num(best.tok_s_per_stream)} tok/s per stream, "
+             f"{fmt_num(best.speedup)}× the measured step).\n")
     if "whatif" in ctx["figs"]:
         text += "\n" + _img(ctx["figs"]["whatif"], "speculative decoding what-if")
     return text
@@ -630,19 +648,17 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
     mvt = an.micro_vs_trace(a)
     macro = an.macro_headlines(a)
     ctx: dict[str, Any] = {"totals": totals, "decode": decode, "amdahl": amdahl, "mvt": mvt, "macro": macro,
-                           "whatif": None, "whatif_base_ms": None, "whatif_basis": None, "gemm_ms": None}
+                           "whatif": None, "whatif_base_ms": None}
     ctx["verdict"] = vd.verdict(a, totals, decode, amdahl, mvt, macro)
-    base = totals.get("tpot_capture_ms") or totals.get("step_ms")
-    if decode is not None and base and ctx["verdict"].identity.has_decode:
-        gemm_ms = float(decode[decode["category"].isin(GEMM_CATEGORIES)]["ms_per_step_mean"].sum())
-        ctx["gemm_ms"] = gemm_ms
-        ctx["whatif_base_ms"] = base
-        ctx["whatif_basis"] = ("TPOT measured during capture" if totals.get("tpot_capture_ms")
-                               else f"decode step {totals.get('step_basis')}")
-        ctx["whatif"] = an.speculative_whatif(base, gemm_ms,
-                                              (a.gemm_prediction or {}).get("gemm_us_per_decode_step"),
-                                              wp.acceptance_lengths, wp.draft_cost_fractions,
-                                              wp.verify_extra_tokens)
+    ident = ctx["verdict"].identity
+    baseline = wi.spec_baseline(a, totals, decode, batch=ident.batch_size) if ident.has_decode else None
+    if baseline is not None:
+        preds = wi.whatif_table(baseline, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
+        ctx["whatif_baseline"], ctx["whatif_predictions"] = baseline, preds
+        ctx["whatif_base_ms"] = baseline.step_ms
+        ctx["whatif"] = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
+                                       "draft_cost_fraction": p.draft_ms / p.draft_tokens / baseline.step_ms}
+                                      for p in preds])
     ctx["caveats"] = an.caveats(a, macro, totals)
     return ctx
 

@@ -23,12 +23,12 @@ from matplotlib.figure import Figure  # noqa: E402
 
 
 def plot_speculative_whatif(whatif: pd.DataFrame, measured_tpot_ms: float) -> Figure:
-    """Projected TPOT against acceptance length, one line per draft cost fraction."""
+    """Projected TPOT against acceptance length, one line per draft cost (per drafted token)."""
     fig, ax = _new(7.5, 4.0)
     for frac, grp in whatif.groupby("draft_cost_fraction"):
         grp = grp.sort_values("acceptance_length")
         ax.plot(grp["acceptance_length"], grp["tpot_ms_projected"], "o-",
-                label=f"draft cost {100 * frac:g} % of a step")
+                label=f"draft {100 * frac:g} % of a step per drafted token")
     ax.axhline(measured_tpot_ms, color="black", linestyle="--",
                label=f"measured: {measured_tpot_ms:.3g} ms")
     ax.set_xlabel("mean acceptance length (tokens emitted per verify step)")

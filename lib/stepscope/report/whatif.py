@@ -1,0 +1,242 @@
+"""What speculative decoding would do to a measured decode step: a model with explicit inputs.
+
+A verify step scores M = k + 1 tokens per request (k drafted, plus the one the target
+model always emits) and emits the acceptance length `a` on average. Each part of the
+measured step grows with M by its own law (`LAWS`): GEMMs by stage 02's GEMM time against
+M, attention, KV writes, logits and the all-gather by tokens, all-reduces by their message
+size on stage 03's latency curve; host idle and the rest are unchanged. The draft costs a
+fixed time per drafted token. TPOT = (verify + k x draft per token) / a.
+
+`predict_spec_decode_tpot(baseline, acceptance_length, draft_ms_per_token, draft_tokens)`
+is pure: every input is in `SpecBaseline` or an argument, and every default the model fell
+back to is listed in `Prediction.assumptions`, so a test can set each input and a measured
+speculative run can be set against it. `spec_baseline(a, totals, decode)` builds the
+baseline from a run folder's artifacts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.errors import StepscopeError
+from stepscope.palette import GEMM_CATEGORIES
+from stepscope.report.artifacts import RunArtifacts, num
+
+TOKEN_CATEGORIES = frozenset({"attention", "kv_cache_write", "lm_head", "logits", "sampling", "all_gather"})
+"""Work proportional to the tokens scored: each verified token reads and writes its own."""
+SIZE_CATEGORIES = frozenset({"all_reduce", "other_collective", "communication"})
+"""Collectives whose message is [tokens, hidden]: their time follows the latency-vs-size curve."""
+
+LAWS = {"gemm": "stage 02's GEMM time at the verify tokens / at the measured tokens",
+        "tokens": "tokens scored (× M)",
+        "message size": "stage 03's all-reduce time at the M-times larger message / at the measured one",
+        "unchanged": "unchanged (per-step work that does not grow with tokens)"}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the measured step: a category's exposed time, or the idle remainder."""
+
+    name: str
+    ms: float
+    law: str
+    """A key of `LAWS`."""
+
+
+@dataclass(frozen=True)
+class SpecBaseline:
+    """The measured decode step and the curves that say how its parts grow with tokens."""
+
+    step_ms: float
+    step_basis: str
+    """`period`, `capture TPOT` or `span`: what `step_ms` is."""
+    parts: tuple[Part, ...]
+    """Sums to `step_ms` (the last part is the idle / unattributed remainder)."""
+    batch: float | None = None
+    """Requests per decode step, measured; None falls back to 1 (listed as an assumption)."""
+    gemm_us_by_tokens: dict[int, float] | None = None
+    """Stage 02: GEMM µs per decode step at M tokens."""
+    allreduce_us_by_bytes: dict[int, float] | None = None
+    """Stage 03: one all-reduce's µs at a message size in bytes."""
+    allreduce_bytes_per_token: float | None = None
+    """Message bytes of one all-reduce per token scored (hidden x dtype size)."""
+
+
+@dataclass(frozen=True)
+class ScaledPart:
+    name: str
+    base_ms: float
+    scale: float
+    ms: float
+    law: str
+    source: str
+    """`measured` (a stage's curve) or `default: ...` (what was assumed instead)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    acceptance_length: float
+    draft_tokens: int
+    verify_tokens: int
+    """M: tokens scored per request in a verify step (k + 1)."""
+    batch: float
+    baseline_ms: float
+    verify_ms: float
+    draft_ms: float
+    tpot_ms: float
+    tok_s_per_stream: float
+    speedup: float
+    parts: tuple[ScaledPart, ...]
+    assumptions: tuple[str, ...] = field(default=())
+
+
+def _interp(curve: dict[int, float], x: float, log_x: bool = False) -> tuple[float, bool]:
+    """The curve at x (linear between points, in log x for sizes), and whether x was outside."""
+    xs = sorted(curve)
+    ys = [curve[k] for k in xs]
+    fx = (lambda v: math.log(v)) if log_x else (lambda v: float(v))
+    X = [fx(v) for v in xs]
+    t = fx(x)
+    if len(xs) == 1:
+        return ys[0], x != xs[0]
+    if t <= X[-1] and t >= X[0]:
+        return float(np.interp(t, X, ys)), False
+    # Beyond the grid: extend the nearest segment's slope instead of clamping (clamping
+    # would make a larger M cost nothing more).
+    i = (0, 1) if t < X[0] else (-2, -1)
+    slope = (ys[i[1]] - ys[i[0]]) / (X[i[1]] - X[i[0]])
+    return float(max(ys[i[0]] + slope * (t - X[i[0]]), 0.0)), True
+
+
+def _scale(part: Part, base: SpecBaseline, batch: float, m: int) -> tuple[float, str]:
+    tokens0, tokens1 = batch, batch * m
+    if part.law == "tokens":
+        return float(m), "law (no measurement needed)"
+    if part.law == "gemm":
+        c = base.gemm_us_by_tokens
+        if not c:
+            return 1.0, "default: ×1, no GEMM prediction from stage 02 (decode GEMMs read weights, so a few more rows cost little)"
+        y0, out0 = _interp(c, tokens0)
+        y1, out1 = _interp(c, tokens1)
+        src = "measured" + (" (extrapolated beyond stage 02's M grid)" if out0 or out1 else "")
+        return (y1 / y0 if y0 > 0 else 1.0), src
+    if part.law == "message size":
+        c, per_tok = base.allreduce_us_by_bytes, base.allreduce_bytes_per_token
+        if not c or not per_tok:
+            return 1.0, "default: ×1, no latency-vs-size curve from stage 03 (small messages are latency-bound)"
+        y0, out0 = _interp(c, tokens0 * per_tok, log_x=True)
+        y1, out1 = _interp(c, tokens1 * per_tok, log_x=True)
+        src = "measured" + (" (extrapolated beyond stage 03's sizes)" if out0 or out1 else "")
+        return (y1 / y0 if y0 > 0 else 1.0), src
+    return 1.0, "assumed: launch-bound or host work, unchanged"
+
+
+def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, draft_ms_per_token: float,
+                             draft_tokens: int | None = None) -> Prediction:
+    """Projected TPOT with speculative decoding, from a measured decode step.
+
+    acceptance_length: mean tokens emitted per verify step (1 ≤ a ≤ k + 1).
+    draft_ms_per_token: the draft's cost per drafted token (ms), charged k times per step.
+    draft_tokens: k, tokens drafted per step; default ceil(a) (the fewest that can reach a).
+    Raises StepscopeError when the inputs cannot describe a verify step.
+    """
+    a = float(acceptance_length)
+    k = int(draft_tokens) if draft_tokens is not None else max(int(math.ceil(a)), 1)
+    if k < 1 or not 1.0 <= a <= k + 1:
+        raise StepscopeError(f"acceptance length {a:g} is impossible with {k} drafted tokens",
+                             where="predict_spec_decode_tpot",
+                             hint="a verify step emits between 1 and k + 1 tokens; raise draft_tokens")
+    if draft_ms_per_token < 0 or baseline.step_ms <= 0:
+        raise StepscopeError("draft cost and step time must be positive", where="predict_spec_decode_tpot",
+                             hint=f"got draft {draft_ms_per_token} ms/token, step {baseline.step_ms} ms")
+    m = k + 1
+    assumptions = []
+    batch = baseline.batch
+    if batch is None:
+        batch = 1.0
+        assumptions.append("batch: default 1 request per step (the trace gave no batch)")
+    assumptions.append(f"k = {k} drafted tokens per step" + ("" if draft_tokens is not None else
+                                                              " (default: ceil(acceptance))"))
+    parts = []
+    for p in baseline.parts:
+        s, src = _scale(p, baseline, batch, m)
+        parts.append(ScaledPart(name=p.name, base_ms=p.ms, scale=s, ms=p.ms * s, law=LAWS[p.law], source=src))
+        if src.startswith("default") and p.ms > 0 and p.law != "unchanged":
+            assumptions.append(f"{p.name}: {src}")
+    verify = sum(p.ms for p in parts)
+    draft = k * draft_ms_per_token
+    tpot = (verify + draft) / a
+    return Prediction(acceptance_length=a, draft_tokens=k, verify_tokens=m, batch=batch,
+                      baseline_ms=baseline.step_ms, verify_ms=verify, draft_ms=draft, tpot_ms=tpot,
+                      tok_s_per_stream=1000.0 / tpot, speedup=baseline.step_ms / tpot,
+                      parts=tuple(parts), assumptions=tuple(assumptions))
+
+
+# --------------------------------------------------------------------------- from a run folder
+
+
+def _law(category: str) -> str:
+    if category in GEMM_CATEGORIES:
+        return "gemm"
+    if category in TOKEN_CATEGORIES:
+        return "tokens"
+    if category in SIZE_CATEGORIES:
+        return "message size"
+    return "unchanged"
+
+
+def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
+                  batch: float | None = None) -> SpecBaseline | None:
+    """The measured decode step of a run folder as a `SpecBaseline` (None without one).
+
+    The step is the period when stage 05 gives it (what TPOT measures), else the capture
+    TPOT, else the span. Parts are the categories' exposed times (they add up to the busy
+    time) and the rest of the step, which no part of the model changes.
+    """
+    step, basis = totals.get("period_ms"), "period"
+    if not step:
+        step, basis = totals.get("tpot_capture_ms"), "capture TPOT"
+    if not step:
+        step, basis = totals.get("span_ms"), "span"
+    if not step or decode is None or not len(decode):
+        return None
+    col = "exposed_ms_mean" if "exposed_ms_mean" in decode else "ms_per_step_mean"
+    parts = [Part(name=str(r["category"]), ms=float(r[col]), law=_law(str(r["category"])))
+             for _, r in decode.iterrows() if num(r[col])]
+    rest = step - sum(p.ms for p in parts)
+    parts.append(Part(name="idle and between steps", ms=max(rest, 0.0), law="unchanged"))
+    gemm = (a.gemm_prediction or {}).get("gemm_us_per_decode_step")
+    gemm_curve = {int(float(k)): float(v) for k, v in gemm.items() if num(v)} if isinstance(gemm, dict) else None
+    ar_curve, per_tok = None, None
+    c = a.collectives
+    tcol = next((t for t in ("time_us_median", "time_us_rank_median") if c is not None and t in c), None)
+    if c is not None and tcol and {"op", "size_bytes"} <= set(c.columns):
+        ar = c[(c["op"].astype(str) == "all_reduce") & c[tcol].notna()]
+        if "mode" in ar and (ar["mode"] == "eager").any():
+            ar = ar[ar["mode"] == "eager"]
+        if len(ar):
+            ar_curve = {int(s): float(g[tcol].median()) for s, g in ar.groupby("size_bytes")}
+    cp = a.comm_prediction or {}
+    if num(cp.get("size_bytes")):
+        # stage 03 sizes one all-reduce at batch 1: [1 token, hidden] x dtype bytes
+        per_tok = float(cp["size_bytes"])
+    return SpecBaseline(step_ms=float(step), step_basis=basis, parts=tuple(parts), batch=batch,
+                        gemm_us_by_tokens=gemm_curve or None, allreduce_us_by_bytes=ar_curve,
+                        allreduce_bytes_per_token=per_tok)
+
+
+def whatif_table(baseline: SpecBaseline, acceptance_lengths: tuple[float, ...],
+                 draft_cost_fractions: tuple[float, ...], verify_extra_tokens: int = 1) -> list[Prediction]:
+    """Predictions over the params' grid: k = ceil(a) + verify_extra_tokens - 1 drafted tokens,
+    the draft costing the stated fraction of the measured step per drafted token."""
+    out = []
+    for acc in acceptance_lengths:
+        k = max(int(math.ceil(acc)) + int(verify_extra_tokens) - 1, 1)
+        for frac in draft_cost_fractions:
+            out.append(predict_spec_decode_tpot(baseline, acc, frac * baseline.step_ms, draft_tokens=k))
+    return out

@@ -1,0 +1,106 @@
+"""The speculative-decoding what-if: each part grows by its own law, the draft is charged per
+drafted token, the measured batch is used, and every default is stated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepscope.errors import StepscopeError
+from stepscope.report import build_report
+from stepscope.report.whatif import Part, SpecBaseline, predict_spec_decode_tpot
+from stepscope.testing.synthetic import make_synthetic_run
+
+GEMM = {1: 100.0, 3: 110.0, 8: 200.0, 24: 400.0}
+"""GEMM µs per step at M tokens (stage 02's shape: flat while weight-bound, then rising)."""
+ALLREDUCE = {1024: 10.0, 4096: 12.0, 16384: 20.0}
+"""One all-reduce's µs at a message size in bytes (stage 03)."""
+
+
+def _baseline(batch=1.0, gemm=GEMM, allreduce=ALLREDUCE) -> SpecBaseline:
+    parts = (Part("dense_gemm", 4.0, "gemm"), Part("attention", 1.0, "tokens"),
+             Part("all_reduce", 2.0, "message size"), Part("norm", 0.5, "unchanged"),
+             Part("idle and between steps", 2.5, "unchanged"))
+    return SpecBaseline(step_ms=10.0, step_basis="period", parts=parts, batch=batch, gemm_us_by_tokens=gemm,
+                        allreduce_us_by_bytes=allreduce, allreduce_bytes_per_token=1024.0)
+
+
+def test_each_part_grows_by_its_own_law():
+    p = predict_spec_decode_tpot(_baseline(), acceptance_length=2.0, draft_ms_per_token=0.5, draft_tokens=2)
+    assert (p.draft_tokens, p.verify_tokens) == (2, 3)
+    scaled = {x.name: x for x in p.parts}
+    assert scaled["dense_gemm"].scale == pytest.approx(110.0 / 100.0)   # stage 02 at M=3 over M=1
+    assert scaled["attention"].scale == 3.0                              # tokens
+    # 3 tokens x 1024 B = 3072 B, between 1024 and 4096 in log size
+    assert scaled["all_reduce"].scale == pytest.approx((10.0 + 2.0 * 0.792481250) / 10.0, rel=1e-6)
+    assert scaled["norm"].scale == 1.0 and scaled["idle and between steps"].scale == 1.0
+    verify = 4.4 + 3.0 + 2.0 * scaled["all_reduce"].scale + 0.5 + 2.5
+    assert p.verify_ms == pytest.approx(verify)
+    assert p.draft_ms == pytest.approx(1.0)
+    assert p.tpot_ms == pytest.approx((verify + 1.0) / 2.0)
+    assert p.speedup == pytest.approx(10.0 / p.tpot_ms)
+    assert p.tok_s_per_stream == pytest.approx(1000.0 / p.tpot_ms)
+
+
+def test_not_the_acceptance_over_draft_tautology():
+    # attention and the all-reduce grow with M, so the speed-up is below a / (1 + draft share)
+    p = predict_spec_decode_tpot(_baseline(), 3.0, draft_ms_per_token=0.5, draft_tokens=3)
+    assert p.speedup < 3.0 / (1 + 1.5 / 10.0) - 0.3
+
+
+def test_draft_is_charged_per_drafted_token():
+    p2 = predict_spec_decode_tpot(_baseline(), 2.0, 0.5, draft_tokens=2)
+    p4 = predict_spec_decode_tpot(_baseline(), 2.0, 0.5, draft_tokens=4)
+    assert p4.draft_ms == pytest.approx(2 * p2.draft_ms)
+    assert p4.verify_tokens == 5 and p4.tpot_ms > p2.tpot_ms
+
+
+def test_the_measured_batch_sets_the_gemm_m():
+    p = predict_spec_decode_tpot(_baseline(batch=8.0), 2.0, 0.5, draft_tokens=2)
+    gemm = next(x for x in p.parts if x.name == "dense_gemm")
+    assert gemm.scale == pytest.approx(400.0 / 200.0)   # 24 tokens over 8
+    assert p.batch == 8.0 and not any("batch" in a for a in p.assumptions)
+
+
+def test_every_default_is_stated():
+    p = predict_spec_decode_tpot(_baseline(batch=None, gemm=None, allreduce=None), 2.0, 0.5)
+    said = " | ".join(p.assumptions)
+    assert "batch: default 1" in said
+    assert "dense_gemm: default: ×1, no GEMM prediction from stage 02" in said
+    assert "all_reduce: default: ×1, no latency-vs-size curve from stage 03" in said
+    assert "(default: ceil(acceptance))" in said and p.draft_tokens == 2
+
+
+def test_beyond_the_grid_extrapolates_and_says_so():
+    p = predict_spec_decode_tpot(_baseline(batch=16.0), 2.0, 0.5, draft_tokens=2)
+    gemm = next(x for x in p.parts if x.name == "dense_gemm")
+    assert gemm.scale > 1.0 and "extrapolated" in gemm.source
+
+
+@pytest.mark.parametrize("a,k", [(3.5, 2), (0.5, 2), (2.0, 0)])
+def test_impossible_inputs_are_refused(a, k):
+    with pytest.raises(StepscopeError, match="predict_spec_decode_tpot|impossible"):
+        predict_spec_decode_tpot(_baseline(), a, 0.5, draft_tokens=k)
+
+
+def test_report_uses_the_measured_batch_and_the_period(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["trace_info"]["batch_size"] = 32.0
+    p.write_text(json.dumps(s))
+    (run / "02_gemm_micro" / "prediction.json").unlink()
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    sec = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
+    period = s["decode"]["period_ms"]["mean"]
+    assert f"measured decode step of **{period:.3g} ms** (period) at **32.0 requests per step**" in sec
+    assert "no GEMM prediction from stage 02" in sec   # the default, in the table itself
+    assert "| quantized_gemm | 4.00 |" in sec
+
+
+def test_no_whatif_without_decode_steps(tmp_path):
+    run = make_synthetic_run(tmp_path / "run", kind="training")
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    sec = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
+    assert "Not projected: this is a training trace" in sec and "| acceptance" not in sec
