@@ -18,6 +18,12 @@ Sentence = tuple[tuple[Any, ...], str]
 """A sentence and the findings its numbers come from."""
 
 
+def _short(name: str | None, width: int = 70) -> str:
+    """A kernel name cut to a readable length (templated names run to hundreds of characters)."""
+    name = name or "?"
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
 def steps(n: int | None, label: str) -> str:
     """"1 decode step", "155 decode steps"."""
     return f"{f(n)} {label}" + ("" if n == 1 else "s")
@@ -102,7 +108,8 @@ def boundness_sentence(b: Boundness) -> str:
                 f"gaps between kernels (host-bound from {f(b.micro_threshold_pct)} %){delay}: the step is "
                 f"host-bound, so {fix}.")
     if b.status == "stall":
-        where = (f" between `{b.gap_before}` and `{b.gap_after}`" if b.gap_before or b.gap_after else "")
+        where = (f" between `{_short(b.gap_before)}` and `{_short(b.gap_after)}`" if b.gap_before or b.gap_after
+                 else "")
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but one gap of "
                 f"{f(b.largest_gap_ms)} ms{where} holds {f(b.largest_gap_pct_of_idle)} % of that idle, while "
                 f"short gaps between kernels are only {f(b.micro_idle_pct)} %: a stall to remove, not a "
