@@ -347,5 +347,8 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     run_dir = Path(out).resolve() if out else resolve_outputs_dir(params) / new_run_id(params)
     run_dir.mkdir(parents=True, exist_ok=True)
     params_file = write_yaml(run_dir / "analyze_params.yaml", data)
+    # Both stages in this process: a kernel per notebook cost more than the analysis itself.
+    from stepscope.inprocess import execute_notebook_inprocess
+
     return run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
-                        progress=progress, echo=echo)
+                        progress=progress, echo=echo, notebook_executor=execute_notebook_inprocess)

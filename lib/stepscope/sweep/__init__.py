@@ -34,8 +34,18 @@ Artifacts in `01_macro_sweep/`:
   sweep_latency_vs_throughput.png.
 """
 
-from stepscope.sweep.client import ServerInfo, load_server
-from stepscope.sweep.run import SweepResult, finish, run_sweep
-from stepscope.sweep.vllm_import import import_vllm_results
+_EXPORTS = {"ServerInfo": "client", "load_server": "client", "SweepResult": "run", "finish": "run",
+            "run_sweep": "run", "import_vllm_results": "vllm_import"}
 
-__all__ = ["ServerInfo", "SweepResult", "finish", "import_vllm_results", "load_server", "run_sweep"]
+
+def __getattr__(name: str):
+    # Lazy re-exports: the report draws sweep plots (`stepscope.sweep.plots`) without
+    # importing the HTTP client (aiohttp and ssl, ~0.1 s) that only stage 01 needs.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"stepscope.sweep.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'stepscope.sweep' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)
