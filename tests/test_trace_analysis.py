@@ -267,7 +267,7 @@ def test_analyze_traces_writes_the_documented_artifacts(real_traces: Path, tmp_p
     an = analyze_traces(paths, tmp_path, arch=arch, tp=2, tpot_ms=30.0, progress=False)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert set(s) == {"trace_info", "notes", "ranks", "decode", "collectives_check", "cross_rank",
-                      "collectives_matched",
+                      "collectives_matched", "roofline",
                       "text_table_check", "flags"}
     for r in s["ranks"]:
         assert SUMMARY_RANK_KEYS <= set(r)

@@ -92,6 +92,17 @@ _PRESETS: dict[str, Architecture] = {
         qk_rope_head_dim=64, v_head_dim=128, tie_embeddings=False, model_type="deepseek_v3",
         source="preset:deepseek-v3"),
 }
+# The two models of the public MI300X traces in tests/data/traces (their captures ship no
+# config.json); values from the models' published config.json files (Qwen/Qwen3-8B,
+# openai/gpt-oss-20b on Hugging Face).
+_PRESETS["qwen3-8b"] = Architecture(
+    name="qwen3-8b", family="qwen3", n_layers=36, n_dense_layers=36, hidden=4096, vocab=151936,
+    heads=32, kv_heads=8, head_dim=128, intermediate=12288, tie_embeddings=False,
+    model_type="qwen3", source="preset:qwen3-8b")
+_PRESETS["gpt-oss-20b"] = Architecture(
+    name="gpt-oss-20b", family="gpt_oss", n_layers=24, n_dense_layers=0, hidden=2880, vocab=201088,
+    heads=64, kv_heads=8, head_dim=64, intermediate=0, n_routed_experts=32, top_k=4,
+    moe_intermediate=2880, tie_embeddings=False, model_type="gpt_oss", source="preset:gpt-oss-20b")
 _PRESETS["kimi-k2"] = dataclasses.replace(_PRESETS["kimi-k2.5"], name="kimi-k2", model_type="kimi_k2",
                                           source="preset:kimi-k2")
 
@@ -109,7 +120,8 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILY_OF_MODEL_TYPE))
 
 
 def get_preset(name: str) -> Architecture:
-    """A built-in architecture by name (`kimi-k2.5`, `kimi-k2`, `deepseek-v3`)."""
+    """A built-in architecture by name (`kimi-k2.5`, `kimi-k2`, `deepseek-v3`, `qwen3-8b`,
+    `gpt-oss-20b`)."""
     key = name.strip().lower()
     if key not in _PRESETS:
         near = difflib.get_close_matches(key, PRESET_NAMES, n=1, cutoff=0.4)

@@ -101,6 +101,14 @@ Artifacts in `05_categorize/`
     {category: {`n_instances`, `n_asymmetric`, `skew_us`, `transfer_us`,
     `transfer_ms_per_step`, `wait_ms_per_step_by_rank`, `straggler_rank`, `bytes_p50`,
     `busbw_gbps_p50`}}.
+  - `roofline` (`stepscope.trace.roofline`): `device` {`name`, `trace_name`, `peak_mem_bw_gbps`,
+    `peak_tflops`, `known`, `matched_by`, `source`} (`stepscope.hardware`, or params `hardware`),
+    `reason` (why there are no rows, else null), `rows`: per GEMM-like decode category
+    {`category`, `calls_per_step` (trace), `model_gemms_per_step`, `flops_per_step`,
+    `bytes_per_step` (weights at their precision + activations), `time_ms_per_step` (the
+    category's union), `achieved_tflops`, `achieved_gbps`, `pct_peak_bw`, `pct_peak_flops`
+    (null when the peak is unknown), `gemms`, `source`, `micro_gbps` (stage 02 on the same
+    GEMMs at the same M, when it ran them), `micro_vs_trace`}.
   - `text_table_check`: per table {`file`, `rank`, `rows`, `layout`, `self_cpu_total_us`,
     [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | [`note`,
     `collective_calls` [{`name`, `calls_table`, `calls_trace_in_steps`}] (CPU layout), `flag`]}.

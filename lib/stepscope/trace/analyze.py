@@ -16,6 +16,7 @@ from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.period import decode_period, step_idle
+from stepscope.trace.roofline import roofline
 from stepscope.trace.info import detect_engine, input_token_shape, trace_info
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.trace.steps import build_work, find_steps, unknown_step_names
@@ -277,7 +278,9 @@ def collectives_check(observed: dict, expected: dict | None, why_none: str | Non
 def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                    tp: int | None = None, extra_rules=(), tpot_ms: float | None = None,
                    progress: bool = True, cache_dir: Path | None = None,
-                   perfetto: bool = True) -> Analysis:
+                   perfetto: bool = True, quantization: str | None = None,
+                   micro_gemm: pd.DataFrame | None = None,
+                   peaks: dict[str, Any] | None = None) -> Analysis:
     """Load, categorize, attribute and account every rank trace; write the artifacts.
 
     `paths`: trace files and/or folders (profiler_out*.txt tables found there are used as a
@@ -285,6 +288,9 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     Writes into out_dir (see the package docstring for every file and column); the Parquet
     cache goes to `cache_dir` (default out_dir/cache). One unreadable rank becomes an
     error flag; the others are still analysed. Raises TraceError when no rank is readable.
+    `quantization` (params model.quantization) sets the routed experts' weight format for the
+    roofline; `micro_gemm` (stage 02's gemm.csv) is set beside it; `peaks` (params
+    `hardware`: name, peak_mem_bw_gbps, peak_tflops) overrides the device table.
     """
     from tqdm.auto import tqdm
 
@@ -405,6 +411,9 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
         },
         "collectives_check": check,
         "collectives_matched": matched,
+        "roofline": roofline(ref.decode if info["judged_kind"] == "decode" else ref.decode.iloc[0:0],
+                             arch, info["tp"], info["batch_size"], _device(ref, peaks), quantization,
+                             micro_gemm),
         "cross_rank": _records(xr),
         "text_table_check": tt_check,
         "flags": flags,
@@ -453,6 +462,23 @@ def match_collectives(results: list[RankResult], info: dict, arch: Any = None
     steps = pd.DataFrame({"step_id": steps["step_id"], "coll_transfer_us": steps["transfer_ms"] * 1e3,
                           "coll_wait_us": steps["wait_ms"] * 1e3, "straggler_rank": steps["straggler_rank"]})
     return out, table, steps
+
+
+def _device(ref: RankResult, peaks: dict[str, Any] | None) -> dict[str, Any]:
+    """The roofline's device: params `hardware` peaks when given, else the known-device table."""
+    from stepscope.hardware import lookup_device
+
+    if peaks and (peaks.get("peak_mem_bw_gbps") or peaks.get("peak_tflops")):
+        return {"name": peaks.get("name") or ref.meta.get("device_name") or "unknown",
+                "trace_name": ref.meta.get("device_name"),
+                "peak_mem_bw_gbps": peaks.get("peak_mem_bw_gbps"),
+                "peak_tflops": peaks.get("peak_tflops"), "known": True,
+                "matched_by": "params hardware", "source": "params hardware"}
+    if ref.mode == "cpu":
+        return {"name": "CPU", "trace_name": None, "peak_mem_bw_gbps": None, "peak_tflops": None,
+                "known": False, "matched_by": "unknown: a CPU trace has no device peak table",
+                "source": None}
+    return lookup_device(ref.meta.get("device_name"), ref.meta.get("device_properties")).as_dict()
 
 
 def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
@@ -549,8 +575,14 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
     # (stepscope analyze) TP comes from the traces' world size unless analysis.tp says.
     deployed = (Path(run_dir) / "00_deploy").is_dir()
     tp = params.analysis.tp or (params.server.tp if deployed else None)
+    micro = Path(run_dir) / "02_gemm_micro" / "gemm.csv"
+    hw = params.hardware
     an = analyze_traces(paths, Path(out_dir), arch=arch, tp=tp,
-                        extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress)
+                        extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress,
+                        quantization=params.model.quantization,
+                        micro_gemm=pd.read_csv(micro) if micro.is_file() else None,
+                        peaks={"name": hw.name, "peak_mem_bw_gbps": hw.peak_mem_bw_gbps,
+                               "peak_tflops": hw.peak_tflops})
     if arch is None:
         an.summary["collectives_check"]["explanation"].append(f"architecture: {why}")
         schema.write(Path(out_dir) / "summary.json", an.summary, schema.TraceSummary)

@@ -75,6 +75,18 @@ def _kind(kinds: dict[str, int], shape: tuple[int, int] | None) -> tuple[str, st
     return "unknown", "unknown"
 
 
+def _device_name(r) -> str | None:
+    """The trace's device name; a ROCm trace with an empty name, by its properties."""
+    if r.mode == "cpu":
+        return "CPU"
+    if r.meta.get("device_name"):
+        return str(r.meta["device_name"])
+    from stepscope.hardware import lookup_device
+
+    m = lookup_device(None, r.meta.get("device_properties"))
+    return m.device.name if m.known else None
+
+
 def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] | None = None
                ) -> dict[str, Any]:
     """The `trace_info` block of summary.json from analysed ranks (`RankResult`s with `meta`)."""
@@ -97,7 +109,7 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         tp, source = int(world), "trace"
     else:
         tp, source = 1, "default"
-    names = {r.meta.get("device_name") or ("CPU" if r.mode == "cpu" else None) for r in ranks} - {None}
+    names = {_device_name(r) for r in ranks} - {None}
     n_judged = int(kinds.get(judged, 0)) if judged != "unknown" else int(len(with_work))
     return {
         "kind": kind,

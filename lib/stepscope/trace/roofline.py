@@ -1,0 +1,138 @@
+"""A roofline on the trace: what the GEMM-like categories of a decode step achieved.
+
+For each GEMM-like category of the decode steps, the FLOPs and bytes one step must do come
+from the architecture and TP (`stepscope.model`'s per-GPU GEMM shapes at the measured
+batch, routed experts at the expected number of distinct experts touched) and from stage
+02's byte model (`stepscope.model.gemm_bytes`: weights at their precision plus activations
+in and out). Divided by the category's measured time per step (the union of its kernels),
+they give achieved TFLOP/s and GB/s, and against the device's peaks
+(`stepscope.hardware`) a percentage. Where the device or a peak is unknown, the percentage
+is null and `device.known` says so. Where stage 02 timed the same shapes, its achieved
+bandwidth is set beside the trace's.
+
+Which GEMMs a category holds: routed experts are `fused_moe` (when the trace has it);
+every other GEMM (attention projections, dense MLP, router, shared experts, LM head) is
+`dense_gemm`, or `quant_gemm` when the trace has no dense GEMM category.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+GEMM_CATEGORIES = ("dense_gemm", "quant_gemm", "fused_moe")
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """Stored weight width (bits, without scales) and one scale of `scale_bytes` per group."""
+
+    label: str
+    bits: float
+    group_size: int | None = None
+    scale_bytes: int = 2
+
+
+BF16 = WeightFormat("bf16", 16)
+MXFP4 = WeightFormat("mxfp4 (4-bit, one 8-bit scale per 32)", 4, 32, 1)
+W4A16_G32 = WeightFormat("w4a16 g=32 (4-bit, one 16-bit scale per 32)", 4, 32, 2)
+
+
+def weight_formats(arch: Any, quantization: str | None = None) -> dict[str, WeightFormat]:
+    """Weight format per layer kind: gpt-oss ships its routed experts in MXFP4 (its other
+    weights in bf16); an INT4/W4A16 label quantizes the routed experts (Kimi-K2.5's scope)."""
+    q = (quantization or "").lower()
+    routed = BF16
+    if arch.family == "gpt_oss" or "mxfp4" in q:
+        routed = MXFP4
+    elif "w4a16" in q or "int4" in q:
+        routed = W4A16_G32
+    return {"routed_expert": routed}
+
+
+def _assign(shapes: pd.DataFrame, present: set[str]) -> pd.Series:
+    """The trace category each GEMM's time is counted in."""
+    other = "dense_gemm" if "dense_gemm" in present or "quant_gemm" not in present else "quant_gemm"
+    routed = "fused_moe" if "fused_moe" in present else other
+    return pd.Series(np.where(shapes["layer_kind"] == "routed_expert", routed, other), index=shapes.index)
+
+
+def model_work(arch: Any, tp: int, m: int, formats: dict[str, WeightFormat]) -> pd.DataFrame:
+    """Per GEMM of one decode step at batch m on one GPU: calls, FLOPs and bytes per step."""
+    from stepscope.model import calls_per_step, gemm_bytes, gemm_flops, gemm_shapes
+
+    c = calls_per_step(gemm_shapes(arch, tp), m, arch)
+    flops, byts, labels = [], [], []
+    for r in c.itertuples(index=False):
+        f = formats.get(r.layer_kind, BF16)
+        flops.append(float(gemm_flops(r.m_rows, r.n, r.k, r.batch)) * r.calls_per_step)
+        byts.append(float(gemm_bytes(r.m_rows, r.n, r.k, weight_bits=f.bits, group_size=f.group_size,
+                                     scale_bytes=f.scale_bytes, batch=r.batch)) * r.calls_per_step)
+        labels.append(f.label)
+    return c.assign(flops_per_step=flops, bytes_per_step=byts, weights=labels)
+
+
+def roofline(decode_cats: pd.DataFrame, arch: Any, tp: int, batch: float | None,
+             device: dict[str, Any], quantization: str | None = None,
+             micro: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The `roofline` block of summary.json for the reference rank's decode categories."""
+    out: dict[str, Any] = {"device": device, "rows": [], "reason": None}
+    gemm = decode_cats[decode_cats["category"].isin(GEMM_CATEGORIES)] if len(decode_cats) else decode_cats
+    if arch is None:
+        out["reason"] = "no architecture (pass --model config.json or set model.arch_preset)"
+        return out
+    if not batch:
+        out["reason"] = "no decode batch size in the trace's annotations"
+        return out
+    if gemm.empty:
+        out["reason"] = "no GEMM-like category in the decode steps"
+        return out
+    m = int(round(batch))
+    work = model_work(arch, tp, m, weight_formats(arch, quantization))
+    work["category"] = _assign(work, set(gemm["category"]))
+    bw, tf = device.get("peak_mem_bw_gbps"), device.get("peak_tflops")
+    for cat, g in work.groupby("category", sort=False):
+        hit = gemm[gemm["category"] == cat]
+        if hit.empty:
+            continue
+        t_ms = float(hit["union_ms_mean"].iloc[0])
+        flops, byts = float(g["flops_per_step"].sum()), float(g["bytes_per_step"].sum())
+        gbps = byts / t_ms / 1e6 if t_ms > 0 else None
+        tflops = flops / t_ms / 1e9 if t_ms > 0 else None
+        row = {"category": cat, "calls_per_step": float(hit["calls_per_step"].iloc[0]),
+               "model_gemms_per_step": float(g["calls_per_step"].sum()),
+               "flops_per_step": flops, "bytes_per_step": byts, "time_ms_per_step": t_ms,
+               "achieved_tflops": tflops, "achieved_gbps": gbps,
+               "pct_peak_bw": 100.0 * gbps / bw if gbps is not None and bw else None,
+               "pct_peak_flops": 100.0 * tflops / tf if tflops is not None and tf else None,
+               "gemms": "+".join(dict.fromkeys(g["gemm"])),
+               "source": (f"architecture {arch.name} at TP={tp}, batch {m}; weights "
+                          + ", ".join(sorted(set(g["weights"]))) + "; time = the category's union "
+                          "per decode step")}
+        row.update(_micro_beside(g, micro, m, gbps))
+        out["rows"].append(row)
+    return out
+
+
+def _micro_beside(g: pd.DataFrame, micro: pd.DataFrame | None, m: int, trace_gbps: float | None) -> dict:
+    """Stage 02's achieved GB/s on the same GEMMs at the same M (cold weights), if it ran them."""
+    none = {"micro_gbps": None, "micro_vs_trace": None}
+    if micro is None or micro.empty or not {"gemm", "m", "time_us_median", "bytes"} <= set(micro):
+        return none
+    ok = micro[(micro.get("status", "ok") == "ok") & (micro["m"] == m)]
+    if "mode" in ok:
+        ok = ok[ok["mode"] == "cold"] if (ok["mode"] == "cold").any() else ok
+    t = b = 0.0
+    for r in g.itertuples(index=False):
+        hit = ok[ok["gemm"].astype(str).str.split("+").apply(lambda parts, name=r.gemm: name in parts)]
+        if hit.empty:
+            return none
+        best = hit.sort_values("time_us_median").iloc[0]  # the fastest backend it timed
+        t += float(best["time_us_median"]) * r.calls_per_step
+        b += float(best["bytes"]) * r.calls_per_step
+    micro_gbps = b / t / 1e3 if t > 0 else None
+    return {"micro_gbps": micro_gbps,
+            "micro_vs_trace": trace_gbps / micro_gbps if micro_gbps and trace_gbps else None}

@@ -1,0 +1,80 @@
+"""A roofline on the trace: achieved GB/s and TFLOP/s of GEMM categories against peak (issue 14)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stepscope.model import gemm_bytes, get_preset
+from stepscope.trace.analyze import analyze_traces
+from stepscope.trace.roofline import MXFP4, model_work, weight_formats
+
+
+def _roof(real_traces: Path, tmp_path: Path, name: str, preset: str | None, **kw) -> dict:
+    arch = get_preset(preset) if preset else None
+    an = analyze_traces([real_traces / name], tmp_path, arch=arch, progress=False, perfetto=False, **kw)
+    return an.summary["roofline"]
+
+
+def test_qwen3_8b_dense_gemms_on_mi300x_run_at_half_of_hbm_peak(real_traces: Path, tmp_path: Path):
+    r = _roof(real_traces, tmp_path, "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b")
+    assert r["device"]["known"] and r["device"]["peak_mem_bw_gbps"] == 5300.0
+    (row,) = r["rows"]
+    assert row["category"] == "dense_gemm"
+    # 36 layers x 4 GEMMs + the LM head, as the trace counts them.
+    assert row["calls_per_step"] == row["model_gemms_per_step"] == 145
+    assert row["bytes_per_step"] / 1e9 == pytest.approx(15.29, abs=0.01)   # review: ~15 GB
+    assert row["time_ms_per_step"] == pytest.approx(5.782, abs=0.001)
+    assert row["pct_peak_bw"] == pytest.approx(49.9, abs=0.1)              # review: ~49 %
+    assert row["achieved_gbps"] == pytest.approx(row["bytes_per_step"] / row["time_ms_per_step"] / 1e6)
+    assert row["pct_peak_flops"] == pytest.approx(100 * row["achieved_tflops"] / 1307.4)
+
+
+def test_gpt_oss_moe_on_mi300x_reads_mxfp4_experts_at_a_quarter_of_peak(real_traces: Path, tmp_path: Path):
+    r = _roof(real_traces, tmp_path, "vllm-mi300x-gptoss-decode-fullgraph.json.gz", "gpt-oss-20b")
+    # The trace's device name is empty: the properties (gfx 9.4, 304 CUs, 192 GB) settle it.
+    assert r["device"]["name"] == "AMD Instinct MI300X" and r["device"]["matched_by"].startswith("properties")
+    rows = {x["category"]: x for x in r["rows"]}
+    moe = rows["fused_moe"]
+    assert "mxfp4" in moe["source"]
+    assert moe["bytes_per_step"] / 1e9 == pytest.approx(10.10, abs=0.01)  # review: ~10 GB
+    assert moe["pct_peak_bw"] == pytest.approx(26.1, abs=0.1)              # review: ~27 % (matmul_ogs only)
+    assert rows["dense_gemm"]["calls_per_step"] == rows["dense_gemm"]["model_gemms_per_step"] == 73
+
+
+def test_unknown_peak_and_missing_architecture_are_said(real_traces: Path, tmp_path: Path):
+    r = _roof(real_traces, tmp_path / "a", "vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz", None)
+    assert r["rows"] == [] and "no architecture" in r["reason"]
+    r = _roof(real_traces, tmp_path / "b", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b",
+              peaks={"name": "my board", "peak_mem_bw_gbps": 2000.0, "peak_tflops": None})
+    (row,) = r["rows"]
+    assert r["device"]["matched_by"] == "params hardware"
+    assert row["pct_peak_bw"] == pytest.approx(100 * row["achieved_gbps"] / 2000.0)
+    assert row["pct_peak_flops"] is None  # no FLOP/s peak given: unknown, not a guess
+
+
+def test_prefill_and_training_traces_get_no_decode_roofline(real_traces: Path, tmp_path: Path):
+    r = _roof(real_traces, tmp_path, "hf-h100-qwen1.5-0.5b-eager.json.gz", "qwen3-8b")
+    assert r["rows"] == [] and r["device"]["name"] == "NVIDIA H100 SXM5 80GB"
+
+
+def test_stage_02_bandwidth_beside_the_trace(real_traces: Path, tmp_path: Path):
+    arch = get_preset("qwen3-8b")
+    w = model_work(arch, 1, 32, weight_formats(arch))
+    # A stage-02 table for the same shapes at M=32: every GEMM at 2,000 GB/s.
+    micro = pd.DataFrame([{"model": "qwen3-8b", "gemm": g, "m": 32, "n": n, "k": k, "mode": "cold",
+                           "status": "ok", "bytes": float(gemm_bytes(32, n, k)),
+                           "time_us_median": float(gemm_bytes(32, n, k)) / 2000e3}
+                          for g, n, k in zip(w["gemm"], w["n"], w["k"])])
+    r = _roof(real_traces, tmp_path, "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b", micro_gemm=micro)
+    (row,) = r["rows"]
+    assert row["micro_gbps"] == pytest.approx(2000.0)
+    assert row["micro_vs_trace"] == pytest.approx(row["achieved_gbps"] / 2000.0)
+
+
+def test_weight_formats():
+    assert weight_formats(get_preset("gpt-oss-20b"))["routed_expert"] is MXFP4
+    assert weight_formats(get_preset("kimi-k2.5"), "compressed-tensors W4A16 g32")["routed_expert"].bits == 4
+    assert weight_formats(get_preset("qwen3-8b"))["routed_expert"].bits == 16
