@@ -65,7 +65,9 @@ def test_step_like_annotation_of_no_known_form_is_flagged_by_name(tmp_path: Path
 @pytest.mark.parametrize("files,kind,engine,device,batch,kinds", [
     (["sglang-mi300x-qwen3-8b-decode.json.gz"], "decode", "sglang", "AMD Instinct MI300X", 32.0,
      {"decode": 1}),
-    (["vllm-mi300x-gptoss-decode-fullgraph.json.gz"], "decode", "vllm", None, 32.0, {"decode": 1}),
+    # An empty device name: the properties (gfx 9.4, 304 CUs, 192 GB) name it.
+    (["vllm-mi300x-gptoss-decode-fullgraph.json.gz"], "decode", "vllm", "AMD Instinct MI300X", 32.0,
+     {"decode": 1}),
     (["hf-h100-qwen1.5-0.5b-eager.json.gz"], "prefill", "unknown", "NVIDIA H100 80GB HBM3", 16.0,
      {"profiler_step": 1}),
     (["hta-a100-ddp-nccl.json.gz"], "training", "unknown", "NVIDIA A100-PG509-200", None,
