@@ -73,3 +73,21 @@ def live_vllm_server(tmp_path_factory):
                          params.server.tp, run_dir, params)
     finally:
         proc.stop()
+
+
+def _cuda_missing() -> str | None:
+    """None when a CUDA device is usable, else the one-line reason it is not."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return f"no CUDA device: torch {torch.__version__} ({build}) sees no GPU"
+
+
+def pytest_runtest_setup(item):
+    # `@pytest.mark.gpu` tests skip, with the reason, on machines without CUDA.
+    if item.get_closest_marker("gpu") is not None:
+        reason = _cuda_missing()
+        if reason:
+            pytest.skip(reason)

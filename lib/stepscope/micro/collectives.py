@@ -188,15 +188,18 @@ def _tail(path: Path, n: int = 15) -> str:
 def run_collectives(plan: CollectivePlan, work_dir: str | Path | None = None, *, progress: bool = True) -> list[dict]:
     """Run every rank as its own process and return their raw results (one dict per rank).
 
+    World size 1 is allowed: a single-rank NCCL all-reduce still launches its kernel, which
+    is what the GPU check times (the stage itself measures nothing at TP=1).
+
     A rank that exits non-zero, or any rank still running after `plan.timeout_s`, ends the
     run: all ranks are stopped (process groups, SIGTERM then SIGKILL) and a CollectiveError
     names the rank that fell behind first, with every rank's last phase and its log tail.
     """
     from tqdm.auto import tqdm
 
-    if plan.world_size < 2:
-        raise CollectiveError(f"world size {plan.world_size}: nothing to all-reduce",
-                              where="micro.collectives.world_size", hint="collectives need at least 2 ranks")
+    if plan.world_size < 1:
+        raise CollectiveError(f"world size {plan.world_size}: no rank to run",
+                              where="micro.collectives.world_size", hint="collectives need at least 1 rank")
     own_tmp = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="stepscope-coll-")) if own_tmp else Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)

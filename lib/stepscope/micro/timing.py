@@ -116,6 +116,29 @@ def time_cuda_graph(calls: list[Callable[[], object]], *, warmup: int, repeats: 
     return out
 
 
+def time_cuda_each(fn: Callable[[], object], n: int, *, warmup: int, hold_cycles: int = 20_000_000
+                   ) -> np.ndarray:
+    """Per-call µs of `n` calls of `fn`, each bracketed by its own CUDA events, no graph.
+
+    The reading a CUDA graph's per-call time should agree with. A sleep kernel holds the
+    stream while the calls and events are queued, so the events time the GPU work and not
+    the host's launch rate (a small GEMM runs faster than Python can launch it).
+    """
+    import torch
+
+    for _ in range(max(warmup, 1)):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    torch.cuda._sleep(hold_cycles)
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return np.array([start.elapsed_time(end) * 1e3 for start, end in events])
+
+
 def peak_mem_bw_gbps(configured: float | None, device: str) -> tuple[float | None, str]:
     """The peak memory bandwidth to compare against, and where it came from."""
     if configured:
