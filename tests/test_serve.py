@@ -49,7 +49,7 @@ def test_sglang_command_and_profiler_env(tmp_path):
     p = _params(tmp_path, engine="sglang", tp=8, enforce_eager=True)
     cmd = build_server_command(p, tmp_path / "run")
     assert cmd.argv[1:3] == ["-m", "sglang.launch_server"]
-    assert cmd.argv[cmd.argv.index("--tp") + 1] == "8"
+    assert cmd.argv[cmd.argv.index("--tp-size") + 1] == "8"
     assert "--disable-cuda-graph" in cmd.argv
     assert cmd.env["SGLANG_TORCH_PROFILER_DIR"] == str((tmp_path / "run" / "profiler_raw").resolve())
 

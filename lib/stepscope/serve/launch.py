@@ -146,12 +146,14 @@ def build_server_command(params: Params, run_dir: str | Path) -> ServerCommand:
         env.pop("VLLM_TORCH_PROFILER_DIR", None)
     else:
         argv = [python, "-m", "sglang.launch_server", "--model-path", str(model),
-                "--host", s.host, "--port", str(s.port), "--tp", str(s.tp), "--dtype", s.dtype]
+                "--host", s.host, "--port", str(s.port), "--tp-size", str(s.tp), "--dtype", s.dtype]
         if name:
             argv += ["--served-model-name", name]
         if s.max_model_len:
             argv += ["--context-length", str(s.max_model_len)]
         if s.enforce_eager:
+            # Deprecated in SGLang main (2026), still forwarded there; its replacement,
+            # --cuda-graph-backend-{decode,prefill} disabled, is unknown to older releases.
             argv.append("--disable-cuda-graph")
         if prof_dir is not None:
             env["SGLANG_TORCH_PROFILER_DIR"] = str(prof_dir)
