@@ -17,7 +17,7 @@ def plan_for(world: int, backend: str) -> coll.CollectivePlan:
     base = params_to_dict(load_params(KIMI))
     over = {"micro": {"collectives": {"backend": backend, "world_size": world, "warmup": 5, "iters": 40,
                                       "burst_repeats": 10, "sizes_bytes": [14336, 1 << 20, 16 << 20],
-                                      "timeout_s": 300}}}
+                                      "timeout_s": 120}}}
     return coll.plan_collectives(params_from_dict(deep_merge(base, over)))
 
 
