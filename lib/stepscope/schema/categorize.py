@@ -135,6 +135,24 @@ class LargestGap(Record, kw_only=True):
     """True: between steps; false: inside a step."""
 
 
+class SpecDecodeSteps(Record, kw_only=True):
+    """Decode steps that score drafts (`generation_R(T)` with T > R) beside plain ones."""
+
+    n_decode_steps: int
+    n_verify_steps: int
+    n_plain_steps: int
+    scored_tokens_per_step: float
+    """Tokens the forward pass scores per decode step (requests + drafts), all decode steps."""
+    scored_tokens_per_verify_step: float
+    draft_tokens_per_verify_step: float
+    requests_per_step: float
+    time_basis: str
+    """`period` or `span`: what the step times below measure."""
+    verify_step_ms: float | None = None
+    plain_step_ms: float | None = None
+    decode_step_ms: float | None = None
+
+
 class DecodeSummary(Record, kw_only=True):
     """The decode summary on the reference rank."""
 
@@ -160,6 +178,8 @@ class DecodeSummary(Record, kw_only=True):
     """The longest gap in any decode step."""
     launch_delay_us: dict[str, float | None] | None = None
     """{median, p90}: launch to kernel start (GPU traces)."""
+    spec_decode: SpecDecodeSteps | None = None
+    """Verify steps under speculative decoding (null when no step scored a draft)."""
 
 
 class CollectivesCheck(Record, kw_only=True):

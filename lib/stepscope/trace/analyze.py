@@ -19,7 +19,7 @@ from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline
 from stepscope.trace.info import detect_engine, input_token_shape, trace_info
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
-from stepscope.trace.steps import build_work, find_steps, unknown_step_names
+from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
 
 CATCH_ALL_CATEGORY = "unattributed_elementwise"
 """The labelled bucket of kernels matched only by a catch-all rule (see rules.yaml)."""
@@ -408,6 +408,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
             **period,
             "categories": _records(ref.decode),
             "amdahl": _records(amd),
+            "spec_decode": spec_decode_steps(ref.steps_tot),
         },
         "collectives_check": check,
         "collectives_matched": matched,

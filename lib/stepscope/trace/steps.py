@@ -396,3 +396,39 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         work["is_call"] = np.where(is_comm, coll, work["is_call"].to_numpy())
     work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
     return work[WORK_COLUMNS], info
+
+
+def spec_decode_steps(steps: pd.DataFrame) -> dict | None:
+    """Verify steps under speculative decoding, counted from the step annotations.
+
+    vLLM names a decode step `..._generation_R(T)`: R requests scoring T tokens. Without
+    drafts T == R; a verify step scores each request's drafts too, so T > R (one request
+    with 3 drafts: `generation_1(4)`). Steps where the proposer found no draft stay plain
+    decode steps. Returns counts, scored tokens per step and time per step for each kind
+    (period when stage 05 measured it, else span), or None when no step scored a draft.
+    The tokens a step *emits* (accepted drafts + 1) are not in the trace; the server's
+    `/metrics` counters carry them.
+    """
+    need = {"kind", "decode_requests", "decode_tokens"}
+    if steps is None or not need <= set(steps.columns):
+        return None
+    dec = steps[(steps["kind"] == "decode") & (steps["decode_requests"] > 0) & (steps["decode_tokens"] >= 0)]
+    verify = dec["decode_tokens"] > dec["decode_requests"]
+    if not verify.any():
+        return None
+    time_col = "period_us" if "period_us" in dec and dec["period_us"].notna().any() else "span_us"
+
+    def ms(sel: pd.DataFrame) -> float | None:
+        v = sel[time_col].dropna() if time_col in sel else pd.Series(dtype=float)
+        return float(v.mean()) / 1000.0 if len(v) else None
+
+    v, p = dec[verify], dec[~verify]
+    return {
+        "n_decode_steps": int(len(dec)), "n_verify_steps": int(len(v)), "n_plain_steps": int(len(p)),
+        "scored_tokens_per_step": float(dec["decode_tokens"].sum() / len(dec)),
+        "scored_tokens_per_verify_step": float(v["decode_tokens"].sum() / len(v)),
+        "draft_tokens_per_verify_step": float((v["decode_tokens"] - v["decode_requests"]).sum() / len(v)),
+        "requests_per_step": float(dec["decode_requests"].mean()),
+        "time_basis": "period" if time_col == "period_us" else "span",
+        "verify_step_ms": ms(v), "plain_step_ms": ms(p), "decode_step_ms": ms(dec),
+    }
