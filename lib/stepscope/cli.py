@@ -46,6 +46,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     paths = compare_runs(Path(args.run_a), Path(args.run_b), Path(args.out) if args.out else None)
     for key, path in paths.items():
         print(f"{key}: {path}")
+    if getattr(args, "fail_on_regression", False):
+        return _regression_gate(args.run_a, args.run_b)
+    return 0
+
+
+def _regression_gate(run_a: str, run_b: str) -> int:
+    from stepscope.campaign.gate import regression_message, regressions
+
+    found = regressions(Path(run_a), Path(run_b))
+    for d in found:
+        print(regression_message(d), file=sys.stderr)
+    if found:
+        print(f"{len(found)} regression(s) beyond noise", file=sys.stderr)
+        return 1
+    print("no regression beyond noise")
     return 0
 
 
@@ -108,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_a")
     c.add_argument("run_b")
     c.add_argument("--out", help="default: <run_b>/06_writeup/compare_vs_<run_a>/")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 when a macro metric or a category's per-step time got worse beyond noise (for CI)")
     c.set_defaults(func=_cmd_compare)
 
     g = sub.add_parser("campaign", help="run a baseline and its variants, then compare them (docs/campaigns.md)")

@@ -46,3 +46,14 @@ STALL_GAP_SHARE = 0.5
 HOST_AHEAD_LAUNCH_DELAY_US = 50.0
 """Median launch-to-start delay above this: kernels queue behind each other, so the host runs
 ahead of the device and gaps between kernels are not launch gaps."""
+
+# --- comparing runs (compare, campaign, the regression gate) ----------------------------
+
+CHANGE_NOISE_REL = 0.05
+"""A single reading with no spread of its own (one sweep level, one capture TPOT) changes
+only beyond this relative difference: above the few-percent run-to-run scatter of a serving
+benchmark."""
+
+NOISE_BAND_SIGMAS = 2.0
+"""A difference of two means is real beyond this many standard errors of the difference
+(about 95 % for normal scatter); standard errors from repeats or from step-to-step spread."""

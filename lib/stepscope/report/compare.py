@@ -25,8 +25,9 @@ from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.markdown_util import fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import COMMUNICATION_CATEGORIES, category_sort_key, color_for
+from stepscope.thresholds import CHANGE_NOISE_REL
 
-NOISE_REL = 0.05
+NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
 
 MACRO_METRICS = ("output_throughput_tok_s", "total_throughput_tok_s", "request_throughput_rps",
                  "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median",

@@ -1,0 +1,533 @@
+"""The campaign's numbers: every variant read through the run-folder schema, compared with the
+baseline, and the baseline's models set against what each variant measured.
+
+Pure functions over run folders (read once, in `load_campaign`) and plain values. Each
+judgement is a typed value (`Delta`, `SpecPrediction`, `CeilingCheck`); the report renders
+them and computes nothing.
+
+Noise (stated in the report):
+- with two or more runs per variant, a metric's noise band for a delta is
+  `NOISE_BAND_SIGMAS` x sqrt(s_b^2/n_b + s_v^2/n_v), s the standard deviation over repeats;
+- with one run, a per-category step time uses its step-to-step spread: sigma ~ (p90 -
+  median) / 1.28 (normal), over the n decode steps (standard error sigma/sqrt(n));
+- a single number with no spread (one sweep level, one capture TPOT) gets the fixed
+  relative band `CHANGE_NOISE_REL` of the baseline value, and the table says so.
+A delta is real only when |delta| exceeds its band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.campaign.metrics import SpecDecodeStats, stats_from_json
+from stepscope.config import WriteupParams, params_from_dict
+from stepscope.palette import GEMM_CATEGORIES
+from stepscope.report import analysis as an
+from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
+from stepscope.report.build import report_context, writeup_params_from
+from stepscope.report.verdict import Verdict
+from stepscope.runfolder import read_json
+from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
+
+MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
+                 "ttft_ms_median": "TTFT median (ms)"}
+_P90_Z = 1.2816  # p90 - median of a normal distribution, in standard deviations
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class VariantRun:
+    key: str
+    variant: str
+    repeat: int
+    run_dir: Path
+    status: str
+    artifacts: RunArtifacts
+    ctx: dict[str, Any]
+    spec_capture: SpecDecodeStats | None
+    spec_sweep: SpecDecodeStats | None
+    reused: dict[str, str]
+
+
+@dataclass
+class Campaign:
+    campaign_dir: Path
+    record: dict
+    baseline: str
+    variants: list[str]
+    descriptions: dict[str, str | None]
+    runs: dict[str, list[VariantRun]]
+    writeup: WriteupParams
+    """The baseline's writeup params (what-if draft costs and verify tokens)."""
+
+    def first(self, variant: str) -> VariantRun | None:
+        return self.runs[variant][0] if self.runs.get(variant) else None
+
+
+def _spec(run_dir: Path, stage: str) -> SpecDecodeStats | None:
+    p = run_dir / "campaign_metrics" / f"{stage}.spec_decode.json"
+    if not p.is_file():
+        return None
+    return stats_from_json(read_json(p).get("spec_decode"))
+
+
+def load_run(run_dir: Path, variant: str, key: str, repeat: int = 1, status: str = "ok",
+             reused: dict[str, str] | None = None) -> VariantRun:
+    """One run folder, read through the report's artifact reader and derived once."""
+    a = load_run_artifacts(run_dir)
+    ctx = report_context(a, writeup_params_from(a))
+    return VariantRun(key, variant, repeat, run_dir, status, a, ctx, _spec(run_dir, "04_profiler_capture"),
+                      _spec(run_dir, "01_macro_sweep"), reused or {})
+
+
+def pair(run_a: Path, run_b: Path) -> Campaign:
+    """Two run folders as a campaign of a baseline (A) and one variant (B): `compare`'s view."""
+    a, b = load_run(Path(run_a), "A", "A#1"), load_run(Path(run_b), "B", "B#1")
+    rec = {"campaign_id": f"{Path(run_a).name} vs {Path(run_b).name}", "baseline": "A", "variants": ["A", "B"],
+           "repeats": 1, "runs": []}
+    return Campaign(Path(run_b), rec, "A", ["A", "B"], {}, {"A": [a], "B": [b]}, writeup_params_from(a.artifacts))
+
+
+def load_campaign(campaign_dir: str | Path) -> Campaign:
+    """Read `campaign.json` and every run folder it lists (runs not yet started are left out)."""
+    campaign_dir = Path(campaign_dir)
+    rec = read_json(campaign_dir / "campaign.json")
+    runs: dict[str, list[VariantRun]] = {v: [] for v in rec["variants"]}
+    descriptions: dict[str, str | None] = {}
+    for r in rec["runs"]:
+        descriptions.setdefault(r["variant"], r.get("description"))
+        d = campaign_dir / r["run_dir"]
+        if r.get("status") == "pending" or not d.is_dir():
+            continue
+        runs[r["variant"]].append(load_run(d, r["variant"], r["key"], r["repeat"], r.get("status", "?"),
+                                           r.get("reused")))
+    base = runs.get(rec["baseline"]) or []
+    wp = writeup_params_from(base[0].artifacts) if base else WriteupParams()
+    return Campaign(campaign_dir, rec, rec["baseline"], list(rec["variants"]), descriptions, runs, wp)
+
+
+# --------------------------------------------------------------------------- noise
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One quantity, baseline against variant, with its noise band."""
+
+    variant: str
+    metric: str
+    where: str
+    """The sweep level (`c=4`), the category, or `capture` / `step`."""
+    baseline: float | None
+    value: float | None
+    band: float | None
+    band_source: str
+    higher_is_better: bool
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.baseline is None or self.value is None else self.value - self.baseline
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline and self.value is not None else None
+
+    @property
+    def real(self) -> bool:
+        """Outside the noise band (a quantity present in one run only counts as a change)."""
+        if (self.baseline is None) != (self.value is None):
+            return True
+        if self.delta is None or self.band is None:
+            return False
+        return abs(self.delta) > self.band
+
+    @property
+    def better(self) -> bool | None:
+        if not self.real or self.delta is None:
+            return None
+        return (self.delta > 0) == self.higher_is_better
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return float(np.mean(xs)) if xs else None
+
+
+def repeat_band(base: list[float], var: list[float]) -> float | None:
+    """NOISE_BAND_SIGMAS x the standard error of the difference of two means over repeats."""
+    b = [x for x in base if x is not None and math.isfinite(x)]
+    v = [x for x in var if x is not None and math.isfinite(x)]
+    if len(b) < 2 or len(v) < 2:
+        return None
+    return NOISE_BAND_SIGMAS * math.sqrt(np.var(b, ddof=1) / len(b) + np.var(v, ddof=1) / len(v))
+
+
+def step_spread_se(median: float | None, p90: float | None, n: int | None) -> float | None:
+    """Standard error of a per-step mean from its step-to-step spread (p90 - median)."""
+    if median is None or p90 is None or not n:
+        return None
+    return max(p90 - median, 0.0) / _P90_Z / math.sqrt(n)
+
+
+def make_delta(variant: str, metric: str, where: str, base: list[float], var: list[float],
+               higher_is_better: bool, se: tuple[float | None, float | None] = (None, None)) -> Delta:
+    """The delta of two means with the best noise band the data allow (see the module doc)."""
+    b, v = _mean(base), _mean(var)
+    band = repeat_band(base, var)
+    if band is not None:
+        source = f"repeats (n={len(base)}, {len(var)})"
+    elif se[0] is not None and se[1] is not None:
+        band = NOISE_BAND_SIGMAS * math.sqrt(se[0] ** 2 + se[1] ** 2)
+        source = "step-to-step spread"
+    else:
+        band = CHANGE_NOISE_REL * abs(b) if b is not None else None
+        source = f"fixed {100 * CHANGE_NOISE_REL:g} % (one run, no spread)"
+    return Delta(variant, metric, where, b, v, band, source, higher_is_better)
+
+
+# --------------------------------------------------------------------------- per variant
+
+
+def levels_table(runs: list[VariantRun]) -> pd.DataFrame | None:
+    """Per concurrency: the macro metrics averaged over the variant's repeats."""
+    frames = [r.artifacts.levels for r in runs if r.artifacts.levels is not None]
+    frames = [f[f["concurrency"].notna()] for f in frames if "concurrency" in f]
+    if not frames:
+        return None
+    cols = [c for c in MACRO_COLUMNS if all(c in f for f in frames)]
+    allf = pd.concat([f[["concurrency", *cols]] for f in frames], ignore_index=True)
+    out = allf.groupby("concurrency", as_index=False)[cols].mean()
+    out["n_runs"] = allf.groupby("concurrency")["concurrency"].count().to_numpy()
+    out["concurrency"] = out["concurrency"].astype(int)
+    return out
+
+
+def _level_values(runs: list[VariantRun], conc: int, col: str) -> list[float]:
+    vals = []
+    for r in runs:
+        lv = r.artifacts.levels
+        if lv is None or col not in lv or "concurrency" not in lv:
+            continue
+        sel = lv[lv["concurrency"] == conc]
+        if len(sel):
+            vals.append(float(sel[col].iloc[0]))
+    return vals
+
+
+def category_values(runs: list[VariantRun]) -> dict[str, list[tuple[float, float | None]]]:
+    """Per category: (ms per step mean, its standard error) for each run."""
+    out: dict[str, list[tuple[float, float | None]]] = {}
+    for r in runs:
+        dec = r.ctx.get("decode")
+        if dec is None:
+            continue
+        n = r.ctx["totals"].get("n_decode_steps")
+        for _, row in dec.iterrows():
+            se = step_spread_se(num(row.get("ms_per_step_median")), num(row.get("ms_per_step_p90")),
+                                int(n) if n else None)
+            out.setdefault(str(row["category"]), []).append((float(row["ms_per_step_mean"]), se))
+    return out
+
+
+def capture_tpot(r: VariantRun) -> float | None:
+    return num(r.ctx["totals"].get("tpot_capture_ms")) or num((r.artifacts.capture_latency or {}).get("tpot_ms_mean"))
+
+
+def step_ms(r: VariantRun) -> float | None:
+    return num(r.ctx["totals"].get("step_ms"))
+
+
+def category_table(c: Campaign) -> pd.DataFrame:
+    """Decode ms per step by category (rows) and variant (columns), means over repeats; 0 where
+    a variant ran none of a category."""
+    data = {v: {cat: _mean([x for x, _ in vals]) for cat, vals in category_values(c.runs[v]).items()}
+            for v in c.variants if c.runs.get(v)}
+    df = pd.DataFrame(data).fillna(0.0)
+    if len(df):
+        df = df.loc[df.max(axis=1).sort_values(ascending=False).index]
+    df.index.name = "category"
+    return df
+
+
+# --------------------------------------------------------------------------- deltas
+
+
+def deltas(c: Campaign) -> list[Delta]:
+    """Every compared quantity of every variant against the baseline, with its band."""
+    base = c.runs.get(c.baseline) or []
+    out: list[Delta] = []
+    if not base:
+        return out
+    bcats = category_values(base)
+    for v in c.variants:
+        runs = c.runs.get(v) or []
+        if v == c.baseline or not runs:
+            continue
+        bl, vl = levels_table(base), levels_table(runs)
+        if bl is not None and vl is not None:
+            for conc in sorted(set(bl["concurrency"]) & set(vl["concurrency"])):
+                for col in MACRO_COLUMNS:
+                    out.append(make_delta(v, col, f"c={conc}", _level_values(base, conc, col),
+                                          _level_values(runs, conc, col), col == "output_throughput_tok_s"))
+        out.append(make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
+                              [capture_tpot(r) for r in runs], False))
+        out.append(make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base],
+                              [step_ms(r) for r in runs], False))
+        vcats = category_values(runs)
+        for cat in sorted(set(bcats) | set(vcats)):
+            b, w = bcats.get(cat, [(0.0, 0.0)]), vcats.get(cat, [(0.0, 0.0)])
+            se = (b[0][1], w[0][1]) if len(b) == 1 and len(w) == 1 else (None, None)
+            out.append(make_delta(v, "category_ms_per_step", cat, [x for x, _ in b], [x for x, _ in w], False, se))
+    return out
+
+
+def deltas_frame(ds: list[Delta]) -> pd.DataFrame:
+    return pd.DataFrame([{"variant": d.variant, "metric": d.metric, "where": d.where, "baseline": d.baseline,
+                          "value": d.value, "delta": d.delta, "ratio": d.ratio, "band": d.band,
+                          "band_source": d.band_source, "real": d.real, "better": d.better} for d in ds])
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class VerdictDigest:
+    """The structured verdict of one variant, reduced to what a campaign compares."""
+
+    variant: str
+    dominant: str | None
+    dominant_share_pct: float | None
+    communication: str | None
+    bound: str | None
+    top_lever: str | None
+    top_lever_x: float | None
+    step_ms: float | None
+    denominator: str | None
+
+
+def digest(variant: str, v: Verdict) -> VerdictDigest:
+    lever = v.levers[0] if v.levers else None
+    return VerdictDigest(variant, v.dominant.category if v.dominant else None,
+                         v.dominant.share_pct if v.dominant else None,
+                         v.communication.status if v.communication else None,
+                         v.boundness.status if v.boundness else None,
+                         lever.category if lever else None, lever.ceiling_x if lever else None,
+                         v.basis.step_ms, v.basis.denominator)
+
+
+def verdict_changes(base: VerdictDigest, other: VerdictDigest) -> list[tuple[str, Any, Any]]:
+    """The verdict fields that differ: (field, baseline value, variant value)."""
+    return [(k, getattr(base, k), getattr(other, k))
+            for k in ("dominant", "communication", "bound", "top_lever")
+            if getattr(base, k) != getattr(other, k)]
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+@dataclass(frozen=True)
+class AssumptionCheck:
+    assumption: str
+    assumed: float | None
+    measured: float | None
+    unit: str
+
+    @property
+    def contradicted(self) -> bool:
+        if self.assumed is None or self.measured is None or self.assumed == 0:
+            return False
+        return abs(self.measured / self.assumed - 1.0) > PREDICTION_TOLERANCE
+
+
+@dataclass(frozen=True)
+class SpecPrediction:
+    """The baseline's speculative-decoding what-if fed the variant's measured acceptance."""
+
+    variant: str
+    acceptance: float
+    """Tokens per decode step the variant measured (/metrics, capture window)."""
+    draft_cost_fraction: float
+    baseline_tpot_ms: float
+    predicted_tpot_ms: float
+    measured_tpot_ms: float | None
+    band_ms: float | None
+    band_source: str
+    checks: tuple[AssumptionCheck, ...] = field(default_factory=tuple)
+    model: str = "report.analysis.speculative_whatif"
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured / predicted TPOT."""
+        return self.measured_tpot_ms / self.predicted_tpot_ms if self.measured_tpot_ms else None
+
+    @property
+    def agrees(self) -> bool | None:
+        if self.measured_tpot_ms is None or self.band_ms is None:
+            return None
+        return abs(self.measured_tpot_ms - self.predicted_tpot_ms) <= self.band_ms
+
+
+def _trace_spec(r: VariantRun) -> dict | None:
+    s = (r.artifacts.decode or {}).get("spec_decode")
+    return s if isinstance(s, dict) else None
+
+
+def spec_predictions(c: Campaign) -> list[SpecPrediction]:
+    base = c.runs.get(c.baseline) or []
+    if not base:
+        return []
+    b0 = base[0]
+    btpot = _mean([capture_tpot(r) for r in base])
+    dec = b0.ctx.get("decode")
+    if not btpot or dec is None:
+        return []
+    gemm_ms = float(dec[dec["category"].isin(GEMM_CATEGORIES)]["ms_per_step_mean"].sum())
+    gemm_pred = (b0.artifacts.gemm_prediction or {}).get("gemm_us_per_decode_step")
+    out = []
+    for v in c.variants:
+        runs = c.runs.get(v) or []
+        stats = [r.spec_capture for r in runs if r.spec_capture is not None and r.spec_capture.speculating]
+        if v == c.baseline or not stats:
+            continue
+        acc = _mean([s.tokens_per_decode_step for s in stats])
+        if acc is None:
+            continue
+        measured = _mean([capture_tpot(r) for r in runs])
+        d = make_delta(v, "tpot_capture_ms", "capture", [capture_tpot(r) for r in base],
+                       [capture_tpot(r) for r in runs], False)
+        for frac in c.writeup.draft_cost_fractions:
+            w = an.speculative_whatif(btpot, gemm_ms, gemm_pred, (acc,), (frac,), c.writeup.verify_extra_tokens)
+            row = w.iloc[0]
+            checks = _spec_checks(runs, btpot, float(row["verify_step_ms"]), float(row["draft_ms"]), measured, acc,
+                                  stats)
+            out.append(SpecPrediction(v, acc, frac, btpot, float(row["tpot_ms_projected"]), measured,
+                                      d.band, d.band_source, checks))
+    return out
+
+
+def _spec_checks(runs: list[VariantRun], base_ms: float, verify_ms: float, draft_ms: float,
+                 measured_tpot: float | None, acc: float, stats: list[SpecDecodeStats]) -> tuple[AssumptionCheck, ...]:
+    """Each assumption of the what-if beside what the variant measured."""
+    checks = []
+    tr = [s for s in (_trace_spec(r) for r in runs) if s]
+    if tr:
+        vms = _mean([num(s.get("verify_step_ms")) for s in tr])
+        pms = _mean([num(s.get("plain_step_ms")) for s in tr])
+        checks.append(AssumptionCheck("a verify step costs the baseline step (GEMMs rescaled by the micro M curve)",
+                                      verify_ms / base_ms, vms / base_ms if vms else None, "x baseline step"))
+        if vms and pms:
+            checks.append(AssumptionCheck("a step that drafted nothing costs the baseline step", 1.0, pms / base_ms,
+                                          "x baseline step"))
+    share = _mean([s.draft_step_share for s in stats])
+    checks.append(AssumptionCheck("every decode step verifies a draft (the model charges the draft to every step)",
+                                  1.0, share, "share of steps"))
+    if measured_tpot:
+        # what the draft must have cost for the model's verify step and acceptance to give the measured TPOT
+        implied = measured_tpot * acc - verify_ms
+        checks.append(AssumptionCheck("the draft and any other per-step overhead cost the stated fraction of a step",
+                                      draft_ms / base_ms,
+                                      implied / base_ms, "x baseline step"))
+    return tuple(checks)
+
+
+@dataclass(frozen=True)
+class CeilingCheck:
+    """A variant that removes categories: the baseline's Amdahl ceiling for them beside the measured speed-up."""
+
+    variant: str
+    removed: tuple[str, ...]
+    ceiling_x: float
+    measured_x: float
+    band_x: float | None
+    band_source: str
+    moved_up: tuple[tuple[str, float, float], ...]
+    """Other categories that grew beyond noise: (category, baseline ms, variant ms)."""
+    moved_down: tuple[tuple[str, float, float], ...]
+
+    @property
+    def within(self) -> bool | None:
+        if self.band_x is None:
+            return None
+        return self.measured_x <= self.ceiling_x + self.band_x
+
+    @property
+    def reaches(self) -> bool | None:
+        if self.band_x is None:
+            return None
+        return abs(self.measured_x - self.ceiling_x) <= self.band_x
+
+
+def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
+    base = c.runs.get(c.baseline) or []
+    if not base:
+        return []
+    b0 = base[0]
+    amdahl = b0.ctx.get("amdahl")
+    bstep = _mean([step_ms(r) for r in base])
+    if amdahl is None or not bstep:
+        return []
+    exposed = dict(zip(amdahl["category"].astype(str), amdahl["exposed_ms_per_step"].astype(float)))
+    bcats = {k: _mean([x for x, _ in v]) for k, v in category_values(base).items()}
+    out = []
+    for v in c.variants:
+        runs = c.runs.get(v) or []
+        if v == c.baseline or not runs:
+            continue
+        vcats = {k: _mean([x for x, _ in vals]) for k, vals in category_values(runs).items()}
+        removed = tuple(sorted(k for k, ms in bcats.items() if ms and ms > 0 and not vcats.get(k)))
+        if not removed:
+            continue
+        gone = sum(exposed.get(k, 0.0) for k in removed)
+        if gone >= bstep:
+            continue
+        ceiling = bstep / (bstep - gone)
+        d = make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base], [step_ms(r) for r in runs], False)
+        if not d.value:
+            continue
+        measured = bstep / d.value
+        # the band of the step time, carried into the speed-up (first order)
+        band_x = measured * (d.band / d.value) if d.band is not None else None
+        moved = [x for x in ds if x.variant == v and x.metric == "category_ms_per_step" and x.real
+                 and x.where not in removed and x.baseline is not None and x.value is not None]
+        out.append(CeilingCheck(v, removed, ceiling, measured, band_x, d.band_source,
+                                tuple((x.where, x.baseline, x.value) for x in moved if x.delta > 0),
+                                tuple((x.where, x.baseline, x.value) for x in moved if x.delta < 0)))
+    return out
+
+
+def spec_table(c: Campaign) -> pd.DataFrame | None:
+    """Acceptance (from /metrics) and verify steps (from the trace), per variant that speculates."""
+    rows = []
+    for v in c.variants:
+        for r in c.runs.get(v) or []:
+            s, t = r.spec_capture, _trace_spec(r)
+            if (s is None or not s.speculating) and not t:
+                continue
+            rows.append({"run": r.key, "drafts": s.drafts if s else None,
+                         "draft_tokens": s.draft_tokens if s else None,
+                         "accepted": s.accepted_tokens if s else None,
+                         "acceptance_rate": s.acceptance_rate if s else None,
+                         "per_position": ", ".join(f"{k}: {v:g}" for k, v in s.accepted_per_position.items()) if s else None,
+                         "tokens_per_verify_step": s.tokens_per_verify_step if s else None,
+                         "tokens_per_decode_step": s.tokens_per_decode_step if s else None,
+                         "trace_verify_steps": (t or {}).get("n_verify_steps"),
+                         "trace_plain_steps": (t or {}).get("n_plain_steps"),
+                         "trace_scored_tokens_per_step": (t or {}).get("scored_tokens_per_step"),
+                         "verify_step_ms": (t or {}).get("verify_step_ms"),
+                         "plain_step_ms": (t or {}).get("plain_step_ms")})
+    return pd.DataFrame(rows) if rows else None
+
+
+def variant_params(r: VariantRun):
+    """The validated params a run used (its `variant_params.yaml`)."""
+    import yaml
+
+    return params_from_dict(yaml.safe_load((r.run_dir / "variant_params.yaml").read_text()),
+                            source=str(r.run_dir / "variant_params.yaml"))

@@ -1,0 +1,307 @@
+"""`campaign_report.md` and `.html`: every variant beside the baseline, and the baseline's
+predictions beside what the variants measured.
+
+Rendering only: every number is a field of a value from `stepscope.campaign.analysis`,
+printed through the report's one formatter (`fmt_num`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from stepscope.campaign import analysis as ca
+from stepscope.campaign import plots as cp
+from stepscope.report.markdown_util import markdown_to_html, md_table, missing_box
+from stepscope.report.numbers import fmt_num as f
+from stepscope.report.prose import verdict_sentences
+from stepscope.runfolder import save_figure
+from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
+
+FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
+FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
+
+
+_INTS = {k: (lambda v: f(int(v)) if pd.notna(v) else f(v)) for k in ("concurrency", "n_runs", "n_steps")}
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{f(v)}×"
+
+
+def _setup(c: ca.Campaign) -> str:
+    rec = c.record
+    rows = []
+    for r in rec["runs"]:
+        rows.append({"run": r["key"], "variant": r["variant"], "description": r.get("description") or "",
+                     "folder": f"`{r['run_dir']}/`", "status": r.get("status"), "wall_s": r.get("wall_s"),
+                     "reused": ", ".join(f"{k[:2]} from {v}" for k, v in (r.get("reused") or {}).items()) or "–"})
+    text = "## Variants and runs\n\n"
+    text += (f"Campaign `{rec['campaign_id']}`: baseline **{c.baseline}** and {len(c.variants) - 1} variant(s), "
+             f"{f(rec['repeats'])} run(s) each, interleaved (every variant once, then again). "
+             f"Wall time {f(rec.get('wall_s'))} s. Each run is an ordinary run folder with its own server and its "
+             "own report (`06_writeup/report.html`).\n\n")
+    text += md_table(pd.DataFrame(rows), [("run", "run"), ("variant", "variant"), ("description", "description"),
+                                          ("folder", "folder"), ("status", "status"), ("wall_s", "wall time (s)"),
+                                          ("reused", "stages reused (same inputs)")])
+    reused = [r for r in rec["runs"] if r.get("reused")]
+    if reused:
+        text += ("\nReused stages were not measured again: their inputs (the params keys listed in "
+                 "`stepscope.campaign.plan.STAGE_INPUTS`) were the same as in the run named, so their "
+                 "artifacts were copied from it (`<stage>/reused_from.json` says so in the run folder).\n")
+    return text + "\n"
+
+
+def _macro(c: ca.Campaign, figs: dict[str, str]) -> str:
+    text = "## Throughput and latency per concurrency\n\n"
+    levels = {v: lv for v in c.variants if (lv := ca.levels_table(c.runs.get(v) or [])) is not None}
+    if not levels:
+        return text + missing_box("The sweep comparison", ["01_macro_sweep/levels.csv"]) + "\n"
+    if FIG_THROUGHPUT in figs:
+        text += f"![output tok/s against concurrency, every variant]({figs[FIG_THROUGHPUT]})\n\n"
+    for v, lv in levels.items():
+        text += f"### {v}\n\n" + md_table(lv, [("concurrency", "concurrency"),
+                                                ("output_throughput_tok_s", "output tok/s"),
+                                                ("tpot_ms_median", "TPOT median (ms)"),
+                                                ("ttft_ms_median", "TTFT median (ms)"),
+                                                ("n_runs", "runs")], formats=_INTS) + "\n"
+    return text
+
+
+def _categories(c: ca.Campaign, cats: pd.DataFrame, figs: dict[str, str]) -> str:
+    text = "## Decode step time by category\n\n"
+    if cats.empty:
+        return text + missing_box("The per-category comparison", ["05_categorize/decode_categories.csv"]) + "\n"
+    if FIG_CATEGORIES in figs:
+        text += f"![decode ms per step by category and variant]({figs[FIG_CATEGORIES]})\n\n"
+    df = cats.reset_index()
+    text += "Mean ms per decode step on the reference rank (union of each category's work), mean over runs.\n\n"
+    text += md_table(df, [("category", "category")] + [(v, f"{v} (ms)") for v in cats.columns]) + "\n"
+    rows = [{"variant": v, "step_ms": ca._mean([ca.step_ms(r) for r in c.runs[v]]),
+             "basis": c.runs[v][0].ctx["totals"].get("step_basis"),
+             "n_steps": c.runs[v][0].ctx["totals"].get("n_decode_steps"),
+             "tpot": ca._mean([ca.capture_tpot(r) for r in c.runs[v]])} for v in c.variants if c.runs.get(v)]
+    text += md_table(pd.DataFrame(rows), [("variant", "variant"), ("step_ms", "decode step (ms)"),
+                                          ("basis", "step measured as"), ("n_steps", "decode steps (run 1)"),
+                                          ("tpot", "capture TPOT, batch 1 (ms)")], formats=_INTS) + "\n"
+    return text
+
+
+def _verdicts(c: ca.Campaign) -> str:
+    text = "## Verdicts\n\n"
+    digests = {v: ca.digest(v, c.runs[v][0].ctx["verdict"]) for v in c.variants if c.runs.get(v)}
+    if not digests:
+        return text + missing_box("The verdicts", ["05_categorize/summary.json"]) + "\n"
+    rows = [{"variant": d.variant, "dominant": d.dominant, "share": d.dominant_share_pct,
+             "communication": d.communication, "bound": d.bound, "lever": d.top_lever, "x": _x(d.top_lever_x)}
+            for d in digests.values()]
+    text += ("Each variant's structured verdict (its first run), field by field; its own report words it in full.\n\n"
+             + md_table(pd.DataFrame(rows), [("variant", "variant"), ("dominant", "largest category"),
+                                             ("share", "% of step"), ("communication", "communication"),
+                                             ("bound", "bound by"), ("lever", "biggest lever"),
+                                             ("x", "its Amdahl ceiling")]) + "\n")
+    base = digests.get(c.baseline)
+    for v, d in digests.items():
+        if v == c.baseline or base is None:
+            continue
+        ch = ca.verdict_changes(base, d)
+        text += (f"- **{v}**: " + ("; ".join(f"{k} {a} → {b}" for k, a, b in ch) if ch
+                                   else "the same verdict as the baseline") + ".\n")
+    text += "\n"
+    for v in digests:
+        sents = verdict_sentences(c.runs[v][0].ctx["verdict"])
+        if sents:
+            text += f"<details><summary>{v}: the verdict in words</summary>\n\n" + " ".join(sents) + "\n\n</details>\n\n"
+    return text
+
+
+def _deltas(ds: list[ca.Delta]) -> str:
+    text = "## Changes against the baseline\n\n"
+    text += (f"**Noise:** with repeats, a delta's band is {f(NOISE_BAND_SIGMAS)} standard errors of the difference "
+             f"of the two means; with one run, a category's band comes from its step-to-step spread "
+             f"((p90 − median)/1.28 over √steps), and a single reading without a spread gets a fixed "
+             f"{f(100 * CHANGE_NOISE_REL)} % band. A change counts only outside its band.\n\n")
+    if not ds:
+        return text + missing_box("The deltas", ["two finished runs: the baseline and a variant"]) + "\n"
+    df = ca.deltas_frame(ds)
+    for v, g in df.groupby("variant", sort=False):
+        real = g[g["real"]]
+        cats = real[real["metric"] == "category_ms_per_step"]
+        text += f"### {v}\n\n"
+        if len(cats):
+            text += ("Categories that moved beyond noise: " + ", ".join(
+                f"{r['where']} {f(r['baseline'])} → {f(r['value'])} ms" for _, r in cats.iterrows()) + ".\n\n")
+        else:
+            text += "No category moved beyond noise.\n\n"
+        g = g.assign(flag=g["real"].map(lambda x: "**real**" if x else "within noise"),
+                     ratio_txt=g["ratio"].map(_x))
+        text += md_table(g, [("metric", "metric"), ("where", "where"), ("baseline", "baseline"),
+                             ("value", v), ("delta", "Δ"), ("ratio_txt", "ratio"), ("band", "noise band ±"),
+                             ("band_source", "band from"), ("flag", "change?")]) + "\n"
+    return text
+
+
+def _spec(c: ca.Campaign, preds: list[ca.SpecPrediction]) -> str:
+    text = "## Speculative decoding: acceptance and verify steps\n\n"
+    st = ca.spec_table(c)
+    if st is None:
+        return text + "No variant speculated (no draft counted in `/metrics`, no verify step in a trace).\n\n"
+    text += ("Acceptance is read from the server's `/metrics` counters before and after the batch-1 capture "
+             "(stage 04); verify steps (a decode step that scores more tokens than it has requests) are counted "
+             "from the trace's step annotations. *Tokens per decode step* counts every decode step, those "
+             "where the proposer found no draft included.\n\n")
+    text += md_table(st, [("run", "run"), ("drafts", "drafts"), ("draft_tokens", "draft tokens"),
+                          ("accepted", "accepted"), ("acceptance_rate", "accepted / drafted"),
+                          ("per_position", "accepted by position"),
+                          ("tokens_per_verify_step", "tokens per verify step"),
+                          ("tokens_per_decode_step", "tokens per decode step"),
+                          ("trace_verify_steps", "verify steps (trace)"), ("trace_plain_steps", "plain steps (trace)"),
+                          ("trace_scored_tokens_per_step", "scored tokens per step (trace)"),
+                          ("verify_step_ms", "verify step (ms)"), ("plain_step_ms", "plain step (ms)")]) + "\n"
+    return text
+
+
+def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]) -> str:
+    text = "## Prediction against measurement\n\n"
+    if not preds and not ceilings:
+        return text + ("No variant to test a prediction on: none speculated, and none removed a category the "
+                       "baseline ran.\n\n")
+    if preds:
+        text += ("### Speculative decoding: the baseline's what-if, fed the measured acceptance\n\n"
+                 "The baseline's what-if model (`report.analysis.speculative_whatif`) gets the acceptance the "
+                 "variant measured (tokens per decode step) and each draft cost it was given; its predicted TPOT "
+                 "stands beside the TPOT the variant measured in the same batch-1 capture.\n\n")
+        rows = [{"variant": p.variant, "acc": p.acceptance, "frac": p.draft_cost_fraction, "base": p.baseline_tpot_ms,
+                 "pred": p.predicted_tpot_ms, "meas": p.measured_tpot_ms, "ratio": _x(p.ratio), "band": p.band_ms,
+                 "agree": {True: "yes", False: "**no**", None: "–"}[p.agrees]} for p in preds]
+        text += md_table(pd.DataFrame(rows), [("variant", "variant"), ("acc", "tokens per decode step (measured)"),
+                                              ("frac", "draft cost (× step, assumed)"),
+                                              ("base", "baseline TPOT (ms)"), ("pred", "predicted TPOT (ms)"),
+                                              ("meas", "measured TPOT (ms)"), ("ratio", "measured / predicted"),
+                                              ("band", "noise band ± (ms)"), ("agree", "within noise?")]) + "\n"
+        for p in preds:
+            if p.agrees is False:
+                text += _disagreement(p)
+        text += "\n"
+    if ceilings:
+        text += ("### Removing a category: the baseline's Amdahl ceiling against the measured speed-up\n\n"
+                 "A ceiling assumes everything else in the step stays as it was; the measured speed-up is the "
+                 "baseline's decode step over the variant's.\n\n")
+        rows = [{"variant": k.variant, "removed": ", ".join(k.removed), "ceiling": _x(k.ceiling_x),
+                 "measured": _x(k.measured_x), "band": k.band_x, "src": k.band_source} for k in ceilings]
+        text += md_table(pd.DataFrame(rows), [("variant", "variant"), ("removed", "categories removed"),
+                                              ("ceiling", "Amdahl ceiling (baseline)"),
+                                              ("measured", "measured speed-up"), ("band", "noise band ± (×)"),
+                                              ("src", "band from")]) + "\n"
+        for k in ceilings:
+            text += _ceiling_sentence(k)
+    return text + "\n"
+
+
+def _disagreement(p: ca.SpecPrediction) -> str:
+    worse = "slower" if p.measured_tpot_ms and p.measured_tpot_ms > p.predicted_tpot_ms else "faster"
+    text = (f"\n**{p.variant}, draft cost {f(p.draft_cost_fraction)}:** measured TPOT {f(p.measured_tpot_ms)} ms is "
+            f"{worse} than the predicted {f(p.predicted_tpot_ms)} ms, beyond the ±{f(p.band_ms)} ms band. ")
+    bad = [k for k in p.checks if k.contradicted]
+    if bad:
+        text += "The data contradict these assumptions of the model (beyond ±" \
+                f"{f(100 * PREDICTION_TOLERANCE)} %):\n\n"
+        for k in bad:
+            text += f"- *{k.assumption}*: assumed {f(k.assumed)}, measured {f(k.measured)} ({k.unit}).\n"
+    else:
+        text += "No single assumption is off by more than ±" f"{f(100 * PREDICTION_TOLERANCE)} %; the gap is their sum.\n"
+    ok = [k for k in p.checks if not k.contradicted and k.measured is not None]
+    if ok:
+        text += "\nHeld: " + "; ".join(f"*{k.assumption}* (assumed {f(k.assumed)}, measured {f(k.measured)})"
+                                       for k in ok) + ".\n"
+    return text + "\n"
+
+
+def _ceiling_sentence(k: ca.CeilingCheck) -> str:
+    head = f"- **{k.variant}** removes {', '.join(k.removed)}: "
+    if k.within is None:
+        return head + "no noise band, so no judgement.\n"
+    if k.reaches:
+        return head + f"the measured {_x(k.measured_x)} reaches the {_x(k.ceiling_x)} ceiling within noise.\n"
+    if k.within:
+        grew = "; ".join(f"{c} {f(a)} → {f(b)} ms" for c, a, b in k.moved_up)
+        return head + (f"the measured {_x(k.measured_x)} stays below the {_x(k.ceiling_x)} ceiling. The ceiling "
+                       "assumes the rest of the step is unchanged" + (f"; here other categories grew: {grew}." if grew
+                                                                       else "; no single other category grew beyond "
+                                                                            "noise, so the loss is spread thin.")) + "\n"
+    shrank = "; ".join(f"{c} {f(a)} → {f(b)} ms" for c, a, b in k.moved_down)
+    return head + (f"the measured {_x(k.measured_x)} exceeds the {_x(k.ceiling_x)} ceiling, which the model says "
+                   "cannot happen: the ceiling assumes the rest of the step is unchanged"
+                   + (f", but other categories shrank: {shrank}." if shrank else
+                      ", yet no category shrank beyond noise: the time saved lay outside the counted work "
+                      "(idle between kernels or steps).")) + "\n"
+
+
+def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction],
+              ceilings: list[ca.CeilingCheck]) -> list[str]:
+    out = []
+    for v in c.variants:
+        if v == c.baseline:
+            continue
+        d = next((x for x in ds if x.variant == v and x.metric == "tpot_capture_ms"), None)
+        if d is None or d.value is None:
+            continue
+        if d.real:
+            out.append(f"**{v}** changes the batch-1 TPOT {f(d.baseline)} → {f(d.value)} ms ({_x(d.ratio)}), "
+                       f"beyond its ±{f(d.band)} ms band.")
+        else:
+            out.append(f"**{v}** leaves the batch-1 TPOT within noise ({f(d.baseline)} → {f(d.value)} ms, "
+                       f"band ±{f(d.band)} ms).")
+    for p in preds[:1]:
+        out.append(f"For {p.variant}, the what-if predicted {f(p.predicted_tpot_ms)} ms at the measured "
+                   f"{f(p.acceptance)} tokens per step; it measured {f(p.measured_tpot_ms)} ms ({_x(p.ratio)}).")
+    return out
+
+
+def render(c: ca.Campaign, figs: dict[str, str]) -> str:
+    ds = ca.deltas(c)
+    preds = ca.spec_predictions(c)
+    ceilings = ca.ceiling_checks(c, ds)
+    cats = ca.category_table(c)
+    text = f"# Campaign {c.record['campaign_id']}: did the change help, and as predicted?\n\n"
+    short = _headline(c, ds, preds, ceilings)
+    if short:
+        text += "> **In short:** " + " ".join(short) + "\n\n"
+    text += ("*Written by stepscope from the campaign's run folders alone. Every variant is read through the same "
+             "artifact schema as a single run's report; units are in every column header.*\n\n[TOC]\n\n")
+    text += _setup(c) + _macro(c, figs) + _categories(c, cats, figs) + _verdicts(c) + _deltas(ds)
+    text += _spec(c, preds) + _predictions(preds, ceilings)
+    text += "## Method\n\nThe campaign method, the noise bands and the models tested here: `docs/campaigns.md`.\n"
+    return text
+
+
+def make_figures(c: ca.Campaign, out: Path) -> dict[str, str]:
+    figs: dict[str, str] = {}
+    levels = {v: lv for v in c.variants if (lv := ca.levels_table(c.runs.get(v) or [])) is not None
+              and "output_throughput_tok_s" in lv}
+    if levels:
+        fig = cp.plot_throughput_by_variant(levels, {v: len(c.runs.get(v) or []) for v in levels})
+        save_figure(fig, out / "figures" / FIG_THROUGHPUT)
+        figs[FIG_THROUGHPUT] = f"figures/{FIG_THROUGHPUT}"
+    cats = ca.category_table(c)
+    if not cats.empty:
+        steps = {v: ca._mean([ca.step_ms(r) for r in c.runs[v]]) for v in cats.columns}
+        n = {v: c.runs[v][0].ctx["totals"].get("n_decode_steps") for v in cats.columns}
+        save_figure(cp.plot_category_by_variant(cats, steps, n), out / "figures" / FIG_CATEGORIES)
+        figs[FIG_CATEGORIES] = f"figures/{FIG_CATEGORIES}"
+    return figs
+
+
+def build_campaign_report(campaign_dir: str | Path) -> dict[str, Any]:
+    """Write campaign_report.md and .html into the campaign folder; return their paths."""
+    campaign_dir = Path(campaign_dir)
+    c = ca.load_campaign(campaign_dir)
+    figs = make_figures(c, campaign_dir)
+    text = render(c, figs)
+    md = campaign_dir / "campaign_report.md"
+    md.write_text(text)
+    html = campaign_dir / "campaign_report.html"
+    html.write_text(markdown_to_html(text, campaign_dir, f"stepscope campaign {c.record['campaign_id']}"))
+    return {"markdown": md, "html": html, "figures": figs}

@@ -1,0 +1,42 @@
+"""`stepscope compare A B --fail-on-regression` on synthetic run folders: one variant within
+noise (every device time x1.01), one outside it (x1.3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepscope.campaign.gate import regression_message, regressions
+from stepscope.cli import main
+from stepscope.testing.synthetic import make_synthetic_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gate")
+    return {name: make_synthetic_run(d / name, scale=s) for name, s in (("a", 1.0), ("near", 1.01), ("slow", 1.3))}
+
+
+def test_within_noise_passes(runs, capsys):
+    assert regressions(runs["a"], runs["near"]) == []
+    assert main(["compare", str(runs["a"]), str(runs["near"]), "--fail-on-regression"]) == 0
+    assert "no regression beyond noise" in capsys.readouterr().out
+
+
+def test_outside_noise_fails_and_names_metric_values_and_band(runs, capsys):
+    found = regressions(runs["a"], runs["slow"])
+    metrics = {(d.metric, d.where) for d in found}
+    assert ("category_ms_per_step", "all_reduce") in metrics
+    assert ("output_throughput_tok_s", "c=1") in metrics and ("tpot_capture_ms", "capture (batch 1)") in metrics
+    for d in found:
+        assert abs(d.delta) > d.band and d.better is False
+    ar = next(d for d in found if d.where == "all_reduce")
+    assert ar.baseline == pytest.approx(5.5) and ar.value == pytest.approx(5.5 * 1.3)
+    assert main(["compare", str(runs["a"]), str(runs["slow"]), "--fail-on-regression"]) == 1
+    err = capsys.readouterr().err
+    assert regression_message(ar) in err
+    assert "all_reduce time per decode step (ms): A 5.50 → B 7.15" in err and "noise band ±" in err
+
+
+def test_an_improvement_is_not_a_regression(runs):
+    # B faster than A: the reverse comparison of the slow run finds nothing to fail on
+    assert regressions(runs["slow"], runs["a"]) == []

@@ -1,0 +1,118 @@
+"""The campaign report on hand-made run folders (`stepscope.testing.synthetic`) and the real
+/metrics scrapes of an n-gram speculative-decoding server: every judged number is checked
+against the value it must come from."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from stepscope.campaign import analysis as ca
+from stepscope.campaign.metrics import spec_decode_delta
+from stepscope.campaign.report import FIG_CATEGORIES, FIG_THROUGHPUT, build_campaign_report
+from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
+from stepscope.report import analysis as an
+from stepscope.report.numbers import fmt_num
+from stepscope.runfolder import write_json
+from stepscope.testing.synthetic import make_synthetic_run
+
+
+def _drop_comm(run_dir):
+    for name in ("decode_categories.csv", "amdahl.csv"):
+        p = run_dir / "05_categorize" / name
+        df = pd.read_csv(p)
+        df[~df["category"].isin(COMMUNICATION_CATEGORIES)].to_csv(p, index=False)
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory, repo_root):
+    d = tmp_path_factory.mktemp("camp") / "camp-1"
+    runs = []
+    for name, scale in (("tp2", 1.0), ("spec", 0.8), ("tp1", 0.7)):
+        make_synthetic_run(d / name, scale=scale)
+        runs.append({"key": f"{name}#1", "variant": name, "repeat": 1, "run_dir": name, "status": "ok",
+                     "reused": {"02_gemm_micro": "tp2#1"} if name == "spec" else {}, "description": name})
+    _drop_comm(d / "tp1")
+    m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
+    stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
+    write_json(d / "spec" / "campaign_metrics" / "04_profiler_capture.spec_decode.json", {"spec_decode": stats.to_json()})
+    write_json(d / "campaign.json", {"campaign_id": "camp-1", "baseline": "tp2", "variants": ["tp2", "spec", "tp1"],
+                                     "repeats": 1, "wall_s": 600.0, "runs": runs})
+    paths = build_campaign_report(d)
+    return d, paths, ca.load_campaign(d), stats
+
+
+def test_predicted_tpot_comes_from_the_baseline_whatif_fed_the_measured_acceptance(campaign):
+    d, paths, c, stats = campaign
+    preds = ca.spec_predictions(c)
+    assert [p.variant for p in preds] == ["spec"] * len(c.writeup.draft_cost_fractions)
+    p = preds[0]
+    base = c.first("tp2")
+    assert p.acceptance == pytest.approx(stats.tokens_per_decode_step)
+    dec = base.ctx["decode"]
+    w = an.speculative_whatif(ca.capture_tpot(base), float(dec[dec["category"].isin(GEMM_CATEGORIES)]["ms_per_step_mean"].sum()),
+                              base.artifacts.gemm_prediction["gemm_us_per_decode_step"], (p.acceptance,),
+                              (p.draft_cost_fraction,), c.writeup.verify_extra_tokens)
+    assert p.predicted_tpot_ms == pytest.approx(float(w["tpot_ms_projected"].iloc[0]))
+    assert p.measured_tpot_ms == pytest.approx(ca.capture_tpot(c.first("spec")))
+    assert p.ratio == pytest.approx(p.measured_tpot_ms / p.predicted_tpot_ms)
+    md = paths["markdown"].read_text()
+    row = (f"| spec | {fmt_num(p.acceptance)} | {fmt_num(p.draft_cost_fraction)} | {fmt_num(p.baseline_tpot_ms)} | "
+           f"{fmt_num(p.predicted_tpot_ms)} | {fmt_num(p.measured_tpot_ms)} | {fmt_num(p.ratio)}× |")
+    assert row in md
+    # the acceptance table carries the counters as measured
+    assert "| spec#1 | 72 | 208 | 98 |" in md
+
+
+def test_a_disagreement_names_the_contradicted_assumption(campaign):
+    d, paths, c, stats = campaign
+    p = ca.spec_predictions(c)[0]
+    share = next(k for k in p.checks if k.assumption.startswith("every decode step"))
+    # 72 drafts over 187 decode steps: most steps drafted nothing, which the model does not allow for
+    assert share.measured == pytest.approx(72 / 187) and share.contradicted
+    # at draft cost 0.1 the synthetic variant's TPOT (x0.8) is slower than predicted, beyond the band
+    assert p.draft_cost_fraction == 0.1 and p.agrees is False
+    assert f"*{share.assumption}*: assumed 1.00, measured {fmt_num(share.measured)}" in paths["markdown"].read_text()
+
+
+def test_removing_communication_sets_the_amdahl_ceiling_beside_the_measured_speedup(campaign):
+    d, paths, c, _ = campaign
+    checks = ca.ceiling_checks(c, ca.deltas(c))
+    assert [k.variant for k in checks] == ["tp1"]
+    k = checks[0]
+    assert set(k.removed) == {"all_reduce", "all_gather"}
+    base = c.first("tp2")
+    amd = base.ctx["amdahl"]
+    gone = float(amd[amd["category"].isin(k.removed)]["exposed_ms_per_step"].sum())
+    step = ca.step_ms(base)
+    assert k.ceiling_x == pytest.approx(step / (step - gone))
+    assert k.measured_x == pytest.approx(step / ca.step_ms(c.first("tp1")))
+    assert f"| tp1 | {', '.join(k.removed)} | {fmt_num(k.ceiling_x)}× | {fmt_num(k.measured_x)}× |" in paths["markdown"].read_text()
+
+
+def test_deltas_bands_and_report_sections(campaign):
+    d, paths, c, _ = campaign
+    ds = ca.deltas(c)
+    tpot = next(x for x in ds if x.variant == "spec" and x.metric == "tpot_capture_ms")
+    assert tpot.ratio == pytest.approx(0.8) and tpot.real and tpot.better is True
+    md = paths["markdown"].read_text()
+    for heading in ("## Variants and runs", "## Throughput and latency per concurrency", "## Decode step time by category",
+                    "## Verdicts", "## Changes against the baseline", "## Prediction against measurement"):
+        assert heading in md
+    assert "02 from tp2#1" in md  # the reused stage is named
+    assert (d / "figures" / FIG_THROUGHPUT).is_file() and (d / "figures" / FIG_CATEGORIES).is_file()
+    html = paths["html"].read_text()
+    assert html.count("data:image/png;base64,") == 2 and "<table>" in html
+    # the per-category table equals the runs' own decode tables
+    cats = ca.category_table(c)
+    assert cats.loc["all_reduce", "tp2"] == pytest.approx(5.5) and cats.loc["all_reduce", "tp1"] == 0.0
+
+
+def test_verdicts_are_compared_as_structures(campaign):
+    d, paths, c, _ = campaign
+    base = ca.digest("tp2", c.first("tp2").ctx["verdict"])
+    tp1 = ca.digest("tp1", c.first("tp1").ctx["verdict"])
+    changes = dict((k, (a, b)) for k, a, b in ca.verdict_changes(base, tp1))
+    assert changes["communication"] == ("exposed", "none")
+    assert base.dominant == "all_reduce" and tp1.dominant != "all_reduce"
+    assert "communication exposed → none" in paths["markdown"].read_text()
