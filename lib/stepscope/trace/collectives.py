@@ -17,6 +17,8 @@ gets no transfer time. Waiting is each rank's last arrival minus its own arrival
 nccl-tests: algbw = bytes / transfer time; busbw = algbw x 2(n-1)/n for all-reduce and
 x (n-1)/n for all-gather and reduce-scatter, with bytes = the message size (`In msg nelems`
 x the element size; an all-gather's size is its output, n x the input).
+
+Method and sources: docs/trace-analysis.md#collectives-matched-across-ranks.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Everything here is read from the traces themselves (annotations, kernel names, t
 file's `deviceProperties` and `distributedInfo`), never from the analysing machine.
 TP comes from params when they give it, else from `distributedInfo.world_size`; when both
 exist and differ, `tp_disagreement` says so.
+
+Method and sources: docs/trace-analysis.md#what-the-trace-is.
 """
 
 from __future__ import annotations

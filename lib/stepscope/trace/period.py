@@ -11,6 +11,8 @@
 - Launch delay: a kernel's start minus the start of the runtime call that launched it, for
   the first kernel of each launch (the later kernels of a graph launch wait on their
   predecessors, not on the launch).
+
+Method and sources: docs/trace-analysis.md#step-period-and-the-denominator.
 """
 
 from __future__ import annotations

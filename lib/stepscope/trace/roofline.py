@@ -13,6 +13,8 @@ bandwidth is set beside the trace's.
 Which GEMMs a category holds: routed experts are `fused_moe` (when the trace has it);
 every other GEMM (attention projections, dense MLP, router, shared experts, LM head) is
 `dense_gemm`, or `quant_gemm` when the trace has no dense GEMM category.
+
+Method and sources: docs/trace-analysis.md#a-roofline-on-the-trace.
 """
 
 from __future__ import annotations
