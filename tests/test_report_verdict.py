@@ -253,3 +253,41 @@ def test_two_ranks_of_a_large_world_make_no_cross_rank_claim(tmp_path, real_trac
     assert world > 2
     assert f"Only 2 of {world} ranks' traces are here, so no cross-rank claim is made" in said
     assert "least-waiting rank" not in md and "the table is left out" in md
+
+
+REAL = {"vllm-cpu-tp2": ["vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"],
+        "sglang-mi300x": ["sglang-mi300x-qwen3-8b-decode.json.gz"],
+        "hf-h100-eager": ["hf-h100-qwen1.5-0.5b-eager.json.gz"],
+        "a100-ddp": ["hta-a100-ddp-nccl.json.gz"]}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_trace_verdicts_print_only_structured_values(tmp_path, real_traces, name):
+    run = _real_run(tmp_path, [real_traces / f for f in REAL[name]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    pairs, head = prose.sentences(v), prose.headline_sentences(v)
+    assert " ".join(s for _, s in pairs) == _quote(md, "Verdict.")
+    assert " ".join(s for _, s in head) == _quote(md, "In short:")
+    for src, sentence in pairs + head:
+        stray = [n for n in _numbers(sentence) if n not in _printable(src)]
+        assert not stray, f"{sentence!r} prints {stray}"
+
+
+def test_tp2_cpu_report_separates_waiting_from_transfer(tmp_path, real_traces):
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    cm = json.loads((run / "05_categorize" / "summary.json").read_text())["collectives_matched"]
+    said = _quote(md, "Verdict.")
+    assert f"Communication costs {fmt_num(cm['transfer_ms_per_step'])} ms per step in transfer" in said
+    assert f"Ranks wait {fmt_num(cm['wait_ms_per_step'])} ms per step for each other" in said
+    assert "every microsecond saved there shortens the step" not in md
+
+
+def test_one_blocking_gap_is_a_stall_not_host_bound(tmp_path, real_traces):
+    # SGLang on MI300X: one decode step whose idle is almost all one long gap.
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["sglang-mi300x"]])
+    said = _quote(build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
+    assert "a stall to remove, not a host-bound step" in said
+    assert "CUDA graphs" not in said and "the step is host-bound" not in said

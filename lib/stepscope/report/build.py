@@ -508,7 +508,10 @@ def _section_verdict(ctx: dict) -> str:
                          [("category", "category"), ("time_ms_per_step", "ms/step"),
                           ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
                           ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
+                          ("micro_gbps", "stage 02 GB/s"), ("micro_vs_trace", "trace / stage 02"),
                           ("device", "device")])
+    elif v.roofline_reason:
+        text += f"\nNo roofline on the trace: {v.roofline_reason}.\n"
     return text
 
 

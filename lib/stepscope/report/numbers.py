@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-NUMBER_RE = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
 """A number as `fmt_num` writes it (thousands separators, optional decimals)."""
 
 

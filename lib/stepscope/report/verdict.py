@@ -188,6 +188,10 @@ class RooflineFinding:
     pct_peak_flops: float | None
     device: str | None
     peak_known: bool
+    micro_gbps: float | None = None
+    """Stage 02's bandwidth at the same shapes, beside the trace's."""
+    micro_vs_trace: float | None = None
+    """Trace GB/s over stage 02's GB/s."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,8 @@ class Verdict:
     levers: tuple[Lever, ...] = ()
     agreements: tuple[Agreement, ...] = ()
     roofline: tuple[RooflineFinding, ...] = ()
+    roofline_reason: str | None = None
+    """Why stage 05 computed no roofline row (no architecture, a CPU trace), when it says."""
     plateau: Plateau | None = None
 
 
@@ -448,7 +454,8 @@ def roofline(a: RunArtifacts) -> tuple[RooflineFinding, ...]:
             achieved_gbps=num(r.get("achieved_gbps")), pct_peak_bw=num(r.get("pct_peak_bw")) if known else None,
             achieved_tflops=num(r.get("achieved_tflops")),
             pct_peak_flops=num(r.get("pct_peak_flops")) if known else None,
-            device=_known(dev.get("name")), peak_known=known))
+            device=_known(dev.get("name")), peak_known=known, micro_gbps=num(r.get("micro_gbps")),
+            micro_vs_trace=num(r.get("micro_vs_trace"))))
     return tuple(out)
 
 
@@ -475,4 +482,10 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     return Verdict(identity=ident, basis=basis, dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=levers(amdahl, basis),
-                   agreements=agreements(mvt), roofline=roofline(a), plateau=plateau(macro))
+                   agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
+                   plateau=plateau(macro))
+
+
+def _roofline_reason(a: RunArtifacts) -> str | None:
+    rf = (a.trace_summary or {}).get("roofline")
+    return _known(rf.get("reason")) if isinstance(rf, dict) else None
