@@ -32,7 +32,7 @@ def cmd_device(out: Path) -> int:
     info: dict = {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
                   "cuda_available": torch.cuda.is_available(), "device_count": 0, "devices": []}
     if info["cuda_available"]:
-        from stepscope.hardware import lookup_device
+        from stepscope.micro.timing import peak_mem_bw_gbps
 
         info["device_count"] = torch.cuda.device_count()
         for i in range(info["device_count"]):
@@ -40,10 +40,8 @@ def cmd_device(out: Path) -> int:
             info["devices"].append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
                                     "capability": f"{p.major}.{p.minor}",
                                     "l2_mb": round(getattr(p, "L2_cache_size", 0) / 1e6, 1)})
-        p0 = torch.cuda.get_device_properties(0)
-        match = lookup_device(p0.name, {"totalGlobalMem": p0.total_memory})
-        info["peak_mem_bw_gbps"] = match.device.mem_bw_gbps if match.device else None
-        info["peak_source"] = match.device.source if match.device else match.matched_by
+        # The same lookup stage 02 makes, so the device line and the GEMM table agree.
+        info["peak_mem_bw_gbps"], info["peak_source"] = peak_mem_bw_gbps(None, "cuda")
     try:
         import vllm
 
@@ -58,13 +56,12 @@ def cmd_device(out: Path) -> int:
     return 0 if info["cuda_available"] else 3
 
 
-def _params(n_gpus: int, name: str, peak_gbps: float | None = None):
+def _params(n_gpus: int, name: str):
     from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
 
     over = {
-        # The box's own peak (stepscope.hardware; None: stage 02 falls back to its own table),
-        # not the RTX PRO 6000's figure the params file carries.
-        "hardware": {"name": name, "gpu_count": n_gpus, "peak_mem_bw_gbps": peak_gbps},
+        # The box's own peak from stepscope.hardware, not the RTX PRO 6000's in the file.
+        "hardware": {"name": name, "gpu_count": n_gpus, "peak_mem_bw_gbps": None},
         "micro": {"gemm": {"m_values": GEMM_M, "warmup": 5, "repeats": 20, "presets": []},
                   "collectives": {"backend": "nccl", "world_size": n_gpus, "iters": 50, "burst_repeats": 20,
                                   "timeout_s": 120}},
@@ -84,9 +81,8 @@ def cmd_gemm(out: Path) -> int:
     from stepscope.micro import gemm
 
     n, name = _device()
-    dev = json.loads((out / "device.json").read_text()) if (out / "device.json").is_file() else {}
     t0 = time.perf_counter()
-    res = gemm.run_stage(_params(n, name, dev.get("peak_mem_bw_gbps")), out / "02_gemm_micro", progress=False)
+    res = gemm.run_stage(_params(n, name), out / "02_gemm_micro", progress=False)
     t = res["table"]
     _write_json(out / "02_gemm_micro" / "check.json", {
         "wall_s": time.perf_counter() - t0, "rows": len(t), "status": t["status"].value_counts().to_dict(),

@@ -57,6 +57,7 @@ def test_nccl_eager_and_graph_burst(world, tmp_path):
 def test_world_size_one_runs_on_gloo_too(tmp_path):
     # The single-rank path the GPU test takes, on CPU: one process, busbw 0 by the formula.
     plan = plan_for(1, "gloo")
+    assert plan.burst_k == 123
     results = coll.run_collectives(plan, tmp_path, progress=False)
     check_tables(results, plan)
     assert (coll.collective_table(results)["busbw_gbps"] == 0).all()

@@ -15,31 +15,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-# Peak memory bandwidth (GB/s, 1e9 bytes/s) of common accelerators, from the vendors'
-# datasheets. Matched by substring of torch.cuda.get_device_name(), first match wins.
-KNOWN_PEAK_MEM_BW_GBPS: tuple[tuple[str, float], ...] = (
-    ("H200", 4800.0),
-    ("H100 NVL", 3900.0),
-    ("H100 PCIe", 2000.0),
-    ("H100", 3350.0),
-    ("H20", 4000.0),
-    ("B200", 8000.0),
-    ("GB200", 8000.0),
-    ("RTX PRO 6000", 1792.0),
-    ("A100-SXM4-80GB", 2039.0),
-    ("A100 80GB PCIe", 1935.0),
-    ("A100", 1555.0),
-    ("L40S", 864.0),
-    ("L40", 864.0),
-    ("RTX 4090", 1008.0),
-    ("RTX 5090", 1792.0),
-    ("A10", 600.0),
-    ("L4", 300.0),
-    ("MI300X", 5300.0),
-    ("MI325X", 6000.0),
-)
-
-
 def summarize_us(samples_us: np.ndarray) -> dict[str, float]:
     """Median and p10/p90 (linear interpolation) of per-call times in µs."""
     s = np.asarray(samples_us, dtype=np.float64)
@@ -140,15 +115,18 @@ def time_cuda_each(fn: Callable[[], object], n: int, *, warmup: int, hold_cycles
 
 
 def peak_mem_bw_gbps(configured: float | None, device: str) -> tuple[float | None, str]:
-    """The peak memory bandwidth to compare against, and where it came from."""
+    """The peak memory bandwidth to compare against, and where it came from: params, else
+    the one known-device table (`stepscope.hardware`), else None with the reason."""
     if configured:
         return float(configured), "params hardware.peak_mem_bw_gbps"
     if device == "cuda":
         import torch
 
-        name = torch.cuda.get_device_name()
-        for key, bw in KNOWN_PEAK_MEM_BW_GBPS:
-            if key.lower() in name.lower():
-                return bw, f"known-device table ({key}, datasheet)"
-        return None, f"unknown device {name!r}: set hardware.peak_mem_bw_gbps"
+        from stepscope.hardware import lookup_device
+
+        props = torch.cuda.get_device_properties(0)
+        match = lookup_device(props.name, {"totalGlobalMem": props.total_memory})
+        if match.device is not None and match.device.mem_bw_gbps:
+            return match.device.mem_bw_gbps, f"stepscope.hardware: {match.device.source}"
+        return None, f"{props.name}: {match.matched_by}; set hardware.peak_mem_bw_gbps"
     return None, "CPU: no peak known; set hardware.peak_mem_bw_gbps to get % of peak"
