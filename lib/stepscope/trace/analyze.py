@@ -93,6 +93,52 @@ class Analysis:
                      "median": t["tpot_capture_ms"], "p90": None})
         return pd.DataFrame(rows)
 
+    def trace_table(self) -> pd.DataFrame:
+        """What the traces are (`trace_info`), one row per reading."""
+        info = self.summary.get("trace_info") or {}
+        return pd.DataFrame([{"reading": k, "value": str(v)} for k, v in info.items()])
+
+    def period_table(self) -> pd.DataFrame:
+        """The reference rank's step period beside the span, idle inside a step, the largest
+        gap and launch delay (ms unless the reading says µs)."""
+        d = self.summary["decode"]
+        span = (d["steps"].get("span_ms") or {}).get("mean")
+        gap = d.get("largest_gap") or {}
+        rows = [("period_ms (mean)", (d.get("period_ms") or {}).get("mean")),
+                ("periods measured", (d.get("period_ms") or {}).get("n")),
+                ("span_ms (mean)", span), ("denominator", d.get("denominator")),
+                ("denominator_reason", d.get("denominator_reason")),
+                ("idle_micro_ms (mean per step)", d.get("idle_micro_ms")),
+                ("idle_macro_ms (mean per step)", d.get("idle_macro_ms")),
+                ("largest gap ms", gap.get("dur_ms")), ("largest gap: host call", gap.get("host_call")),
+                ("largest gap: before", gap.get("before")), ("largest gap: after", gap.get("after")),
+                ("launch_delay_us median", (d.get("launch_delay_us") or {}).get("median")),
+                ("launch_delay_us p90", (d.get("launch_delay_us") or {}).get("p90"))]
+        return pd.DataFrame(rows, columns=["reading", "value"])
+
+    def collectives_table(self) -> pd.DataFrame:
+        """Collectives matched across ranks, per category (empty, with the reason, when not)."""
+        m = self.summary.get("collectives_matched") or {}
+        rows = [{"category": c, "instances": v["n_instances"], "asymmetric": v["n_asymmetric"],
+                 "skew_us_p50": v["skew_us"]["p50"], "skew_us_p90": v["skew_us"]["p90"],
+                 "transfer_us_p50": v["transfer_us"]["p50"],
+                 "transfer_ms_per_step": v["transfer_ms_per_step"],
+                 **{f"wait_ms_per_step_r{r}": w for r, w in v["wait_ms_per_step_by_rank"].items()},
+                 "straggler_rank": v["straggler_rank"], "busbw_gbps_p50": v["busbw_gbps_p50"]}
+                for c, v in (m.get("by_category") or {}).items()]
+        if not rows:
+            return pd.DataFrame([{"category": None, "reason": m.get("reason")}])
+        return pd.DataFrame(rows)
+
+    def roofline_table(self) -> pd.DataFrame:
+        """Achieved TFLOP/s and GB/s of the GEMM-like decode categories against the peaks."""
+        r = self.summary.get("roofline") or {}
+        cols = ["category", "calls_per_step", "bytes_per_step", "time_ms_per_step", "achieved_gbps",
+                "pct_peak_bw", "achieved_tflops", "pct_peak_flops", "micro_gbps", "source"]
+        if not r.get("rows"):
+            return pd.DataFrame([{"category": None, "source": r.get("reason")}])
+        return pd.DataFrame(r["rows"])[cols]
+
     def other_names(self) -> pd.DataFrame:
         """The names that fell into 'other', per rank, with their time."""
         rows = [{"rank": r.rank, **o} for r in self.ranks for o in r.other_top]
