@@ -69,10 +69,11 @@ def demo(tmp_path) -> Path:
     return params
 
 
-def test_default_run_is_the_newest_demo_run_with_its_params_file(demo):
+def test_default_run_is_the_newest_demo_run_with_its_params_file(demo, capsys):
     newest = demo.parent / "outputs" / "cpu-demo-20260102-080000"
     assert newest_run(demo) == newest
     assert default_run(None, None, demo_params=demo) == (demo.resolve(), newest)
+    assert capsys.readouterr().out == f"no parameters injected: run {newest}, params {demo.resolve()}\n"
 
 
 def test_injected_parameters_pass_through(demo, tmp_path):

@@ -32,12 +32,16 @@ def default_run(params_file: str | Path | None, run_dir: str | Path | None, *,
                 demo_params: str | Path = DEMO_PARAMS) -> tuple[Path, Path]:
     """What papermill injects, for a notebook run by hand (JupyterLab): the newest CPU-demo
     run and the params file it was run with. Injected values pass through unchanged."""
+    if params_file is not None and run_dir is not None:
+        return Path(params_file), Path(run_dir)
     if run_dir is None:
         run_dir = newest_run(demo_params)
         if run_dir is None:
             raise NoRunYet("no CPU-demo run yet: run `stepscope run params/cpu-demo.yaml` first, "
                            "or set run_dir and params_file in the parameters cell")
-    return Path(params_file or params_file_of(run_dir)), Path(run_dir)
+    params_file = Path(params_file or params_file_of(run_dir))
+    print(f"no parameters injected: run {run_dir}, params {params_file}")
+    return params_file, Path(run_dir)
 
 
 def params_file_of(run_dir: str | Path) -> Path:
