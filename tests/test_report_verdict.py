@@ -291,3 +291,29 @@ def test_one_blocking_gap_is_a_stall_not_host_bound(tmp_path, real_traces):
     said = _quote(build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
     assert "a stall to remove, not a host-bound step" in said
     assert "CUDA graphs" not in said and "the step is host-bound" not in said
+
+
+@pytest.mark.parametrize("trace,preset,cats", [
+    ("sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b", {"dense_gemm"}),
+    ("vllm-mi300x-gptoss-decode-fullgraph.json.gz", "gpt-oss-20b", {"dense_gemm", "fused_moe"})])
+def test_gpu_reports_show_percent_of_peak_for_their_gemms(tmp_path, real_traces, trace, preset, cats):
+    from stepscope.model.arch import get_preset
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces([real_traces / trace], run / "05_categorize", arch=get_preset(preset), progress=False,
+                   perfetto=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    rows = json.loads((run / "05_categorize" / "summary.json").read_text())["roofline"]["rows"]
+    said = _quote(md, "Verdict.")
+    assert {r["category"] for r in rows} >= cats
+    for r in rows:
+        assert (f"On the trace {r['category']} moves {fmt_num(r['achieved_gbps'])} GB/s, "
+                f"{fmt_num(r['pct_peak_bw'])} % of the AMD Instinct MI300X's peak memory bandwidth") in said
+
+
+def test_analyze_takes_an_architecture_preset(tmp_path):
+    from stepscope.runner import analyze_params
+
+    data = analyze_params(["x.json.gz"], model_config=None, tp=None, arch_preset="qwen3-8b")
+    assert data["model"] == {"arch_preset": "qwen3-8b"}

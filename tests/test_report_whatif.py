@@ -104,3 +104,11 @@ def test_no_whatif_without_decode_steps(tmp_path):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     sec = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
     assert "Not projected: this is a training trace" in sec and "| acceptance" not in sec
+
+
+def test_a_stall_in_the_baseline_is_named_in_the_whatif(tmp_path):
+    run = make_synthetic_run(tmp_path / "run", launch_bound=True, stall=True)
+    gap = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["largest_gap"]["dur_ms"]
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    sec = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
+    assert f"**The measured step holds one {gap:.3g} ms stall**" in sec

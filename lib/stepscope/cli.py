@@ -21,7 +21,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from stepscope.runner import run_analyze
 
     code, _ = run_analyze(args.paths, model_config=args.model, tp=args.tp, out=args.out,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, arch_preset=args.arch_preset)
     return code
 
 
@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="categorize and write up traces captured elsewhere")
     a.add_argument("paths", nargs="+", help="trace files or folders")
     a.add_argument("--model", help="the model's config.json, for the architecture cross-check")
+    a.add_argument("--arch-preset", help="a built-in architecture instead of --model (e.g. qwen3-8b, "
+                   "kimi-k2.5): the collectives cross-check and the roofline on the trace")
     a.add_argument("--tp", type=int, help="tensor-parallel size of the captured run")
     a.add_argument("--out", help="output folder (default outputs/analyze-<timestamp>)")
     a.add_argument("--no-progress", action="store_true")

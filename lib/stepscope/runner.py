@@ -317,12 +317,14 @@ def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable
 
 
 def analyze_params(trace_paths: Sequence[str | Path], *, model_config: str | None, tp: int | None,
-                   name: str = "analyze") -> dict:
+                   name: str = "analyze", arch_preset: str | None = None) -> dict:
     """The params of an offline analysis: only stages 05 and 06, on given traces."""
     data: dict = {"run": {"name": name},
                   "analysis": {"trace_paths": [str(Path(p).resolve()) for p in trace_paths]}}
     if model_config:
         data["model"] = {"config_json": str(Path(model_config).resolve())}
+    if arch_preset:
+        data.setdefault("model", {})["arch_preset"] = arch_preset
     if tp:
         data["analysis"]["tp"] = tp
         data["server"] = {"tp": tp}
@@ -331,7 +333,7 @@ def analyze_params(trace_paths: Sequence[str | Path], *, model_config: str | Non
 
 def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None = None,
                 tp: int | None = None, out: str | Path | None = None, progress: bool = True,
-                echo: Callable[[str], None] = print) -> tuple[int, Path]:
+                echo: Callable[[str], None] = print, arch_preset: str | None = None) -> tuple[int, Path]:
     """`stepscope analyze`: categorization and writeup on traces captured elsewhere."""
     missing = [str(p) for p in trace_paths if not Path(p).exists()]
     if missing:
@@ -340,7 +342,7 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     if model_config and not Path(model_config).is_file():
         raise StepscopeError("model config not found", where=str(model_config),
                              hint="pass the model's config.json")
-    data = analyze_params(trace_paths, model_config=model_config, tp=tp)
+    data = analyze_params(trace_paths, model_config=model_config, tp=tp, arch_preset=arch_preset)
     from stepscope.config import params_from_dict
 
     params = params_from_dict(data, source="stepscope analyze")

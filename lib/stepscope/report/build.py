@@ -536,6 +536,14 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
              f"here {wp.verify_extra_tokens}) "
              f"and emits the acceptance length on average; TPOT = (verify step + k × draft per token) / "
              f"acceptance. The model is `stepscope.report.whatif.predict_spec_decode_tpot`.\n\n")
+    b = ctx["verdict"].boundness
+    if b is not None and b.status == "stall":
+        text += (f"**The measured step holds one {fmt_num(b.largest_gap_ms)} ms stall** (see the verdict), which "
+                 f"the projection carries unchanged in every row: remove the stall first, or read these figures "
+                 f"as a bound set by it.\n\n")
+    if ident.low_confidence:
+        text += (f"Low confidence: the baseline is {fmt_num(ident.n_judged_steps)} {ident.step_label}(s) "
+                 f"(fewer than {fmt_num(ident.min_steps)}).\n\n")
     rows = [{"acceptance": p.acceptance_length, "k": p.draft_tokens, "M": p.verify_tokens, "batch": p.batch,
              "draft_per_token_ms": p.draft_ms / p.draft_tokens, "verify_ms": p.verify_ms, "draft_ms": p.draft_ms,
              "tpot_ms": p.tpot_ms, "tok_s": p.tok_s_per_stream, "speedup": p.speedup,
