@@ -153,7 +153,25 @@ def test_cpu_tp2_traces(analysed):
     ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "kernel", "dense_gemm"),
     ("Cijk_Alik_Bljk_BBS_BH_Bias", "kernel", "dense_gemm"),
     ("TopKTopPSamplingFromProbKernel", "kernel", "sampling"),
-    ("void at::native::vectorized_elementwise_kernel<4, ...>", "kernel", "elementwise"),
+    # A library template alone says nothing of the op: the labelled catch-all bucket.
+    ("void at::native::vectorized_elementwise_kernel<4, ...>", "kernel", "unattributed_elementwise"),
+    ("triton_poi_fused_0", "kernel", "unattributed_elementwise"),
+    ("aten::some_new_op", "cpu_op", "unattributed_elementwise"),
+    # ... while a named functor or op does.
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, ...>",
+     "kernel", "elementwise"),
+    ("aten::mul", "cpu_op", "elementwise"),
+    # Convolutions are their own category (cuDNN implicit GEMM names contain "gemm").
+    ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw", "kernel", "conv"),
+    ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4>",
+     "kernel", "conv"),
+    ("aten::cudnn_convolution", "cpu_op", "conv"),
+    # Training: optimizer and loss kernels.
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)"
+     "::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>",
+     "kernel", "optimizer"),
+    ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>",
+     "kernel", "loss"),
     ("Memcpy DtoD (Device -> Device)", "gpu_memcpy", "memcpy"),
     ("Memset (Device)", "gpu_memset", "memset"),
     ("aten::mm", "cpu_op", "dense_gemm"),

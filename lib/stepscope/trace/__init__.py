@@ -51,9 +51,15 @@ totals). Per-category exposed times need not add up to busy: compute kernels can
 other (several streams), and each compute category's exposed time is its whole union.
 
 Categories (class): all_reduce, all_gather, other_collective (communication); quant_gemm,
-dense_gemm, fused_moe, moe_routing, attention, kv_cache_write, norm, activation, rotary,
-quantize, sampling, elementwise (elementwise and other PyTorch library kernels), framework
+dense_gemm, conv, fused_moe, moe_routing, attention, kv_cache_write, norm, activation, rotary,
+lm_head, loss, optimizer, quantize, sampling, elementwise (library kernels whose name says the
+operation), unattributed_elementwise (library kernels only a catch-all rule matched), framework
 (CPU traces only: dispatcher and view/metadata ops), other (compute); memcpy, memset (memory).
+Categories follow the op (docs/categories.md): the frames around a kernel's launch (module
+frames `nn.Module: Qwen2RMSNorm_3`, functions such as `apply_rotary_pos_emb`, ops such as
+`aten::native_layer_norm`, annotations such as `Optimizer.step#AdamW.step`) decide first
+(rules.yaml `context:`), the kernel's name second; the work table records `category_source`
+(context / name / catch_all / none), `op_context` (the deciding frame) and `module`.
 
 Artifacts in `05_categorize/`
 -----------------------------

@@ -1,7 +1,23 @@
-"""Kernel / op categories from the ordered rules in `rules.yaml` (first match wins)."""
+"""Kernel / op categories: the enclosing op or module first, the kernel's name second.
+
+Two ordered rule lists in `rules.yaml`:
+
+- `context:` rules name the purpose of a CPU-side frame (a module, a function, an op, an
+  annotation) around a kernel's launch (`context.work_context`); the innermost frame a
+  rule matches decides. They win over the name, except for communication and memory
+  work (a collective inside a norm module is still a collective) and `framework` ops.
+- `rules:` match the kernel or op name (first match wins). Rules marked `catch_all: true`
+  only say "a PyTorch/Triton library kernel" (`at::native`, `elementwise_kernel`,
+  `^triton_`, CPU `^aten::`): what they match lands in `unattributed_elementwise`, and
+  each rank reports its share beside `other` (no rule matched at all).
+
+`categorize_work` returns the category and its source per event: `context`, `name`,
+`catch_all` or `none` (other).
+"""
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -13,6 +29,11 @@ import pandas as pd
 import yaml
 
 from stepscope.errors import ParamsError
+
+logger = logging.getLogger(__name__)
+
+CATCH_ALL_CATEGORY = "unattributed_elementwise"
+"""Kernels only a catch-all rule matched: library elementwise work whose op is unknown."""
 
 CATEGORY_CLASS: dict[str, str] = {
     "all_reduce": "communication",
@@ -27,9 +48,14 @@ CATEGORY_CLASS: dict[str, str] = {
     "norm": "compute",
     "activation": "compute",
     "rotary": "compute",
+    "conv": "compute",
+    "lm_head": "compute",
+    "loss": "compute",
+    "optimizer": "compute",
     "quantize": "compute",
     "sampling": "compute",
     "elementwise": "compute",
+    CATCH_ALL_CATEGORY: "compute",
     "framework": "compute",
     "other": "compute",
     "memcpy": "memory",
@@ -37,7 +63,9 @@ CATEGORY_CLASS: dict[str, str] = {
 }
 """Every category and its class. Exposed time is counted by class priority:
 compute first, then communication, then memory. `framework` only occurs on CPU traces
-(dispatcher and view/metadata ops); `other` is what no rule matched."""
+(dispatcher and view/metadata ops); `unattributed_elementwise` is what only a catch-all
+rule matched; `other` is what no rule matched. `conv`, `lm_head`, `loss` and `optimizer`
+come mostly from context (the enclosing module, op or annotation)."""
 
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_CLASS)
 CLASS_PRIORITY: tuple[str, ...] = ("compute", "communication", "memory")
@@ -52,10 +80,29 @@ class Rule:
     category: str
     pattern: str
     cat: str | None = None
+    catch_all: bool = False
 
     @property
     def regex(self) -> re.Pattern:
         return _compile(self.pattern)
+
+
+@dataclass(frozen=True)
+class ContextRule:
+    """A frame whose name matches `pattern` (and, with `parent`, whose enclosing module
+    matches `parent`) gives its category to the work launched inside it."""
+
+    category: str
+    pattern: str
+    parent: str | None = None
+
+    @property
+    def regex(self) -> re.Pattern:
+        return _compile(self.pattern)
+
+    @property
+    def parent_regex(self) -> re.Pattern:
+        return _compile(self.parent or "")
 
 
 @lru_cache(maxsize=None)
@@ -63,11 +110,21 @@ def _compile(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
+@lru_cache(maxsize=1)
+def _rules_yaml() -> dict:
+    return yaml.safe_load(resources.files("stepscope.trace").joinpath("rules.yaml").read_text())
+
+
 def builtin_rules() -> list[Rule]:
-    """The packaged rules, in order."""
-    text = resources.files("stepscope.trace").joinpath("rules.yaml").read_text()
-    return [Rule(r["category"], r.get("pattern") or "", r.get("cat"))
-            for r in yaml.safe_load(text)["rules"]]
+    """The packaged name rules, in order."""
+    return [Rule(r["category"], r.get("pattern") or "", r.get("cat"), bool(r.get("catch_all")))
+            for r in _rules_yaml()["rules"]]
+
+
+def context_rules() -> list[ContextRule]:
+    """The packaged context rules, in order."""
+    return [ContextRule(r["category"], r["pattern"], r.get("parent"))
+            for r in _rules_yaml().get("context", [])]
 
 
 def make_rules(extra_rules: Iterable = ()) -> list[Rule]:
@@ -96,25 +153,52 @@ def make_rules(extra_rules: Iterable = ()) -> list[Rule]:
 
 
 def classify_name(name: str, cat: str | None, rules: list[Rule]) -> str:
+    return _classify(name, cat, rules)[0]
+
+
+def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str]:
+    """(category, source): source `name`, `catch_all` or `none`."""
     for r in rules:
         if r.cat is not None and r.cat != cat:
             continue
         if r.regex.search(name):
-            return r.category
-    return "other"
+            return r.category, ("catch_all" if r.catch_all else "name")
+    return "other", "none"
 
 
 def categorize(names: pd.Series, cats: pd.Series, rules: list[Rule]) -> np.ndarray:
-    """Category per event; the rules run once per distinct (name, cat) pair."""
+    """Category per event by name alone; the rules run once per distinct (name, cat) pair."""
+    return categorize_work(names, cats, rules)[0]
+
+
+# Work whose name puts it in these classes/categories keeps its name's category whatever
+# frame encloses it: a collective or a copy inside a norm module is still one.
+_NAME_WINS = {"communication", "memory"}
+_NAME_WINS_CATEGORIES = {"framework", "collective_wait"}
+
+
+def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
+                    context: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(category, source) per event. `context`: per event, the category the enclosing
+    frames give ("" for none; see `context.work_context`). Source is `context`, `name`,
+    `catch_all` or `none`."""
     n_codes, n_u = pd.factorize(names)
     c_codes, c_u = pd.factorize(cats)
     if len(n_codes) == 0:
-        return np.array([], dtype=object)
+        return np.array([], dtype=object), np.array([], dtype=object)
     pair = n_codes.astype(np.int64) * len(c_u) + c_codes
     p_codes, p_u = pd.factorize(pair)
-    mapped = np.array([classify_name(str(n_u[p // len(c_u)]), str(c_u[p % len(c_u)]), rules)
-                       for p in p_u], dtype=object)
-    return mapped[p_codes]
+    got = [_classify(str(n_u[p // len(c_u)]), str(c_u[p % len(c_u)]), rules) for p in p_u]
+    category = np.array([g[0] for g in got], dtype=object)[p_codes]
+    source = np.array([g[1] for g in got], dtype=object)[p_codes]
+    if context is not None and len(context):
+        ctx = np.asarray(context, dtype=object)
+        keep_name = np.array([CATEGORY_CLASS.get(c, "compute") in _NAME_WINS or c in _NAME_WINS_CATEGORIES
+                              for c in category], dtype=bool)
+        use = (ctx != "") & ~keep_name
+        category = np.where(use, ctx, category)
+        source = np.where(use, "context", source)
+    return category, source
 
 
 def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.ndarray:

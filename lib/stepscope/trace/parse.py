@@ -11,9 +11,10 @@ decoding every n-th chunk (`parse_trace`, with `split`). Timestamps stay float64
 
 Kept: device work (`kernel`, `gpu_memcpy`, `gpu_memset`), launches (`cuda_runtime`,
 `cuda_driver`; HIP names use the same categories), annotations (`user_annotation`,
-`gpu_user_annotation`), `cpu_op` (only while the trace has shown no device work, so
-CPU-only traces keep their ops and GPU traces do not pay for them) and the few
-`python_function` frames named `execute_model` (a step fallback).
+`gpu_user_annotation`), `cpu_op` (all of them while the trace has shown no device work,
+so CPU-only traces keep their ops; on GPU traces only the few that name a purpose, see
+`frames`) and the `python_function` frames `frames.keep_frame` keeps: module frames, a
+few named functions, and `execute_model` (a step fallback).
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ import numpy as np
 
 from stepscope.errors import TraceError
 from stepscope.trace import split
+from stepscope.trace.frames import KEEP_FRAME, keep_frame
 
 if TYPE_CHECKING:
     import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-LOADER_VERSION = 4
+LOADER_VERSION = 5
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
 
 CHUNK_BYTES = 4 << 20
@@ -200,34 +202,36 @@ class _Collector:
         unknown = set(map(_get_cat, events)) - _KNOWN_OR_NONE
         for c in unknown:  # rare: count only what the summary must name
             self.unknown[c] = self.unknown.get(c, 0) + sum(1 for e in events if e.cat == c)
-        keep = _KEEP_GPU if self.seen_device else _KEEP_ALL
-        kept = [e for e in events if e.cat in keep]
+        keep = _KEEP_GPU_NO_FRAMES if self.seen_device else _KEEP_ALL_NO_PYFN
+        frame_cats = _FRAME_CATS_GPU if self.seen_device else _FRAME_CATS_ALL
+        kept = [e for e in events if e.cat in keep
+                or (e.cat in frame_cats and type(e.name) is str and KEEP_FRAME[e.name])]
         if not kept:
             return
-        if any(e.cat == "python_function" for e in kept):
-            kept = [e for e in kept if e.cat != "python_function"
-                    or (type(e.name) is str and "execute_model" in e.name)]
         cat_index = _CAT_INDEX
         cis = [cat_index.get(e.cat) for e in kept]
         if None in cis:  # old capitalised categories
             cis = [ci if ci is not None else cat_index[CAT_ALIASES[e.cat]] for ci, e in zip(cis, kept)]
         self._columns(kept, cis)
 
-    def add_tagged(self, events: list, step_frames_possible: bool = True) -> None:
+    def add_tagged(self, events: list) -> None:
         """Events decoded with the tagged union: the struct type is the category, and
         skipped categories were decoded into empty structs (no field values built).
 
-        `step_frames_possible=False` (the chunk's bytes do not contain `execute_model`)
-        lets the filter run without a Python-level loop over every event."""
+        Every filter runs in C (`compress` over `map`): no Python statement per event.
+        Frames (python frames; cpu_ops on GPU traces) are kept by name through a memo, so
+        each distinct name is judged once; they follow the chunk's other kept events."""
         self.n_total += len(events)
-        keep = _TYPES_GPU_NO_PYFN if self.seen_device else _TYPES_ALL_NO_PYFN
-        if step_frames_possible:
-            pyfn = _PYFN_TYPE
-            # One pass: kept categories, plus the stack frames that mark a step.
-            kept = [e for e in events if type(e) in keep
-                    or (type(e) is pyfn and type(e.name) is str and "execute_model" in e.name)]
-        else:
-            kept = list(compress(events, map(keep.__contains__, map(type, events))))
+        gpu = self.seen_device
+        keep = _TYPES_GPU_NO_FRAMES if gpu else _TYPES_ALL_NO_PYFN
+        kept = list(compress(events, map(keep.__contains__, map(type, events))))
+        cand = list(compress(events, map((_FRAME_TYPES_GPU if gpu else _FRAME_TYPES_ALL).__contains__,
+                                         map(type, events))))
+        if cand:
+            try:
+                kept += compress(cand, map(KEEP_FRAME.__getitem__, map(_get_name, cand)))
+            except TypeError:  # a name that is not a string (unhashable): judge one by one
+                kept += [e for e in cand if keep_frame(e.name)]
         if not kept:
             return
         self._columns(kept, list(map(_TYPE_CI.__getitem__, map(type, kept))))
@@ -358,8 +362,12 @@ class _Share:
 def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
     arrays, all_names, colls = split.merge_shares(shares, tuple(c for c, _, _ in _ARRAY_FIELDS))
     seen_device = any(sh.seen_device for sh in shares)
-    # cpu_ops seen before the first device event are not needed on a GPU trace.
-    keep = arrays["cat"] != _CPU_OP if seen_device else None
+    # cpu_ops seen before the first device event are not needed on a GPU trace, except
+    # the few that name a purpose (kept as context, like those met after it).
+    keep = None
+    if seen_device:
+        ctx = np.fromiter((KEEP_FRAME[n] for n in all_names), dtype=bool, count=len(all_names))
+        keep = (arrays["cat"] != _CPU_OP) | (ctx[arrays["name"]] if len(all_names) else False)
     columns = {k: (v[keep] if keep is not None else v) for k, v in arrays.items()}
     # Only the names still used (cpu_ops dropped above leave theirs behind), in order of
     # first use, so the table and its Parquet stay slim and the categories do not depend
@@ -424,19 +432,23 @@ _CAT_INDEX = {c: i for i, c in enumerate(KEPT_CATS)}
 _CPU_OP = _CAT_INDEX["cpu_op"]
 _PYFN = _CAT_INDEX["python_function"]
 _KEEP_ALL = frozenset(KEPT_CATS) | frozenset(CAT_ALIASES)
-_KEEP_GPU = _KEEP_ALL - {"cpu_op", "Operator"}
+_FRAME_CATS_ALL = frozenset({"python_function"})
+_FRAME_CATS_GPU = frozenset({"python_function", "cpu_op", "Operator"})
+_KEEP_ALL_NO_PYFN = _KEEP_ALL - _FRAME_CATS_ALL
+_KEEP_GPU_NO_FRAMES = _KEEP_ALL - _FRAME_CATS_GPU
 _NO_ARGS = _Args()
 _get_cat = attrgetter("cat")
+_get_name = attrgetter("name")
 
 
-def _kept_struct(cat: str) -> type:
+def _kept_struct(cat: str, gpu_frame: bool = False) -> type:
     fields = [("name", Any, None), ("pid", Any, None), ("tid", Any, None),
               ("ts", float | None, None), ("dur", float | None, None)]
-    if cat == "python_function":
-        # Stack frames are kept only to find `execute_model` (a step fallback) and carry
-        # no ids stepscope uses: leave their args unparsed (`args` reads as None).
-        return msgspec.defstruct(f"_Ev_{cat}", fields, tag=cat, tag_field="cat", gc=False,
-                                 module=__name__, namespace={"args": None})
+    if cat == "python_function" or gpu_frame:
+        # Frames are kept as context (and `execute_model` as a step fallback) and carry no
+        # ids stepscope uses: leave their args unparsed (`args` reads as None).
+        return msgspec.defstruct(f"_Ev_{cat}{'_frame' if gpu_frame else ''}", fields, tag=cat,
+                                 tag_field="cat", gc=False, module=__name__, namespace={"args": None})
     return msgspec.defstruct(f"_Ev_{cat}", fields + [("args", _Args | None, None)],
                              tag=cat, tag_field="cat", gc=False, module=__name__)
 
@@ -458,26 +470,28 @@ _TYPES_ALL = frozenset(_TYPE_CI)
 _PYFN_TYPE = next(t for t, ci in _TYPE_CI.items() if ci == _PYFN)
 _TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
 _TYPES_ALL_NO_PYFN = _TYPES_ALL - {_PYFN_TYPE}
-_TYPES_GPU_NO_PYFN = _TYPES_GPU - {_PYFN_TYPE}
 _tagged_decoder = msgspec.json.Decoder(list[Union[tuple(_tagged_types)]])
-# Once a trace is known to hold device work its cpu_ops are dropped anyway (they are
-# often a third of the events): decode them into empty structs, like the skipped kinds.
+# Once a trace is known to hold device work, cpu_ops (often a third of the events) are
+# kept only as context frames: decode them like python frames, without their args.
 _CPU_OP_TAGS = ("cpu_op",) + tuple(a for a, c in CAT_ALIASES.items() if c == "cpu_op")
+_CPU_FRAME_TYPES = [_kept_struct(c, gpu_frame=True) for c in _CPU_OP_TAGS]
+for _t in _CPU_FRAME_TYPES:
+    _TYPE_CI[_t] = _CPU_OP
 _tagged_decoder_gpu = msgspec.json.Decoder(list[Union[tuple(
-    [t for t in _tagged_types if _TYPE_CI.get(t) != _CPU_OP]
-    + [msgspec.defstruct(f"_Skip_gpu_{c}", [], tag=c, tag_field="cat", gc=False, module=__name__)
-       for c in _CPU_OP_TAGS])]])
+    [t for t in _tagged_types if _TYPE_CI.get(t) != _CPU_OP] + _CPU_FRAME_TYPES)]])
+_TYPES_GPU_NO_FRAMES = _TYPES_GPU - {_PYFN_TYPE}
+_FRAME_TYPES_ALL = frozenset({_PYFN_TYPE})
+_FRAME_TYPES_GPU = frozenset([_PYFN_TYPE, *_CPU_FRAME_TYPES])
 _KNOWN_OR_NONE = KNOWN_CATS | {None}
-_STEP_FRAME = b"execute_model"
 
 
-def _decode_into(col: _Collector, region, step_frames_possible: bool = True) -> None:
+def _decode_into(col: _Collector, region) -> None:
     """Decode a `[...]` region of events into the collector, fastest decoder first.
 
     Raises msgspec.DecodeError only for malformed JSON (not for unexpected types)."""
     try:
         events = (_tagged_decoder_gpu if col.seen_device else _tagged_decoder).decode(region)
-        col.add_tagged(events, step_frames_possible)
+        col.add_tagged(events)
         return
     except msgspec.ValidationError:
         pass
@@ -600,7 +614,7 @@ def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
                 with memoryview(buf) as mv:
                     region = mv[pos - 1:end + 1]
                     try:
-                        _decode_into(col, region, buf.find(_STEP_FRAME, pos, end) >= 0)
+                        _decode_into(col, region)
                         ok = True
                     except msgspec.DecodeError as exc:
                         if of > 1:

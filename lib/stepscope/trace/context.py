@@ -1,0 +1,172 @@
+"""The CPU-side frames around each piece of work: what it was launched *for*.
+
+Kineto links a kernel to its launch (`correlation`), and the launch sits on a CPU thread
+inside the frames that were open at that instant: python module frames
+(`nn.Module: Qwen2RMSNorm_3`), named functions (`apply_rotary_pos_emb`), cpu_ops
+(`aten::native_layer_norm`) and annotations (`Optimizer.step#AdamW.step`). On CPU traces
+the work is the cpu_op itself, and its frames are the op and everything open around it.
+
+`work_context` sweeps each thread once in time order with a stack of open frames and
+returns, per query, the innermost frame a context rule matched (its category and name)
+and the innermost module frame. The rules (`categorize.ContextRule`, rules.yaml
+`context:`) are judged once per distinct (frame, enclosing module) pair. Which frames
+exist at all was decided by the loader (`frames.keep_frame`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from stepscope.trace.frames import MODULE_PREFIX
+
+if TYPE_CHECKING:
+    from stepscope.trace.categorize import ContextRule
+
+logger = logging.getLogger(__name__)
+
+FRAME_CATS = ("python_function", "cpu_op", "user_annotation")
+"""Event categories that open a frame on a CPU thread."""
+
+
+@dataclass
+class WorkContext:
+    """Per query: the context category ("" for none), the frame that decided it, and the
+    innermost module (`Qwen2RMSNorm_3`, "" for none)."""
+
+    category: np.ndarray
+    frame: np.ndarray
+    module: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> WorkContext:
+        blank = np.full(n, "", dtype=object)
+        return cls(blank, blank.copy(), blank.copy())
+
+
+def context_frames(ev: pd.DataFrame) -> pd.DataFrame:
+    """The frame events of a rank (CPU threads only), in start order, outer frame first on ties."""
+    fr = ev[ev["cat"].isin(FRAME_CATS)]
+    fr = fr.assign(end=fr["ts"] + fr["dur"], neg_dur=-fr["dur"])
+    return fr.sort_values(["pid", "tid", "ts", "neg_dur"], kind="stable")
+
+
+def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarray, tids: np.ndarray,
+                 ts: np.ndarray, *, frame_rows: np.ndarray | None = None) -> WorkContext:
+    """Context of each query: a point `ts` on thread (`pids`, `tids`) (a launch), or, with
+    `frame_rows`, a frame itself (the row label of a cpu_op in `frames`: the op and its parents).
+
+    Queries with pid -10**9 (no launch in the trace) get no context.
+    """
+    n = len(ts)
+    out = WorkContext.empty(n)
+    if not len(frames) or not n or not rules:
+        return out
+    names = frames["name"].astype(str).to_numpy()
+    decide = _Decider(rules)
+    qkey = pd.MultiIndex.from_arrays([pids, tids])
+    row_pos = None
+    if frame_rows is not None:
+        row_pos = pd.Series(np.arange(len(frames)), index=frames.index).reindex(frame_rows).to_numpy()
+    starts = np.r_[0, np.flatnonzero((np.diff(frames["pid"].to_numpy()) != 0)
+                                     | (np.diff(frames["tid"].to_numpy()) != 0)) + 1, len(frames)]
+    fts, fend = frames["ts"].to_numpy(float), frames["end"].to_numpy(float)
+    fpid, ftid = frames["pid"].to_numpy(), frames["tid"].to_numpy()
+    ctx_of = np.full(len(frames), -1, dtype=np.int64)
+    mod_of = np.full(len(frames), -1, dtype=np.int64)
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        if frame_rows is not None:
+            q = np.flatnonzero((row_pos >= lo) & (row_pos < hi))
+        else:
+            q = np.flatnonzero(qkey.isin([(fpid[lo], ftid[lo])]))
+        if not len(q):
+            continue
+        top = _sweep(lo, hi, fts, fend, names, decide, ctx_of, mod_of,
+                     None if frame_rows is not None else ts[q])
+        sel = row_pos[q].astype(np.int64) if frame_rows is not None else top
+        ok = sel >= 0
+        c = np.where(ok, ctx_of[np.where(ok, sel, 0)], -1)
+        m = np.where(ok, mod_of[np.where(ok, sel, 0)], -1)
+        has_c, has_m = c >= 0, m >= 0
+        out.frame[q[has_c]] = names[c[has_c]]
+        out.category[q[has_c]] = [decide.own[i] for i in c[has_c]]
+        out.module[q[has_m]] = [names[i][len(MODULE_PREFIX):] for i in m[has_m]]
+    return out
+
+
+class _Decider:
+    """Context rules, judged once per (frame name, enclosing module name)."""
+
+    def __init__(self, rules: list[ContextRule]) -> None:
+        self.rules = rules
+        self.memo: dict[tuple[str, str], str] = {}
+        self.own: dict[int, str] = {}
+
+    def __call__(self, name: str, parent_module: str) -> str:
+        key = (name, parent_module)
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = next(
+                (r.category for r in self.rules if r.regex.search(name)
+                 and (r.parent is None or (parent_module and r.parent_regex.search(parent_module)))), "")
+        return got
+
+
+def _sweep(lo: int, hi: int, fts: np.ndarray, fend: np.ndarray, names: np.ndarray, decide: _Decider,
+           ctx_of: np.ndarray, mod_of: np.ndarray, qts: np.ndarray | None) -> np.ndarray:
+    """Push frames lo..hi (one thread, start order) on a stack; fill ctx_of/mod_of per frame.
+
+    Returns, per query time in `qts` (any order), the frame on top of the stack then (-1: none).
+    """
+    stack: list[int] = []
+    order = np.argsort(qts, kind="stable") if qts is not None else np.zeros(0, np.int64)
+    top = np.full(len(order), -1, dtype=np.int64)
+    k = 0
+    for j in range(lo, hi):
+        t = fts[j]
+        while k < len(order) and qts[order[k]] < t:
+            _pop_ended(stack, fend, qts[order[k]])
+            top[order[k]] = stack[-1] if stack else -1
+            k += 1
+        _pop_ended(stack, fend, t)
+        parent = stack[-1] if stack else -1
+        pmod = mod_of[parent] if parent >= 0 else -1
+        name = names[j]
+        cat = decide(name, names[pmod] if pmod >= 0 else "")
+        if cat:
+            ctx_of[j] = j
+            decide.own[j] = cat
+        else:
+            ctx_of[j] = ctx_of[parent] if parent >= 0 else -1
+        mod_of[j] = j if name.startswith(MODULE_PREFIX) else pmod
+        stack.append(j)
+    while k < len(order):
+        _pop_ended(stack, fend, qts[order[k]])
+        top[order[k]] = stack[-1] if stack else -1
+        k += 1
+    return top
+
+
+def _pop_ended(stack: list[int], fend: np.ndarray, t: float) -> None:
+    while stack and fend[stack[-1]] <= t:
+        stack.pop()
+
+
+def launch_context(ev: pd.DataFrame, pids: np.ndarray, tids: np.ndarray, ts: np.ndarray) -> WorkContext:
+    """Context of device work from its launches (pid -10**9: launch not in the trace)."""
+    from stepscope.trace.categorize import context_rules
+
+    return work_context(context_frames(ev), context_rules(), pids, tids, ts)
+
+
+def op_context(ev: pd.DataFrame, op_rows: np.ndarray) -> WorkContext:
+    """Context of CPU work: each cpu_op (row label in `ev`) with the frames open around it."""
+    from stepscope.trace.categorize import context_rules
+
+    n = len(op_rows)
+    return work_context(context_frames(ev), context_rules(), np.zeros(n, np.int64),
+                        np.zeros(n, np.int64), np.zeros(n), frame_rows=op_rows)

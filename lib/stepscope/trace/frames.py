@@ -1,0 +1,53 @@
+"""Which CPU-side frames the loader keeps as context for the work launched under them.
+
+A kernel's name says how it computes (`vectorized_elementwise_kernel<MulFunctor>`), not
+what for. The frames around its launch say what for: an `nn.Module: Qwen2RMSNorm_3`
+python frame, an `aten::native_layer_norm` op, an `Optimizer.step#AdamW.step` annotation.
+Stack traces hold millions of python frames and GPU traces as many cpu_ops, so the loader
+keeps only the frames that can name a purpose (a small fraction, see `keep_frame`):
+
+- python frames: every module frame (`nn.Module: <Class>_<n>`), the step fallback
+  (`execute_model`) and functions whose names say what they do (rotary, norm, logits, loss);
+- cpu_ops on GPU traces: ops that name a purpose (norms, rotary, convolutions, losses,
+  optimizers, logits, and the backward nodes of those); on CPU traces every cpu_op is work and
+  is kept anyway.
+
+The categories these frames give are decided in `categorize` (rules.yaml `context:`);
+this module only decides what survives parsing, so it stays pandas-free and fast.
+"""
+
+from __future__ import annotations
+
+import re
+
+MODULE_PREFIX = "nn.Module: "
+
+_FUNCTION_FRAME = re.compile(
+    r"execute_model|\): (?:\w*rotary\w*|apply_rotary\w*|rotate_half|\w*_rope\w*|rope_\w*"
+    r"|\w*rms_?norm\w*|\w*layer_?norm\w*|compute_logits|\w*lm_head\w*|\w*cross_entropy\w*"
+    r"|\w*_loss\w*|loss\w*)$", re.I)
+"""Python function frames (`file.py(68): apply_rotary_pos_emb`) that name a purpose."""
+
+_CONTEXT_OP = re.compile(
+    r"(?i)norm|rotary|rope|conv|loss|cross_entropy|nll|logits|lm_head"
+    r"|^Optimizer\.|_foreach_|_fused_(adam|adamw|sgd|adagrad)")
+"""cpu_op names that name a purpose (matched by `re.search`)."""
+
+
+def keep_frame(name: object) -> bool:
+    """Whether a python frame or (on a GPU trace) a cpu_op is kept as context."""
+    if type(name) is not str:
+        return False
+    return name.startswith(MODULE_PREFIX) or bool(_FUNCTION_FRAME.search(name) or _CONTEXT_OP.search(name))
+
+
+class _Memo(dict):
+    """name -> keep_frame(name), computed once per distinct name (names repeat a lot)."""
+
+    def __missing__(self, key: str) -> bool:
+        v = self[key] = keep_frame(key)
+        return v
+
+
+KEEP_FRAME = _Memo()
+"""`KEEP_FRAME[name]`: `keep_frame` memoized; usable with `map` over millions of names."""
