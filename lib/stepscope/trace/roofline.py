@@ -10,9 +10,10 @@ they give achieved TFLOP/s and GB/s, and against the device's peaks
 is null and `device.known` says so. Where stage 02 timed the same shapes, its achieved
 bandwidth is set beside the trace's.
 
-Which GEMMs a category holds: routed experts are `fused_moe` (when the trace has it);
-every other GEMM (attention projections, dense MLP, router, shared experts, LM head) is
-`dense_gemm`, or `quant_gemm` when the trace has no dense GEMM category.
+Which GEMMs a category holds: routed experts are `fused_moe` (when the trace has it); the
+LM head is `lm_head` when the trace's frames named it (categorize's context rules), else it
+joins the others; every other GEMM (attention projections, dense MLP, router, shared
+experts) is `dense_gemm`, or `quant_gemm` when the trace has no dense GEMM category.
 
 Method and sources: docs/trace-analysis.md#a-roofline-on-the-trace.
 """
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-GEMM_CATEGORIES = ("dense_gemm", "quant_gemm", "fused_moe")
+GEMM_CATEGORIES = ("dense_gemm", "quant_gemm", "fused_moe", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,10 @@ def _assign(shapes: pd.DataFrame, present: set[str]) -> pd.Series:
     """The trace category each GEMM's time is counted in."""
     other = "dense_gemm" if "dense_gemm" in present or "quant_gemm" not in present else "quant_gemm"
     routed = "fused_moe" if "fused_moe" in present else other
-    return pd.Series(np.where(shapes["layer_kind"] == "routed_expert", routed, other), index=shapes.index)
+    head = "lm_head" if "lm_head" in present else other
+    kind = shapes["layer_kind"]
+    return pd.Series(np.where(kind == "routed_expert", routed, np.where(kind == "lm_head", head, other)),
+                     index=shapes.index)
 
 
 def model_work(arch: Any, tp: int, m: int, formats: dict[str, WeightFormat]) -> pd.DataFrame:
