@@ -97,9 +97,19 @@ def test_explorer_renders_and_follows_its_selections(lab, browser, tmp_path):
     current = step.input_value()
     other = next(v for v in step.locator("option").all_inner_texts() if v != current)
     step.select_option(other)
-    deadline = time.monotonic() + 120
-    while out.locator("img").count() == 0 or out.locator("img").first.get_attribute("src") == first_img:
-        assert time.monotonic() < deadline, "the timeline did not change with the step"
-        page.wait_for_timeout(250)
+    step_img = _wait_for_new_image(page, out, first_img, "the step")
     assert step.input_value() == other
+
+    # Another rank: its steps replace the step list, and its trace is drawn.
+    _dropdown(page, "rank").select_option("1")
+    _wait_for_new_image(page, out, step_img, "the rank")
+    assert step.locator("option").count() >= 5
     assert not errors, errors
+
+
+def _wait_for_new_image(page, out, old_src: str, what: str, timeout_s: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while out.locator("img").count() == 0 or out.locator("img").first.get_attribute("src") == old_src:
+        assert time.monotonic() < deadline, f"the timeline did not change with {what}"
+        page.wait_for_timeout(250)
+    return out.locator("img").first.get_attribute("src")
