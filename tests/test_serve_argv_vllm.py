@@ -125,3 +125,29 @@ def test_the_check_can_fail(vllm_parser, tmp_path):
     bad[i + 1] = json.dumps({"profiler": "torch", "torch_profiler_dirr": "/x"})
     with pytest.raises(SystemExit):
         vllm_parser.parse_args([a for a in bad if a != "--disable-custom-allreduce"])
+
+
+def _launch_commands():
+    """(id, argv) of every vLLM server a params file in params/ would launch: the file's
+    own settings and, for a campaign, each variant's."""
+    from stepscope.config import variant_params_dict
+
+    out = []
+    for f in sorted((REPO_ROOT / "params").glob("*.yaml")):
+        params = load_params(f)
+        variants = [None] + list(params.campaign.variants if params.campaign else ())
+        for v in variants:
+            p = params_from_dict(variant_params_dict(params_to_dict(params), v))
+            if p.server.mode == "launch" and p.server.engine == "vllm":
+                out.append((f"{f.stem}:{v.name if v else 'base'}", p))
+    return out
+
+
+@pytest.mark.parametrize("name,params", _launch_commands(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_params_file_and_variant_launches_a_parseable_argv(vllm_parser, tmp_path, name, params):
+    cmd = build_server_command(params, tmp_path)
+    ns = parse(vllm_parser, cmd.argv)
+    assert ns.tensor_parallel_size == params.server.tp
+    assert ns.enforce_eager is params.server.enforce_eager
+    if params.server.profiler.enabled:
+        assert ns.profiler_config.torch_profiler_dir == str(cmd.profiler_dir)
