@@ -119,3 +119,46 @@ def test_resume_without_a_campaign_folder_is_a_clear_error(params_file):
 
     with pytest.raises(StepscopeError, match="nothing to resume"):
         _run(params_file, Recorder(), resume=True)
+
+
+def test_an_explicit_collective_world_size_makes_stage_03_independent_of_tp(params_file):
+    from stepscope.campaign.plan import plan_campaign, stage_fingerprint
+    from stepscope.config import load_params
+    import yaml
+
+    raw = yaml.safe_load(params_file.read_text())
+    plan = plan_campaign(raw, load_params(params_file), Path("/tmp/x"))
+    tp2, _, tp1 = plan.runs
+    assert stage_fingerprint(tp2.params, "03_nccl_burst") != stage_fingerprint(tp1.params, "03_nccl_burst")
+    raw["micro"] = {"collectives": {"world_size": 2}}
+    from stepscope.config import params_from_dict
+
+    plan = plan_campaign(raw, params_from_dict(raw), Path("/tmp/x"))
+    tp2, _, tp1 = plan.runs
+    assert stage_fingerprint(tp2.params, "03_nccl_burst") == stage_fingerprint(tp1.params, "03_nccl_burst")
+    assert stage_fingerprint(tp2.params, "02_gemm_micro") != stage_fingerprint(tp1.params, "02_gemm_micro")
+
+
+@pytest.mark.parametrize("name, variants, reused_by", [
+    ("cpu-campaign", ["tp2", "tp2-ngram", "tp1"], {"tp2-ngram": {"02_gemm_micro", "03_nccl_burst"},
+                                                    "tp1": {"03_nccl_burst"}}),
+    ("kimi-k25-int4-tp8-campaign", ["tp8-custom-ar", "tp8-ngram", "tp8-nccl-ar", "tp8-nccl-ll"],
+     {v: {"02_gemm_micro", "03_nccl_burst"} for v in ("tp8-ngram", "tp8-nccl-ar", "tp8-nccl-ll")}),
+])
+def test_shipped_campaigns_plan_as_documented(repo_root, name, variants, reused_by):
+    import yaml
+
+    from stepscope.campaign.plan import STAGE_INPUTS, plan_campaign, reuse_source, stage_fingerprint
+    from stepscope.config import load_params
+
+    f = repo_root / "params" / f"{name}.yaml"
+    plan = plan_campaign(yaml.safe_load(f.read_text()), load_params(f), Path("/tmp") / name)
+    assert list(plan.variants) == variants
+    base = plan.runs[0]
+    finished = {base.key: {s: stage_fingerprint(base.params, s) for s in STAGE_INPUTS}}
+    for run in plan.runs[1:len(variants)]:
+        got = {s for s in STAGE_INPUTS if reuse_source(run, s, finished)}
+        assert got == reused_by[run.variant], run.variant
+    spec = plan.runs[1].params
+    assert any("ngram" in a for a in spec.server.extra_args)
+    assert spec.server.tp == base.params.server.tp

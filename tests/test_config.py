@@ -18,7 +18,7 @@ from stepscope.config import (
 )
 from stepscope.errors import ParamsError
 
-SHIPPED = ["cpu-demo", "smoke", "kimi-k25-int4-tp8-pcie"]
+SHIPPED = ["cpu-demo", "smoke", "kimi-k25-int4-tp8-pcie", "cpu-campaign", "kimi-k25-int4-tp8-campaign"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

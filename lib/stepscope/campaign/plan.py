@@ -26,8 +26,10 @@ from stepscope.config import Params, params_from_dict, params_to_dict, variant_p
 # custom all-reduce, NCCL environment of the server) do not change them.
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "02_gemm_micro": ("model", "server.tp", "server.dtype", "micro.gemm", "hardware"),
-    "03_nccl_burst": ("model", "server.tp", "server.dtype", "micro.collectives", "hardware"),
+    "03_nccl_burst": ("model", "server.dtype", "micro.collectives", "hardware"),
 }
+# micro.collectives.world_size defaults to server.tp: only then does the server's TP change stage 03.
+_DEFAULTS_FROM = {("03_nccl_burst", "micro.collectives.world_size"): "server.tp"}
 # Figures each reusable stage writes into figures/ (file-name prefixes).
 STAGE_FIGURES: dict[str, tuple[str, ...]] = {
     "02_gemm_micro": ("gemm_",),
@@ -104,7 +106,11 @@ def stage_fingerprint(params: Params, stage_id: str) -> str | None:
     if keys is None:
         return None
     d = params_to_dict(params)
-    blob = json.dumps({k: _at(d, k) for k in keys}, sort_keys=True, default=str)
+    inputs = {k: _at(d, k) for k in keys}
+    for (sid, key), fallback in _DEFAULTS_FROM.items():
+        if sid == stage_id and _at(d, key) is None:
+            inputs[key] = _at(d, fallback)
+    blob = json.dumps(inputs, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
