@@ -27,8 +27,7 @@ import pandas as pd
 
 from stepscope.campaign.metrics import SpecDecodeStats, stats_from_json
 from stepscope.config import WriteupParams, params_from_dict
-from stepscope.palette import GEMM_CATEGORIES
-from stepscope.report import analysis as an
+from stepscope.report import whatif as wi
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict
@@ -353,14 +352,20 @@ class SpecPrediction:
     variant: str
     acceptance: float
     """Tokens per decode step the variant measured (/metrics, capture window)."""
+    draft_tokens: int
+    """k fed to the model: the variant's mean draft tokens per draft, rounded."""
     draft_cost_fraction: float
-    baseline_tpot_ms: float
+    baseline_step_ms: float
+    baseline_step_basis: str
     predicted_tpot_ms: float
+    predicted_verify_ms: float
     measured_tpot_ms: float | None
     band_ms: float | None
     band_source: str
     checks: tuple[AssumptionCheck, ...] = field(default_factory=tuple)
-    model: str = "report.analysis.speculative_whatif"
+    model_assumptions: tuple[str, ...] = field(default_factory=tuple)
+    """What the model fell back to (its own list)."""
+    model: str = "report.whatif.predict_spec_decode_tpot"
 
     @property
     def ratio(self) -> float | None:
@@ -379,17 +384,19 @@ def _trace_spec(r: VariantRun) -> dict | None:
     return s if isinstance(s, dict) else None
 
 
+def baseline_model(r: VariantRun) -> wi.SpecBaseline | None:
+    """The baseline run's what-if input, as its own report built it."""
+    b = r.ctx.get("whatif_baseline")
+    if b is None:
+        b = wi.spec_baseline(r.artifacts, r.ctx["totals"], r.ctx.get("decode"))
+    return b
+
+
 def spec_predictions(c: Campaign) -> list[SpecPrediction]:
     base = c.runs.get(c.baseline) or []
-    if not base:
+    model = baseline_model(base[0]) if base else None
+    if model is None:
         return []
-    b0 = base[0]
-    btpot = _mean([capture_tpot(r) for r in base])
-    dec = b0.ctx.get("decode")
-    if not btpot or dec is None:
-        return []
-    gemm_ms = float(dec[dec["category"].isin(GEMM_CATEGORIES)]["ms_per_step_mean"].sum())
-    gemm_pred = (b0.artifacts.gemm_prediction or {}).get("gemm_us_per_decode_step")
     out = []
     for v in c.variants:
         runs = c.runs.get(v) or []
@@ -397,43 +404,43 @@ def spec_predictions(c: Campaign) -> list[SpecPrediction]:
         if v == c.baseline or not stats:
             continue
         acc = _mean([s.tokens_per_decode_step for s in stats])
-        if acc is None:
+        per_draft = _mean([s.draft_tokens / s.drafts for s in stats])
+        if acc is None or not per_draft:
             continue
+        k = max(int(round(per_draft)), 1)
         measured = _mean([capture_tpot(r) for r in runs])
         d = make_delta(v, "tpot_capture_ms", "capture", [capture_tpot(r) for r in base],
                        [capture_tpot(r) for r in runs], False)
         for frac in c.writeup.draft_cost_fractions:
-            w = an.speculative_whatif(btpot, gemm_ms, gemm_pred, (acc,), (frac,), c.writeup.verify_extra_tokens)
-            row = w.iloc[0]
-            checks = _spec_checks(runs, btpot, float(row["verify_step_ms"]), float(row["draft_ms"]), measured, acc,
-                                  stats)
-            out.append(SpecPrediction(v, acc, frac, btpot, float(row["tpot_ms_projected"]), measured,
-                                      d.band, d.band_source, checks))
+            p = wi.predict_spec_decode_tpot(model, min(acc, k + 1.0), frac * model.step_ms, draft_tokens=k)
+            checks = _spec_checks(runs, model.step_ms, p, measured, stats)
+            out.append(SpecPrediction(v, acc, k, frac, model.step_ms, model.step_basis, p.tpot_ms, p.verify_ms,
+                                      measured, d.band, d.band_source, checks, p.assumptions))
     return out
 
 
-def _spec_checks(runs: list[VariantRun], base_ms: float, verify_ms: float, draft_ms: float,
-                 measured_tpot: float | None, acc: float, stats: list[SpecDecodeStats]) -> tuple[AssumptionCheck, ...]:
+def _spec_checks(runs: list[VariantRun], base_ms: float, p: wi.Prediction, measured_tpot: float | None,
+                 stats: list[SpecDecodeStats]) -> tuple[AssumptionCheck, ...]:
     """Each assumption of the what-if beside what the variant measured."""
     checks = []
     tr = [s for s in (_trace_spec(r) for r in runs) if s]
     if tr:
         vms = _mean([num(s.get("verify_step_ms")) for s in tr])
         pms = _mean([num(s.get("plain_step_ms")) for s in tr])
-        checks.append(AssumptionCheck("a verify step costs the baseline step (GEMMs rescaled by the micro M curve)",
-                                      verify_ms / base_ms, vms / base_ms if vms else None, "x baseline step"))
+        checks.append(AssumptionCheck(f"a verify step (M = {p.verify_tokens} tokens) costs the baseline step with each "
+                                      "part scaled by its law", p.verify_ms / base_ms,
+                                      vms / base_ms if vms else None, "x baseline step"))
         if vms and pms:
             checks.append(AssumptionCheck("a step that drafted nothing costs the baseline step", 1.0, pms / base_ms,
                                           "x baseline step"))
     share = _mean([s.draft_step_share for s in stats])
-    checks.append(AssumptionCheck("every decode step verifies a draft (the model charges the draft to every step)",
-                                  1.0, share, "share of steps"))
+    checks.append(AssumptionCheck("every decode step verifies a draft (the model charges the verify cost and the "
+                                  "draft to every step)", 1.0, share, "share of steps"))
     if measured_tpot:
         # what the draft must have cost for the model's verify step and acceptance to give the measured TPOT
-        implied = measured_tpot * acc - verify_ms
+        implied = measured_tpot * p.acceptance_length - p.verify_ms
         checks.append(AssumptionCheck("the draft and any other per-step overhead cost the stated fraction of a step",
-                                      draft_ms / base_ms,
-                                      implied / base_ms, "x baseline step"))
+                                      p.draft_ms / base_ms, implied / base_ms, "x baseline step"))
     return tuple(checks)
 
 

@@ -170,17 +170,23 @@ def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]
                        "baseline ran.\n\n")
     if preds:
         text += ("### Speculative decoding: the baseline's what-if, fed the measured acceptance\n\n"
-                 "The baseline's what-if model (`report.analysis.speculative_whatif`) gets the acceptance the "
-                 "variant measured (tokens per decode step) and each draft cost it was given; its predicted TPOT "
-                 "stands beside the TPOT the variant measured in the same batch-1 capture.\n\n")
-        rows = [{"variant": p.variant, "acc": p.acceptance, "frac": p.draft_cost_fraction, "base": p.baseline_tpot_ms,
+                 "The baseline's what-if model (`report.whatif.predict_spec_decode_tpot`, on the baseline's "
+                 f"measured decode step, {f(preds[0].baseline_step_ms)} ms by its {preds[0].baseline_step_basis}) "
+                 "gets the acceptance the variant measured (tokens per decode step), the variant's drafted tokens "
+                 "per draft (k) and each draft cost it was given; its predicted TPOT stands beside the TPOT the "
+                 "variant measured in the same batch-1 capture.\n\n")
+        rows = [{"variant": p.variant, "acc": p.acceptance, "k": p.draft_tokens, "frac": p.draft_cost_fraction,
                  "pred": p.predicted_tpot_ms, "meas": p.measured_tpot_ms, "ratio": _x(p.ratio), "band": p.band_ms,
                  "agree": {True: "yes", False: "**no**", None: "–"}[p.agrees]} for p in preds]
         text += md_table(pd.DataFrame(rows), [("variant", "variant"), ("acc", "tokens per decode step (measured)"),
-                                              ("frac", "draft cost (× step, assumed)"),
-                                              ("base", "baseline TPOT (ms)"), ("pred", "predicted TPOT (ms)"),
+                                              ("k", "k (drafted per draft)"),
+                                              ("frac", "draft cost per token (× step, assumed)"),
+                                              ("pred", "predicted TPOT (ms)"),
                                               ("meas", "measured TPOT (ms)"), ("ratio", "measured / predicted"),
-                                              ("band", "noise band ± (ms)"), ("agree", "within noise?")]) + "\n"
+                                              ("band", "noise band ± (ms)"), ("agree", "within noise?")],
+                         formats={"k": lambda v: f(int(v))}) + "\n"
+        if preds[0].model_assumptions:
+            text += "The model's own stated assumptions: " + "; ".join(preds[0].model_assumptions) + ".\n\n"
         for p in preds:
             if p.agrees is False:
                 text += _disagreement(p)
