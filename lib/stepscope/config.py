@@ -285,6 +285,9 @@ class Params:
 def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Params:
     """Read and validate a params file. Raises ParamsError naming file and key."""
     path = Path(path)
+    if path.is_dir():
+        raise ParamsError("is a directory, not a params file", where=str(path),
+                          hint="pass a YAML file, e.g. params/cpu-demo.yaml")
     if not path.is_file():
         raise ParamsError(
             "params file not found",
@@ -292,7 +295,10 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             hint="pass a file from params/, e.g. params/cpu-demo.yaml",
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except DuplicateKeyError as exc:
+        raise ParamsError(f"duplicate key {exc.key!r}: YAML keeps only the last value",
+                          where=f"{path}:{exc.line}", hint="remove one of the two entries") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -306,7 +312,28 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 def params_from_dict(data: Any, source: str = "<params>") -> Params:
-    return _build(Params, data, key_path="", source=source)
+    params = _build(Params, data, key_path="", source=source)
+    _check_cross_fields(params, source)
+    return params
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: str, line: int):
+        super().__init__(f"duplicate key {key!r} on line {line}")
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping holding one key twice (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise DuplicateKeyError(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def deep_merge(base: Any, over: Mapping[str, Any]) -> dict:
@@ -340,15 +367,43 @@ REDACTED = "***redacted***"
 
 
 def redact(obj: Any, key: str = "") -> Any:
-    """Replace secret values (by key name) anywhere in a nested structure."""
+    """Replace secret values anywhere in a nested structure: values under secret-looking
+    keys, the value after a secret-looking flag in any list of strings (`extra_args`:
+    `--api-key X`, `--api-key=X`), and credentials inside URLs."""
     if isinstance(obj, Mapping):
         return {k: redact(v, str(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [redact(v, key) for v in obj]
+        items = redact_argv(list(obj)) if all(isinstance(v, str) for v in obj) else list(obj)
+        return [redact(v, key) for v in items]
     # `*_env` keys name the variable that holds a secret, not the secret: keep them.
     if obj is not None and SECRET_KEY_RE.search(key) and not key.endswith("_env"):
         return REDACTED
+    if isinstance(obj, str):
+        return redact_text(obj)
     return obj
+
+
+# user:password@ in a URL, and secret-looking query parameters (?token=..., &api_key=...).
+_URL_USERINFO_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@", re.I)
+_URL_QUERY_SECRET_RE = re.compile(
+    r"(?P<name>[?&](?:[a-z0-9_.-]*(?:api[_-]?key|token|secret|password|passwd|auth|signature|"
+    r"credential)[a-z0-9_.-]*))=(?P<value>[^&#\s'\"]+)", re.I)
+# `--api-key X` / `--api-key=X` inside free text (a shell line, a raw params file). The
+# value may not start with "-", so a flag is never taken for the value of the one before.
+_TEXT_FLAG_RE = re.compile(
+    r"(?P<flag>--[a-z0-9][a-z0-9_-]*)(?P<sep>=|[\s,'\"\[]+)(?P<value>[^\s,'\"\]-][^\s,'\"\]]*)", re.I)
+
+
+def redact_text(text: str) -> str:
+    """Redact URL credentials and `--secret-flag value` pairs inside one string."""
+    if not text or not any(c in text for c in ":=-"):
+        return text
+    text = _URL_USERINFO_RE.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+    text = _URL_QUERY_SECRET_RE.sub(lambda m: m.group("name") + "=" + REDACTED, text)
+    return _TEXT_FLAG_RE.sub(
+        lambda m: m.group("flag") + m.group("sep") + REDACTED
+        if SECRET_KEY_RE.search(m.group("flag").lstrip("-")) and m.group("value") != REDACTED
+        else m.group(0), text)
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -360,15 +415,33 @@ def redact_argv(argv: list[str]) -> list[str]:
             out.append(REDACTED)
             hide_next = False
             continue
-        if arg.startswith("--") and SECRET_KEY_RE.search(arg.split("=", 1)[0]):
+        if arg.startswith("--") and SECRET_KEY_RE.search(arg.split("=", 1)[0].lstrip("-")):
             if "=" in arg:
                 out.append(arg.split("=", 1)[0] + "=" + REDACTED)
             else:
                 out.append(arg)
                 hide_next = True
             continue
-        out.append(arg)
+        out.append(redact_text(arg))
     return out
+
+
+_KEY_VALUE_LINE_RE = re.compile(r"^(?P<head>[ \t]*(?:-[ \t]+)?['\"]?(?P<key>[\w.-]+)['\"]?[ \t]*[:=][ \t]*)(?P<value>\S.*)$",
+                                re.M)
+_FLOW_PAIR_RE = re.compile(r"(?P<head>[{,][ \t]*['\"]?(?P<key>[\w.-]+)['\"]?[ \t]*:[ \t]*)(?P<value>[^,}\s]+)")
+
+
+def redact_params_text(text: str) -> str:
+    """Redact a params file that could not be parsed: `secret_key: value` lines by key name,
+    then URL credentials and `--secret-flag value` pairs anywhere."""
+    def line(m: re.Match) -> str:
+        key = m.group("key")
+        if SECRET_KEY_RE.search(key) and not key.endswith("_env"):
+            return m.group("head") + REDACTED
+        return m.group(0)
+
+    text = _FLOW_PAIR_RE.sub(line, _KEY_VALUE_LINE_RE.sub(line, text))
+    return redact_text(text)
 
 
 def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
@@ -383,6 +456,60 @@ def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
         else:
             keys.append(path)
     return keys
+
+
+# --------------------------------------------------------------------------- ranges
+
+# (lowest, highest) allowed for a number, or for every item of a list of numbers; None is
+# open. `>0` marks a strict lower bound of zero. Keys not listed take any value of their type.
+_POS, _NONNEG = (">0", None), (0, None)
+LIMITS: dict[str, tuple[Any, Any]] = {
+    **{f"model.tiny.{k}": (1, None) for k in ("layers", "hidden", "heads", "kv_heads", "intermediate",
+                                              "vocab_size", "max_position")},
+    "model.tiny.seed": _NONNEG,
+    "server.port": (1, 65535), "server.tp": (1, None), "server.max_model_len": (1, None),
+    "server.startup_timeout_s": _POS,
+    "sweep.concurrency": (1, None), "sweep.request_rates": _POS, "sweep.input_len": (1, None),
+    "sweep.output_len": (1, None), "sweep.min_requests": (1, None), "sweep.warmup_requests": _NONNEG,
+    "sweep.request_timeout_s": _POS, "sweep.knee_gain": _POS,
+    "micro.gemm.m_values": (1, None), "micro.gemm.warmup": _NONNEG, "micro.gemm.repeats": (1, None),
+    "micro.gemm.threads": (1, None), "micro.gemm.preset_m_values": (1, None),
+    "micro.gemm.preset_tp": (1, None), "micro.gemm.graph_calls": (1, None),
+    "micro.collectives.world_size": (1, None), "micro.collectives.sizes_bytes": (1, None),
+    "micro.collectives.warmup": _NONNEG, "micro.collectives.iters": (1, None),
+    "micro.collectives.burst_count": (1, None), "micro.collectives.burst_batch_sizes": (1, None),
+    "micro.collectives.burst_repeats": (1, None), "micro.collectives.timeout_s": _POS,
+    "capture.warmup_requests": _NONNEG, "capture.requests": (1, None), "capture.input_len": (1, None),
+    "capture.output_len": (1, None), "capture.wait_timeout_s": _POS,
+    "analysis.tp": (1, None),
+    "writeup.acceptance_lengths": (1, None), "writeup.draft_cost_fractions": _NONNEG,
+    "writeup.verify_extra_tokens": _NONNEG,
+    "hardware.gpu_count": (1, None), "hardware.peak_mem_bw_gbps": _POS, "hardware.peak_tflops": _POS,
+}
+
+
+def _check_range(key_path: str, value: Any, source: str) -> None:
+    limits = LIMITS.get(key_path)
+    if limits is None or value is None:
+        return
+    items = list(enumerate(value)) if isinstance(value, tuple) else [(None, value)]
+    lo, hi = limits
+    for i, v in items:
+        where = key_path if i is None else f"{key_path}[{i}]"
+        bad = ((lo == ">0" and v <= 0) or (isinstance(lo, (int, float)) and v < lo)
+               or (hi is not None and v > hi))
+        if bad:
+            want = ("greater than 0" if lo == ">0" else
+                    f"between {lo} and {hi}" if hi is not None else f"at least {lo}")
+            raise _fail(source, where, f"must be {want}, got {v!r}")
+
+
+def _check_cross_fields(params: "Params", source: str) -> None:
+    """Rules that span keys: what one key alone cannot say."""
+    if not params.sweep.concurrency and not params.sweep.request_rates:
+        raise _fail(source, "sweep.concurrency",
+                    "is empty, and so is sweep.request_rates: the sweep would measure nothing",
+                    "list at least one concurrency, e.g. [1, 2, 4], or one request rate")
 
 
 # --------------------------------------------------------------------------- validator
@@ -441,6 +568,7 @@ def _build(cls: type, data: Any, key_path: str, source: str) -> Any:
         sub = _join(key_path, name)
         if name in data:
             values[name] = _coerce(hints[name], data[name], sub, source)
+            _check_range(sub, values[name], source)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise _fail(source, sub, f"missing required value ({_type_name(hints[name])})",
                         f"add '{name}:' under '{key_path or 'the top level'}'")

@@ -84,7 +84,10 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
             loaded = yaml.safe_load(a.params_text)
             a.params = loaded if isinstance(loaded, dict) else None
         except yaml.YAMLError as exc:
-            a.problems.append(f"params.yaml: not valid YAML ({exc})")
+            # PyYAML's message quotes the offending lines: redact them like the text itself.
+            from stepscope.config import redact_params_text
+
+            a.problems.append(f"params.yaml: not valid YAML ({redact_params_text(str(exc))})")
     if a.params is None and isinstance((a.run or {}).get("params"), dict):
         a.params = a.run["params"]
     a.server = _json(a, "00_deploy/server.json")

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from stepscope.config import WriteupParams, redact, redact_argv
+from stepscope.config import WriteupParams, redact, redact_argv, redact_params_text
 from stepscope.report import analysis as an
 from stepscope.report import prose
 from stepscope.report import verdict as vd
@@ -607,11 +607,11 @@ def _section_appendix(a: RunArtifacts) -> str:
                                                  ("package", "version"))
     text += "\n### Params file\n\n"
     if a.params_text is not None:
-        safe = a.params_text
         try:
             safe = yaml.safe_dump(redact(yaml.safe_load(a.params_text)), sort_keys=False)
         except yaml.YAMLError:
-            pass
+            # Unparsable text is still shown, but never with a secret in it.
+            safe = redact_params_text(a.params_text)
         text += f"```yaml\n{safe.rstrip()}\n```\n"
     else:
         text += missing_box("The params snapshot", ["params.yaml"])

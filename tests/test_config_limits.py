@@ -1,0 +1,90 @@
+"""Params ranges, duplicate keys and argv-style secrets (issue 13, bugs 4 and 6): values that
+validate but fail at run time (OverflowError, ZeroDivisionError, KeyError) are refused up
+front, naming the file and key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.config import REDACTED, load_params, params_from_dict, redact, redact_argv
+from stepscope.errors import ParamsError
+
+
+def _error(tmp_path: Path, body: str) -> str:
+    f = tmp_path / "p.yaml"
+    f.write_text("run: {name: x}\n" + body + "\n")
+    with pytest.raises(ParamsError) as exc:
+        load_params(f)
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ("server: {port: 70000}", "server.port", "must be between 1 and 65535, got 70000"),
+    ("server: {port: 0}", "server.port", "must be between 1 and 65535, got 0"),
+    ("server: {tp: 0}", "server.tp", "must be at least 1, got 0"),
+    ("sweep: {concurrency: [0]}", "sweep.concurrency[0]", "must be at least 1, got 0"),
+    ("sweep: {concurrency: [1, -2]}", "sweep.concurrency[1]", "must be at least 1, got -2"),
+    ("sweep: {concurrency: []}", "sweep.concurrency", "is empty, and so is sweep.request_rates"),
+    ("sweep: {request_rates: [0]}", "sweep.request_rates[0]", "must be greater than 0, got 0.0"),
+    ("sweep: {min_requests: -5}", "sweep.min_requests", "must be at least 1, got -5"),
+    ("capture: {requests: 0}", "capture.requests", "must be at least 1, got 0"),
+    ("analysis: {tp: 0}", "analysis.tp", "must be at least 1, got 0"),
+])
+def test_out_of_range_values_name_the_key(tmp_path, body, key, message):
+    msg = _error(tmp_path, body)
+    assert f"p.yaml: {key}: {message}" in msg
+
+
+def test_open_loop_only_sweep_is_valid():
+    p = params_from_dict({"run": {"name": "x"}, "sweep": {"concurrency": [], "request_rates": [2.0]}})
+    assert p.sweep.request_rates == (2.0,)
+
+
+def test_duplicate_keys_are_refused_with_their_line(tmp_path):
+    msg = _error(tmp_path, "server: {port: 8001}\nsweep: {input_len: 4}\nserver: {tp: 2}")
+    assert "p.yaml:4: duplicate key 'server'" in msg
+    nested = _error(tmp_path, "server:\n  port: 1\n  port: 2")
+    assert "p.yaml:4: duplicate key 'port'" in nested
+
+
+def test_a_directory_is_not_called_missing(tmp_path):
+    with pytest.raises(ParamsError) as exc:
+        load_params(tmp_path)
+    assert "is a directory" in str(exc.value) and "not found" not in str(exc.value)
+
+
+def test_argv_style_secrets_are_redacted_in_params():
+    data = {"server": {"extra_args": ["--api-key", "sk-planted", "--hf-token=hf_planted", "--block-size", "32",
+                                      "--tokenizer-mode", "auto"],
+                       "url": "http://bob:pw-planted@127.0.0.1:8000/?token=tok-planted&x=1"}}
+    out = redact(data)
+    assert out["server"]["extra_args"] == ["--api-key", REDACTED, f"--hf-token={REDACTED}", "--block-size",
+                                           "32", "--tokenizer-mode", "auto"]
+    assert out["server"]["url"] == f"http://{REDACTED}@127.0.0.1:8000/?token={REDACTED}&x=1"
+    assert "planted" not in repr(out)
+
+
+def test_secrets_in_free_text_are_redacted():
+    from stepscope.config import redact_text
+
+    raw = 'extra_args: [--enforce-eager, --api-key, "sk-planted", --tokenizer-mode, auto]'
+    assert redact_text(raw) == f'extra_args: [--enforce-eager, --api-key, "{REDACTED}", --tokenizer-mode, auto]'
+    assert redact_argv(["--enforce-eager", "--api-key=sk-p"]) == ["--enforce-eager", f"--api-key={REDACTED}"]
+
+
+def test_unparsable_params_text_is_redacted_before_it_reaches_the_report(tmp_path):
+    """report/build.py shows params.yaml verbatim when it does not parse: redacted all the same."""
+    from stepscope.report import build_report, make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "run")
+    (run / "params.yaml").write_text(
+        "server:\n  api_key: sk-planted1\n  env: {HF_TOKEN: hf-planted2}\n"
+        "  extra_args: [--api-key, sk-planted3\n  url: http://u:pw-planted4@h/\n")
+    paths = build_report(run, draw_figures=False)
+    for key in ("markdown", "html"):
+        text = paths[key].read_text()
+        assert "### Params file" in text or "Params file" in text
+        assert "planted" not in text, key
+    assert "api_key: " + REDACTED in paths["markdown"].read_text()
