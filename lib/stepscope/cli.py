@@ -41,8 +41,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from stepscope.report import compare_runs
 
     for run in (args.run_a, args.run_b):
-        if not (Path(run) / "run.json").is_file() and not Path(run).is_dir():
-            raise StepscopeError("not a run folder", where=run, hint="pass two folders under outputs/")
+        _require_run_folder(Path(run))
     paths = compare_runs(Path(args.run_a), Path(args.run_b), Path(args.out) if args.out else None)
     for key, path in paths.items():
         print(f"{key}: {path}")
@@ -76,6 +75,23 @@ def _cmd_lab(args: argparse.Namespace) -> int:
     from stepscope.lab import run_lab
 
     return run_lab(args.run, host=args.host, port=args.port)
+
+
+def _require_run_folder(path: Path) -> None:
+    """A run folder holds run.json; say what was passed instead (a stage or trace folder)."""
+    if (path / "run.json").is_file():
+        return
+    if not path.exists():
+        raise StepscopeError("run folder not found", where=str(path), hint="pass two folders under outputs/")
+    if (path.parent / "run.json").is_file():
+        raise StepscopeError("this is a stage folder, not a run folder", where=str(path),
+                             hint=f"pass the run folder above it: {path.parent}")
+    if path.is_dir() and any(p.name.endswith((".json", ".json.gz")) and "trace" in p.name
+                             for p in path.iterdir()):
+        raise StepscopeError("this holds traces, not a run (no run.json)", where=str(path),
+                             hint=f"analyse it first: stepscope analyze {path}, then compare the folders it writes")
+    raise StepscopeError("not a run folder (no run.json)", where=str(path),
+                         hint="pass two folders under outputs/ that `stepscope run` or `analyze` wrote")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

@@ -157,6 +157,13 @@ def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
                                 ("flag", "beyond noise?")])
 
 
+def _lacking(a: RunArtifacts, b: RunArtifacts, attr: str, file: str, name_a: str, name_b: str) -> list[str]:
+    """The file a comparison needs, naming the run(s) that lack it."""
+    missing = [f"A `{name_a}`" for x in (a,) if getattr(x, attr, None) is None]
+    missing += [f"B `{name_b}`" for x in (b,) if getattr(x, attr, None) is None]
+    return [f"{file} (missing in {' and '.join(missing) or 'neither run, but unreadable'})"]
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Write compare.md and compare.html for baseline A against variant B; return their paths.
 
@@ -202,15 +209,19 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
         fg.save_figure(fig, out / "compare_decode_category_ms_per_step.png")
         text += "\n![category time per decode step, A against B](compare_decode_category_ms_per_step.png)\n\n"
     else:
-        text += missing_box("Per-category comparison", ["05_categorize/decode_categories.csv in both runs"]) + "\n"
+        text += missing_box("Per-category comparison",
+                            _lacking(a, b, "decode_categories", "05_categorize/decode_categories.csv",
+                                     name_a, name_b)) + "\n"
     text += "## Collectives per decode step\n\n"
     cc = tables["collectives"]
     text += (_fmt_table(cc, [("collective", "collective")]) if cc is not None
-             else missing_box("Collective counts", ["05_categorize/summary.json in both runs"])) + "\n"
+             else missing_box("Collective counts", _lacking(a, b, "trace_summary", "05_categorize/summary.json",
+                                                           name_a, name_b))) + "\n"
     text += "## Macro sweep, per level\n\n"
     mc = tables["macro"]
     text += (_fmt_table(mc, [("level", "level"), ("metric", "metric")]) if mc is not None
-             else missing_box("Sweep comparison", ["01_macro_sweep/levels.csv in both runs"])) + "\n"
+             else missing_box("Sweep comparison", _lacking(a, b, "levels", "01_macro_sweep/levels.csv",
+                                                          name_a, name_b))) + "\n"
     md_path = out / "compare.md"
     md_path.write_text(text)
     html_path = out / "compare.html"
