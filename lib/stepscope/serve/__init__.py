@@ -20,6 +20,7 @@ from stepscope.serve.launch import (
     build_server_command,
     launch,
     read_server,
+    reap_dead_server,
     running_server,
     server_json_path,
     stop_server,
@@ -29,7 +30,7 @@ from stepscope.serve.tinymodel import create_tiny_model, tiny_model_exists
 
 __all__ = [
     "ServerHandle", "ServerProcess", "attach", "build_server_command", "create_tiny_model",
-    "ensure_server", "launch", "read_server", "running_server", "server_json_path",
+    "ensure_server", "launch", "read_server", "reap_dead_server", "running_server", "server_json_path",
     "stop_server", "tail_lines", "tiny_model_exists",
 ]
 

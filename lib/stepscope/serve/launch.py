@@ -78,6 +78,8 @@ class ServerHandle:
     tp: int = 1
     pid: int | None = None
     pgid: int | None = None
+    create_time: float | None = None
+    """The leader's start time (epoch s): a recycled pid is never mistaken for this server."""
     log_path: str | None = None
     api_key_env: str | None = None
     started_at: str | None = None
@@ -301,6 +303,8 @@ class ServerProcess:
     def stop(self, grace_s: float = 20.0) -> None:
         if self.proc is None:
             return
+        if self.proc.poll() is None:
+            _say(f"stopping the server (process group {self.proc.pid}; Ctrl-C again kills it at once)...")
         stop_process_group(self.proc.pid, grace_s)
         try:
             self.proc.wait(timeout=5)
@@ -309,28 +313,55 @@ class ServerProcess:
 
 
 def stop_process_group(pgid: int, grace_s: float = 20.0) -> bool:
-    """SIGTERM the group, then SIGKILL after `grace_s`. True if anything was running."""
+    """SIGTERM the group, then SIGKILL after `grace_s`. True if anything was running.
+
+    A Ctrl-C (or SIGTERM turned into KeyboardInterrupt) during the grace period means
+    "stop now", not "stop waiting": the group is killed at once, and the interrupt is
+    raised again only once it is gone, so a second Ctrl-C can never orphan the server.
+    """
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     except PermissionError:
         return False
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
-            return True
-        time.sleep(0.25)
+    interrupted = False
+    try:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not _group_alive(pgid):
+                return True
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        interrupted = True
+        _say(f"interrupted again: killing the server's process group {pgid} now")
+    _kill_group_and_wait(pgid)
+    if interrupted:
+        raise KeyboardInterrupt
+    return True
+
+
+def _kill_group_and_wait(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return True
+    except (ProcessLookupError, PermissionError):
+        return
     # SIGKILL is delivered asynchronously: wait until the group is really gone, so a
-    # caller that starts the next server right away finds the port and cores free.
+    # caller that starts the next server right away finds the port and cores free. A
+    # further Ctrl-C here changes nothing: the kill is already sent.
     deadline = time.monotonic() + 10.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return True
+    while time.monotonic() < deadline:
+        try:
+            if not _group_alive(pgid):
+                return
+            time.sleep(0.1)
+        except KeyboardInterrupt:
+            continue
+
+
+def _say(message: str) -> None:
+    """Console feedback that must appear at once, whatever the progress bars are doing."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -443,7 +474,8 @@ def launch(params: Params, run_dir: str | Path, progress: bool = True) -> tuple[
             mode="launch", engine=params.server.engine, base_url=cmd.base_url,
             served_model=served_model_name(params), argv=cmd.argv, env=cmd.env,
             profiler_dir=str(cmd.profiler_dir) if cmd.profiler_dir else None, tp=params.server.tp,
-            pid=proc.proc.pid, pgid=proc.proc.pid, log_path=str(log_path),
+            pid=proc.proc.pid, pgid=proc.proc.pid, create_time=_create_time(proc.proc.pid),
+            log_path=str(log_path),
             api_key_env=params.server.api_key_env,
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             startup_s=round(startup_s, 1))
@@ -493,7 +525,80 @@ def stop_server(run_dir: str | Path) -> bool:
     record = read_json(p)
     if record.get("mode") != "launch" or not record.get("pgid"):
         return False
-    stopped = stop_process_group(int(record["pgid"]))
-    record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    write_json(p, record)
+    try:
+        stopped = bool(server_group_members(record)) and stop_process_group(int(record["pgid"]))
+    finally:
+        record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        write_json(p, record)
     return stopped
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or the process already gone
+        return None
+
+
+def server_group_members(record: dict) -> list[int]:
+    """Live (non-zombie) processes of a launched server's process group.
+
+    Only processes started no earlier than the recorded leader count, so a pid the system
+    has since recycled for someone else's group is never touched."""
+    import psutil
+
+    pgid = record.get("pgid")
+    if not pgid:
+        return []
+    try:
+        os.waitpid(int(pgid), os.WNOHANG)  # reap our own dead leader, if it is our child
+    except (ChildProcessError, OSError):
+        pass
+    born = record.get("create_time")
+    members = []
+    for proc in psutil.process_iter(["pid", "status", "create_time"]):
+        try:
+            if os.getpgid(proc.info["pid"]) != int(pgid) or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+        if born is not None and proc.info["create_time"] < float(born) - 1.0:
+            continue
+        members.append(proc.info["pid"])
+    return members
+
+
+def reap_dead_server(run_dir: str | Path) -> dict | None:
+    """A server this run launched that no longer answers: stop what is left of its group.
+
+    Returns what happened (for the console and run.json), or None when there is nothing to
+    say: no launched server on record, or one that was stopped on purpose. The leader is
+    the API server; its engine core and TP workers sit in the same group and outlive it
+    (reparented to PID 1) unless the whole group is stopped."""
+    p = server_json_path(run_dir)
+    if not p.is_file():
+        return None
+    record = read_json(p)
+    if record.get("mode") != "launch" or not record.get("pgid") or record.get("stopped_at"):
+        return None
+    pid = int(record.get("pid") or record["pgid"])
+    members = server_group_members(record)
+    leader_alive = pid in members
+    # A live leader that fails /health may only be slow (a starved API process): look again.
+    if leader_alive:
+        for _ in range(5):
+            if is_healthy(record.get("base_url", ""), timeout_s=2.0):
+                return None
+            time.sleep(1.0)
+    reason = ("its API server (pid %d) no longer answers /health" % pid if leader_alive
+              else "its API server (pid %d) has exited" % pid)
+    left = [m for m in members if m != pid]
+    if members:
+        stop_process_group(int(record["pgid"]), grace_s=10.0)
+    record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record["stop_reason"] = reason
+    write_json(p, record)
+    return {"event": "server_died", "at": record["stopped_at"], "pid": pid, "pgid": int(record["pgid"]),
+            "reason": reason, "orphans_stopped": len(left), "log_path": record.get("log_path")}
