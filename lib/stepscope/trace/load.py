@@ -246,6 +246,11 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
     keys: dict[Path, str | None] = {}
     todo: list[Path] = []
     for p in paths:
+        if p.is_file() and p.stat().st_size == 0:  # say so, rather than "not a trace"
+            results[p] = (None, TraceError("empty file (0 bytes)", where=str(p),
+                                           hint="the profiler did not finish writing it: capture again").render())
+            bar.update()
+            continue
         found, err = _guarded(p, lambda p=p: _from_cache(p, cache_dir, None, allow_no_rank))
         if err is None and found[1] is None:  # a cache miss: parse it below
             keys[p] = found[0]
