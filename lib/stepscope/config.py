@@ -295,7 +295,7 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             hint="pass a file from params/, e.g. params/cpu-demo.yaml",
         )
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except DuplicateKeyError as exc:
         raise ParamsError(f"duplicate key {exc.key!r}: YAML keeps only the last value",
                           where=f"{path}:{exc.line}", hint="remove one of the two entries") from None

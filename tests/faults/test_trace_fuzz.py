@@ -10,7 +10,6 @@ import json
 import random
 from pathlib import Path
 
-import pytest
 
 from stepscope.errors import TraceError
 from stepscope.trace.analyze import analyze_traces

@@ -30,6 +30,8 @@ class ServerRecord(Record, kw_only=True):
     pid: int | None = None
     pgid: int | None = None
     """Process group the runner stops at the end (launch mode)."""
+    create_time: float | None = None
+    """The leader's start time (epoch s): a recycled pid is never taken for this server."""
     log_path: str | None = None
     """The server's log (`00_deploy/server.log` in launch mode)."""
     api_key_env: str | None = None
@@ -40,3 +42,5 @@ class ServerRecord(Record, kw_only=True):
     """Seconds from launch until /health answered."""
     stopped_at: str | None = None
     """ISO 8601, UTC: when the runner stopped the server it launched."""
+    stop_reason: str | None = None
+    """Why the runner stopped it, when it was not the end of the run (e.g. it had exited)."""

@@ -18,6 +18,10 @@ class StageStatus(Record, kw_only=True):
     """The executed (or partial) notebook."""
     finished_at: str | None = None
     """ISO 8601, UTC."""
+    inputs_fingerprint: dict[str, str] | None = None
+    """{input: short hash} of what the stage read when it last finished ok: `params` (its
+    params sections) and each stage folder it reads. `--resume` runs the stage again when
+    one differs (`stepscope.runner.STAGE_READS`)."""
 
 
 class RunRecord(Record, kw_only=True):
@@ -45,3 +49,7 @@ class RunRecord(Record, kw_only=True):
     """The validated params with every default filled in, secrets redacted."""
     stages: dict[str, StageStatus] = {}
     """{stage id: status}, in the order the stages ran."""
+    events: list[dict[str, Any]] = []
+    """What happened outside a stage's notebook, in order. `server_relaunch`: the server this
+    run launched was gone (`reason`, `pid`, `pgid`, `orphans_stopped`: processes of its group
+    still running, then stopped) and a new one was launched before `before_stage`."""
