@@ -76,7 +76,8 @@ def test_secrets_in_free_text_are_redacted():
 
 def test_unparsable_params_text_is_redacted_before_it_reaches_the_report(tmp_path):
     """report/build.py shows params.yaml verbatim when it does not parse: redacted all the same."""
-    from stepscope.report import build_report, make_synthetic_run
+    from stepscope.report import build_report
+    from stepscope.testing.synthetic import make_synthetic_run
 
     run = make_synthetic_run(tmp_path / "run")
     (run / "params.yaml").write_text(
