@@ -110,8 +110,8 @@ def test_resume_continues_at_the_first_unfinished_variant_and_stage(params_file)
     code, _ = _run(params_file, rec2, resume=True)
     assert code == 0
     # the baseline and tp1 finished: not run again; the spec run resumes at its capture, the
-    # one stage that did not finish (05 and 06 do not need 04's run to have worked, so they ran)
-    assert rec2.calls == [("spec", "04_profiler_capture")]
+    # stage that failed; 05 (skipped: it reads 04's traces) and 06 (its inputs changed) follow
+    assert rec2.calls == [("spec", "04_profiler_capture"), ("spec", "05_categorize"), ("spec", "06_writeup")]
 
 
 def test_resume_without_a_campaign_folder_is_a_clear_error(params_file):
