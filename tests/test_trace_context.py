@@ -124,3 +124,12 @@ def test_training_optimizer_step_by_its_annotation(real_traces: Path):
         assert got == frames
         assert opt["name"].str.contains("multi_tensor_apply_kernel").any()
         assert opt["name"].str.contains("gemm").any()
+
+
+def test_docs_name_every_category_and_context_rule():
+    from stepscope.trace.categorize import CATEGORY_CLASS, context_rules
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "categories.md").read_text()
+    for cat, klass in CATEGORY_CLASS.items():
+        assert f"| `{cat}` | {klass} |" in doc, cat
+    assert {r.category for r in context_rules()} == {"norm", "rotary", "conv", "lm_head", "loss", "optimizer"}
