@@ -92,7 +92,7 @@ def is_loopback(host: str) -> bool:
 def lab_argv(root: Path, host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "jupyterlab", "--no-browser",
             f"--ServerApp.ip={host}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-            f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN",
+            f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN", "--LabApp.log_level=WARN",
             "--LabApp.news_url=None",
             "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
             # containers often run as root; Jupyter refuses that unless told
