@@ -124,3 +124,18 @@ def test_class_totals_are_exact_where_category_exposed_times_overlap(real_traces
     st = an.steps
     assert (st["compute_us"] + st["comm_exposed_us"] + st["memory_exposed_us"]
             - st["busy_us"]).abs().max() < 1e-6
+
+
+def test_stage_05_of_stepscope_analyze_takes_tp_from_the_traces(real_traces: Path, tmp_path: Path):
+    # `stepscope analyze` without --tp: main wrote TP=1 (server.tp's default) for these TP=2
+    # traces. Stage 05 is run the way the analyze command runs it.
+    from stepscope.config import params_from_dict
+    from stepscope.runner import analyze_params
+    from stepscope.trace.analyze import run_stage
+
+    files = [real_traces / f"vllm-cpu-tinyllama-tp2-rank{i}.pt.trace.json.gz" for i in (0, 1)]
+    params = params_from_dict(analyze_params(files, model_config=None, tp=None), source="test")
+    an = run_stage(params, tmp_path, tmp_path / "05_categorize", progress=False)
+    check = an.summary["collectives_check"]
+    assert (check["tp"], check["tp_source"]) == (2, "trace")
+    assert an.summary["trace_info"]["tp_disagreement"] is False
