@@ -72,3 +72,13 @@ def test_ddp_launch_delay_and_period(real_traces, tmp_path):
     assert d["period_ms"]["n"] == 2 and d["period_ms"]["mean"] == pytest.approx(221.14, abs=0.01)
     assert d["launch_delay_us"]["median"] == pytest.approx(12.25, abs=0.01)
     assert d["launch_delay_us"]["p90"] == pytest.approx(80.78, abs=0.01)
+
+
+@pytest.mark.parametrize("tpot,flagged", [(26.0, False), (20.0, True), (40.0, True)])
+def test_period_and_client_tpot_disagreement_is_flagged(real_traces, tmp_path, tpot, flagged):
+    an = analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False,
+                        tpot_ms=tpot)
+    msgs = [f["message"] for f in an.flags if f["code"] == "period_tpot_mismatch"]
+    assert bool(msgs) is flagged
+    if flagged:
+        assert ("bursts" in msgs[0]) is (tpot < 26.42)

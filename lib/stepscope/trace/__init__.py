@@ -123,7 +123,7 @@ Artifacts in `05_categorize/`
     unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,
     text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
     sglang_stage_split, unknown_step_annotation, tp_disagreement, low_confidence,
-    ranks_missing, clock_disagreement, collective_count_mismatch.
+    ranks_missing, clock_disagreement, collective_count_mismatch, period_tpot_mismatch.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):
   rank, category, class, n_steps, union_ms_mean, union_ms_median, union_ms_p90, sum_ms_mean,
   exposed_ms_mean, share_of_span (union mean / step span mean), share_of_period (union mean /

@@ -443,6 +443,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                                f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
                                f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
                                "has no device work: host-side overhead, scheduling or launch gaps)"))
+        flags.extend(_period_vs_tpot(times))
     timeline = representative_timeline(ref)
     summary = {
         "trace_info": info,
@@ -526,6 +527,23 @@ def _device(ref: RankResult, peaks: dict[str, Any] | None) -> dict[str, Any]:
                 "known": False, "matched_by": "unknown: a CPU trace has no device peak table",
                 "source": None}
     return lookup_device(ref.meta.get("device_name"), ref.meta.get("device_properties")).as_dict()
+
+
+def _period_vs_tpot(times: dict) -> list[dict[str, str]]:
+    """The server's decode period and the client's TPOT measure the same thing; say when
+    they disagree by more than TPOT_GAP_SHARE, and what each direction means."""
+    period = (times.get("period_ms") or {}).get("mean")
+    tpot = times.get("tpot_capture_ms")
+    if not period or not tpot or abs(period - tpot) <= TPOT_GAP_SHARE * tpot:
+        return []
+    why = ("tokens reached the client in bursts (a starved API process or network), so the "
+           "client's decode time is short and its TTFT long; the period is the server's reading"
+           if tpot < period else
+           "time between a token leaving the engine and reaching the client (detokenizing, "
+           "streaming) that no step accounts for")
+    return [_flag("period_tpot_mismatch", "warning",
+                  f"the mean decode period in the trace is {period:.3f} ms but the mean TPOT the "
+                  f"client measured during capture is {tpot:.3f} ms ({period / tpot - 1:+.0%}): {why}")]
 
 
 def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
