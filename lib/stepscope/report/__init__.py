@@ -14,6 +14,13 @@ Public functions (what the CLI, the runner and notebook 06 call):
   category -> table + timeline); its first render reads saved artifacts only.
 - `report_markdown_for_notebook(md_path, run_dir)` rewrites figure links for display in a notebook.
 
+How the report thinks (docs/verdict.md): `report.verdict.verdict(...)` returns typed findings
+(trace identity, step basis, dominant category, communication, transfer vs waiting, host or
+device, levers with Amdahl ceilings on the period, micro-vs-trace agreement, roofline,
+plateau); `report.prose` writes them as sentences and computes nothing;
+`report.whatif.predict_spec_decode_tpot` is the speculative-decoding model (pure, explicit
+inputs); `report.numbers.fmt_num` is the one number formatter.
+
 Figures written to `<run>/figures/`, each drawn by the one function its stage uses (category
 figures: `stepscope.trace.plots`, colours from `stepscope.palette`; sweep: `stepscope.sweep.plots`;
 roofline: `stepscope.micro.gemm.plot_roofline`; collectives:

@@ -266,7 +266,7 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
             cb = lv[lv["client_bound"].astype(str).str.lower().isin(["true", "1"])]
             out["client_bound_levels"] = [
                 f"{r.get('mode', 'concurrency')} {r.get('concurrency') if pd.notna(r.get('concurrency')) else r.get('request_rate')}"
-                + (f" (client CPU {r['client_cpu_pct']:.0f} %)" if pd.notna(r.get("client_cpu_pct")) else "")
+                + (f" (client CPU {_fmt(r['client_cpu_pct'])} %)" if pd.notna(r.get("client_cpu_pct")) else "")
                 for _, r in cb.iterrows()]
     return out
 
@@ -286,7 +286,7 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> l
             worst, r = max(shares, key=lambda x: x[0])
             names = ", ".join(f"`{name_of(n)[:80]}`" for n in (r.get("other_top_names") or [])[:5]) \
                 or "none listed"
-            out.append(f"\"other\" holds at most {100 * worst:.2f} % of kernel time (rank {r.get('rank')}); "
+            out.append(f"\"other\" holds at most {_fmt(100 * worst)} % of kernel time (rank {r.get('rank')}); "
                        f"its top names: {names}.")
         unattr = [(r.get("rank"), r.get("unattributed_events")) for r in ranks if r.get("unattributed_events")]
         if unattr:

@@ -212,7 +212,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     h = macro
     parts = []
     if h.get("knee_concurrency") is not None:
-        parts.append(f"the knee (beyond it, doubling concurrency adds < {h['knee_gain']:.0%} output tok/s) "
+        parts.append(f"the knee (beyond it, doubling concurrency adds < {fmt_num(100 * h['knee_gain'])} % output tok/s) "
                      f"is at **concurrency {fmt_num(h['knee_concurrency'])}**")
     if h.get("knee_concurrency") is not None and h.get("plateau_output_tok_s") is not None:
         parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**")

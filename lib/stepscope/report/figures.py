@@ -16,6 +16,7 @@ from stepscope.trace.plots import save_figure  # noqa: E402,F401  (compare saves
 from stepscope.trace.plots import new_figure as _new  # noqa: E402
 
 import pandas as pd  # noqa: E402
+from stepscope.report.numbers import fmt_num  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def plot_speculative_whatif(whatif: pd.DataFrame, measured_tpot_ms: float) -> Fi
         ax.plot(grp["acceptance_length"], grp["tpot_ms_projected"], "o-",
                 label=f"draft {100 * frac:g} % of a step per drafted token")
     ax.axhline(measured_tpot_ms, color="black", linestyle="--",
-               label=f"measured: {measured_tpot_ms:.3g} ms")
+               label=f"measured: {fmt_num(measured_tpot_ms)} ms")
     ax.set_xlabel("mean acceptance length (tokens emitted per verify step)")
     ax.set_ylabel("projected TPOT (ms)")
     ax.set_title("What-if: speculative decoding, projected from the measured step")
