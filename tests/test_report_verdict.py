@@ -97,6 +97,7 @@ def test_no_sentence_claims_what_the_data_contradicts(tmp_path, case):
         assert d["idle_micro_ms"] / d["period_ms"]["mean"] >= HOST_BOUND_MICRO_IDLE_SHARE
     if d.get("largest_gap") and CASES[case].get("stall"):
         assert "a stall to remove, not a host-bound step" in said and "CUDA graphs" not in said
+        assert "while the host was in `cudaMemcpyAsync`" in said
     # waiting and transfer: never with ranks missing, always apart otherwise
     cm = summary.get("collectives_matched")
     if cm and not cm["complete"]:

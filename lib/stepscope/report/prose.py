@@ -110,6 +110,8 @@ def boundness_sentence(b: Boundness) -> str:
     if b.status == "stall":
         where = (f" between `{_short(b.gap_before)}` and `{_short(b.gap_after)}`" if b.gap_before or b.gap_after
                  else "")
+        if b.gap_host_call:
+            where += f", while the host was in `{_short(b.gap_host_call)}`"
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but one gap of "
                 f"{f(b.largest_gap_ms)} ms{where} holds {f(b.largest_gap_pct_of_idle)} % of that idle, while "
                 f"short gaps between kernels are only {f(b.micro_idle_pct)} %: a stall to remove, not a "

@@ -137,6 +137,8 @@ class Boundness:
     largest_gap_pct_of_idle: float | None = None
     gap_before: str | None = None
     gap_after: str | None = None
+    gap_host_call: str | None = None
+    """What the host was doing during the largest gap (e.g. a blocking copy), when stage 05 found it."""
     launch_delay_median_us: float | None = None
     graph_replay: bool | None = None
     cpu: bool = False
@@ -382,6 +384,7 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               largest_gap_ms=gap_ms,
               largest_gap_pct_of_idle=100 * gap_ms / idle_ms if gap_ms is not None and idle_ms > 0 else None,
               gap_before=_known(gap.get("before")), gap_after=_known(gap.get("after")),
+              gap_host_call=_known(gap.get("host_call")),
               launch_delay_median_us=delay, graph_replay=ident.graph_replay)
     if idle_frac <= DEVICE_BOUND_IDLE_SHARE:
         return Boundness(status="device-bound", **kw)

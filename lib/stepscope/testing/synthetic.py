@@ -288,7 +288,7 @@ def _add_contract_keys(summary: dict, *, kind: str, n_judged: int, n_dec: int, u
     dec["idle_micro_ms"], dec["idle_macro_ms"] = micro, idle - micro
     dec["largest_gap"] = {"dur_ms": (0.85 * idle if stall else 0.05 * idle), "step": 42,
                           "before": "Memcpy DtoH (Device -> Pageable)" if stall else "quantized_gemm_k",
-                          "after": "all_reduce_k"}
+                          "after": "all_reduce_k", "host_call": "cudaMemcpyAsync" if stall else None}
     dec["launch_delay_us"] = {"median": 8.0, "p90": 20.0}
     ar = 5.5 * s
     summary["collectives_matched"] = {
