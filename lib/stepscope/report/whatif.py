@@ -27,8 +27,9 @@ from stepscope.errors import StepscopeError
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 
-TOKEN_CATEGORIES = frozenset({"attention", "kv_cache_write", "lm_head", "logits", "sampling", "all_gather"})
-"""Work proportional to the tokens scored: each verified token reads and writes its own."""
+TOKEN_CATEGORIES = frozenset({"attention", "kv_cache_write", "logits", "sampling", "all_gather"})
+"""Work proportional to the tokens scored: each verified token reads and writes its own. (The
+LM head is a GEMM, `lm_head` in GEMM_CATEGORIES: it follows stage 02's curve.)"""
 SIZE_CATEGORIES = frozenset({"all_reduce", "other_collective", "communication"})
 """Collectives whose message is [tokens, hidden]: their time follows the latency-vs-size curve."""
 
