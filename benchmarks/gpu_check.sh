@@ -17,6 +17,9 @@ OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
 export PYTHONPATH="$ROOT/lib${PYTHONPATH:+:$PYTHONPATH}"
+# A per-test limit where pytest-timeout is installed (the test extra has it).
+PER_TEST=()
+"$PY" -c "import pytest_timeout" 2>/dev/null && PER_TEST=(--timeout 200)
 STEPS=$OUT/steps.tsv
 : > "$STEPS"
 STATUS=0
@@ -54,7 +57,7 @@ rc=$?
 if [ "$rc" -eq 3 ]; then
   STATUS=3
   # No GPU: the tests still run, to show their skip reasons, then stop.
-  step tests 240 "$OUT/pytest.log" "$PY" -m pytest -q -rs -p no:cacheprovider --timeout 200 \
+  step tests 240 "$OUT/pytest.log" "$PY" -m pytest -q -rs -p no:cacheprovider ${PER_TEST[@]+"${PER_TEST[@]}"} \
     --junitxml "$OUT/pytest.xml" tests/gpu tests/test_serve_argv_vllm.py tests/test_serve_argv_sglang.py
   exit 3
 elif [ "$rc" -ne 0 ]; then
@@ -62,7 +65,7 @@ elif [ "$rc" -ne 0 ]; then
 fi
 NGPU=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["device_count"])' "$OUT/device.json" \
        2>/dev/null || echo 1)
-step tests $((240 + 30 * (NGPU > 1 ? NGPU - 1 : 0))) "$OUT/pytest.log" "$PY" -m pytest -q -rs -p no:cacheprovider --timeout 200 \
+step tests $((240 + 30 * (NGPU > 1 ? NGPU - 1 : 0))) "$OUT/pytest.log" "$PY" -m pytest -q -rs -p no:cacheprovider ${PER_TEST[@]+"${PER_TEST[@]}"} \
   --junitxml "$OUT/pytest.xml" tests/gpu tests/test_serve_argv_vllm.py tests/test_serve_argv_sglang.py \
   || STATUS=1
 step gemm 90 "$OUT/gemm.log" "$PY" benchmarks/gpu_check.py gemm "$OUT" || STATUS=1
