@@ -70,15 +70,29 @@ def test_amdahl_ceiling_for_every_category(full):
     assert "**Dominant category: all_reduce**" in md
 
 
-def test_amdahl_recomputed_when_stage_gives_no_ceiling(tmp_path):
+def test_amdahl_ceiling_is_recomputed_on_the_reports_step_basis(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "05_categorize" / "amdahl.csv"
+    pd.read_csv(p).assign(speedup_ceiling=99.0).to_csv(p, index=False)  # stage 05's own basis, ignored
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert f"at most **{fmt_num(PERIOD / (PERIOD - 5.0))}×** faster" in md and "**99×**" not in md
+
+
+def test_an_artifact_off_its_schema_is_named_not_guessed(tmp_path):
     run = make_synthetic_run(tmp_path / "run")
     p = run / "05_categorize" / "amdahl.csv"
     pd.read_csv(p).drop(columns=["speedup_ceiling"]).to_csv(p, index=False)
-    summary = json.loads((run / "05_categorize" / "summary.json").read_text())
-    summary["decode"].pop("amdahl")
-    (run / "05_categorize" / "summary.json").write_text(json.dumps(summary))
     md = build_report(run, draw_figures=False)["markdown"].read_text()
-    assert f"at most **{fmt_num(PERIOD / (PERIOD - 5.0))}×** faster" in md
+    assert "Unreadable artifact: 05_categorize/amdahl.csv: missing column(s) speedup_ceiling of AmdahlRow" in md
+
+
+def test_params_that_do_not_parse_are_not_shown_raw(tmp_path):
+    run = make_synthetic_run(tmp_path / "run")
+    (run / "params.yaml").write_text("server: {api_key: sk-SECRET-123\n  bad: [\n")
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "sk-SECRET-123" not in md
+    assert "Unreadable artifact: params.yaml: not valid YAML (line 2: expected ',' or '}', but got ':')" in md
+
 
 
 def test_missing_stages_render_as_not_measured_boxes(tmp_path):

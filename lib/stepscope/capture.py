@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -46,6 +47,8 @@ from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 
+
+log = logging.getLogger(__name__)
 
 class CaptureError(StepscopeError):
     """A profiler capture that cannot start or finish."""
@@ -448,6 +451,8 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
         "warmup_requests": capture.warmup_requests, "stop_profile_s": run["stop_profile_s"],
         "started_at": run["started_at"], "stopped_at": run["stopped_at"], "notes": notes, "files": files,
     }
+    for note in notes:
+        log.warning("capture: %s", note)
     schema.write(out_dir / "manifest.json", manifest, schema.CaptureManifest)
     return CaptureResult(manifest=manifest, latency=latency,
                          files=pd.DataFrame(files, columns=["rank", "kind", "path", "bytes", "sha256"]).astype({"rank": "Int64"}),

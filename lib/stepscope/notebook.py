@@ -6,7 +6,7 @@ from pathlib import Path
 
 from stepscope.config import Params, load_params
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, read_json, stage_dir, write_json
+from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, read_json, stage_dir
 
 DEMO_PARAMS = REPO_ROOT / "params" / "cpu-demo.yaml"
 
@@ -61,14 +61,6 @@ def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> t
         raise KeyError(f"unknown stage {stage_id!r}; stages are {list(STAGE_BY_ID)}")
     params = load_params(params_file)
     return params, stage_dir(run_dir, stage_id)
-
-
-def not_built_yet(out_dir: str | Path, what: str) -> None:
-    """Say plainly that a stage does not measure anything yet, and leave a marker file."""
-    out_dir = Path(out_dir)
-    message = f"{out_dir.name}: not built yet; {what} are not measured in this release."
-    write_json(out_dir / "not_built.json", {"stage": out_dir.name, "message": message})
-    print(message)
 
 
 def show_figures(figures: dict, run_dir: str | Path) -> list[Path]:

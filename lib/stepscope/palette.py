@@ -82,7 +82,6 @@ COMMUNICATION_CATEGORIES: frozenset[str] = frozenset(
     {"all_reduce", "all_gather", "other_collective", "communication", "collective_wait"}
 )
 GEMM_CATEGORIES: frozenset[str] = frozenset({"quantized_gemm", "quant_gemm", "dense_gemm", "fused_moe", "lm_head"})
-MEMORY_CATEGORIES: frozenset[str] = frozenset({"memcpy", "memset"})
 
 
 def color_for(category: str) -> str:

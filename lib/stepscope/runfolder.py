@@ -13,6 +13,7 @@ Each stage reads only files here, so any stage can be re-run alone.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from typing import Any
 import yaml
 
 from stepscope.errors import StageInputMissing
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -82,6 +85,7 @@ def save_figure(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     plt.close(fig)  # frees pyplot-managed figures; a no-op for the others
+    log.debug("figure written: %s", path)
     return path
 
 
@@ -96,13 +100,6 @@ def params_snapshot_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "params.yaml"
 
 
-def load_run_params(run_dir: str | Path):
-    """The validated params of a run, from its snapshot (secrets already redacted)."""
-    from stepscope.config import load_params
-
-    return load_params(params_snapshot_path(run_dir))
-
-
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write JSON atomically (temp file + rename): a crash never leaves half a file."""
     path = Path(path)
@@ -112,6 +109,7 @@ def write_json(path: str | Path, obj: Any) -> Path:
         json.dump(obj, fh, indent=2, default=_json_default, allow_nan=True)
         fh.write("\n")
     os.replace(tmp, path)
+    log.debug("written: %s", path)
     return path
 
 

@@ -9,6 +9,7 @@ Pipeline: `plan_targets(params)` (which models at which TP and M grid) →
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from stepscope.model import (
 )
 from stepscope.micro import marlin as marlin_mod
 from stepscope.micro.timing import summarize_us, time_cpu, time_cuda_graph, torch_threads
+
+log = logging.getLogger(__name__)
 
 GEMM_COLUMNS = [
     "model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "dtype", "backend", "mode", "device",
@@ -535,6 +538,8 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
                               f"{g.threads or torch.get_num_threads()} torch thread(s), one weight (hot)"))
     prediction["notes"] = list(notes) + prediction["notes"]
     schema.check_frame(table, schema.GemmRow, str(out_dir / "gemm.csv"))
+    log.info("stage 02: %d GEMM points timed, %d skipped or failed", int((table["status"] == "ok").sum()),
+             int((table["status"] != "ok").sum()))
     schema.write(out_dir / "prediction.json", prediction, schema.GemmPrediction)
     return dict(targets=targets, grid=grid, table=table, prediction=prediction, peak_mem_bw_gbps=peak,
                 peak_source=peak_source, notes=notes, device=device)

@@ -19,7 +19,6 @@ from stepscope.model.arch import Architecture, ArchitectureError
 BITS_W4A16_G32 = 4.5
 """4-bit weights plus one 16-bit scale per group of 32: 4 + 16/32 bits per weight."""
 
-LayerKind = Literal["attention", "dense_mlp", "router", "shared_expert", "routed_expert", "lm_head"]
 
 SHAPE_COLUMNS = ["model", "tp", "layer_kind", "gemm", "n", "k", "batch", "count_per_layer", "layers",
                  "replicated", "split", "weight_bytes_16bit", "weight_bytes_4p5bit", "note"]

@@ -33,14 +33,15 @@ writeup_collective_latency_vs_size.png. Stage plots are picked up by name: sweep
 gemm_roofline*.png, collective_*.png, 05_step_timeline*.png, 05_decode_step_categories*.png,
 05_cross_rank*.png.
 
-Artifacts read (every one optional): run.json, params.yaml, 00_deploy/server.json,
-01_macro_sweep/{levels.csv, summary.json}, 02_gemm_micro/{gemm.csv, prediction.json},
-03_nccl_burst/{collectives.csv, burst.csv, prediction.json},
-04_profiler_capture/{manifest.json, capture_latency.json},
+Artifacts read (every one optional), each through its `stepscope.schema` type (one spelling
+per key; a file off its schema is named under Caveats, never guessed at): run.json,
+params.yaml, 00_deploy/server.json, 01_macro_sweep/{levels.csv, summary.json},
+02_gemm_micro/{gemm.csv, prediction.json}, 03_nccl_burst/{collectives.csv, burst.csv,
+prediction.json}, 04_profiler_capture/{manifest.json, capture_latency.json},
 05_categorize/{summary.json, decode_categories.csv, amdahl.csv, steps.csv, cross_rank.csv,
-timeline_rank0_step.csv}. Stage 05's column names (union_ms_mean, share_of_span, exposed_ms,
-speedup_ceiling, decode.steps.{kernel_sum_ms,union_ms,span_ms}.mean) are mapped in
-`artifacts.py`; flat spellings are accepted too.
+timeline_rank0_step.csv}. The report's own tables name stage 05's per-step busy time
+(`union_ms_*`) "ms per step" and recompute shares and Amdahl ceilings on its step basis
+(`report.analysis`).
 """
 
 from stepscope.report.build import build_report, report_markdown_for_notebook

@@ -1,14 +1,17 @@
-"""Read a run folder's artifacts for the report, tolerating anything missing.
+"""Read a run folder's artifacts for the report, through the artifact schema.
 
 The report is rebuilt from the run folder alone, possibly long after the run and on a
-machine with none of the stages installed, so this module only reads files. A missing
-file is `None` plus an entry in `missing`; a file that exists but cannot be read is
-`None` plus an entry in `problems`. Unknown extra keys and columns are ignored.
+machine with none of the stages installed, so this module only reads files. Every JSON
+file becomes its `stepscope.schema` Struct and every table is checked against its Row, so
+the report reads one spelling of each key, with documented defaults for keys an older stage
+did not write. A missing file is `None` plus an entry in `missing`; a file that exists but
+cannot be read, or does not match its schema, is `None` plus an entry in `problems`.
+Unknown extra keys and columns are ignored.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +20,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from stepscope import schema
 from stepscope.errors import StageInputMissing
+
+log = logging.getLogger(__name__)
 
 STAGE_TITLES = {
     "00_deploy": "server deployment",
@@ -31,28 +37,31 @@ STAGE_TITLES = {
 
 @dataclass
 class RunArtifacts:
-    """Everything the report reads. Each field is None when its file is absent or unreadable."""
+    """Everything the report reads, typed by `stepscope.schema`. Each field is None when its
+    file is absent, unreadable, or does not match its schema (then named in `problems`)."""
 
     run_dir: Path
-    run: dict | None = None
+    run: schema.RunRecord | None = None
     params_text: str | None = None
     params: dict | None = None
-    server: dict | None = None
+    """The params snapshot (params.yaml, else run.json's copy) as a mapping."""
+    server: schema.ServerRecord | None = None
     levels: pd.DataFrame | None = None
-    sweep_summary: dict | None = None
+    sweep_summary: schema.SweepSummary | None = None
     gemm: pd.DataFrame | None = None
-    gemm_prediction: dict | None = None
+    gemm_prediction: schema.GemmPrediction | None = None
     collectives: pd.DataFrame | None = None
     burst: pd.DataFrame | None = None
-    comm_prediction: dict | None = None
-    manifest: dict | None = None
-    capture_latency: dict | None = None
-    trace_summary: dict | None = None
+    comm_prediction: schema.CommPrediction | None = None
+    manifest: schema.CaptureManifest | None = None
+    capture_latency: schema.CaptureLatency | None = None
+    trace_summary: schema.TraceSummary | None = None
     decode_categories: pd.DataFrame | None = None
-    """The reference rank's decode table in the report's columns (see `_normalise_decode`)."""
+    """decode_categories.csv rows of the reference rank (stage 05's columns)."""
     decode_categories_all: pd.DataFrame | None = None
     """The same for every rank (a `rank` column tells them apart)."""
     amdahl: pd.DataFrame | None = None
+    """amdahl.csv rows of the reference rank."""
     rank_categories: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     cross_rank: pd.DataFrame | None = None
@@ -64,11 +73,19 @@ class RunArtifacts:
 
     def stage_present(self, stage_id: str) -> bool:
         d = self.run_dir / stage_id
-        return d.is_dir() and any(p.name != "not_built.json" for p in d.iterdir())
+        return d.is_dir() and any(d.iterdir())
 
     @property
-    def decode(self) -> dict:
-        return (self.trace_summary or {}).get("decode") or {}
+    def decode(self) -> schema.DecodeSummary:
+        """Stage 05's decode summary (empty when stage 05 did not run)."""
+        return self.trace_summary.decode if self.trace_summary is not None else schema.DecodeSummary()
+
+    @property
+    def ranks(self) -> list[schema.RankSummary]:
+        return self.trace_summary.ranks if self.trace_summary is not None else []
+
+    def stage_status(self, stage_id: str) -> schema.StageStatus | None:
+        return self.run.stages.get(stage_id) if self.run is not None else None
 
 
 def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
@@ -84,45 +101,30 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
             loaded = yaml.safe_load(a.params_text)
             a.params = loaded if isinstance(loaded, dict) else None
         except yaml.YAMLError as exc:
-            # PyYAML's message quotes the offending lines: redact them like the text itself.
-            from stepscope.config import redact_params_text
-
-            a.problems.append(f"params.yaml: not valid YAML ({redact_params_text(str(exc))})")
-    if a.params is None and isinstance((a.run or {}).get("params"), dict):
-        a.params = a.run["params"]
+            # Not str(exc): PyYAML quotes the offending text, which could be a secret.
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}: " if mark is not None else ""
+            _problem(a, "params.yaml", f"not valid YAML ({where}{getattr(exc, 'problem', None) or 'parse error'})")
+    if a.params is None and a.run is not None and a.run.params is not None:
+        a.params = a.run.params
     a.server = _json(a, "00_deploy/server.json")
     a.levels = _csv(a, "01_macro_sweep/levels.csv")
     a.sweep_summary = _json(a, "01_macro_sweep/summary.json")
     a.gemm = _csv(a, "02_gemm_micro/gemm.csv")
     a.gemm_prediction = _json(a, "02_gemm_micro/prediction.json")
     a.collectives = _csv(a, "03_nccl_burst/collectives.csv")
-    if a.collectives is not None:
-        # stage 03 names the across-rank spread of per-rank medians time_us_rank_{min,median,max}
-        a.collectives = a.collectives.rename(columns={
-            f"time_us_rank_{k}": f"time_us_{k}" for k in ("min", "median", "max")
-            if f"time_us_{k}" not in a.collectives.columns})
     a.burst = _csv(a, "03_nccl_burst/burst.csv")
     a.comm_prediction = _json(a, "03_nccl_burst/prediction.json")
     a.manifest = _json(a, "04_profiler_capture/manifest.json")
     a.capture_latency = _json(a, "04_profiler_capture/capture_latency.json")
     a.trace_summary = _json(a, "05_categorize/summary.json")
-    ref = a.decode.get("rank")
-    dec_all = _csv(a, "05_categorize/decode_categories.csv")
-    if dec_all is None and a.decode.get("categories"):
-        dec_all = _frame(a.decode["categories"])
-    a.decode_categories_all = _normalise_decode(dec_all)
+    ref = a.decode.rank
+    a.decode_categories_all = _csv(a, "05_categorize/decode_categories.csv")
     a.decode_categories = _reference_rank(a.decode_categories_all, ref)
-    amdahl = _csv(a, "05_categorize/amdahl.csv")
-    if amdahl is None and a.decode.get("amdahl"):
-        amdahl = _frame(a.decode["amdahl"])
-    if amdahl is not None:
-        amdahl = amdahl.rename(columns={"exposed_ms": "exposed_ms_per_step", "speedup_ceiling": "max_speedup"})
-    a.amdahl = _reference_rank(amdahl, ref)
+    a.amdahl = _reference_rank(_csv(a, "05_categorize/amdahl.csv"), ref)
     a.rank_categories = _csv(a, "05_categorize/rank_categories.csv")
     a.steps = _csv(a, "05_categorize/steps.csv")
     a.cross_rank = _csv(a, "05_categorize/cross_rank.csv")
-    if a.cross_rank is None and (a.trace_summary or {}).get("cross_rank"):
-        a.cross_rank = _frame(a.trace_summary["cross_rank"])
     a.timeline = _csv(a, "05_categorize/timeline_rank0_step.csv")
     return a
 
@@ -138,19 +140,23 @@ def _path(a: RunArtifacts, rel: str) -> Path | None:
     return p
 
 
-def _json(a: RunArtifacts, rel: str) -> dict | None:
+def _problem(a: RunArtifacts, rel: str, why: str) -> None:
+    a.problems.append(f"{rel}: {why}")
+    log.warning("%s: %s", a.run_dir / rel, why)
+
+
+def _json(a: RunArtifacts, rel: str) -> Any:
+    """The file as its schema's Struct (`stepscope.schema.ARTIFACTS`), or None."""
     p = _path(a, rel)
     if p is None:
         return None
     try:
-        obj = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        a.problems.append(f"{rel}: not readable as JSON ({exc})")
-        return None
-    if not isinstance(obj, dict):
-        a.problems.append(f"{rel}: expected a JSON object, found {type(obj).__name__}")
-        return None
-    return obj
+        return schema.read(p, schema.artifact(rel).type)
+    except OSError as exc:
+        _problem(a, rel, f"not readable ({exc})")
+    except schema.ArtifactError as exc:
+        _problem(a, rel, exc.message)
+    return None
 
 
 def _text(a: RunArtifacts, rel: str) -> str | None:
@@ -160,73 +166,32 @@ def _text(a: RunArtifacts, rel: str) -> str | None:
     try:
         return p.read_text()
     except OSError as exc:
-        a.problems.append(f"{rel}: not readable ({exc})")
+        _problem(a, rel, f"not readable ({exc})")
         return None
 
 
 def _csv(a: RunArtifacts, rel: str) -> pd.DataFrame | None:
+    """The table checked against its schema's Row, or None (also when it has no rows)."""
     p = _path(a, rel)
     if p is None:
         return None
     try:
-        df = pd.read_csv(p)
+        df = schema.check_frame(pd.read_csv(p), schema.artifact(rel).type, str(p))
     except (OSError, ValueError) as exc:  # pandas' EmptyDataError/ParserError are ValueErrors
-        a.problems.append(f"{rel}: not readable as CSV ({exc})")
+        _problem(a, rel, f"not readable as CSV ({exc})")
+        return None
+    except schema.ArtifactError as exc:
+        _problem(a, rel, exc.message)
         return None
     return df if len(df) else None
 
 
-_DECODE_RENAMES = {
-    # stage 05's names -> the report's: per-category busy (union) time is "ms per step"
-    "union_ms_mean": "ms_per_step_mean", "union_ms_median": "ms_per_step_median",
-    "union_ms_p90": "ms_per_step_p90", "share_of_span": "share_of_step",
-}
-
-
-def _normalise_decode(df: pd.DataFrame | None) -> pd.DataFrame | None:
-    if df is None:
-        return None
-    df = df.rename(columns={k: v for k, v in _DECODE_RENAMES.items() if v not in df.columns})
-    if "category" not in df or "ms_per_step_mean" not in df:
-        return None
-    return df
-
-
-def _reference_rank(df: pd.DataFrame | None, ref: Any) -> pd.DataFrame | None:
+def _reference_rank(df: pd.DataFrame | None, ref: int | None) -> pd.DataFrame | None:
     """Rows of the rank stage 05 reported on (its `decode.rank`), else the lowest rank."""
-    if df is None or "rank" not in df or not len(df):
+    if df is None or not len(df):
         return df
-    ranks = pd.to_numeric(df["rank"], errors="coerce")
-    want = ref if ref is not None and (ranks == ref).any() else ranks.min()
-    return df[ranks == want].reset_index(drop=True)
-
-
-def _frame(rows: Any) -> pd.DataFrame | None:
-    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-        return pd.DataFrame(rows)
-    if isinstance(rows, dict) and rows:
-        try:
-            return pd.DataFrame(rows)
-        except ValueError:
-            return None
-    return None
-
-
-def pick(d: dict | None, *names: str, default: Any = None) -> Any:
-    """The first of several key spellings present in `d` with a usable value.
-
-    Stages may rename a key between versions; the report reads every spelling it knows.
-    """
-    if not isinstance(d, dict):
-        return default
-    for name in names:
-        v = d.get(name)
-        if v is None:
-            continue
-        if isinstance(v, float) and math.isnan(v):
-            continue
-        return v
-    return default
+    want = ref if ref is not None and (df["rank"] == ref).any() else df["rank"].min()
+    return df[df["rank"] == want].reset_index(drop=True)
 
 
 def num(v: Any) -> float | None:
@@ -238,19 +203,18 @@ def num(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def collective_count(v: Any) -> float | None:
-    """A per-step collective count, given flat or as stage 05's {median, min, max}."""
-    if isinstance(v, dict):
-        v = pick(v, "median", "mean")
-    return num(v)
-
-
-def collective_counts(d: Any) -> dict[str, float | None]:
-    """{collective: count per step} from an expected/observed mapping, skipping metadata keys."""
-    if not isinstance(d, dict):
+def collective_counts(d: dict | None) -> dict[str, float | None]:
+    """{collective: median count per step} from collectives_check's `expected` (flat counts)
+    or `observed` ({median, min, max} per collective); other keys are metadata."""
+    if not d:
         return {}
-    return {k: collective_count(v) for k, v in d.items()
-            if k not in ("steps_used", "n_steps", "rank", "tp") and (isinstance(v, dict) or num(v) is not None)}
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out[k] = num(v.get("median"))
+        elif k in ("all_reduce", "all_gather", "other_collective"):
+            out[k] = num(v)
+    return out
 
 
 def words(v: Any) -> str:
@@ -262,5 +226,7 @@ def words(v: Any) -> str:
 
 
 def name_of(v: Any) -> str:
-    """A kernel name from a plain string or a {name, sum_us, ...} record."""
-    return str(v.get("name", v)) if isinstance(v, dict) else str(v)
+    """A kernel name from a {name, sum_us, count} record (Struct or mapping) or a plain string."""
+    if isinstance(v, dict):
+        return str(v.get("name", v))
+    return str(getattr(v, "name", v))

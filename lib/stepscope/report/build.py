@@ -62,13 +62,8 @@ def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
         labels = "rank " + d["rank"].astype(str)
     else:
         labels = pd.Series(["decode step (mean)"] * len(d), index=d.index)
-    return pd.DataFrame({"label": labels, "category": d["category"],
-                         "ms_per_step": d["ms_per_step_mean"].astype(float)})
-
-
-def _stage_collectives(c: pd.DataFrame) -> pd.DataFrame:
-    """collectives.csv as stage 03 names it (artifacts renames the rank spread for the tables)."""
-    return c.rename(columns={f"time_us_{k}": f"time_us_rank_{k}" for k in ("min", "median", "max")})
+    ms = d["union_ms_mean"] if "union_ms_mean" in d else d["ms_per_step_mean"]  # stage rows, or the table
+    return pd.DataFrame({"label": labels, "category": d["category"], "ms_per_step": ms.astype(float)})
 
 
 def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
@@ -117,12 +112,8 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
         hw = (a.params or {}).get("hardware") or {}
         save("roofline", "writeup_gemm_roofline.png",
              plot_roofline(a.gemm, peak_bw_gbps=num(hw.get("peak_mem_bw_gbps")), peak_tflops=num(hw.get("peak_tflops"))))
-    if a.collectives is not None and not _stage_figures(a.run_dir, "collective_") \
-            and {"size_bytes", "time_us_median"} <= set(a.collectives.columns):
-        burst = a.burst if a.burst is not None and {"size_bytes", "per_op_us", "mode", "k"} <= set(a.burst.columns) \
-            else None
-        save("coll", "writeup_collective_latency_vs_size.png",
-             plot_latency_vs_size(_stage_collectives(a.collectives), burst))
+    if a.collectives is not None and not _stage_figures(a.run_dir, "collective_"):
+        save("coll", "writeup_collective_latency_vs_size.png", plot_latency_vs_size(a.collectives, a.burst))
     return made
 
 
@@ -134,9 +125,9 @@ def _img(name: str, alt: str) -> str:
 
 
 def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
-    run, server, params = a.run or {}, a.server or {}, a.params or {}
+    run, server, params = a.run, a.server, a.params or {}
     hw_p = params.get("hardware") or {}
-    hw_r = run.get("hardware") or {}
+    hw_r = run.hardware if run is not None else {}
     gpus = hw_r.get("gpus")
     gpu_txt = None
     if isinstance(gpus, list) and gpus:
@@ -145,11 +136,12 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     elif gpus:
         gpu_txt = str(gpus)
     model = params.get("model") or {}
-    srv = params.get("server") or {}
     # The engine the trace shows, else the one the run served; never params' default.
-    engine = ident.engine or server.get("engine") or (a.manifest or {}).get("engine")
-    version = (server.get("engine_version") or (a.manifest or {}).get("engine_version")
-               or (run.get("packages") or {}).get(str(engine)) if engine and a.server is not None else None)
+    engine = ident.engine or (server.engine if server else None) or (a.manifest.engine if a.manifest else None)
+    version = None
+    if engine and server is not None:
+        version = (server.engine_version or (a.manifest.engine_version if a.manifest else None)
+                   or (run.packages.get(str(engine)) if run else None))
     device = None
     if ident.device_name:
         device = (f"{fmt_num(ident.device_count)} × {ident.device_name}" if ident.device_count
@@ -168,8 +160,8 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     # The machine that ran stepscope is the trace's only when this run captured the trace itself.
     captured_here = a.stage_present("04_profiler_capture")
     pairs = [
-        ("Run", f"`{run.get('run_id', a.run_dir.name)}`"),
-        ("Date", run.get("created_at") or server.get("started_at")),
+        ("Run", f"`{run.run_id if run else a.run_dir.name}`"),
+        ("Date", (run.created_at if run else None) or (server.started_at if server else None)),
         ("Trace", f"{ident.kind} ({ident.step_label}s: {fmt_num(ident.n_judged_steps)})"
          if ident.n_judged_steps is not None else ident.kind),
         ("Device", device),
@@ -178,13 +170,12 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
         ("Accelerators" if captured_here else "Analysed on (accelerators)", gpu_txt),
         ("Interconnect", hw_p.get("interconnect")),
         ("Engine", f"{engine} {version or ''}".strip() if engine else "unknown (neither the trace nor the run says)"),
-        ("Server", f"{server.get('mode', srv.get('mode', '?'))} mode at {server.get('base_url', srv.get('url', '?'))}"
-         if server else None),
-        ("Model", server.get("served_model") or model.get("served_name") or model.get("path")),
+        ("Server", f"{server.mode} mode at {server.base_url}" if server else None),
+        ("Model", (server.served_model if server else None) or model.get("served_name") or model.get("path")),
         ("Quantization", model.get("quantization")),
         ("Batch", batch),
         ("Tensor parallel (TP)", tp),
-        ("Code", f"`{run.get('git_commit', '?')}`" + (" (uncommitted changes)" if run.get("git_dirty") else "")
+        ("Code", f"`{run.git_commit or '?'}`" + (" (uncommitted changes)" if run.git_dirty else "")
          if run else None),
     ]
     pairs = [(k, v) for k, v in pairs if v not in (None, "", "? ")]
@@ -255,10 +246,10 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     if g is None:
         text += missing_box("GEMM timings", ["02_gemm_micro/gemm.csv"], _why(a, "02_gemm_micro"))
     else:
-        ok = g[g["status"].astype(str) == "ok"] if "status" in g else g
-        bad = g[g["status"].astype(str) != "ok"] if "status" in g else g.iloc[0:0]
+        ok = g[g["status"].astype(str) == "ok"]
+        bad = g[g["status"].astype(str) != "ok"]
         keys = [c for c in ("model", "gemm", "n", "k", "dtype", "backend", "mode") if c in ok]
-        if len(ok) and "m" in ok and "time_us_median" in ok and keys:
+        if len(ok):
             piv = ok.pivot_table(index=keys, columns="m", values="time_us_median", aggfunc="median")
             piv.columns = [f"M={int(c)}" for c in piv.columns]
             piv = piv.reset_index()
@@ -273,11 +264,10 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
             text += f"\nNot timed ({len(bad)} points):\n\n"
             reasons = bad.groupby([c for c in ("backend", "status", "reason") if c in bad], dropna=False).size()
             text += md_table(reasons.reset_index(name="points"))
-        pred = (a.gemm_prediction or {}).get("gemm_us_per_decode_step")
-        if isinstance(pred, dict) and pred:
-            pts = ", ".join(f"M={m}: {fmt_num(num(v) / 1000 if num(v) is not None else None)} ms"
-                            for m, v in sorted(pred.items(), key=lambda kv: float(kv[0])))
-            method = (a.gemm_prediction or {}).get("method", "sum over the model's GEMMs weighted by calls per step")
+        pred = a.gemm_prediction.gemm_us_per_decode_step if a.gemm_prediction else {}
+        if pred:
+            pts = ", ".join(f"M={m}: {fmt_num(v / 1000)} ms" for m, v in sorted(pred.items(), key=lambda kv: float(kv[0])))
+            method = a.gemm_prediction.method or "sum over the model's GEMMs weighted by calls per step"
             text += f"\nPredicted GEMM time per decode step ({method}): {pts}.\n"
         for name in _stage_figures(a.run_dir, "gemm_roofline"):
             text += "\n" + _img(name, "GEMM roofline")
@@ -291,10 +281,9 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
         text += (f"Per-op time in µs (median, min–max across ranks; {len(c)} rows), algbw = bytes/time, busbw with "
                  f"the nccl-tests factor (all-reduce 2(n−1)/n):\n\n")
         c = c.copy()
-        if {"time_us_min", "time_us_max"} <= set(c.columns):
-            c["range"] = c["time_us_min"].map(fmt_num) + "–" + c["time_us_max"].map(fmt_num)
+        c["range"] = c["time_us_rank_min"].map(fmt_num) + "–" + c["time_us_rank_max"].map(fmt_num)
         text += md_table(c, [("op", "op"), ("backend", "backend"), ("world_size", "ranks"), ("mode", "mode"),
-                             ("size_bytes", "bytes"), ("time_us_median", "µs median"), ("range", "µs min–max"),
+                             ("size_bytes", "bytes"), ("time_us_rank_median", "µs median"), ("range", "µs min–max"),
                              ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")])
         for name in _stage_figures(a.run_dir, "collective_"):
             text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
@@ -305,8 +294,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
         text += ("\nBursts of K back-to-back all-reduces, the way a decode step issues them (count, total, per-op "
                  "time and mode always together):\n\n")
         b = b.copy()
-        if {"k", "total_us"} <= set(b.columns):
-            b["total_over_k_us"] = b["total_us"] / b["k"]
+        b["total_over_k_us"] = b["total_us"] / b["k"]
         text += md_table(b, [("k", "K"), ("batch_m", "batch M"), ("size_bytes", "bytes"), ("mode", "mode"),
                              ("backend", "backend"), ("world_size", "ranks"), ("total_us", "total µs"),
                              ("per_op_us", "per-op µs"), ("total_over_k_us", "total / K µs"),
@@ -314,39 +302,34 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     elif c is not None:
         text += "\n" + missing_box("The burst measurement", ["03_nccl_burst/burst.csv"])
     cp = a.comm_prediction
-    if cp:
-        text += (f"\nPredicted communication per decode step: {cp.get('k', '?')} × {fmt_num(num(cp.get('per_op_us')))} µs "
-                 f"= **{fmt_num((num(cp.get('comm_us_per_decode_step')) or 0) / 1000)} ms** "
-                 f"({cp.get('size_bytes', '?')} bytes per op, {cp.get('backend', '?')}, {cp.get('mode', '?')} mode")
-        if cp.get("k_source"):
-            text += f"; K from {cp['k_source']}"
+    if cp is not None and cp.comm_us_per_decode_step is not None:
+        text += (f"\nPredicted communication per decode step: {fmt_num(cp.k)} × {fmt_num(cp.per_op_us)} µs "
+                 f"= **{fmt_num(cp.comm_us_per_decode_step / 1000)} ms** "
+                 f"({fmt_num(cp.size_bytes)} bytes per op, {cp.backend or '?'}, {cp.mode or '?'} mode")
+        if cp.k_source:
+            text += f"; K from {cp.k_source}"
         text += ").\n"
-        eager = num(cp.get("eager_per_op_us_same_size"))
-        if eager is not None:
-            text += (f"One all-reduce of the same size timed alone (eager) takes {fmt_num(eager)} µs; in the burst each "
-                     f"costs {fmt_num(num(cp.get('burst_over_eager_per_op')))}× that.\n")
-        notes = cp.get("notes")
-        if notes:
-            text += "".join(f"\n- {n}" for n in (notes if isinstance(notes, list) else [notes])) + "\n"
+        if cp.eager_per_op_us_same_size is not None:
+            text += (f"One all-reduce of the same size timed alone (eager) takes {fmt_num(cp.eager_per_op_us_same_size)} "
+                     f"µs; in the burst each costs {fmt_num(cp.burst_over_eager_per_op)}× that.\n")
+        if cp.notes:
+            text += "".join(f"\n- {n}" for n in cp.notes) + "\n"
     return text
 
 
 def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
     text = "## 4. Profiler breakdown of a decode step\n\n"
     man = a.manifest
-    if man:
-        files = [f for f in man.get("files") or [] if isinstance(f, dict)]
-        ranks = sorted({f.get("rank") for f in files
-                        if f.get("rank") is not None and f.get("kind", "trace") == "trace"})
-        total_mb = sum(int(f.get("bytes") or 0) for f in files if isinstance(f, dict)) / 1e6
-        text += (f"Capture: {man.get('engine', '?')} {man.get('engine_version', '')}, {len(files)} files from "
-                 f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.get("partial") else "")
-                 + ".")
+    if man is not None:
+        ranks = sorted({f.rank for f in man.files if f.rank is not None and f.kind == "trace"})
+        total_mb = sum(f.bytes or 0 for f in man.files) / 1e6
+        text += (f"Capture: {man.engine or '?'} {man.engine_version or ''}, {len(man.files)} files from "
+                 f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
         cl = a.capture_latency
-        if cl:
-            text += (f" During capture the client measured {cl.get('n_requests', '?')} requests × "
-                     f"{cl.get('output_len', '?')} tokens: TPOT mean {fmt_num(num(cl.get('tpot_ms_mean')))} ms, "
-                     f"TTFT mean {fmt_num(num(cl.get('ttft_ms_mean')))} ms.")
+        if cl is not None:
+            text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
+                     f"{fmt_num(cl.output_len)} tokens: TPOT mean {fmt_num(cl.tpot_ms_mean)} ms, "
+                     f"TTFT mean {fmt_num(cl.ttft_ms_mean)} ms.")
         text += "\n\n"
     decode, totals = ctx["decode"], ctx["totals"]
     if decode is None:
@@ -414,18 +397,18 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
 
 def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     text = "## 5. Cross-checks\n\n### Collectives per decode step\n\n"
-    ts = a.trace_summary or {}
-    cc = ts.get("collectives_check")
-    if isinstance(cc, dict) and cc:
-        exp, obs = collective_counts(cc.get("expected")), collective_counts(cc.get("observed"))
+    ts = a.trace_summary
+    if ts is not None:
+        cc = ts.collectives_check
+        exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)
         if exp or obs:
             rows = [{"collective": k, "expected": exp.get(k), "observed (median per step)": obs.get(k)}
                     for k in dict.fromkeys(list(exp) + list(obs))
                     if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
-            n = (cc.get("observed") or {}).get("n_steps") if isinstance(cc.get("observed"), dict) else None
+            n = cc.observed.get("n_steps")
             label = ctx["verdict"].identity.step_label
-            text += (f"Counted on rank {cc.get('rank', 0)}" + (f" over {n} {label}s" if n else "")
-                     + (f", TP={cc['tp']}" if cc.get("tp") else "") + ":\n\n")
+            text += (f"Counted on rank {cc.rank if cc.rank is not None else 0}" + (f" over {n} {label}s" if n else "")
+                     + (f", TP={cc.tp}" if cc.tp else "") + ":\n\n")
             if rows:
                 df = pd.DataFrame(rows)
                 df["match"] = ["–" if e is None or o is None else ("yes" if e == o else "**no**")
@@ -433,10 +416,10 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                 text += md_table(df)
             else:
                 text += "No collective ran in these steps.\n"
-        reasoning = (cc.get("expected") or {}).get("reasoning") if isinstance(cc.get("expected"), dict) else None
+        reasoning = (cc.expected or {}).get("reasoning")
         if reasoning:
             text += f"\nExpected from the architecture: {words(reasoning)}\n"
-        expl = words(cc.get("explanation"))
+        expl = words(cc.explanation)
         if expl:
             text += f"\n{expl[0].upper() + expl[1:]}\n"
     else:
@@ -454,8 +437,8 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                             "05_categorize/decode_categories.csv") if not (a.run_dir / f).is_file()]
         text += missing_box("Trace against prediction", need or ["a GEMM or communication prediction"])
     text += "\n### Profiler text table against the trace\n\n"
-    tt = ts.get("text_table_check")
-    if isinstance(tt, list) and tt and all(isinstance(r, dict) for r in tt):
+    tt = ts.text_table_check if ts is not None else []
+    if tt:
         text += ("The text table's `Self CUDA time total` against the trace's summed kernel time (a difference "
                  "above 1 % is flagged; a CPU op's CUDA time is never added as kernel time):\n\n")
         df = pd.DataFrame(tt)
@@ -470,12 +453,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
         cols = [("file", "file"), ("rank", "rank"), ("layout", "layout"),
                 ("self_cuda_total_us", "Self CUDA total µs"), ("trace_kernel_sum_us", "trace kernel sum µs"),
                 ("diff_pct", "difference %"), ("self_cpu_total_us", "Self CPU total µs"), ("remark", "remark")]
-        for c in ("self_cuda_total_ms", "kernel_sum_ms", "flag"):
-            if c in df and c != "flag":
-                cols.append((c, c))
         text += md_table(df, cols)
-    elif isinstance(tt, dict) and tt:
-        text += kv_table([(k, v) for k, v in tt.items() if not isinstance(v, (dict, list))])
     else:
         text += missing_box("The text-table cross-check", ["profiler_out_*.txt parsed into 05_categorize/summary.json"])
     return text
@@ -585,26 +563,23 @@ def _section_caveats(items: list[str]) -> str:
 
 def _section_appendix(a: RunArtifacts) -> str:
     text = "## Appendix\n\n### Command lines\n\n"
-    run, server = a.run or {}, a.server or {}
+    run, server = a.run, a.server
     cmds = []
-    if run.get("argv"):
-        cmds.append(("stepscope", " ".join(redact_argv([str(x) for x in run["argv"]]))))
-    if server.get("argv"):
-        cmds.append(("server", " ".join(redact_argv([str(x) for x in server["argv"]]))))
+    if run is not None and run.argv:
+        cmds.append(("stepscope", " ".join(redact_argv(run.argv))))
+    if server is not None and server.argv:
+        cmds.append(("server", " ".join(redact_argv(server.argv))))
     if cmds:
         for who, line in cmds:
             text += f"{who}:\n\n```\n{line}\n```\n\n"
     else:
         text += missing_box("Command lines", ["run.json (argv)", "00_deploy/server.json (argv)"])
-    stages = run.get("stages")
-    if isinstance(stages, dict) and stages:
-        rows = [{"stage": k, "status": (v or {}).get("status"), "duration_s": (v or {}).get("duration_s"),
-                 "error": (v or {}).get("error") or ""} for k, v in stages.items()]
+    if run is not None and run.stages:
+        rows = [{"stage": k, "status": v.status, "duration_s": v.duration_s, "error": v.error or ""}
+                for k, v in run.stages.items()]
         text += "\n### Stages\n\n" + md_table(pd.DataFrame(rows))
-    if run.get("packages"):
-        pk = run["packages"]
-        text += "\n### Packages\n\n" + kv_table(sorted(pk.items()) if isinstance(pk, dict) else [("", pk)],
-                                                 ("package", "version"))
+    if run is not None and run.packages:
+        text += "\n### Packages\n\n" + kv_table(sorted(run.packages.items()), ("package", "version"))
     text += "\n### Params file\n\n"
     if a.params_text is not None:
         try:
@@ -642,10 +617,10 @@ def file_manifest(run_dir: Path, collapse: tuple[str, ...] = ("cache", "perfetto
 
 
 def _why(a: RunArtifacts, stage_id: str) -> str | None:
-    st = ((a.run or {}).get("stages") or {}).get(stage_id)
-    if isinstance(st, dict) and st.get("status"):
-        return f"stage status: {st['status']}" + (f": {st['error']}" if st.get("error") else "")
-    return None
+    st = a.stage_status(stage_id)
+    if st is None:
+        return None
+    return f"stage status: {st.status}" + (f": {st.error}" if st.error else "")
 
 
 # --------------------------------------------------------------------------- entry point
@@ -675,7 +650,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
 
 
 def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
-    run_id = (a.run or {}).get("run_id", a.run_dir.name)
+    run_id = a.run.run_id if a.run is not None else a.run_dir.name
     title = wp.title or f"Where does a decode step's time go? Run {run_id}"
     head = f"# {title}\n\n"
     short = prose.headline(ctx["verdict"])

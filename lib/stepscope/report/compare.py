@@ -24,7 +24,7 @@ from stepscope.report import analysis as an
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.markdown_util import fmt_num, markdown_to_html, md_table, missing_box
-from stepscope.palette import COMMUNICATION_CATEGORIES, category_sort_key, color_for
+from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
@@ -98,9 +98,8 @@ def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame 
 
     def prep(d: pd.DataFrame) -> pd.DataFrame:
         out = d[["category", "ms_per_step_mean"]].copy()
-        out["spread"] = (d["ms_per_step_p90"] - d["ms_per_step_median"]).abs() \
-            if {"ms_per_step_p90", "ms_per_step_median"} <= set(d.columns) else np.nan
-        out["calls"] = d["calls_per_step"] if "calls_per_step" in d else np.nan
+        out["spread"] = (d["ms_per_step_p90"] - d["ms_per_step_median"]).abs()
+        out["calls"] = d["calls_per_step"]
         return out
 
     m = prep(da).merge(prep(db), on="category", how="outer", suffixes=("_a", "_b"))
@@ -110,17 +109,10 @@ def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame 
 
 
 def _collectives_per_step(x: RunArtifacts) -> dict[str, float]:
-    out: dict[str, float] = {}
-    ranks = (x.trace_summary or {}).get("ranks") or []
-    if ranks and isinstance(ranks[0].get("collectives_per_decode_step"), dict):
-        for k, v in ranks[0]["collectives_per_decode_step"].items():
-            if num(v) is not None:
-                out[k] = float(v)
-    dec = x.decode_categories
-    if not out and dec is not None and "calls_per_step" in dec:
-        for _, r in dec[dec["category"].isin(COMMUNICATION_CATEGORIES)].iterrows():
-            out[str(r["category"])] = float(r["calls_per_step"])
-    return out
+    """Stage 05's medians over decode steps, on the reference (first) rank."""
+    if not x.ranks:
+        return {}
+    return {k: float(v) for k, v in x.ranks[0].collectives_per_decode_step.items() if num(v) is not None}
 
 
 def compare_collectives(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
@@ -170,8 +162,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
     """
     a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
-    name_a = (a.run or {}).get("run_id", a.run_dir.name)
-    name_b = (b.run or {}).get("run_id", b.run_dir.name)
+    name_a = a.run.run_id if a.run is not None else a.run_dir.name
+    name_b = b.run.run_id if b.run is not None else b.run_dir.name
     out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
     out.mkdir(parents=True, exist_ok=True)
     tables = {"headlines": compare_headlines(a, b), "macro": compare_macro(a, b),

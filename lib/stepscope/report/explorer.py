@@ -65,16 +65,13 @@ class StepExplorer:
         self.timeline = a.timeline
         self.extra_rules = extra_rules
         self.files: dict[int, Path] = {}
-        for r in (a.trace_summary or {}).get("ranks") or []:
-            if isinstance(r, dict) and r.get("rank") is not None and r.get("file"):
-                self.files[int(r["rank"])] = Path(r["file"])
-        for f in (a.manifest or {}).get("files") or []:
-            if isinstance(f, dict) and f.get("rank") is not None and f.get("kind", "trace") == "trace":
-                p = Path(f["path"])
-                p = p if p.is_absolute() else self.run_dir / "04_profiler_capture" / p
-                self.files.setdefault(int(f["rank"]), p)
-        ranks = (a.trace_summary or {}).get("ranks") or [{}]
-        self.lane = "thread" if isinstance(ranks[0], dict) and ranks[0].get("mode") == "cpu" else "stream"
+        for r in a.ranks:
+            self.files[r.rank] = Path(r.file)
+        for f in a.manifest.files if a.manifest is not None else []:
+            if f.rank is not None and f.kind == "trace":
+                p = Path(f.path)
+                self.files.setdefault(f.rank, p if p.is_absolute() else self.run_dir / "04_profiler_capture" / p)
+        self.lane = "thread" if a.ranks and a.ranks[0].mode == "cpu" else "stream"
         self._work: dict[int, pd.DataFrame] = {}
         self.notes: list[str] = []
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.thresholds import (COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
@@ -237,11 +238,11 @@ class Verdict:
 
 def trace_identity(a: RunArtifacts) -> TraceIdentity:
     """The trace's kind, engine, device, batch and TP: stage 05's `trace_info` when present."""
-    ts = a.trace_summary or {}
-    info = ts.get("trace_info") if isinstance(ts.get("trace_info"), dict) else None
-    ranks = [r for r in ts.get("ranks") or [] if isinstance(r, dict)]
+    ts = a.trace_summary
+    info = _plain(ts.trace_info) if ts is not None else None
+    ranks = [_plain(r) for r in a.ranks]
     ref = ranks[0] if ranks else {}
-    cm = ts.get("collectives_matched") if isinstance(ts.get("collectives_matched"), dict) else {}
+    cm = (_plain(ts.collectives_matched) if ts is not None else None) or {}
     params_tp, params_src = _params_tp(a)
     if info is not None:
         kind = str(info.get("kind") or "unknown")
@@ -272,23 +273,29 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
         src = str(ref.get("step_source") or "")
         kind = "unknown"
         label = "profiler step" if "profiler_step" in src else "step"
-        judged = _int((a.decode.get("steps") or {}).get("n_steps")) or _int(ref.get("n_steps"))
+        judged = (a.decode.steps.n_steps or None) or _int(ref.get("n_steps"))
     return TraceIdentity(
         kind=kind, step_label=label, source="step counts",
-        engine=_known((a.server or {}).get("engine") or (a.manifest or {}).get("engine")),
+        engine=_known((a.server.engine if a.server else None) or (a.manifest.engine if a.manifest else None)),
         tp=params_tp, tp_source=params_src if params_tp else None,
         ranks_present=len(ranks) or None, n_steps=_int(ref.get("n_steps")), n_judged_steps=judged,
         low_confidence=(judged or 0) < LOW_CONFIDENCE_STEPS)
 
 
 def _params_tp(a: RunArtifacts) -> tuple[int | None, str]:
-    srv = _int((a.server or {}).get("tp"))
+    srv = a.server.tp if a.server is not None else None
     if srv:
         return srv, "server"
     p = a.params or {}
     v = _int(((p.get("analysis") or {}).get("tp"))) or _int(((p.get("server") or {}).get("tp")))
     # `stepscope analyze` without --tp writes no TP: a default of 1 would be a guess.
     return (v, "params") if v and (a.server is not None or (p.get("analysis") or {}).get("tp")) else (None, "")
+
+
+def _plain(struct: Any) -> dict | None:
+    """A schema Struct as a mapping (None stays None): the findings below read optional
+    nested keys, all typed and defaulted by `stepscope.schema`."""
+    return None if struct is None else schema.to_builtins(struct)
 
 
 def _known(v: Any) -> str | None:
@@ -348,8 +355,8 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
     """Transfer against waiting from stage 05's cross-rank matching; no claim with ranks missing."""
     if comm is None or comm.status == "none":
         return None
-    cm = (a.trace_summary or {}).get("collectives_matched")
-    if not isinstance(cm, dict) or not cm:
+    cm = _plain(a.trace_summary.collectives_matched) if a.trace_summary is not None else None
+    if not cm:
         status = "ranks missing" if ident.ranks_missing else "not matched"
         return CommSplit(status=status, world_size=ident.world_size, ranks_present=ident.ranks_present)
     ws, present = _int(cm.get("world_size")), _count(cm.get("ranks_present"))
@@ -368,7 +375,7 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
     step, busy = basis.step_ms, totals.get("union_ms")
     if not step or busy is None:
         return None
-    d = a.decode
+    d = _plain(a.decode)
     cpu = totals.get("mode") == "cpu"
     idle_frac = max(step - busy, 0.0) / step
     micro, macro = num(d.get("idle_micro_ms")), num(d.get("idle_macro_ms"))
@@ -442,8 +449,8 @@ def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
 
 def roofline(a: RunArtifacts) -> tuple[RooflineFinding, ...]:
     """GEMM-like rows of stage 05's on-trace roofline, with the device they were judged against."""
-    rf = (a.trace_summary or {}).get("roofline")
-    if not isinstance(rf, dict):
+    rf = _plain(a.trace_summary.roofline) if a.trace_summary is not None else None
+    if not rf:
         return ()
     dev = rf.get("device") if isinstance(rf.get("device"), dict) else {}
     known = bool(dev.get("known")) and (num(dev.get("peak_mem_bw_gbps")) is not None

@@ -206,26 +206,24 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
         step, basis = totals.get("span_ms"), "span"
     if not step or decode is None or not len(decode):
         return None
-    col = "exposed_ms_mean" if "exposed_ms_mean" in decode else "ms_per_step_mean"
+    col = "exposed_ms_mean"
     parts = [Part(name=str(r["category"]), ms=float(r[col]), law=_law(str(r["category"])))
              for _, r in decode.iterrows() if num(r[col])]
     rest = step - sum(p.ms for p in parts)
     parts.append(Part(name="idle and between steps", ms=max(rest, 0.0), law="unchanged"))
-    gemm = (a.gemm_prediction or {}).get("gemm_us_per_decode_step")
-    gemm_curve = {int(float(k)): float(v) for k, v in gemm.items() if num(v)} if isinstance(gemm, dict) else None
+    gemm = a.gemm_prediction.gemm_us_per_decode_step if a.gemm_prediction is not None else {}
+    gemm_curve = {int(float(k)): float(v) for k, v in gemm.items() if num(v)}
     ar_curve, per_tok = None, None
     c = a.collectives
-    tcol = next((t for t in ("time_us_median", "time_us_rank_median") if c is not None and t in c), None)
-    if c is not None and tcol and {"op", "size_bytes"} <= set(c.columns):
-        ar = c[(c["op"].astype(str) == "all_reduce") & c[tcol].notna()]
-        if "mode" in ar and (ar["mode"] == "eager").any():
+    if c is not None:
+        ar = c[(c["op"].astype(str) == "all_reduce") & c["time_us_rank_median"].notna()]
+        if (ar["mode"] == "eager").any():
             ar = ar[ar["mode"] == "eager"]
         if len(ar):
-            ar_curve = {int(s): float(g[tcol].median()) for s, g in ar.groupby("size_bytes")}
-    cp = a.comm_prediction or {}
-    if num(cp.get("size_bytes")):
+            ar_curve = {int(s): float(g["time_us_rank_median"].median()) for s, g in ar.groupby("size_bytes")}
+    if a.comm_prediction is not None and a.comm_prediction.size_bytes:
         # stage 03 sizes one all-reduce at batch 1: [1 token, hidden] x dtype bytes
-        per_tok = float(cp["size_bytes"])
+        per_tok = float(a.comm_prediction.size_bytes)
     return SpecBaseline(step_ms=float(step), step_basis=basis, parts=tuple(parts), batch=batch,
                         gemm_us_by_tokens=gemm_curve or None, allreduce_us_by_bytes=ar_curve,
                         allreduce_bytes_per_token=per_tok)

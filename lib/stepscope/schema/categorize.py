@@ -220,6 +220,8 @@ class TraceInfo(Record, kw_only=True):
     step_kinds: dict[str, int] = {}
     judged_kind: str | None = None
     """The step kind the per-step figures describe."""
+    graph_replay: bool | None = None
+    """True when the steps replay CUDA graphs (launch overhead is already amortised)."""
     low_confidence: bool | None = None
     """Fewer than 5 steps of the judged kind."""
 

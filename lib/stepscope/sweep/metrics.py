@@ -32,7 +32,6 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = (50.0, 90.0, 99.0)
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 @dataclass

@@ -68,7 +68,6 @@ rule matched; `other` is what no rule matched. `conv`, `lm_head`, `loss` and `op
 come mostly from context (the enclosing module, op or annotation)."""
 
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_CLASS)
-CLASS_PRIORITY: tuple[str, ...] = ("compute", "communication", "memory")
 COLLECTIVE_CATEGORIES = ("all_reduce", "all_gather", "other_collective")
 # A CPU wait on a collective is time spent in that collective: resolved per thread to
 # the category of the collective op issued just before it.
