@@ -497,5 +497,5 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
 
 
 def _roofline_reason(a: RunArtifacts) -> str | None:
-    rf = (a.trace_summary or {}).get("roofline")
-    return _known(rf.get("reason")) if isinstance(rf, dict) else None
+    rf = a.trace_summary.roofline if a.trace_summary is not None else None
+    return _known(rf.reason) if rf is not None else None

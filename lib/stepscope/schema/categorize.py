@@ -232,39 +232,70 @@ class CollectivesMatched(Record, kw_only=True):
     world_size: int | None = None
     ranks_present: list[int] | int | None = None
     complete: bool | None = None
+    """Every rank of the world present, at least two."""
+    reason: str | None = None
+    """Why nothing was matched, else null."""
     n_instances: int | None = None
+    steps_used: str | None = None
+    n_instances_judged: int | None = None
+    n_asymmetric: int | None = None
     transfer_ms_per_step: float | None = None
+    """The least-waiting rank's time per step: the transfer itself."""
     wait_ms_per_step: float | None = None
+    """Mean over ranks of the time spent waiting for the others, per step."""
+    wait_ms_per_step_by_rank: dict[str, float | None] | None = None
     skew_us: dict[str, float | None] | None = None
-    """{p50, p90}."""
+    """{p50, p90}: spread of the ranks' start times per instance."""
+    transfer_us: dict[str, float | None] | None = None
     straggler_rank: int | None = None
+    straggler_share: float | None = None
+    busbw_gbps: dict[str, float | None] | None = None
     clock_flag: Any = None
+    """{ranks, median_end_offset_us} when the ranks' clocks disagree, else null."""
+    count_mismatch: Any = None
+    """When ranks issued different counts."""
+    by_category: dict[str, dict[str, Any]] | None = None
 
 
 class RooflineDevice(Record, kw_only=True):
     name: str | None = None
+    trace_name: str | None = None
     peak_mem_bw_gbps: float | None = None
     peak_tflops: float | None = None
     known: bool | None = None
+    matched_by: str | None = None
+    source: str | None = None
+    """Where the peaks come from (`stepscope.hardware`, or params `hardware`)."""
 
 
 class RooflineRow(Record, kw_only=True):
     category: str
     calls_per_step: float | None = None
+    """Calls of the category per decode step in the trace."""
+    model_gemms_per_step: float | None = None
     flops_per_step: float | None = None
     bytes_per_step: float | None = None
+    """Weights at their precision + activations."""
     time_ms_per_step: float | None = None
+    """The category's union per decode step."""
     achieved_tflops: float | None = None
     achieved_gbps: float | None = None
     pct_peak_bw: float | None = None
+    """Null when the peak is unknown."""
     pct_peak_flops: float | None = None
+    gemms: str | None = None
     source: str | None = None
+    micro_gbps: float | None = None
+    """Stage 02's GB/s on the same GEMMs at the same M, when it ran them."""
+    micro_vs_trace: float | None = None
 
 
 class Roofline(Record, kw_only=True):
     """Per category on the trace: achieved FLOP/s and bytes/s against the device's peaks."""
 
     device: RooflineDevice = field(default_factory=RooflineDevice)
+    reason: str | None = None
+    """Why there are no rows, else null."""
     rows: list[RooflineRow] = []
 
 
