@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stepscope import schema
 from stepscope.campaign.metrics import SpecDecodeStats, stats_from_json
 from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
@@ -236,7 +237,8 @@ def category_values(runs: list[VariantRun]) -> dict[str, list[tuple[float, float
 
 
 def capture_tpot(r: VariantRun) -> float | None:
-    return num(r.ctx["totals"].get("tpot_capture_ms")) or num((r.artifacts.capture_latency or {}).get("tpot_ms_mean"))
+    cl = r.artifacts.capture_latency
+    return num(r.ctx["totals"].get("tpot_capture_ms")) or (cl.tpot_ms_mean if cl is not None else None)
 
 
 def step_ms(r: VariantRun) -> float | None:
@@ -380,8 +382,8 @@ class SpecPrediction:
 
 
 def _trace_spec(r: VariantRun) -> dict | None:
-    s = (r.artifacts.decode or {}).get("spec_decode")
-    return s if isinstance(s, dict) else None
+    s = r.artifacts.decode.spec_decode
+    return schema.to_builtins(s) if s is not None else None
 
 
 def baseline_model(r: VariantRun) -> wi.SpecBaseline | None:

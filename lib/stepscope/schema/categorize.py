@@ -153,6 +153,24 @@ class SpecDecodeSteps(Record, kw_only=True):
     decode_step_ms: float | None = None
 
 
+class SpecDecode(Record, kw_only=True):
+    """Verify steps under speculative decoding, counted from the step annotations (a step
+    `..._generation_R(T)` with T > R scored drafts). Emitted tokens are not in the trace."""
+
+    n_decode_steps: int
+    n_verify_steps: int
+    n_plain_steps: int
+    scored_tokens_per_step: float
+    scored_tokens_per_verify_step: float
+    draft_tokens_per_verify_step: float
+    requests_per_step: float
+    time_basis: str
+    """`period` or `span`: what the step times below measure."""
+    verify_step_ms: float | None = None
+    plain_step_ms: float | None = None
+    decode_step_ms: float | None = None
+
+
 class DecodeSummary(Record, kw_only=True):
     """The decode summary on the reference rank."""
 
@@ -178,6 +196,8 @@ class DecodeSummary(Record, kw_only=True):
     """The longest gap in any decode step."""
     launch_delay_us: dict[str, float | None] | None = None
     """{median, p90}: launch to kernel start (GPU traces)."""
+    spec_decode: SpecDecode | None = None
+    """Speculative decoding's verify steps; null when no step scored a draft."""
     spec_decode: SpecDecodeSteps | None = None
     """Verify steps under speculative decoding (null when no step scored a draft)."""
 
