@@ -139,3 +139,24 @@ def test_generated_docs_carry_each_field_its_type_and_meaning():
     assert "| `tpot_ms_mean` | float or null | Per request (E2EL - TTFT) / (tokens - 1)" in md
     assert "- `knee_concurrency` (int | null, optional): The first level beyond which" in md
     assert "## `05_categorize/steps.csv`" in md and "| `class` | str | `compute`, `communication` or `memory`. |" in md
+
+
+def test_report_loader_reads_typed_values_and_names_an_off_schema_file(tmp_path, caplog):
+    import logging
+
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.testing.synthetic import make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "run")
+    a = load_run_artifacts(run)
+    assert isinstance(a.sweep_summary, schema.SweepSummary) and a.sweep_summary.knee_concurrency == 4
+    assert a.comm_prediction.comm_us_per_decode_step == 4300.0 and a.decode.rank == 0
+    assert list(a.decode_categories["rank"].unique()) == [0]  # the reference rank's rows only
+    assert a.problems == []
+    (run / "02_gemm_micro" / "prediction.json").write_text(json.dumps({"gemm_us_per_decode_step": "fast"}))
+    with caplog.at_level(logging.WARNING, logger="stepscope.report.artifacts"):
+        a = load_run_artifacts(run)
+    assert a.gemm_prediction is None
+    assert a.problems == ["02_gemm_micro/prediction.json: does not match the schema GemmPrediction: "
+                          "Expected `object`, got `str` - at `$.gemm_us_per_decode_step`"]
+    assert "prediction.json" in caplog.text and "GemmPrediction" in caplog.text
