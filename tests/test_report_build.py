@@ -201,3 +201,15 @@ def test_whatif_section_uses_params(full):
                                  (1536.4, "1,536"), (123.0, "123"), (28.0, "28.0"), (5, "5"), (float("inf"), "∞")])
 def test_fmt_num(v, s):
     assert fmt_num(v) == s
+
+
+def test_period_and_capture_tpot_are_set_side_by_side(tmp_path):
+    run = make_synthetic_run(tmp_path / "agree")
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert f"The period ({fmt_num(PERIOD)} ms) and the TPOT the client measured during capture (12.1 ms) agree" in md
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["decode"]["steps"]["tpot_capture_ms"] = 8.0   # stage 05 copies the capture's mean TPOT here
+    p.write_text(json.dumps(s))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert f"**The period ({fmt_num(PERIOD)} ms) and the client's TPOT (8.00 ms) disagree** by" in md

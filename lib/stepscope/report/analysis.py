@@ -127,7 +127,24 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
                    + (f" over {_fmt(n)} intervals" if n else "") + f"), against a span of {_fmt(sp)} ms: "
                    f"{_fmt(max(period - sp, 0.0))} ms per step pass with no device work of the step. Shares and "
                    f"Amdahl ceilings divide by the period, because it is what TPOT measures.")
-    if tpot is not None and sp is not None and tpot > 0:
+    if tpot is not None and period is not None and tpot > 0:
+        # The two readings of the same thing: they should agree, and a disagreement is flagged.
+        diff = period - tpot
+        if abs(diff) <= TPOT_GAP_SHARE * tpot:
+            out.append(f"The period ({_fmt(period)} ms) and the TPOT the client measured during capture "
+                       f"({_fmt(tpot)} ms) agree within {_fmt(100 * abs(diff) / tpot, 2)} %.")
+        elif diff > 0:
+            out.append(f"**The period ({_fmt(period)} ms) and the client's TPOT ({_fmt(tpot)} ms) disagree** by "
+                       f"{_fmt(100 * diff / tpot, 2)} % of TPOT. One known cause of a TPOT below the period: when the "
+                       f"server delivers output in bursts, the first chunk carries several tokens, TTFT absorbs "
+                       f"their decode time and (E2EL − TTFT)/(tokens − 1) shrinks (the sweep flags such bursts). "
+                       f"The period is the engine's own clock; shares and ceilings use it.")
+        else:
+            out.append(f"**The period ({_fmt(period)} ms) and the client's TPOT ({_fmt(tpot)} ms) disagree**: "
+                       f"TPOT is {_fmt(100 * -diff / tpot, 2)} % above the period, so time per token is spent "
+                       f"outside the steps the trace recorded (scheduling between requests, streaming, "
+                       f"detokenization).")
+    elif tpot is not None and sp is not None and tpot > 0:
         gap = tpot - sp
         if abs(gap) <= TPOT_GAP_SHARE * tpot:
             out.append(f"The TPOT measured by the client during capture ({_fmt(tpot)} ms) matches the span "

@@ -154,7 +154,7 @@ def agreement_sentence(g: Agreement) -> str:
                 f"prediction ({f(g.predicted_ms)} ms; ratio {f(g.ratio)}, within ±{f(g.tolerance_pct)} %).")
     why = ("beyond the transfer itself, ranks wait for each other or the engine's collectives differ"
            if g.quantity == "communication" and g.ratio > 1 else
-           "so the isolated benchmark does not describe the running engine")
+           "the isolated benchmark does not describe the running engine")
     return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) is {f(g.ratio)}× the micro-benchmark's "
             f"prediction ({f(g.predicted_ms)} ms): {why}.")
 
