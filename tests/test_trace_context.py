@@ -133,3 +133,14 @@ def test_docs_name_every_category_and_context_rule():
     for cat, klass in CATEGORY_CLASS.items():
         assert f"| `{cat}` | {klass} |" in doc, cat
     assert {r.category for r in context_rules()} == {"norm", "rotary", "conv", "lm_head", "loss", "optimizer"}
+
+
+def test_summary_reports_catch_all_beside_other(real_traces: Path, tmp_path: Path):
+    from stepscope.trace.analyze import analyze_traces
+
+    an = analyze_traces([real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"], tmp_path,
+                        progress=False, perfetto=False)
+    (r,) = an.summary["ranks"]
+    assert r["other_share"] == 0.0 and r["other_top_names"] == []
+    assert r["catch_all_share"] == pytest.approx(10.598 / r["kernel_sum_us"], rel=1e-6)
+    assert [(x["name"], x["count"]) for x in r["catch_all_top_names"]] == [("triton_poi_fused_0", 1)]

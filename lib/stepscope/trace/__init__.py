@@ -20,7 +20,12 @@ Public API
   the streaming loader (slim event table per rank; Parquet cache keyed by size + content hash).
   `load.parse_trace(path, processes=...)` is its pandas-free core (numpy arrays), which
   loader processes run; a trace over 64 MB of JSON is split across processes by chunk.
-- `categorize.make_rules(extra_rules)` + `rules.yaml`: ordered rules, first match wins.
+  The loader's modules: `parse` (streaming parser), `split` (one trace over several
+  processes), `cache` (Parquet cache), `frames` (which python frames and cpu_ops are kept
+  as context); rank and stage from file names: `stepscope.filenames` (shared with capture).
+- `categorize.make_rules(extra_rules)` + `rules.yaml`: ordered name rules, first match wins;
+  `categorize.context_rules()` + `context.work_context`: categories from enclosing frames;
+  `categorize.categorize_work(names, cats, rules, context)` -> (category, source).
 - `text_table.parse_text_table(path)`: torch's `key_averages` table (CPU and GPU layouts).
 - `plots.stage_figures(an)`, `plots.save_figures(figs, run_dir)`; `plots` holds the one
   implementation of every category figure (the report draws its own with them too).
