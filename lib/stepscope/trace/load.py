@@ -283,6 +283,13 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
             for fut in as_completed(futs):
                 finish(futs[fut], *fut.result())
     bar.close()
+    return _one_per_rank(paths, results)
+
+
+def _one_per_rank(paths: list[Path], results: dict[Path, tuple[RankTrace | None, str | None]]
+                  ) -> tuple[list[RankTrace], list[dict[str, str]]]:
+    """(ranks sorted by rank, flags): unreadable files and duplicate ranks become flags; of
+    SGLang's per-stage pair (DECODE, EXTEND) of one rank the DECODE trace is kept."""
     flags: list[dict[str, str]] = []
     ranks: dict[int, RankTrace] = {}
     for p in paths:  # input order decides which duplicate wins
@@ -291,26 +298,26 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
             flags.append(_flag("rank_unreadable", "error", err))
             continue
         assert rt is not None
-        if rt.rank in ranks:
-            first = ranks[rt.rank].path
-            stages = {sglang_stage(first), sglang_stage(p)}
-            if None not in stages and len(stages) == 2:
-                # SGLang writes one trace per stage and rank: decode is what stage 05 reads.
-                keep, other = (rt, ranks[rt.rank]) if sglang_stage(p) == "DECODE" else (ranks[rt.rank], rt)
-                ranks[rt.rank] = keep
-                if keep is rt:
-                    flags.extend(rt.flags)
-                flags.append(_flag("sglang_stage_split", "info",
-                                   f"rank {rt.rank}: SGLang wrote {keep.path.name} and "
-                                   f"{other.path.name}; the DECODE trace is analysed"))
-                continue
-            flags.append(_flag(
-                "duplicate_rank", "error",
-                str(TraceError(f"claims rank {rt.rank}, like {first.name} (from "
-                               f"{rt.meta.get('rank_source')}); it was left out",
-                               where=str(p),
-                               hint="pass one trace per rank; remove the stale copy"))))
+        if rt.rank not in ranks:
+            ranks[rt.rank] = rt
+            flags.extend(rt.flags)
             continue
-        ranks[rt.rank] = rt
-        flags.extend(rt.flags)
+        first = ranks[rt.rank].path
+        stages = {sglang_stage(first), sglang_stage(p)}
+        if None not in stages and len(stages) == 2:
+            # SGLang writes one trace per stage and rank: decode is what stage 05 reads.
+            keep, other = (rt, ranks[rt.rank]) if sglang_stage(p) == "DECODE" else (ranks[rt.rank], rt)
+            ranks[rt.rank] = keep
+            if keep is rt:
+                flags.extend(rt.flags)
+            flags.append(_flag("sglang_stage_split", "info",
+                               f"rank {rt.rank}: SGLang wrote {keep.path.name} and "
+                               f"{other.path.name}; the DECODE trace is analysed"))
+            continue
+        flags.append(_flag(
+            "duplicate_rank", "error",
+            str(TraceError(f"claims rank {rt.rank}, like {first.name} (from "
+                           f"{rt.meta.get('rank_source')}); it was left out",
+                           where=str(p),
+                           hint="pass one trace per rank; remove the stale copy"))))
     return [ranks[r] for r in sorted(ranks)], flags

@@ -541,136 +541,144 @@ def parse_trace(path: str | Path, *, progress: Callable[[int], None] | None = No
 
 
 def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
-                 progress: Callable[[int], None] | None) -> _Share:
+                progress: Callable[[int], None] | None) -> _Share:
     """Decode every `of`-th chunk of the trace, starting with chunk `share`."""
     col = _Collector()
     segments: list[tuple[int, int, int]] = []
-    header: bytes | None = b""
-    tail = b""
     with _open_stream(path, threaded=of == 1) as stream:
-        buf = bytearray()
-        # 1. Header: everything before the traceEvents array.
-        while True:
-            data = _read(stream, path, CHUNK_BYTES)
-            buf += data
-            head = buf.lstrip()[:1]
-            if head and head not in (b"{", b"["):
-                raise TraceError("not a JSON trace (it does not start with '{' or '[')",
-                                 where=str(path), hint="pass Kineto .json / .json.gz traces")
-            if head == b"[":
-                # Chrome's "JSON array" form: the whole file is the event list.
-                start = buf.index(b"[") + 1
-                header = None
-                break
-            m = _KEY_RE.search(buf)
-            if m:
-                header = bytes(buf[:m.end() - 1])
-                start = m.end()
-                if keep_cpu_ops is None and _GPU_HEADER_RE.search(header):
-                    col.seen_device = True  # i.e. drop cpu_ops from the first event on
-                break
-            if not data or len(buf) > (64 << 20):
-                raise TraceError(
-                    "no traceEvents array: this JSON is not a Kineto / Chrome trace",
-                    where=str(path),
-                    hint="pass the *.pt.trace.json(.gz) files the profiler wrote")
+        buf, pos, header = _read_header(stream, path, keep_cpu_ops, col)
         consumed = 0  # decompressed bytes before buf[0], for error offsets
-        # The buffer is a bytearray so each region can be decoded in place: the byte
-        # before an event (`[`, `,` or blank) becomes `[` and the one after its last event
-        # becomes `]`; no copy of the chunk is made.
-        buf = bytearray(buf)
-        pos = start
         eof = False
         chunk_no = 0
-        # 2. Events, one chunk at a time.
         while True:
-            if not eof:
-                data = _read(stream, path, CHUNK_BYTES)
-                if data:
-                    del buf[:pos - 1]
-                    consumed += pos - 1
-                    pos = 1
-                    buf += data
-                else:
-                    eof = True
-            if progress is not None and not eof:
-                progress(len(data))
-            hi = len(buf)
-            attempts = 0
-            while True:
-                b = _last_boundary(buf, pos, hi)
-                if b is None:
-                    break
-                end, nxt = b
-                if chunk_no % of != share:  # another process decodes this chunk
-                    pos = nxt
-                    chunk_no += 1
-                    break
-                saved = buf[end]
-                buf[pos - 1] = 0x5B  # '['
-                buf[end] = 0x5D  # ']'
-                ok = False
-                rows = len(col.ts)
-                with memoryview(buf) as mv:
-                    region = mv[pos - 1:end + 1]
-                    try:
-                        _decode_into(col, region)
-                        ok = True
-                    except msgspec.DecodeError as exc:
-                        if of > 1:
-                            region.release()
-                            raise split.SplitFailed() from None
-                        m = _BYTE_RE.search(str(exc))
-                        at = int(m.group(1)) if m else len(region)
-                        # An error well before the cut is real damage; one at the cut
-                        # means the cut fell inside a nested object, so cut earlier.
-                        if at < len(region) - 2 or attempts > 20:
-                            region.release()
-                            raise _malformed(path, consumed + pos + at, exc) from None
-                    region.release()
-                buf[end] = saved
-                if ok:
-                    if of > 1:
-                        segments.append((chunk_no, rows, len(col.ts)))
-                    pos = nxt
-                    chunk_no += 1
-                    break
-                attempts += 1
-                hi = end - 1
+            data = _read(stream, path, CHUNK_BYTES)
+            if data:
+                del buf[:pos - 1]
+                consumed += pos - 1
+                pos = 1
+                buf += data
+                if progress is not None:
+                    progress(len(data))
+            else:
+                eof = True
+            pos, chunk_no = _decode_next(col, buf, pos, chunk_no, share, of, segments, path, consumed)
             if eof:
                 break
         if share != 0:
             return col.share(segments, None)
-        buf = bytes(buf)
-        # 3. The last event, the closing bracket and the trailer (share 0's).
-        rest = buf[pos:]
-        s = rest.lstrip()
         rows = len(col.ts)
-        if s.startswith(b"]"):
-            tail = s[1:]
-        else:
-            idx = -1
-            while True:
-                idx = rest.find(b"]", idx + 1)
-                if idx < 0:
-                    raise TraceError(
-                        "the JSON ends inside the traceEvents array (the file is truncated)",
-                        where=str(path),
-                        hint="copy the trace again once the profiler has finished writing it")
-                try:
-                    _decode_into(col, b"[" + rest[:idx + 1])
-                except msgspec.DecodeError:
-                    continue
-                tail = rest[idx + 1:]
-                break
+        tail = _decode_last(col, bytes(buf[pos:]), path)
         segments.append((chunk_no, rows, len(col.ts)))
-    try:
-        meta = {} if header is None else _any_decoder.decode(header + b"[]" + tail)
-    except msgspec.DecodeError as exc:
-        raise _malformed(path, consumed + len(buf), exc) from None
-    if not isinstance(meta, dict):
-        raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
-    meta.pop("traceEvents", None)
+    meta = _top_metadata(header, tail, path, consumed + len(buf))
     return col.share(segments, meta)
 
 
+def _read_header(stream, path: Path, keep_cpu_ops: bool | None, col: _Collector
+                 ) -> tuple[bytearray, int, bytes | None]:
+    """(buffer, offset of the first event, the header before traceEvents or None for the
+    bare-array form). A GPU header (deviceProperties) makes the collector drop cpu_ops."""
+    buf = bytearray()
+    while True:
+        data = _read(stream, path, CHUNK_BYTES)
+        buf += data
+        head = buf.lstrip()[:1]
+        if head and head not in (b"{", b"["):
+            raise TraceError("not a JSON trace (it does not start with '{' or '[')",
+                             where=str(path), hint="pass Kineto .json / .json.gz traces")
+        if head == b"[":
+            # Chrome's "JSON array" form: the whole file is the event list.
+            return buf, buf.index(b"[") + 1, None
+        m = _KEY_RE.search(buf)
+        if m:
+            header = bytes(buf[:m.end() - 1])
+            if keep_cpu_ops is None and _GPU_HEADER_RE.search(header):
+                col.seen_device = True  # i.e. drop cpu_ops from the first event on
+            return buf, m.end(), header
+        if not data or len(buf) > (64 << 20):
+            raise TraceError(
+                "no traceEvents array: this JSON is not a Kineto / Chrome trace",
+                where=str(path),
+                hint="pass the *.pt.trace.json(.gz) files the profiler wrote")
+
+
+def _decode_next(col: _Collector, buf: bytearray, pos: int, chunk_no: int, share: int, of: int,
+                 segments: list[tuple[int, int, int]], path: Path, consumed: int) -> tuple[int, int]:
+    """Decode buf[pos:] up to its last event boundary when the chunk is this share's.
+
+    Returns (offset after the chunk, next chunk number); (pos, chunk_no) when the buffer
+    holds no complete event yet."""
+    hi = len(buf)
+    attempts = 0
+    while True:
+        b = _last_boundary(buf, pos, hi)
+        if b is None:
+            return pos, chunk_no
+        end, nxt = b
+        if chunk_no % of != share:  # another process decodes this chunk
+            return nxt, chunk_no + 1
+        rows = len(col.ts)
+        if _decode_region(col, buf, pos, end, of > 1, path, consumed, attempts):
+            if of > 1:
+                segments.append((chunk_no, rows, len(col.ts)))
+            return nxt, chunk_no + 1
+        attempts += 1
+        hi = end - 1
+
+
+def _decode_region(col: _Collector, buf: bytearray, pos: int, end: int, in_split: bool, path: Path,
+                   consumed: int, attempts: int) -> bool:
+    """Decode the events in buf[pos:end+1] in place; False when the cut fell inside a nested
+    object (cut earlier). The buffer is a bytearray so no copy is made: the byte before the
+    first event (`[`, `,` or blank) becomes `[` and the one after the last becomes `]`."""
+    saved = buf[end]
+    buf[pos - 1] = 0x5B  # '['
+    buf[end] = 0x5D  # ']'
+    try:
+        with memoryview(buf) as mv, mv[pos - 1:end + 1] as region:
+            try:
+                _decode_into(col, region)
+                return True
+            except msgspec.DecodeError as exc:
+                if in_split:
+                    raise split.SplitFailed() from None
+                m = _BYTE_RE.search(str(exc))
+                at = int(m.group(1)) if m else len(region)
+                # An error well before the cut is real damage; one at the cut means the
+                # cut fell inside a nested object.
+                if at < len(region) - 2 or attempts > 20:
+                    raise _malformed(path, consumed + pos + at, exc) from None
+                return False
+    finally:
+        buf[end] = saved
+
+
+def _decode_last(col: _Collector, rest: bytes, path: Path) -> bytes:
+    """Decode the last event(s) before the closing bracket; return what follows the array."""
+    s = rest.lstrip()
+    if s.startswith(b"]"):
+        return s[1:]
+    idx = -1
+    while True:
+        idx = rest.find(b"]", idx + 1)
+        if idx < 0:
+            raise TraceError(
+                "the JSON ends inside the traceEvents array (the file is truncated)",
+                where=str(path),
+                hint="copy the trace again once the profiler has finished writing it")
+        try:
+            _decode_into(col, b"[" + rest[:idx + 1])
+        except msgspec.DecodeError:
+            continue
+        return rest[idx + 1:]
+
+
+def _top_metadata(header: bytes | None, tail: bytes, path: Path, offset: int) -> dict[str, Any]:
+    """The trace's top-level keys (everything but traceEvents)."""
+    try:
+        meta = {} if header is None else _any_decoder.decode(header + b"[]" + tail)
+    except msgspec.DecodeError as exc:
+        raise _malformed(path, offset, exc) from None
+    if not isinstance(meta, dict):
+        raise TraceError("not a Kineto trace (top level is not an object)", where=str(path))
+    meta.pop("traceEvents", None)
+    return meta
