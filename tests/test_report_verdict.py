@@ -318,3 +318,20 @@ def test_analyze_takes_an_architecture_preset(tmp_path):
 
     data = analyze_params(["x.json.gz"], model_config=None, tp=None, arch_preset="qwen3-8b")
     assert data["model"] == {"arch_preset": "qwen3-8b"}
+
+
+def test_catch_all_share_is_reported_beside_other(tmp_path):
+    run = make_synthetic_run(tmp_path / "ca")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    for r in s["ranks"]:
+        r["catch_all_share"], r["catch_all_top_names"] = 0.031, [{"name": "aten::copy_ kernel", "sum_us": 9.0}]
+    p.write_text(json.dumps(s))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "Only a catch-all rule matched 3.10 % of kernel time" in md and "`aten::copy_ kernel`" in md
+
+
+def test_one_rank_gets_no_across_ranks_table(tmp_path, real_traces):
+    run = _real_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "Across ranks" not in md

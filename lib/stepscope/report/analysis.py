@@ -261,6 +261,13 @@ def _trace_caveats(a: RunArtifacts) -> list[str]:
         names = ", ".join(f"`{name_of(n)[:80]}`" for n in r.other_top_names[:5]) or "none listed"
         out.append(f"\"other\" holds at most {_fmt(100 * r.other_share)} % of kernel time (rank {r.rank}); "
                    f"its top names: {names}.")
+        caught = [x for x in ranks if x.catch_all_share is not None]
+        if caught:
+            c = max(caught, key=lambda x: x.catch_all_share)
+            top = ", ".join(f"`{name_of(n)[:80]}`" for n in (c.catch_all_top_names or [])[:5]) or "none listed"
+            # Beside "other": time a catch-all rule filed is not understood either.
+            out.append(f"Only a catch-all rule matched {_fmt(100 * c.catch_all_share)} % of kernel time (at most, "
+                       f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}.")
         unattr = [(x.rank, x.unattributed_events) for x in ranks if x.unattributed_events]
         if unattr:
             out.append(f"{sum(n for _, n in unattr)} device events were not attributed to any step "

@@ -383,7 +383,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
         text += (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
                  f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
                  f"the job; the table is left out.\n")
-    elif cr is not None and len(cr) and "category" in cr:
+    elif cr is not None and len(cr) and "category" in cr and ("n_ranks" not in cr or cr["n_ranks"].max() > 1):
         text += ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time is an "
                  "upper bound on the transfer (a per-rank mean, not a per-instance measure); the verdict's transfer "
                  "and waiting come from collectives matched instance by instance, when stage 05 matched them:\n\n")
