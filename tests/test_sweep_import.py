@@ -101,3 +101,20 @@ def test_relative_paths_and_empty_list(tmp_path):
     assert len(import_vllm_results(["r.json"], base_dir=tmp_path)) == 1
     empty = import_vllm_results([])
     assert empty.empty and list(empty.columns) == LEVEL_COLUMNS
+
+
+def test_imported_table_is_saved_in_the_stage_folder(tmp_path):
+    """The imported `vllm bench` results are a file of stage 01, not only a notebook display."""
+    import pandas as pd
+
+    p = tmp_path / "detailed.json"
+    p.write_text(json.dumps(DETAILED))
+    out = tmp_path / "01_macro_sweep"
+    out.mkdir()
+    t = import_vllm_results([p], out_dir=out)
+    saved = pd.read_csv(out / "imported_vllm_bench.csv")
+    assert list(saved.columns) == LEVEL_COLUMNS and len(saved) == 1
+    assert saved.loc[0, "output_throughput_tok_s"] == pytest.approx(t.loc[0, "output_throughput_tok_s"])
+    assert saved.loc[0, "source"] == "vllm bench serve: detailed.json"
+    import_vllm_results([], out_dir=tmp_path / "none")  # nothing listed: no file, no folder
+    assert not (tmp_path / "none").exists()

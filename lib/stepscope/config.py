@@ -128,6 +128,14 @@ class SweepParams:
     doubling of concurrency."""
     import_results: tuple[str, ...] = ()
     """`vllm bench serve --save-result` JSON files to show beside this sweep (same table)."""
+    prompt_mode: Literal["token_ids", "random_text"] = "token_ids"
+    """`token_ids`: prompts of random token IDs from ordinary text. `random_text`: text prompts
+    of exact token length built like vLLM's random dataset (`vllm bench serve --dataset-name
+    random`), for runs compared with that benchmark; needs the model's tokenizer here."""
+    min_level_duration_s: float = 0.0
+    """Keep a closed-loop level sending requests until it has run this long (and sent its
+    requests); open-loop levels send rate x this many. One server stall then cannot dominate
+    a level. 0: request count only."""
 
 
 @dataclass(frozen=True)
@@ -471,7 +479,7 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "server.startup_timeout_s": _POS,
     "sweep.concurrency": (1, None), "sweep.request_rates": _POS, "sweep.input_len": (1, None),
     "sweep.output_len": (1, None), "sweep.min_requests": (1, None), "sweep.warmup_requests": _NONNEG,
-    "sweep.request_timeout_s": _POS, "sweep.knee_gain": _POS,
+    "sweep.request_timeout_s": _POS, "sweep.knee_gain": _POS, "sweep.min_level_duration_s": _NONNEG,
     "micro.gemm.m_values": (1, None), "micro.gemm.warmup": _NONNEG, "micro.gemm.repeats": (1, None),
     "micro.gemm.threads": (1, None), "micro.gemm.preset_m_values": (1, None),
     "micro.gemm.preset_tp": (1, None), "micro.gemm.graph_calls": (1, None),

@@ -57,3 +57,10 @@ benchmark."""
 NOISE_BAND_SIGMAS = 2.0
 """A difference of two means is real beyond this many standard errors of the difference
 (about 95 % for normal scatter); standard errors from repeats or from step-to-step spread."""
+
+
+# --- stage 01 (serving sweep) -----------------------------------------------------------
+STALL_GAP_S = 0.5
+"""Every stream in flight silent at once for longer than this is a server-wide stall; a level
+with one is flagged. Decode steps take milliseconds to tens of milliseconds, so half a second
+of silence is a pause of the server, not a slow step."""

@@ -44,6 +44,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("01_macro_sweep/levels/<level>.meta.json", "01_macro_sweep",
              "level settings, client CPU, server /metrics snapshots; marks a finished level"),
     Artifact("01_macro_sweep/levels.csv", "01_macro_sweep", "one row per level", LevelRow),
+    Artifact("01_macro_sweep/imported_vllm_bench.csv", "01_macro_sweep",
+             "the `sweep.import_results` files (`vllm bench serve --save-result`) in the same columns, "
+             "one row per imported result", LevelRow, optional=True),
     Artifact("01_macro_sweep/summary.json", "01_macro_sweep", "knee, plateau, batch-1 latency, "
              "failures, flags", SweepSummary),
     Artifact("02_gemm_micro/gemm.csv", "02_gemm_micro", "one row per timed GEMM shape and setting", GemmRow),

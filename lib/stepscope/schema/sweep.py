@@ -83,6 +83,14 @@ class LevelRow(Row, kw_only=True):
     """Share of inter-chunk gaps under 0.05 ms (0-1): output delivered in bursts."""
     merged_token_share: float | None = None
     """Share of output tokens that arrived in another token's chunk (0-1)."""
+    stall_count: int | None = None
+    """Server-wide stalls: every stream in flight silent at once for over `thresholds.STALL_GAP_S`."""
+    stall_total_s: float | None = None
+    """Their summed length, s."""
+    stall_max_s: float | None = None
+    """The longest, s."""
+    stall_share: float | None = None
+    """stall_total_s / duration_s (0-1)."""
     client_cpu_pct: float | None = None
     """The load generator's CPU use, % of one core."""
     client_bound: bool | None = None

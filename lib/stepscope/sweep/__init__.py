@@ -24,8 +24,12 @@ Artifacts in `01_macro_sweep/`:
   total_throughput_tok_s, {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99},
   littles_concurrency, peak_output_tok_s_1s, bunched_chunk_share (inter-chunk gaps under
   0.05 ms), merged_token_share (output tokens that arrived in another token's chunk),
+  stall_count, stall_total_s, stall_max_s, stall_share (server-wide stalls: every stream
+  in flight silent at once for over `thresholds.STALL_GAP_S`; `stepscope.sweep.stalls`),
   client_cpu_pct, client_bound,
   server_running_max, server_waiting_max, kv_cache_usage_max (0-1), complete, source.
+- `imported_vllm_bench.csv`: the `sweep.import_results` files in the levels.csv columns
+  (only when some are listed).
 - `summary.json`: knee_concurrency, plateau_output_tok_s, knee_gain, gains_per_doubling
   {C: gain}, c1_ttft_ms_median, c1_tpot_ms_median, n_levels, died_at_level,
   died_message, failures [{level, request_id, http_status, error}] (first 50),

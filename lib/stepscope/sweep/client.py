@@ -153,6 +153,72 @@ def _local_tokens(model_path: str) -> list[int]:
     return list(tok.encode(_PROMPT_TEXT * 4, add_special_tokens=False))
 
 
+class PromptSource:
+    """Prompts of exactly `input_len` tokens, made in order and on demand (a level that runs
+    for a minimum duration does not know its request count in advance).
+
+    `token_ids`: random IDs from `pool`, the same sequence `make_prompts` gives. `random_text`:
+    text built like vLLM's random dataset: a run of consecutive allowed vocabulary IDs from a
+    random offset, decoded, re-encoded and trimmed or extended until it encodes to exactly the
+    target length (the server's special tokens, e.g. BOS, counted in, as vLLM does)."""
+
+    def __init__(self, mode: str, pool: Sequence[int], input_len: int, seed: int = 0, tokenizer=None):
+        self.mode, self.input_len = mode, input_len
+        self.rng = np.random.default_rng(seed)
+        self.pool = np.asarray(pool)
+        self.tokenizer = tokenizer
+        self.length_mismatches = 0
+        if mode == "random_text":
+            if tokenizer is None:
+                raise ServerError("prompt_mode random_text needs the model's tokenizer", where="params: sweep.prompt_mode",
+                                  hint="make the model folder readable here, or use prompt_mode: token_ids")
+            special = set(tokenizer.all_special_ids)
+            self.allowed = np.array([t for t in range(tokenizer.vocab_size) if t not in special])
+            self.target = max(1, input_len - int(tokenizer.num_special_tokens_to_add()))
+            self.index = 0
+
+    def take(self, n: int) -> list:
+        return [self.next() for _ in range(n)]
+
+    def next(self) -> list[int] | str:
+        if self.mode == "token_ids":
+            return self.rng.choice(self.pool, size=self.input_len).tolist()
+        self.index += 1
+        text = None
+        # A run of byte-level pieces can decode to text that never re-encodes to the same
+        # length (split UTF-8 sequences): start again from another offset.
+        for _ in range(8):
+            offset = int(self.rng.integers(0, len(self.allowed)))
+            ids = self.allowed[(offset + self.index + np.arange(self.target)) % len(self.allowed)].tolist()
+            text, exact = self._exact_text(ids)
+            if exact:
+                return text
+        self.length_mismatches += 1  # kept, and counted, like vLLM's own generator does
+        return text
+
+    def _exact_text(self, ids: list[int]) -> tuple[str, bool]:
+        tok = self.tokenizer
+        for _ in range(10):
+            text = tok.decode(ids)
+            again = tok.encode(text, add_special_tokens=False)
+            if len(again) == self.target:
+                return text, True
+            if len(again) > self.target:
+                ids = again[: self.target]
+            else:
+                ids = again + self.rng.choice(self.allowed, size=self.target - len(again)).tolist()
+        return tok.decode(ids), False
+
+
+def local_tokenizer(server: ServerInfo):
+    """The served model's tokenizer, read from its folder (None when it is not readable here)."""
+    if not server.model_path or not Path(server.model_path, "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server.model_path)
+
+
 def make_prompts(pool: Sequence[int], input_len: int, n: int, seed: int = 0) -> list[list[int]]:
     """n token-ID prompts of exactly input_len tokens, each different from the first token
     on, so prefix caching cannot shorten a later request's prefill."""
@@ -241,15 +307,26 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
 
 async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]], *,
                       concurrency: int, timeout_s: float, input_len: int, warmup: bool = False,
-                      on_done=None) -> list[RequestRecord]:
-    """Keep exactly `concurrency` requests in flight until every payload is sent."""
+                      on_done=None, more=None, min_duration_s: float = 0.0) -> list[RequestRecord]:
+    """Keep exactly `concurrency` requests in flight until every payload is sent and, when
+    `more` (a function making the next payload) is given, until `min_duration_s` has passed."""
     queue = list(enumerate(payloads))
     queue.reverse()
     out: list[RequestRecord] = []
+    until = time.perf_counter() + min_duration_s
+    next_id = [len(payloads)]
+
+    def take() -> tuple[int, dict[str, Any]] | None:
+        if queue:
+            return queue.pop()
+        if more is not None and time.perf_counter() < until:
+            next_id[0] += 1
+            return next_id[0] - 1, more()
+        return None
 
     async def worker() -> None:
-        while queue:
-            i, p = queue.pop()
+        while (item := take()) is not None:
+            i, p = item
             rec = await stream_request(session, url, p, timeout_s=timeout_s, request_id=i,
                                        warmup=warmup, input_len=input_len)
             out.append(rec)

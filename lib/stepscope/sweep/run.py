@@ -28,6 +28,8 @@ from stepscope.errors import ServerError
 from stepscope.runfolder import read_json, write_json
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
+from stepscope.sweep.stalls import stall_metrics
+from stepscope.thresholds import STALL_GAP_S
 
 CLIENT_BOUND_CPU_PCT = 80.0
 """The client is one asyncio thread: near one full core it may be the bottleneck."""
@@ -40,6 +42,7 @@ LEVEL_COLUMNS = [
     "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
     *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
     "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "merged_token_share",
+    "stall_count", "stall_total_s", "stall_max_s", "stall_share",
     "client_cpu_pct", "client_bound",
     "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
 ]
@@ -64,7 +67,9 @@ def plan_levels(params: SweepParams) -> list[Level]:
     """Closed-loop levels take max(4 C, min_requests) requests; open-loop levels take
     max(4 x ceil(rate), min_requests)."""
     levels = [Level("concurrency", c, None, max(4 * c, params.min_requests)) for c in params.concurrency]
-    levels += [Level("rate", None, r, max(4 * math.ceil(r), params.min_requests)) for r in params.request_rates]
+    levels += [Level("rate", None, r, max(4 * math.ceil(r), params.min_requests,
+                                         math.ceil(r * params.min_level_duration_s)))
+               for r in params.request_rates]
     return levels
 
 
@@ -102,9 +107,15 @@ class SweepResult:
 
 
 def _settings(level: Level, params: SweepParams, server: cl.ServerInfo) -> dict[str, Any]:
-    return {"served_model": server.served_model, "input_len": params.input_len,
-            "output_len": params.output_len, "n_requests": level.n_requests,
-            "warmup_requests": params.warmup_requests}
+    out = {"served_model": server.served_model, "input_len": params.input_len,
+           "output_len": params.output_len, "n_requests": level.n_requests,
+           "warmup_requests": params.warmup_requests}
+    # Only when set: levels measured before these keys existed still match on resume.
+    if params.prompt_mode != "token_ids":
+        out["prompt_mode"] = params.prompt_mode
+    if params.min_level_duration_s:
+        out["min_level_duration_s"] = params.min_level_duration_s
+    return out
 
 
 def levels_dir(out_dir: str | Path) -> Path:
@@ -132,6 +143,7 @@ def read_level_records(path: str | Path) -> list[RequestRecord]:
 def level_row(meta: dict[str, Any], records: list[RequestRecord]) -> dict[str, Any]:
     """One levels.csv row: the level's metrics plus its client and server health."""
     m = level_metrics(records)
+    m.update(stall_metrics(records, m["duration_s"]))
     snaps = meta.get("server_metrics") or []
 
     def smax(key: str) -> float:
@@ -231,6 +243,13 @@ def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
             flags.append(f"level {r['level']}: {r['merged_token_share']:.0%} of output tokens arrived merged "
                          "into another token's chunk (vLLM coalesces outputs when its API process falls "
                          "behind), so ITL here is pooled over fewer, longer gaps; TPOT is unaffected")
+    if "stall_count" in levels:
+        for _, r in levels[levels["stall_count"] > 0].iterrows():
+            flags.append(f"level {r['level']}: {int(r['stall_count'])} server-wide stall(s), {r['stall_total_s']:.2f} s "
+                         f"in all (longest {r['stall_max_s']:.2f} s, {r['stall_share']:.0%} of the level's "
+                         f"{r['duration_s']:.1f} s): every open stream was silent at once for over "
+                         f"{STALL_GAP_S:g} s, so throughput here is low by up to that share; "
+                         "sweep.min_level_duration_s makes one stall weigh less")
     for _, r in levels[levels["n_failed"] > 0].iterrows():
         flags.append(f"level {r['level']}: {int(r['n_failed'])} of {int(r['n_requests'])} requests failed")
     if died:
@@ -260,7 +279,8 @@ def partial_path(out_dir: Path, level: Level) -> Path:
 
 
 async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
-                     pool: list[int], seed: int, partial: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
+                     pool: list[int], seed: int, partial: Path,
+                     tokenizer=None) -> tuple[list[RequestRecord], dict[str, Any]]:
     url = server.url("/v1/completions")
     n_warm = params.warmup_requests
     if n_warm and level.mode == "concurrency":
@@ -268,8 +288,10 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
         # before measuring: an engine that builds kernels, graphs or buffers per batch size
         # on first use (eager mode, lazily compiled shapes) pays for it in the warm-up.
         n_warm = max(n_warm, level.concurrency)
-    prompts = cl.make_prompts(pool, params.input_len, n_warm + level.n_requests, seed=seed)
-    payloads = [cl.completion_payload(server.served_model, p, params.output_len) for p in prompts]
+    source = cl.PromptSource(params.prompt_mode, pool, params.input_len, seed=seed,
+                             tokenizer=tokenizer)
+    payloads = [cl.completion_payload(server.served_model, p, params.output_len)
+                for p in source.take(n_warm + level.n_requests)]
     limit = level.concurrency if level.mode == "concurrency" else level.n_requests
     proc = psutil.Process()
     snaps: list[dict[str, float]] = []
@@ -308,9 +330,14 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                 bar.update(1)
 
             if level.mode == "concurrency":
+                more = None
+                if params.min_level_duration_s:
+                    def more() -> dict[str, Any]:
+                        return cl.completion_payload(server.served_model, source.next(), params.output_len)
                 recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
                                             timeout_s=params.request_timeout_s, input_len=params.input_len,
-                                            on_done=done)
+                                            on_done=done, more=more,
+                                            min_duration_s=params.min_level_duration_s)
             else:
                 recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
                                           timeout_s=params.request_timeout_s, input_len=params.input_len,
@@ -327,7 +354,7 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
             alive = await cl.is_alive(side, server)
     cpu_pct = 100.0 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / max(wall1 - wall0, 1e-9)
     meta = {"level": level.name, "mode": level.mode, "concurrency": level.concurrency,
-            "request_rate": level.request_rate, "n_requests": level.n_requests,
+            "request_rate": level.request_rate, "n_requests": len(recs),
             "client_cpu_pct": cpu_pct, "server_metrics": snaps, "complete": alive,
             "server_alive_after": alive, "source": "stepscope"}
     return warm + recs, meta
@@ -345,6 +372,7 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
     messages: list[str] = []
     died: tuple[str, str] | None = None
     pool: list[int] | None = None
+    tokenizer = None
     plan = plan_levels(params)
     for i, level in enumerate(tqdm(plan, desc="sweep levels")):
         meta_path = levels_dir(out_dir) / f"{level.name}.meta.json"
@@ -356,9 +384,10 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
                 continue
         if pool is None:
             pool = cl.run_sync(_tokens(server))
+            tokenizer = cl.local_tokenizer(server) if params.prompt_mode == "random_text" else None
         partial = partial_path(out_dir, level)
         try:
-            records, meta = cl.run_sync(_run_level(server, level, params, pool, seed + i, partial))
+            records, meta = cl.run_sync(_run_level(server, level, params, pool, seed + i, partial, tokenizer))
         except (KeyboardInterrupt, asyncio.CancelledError):
             n_kept = len(partial.read_text().splitlines()) if partial.is_file() else 0
             finish(out_dir, params.knee_gain, messages=messages)

@@ -143,9 +143,23 @@ def result_row(d: dict[str, Any], source: str = "vllm bench serve") -> dict[str,
     return row
 
 
-def import_vllm_results(paths: Iterable[str | Path], base_dir: str | Path = REPO_ROOT) -> pd.DataFrame:
+IMPORTED_CSV = "imported_vllm_bench.csv"
+
+
+def import_vllm_results(paths: Iterable[str | Path], base_dir: str | Path = REPO_ROOT,
+                        out_dir: str | Path | None = None) -> pd.DataFrame:
     """Levels table (LEVEL_COLUMNS) from one or more `--save-result` files; relative paths
-    are resolved from `base_dir` (the repository root, like every params path)."""
+    are resolved from `base_dir` (the repository root, like every params path). With
+    `out_dir` (stage 01's folder) a non-empty table is also saved there as IMPORTED_CSV."""
+    df = _import_table(paths, base_dir)
+    if out_dir is not None and len(df):
+        from stepscope import schema
+
+        schema.write_table(df, Path(out_dir) / IMPORTED_CSV, schema.LevelRow)
+    return df
+
+
+def _import_table(paths: Iterable[str | Path], base_dir: str | Path) -> pd.DataFrame:
     rows = []
     for p in paths:
         p = Path(p) if Path(p).is_absolute() else Path(base_dir) / p
