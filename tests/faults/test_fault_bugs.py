@@ -177,3 +177,21 @@ def test_bug8_a_stage_whose_input_stage_was_skipped_is_skipped(tmp_path, noteboo
                                      "05_categorize": "skipped", "06_writeup": "ok"}
     assert "already in use" in record["stages"]["00_deploy"]["error"]
     assert record["stages"]["05_categorize"]["error"] == "needs 04_profiler_capture, which did not finish"
+
+
+def test_bug4_a_server_echoing_its_secret_arguments_leaves_none_in_its_log(tmp_path):
+    """vLLM logs its non-default arguments, `api_key` included: the log is filtered."""
+    from stepscope.serve.launch import ServerCommand, ServerProcess
+
+    cmd = ServerCommand(["sh", "-c", 'echo "non-default args: $*"; echo "key from env: $VLLM_API_KEY"', "sh",
+                         "--api-key", "sk-PLANTED-1", "--hf-token=hf-PLANTED-2", "--port", "8000"],
+                        {"VLLM_API_KEY": "sk-PLANTED-3"}, None, "http://127.0.0.1:1")
+    proc = ServerProcess(cmd, tmp_path / "server.log")
+    proc.start()
+    proc.proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while (tmp_path / "server.log").read_text().count("\n") < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = (tmp_path / "server.log").read_text()
+    assert "non-default args: --api-key ***redacted*** --hf-token=***redacted*** --port 8000" in log
+    assert "key from env: ***redacted***" in log and "PLANTED" not in log

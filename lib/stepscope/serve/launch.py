@@ -265,10 +265,19 @@ class ServerProcess:
         log = open(self.log_path, "ab", buffering=0)
         log.write(f"# stepscope launched: {' '.join(redact_argv(self.command.argv))}\n".encode())
         self.started_monotonic = time.monotonic()
-        self.proc = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
-                                     start_new_session=True)
-        log.close()
+        secrets = secret_values(self.command)
+        # Servers echo their arguments (vLLM logs every non-default one, `api_key` included):
+        # when a secret is in argv or env, the log goes through a filter that blanks it.
+        self.proc = subprocess.Popen(self.command.argv, stdout=subprocess.PIPE if secrets else log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     cwd=REPO_ROOT, start_new_session=True)
+        if secrets:
+            import threading
+
+            threading.Thread(target=_copy_redacted, args=(self.proc.stdout, log, secrets),
+                             name="stepscope-server-log", daemon=True).start()
+        else:
+            log.close()
 
     def wait_ready(self, timeout_s: float, progress: bool = True) -> float:
         """Block until /health answers 200; returns the start-up time in seconds."""
@@ -310,6 +319,34 @@ class ServerProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def secret_values(command: ServerCommand) -> list[bytes]:
+    """The secret strings a server's output could echo: values after secret-looking flags in
+    its argv, and values of secret-looking variables stepscope set (the API key)."""
+    from stepscope.config import REDACTED
+
+    argv, red = command.argv, redact_argv(command.argv)
+    values = {a.split("=", 1)[1] if a.startswith("--") and "=" in a else a
+              for a, r in zip(argv, red) if a != r}
+    values |= {v for k, v in command.env.items() if redact({k: v})[k] == REDACTED}
+    values |= {v for k, v in command.env.items() if k in ("VLLM_API_KEY", "SGLANG_API_KEY")}
+    return sorted((v.encode() for v in values if v and len(v) >= 4 and v != REDACTED), key=len, reverse=True)
+
+
+def _copy_redacted(src, log, secrets: list[bytes]) -> None:
+    """Copy a server's output to its log line by line, each secret replaced."""
+    from stepscope.config import REDACTED
+
+    try:
+        for line in iter(src.readline, b""):
+            for secret in secrets:
+                line = line.replace(secret, REDACTED.encode())
+            log.write(line)
+    except (OSError, ValueError):
+        pass
+    finally:
+        log.close()
 
 
 def stop_process_group(pgid: int, grace_s: float = 20.0) -> bool:
