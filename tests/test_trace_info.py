@@ -139,3 +139,11 @@ def test_stage_05_of_stepscope_analyze_takes_tp_from_the_traces(real_traces: Pat
     check = an.summary["collectives_check"]
     assert (check["tp"], check["tp_source"]) == (2, "trace")
     assert an.summary["trace_info"]["tp_disagreement"] is False
+
+
+def test_catch_all_share_and_names_per_rank(real_traces: Path, tmp_path: Path):
+    an = _analyse([real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"], tmp_path)
+    r = an.summary["ranks"][0]
+    assert r["catch_all_top_names"] == [{"name": "triton_poi_fused_0", "sum_us": pytest.approx(10.598),
+                                         "count": 1}]
+    assert r["catch_all_share"] == pytest.approx(10.598 / r["kernel_sum_us"])

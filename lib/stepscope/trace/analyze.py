@@ -14,15 +14,13 @@ from stepscope.errors import StageInputMissing, TraceError
 from stepscope.trace import account as acc
 from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
-from stepscope.trace.categorize import make_rules
+from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline
 from stepscope.trace.info import detect_engine, input_token_shape, trace_info
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
 
-CATCH_ALL_CATEGORY = "unattributed_elementwise"
-"""The labelled bucket of kernels matched only by a catch-all rule (see rules.yaml)."""
 
 EXPOSED_NOTE = (
     "A category's exposed_us is the part of its union that no higher-priority class covers "
