@@ -336,8 +336,6 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     roofline; `micro_gemm` (stage 02's gemm.csv) is set beside it; `peaks` (params
     `hardware`: name, peak_mem_bw_gbps, peak_tflops) overrides the device table.
     """
-    from tqdm.auto import tqdm
-
     from stepscope.trace.text_table import check_text_tables
 
     out_dir = Path(out_dir)
@@ -352,20 +350,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     if not loaded:
         raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
                          where=str(out_dir), hint="see the messages above for each file")
-    results: list[RankResult] = []
-    for rt in tqdm(loaded, desc="analyze ranks", unit="rank", disable=not progress):
-        try:
-            r = analyze_rank(rt, rules)
-        except TraceError as exc:
-            flags.append(_flag("rank_unanalysable", "error", exc.render()))
-            continue
-        except Exception as exc:  # noqa: BLE001 - one odd rank must not stop the others
-            flags.append(_flag("rank_unanalysable", "error",
-                               f"{rt.path}: unexpected {type(exc).__name__} while analysing: {exc} "
-                               "(a stepscope bug; please report it with the file)"))
-            continue
-        results.append(r)
-        rt.events = None  # free the raw table once analysed
+    results = _analyse_ranks(loaded, rules, flags, progress)
     if not results:
         raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
                          where=str(out_dir))
@@ -373,24 +358,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     if len(modes) > 1:
         flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
     ranks_summary = [_rank_summary(r) for r in results]
-    for rs in ranks_summary:
-        if rs["other_share"] > OTHER_SHARE_LIMIT:
-            top = ", ".join(f"{o['name'][:60]} ({o['sum_us']:.0f} us)" for o in rs["other_top_names"][:3])
-            flags.append(_flag("other_share_high", "warning",
-                               f"rank {rs['rank']}: {rs['other_share']:.2%} of kernel time is "
-                               f"'other' (limit {OTHER_SHARE_LIMIT:.1%}); top: {top}; add rules "
-                               "in params analysis.extra_rules"))
-        if rs["unattributed_events"]:
-            why = {k: v for k, v in rs["attribution"].items() if k in ("none", "before_capture")}
-            flags.append(_flag("unattributed", "warning",
-                               f"rank {rs['rank']}: {rs['unattributed_events']} work events belong "
-                               f"to no recorded step ({why}; before_capture = launched before the "
-                               "capture's CPU side began, i.e. in an unrecorded earlier step)"))
-        if rs["step_source"] != "annotation:vllm" and rs["step_source"].startswith(("graph", "exec",
-                                                                                      "whole")):
-            flags.append(_flag("step_fallback", "info",
-                               f"rank {rs['rank']}: no step annotations; steps from "
-                               f"{rs['step_source']}"))
+    flags.extend(_rank_flags(ranks_summary))
     ref = results[0]
     dec_all = pd.concat([r.decode for r in results], ignore_index=True)
     rank_cats = pd.concat([r.rank_categories for r in results], ignore_index=True)
@@ -401,16 +369,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     info = trace_info(results, tp, _shape_hint(ref))
     flags.extend(_info_flags(info, results))
     matched, instances, coll_steps = match_collectives(results, info, arch)
-    if matched.get("clock_flag"):
-        flags.append(_flag("clock_disagreement", "warning",
-                           f"ranks {matched['clock_flag']['ranks']}: matched collectives end "
-                           f"{matched['clock_flag']['median_end_offset_us']} µs (median) from the "
-                           "reference rank's; their clocks disagree, so cross-rank skews are not "
-                           "trusted"))
-    if matched.get("count_mismatch"):
-        flags.append(_flag("collective_count_mismatch", "warning",
-                           f"collective calls per rank differ ({matched['count_mismatch']}): "
-                           "instances were matched in issue order up to the shortest rank"))
+    flags.extend(_matched_flags(matched))
     ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
     expected, why = _expected_collectives(arch, info["tp"])
     check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
@@ -425,23 +384,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     for c in tt_check:
         if c.get("flag"):
             flags.append(c["flag"])
-    # Means throughout: the capture TPOT is a mean over requests, and the report shows
-    # these readings as means.
-    if times["tpot_capture_ms"] and times["span_ms"]["mean"]:
-        ratio = times["kernel_sum_ms"]["mean"] / times["tpot_capture_ms"]
-        if ratio > 1.0:
-            flags.append(_flag("kernel_sum_above_tpot", "info",
-                               f"mean kernel sum per decode step ({times['kernel_sum_ms']['mean']:.3f} "
-                               f"ms) exceeds the mean TPOT measured during capture "
-                               f"({times['tpot_capture_ms']:.3f} ms): kernels overlap; read the union "
-                               "and span instead"))
-        gap = 1.0 - times["span_ms"]["mean"] / times["tpot_capture_ms"]
-        if gap > TPOT_GAP_SHARE:
-            flags.append(_flag("span_below_tpot", "info",
-                               f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
-                               f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
-                               "has no device work: host-side overhead, scheduling or launch gaps)"))
-        flags.extend(_period_vs_tpot(times))
+    flags.extend(_tpot_flags(times))
     timeline = representative_timeline(ref)
     summary = {
         "trace_info": info,
@@ -470,6 +413,91 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                   timeline=timeline, text_tables=tt_df)
     write_artifacts(an, out_dir, perfetto=perfetto)
     return an
+
+
+def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[dict[str, str]],
+                   progress: bool) -> list[RankResult]:
+    """Each loaded rank analysed; one that fails becomes an error flag, not an exception."""
+    from tqdm.auto import tqdm
+
+    results: list[RankResult] = []
+    for rt in tqdm(loaded, desc="analyze ranks", unit="rank", disable=not progress):
+        try:
+            r = analyze_rank(rt, rules)
+        except TraceError as exc:
+            flags.append(_flag("rank_unanalysable", "error", exc.render()))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one odd rank must not stop the others
+            flags.append(_flag("rank_unanalysable", "error",
+                               f"{rt.path}: unexpected {type(exc).__name__} while analysing: {exc} "
+                               "(a stepscope bug; please report it with the file)"))
+            continue
+        results.append(r)
+        rt.events = None  # free the raw table once analysed
+    return results
+
+
+def _rank_flags(ranks_summary: list[dict]) -> list[dict[str, str]]:
+    """Per-rank data-quality flags: 'other' too large, unattributed work, step fallbacks."""
+    flags: list[dict[str, str]] = []
+    for rs in ranks_summary:
+        if rs["other_share"] > OTHER_SHARE_LIMIT:
+            top = ", ".join(f"{o['name'][:60]} ({o['sum_us']:.0f} us)" for o in rs["other_top_names"][:3])
+            flags.append(_flag("other_share_high", "warning",
+                               f"rank {rs['rank']}: {rs['other_share']:.2%} of kernel time is "
+                               f"'other' (limit {OTHER_SHARE_LIMIT:.1%}); top: {top}; add rules "
+                               "in params analysis.extra_rules"))
+        if rs["unattributed_events"]:
+            why = {k: v for k, v in rs["attribution"].items() if k in ("none", "before_capture")}
+            flags.append(_flag("unattributed", "warning",
+                               f"rank {rs['rank']}: {rs['unattributed_events']} work events belong "
+                               f"to no recorded step ({why}; before_capture = launched before the "
+                               "capture's CPU side began, i.e. in an unrecorded earlier step)"))
+        if rs["step_source"] != "annotation:vllm" and rs["step_source"].startswith(("graph", "exec",
+                                                                                      "whole")):
+            flags.append(_flag("step_fallback", "info",
+                               f"rank {rs['rank']}: no step annotations; steps from "
+                               f"{rs['step_source']}"))
+    return flags
+
+
+def _matched_flags(matched: dict) -> list[dict[str, str]]:
+    """Flags from matching collectives across ranks: clocks, differing call counts."""
+    flags: list[dict[str, str]] = []
+    if matched.get("clock_flag"):
+        flags.append(_flag("clock_disagreement", "warning",
+                           f"ranks {matched['clock_flag']['ranks']}: matched collectives end "
+                           f"{matched['clock_flag']['median_end_offset_us']} µs (median) from the "
+                           "reference rank's; their clocks disagree, so cross-rank skews are not "
+                           "trusted"))
+    if matched.get("count_mismatch"):
+        flags.append(_flag("collective_count_mismatch", "warning",
+                           f"collective calls per rank differ ({matched['count_mismatch']}): "
+                           "instances were matched in issue order up to the shortest rank"))
+    return flags
+
+
+def _tpot_flags(times: dict) -> list[dict[str, str]]:
+    """The decode step readings against the TPOT the client measured during capture."""
+    flags: list[dict[str, str]] = []
+    # Means throughout: the capture TPOT is a mean over requests, and the report shows
+    # these readings as means.
+    if times["tpot_capture_ms"] and times["span_ms"]["mean"]:
+        ratio = times["kernel_sum_ms"]["mean"] / times["tpot_capture_ms"]
+        if ratio > 1.0:
+            flags.append(_flag("kernel_sum_above_tpot", "info",
+                               f"mean kernel sum per decode step ({times['kernel_sum_ms']['mean']:.3f} "
+                               f"ms) exceeds the mean TPOT measured during capture "
+                               f"({times['tpot_capture_ms']:.3f} ms): kernels overlap; read the union "
+                               "and span instead"))
+        gap = 1.0 - times["span_ms"]["mean"] / times["tpot_capture_ms"]
+        if gap > TPOT_GAP_SHARE:
+            flags.append(_flag("span_below_tpot", "info",
+                               f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
+                               f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
+                               "has no device work: host-side overhead, scheduling or launch gaps)"))
+        flags.extend(_period_vs_tpot(times))
+    return flags
 
 
 def match_collectives(results: list[RankResult], info: dict, arch: Any = None

@@ -277,6 +277,122 @@ def _nelems(ev: pd.DataFrame) -> np.ndarray:
     return pd.to_numeric(ev["msg_nelems"], errors="coerce").fillna(-1).to_numpy(np.int64)
 
 
+def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
+    """One row per kernel / memcpy / memset, attributed through its launch (see build_work)."""
+    dev = ev[ev["cat"].isin(DEVICE_CATS)]
+    launches = ev[ev["cat"].isin(LAUNCH_CATS) & (ev["correlation"] >= 0)]
+    launches = launches.drop_duplicates("correlation", keep="first")
+    lk = launches.set_index("correlation")
+    corr = dev["correlation"].to_numpy()
+    has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
+    lpid = np.full(len(dev), -10**9, dtype=np.int64)
+    ltid = lpid.copy()
+    lts = np.full(len(dev), np.nan)
+    if has.any():
+        sub = lk.loc[corr[has]]
+        lpid[has] = sub["pid"].to_numpy()
+        ltid[has] = sub["tid"].to_numpy()
+        lts[has] = sub["ts"].to_numpy()
+    step = np.full(len(dev), -1, dtype=np.int64)
+    how = np.full(len(dev), "none", dtype=object)
+    if steps["pid"].eq(-1).all():  # whole-trace step
+        step[:] = 0
+        how[:] = "whole_trace"
+    else:
+        st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
+        idx = np.flatnonzero(has)
+        step[idx] = st
+        how[idx[st >= 0]] = "launch_thread"
+        # Launch on a thread without steps (e.g. autograd's backward thread):
+        # the step of the same process that encloses the launch.
+        miss = idx[st < 0]
+        if len(miss):
+            st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
+            step[miss] = st2
+            how[miss[st2 >= 0]] = "launch_process"
+        # Launched between two steps: the last step that began before the launch
+        # (its tail, e.g. an output copy). No launch in the trace at all: the last
+        # step that began before the work itself did.
+        order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
+        sts = steps["ts"].to_numpy(float)[order]
+        sids = steps["step_id"].to_numpy()[order]
+        # Correlation ids grow monotonically: a kernel whose id is below every launch on
+        # record was launched before the CPU side of the capture began (the previous,
+        # unrecorded step). It stays unattributed rather than inflate the first step.
+        first_corr = launches["correlation"].min() if len(launches) else np.inf
+        early = ~has & (corr >= 0) & (corr < first_corr)
+        how[early] = "before_capture"
+        for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
+                             ("work_time", np.flatnonzero((step < 0) & ~has & ~early))):
+            if not len(rows):
+                continue
+            t = lts[rows] if method == "after_step_launch" else dev["ts"].to_numpy()[rows]
+            pos = np.searchsorted(sts, t, side="right") - 1
+            ok = pos >= 0
+            step[rows[ok]] = sids[pos[ok]]
+            how[rows[ok]] = method
+    ctx = launch_context(ev, lpid, ltid, lts)
+    cats, source = categorize_work(dev["name"], dev["cat"], rules, ctx.category)
+    names = dev["name"].astype(str).to_numpy()
+    work = pd.DataFrame({
+        "rank": rank, "step_id": step, "attribution": how, "category": cats,
+        "name": names,
+        "stream": np.where(dev["stream"].to_numpy() >= 0, dev["stream"].to_numpy(),
+                           dev["tid"].to_numpy()),
+        "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
+        "dur_us": dev["dur"].to_numpy(), "is_call": True,
+        "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
+        "msg_nelems": _nelems(dev), "category_source": source, "op_context": ctx.frame,
+        "module": ctx.module,
+    })
+    info["n_launch_missing"] = int((~has).sum())
+    return work
+
+
+def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
+    """One row per self-time piece of a worker thread's cpu_op inside a step."""
+    ops = ev[ev["cat"] == "cpu_op"]
+    if steps["pid"].eq(-1).all():
+        threads = None
+    else:
+        threads = set(zip(steps["pid"], steps["tid"]))
+        on = np.fromiter(((p, t) in threads for p, t in zip(ops["pid"], ops["tid"])),
+                         dtype=bool, count=len(ops))
+        info["n_cpu_ops_other_threads"] = int((~on).sum())
+        ops = ops[on]
+    pieces = cpu_self_intervals(ops)
+    src = ops.loc[pieces["row"].to_numpy()]
+    if threads is None:
+        step = np.zeros(len(pieces), dtype=np.int64)
+        how = np.full(len(pieces), "whole_trace", dtype=object)
+    else:
+        # An op belongs to the step enclosing its start on its own thread.
+        step = _enclosing(steps, src["pid"].to_numpy(), src["tid"].to_numpy(),
+                          src["ts"].to_numpy(), by_thread=True)
+        how = np.where(step >= 0, "op_thread", "none").astype(object)
+    inside = step >= 0
+    info["n_cpu_pieces_outside_steps"] = int((~inside).sum())
+    info["cpu_self_us_outside_steps"] = float(
+        (pieces["end"].to_numpy() - pieces["start"].to_numpy())[~inside].sum())
+    pieces, src, step, how = pieces[inside], src[inside], step[inside], how[inside]
+    ctx = op_context(ev, src.index.to_numpy())
+    cats, source = categorize_work(src["name"], src["cat"], rules, ctx.category)
+    first = ~pieces["row"].duplicated().to_numpy()
+    order = np.argsort(pieces["start"].to_numpy(), kind="stable")
+    cats = resolve_waits(cats, src["tid"].to_numpy(), order)
+    names = src["name"].astype(str).to_numpy()
+    work = pd.DataFrame({
+        "rank": rank, "step_id": step, "attribution": how, "category": cats,
+        "name": names, "stream": src["tid"].to_numpy(),
+        "start_us": pieces["start"].to_numpy(), "end_us": pieces["end"].to_numpy(),
+        "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
+        "is_call": first, "op_row": pieces["row"].to_numpy(),
+        "launch_us": np.nan, "correlation": -1, "msg_nelems": _nelems(src),
+        "category_source": source, "op_context": ctx.frame, "module": ctx.module,
+    })
+    return work
+
+
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
                ) -> tuple[pd.DataFrame, dict]:
     """The categorized work of one rank, each piece attributed to a step.
@@ -287,113 +403,9 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     """
     info: dict = {}
     if mode == "gpu":
-        dev = ev[ev["cat"].isin(DEVICE_CATS)]
-        launches = ev[ev["cat"].isin(LAUNCH_CATS) & (ev["correlation"] >= 0)]
-        launches = launches.drop_duplicates("correlation", keep="first")
-        lk = launches.set_index("correlation")
-        corr = dev["correlation"].to_numpy()
-        has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
-        lpid = np.full(len(dev), -10**9, dtype=np.int64)
-        ltid = lpid.copy()
-        lts = np.full(len(dev), np.nan)
-        if has.any():
-            sub = lk.loc[corr[has]]
-            lpid[has] = sub["pid"].to_numpy()
-            ltid[has] = sub["tid"].to_numpy()
-            lts[has] = sub["ts"].to_numpy()
-        step = np.full(len(dev), -1, dtype=np.int64)
-        how = np.full(len(dev), "none", dtype=object)
-        if steps["pid"].eq(-1).all():  # whole-trace step
-            step[:] = 0
-            how[:] = "whole_trace"
-        else:
-            st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
-            idx = np.flatnonzero(has)
-            step[idx] = st
-            how[idx[st >= 0]] = "launch_thread"
-            # Launch on a thread without steps (e.g. autograd's backward thread):
-            # the step of the same process that encloses the launch.
-            miss = idx[st < 0]
-            if len(miss):
-                st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
-                step[miss] = st2
-                how[miss[st2 >= 0]] = "launch_process"
-            # Launched between two steps: the last step that began before the launch
-            # (its tail, e.g. an output copy). No launch in the trace at all: the last
-            # step that began before the work itself did.
-            order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
-            sts = steps["ts"].to_numpy(float)[order]
-            sids = steps["step_id"].to_numpy()[order]
-            # Correlation ids grow monotonically: a kernel whose id is below every launch on
-            # record was launched before the CPU side of the capture began (the previous,
-            # unrecorded step). It stays unattributed rather than inflate the first step.
-            first_corr = launches["correlation"].min() if len(launches) else np.inf
-            early = ~has & (corr >= 0) & (corr < first_corr)
-            how[early] = "before_capture"
-            for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
-                                 ("work_time", np.flatnonzero((step < 0) & ~has & ~early))):
-                if not len(rows):
-                    continue
-                t = lts[rows] if method == "after_step_launch" else dev["ts"].to_numpy()[rows]
-                pos = np.searchsorted(sts, t, side="right") - 1
-                ok = pos >= 0
-                step[rows[ok]] = sids[pos[ok]]
-                how[rows[ok]] = method
-        ctx = launch_context(ev, lpid, ltid, lts)
-        cats, source = categorize_work(dev["name"], dev["cat"], rules, ctx.category)
-        names = dev["name"].astype(str).to_numpy()
-        work = pd.DataFrame({
-            "rank": rank, "step_id": step, "attribution": how, "category": cats,
-            "name": names,
-            "stream": np.where(dev["stream"].to_numpy() >= 0, dev["stream"].to_numpy(),
-                               dev["tid"].to_numpy()),
-            "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
-            "dur_us": dev["dur"].to_numpy(), "is_call": True,
-            "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
-            "msg_nelems": _nelems(dev), "category_source": source, "op_context": ctx.frame,
-            "module": ctx.module,
-        })
-        info["n_launch_missing"] = int((~has).sum())
+        work = _gpu_work(ev, steps, rules, rank, info)
     else:
-        ops = ev[ev["cat"] == "cpu_op"]
-        if steps["pid"].eq(-1).all():
-            threads = None
-        else:
-            threads = set(zip(steps["pid"], steps["tid"]))
-            on = np.fromiter(((p, t) in threads for p, t in zip(ops["pid"], ops["tid"])),
-                             dtype=bool, count=len(ops))
-            info["n_cpu_ops_other_threads"] = int((~on).sum())
-            ops = ops[on]
-        pieces = cpu_self_intervals(ops)
-        src = ops.loc[pieces["row"].to_numpy()]
-        if threads is None:
-            step = np.zeros(len(pieces), dtype=np.int64)
-            how = np.full(len(pieces), "whole_trace", dtype=object)
-        else:
-            # An op belongs to the step enclosing its start on its own thread.
-            step = _enclosing(steps, src["pid"].to_numpy(), src["tid"].to_numpy(),
-                              src["ts"].to_numpy(), by_thread=True)
-            how = np.where(step >= 0, "op_thread", "none").astype(object)
-        inside = step >= 0
-        info["n_cpu_pieces_outside_steps"] = int((~inside).sum())
-        info["cpu_self_us_outside_steps"] = float(
-            (pieces["end"].to_numpy() - pieces["start"].to_numpy())[~inside].sum())
-        pieces, src, step, how = pieces[inside], src[inside], step[inside], how[inside]
-        ctx = op_context(ev, src.index.to_numpy())
-        cats, source = categorize_work(src["name"], src["cat"], rules, ctx.category)
-        first = ~pieces["row"].duplicated().to_numpy()
-        order = np.argsort(pieces["start"].to_numpy(), kind="stable")
-        cats = resolve_waits(cats, src["tid"].to_numpy(), order)
-        names = src["name"].astype(str).to_numpy()
-        work = pd.DataFrame({
-            "rank": rank, "step_id": step, "attribution": how, "category": cats,
-            "name": names, "stream": src["tid"].to_numpy(),
-            "start_us": pieces["start"].to_numpy(), "end_us": pieces["end"].to_numpy(),
-            "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
-            "is_call": first, "op_row": pieces["row"].to_numpy(),
-            "launch_us": np.nan, "correlation": -1, "msg_nelems": _nelems(src),
-            "category_source": source, "op_context": ctx.frame, "module": ctx.module,
-        })
+        work = _cpu_work(ev, steps, rules, rank, info)
     work["class"] = class_of(work["category"])
     coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()
     if mode == "cpu":
