@@ -57,7 +57,8 @@ def test_the_spec_variant_really_speculates_and_its_steps_are_counted(live_campa
     assert base["spec_decode"] is None  # the baseline server has no spec-decode counters
     summary = json.loads((cdir / "tp2-ngram" / "05_categorize" / "summary.json").read_text())
     sd = summary["decode"]["spec_decode"]
-    assert sd["n_verify_steps"] > 0 and sd["scored_tokens_per_verify_step"] == 4.0
+    # k = 3: a verify step scores 2-4 tokens for one request (the proposer may find fewer than 3)
+    assert sd["n_verify_steps"] > 0 and 2.0 <= sd["scored_tokens_per_verify_step"] <= 4.0
 
 
 def test_the_report_puts_predicted_beside_measured_tpot(live_campaign):
