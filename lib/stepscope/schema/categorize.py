@@ -98,9 +98,11 @@ class RankSummary(Record, kw_only=True):
     class_totals_us: ClassTotals | None = None
     """Whole-trace class totals; they add up to busy_us exactly, unlike per-category exposed times."""
     catch_all_share: float | None = None
-    """Share of kernel time in the catch-all bucket (what no rule matched)."""
+    """Share of kernel time in `unattributed_elementwise`: matched only by a catch-all rule
+    (a library kernel whose op no name rule or enclosing frame tells); `other_share` is what
+    no rule matched at all."""
     catch_all_top_names: list[Any] | None = None
-    """Its largest names."""
+    """Its largest names: [{`name`, `sum_us`, `count`}]."""
 
 
 class StepTimes(Record, kw_only=True):
