@@ -335,3 +335,17 @@ def test_one_rank_gets_no_across_ranks_table(tmp_path, real_traces):
     run = _real_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "Across ranks" not in md
+
+
+def test_a_speculative_run_says_so(tmp_path, real_traces):
+    run = _real_run(tmp_path, [real_traces / "vllm-cpu-tinyllama-tp2-ngram-rank0.pt.trace.json.gz",
+                               real_traces / "vllm-cpu-tinyllama-tp2-ngram-rank1.pt.trace.json.gz"])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    sd = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["spec_decode"]
+    assert (f"This run already decodes speculatively: {sd['n_verify_steps']} of its {sd['n_decode_steps']} decode "
+            f"steps verify drafted tokens") in _quote(md, "In short:")
+    assert "**This run already decodes speculatively**" in md.split("## 7.", 1)[1]
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    for src, sentence in prose.sentences(v):
+        assert not [n for n in _numbers(sentence) if n not in _printable(src)], sentence

@@ -514,6 +514,11 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
              f"here {wp.verify_extra_tokens}) "
              f"and emits the acceptance length on average; TPOT = (verify step + k × draft per token) / "
              f"acceptance. The model is `stepscope.report.whatif.predict_spec_decode_tpot`.\n\n")
+    sd = ctx["verdict"].spec_decode
+    if sd is not None:
+        text += (f"**This run already decodes speculatively** ({fmt_num(sd.n_verify_steps)} of "
+                 f"{fmt_num(sd.n_decode_steps)} decode steps verify drafts): the baseline below mixes plain and "
+                 f"verify steps, so set a projection against a run without speculative decoding instead.\n\n")
     b = ctx["verdict"].boundness
     if b is not None and b.status == "stall":
         text += (f"**The measured step holds one {fmt_num(b.largest_gap_ms)} ms stall** (see the verdict), which "

@@ -12,7 +12,7 @@ from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.verdict import (Agreement, Boundness, CommSplit, Communication, Dominant, Lever, Overlap,
-                                      Plateau, RooflineFinding, TpotGap, TraceIdentity, Verdict)
+                                      Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
 """A sentence and the findings its numbers come from."""
@@ -41,6 +41,15 @@ def identity_sentences(i: TraceIdentity) -> list[str]:
         out.append(f"Low confidence: only {steps(i.n_judged_steps, i.step_label)} judged, fewer than "
                    f"{f(i.min_steps)}, so one odd step can move every figure below.")
     return out
+
+
+def spec_decode_sentence(s: SpecDecodeSeen) -> str:
+    scored = (f", scoring {f(s.scored_tokens_per_verify_step)} tokens each" if s.scored_tokens_per_verify_step
+              is not None else "")
+    times = (f" ({f(s.verify_step_ms)} ms against {f(s.plain_step_ms)} ms for a plain step)"
+             if s.verify_step_ms is not None and s.plain_step_ms is not None else "")
+    return (f"This run already decodes speculatively: {f(s.n_verify_steps)} of its {f(s.n_decode_steps)} decode "
+            f"steps verify drafted tokens{scored}{times}, so the figures below describe that mixture.")
 
 
 def dominant_sentence(d: Dominant) -> str:
@@ -185,6 +194,8 @@ def plateau_sentence(p: Plateau) -> str:
 def sentences(v: Verdict) -> list[Sentence]:
     """The verdict, in order, each sentence with the findings it was written from."""
     out: list[Sentence] = [((v.identity,), s) for s in identity_sentences(v.identity)]
+    if v.spec_decode is not None:
+        out.append(((v.spec_decode,), spec_decode_sentence(v.spec_decode)))
     if v.dominant is not None:
         out.append(((v.dominant,), dominant_sentence(v.dominant)))
     if v.communication is not None:
@@ -212,7 +223,7 @@ def verdict_sentences(v: Verdict) -> list[str]:
 def headline_sentences(v: Verdict) -> list[Sentence]:
     """The report's "In short": what the trace is, the dominant category, communication,
     host or device, the biggest lever, and the sweep's plateau (or that none was reached)."""
-    keep = (TraceIdentity, Dominant, Communication, Boundness, Lever)
+    keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever)
     out = [(src, s) for src, s in sentences(v) if isinstance(src[0], keep)]
     if v.plateau is not None:
         out.append(((v.plateau,), plateau_sentence(v.plateau)))

@@ -69,6 +69,17 @@ class TraceIdentity:
 
 
 @dataclass(frozen=True)
+class SpecDecodeSeen:
+    """The run already decodes speculatively: some decode steps verify drafted tokens."""
+
+    n_verify_steps: int
+    n_decode_steps: int
+    scored_tokens_per_verify_step: float | None
+    verify_step_ms: float | None
+    plain_step_ms: float | None
+
+
+@dataclass(frozen=True)
 class StepBasis:
     """The denominator of every share and Amdahl ceiling."""
 
@@ -219,6 +230,7 @@ class Overlap:
 class Verdict:
     identity: TraceIdentity
     basis: StepBasis
+    spec_decode: SpecDecodeSeen | None = None
     dominant: Dominant | None = None
     communication: Communication | None = None
     comm_split: CommSplit | None = None
@@ -313,6 +325,15 @@ def _int(v: Any) -> int | None:
 
 
 # --------------------------------------------------------------------------- findings
+
+
+def spec_decode_seen(a: RunArtifacts) -> SpecDecodeSeen | None:
+    sd = _plain(a.decode.spec_decode)
+    if not sd or not _int(sd.get("n_verify_steps")):
+        return None
+    return SpecDecodeSeen(n_verify_steps=_int(sd["n_verify_steps"]), n_decode_steps=_int(sd.get("n_decode_steps")) or 0,
+                          scored_tokens_per_verify_step=num(sd.get("scored_tokens_per_verify_step")),
+                          verify_step_ms=num(sd.get("verify_step_ms")), plain_step_ms=num(sd.get("plain_step_ms")))
 
 
 def step_basis(totals: dict[str, Any]) -> StepBasis:
@@ -489,7 +510,8 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     ident = trace_identity(a)
     basis = step_basis(totals)
     comm = communication(decode, amdahl)
-    return Verdict(identity=ident, basis=basis, dominant=dominant(decode, basis, ident), communication=comm,
+    return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a),
+                   dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=levers(amdahl, basis),
                    agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
