@@ -39,6 +39,23 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "figures").mkdir(exist_ok=True)
+    _write_run(run_dir, stages)
+    writers = {"00_deploy": lambda: _write_deploy(run_dir),
+               "01_macro_sweep": lambda: _write_sweep(run_dir, scale, plateau),
+               "02_gemm_micro": lambda: _write_gemm(run_dir, scale),
+               "03_nccl_burst": lambda: _write_collectives(run_dir, scale),
+               "04_profiler_capture": lambda: _write_capture(run_dir, scale),
+               "05_categorize": lambda: _write_categorize(
+                   run_dir / "05_categorize", comm_exposed=comm_exposed, launch_bound=launch_bound, s=scale,
+                   kind=kind, stall=stall, ranks_missing=ranks_missing, contract_keys=contract_keys)}
+    for stage in ALL_STAGES:
+        if stage in stages:
+            writers[stage]()
+    return run_dir
+
+
+def _write_run(run_dir: Path, stages: tuple[str, ...]) -> None:
+    """run.json and params.yaml."""
     params = {
         "run": {"name": "synthetic"},
         "model": {"served_name": "synthetic-moe", "quantization": "W4A16 g32 (synthetic)"},
@@ -56,100 +73,109 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
         "params": params, "argv": ["stepscope", "run", "params/synthetic.yaml"],
         "stages": status,
     }, schema.RunRecord)
-    s = scale
-    if "00_deploy" in stages:
-        d = run_dir / "00_deploy"
-        schema.write(d / "server.json", {
-            "mode": "launch", "engine": "vllm", "engine_version": "0.13.0",
-            "base_url": "http://127.0.0.1:8000", "served_model": "synthetic-moe",
-            "models_response": {}, "tp": 8, "log_path": "00_deploy/server.log",
-            "argv": ["vllm", "serve", "/models/x", "--tensor-parallel-size", "8", "--api-key",
-                     "***redacted***"], "profiler_dir": "/tmp/prof", "started_at": "2026-11-29T10:00:05Z"},
-            schema.ServerRecord)
-    if "01_macro_sweep" in stages:
-        d = run_dir / "01_macro_sweep"
-        d.mkdir(exist_ok=True)
-        rows = []
-        tputs = (80.0, 150.0, 280.0, 300.0) if plateau else (80.0, 160.0, 320.0, 640.0)
-        for c, tok in zip((1, 2, 4, 8), tputs):
-            tok = tok / s
-            rows.append({"level": f"c{c:04d}", "mode": "concurrency", "concurrency": c, "request_rate": float("inf"),
-                         "n_requests": 4 * c + 8, "n_completed": 4 * c + 8, "n_failed": 0,
-                         "duration_s": 10.0, "request_throughput_rps": tok / 128,
-                         "output_throughput_tok_s": tok, "total_throughput_tok_s": 2 * tok,
-                         "ttft_ms_mean": 30.0 * c * s, "ttft_ms_median": 28.0 * c * s,
-                         "ttft_ms_p90": 40.0 * c * s, "ttft_ms_p99": 45.0 * c * s,
-                         "tpot_ms_mean": 12.1 * s * (1 + 0.1 * c), "tpot_ms_median": 12.1 * s * (1 + 0.1 * c),
-                         "tpot_ms_p90": 13.0 * s * (1 + 0.1 * c), "tpot_ms_p99": 14.0 * s * (1 + 0.1 * c),
-                         "itl_ms_median": 12.0 * s, "e2el_ms_median": 1600.0 * s,
-                         "littles_concurrency": c * 0.97, "peak_output_tok_s_1s": tok * 1.2,
-                         "client_cpu_pct": 95.0 if c == 8 else 20.0, "client_bound": c == 8})
-        schema.write_table(pd.DataFrame(rows), d / "levels.csv", schema.LevelRow)
-        schema.write(d / "summary.json", {
-            "knee_concurrency": 4 if plateau else None, "plateau_output_tok_s": 300.0 / s if plateau else None,
-            "knee_gain": 0.1, "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
-            "died_at_level": None,
-            "flags": [] if plateau else ["no knee: output tok/s still grows by >= 10% per doubling of concurrency "
-                                         "beyond every level; the plateau was not reached, extend sweep.concurrency"]},
-            schema.SweepSummary)
-    if "02_gemm_micro" in stages:
-        d = run_dir / "02_gemm_micro"
-        d.mkdir(exist_ok=True)
-        rows = []
-        for gemm, n, k in (("experts.gate_up", 512, 7168), ("experts.down", 7168, 256)):
-            for m in (1, 2, 4, 8):
-                t = 10.0 + m
-                flops = 2 * m * n * k
-                byt = n * k * 0.5625 + 2 * m * k + 2 * m * n
-                rows.append({"model": "synthetic-moe", "gemm": gemm, "layer_kind": "moe", "m": m, "n": n,
-                             "k": k, "dtype": "w4a16", "backend": "marlin", "mode": "cold",
-                             "time_us_median": t, "time_us_p10": t * 0.95, "time_us_p90": t * 1.05,
-                             "tflops": flops / t / 1e6, "gbps": byt / t / 1e3,
-                             "pct_peak_bw": 100 * byt / t / 1e3 / 1800, "status": "ok", "reason": ""})
-        rows.append({"model": "synthetic-moe", "gemm": "experts.down", "layer_kind": "moe", "m": 1,
-                     "n": 7168, "k": 256, "dtype": "w4a16", "backend": "fused_moe", "mode": "cold",
-                     "status": "skipped", "reason": "no CUDA on this machine"})
-        schema.write_table(pd.DataFrame(rows), d / "gemm.csv", schema.GemmRow)
-        schema.write(d / "prediction.json", {"model": "synthetic-moe", "tp": 8, "method": "sum of median times",
-                                             "gemm_us_per_decode_step": {"1": 5200.0 * s, "2": 5400.0 * s,
-                                                                         "4": 5800.0 * s, "8": 6600.0 * s}},
-                     schema.GemmPrediction)
-    if "03_nccl_burst" in stages:
-        d = run_dir / "03_nccl_burst"
-        d.mkdir(exist_ok=True)
-        rows = []
-        for size in (256, 4096, 14336, 65536, 1048576):
-            t = (20.0 + size / 5e3) * s
-            rows.append({"source": "stepscope", "op": "all_reduce", "backend": "nccl", "world_size": 8,
-                         "dtype": "bfloat16", "size_bytes": size, "count": size // 2, "mode": "eager",
-                         "placement": "in-place", "time_us_rank_min": 0.9 * t, "time_us_rank_median": t,
-                         "time_us_rank_max": 1.2 * t, "algbw_gbps": size / t / 1e3,
-                         "busbw_gbps": size / t / 1e3 * 1.75, "n_iters": 50})
-        schema.write_table(pd.DataFrame(rows), d / "collectives.csv", schema.CollectiveRow)
-        burst = [{"k": 123, "batch_m": 1, "size_bytes": 14336, "total_us": 6810.0 * s, "per_op_us": 55.4 * s,
-                  "mode": "eager", "backend": "nccl", "world_size": 8, "status": "ok"},
-                 {"k": 123, "batch_m": 1, "size_bytes": 14336, "total_us": 4300.0 * s, "per_op_us": 35.0 * s,
-                  "mode": "cuda_graph", "backend": "nccl", "world_size": 8, "status": "ok"}]
-        schema.write_table(pd.DataFrame(burst), d / "burst.csv", schema.BurstRow)
-        schema.write(d / "prediction.json", {"comm_us_per_decode_step": 4300.0 * s, "k": 123,
-                                             "per_op_us": 35.0 * s, "size_bytes": 14336, "mode": "cuda_graph",
-                                             "backend": "nccl"}, schema.CommPrediction)
-    if "04_profiler_capture" in stages:
-        d = run_dir / "04_profiler_capture"
-        schema.write(d / "manifest.json", {"engine": "vllm", "engine_version": "0.13.0",
-                                         "profiler_settings": {"with_stack": False}, "partial": False,
-                                         "files": [{"rank": r, "path": f"traces/rank{r}.pt.trace.json.gz",
-                                                    "bytes": 80_000_000, "sha256": "0" * 64,
-                                                    "kind": "trace"} for r in range(8)]},
-                     schema.CaptureManifest)
-        schema.write(d / "capture_latency.json", {"n_requests": 5, "output_len": 32, "ttft_ms_mean": 30.0 * s,
-                                                  "ttft_ms_median": 29.0 * s, "tpot_ms_mean": 12.1 * s,
-                                                  "tpot_ms_median": 12.1 * s}, schema.CaptureLatency)
-    if "05_categorize" in stages:
-        _write_categorize(run_dir / "05_categorize", comm_exposed=comm_exposed,
-                          launch_bound=launch_bound, s=s, kind=kind, stall=stall,
-                          ranks_missing=ranks_missing, contract_keys=contract_keys)
-    return run_dir
+
+
+def _write_deploy(run_dir: Path) -> None:
+    """00_deploy/server.json of a launched 8-GPU vLLM server."""
+    d = run_dir / "00_deploy"
+    schema.write(d / "server.json", {
+        "mode": "launch", "engine": "vllm", "engine_version": "0.13.0",
+        "base_url": "http://127.0.0.1:8000", "served_model": "synthetic-moe",
+        "models_response": {}, "tp": 8, "log_path": "00_deploy/server.log",
+        "argv": ["vllm", "serve", "/models/x", "--tensor-parallel-size", "8", "--api-key",
+                 "***redacted***"], "profiler_dir": "/tmp/prof", "started_at": "2026-11-29T10:00:05Z"},
+        schema.ServerRecord)
+
+
+def _write_sweep(run_dir: Path, s: float, plateau: bool) -> None:
+    """01_macro_sweep: four closed-loop levels, with a knee at 4 or none."""
+    d = run_dir / "01_macro_sweep"
+    d.mkdir(exist_ok=True)
+    rows = []
+    tputs = (80.0, 150.0, 280.0, 300.0) if plateau else (80.0, 160.0, 320.0, 640.0)
+    for c, tok in zip((1, 2, 4, 8), tputs):
+        tok = tok / s
+        rows.append({"level": f"c{c:04d}", "mode": "concurrency", "concurrency": c, "request_rate": float("inf"),
+                     "n_requests": 4 * c + 8, "n_completed": 4 * c + 8, "n_failed": 0,
+                     "duration_s": 10.0, "request_throughput_rps": tok / 128,
+                     "output_throughput_tok_s": tok, "total_throughput_tok_s": 2 * tok,
+                     "ttft_ms_mean": 30.0 * c * s, "ttft_ms_median": 28.0 * c * s,
+                     "ttft_ms_p90": 40.0 * c * s, "ttft_ms_p99": 45.0 * c * s,
+                     "tpot_ms_mean": 12.1 * s * (1 + 0.1 * c), "tpot_ms_median": 12.1 * s * (1 + 0.1 * c),
+                     "tpot_ms_p90": 13.0 * s * (1 + 0.1 * c), "tpot_ms_p99": 14.0 * s * (1 + 0.1 * c),
+                     "itl_ms_median": 12.0 * s, "e2el_ms_median": 1600.0 * s,
+                     "littles_concurrency": c * 0.97, "peak_output_tok_s_1s": tok * 1.2,
+                     "client_cpu_pct": 95.0 if c == 8 else 20.0, "client_bound": c == 8})
+    schema.write_table(pd.DataFrame(rows), d / "levels.csv", schema.LevelRow)
+    schema.write(d / "summary.json", {
+        "knee_concurrency": 4 if plateau else None, "plateau_output_tok_s": 300.0 / s if plateau else None,
+        "knee_gain": 0.1, "c1_ttft_ms_median": 28.0 * s, "c1_tpot_ms_median": 13.31 * s,
+        "died_at_level": None,
+        "flags": [] if plateau else ["no knee: output tok/s still grows by >= 10% per doubling of concurrency "
+                                     "beyond every level; the plateau was not reached, extend sweep.concurrency"]},
+        schema.SweepSummary)
+
+
+def _write_gemm(run_dir: Path, s: float) -> None:
+    """02_gemm_micro: Marlin W4A16 timings of two expert GEMMs, one skipped backend."""
+    d = run_dir / "02_gemm_micro"
+    d.mkdir(exist_ok=True)
+    rows = []
+    for gemm, n, k in (("experts.gate_up", 512, 7168), ("experts.down", 7168, 256)):
+        for m in (1, 2, 4, 8):
+            t = 10.0 + m
+            flops = 2 * m * n * k
+            byt = n * k * 0.5625 + 2 * m * k + 2 * m * n
+            rows.append({"model": "synthetic-moe", "gemm": gemm, "layer_kind": "moe", "m": m, "n": n,
+                         "k": k, "dtype": "w4a16", "backend": "marlin", "mode": "cold",
+                         "time_us_median": t, "time_us_p10": t * 0.95, "time_us_p90": t * 1.05,
+                         "tflops": flops / t / 1e6, "gbps": byt / t / 1e3,
+                         "pct_peak_bw": 100 * byt / t / 1e3 / 1800, "status": "ok", "reason": ""})
+    rows.append({"model": "synthetic-moe", "gemm": "experts.down", "layer_kind": "moe", "m": 1,
+                 "n": 7168, "k": 256, "dtype": "w4a16", "backend": "fused_moe", "mode": "cold",
+                 "status": "skipped", "reason": "no CUDA on this machine"})
+    schema.write_table(pd.DataFrame(rows), d / "gemm.csv", schema.GemmRow)
+    schema.write(d / "prediction.json", {"model": "synthetic-moe", "tp": 8, "method": "sum of median times",
+                                         "gemm_us_per_decode_step": {"1": 5200.0 * s, "2": 5400.0 * s,
+                                                                     "4": 5800.0 * s, "8": 6600.0 * s}},
+                 schema.GemmPrediction)
+
+
+def _write_collectives(run_dir: Path, s: float) -> None:
+    """03_nccl_burst: NCCL all-reduce sizes, an eager and a CUDA-graph burst."""
+    d = run_dir / "03_nccl_burst"
+    d.mkdir(exist_ok=True)
+    rows = []
+    for size in (256, 4096, 14336, 65536, 1048576):
+        t = (20.0 + size / 5e3) * s
+        rows.append({"source": "stepscope", "op": "all_reduce", "backend": "nccl", "world_size": 8,
+                     "dtype": "bfloat16", "size_bytes": size, "count": size // 2, "mode": "eager",
+                     "placement": "in-place", "time_us_rank_min": 0.9 * t, "time_us_rank_median": t,
+                     "time_us_rank_max": 1.2 * t, "algbw_gbps": size / t / 1e3,
+                     "busbw_gbps": size / t / 1e3 * 1.75, "n_iters": 50})
+    schema.write_table(pd.DataFrame(rows), d / "collectives.csv", schema.CollectiveRow)
+    burst = [{"k": 123, "batch_m": 1, "size_bytes": 14336, "total_us": 6810.0 * s, "per_op_us": 55.4 * s,
+              "mode": "eager", "backend": "nccl", "world_size": 8, "status": "ok"},
+             {"k": 123, "batch_m": 1, "size_bytes": 14336, "total_us": 4300.0 * s, "per_op_us": 35.0 * s,
+              "mode": "cuda_graph", "backend": "nccl", "world_size": 8, "status": "ok"}]
+    schema.write_table(pd.DataFrame(burst), d / "burst.csv", schema.BurstRow)
+    schema.write(d / "prediction.json", {"comm_us_per_decode_step": 4300.0 * s, "k": 123,
+                                         "per_op_us": 35.0 * s, "size_bytes": 14336, "mode": "cuda_graph",
+                                         "backend": "nccl"}, schema.CommPrediction)
+
+
+def _write_capture(run_dir: Path, s: float) -> None:
+    """04_profiler_capture: eight rank traces and the capture's latency."""
+    d = run_dir / "04_profiler_capture"
+    schema.write(d / "manifest.json", {"engine": "vllm", "engine_version": "0.13.0",
+                                     "profiler_settings": {"with_stack": False}, "partial": False,
+                                     "files": [{"rank": r, "path": f"traces/rank{r}.pt.trace.json.gz",
+                                                "bytes": 80_000_000, "sha256": "0" * 64,
+                                                "kind": "trace"} for r in range(8)]},
+                 schema.CaptureManifest)
+    schema.write(d / "capture_latency.json", {"n_requests": 5, "output_len": 32, "ttft_ms_mean": 30.0 * s,
+                                              "ttft_ms_median": 29.0 * s, "tpot_ms_mean": 12.1 * s,
+                                              "tpot_ms_median": 12.1 * s}, schema.CaptureLatency)
 
 
 def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: float, kind: str = "decode",
