@@ -349,3 +349,17 @@ def test_a_speculative_run_says_so(tmp_path, real_traces):
     v = report_context(a, writeup_params_from(a))["verdict"]
     for src, sentence in prose.sentences(v):
         assert not [n for n in _numbers(sentence) if n not in _printable(src)], sentence
+
+
+def test_roofline_with_unknown_peak_still_sets_the_trace_beside_stage_02(tmp_path):
+    run = make_synthetic_run(tmp_path / "rf")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["roofline"]["device"] = {"name": "CPU", "known": False}
+    row = s["roofline"]["rows"][0]
+    row.update(micro_gbps=1800.0, micro_vs_trace=row["achieved_gbps"] / 1800.0)
+    p.write_text(json.dumps(s))
+    said = _quote(build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
+    assert (f"On the trace quantized_gemm moves {fmt_num(row['achieved_gbps'])} GB/s; the device's peak (CPU) is "
+            f"unknown, so no % of peak is given; stage 02's micro-benchmark reaches 1,800 GB/s at the same shapes "
+            f"(trace / micro {fmt_num(row['micro_vs_trace'])})") in said

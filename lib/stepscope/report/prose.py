@@ -169,14 +169,14 @@ def agreement_sentence(g: Agreement) -> str:
 
 
 def roofline_sentence(r: RooflineFinding) -> str:
+    micro = (f"; stage 02's micro-benchmark reaches {f(r.micro_gbps)} GB/s at the same shapes (trace / micro "
+             f"{f(r.micro_vs_trace)})" if r.micro_gbps is not None and r.micro_vs_trace is not None else "")
     if not r.peak_known or r.pct_peak_bw is None:
         dev = f" ({r.device})" if r.device else ""
         return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s; the device's peak{dev} is unknown, so "
-                f"no % of peak is given.")
+                f"no % of peak is given{micro}.")
     flops = (f" and {f(r.achieved_tflops)} TFLOP/s ({f(r.pct_peak_flops)} % of peak compute)"
              if r.pct_peak_flops is not None else "")
-    micro = (f"; stage 02's micro-benchmark reaches {f(r.micro_gbps)} GB/s at the same shapes (trace / micro "
-             f"{f(r.micro_vs_trace)})" if r.micro_gbps is not None and r.micro_vs_trace is not None else "")
     return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s, {f(r.pct_peak_bw)} % of the {r.device}'s "
             f"peak memory bandwidth{flops}{micro}.")
 
