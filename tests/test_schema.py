@@ -160,3 +160,19 @@ def test_report_loader_reads_typed_values_and_names_an_off_schema_file(tmp_path,
     assert a.problems == ["02_gemm_micro/prediction.json: does not match the schema GemmPrediction: "
                           "Expected `object`, got `str` - at `$.gemm_us_per_decode_step`"]
     assert "prediction.json" in caplog.text and "GemmPrediction" in caplog.text
+
+
+def test_no_schema_class_declares_a_field_twice(repo_root):
+    """A field declared twice in one class body silently keeps the last declaration (two
+    helpers once both added `DecodeSummary.spec_decode`, each with its own class)."""
+    import ast
+
+    twice = []
+    for f in sorted((repo_root / "lib/stepscope/schema").glob("*.py")):
+        for cls in ast.walk(ast.parse(f.read_text())):
+            if isinstance(cls, ast.ClassDef):
+                names = [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)
+                         and isinstance(s.target, ast.Name)]
+                twice += [f"{f.name}:{cls.name}.{n}" for n in sorted(set(names)) if names.count(n) > 1]
+    assert twice == []
+    assert schema.DecodeSummary.__annotations__["spec_decode"] == "SpecDecodeSteps | None"

@@ -134,35 +134,20 @@ class LargestGap(Record, kw_only=True):
     host_call: str | None = None
     """The host call running during the gap, when the trace shows one."""
     macro: bool | None = None
-    """True: between steps; false: inside a step."""
+    """True: at least `thresholds.MACRO_GAP_US` long (a stall); false: a micro gap. Either
+    way the gap lies inside the step's work."""
 
 
 class SpecDecodeSteps(Record, kw_only=True):
-    """Decode steps that score drafts (`generation_R(T)` with T > R) beside plain ones."""
+    """Verify steps under speculative decoding, counted from the step annotations (a step
+    `..._generation_R(T)` with T > R scored drafts) beside plain ones. Emitted tokens are
+    not in the trace."""
 
     n_decode_steps: int
     n_verify_steps: int
     n_plain_steps: int
     scored_tokens_per_step: float
     """Tokens the forward pass scores per decode step (requests + drafts), all decode steps."""
-    scored_tokens_per_verify_step: float
-    draft_tokens_per_verify_step: float
-    requests_per_step: float
-    time_basis: str
-    """`period` or `span`: what the step times below measure."""
-    verify_step_ms: float | None = None
-    plain_step_ms: float | None = None
-    decode_step_ms: float | None = None
-
-
-class SpecDecode(Record, kw_only=True):
-    """Verify steps under speculative decoding, counted from the step annotations (a step
-    `..._generation_R(T)` with T > R scored drafts). Emitted tokens are not in the trace."""
-
-    n_decode_steps: int
-    n_verify_steps: int
-    n_plain_steps: int
-    scored_tokens_per_step: float
     scored_tokens_per_verify_step: float
     draft_tokens_per_verify_step: float
     requests_per_step: float
@@ -191,15 +176,15 @@ class DecodeSummary(Record, kw_only=True):
     `denominator_reason`)."""
     denominator_reason: str | None = None
     idle_micro_ms: float | None = None
-    """Mean per step: gaps between work inside a step."""
+    """Mean per step: gaps between work inside a step, each shorter than
+    `thresholds.MACRO_GAP_US`."""
     idle_macro_ms: float | None = None
-    """Mean per step: the gap between a step's last work and the next step's first."""
+    """Mean per step: gaps inside a step of at least `thresholds.MACRO_GAP_US` (stalls).
+    micro + macro = span - busy; the time between steps is period - span."""
     largest_gap: LargestGap | None = None
     """The longest gap in any decode step."""
     launch_delay_us: dict[str, float | None] | None = None
     """{median, p90}: launch to kernel start (GPU traces)."""
-    spec_decode: SpecDecode | None = None
-    """Speculative decoding's verify steps; null when no step scored a draft."""
     spec_decode: SpecDecodeSteps | None = None
     """Verify steps under speculative decoding (null when no step scored a draft)."""
 
@@ -422,10 +407,12 @@ class StepRow(Row, kw_only=True):
     period_us: float | None = None
     """This step's start to the next step's start."""
     between_steps_us: float | None = None
+    """period_us - span_us: the part of the period outside the step's device work."""
     idle_micro_us: float | None = None
-    """Gaps between work inside the step."""
+    """Gaps between work inside the step, each shorter than `thresholds.MACRO_GAP_US`."""
     idle_macro_us: float | None = None
-    """The gap after the step's last work, before the next step's first."""
+    """Gaps inside the step of at least `thresholds.MACRO_GAP_US`; the part of the period
+    outside the step's span is `between_steps_us`."""
     largest_gap_us: float | None = None
     largest_gap_start_us: float | None = None
     gap_before: str | None = None
