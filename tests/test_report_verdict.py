@@ -242,6 +242,11 @@ def test_eager_prefill_gets_no_decode_verdict(tmp_path, real_traces):
     said = _quote(md, "Verdict.")
     assert "decode step" not in said and "Low confidence: only 1 prefill step judged" in said
     assert "This is a prefill trace (1 prefill step)" in said
+    # Device-bound: the sentence states the idle it judged, beside the threshold it judged it by.
+    busy, idle, limit = map(float, re.search(
+        r"busy ([\d.]+) % of each step \(span [\d.]+ ms, busy [\d.]+ ms, idle ([\d.]+) %; device-bound up to "
+        r"([\d.]+) % idle\)", said).groups())
+    assert busy + idle == pytest.approx(100, abs=0.2) and idle <= limit
     whatif = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
     assert "Not projected: this is a prefill trace" in whatif and "| acceptance" not in whatif
 
@@ -284,6 +289,13 @@ def test_tp2_cpu_report_separates_waiting_from_transfer(tmp_path, real_traces):
     assert f"Communication costs {fmt_num(cm['transfer_ms_per_step'])} ms per step in transfer" in said
     assert f"Ranks wait {fmt_num(cm['wait_ms_per_step'])} ms per step for each other" in said
     assert "every microsecond saved there shortens the step" not in md
+    # The per-step figures sum the instances of the judged (decode) steps, and the sentence counts those.
+    assert cm["n_instances_judged"] == 60 and cm["n_instances"] == 72
+    assert "over 60 matched collectives" in said
+    # The cross-rank table's estimate column is a time, and its header says so.
+    assert "| transfer est. (least-waiting rank) |" in md and "| least-waiting rank |" not in md
+    period = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["period_ms"]
+    assert f"(the period, mean over {period['n']} intervals)" in md and period["n"] == 8
 
 
 def test_one_blocking_gap_is_a_stall_not_host_bound(tmp_path, real_traces):

@@ -46,9 +46,8 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         "mode": a.ranks[0].mode if a.ranks else "gpu",
     }
     span, union = out["span_ms"], out["union_ms"]
-    period = d.period_ms or {}
-    out["period_ms"] = num(period.get("mean"))
-    out["period_n"] = period.get("n")
+    out["period_ms"] = num(d.period_ms.mean) if d.period_ms else None
+    out["period_n"] = d.period_ms.n if d.period_ms else None
     use_period = out["period_ms"] is not None and (d.denominator or "period") == "period"
     out["idle_ms"] = span - union if span is not None and union is not None else None
     if use_period:

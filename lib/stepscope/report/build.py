@@ -390,7 +390,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
         text += md_table(cr, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
                               ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
                               ("min_rank", "min on rank"), ("max_rank", "max on rank"),
-                              ("transfer_ms_est", "least-waiting rank"), ("wait_ms_median", "wait (median)"),
+                              ("transfer_ms_est", "transfer est. (least-waiting rank)"), ("wait_ms_median", "wait (median)"),
                               ("wait_ms_max", "wait (max)")])
     return text
 

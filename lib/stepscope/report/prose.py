@@ -67,10 +67,10 @@ def communication_sentence(c: Communication) -> str:
                 f"not measured.")
     if c.status == "exposed":
         return (f"Communication is exposed: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms per step "
-                f"({f(c.exposed_pct)} %, at least {f(c.exposed_threshold_pct)} %) runs with no compute alongside.")
+                f"({f(c.exposed_pct)} %; exposed from {f(c.exposed_threshold_pct)} %) runs with no compute alongside.")
     if c.status == "hidden":
         return (f"Communication is mostly hidden under compute: only {f(c.exposed_ms)} of its {f(c.comm_ms)} ms "
-                f"per step ({f(c.exposed_pct)} %, at most {f(c.hidden_threshold_pct)} %) is exposed, so faster "
+                f"per step ({f(c.exposed_pct)} %; hidden up to {f(c.hidden_threshold_pct)} %) is exposed, so faster "
                 f"collectives would buy little.")
     return (f"Communication is partly hidden: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms per step "
             f"({f(c.exposed_pct)} %) is exposed.")
@@ -101,8 +101,9 @@ def comm_split_sentences(s: CommSplit) -> list[str]:
 def boundness_sentence(b: Boundness) -> str:
     dev, basis = b.device_word, f"{b.denominator} {f(b.step_ms)} ms, busy {f(b.busy_ms)} ms"
     if b.status == "device-bound":
-        return (f"The {dev} is busy {f(b.busy_pct)} % of each step ({basis}; idle at most "
-                f"{f(b.device_bound_pct)} %), so the step is bound by the work itself, not by launch gaps.")
+        return (f"The {dev} is busy {f(b.busy_pct)} % of each step ({basis}, idle {f(b.idle_pct)} %; "
+                f"device-bound up to {f(b.device_bound_pct)} % idle), so the step is bound by the work itself, "
+                f"not by launch gaps.")
     if b.status == "host-bound":
         if b.cpu:
             fix = "per-op overhead (Python, scheduling, synchronisation) comes before faster kernels"

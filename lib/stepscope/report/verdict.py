@@ -127,6 +127,7 @@ class CommSplit:
     world_size: int | None = None
     ranks_present: int | None = None
     n_instances: int | None = None
+    """Matched instances in the judged steps: the ones the per-step figures sum."""
     clock_flag: bool = False
 
 
@@ -387,7 +388,7 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
     return CommSplit(status="split", transfer_ms=num(cm.get("transfer_ms_per_step")),
                      wait_ms=num(cm.get("wait_ms_per_step")), skew_p90_us=num(skew.get("p90")),
                      straggler_rank=_int(cm.get("straggler_rank")), world_size=ws, ranks_present=present,
-                     n_instances=_int(cm.get("n_instances")), clock_flag=bool(cm.get("clock_flag")))
+                     n_instances=_int(cm.get("n_instances_judged", cm.get("n_instances"))), clock_flag=bool(cm.get("clock_flag")))
 
 
 def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,

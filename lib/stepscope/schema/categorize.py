@@ -20,6 +20,11 @@ class Stat(Record, kw_only=True):
     p90: float | None = None
 
 
+class PeriodStat(Stat, kw_only=True):
+    n: int = 0
+    """How many step-to-next-step intervals the statistics pool."""
+
+
 class CountStat(Record, kw_only=True):
     median: float | None = None
     min: float | None = None
@@ -169,8 +174,8 @@ class DecodeSummary(Record, kw_only=True):
     """The reference rank's rows of decode_categories.csv."""
     amdahl: list[AmdahlRow] = []
     """The reference rank's rows of amdahl.csv."""
-    period_ms: dict[str, float | None] | None = None
-    """Step start to next step start: {mean, median, p90, n}."""
+    period_ms: PeriodStat | None = None
+    """Step start to next step start, over decode steps followed by a decode step."""
     denominator: str | None = None
     """`period` (shares and Amdahl ceilings divide by it) or `span` (one step only; see
     `denominator_reason`)."""
@@ -243,11 +248,14 @@ class CollectivesMatched(Record, kw_only=True):
     reason: str | None = None
     """Why nothing was matched, else null."""
     n_instances: int | None = None
+    """Instances matched in every step (collective_instances.csv)."""
     steps_used: str | None = None
+    """The kind of step the per-step figures below are over (decode when there are any)."""
     n_instances_judged: int | None = None
+    """Instances in the `steps_used` steps: the ones the per-step figures sum."""
     n_asymmetric: int | None = None
     transfer_ms_per_step: float | None = None
-    """The least-waiting rank's time per step: the transfer itself."""
+    """Sum over the judged instances of last arrival to completion, per judged step."""
     wait_ms_per_step: float | None = None
     """Mean over ranks of the time spent waiting for the others, per step."""
     wait_ms_per_step_by_rank: dict[str, float | None] | None = None
