@@ -62,3 +62,4 @@ def test_index_links_every_page():
     pages = {p.name for p in DOCS.glob("*.md")} - {"README.md"}
     assert "methods.md" in linked
     assert pages <= linked, f"docs/README.md does not link: {sorted(pages - linked)}"
+    assert linked <= pages, f"docs/README.md links pages that do not exist: {sorted(linked - pages)}"
