@@ -122,10 +122,10 @@ def boundness_sentence(b: Boundness) -> str:
                  else "")
         if b.gap_host_call:
             where += f", while the host was in `{_short(b.gap_host_call)}`"
-        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but one gap of "
-                f"{f(b.largest_gap_ms)} ms{where} holds {f(b.largest_gap_pct_of_idle)} % of that idle, while "
-                f"short gaps between kernels are only {f(b.micro_idle_pct)} %: a stall to remove, not a "
-                f"host-bound step; faster kernels or launches would not touch it.")
+        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but gaps of {f(b.macro_gap_ms)} ms "
+                f"or more hold {f(b.macro_pct_of_idle)} % of that idle (the longest, {f(b.largest_gap_ms)} ms"
+                f"{where}), while short gaps between kernels are only {f(b.micro_idle_pct)} %: a stall to "
+                f"remove, not a host-bound step; faster kernels or launches would not touch it.")
     if b.status == "host-ahead gaps":
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
                 f"gaps, yet kernels start {f(b.launch_delay_median_us)} µs after their launch (median, above "
@@ -134,8 +134,21 @@ def boundness_sentence(b: Boundness) -> str:
     if b.status == "undetermined":
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but idle was not split into short "
                 f"gaps between kernels and long stalls, so host-bound cannot be told from one stall.")
-    return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}): gaps matter, but the work itself "
-            f"dominates.")
+    return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}){_idle_split(b)}: gaps matter, but the "
+            f"work itself dominates.")
+
+
+def _idle_split(b: Boundness) -> str:
+    """Where the idle lies: short gaps, long gaps, between steps (each when measured)."""
+    parts = []
+    if b.micro_idle_pct is not None:
+        parts.append(f"{f(b.micro_idle_pct)} % in short gaps between kernels")
+    if b.macro_idle_pct is not None:
+        parts.append(f"{f(b.macro_idle_pct)} % in gaps of {f(b.macro_gap_ms)} ms or more")
+    if b.between_steps_pct is not None:
+        parts.append(f"{f(b.between_steps_pct)} % between steps (period minus span: host work outside the "
+                     f"step's device work)")
+    return ", " + ", ".join(parts) if parts else ""
 
 
 def overlap_sentence(o: Overlap) -> str:

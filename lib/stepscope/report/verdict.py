@@ -23,7 +23,7 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.thresholds import (COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
-                                  LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, OVERLAP_RATIO,
+                                  LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
                                   PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
 
 KIND_STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
@@ -146,8 +146,13 @@ class Boundness:
     denominator: str | None
     micro_idle_pct: float | None = None
     macro_idle_pct: float | None = None
+    between_steps_pct: float | None = None
+    """Period minus span, as % of the period: time between steps, outside the step's device work."""
     largest_gap_ms: float | None = None
-    largest_gap_pct_of_idle: float | None = None
+    """The longest gap in any judged step (one step's, not a per-step mean)."""
+    macro_pct_of_idle: float | None = None
+    """Mean macro idle per step as % of the mean idle per step: both per-step means, so a
+    single long gap in one step of many does not pass for the steps' idle."""
     gap_before: str | None = None
     gap_after: str | None = None
     gap_host_call: str | None = None
@@ -158,6 +163,8 @@ class Boundness:
     device_bound_pct: float = 100 * DEVICE_BOUND_IDLE_SHARE
     idle_heavy_pct: float = 100 * LAUNCH_BOUND_IDLE_SHARE
     micro_threshold_pct: float = 100 * HOST_BOUND_MICRO_IDLE_SHARE
+    macro_gap_ms: float = MACRO_GAP_US / 1e3
+    """A gap at least this long is macro idle (stage 05's split)."""
     stall_threshold_pct: float = 100 * STALL_GAP_SHARE
     host_ahead_us: float = HOST_AHEAD_LAUNCH_DELAY_US
 
@@ -394,7 +401,7 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
 def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               ident: TraceIdentity) -> Boundness | None:
     """Device- or host-bound from idle on the step basis; host-bound only on micro idle."""
-    step, busy = basis.step_ms, totals.get("union_ms")
+    step, busy, span = basis.step_ms, totals.get("union_ms"), totals.get("span_ms")
     if not step or busy is None:
         return None
     d = _plain(a.decode)
@@ -410,8 +417,10 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               idle_pct=100 * idle_frac, busy_pct=100 * (1 - idle_frac), denominator=basis.denominator, cpu=cpu,
               micro_idle_pct=100 * micro / step if micro is not None else None,
               macro_idle_pct=100 * macro / step if macro is not None else None,
+              between_steps_pct=(100 * max(step - span, 0.0) / step
+                                 if basis.denominator == "period" and span is not None else None),
               largest_gap_ms=gap_ms,
-              largest_gap_pct_of_idle=100 * gap_ms / idle_ms if gap_ms is not None and idle_ms > 0 else None,
+              macro_pct_of_idle=100 * macro / idle_ms if macro is not None and idle_ms > 0 else None,
               gap_before=_known(gap.get("before")), gap_after=_known(gap.get("after")),
               gap_host_call=_known(gap.get("host_call")),
               launch_delay_median_us=delay, graph_replay=ident.graph_replay)
@@ -423,7 +432,7 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
     if micro / step >= HOST_BOUND_MICRO_IDLE_SHARE:
         host_ahead = not cpu and delay is not None and delay >= HOST_AHEAD_LAUNCH_DELAY_US
         return Boundness(status="host-ahead gaps" if host_ahead else "host-bound", **kw)
-    if gap_ms is not None and idle_ms > 0 and gap_ms / idle_ms >= STALL_GAP_SHARE:
+    if macro is not None and idle_ms > 0 and macro / idle_ms >= STALL_GAP_SHARE:
         return Boundness(status="stall", **kw)
     return Boundness(status="mixed", **kw)
 
