@@ -26,6 +26,7 @@ import pandas as pd
 from stepscope.errors import StepscopeError
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
+from stepscope.report.numbers import fmt_num
 
 TOKEN_CATEGORIES = frozenset({"attention", "kv_cache_write", "logits", "sampling", "all_gather"})
 """Work proportional to the tokens scored: each verified token reads and writes its own. (The
@@ -125,7 +126,7 @@ def _scale(part: Part, base: SpecBaseline, batch: float, m: int) -> tuple[float,
         y0, out0 = _interp(c, tokens0)
         y1, out1 = _interp(c, tokens1)
         src = "measured" + (" (extrapolated beyond stage 02's M grid)" if out0 or out1 else "")
-        return (y1 / y0 if y0 > 0 else 1.0), src
+        return _at_least_one(y1 / y0 if y0 > 0 else 1.0, src)
     if part.law == "message size":
         c, per_tok = base.allreduce_us_by_bytes, base.allreduce_bytes_per_token
         if not c or not per_tok:
@@ -133,8 +134,16 @@ def _scale(part: Part, base: SpecBaseline, batch: float, m: int) -> tuple[float,
         y0, out0 = _interp(c, tokens0 * per_tok, log_x=True)
         y1, out1 = _interp(c, tokens1 * per_tok, log_x=True)
         src = "measured" + (" (extrapolated beyond stage 03's sizes)" if out0 or out1 else "")
-        return (y1 / y0 if y0 > 0 else 1.0), src
+        return _at_least_one(y1 / y0 if y0 > 0 else 1.0, src)
     return 1.0, "assumed: launch-bound or host work, unchanged"
+
+
+def _at_least_one(ratio: float, src: str) -> tuple[float, str]:
+    """More tokens or a larger message never cost less: a measured ratio below 1 (timing noise
+    between nearly equal points, e.g. gloo at 256 B and 768 B) is read as ×1, and said."""
+    if ratio >= 1.0:
+        return ratio, src
+    return 1.0, f"{src}; its ×{fmt_num(ratio)} below 1 is noise between near-equal points: ×1"
 
 
 def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, draft_ms_per_token: float,
