@@ -397,3 +397,19 @@ def test_roofline_with_unknown_peak_still_sets_the_trace_beside_stage_02(tmp_pat
     assert (f"On the trace quantized_gemm moves {fmt_num(row['achieved_gbps'])} GB/s; the device's peak (CPU) is "
             f"unknown, so no % of peak is given; stage 02's micro-benchmark reaches 1,800 GB/s at the same shapes "
             f"(trace / micro {fmt_num(row['micro_vs_trace'])})") in said
+
+
+def test_a_graph_replaying_step_gets_no_cuda_graph_advice(tmp_path, real_traces):
+    # vLLM full-graph decode on MI300X: 421 of the step's 434 device events come from one
+    # hipGraphLaunch, so stage 05 says the step replays a graph.
+    run = _real_run(tmp_path, [real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"])
+    info = json.loads((run / "05_categorize" / "summary.json").read_text())["trace_info"]
+    assert (info["graph_replay"], info["graph_launched_events"], info["device_events"]) == (True, 421, 434)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "CUDA graphs" not in md
+    a = load_run_artifacts(run)
+    b = report_context(a, writeup_params_from(a))["verdict"].boundness
+    assert b.graph_replay is True and b.status == "device-bound"
+    # Were the same step host-bound, the lever named would still not be CUDA graphs.
+    said = prose.boundness_sentence(dataclasses.replace(b, status="host-bound", micro_idle_pct=40.0))
+    assert "already replays a graph" in said and "CUDA graphs" not in said

@@ -147,3 +147,13 @@ def test_catch_all_share_and_names_per_rank(real_traces: Path, tmp_path: Path):
     assert r["catch_all_top_names"] == [{"name": "triton_poi_fused_0", "sum_us": pytest.approx(10.598),
                                          "count": 1}]
     assert r["catch_all_share"] == pytest.approx(10.598 / r["kernel_sum_us"])
+
+
+@pytest.mark.parametrize("trace,expected", [
+    ("vllm-mi300x-gptoss-decode-fullgraph.json.gz", (True, 421, 434)),   # one hipGraphLaunch per step
+    ("sglang-mi300x-qwen3-8b-decode.json.gz", (True, 544, 558)),          # SGLang's CUDA-graph decode
+    ("hf-h100-qwen1.5-0.5b-eager.json.gz", (False, 0, 1198)),             # eager: one launch per kernel
+    ("vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz", (None, None, None))])  # CPU: nothing launched
+def test_graph_replay_is_read_from_the_launches(tmp_path: Path, real_traces: Path, trace, expected):
+    info = _analyse([real_traces / trace], tmp_path / "out").summary["trace_info"]
+    assert (info["graph_replay"], info["graph_launched_events"], info["device_events"]) == expected

@@ -47,6 +47,11 @@ HOST_AHEAD_LAUNCH_DELAY_US = 50.0
 """Median launch-to-start delay above this: kernels queue behind each other, so the host runs
 ahead of the device and gaps between kernels are not launch gaps."""
 
+GRAPH_REPLAY_MIN_SHARE = 0.5
+"""The judged steps replay a graph when at least this share of their device events were
+launched by graph launches (`cudaGraphLaunch`, `hipGraphLaunch`): most of the step then costs
+one launch, so "use CUDA graphs" is no lever for it."""
+
 # --- comparing runs (compare, campaign, the regression gate) ----------------------------
 
 CHANGE_NOISE_REL = 0.05

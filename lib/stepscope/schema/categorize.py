@@ -233,7 +233,13 @@ class TraceInfo(Record, kw_only=True):
     judged_kind: str | None = None
     """The step kind the per-step figures describe."""
     graph_replay: bool | None = None
-    """True when the steps replay CUDA graphs (launch overhead is already amortised)."""
+    """True when most device events of the judged steps were launched by graph launches
+    (`cudaGraphLaunch`/`hipGraphLaunch`; launch overhead is already amortised), false when
+    kernels are launched one by one, null on CPU traces."""
+    graph_launched_events: int | None = None
+    """Device events of the judged steps (reference rank) launched by a graph launch."""
+    device_events: int | None = None
+    """Device events of the judged steps (reference rank)."""
     low_confidence: bool | None = None
     """Fewer than 5 steps of the judged kind."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.thresholds import LOW_CONFIDENCE_STEPS
+from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -89,6 +89,16 @@ def _device_name(r) -> str | None:
     return m.device.name if m.known else None
 
 
+def graph_replay(r, step_ids) -> tuple[bool | None, int, int]:
+    """(replays a graph, device events launched by graph launches, device events) over the
+    given steps of one rank; None on a CPU trace, where nothing is launched."""
+    if r.mode == "cpu" or "graph_launch" not in r.work:
+        return None, 0, 0
+    w = r.work[r.work["step_id"].isin(step_ids)]
+    n, g = int(len(w)), int(w["graph_launch"].sum())
+    return (g >= GRAPH_REPLAY_MIN_SHARE * n if n else None), g, n
+
+
 def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] | None = None
                ) -> dict[str, Any]:
     """The `trace_info` block of summary.json from analysed ranks (`RankResult`s with `meta`)."""
@@ -113,6 +123,8 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         tp, source = 1, "default"
     names = {_device_name(r) for r in ranks} - {None}
     n_judged = int(kinds.get(judged, 0)) if judged != "unknown" else int(len(with_work))
+    judged_ids = (with_work if judged == "unknown" else with_work[with_work["kind"] == judged])["step_id"]
+    replay, n_graph, n_dev = graph_replay(ref, judged_ids)
     return {
         "kind": kind,
         "engine": ref.meta.get("engine", "unknown"),
@@ -131,5 +143,8 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "n_decode_steps": int(kinds.get("decode", 0)),
         "step_kinds": kinds,
         "judged_kind": judged,
+        "graph_replay": replay,
+        "graph_launched_events": n_graph if replay is not None else None,
+        "device_events": n_dev if replay is not None else None,
         "low_confidence": n_judged < LOW_CONFIDENCE_STEPS,
     }

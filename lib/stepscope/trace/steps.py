@@ -257,9 +257,11 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
                 "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row",
-                "launch_us", "correlation", "msg_nelems", "category_source", "op_context", "module"]
+                "launch_us", "correlation", "msg_nelems", "category_source", "op_context", "module",
+                "graph_launch"]
 """`launch_us`: the launching runtime call's start (GPU; NaN on CPU traces and where the launch
-is not in the trace); `correlation` (-1 on CPU); `msg_nelems`: a collective's `In msg nelems`
+is not in the trace); `correlation` (-1 on CPU); `graph_launch`: the launching call is a graph
+launch (`cudaGraphLaunch`, `hipGraphLaunch`; False on CPU and where the launch is missing); `msg_nelems`: a collective's `In msg nelems`
 where the trace recorded it, else -1. `category_source`: how the category was found
 (`context`: an enclosing frame; `name`; `catch_all`: only a catch-all name rule; `none`:
 other). `op_context`: the enclosing frame that gave the category ("" if none), e.g.
@@ -288,8 +290,10 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     lpid = np.full(len(dev), -10**9, dtype=np.int64)
     ltid = lpid.copy()
     lts = np.full(len(dev), np.nan)
+    graph = np.zeros(len(dev), dtype=bool)
     if has.any():
         sub = lk.loc[corr[has]]
+        graph[has] = sub["name"].astype(str).str.match(_GRAPH_LAUNCH).to_numpy()
         lpid[has] = sub["pid"].to_numpy()
         ltid[has] = sub["tid"].to_numpy()
         lts[has] = sub["ts"].to_numpy()
@@ -343,7 +347,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         "dur_us": dev["dur"].to_numpy(), "is_call": True,
         "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
         "msg_nelems": _nelems(dev), "category_source": source, "op_context": ctx.frame,
-        "module": ctx.module,
+        "module": ctx.module, "graph_launch": graph,
     })
     info["n_launch_missing"] = int((~has).sum())
     return work
@@ -389,6 +393,7 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         "is_call": first, "op_row": pieces["row"].to_numpy(),
         "launch_us": np.nan, "correlation": -1, "msg_nelems": _nelems(src),
         "category_source": source, "op_context": ctx.frame, "module": ctx.module,
+        "graph_launch": False,
     })
     return work
 
