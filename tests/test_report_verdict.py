@@ -271,6 +271,10 @@ def test_eager_prefill_gets_no_decode_verdict(tmp_path, real_traces):
     assert busy + idle == pytest.approx(100, abs=0.2) and idle <= limit
     whatif = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
     assert "Not projected: this is a prefill trace" in whatif and "| acceptance" not in whatif
+    # The headings name the step the trace has, too.
+    assert md.startswith("# Where does a prefill step's time go?")
+    assert "## 4. Profiler breakdown of a prefill step" in md and "### Collectives per prefill step" in md
+    assert "Times are per prefill step unless stated" in md
 
 
 def test_two_ranks_of_a_large_world_make_no_cross_rank_claim(tmp_path, real_traces):

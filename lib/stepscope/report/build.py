@@ -318,7 +318,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
 
 
 def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
-    text = "## 4. Profiler breakdown of a decode step\n\n"
+    text = f"## 4. Profiler breakdown of a {ctx['verdict'].identity.step_label}\n\n"
     man = a.manifest
     if man is not None:
         ranks = sorted({f.rank for f in man.files if f.rank is not None and f.kind == "trace"})
@@ -396,7 +396,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
 
 
 def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
-    text = "## 5. Cross-checks\n\n### Collectives per decode step\n\n"
+    text = f"## 5. Cross-checks\n\n### Collectives per {ctx['verdict'].identity.step_label}\n\n"
     ts = a.trace_summary
     if ts is not None:
         cc = ts.collectives_check
@@ -656,12 +656,13 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
 
 def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
     run_id = a.run.run_id if a.run is not None else a.run_dir.name
-    title = wp.title or f"Where does a decode step's time go? Run {run_id}"
+    step = ctx["verdict"].identity.step_label   # a prefill or training trace is not called decode
+    title = wp.title or f"Where does a {step}'s time go? Run {run_id}"
     head = f"# {title}\n\n"
     short = prose.headline(ctx["verdict"])
     if short:
         head += "> **In short:** " + " ".join(short) + "\n\n"
-    head += ("*Written by stepscope from the run folder's artifacts alone. Times are per decode step unless "
+    head += (f"*Written by stepscope from the run folder's artifacts alone. Times are per {step} unless "
              "stated; units are in every column header.*\n\n[TOC]\n\n")
     sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
                 _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),
