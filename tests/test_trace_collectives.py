@@ -99,3 +99,42 @@ def test_nccl_factors_and_kernel_dtypes():
     assert dtype_from_kernel("ncclDevKernel_AllGather_RING_LL_Sum_int8_t(x)") == "int8_t"
     assert dtype_from_kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "bf16"
     assert dtype_from_kernel("cross_device_reduce_1stage<bf16>") is None
+
+
+def test_waiting_and_completion_add_up_per_rank_and_are_checked_against_the_accounting(
+        real_traces: Path, tmp_path: Path):
+    an = analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False)
+    m = an.summary["collectives_matched"]
+    wait, after, matched = (m[k] for k in ("wait_ms_per_step_by_rank", "after_last_arrival_ms_per_step_by_rank",
+                                           "matched_ms_per_step_by_rank"))
+    for r in ("0", "1"):
+        assert wait[r] + after[r] == pytest.approx(matched[r], rel=1e-12)
+    assert matched == {"0": pytest.approx(9.541, abs=0.001), "1": pytest.approx(12.560, abs=0.001)}
+    # The pooled figures are a typical rank's: their sum (10.48 ms) is more than rank 0 spent.
+    assert m["wait_ms_per_step"] + m["transfer_ms_per_step"] == pytest.approx(10.478, abs=0.001)
+    assert m["wait_ms_per_step"] == pytest.approx((wait["0"] + wait["1"]) / 2)
+    # Second reading: the collective categories' time. Rank 0's instances hold 0.49 ms per step
+    # that the accounting does not call communication; shown side by side and flagged.
+    rec = m["reconcile"]
+    assert rec["0"]["accounted_ms"] == pytest.approx(9.053, abs=0.001) and rec["0"]["agree"] is False
+    assert rec["1"]["accounted_ms"] == pytest.approx(12.305, abs=0.001) and rec["1"]["agree"] is True
+    flag = [f for f in an.flags if f["code"] == "comm_readings_disagree"]
+    assert len(flag) == 1 and "rank 0: 9.541 against 9.053 ms per step" in flag[0]["message"]
+    # steps.csv: the reference rank's own wait and completion, beside the mean over ranks.
+    st = an.steps.query("rank == 0 and kind == 'decode'")
+    assert (st["coll_wait_us"] + st["coll_after_us"]).mean() / 1e3 == pytest.approx(matched["0"])
+    assert st["coll_wait_mean_us"].mean() / 1e3 == pytest.approx(m["wait_ms_per_step"])
+
+
+def test_a_rank_that_leaves_first_waits_only_until_it_leaves(real_traces: Path, tmp_path: Path):
+    # vLLM's logits gather: rank 1 leaves before rank 0 arrives in 6 of 10 decode steps.
+    analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False)
+    t = pd.read_csv(tmp_path / "collective_instances.csv")
+    asym = t[t["asymmetric"]]
+    assert len(asym) == 8 and (asym["step_kind"] == "decode").sum() == 6
+    # Counted to the last arrival, rank 1's wait would exceed its own time in the call.
+    assert (asym["last_arrival_us"] - asym["arrival_us_r1"] > asym["end_us_r1"] - asym["arrival_us_r1"]).all()
+    for r in (0, 1):
+        own = asym[f"end_us_r{r}"] - asym[f"arrival_us_r{r}"]
+        assert (asym[f"wait_us_r{r}"] + asym[f"after_us_r{r}"] - own).abs().max() < 1e-6
+        assert (asym[f"wait_us_r{r}"] <= own + 1e-6).all()

@@ -47,6 +47,11 @@ HOST_AHEAD_LAUNCH_DELAY_US = 50.0
 """Median launch-to-start delay above this: kernels queue behind each other, so the host runs
 ahead of the device and gaps between kernels are not launch gaps."""
 
+READINGS_AGREE_REL = 0.05
+"""Two readings of one time (a rank's matched collectives, wait + completion after the last
+arrival, against its collective categories in the accounting) agree within this relative
+difference; beyond it they are shown side by side and flagged."""
+
 GRAPH_REPLAY_MIN_SHARE = 0.5
 """The judged steps replay a graph when at least this share of their device events were
 launched by graph launches (`cudaGraphLaunch`, `hipGraphLaunch`): most of the step then costs

@@ -123,6 +123,10 @@ class CommSplit:
     transfer_ms: float | None = None
     wait_ms: float | None = None
     skew_p90_us: float | None = None
+    """The p90 arrival skew of `skew_category`'s instances (one kind of collective: an all-reduce's
+    and an all-gather's skews are not pooled); stage 05's pooled figure only for old runs."""
+    skew_category: str | None = None
+    """The collective whose ranks wait longest in all (stage 05's `by_category`), else None."""
     straggler_rank: int | None = None
     world_size: int | None = None
     ranks_present: int | None = None
@@ -380,6 +384,21 @@ def communication(decode: pd.DataFrame | None, amdahl: pd.DataFrame | None) -> C
     return Communication(status=status, comm_ms=comm, exposed_ms=exposed, exposed_pct=100 * frac)
 
 
+def _waitiest_category(cm: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(category, its figures): the collective whose ranks wait longest in all. Skew is a
+    per-kind figure; runs without `by_category` fall back to the pooled block."""
+    by = cm.get("by_category") if isinstance(cm.get("by_category"), dict) else {}
+
+    def total_wait(v: Any) -> float:
+        w = v.get("wait_ms_per_step_by_rank") if isinstance(v, dict) else None
+        return sum(x for x in (w or {}).values() if isinstance(x, (int, float)))
+
+    if not by:
+        return None, cm
+    cat = max(sorted(by), key=lambda c: total_wait(by[c]))
+    return cat, by[cat]
+
+
 def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None) -> CommSplit | None:
     """Transfer against waiting from stage 05's cross-rank matching; no claim with ranks missing."""
     if comm is None or comm.status == "none":
@@ -391,10 +410,11 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
     ws, present = _int(cm.get("world_size")), _count(cm.get("ranks_present"))
     if not cm.get("complete", ws is not None and present is not None and present >= ws):
         return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
-    skew = cm.get("skew_us") if isinstance(cm.get("skew_us"), dict) else {}
+    cat, per = _waitiest_category(cm)
+    skew = per.get("skew_us") if isinstance(per.get("skew_us"), dict) else {}
     return CommSplit(status="split", transfer_ms=num(cm.get("transfer_ms_per_step")),
-                     wait_ms=num(cm.get("wait_ms_per_step")), skew_p90_us=num(skew.get("p90")),
-                     straggler_rank=_int(cm.get("straggler_rank")), world_size=ws, ranks_present=present,
+                     wait_ms=num(cm.get("wait_ms_per_step")), skew_p90_us=num(skew.get("p90")), skew_category=cat,
+                     straggler_rank=_int(per.get("straggler_rank")), world_size=ws, ranks_present=present,
                      n_instances=_int(cm.get("n_instances_judged", cm.get("n_instances"))), clock_flag=bool(cm.get("clock_flag")))
 
 

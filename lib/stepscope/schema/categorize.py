@@ -263,8 +263,17 @@ class CollectivesMatched(Record, kw_only=True):
     transfer_ms_per_step: float | None = None
     """Sum over the judged instances of last arrival to completion, per judged step."""
     wait_ms_per_step: float | None = None
-    """Mean over ranks of the time spent waiting for the others, per step."""
+    """Mean over ranks of the time spent waiting for the others, per step. Pooled, like the
+    transfer: their sum is a typical rank's and may exceed one rank's time (see the per-rank keys)."""
     wait_ms_per_step_by_rank: dict[str, float | None] | None = None
+    """Per rank: its arrival to the last arrival, or to its own end if it left first."""
+    after_last_arrival_ms_per_step_by_rank: dict[str, float | None] | None = None
+    """Per rank: its own end minus the last arrival (its completion; 0 if it left first)."""
+    matched_ms_per_step_by_rank: dict[str, float | None] | None = None
+    """Per rank: wait + after, exactly its arrival-to-end time in the matched collectives."""
+    reconcile: dict[str, dict[str, Any]] | None = None
+    """Per rank {matched_ms, accounted_ms, rel_diff, agree}: the matched time against the
+    collective categories' time in the accounting; disagreement beyond READINGS_AGREE_REL is flagged."""
     skew_us: dict[str, float | None] | None = None
     """{p50, p90}: spread of the ranks' start times per instance."""
     transfer_us: dict[str, float | None] | None = None

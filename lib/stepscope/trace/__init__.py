@@ -106,7 +106,9 @@ Artifacts in `05_categorize/`
     `complete` (every rank of the world present, at least two), `reason` (why nothing was
     matched, else null), `n_instances`, `steps_used`, `n_instances_judged`, `n_asymmetric`,
     `transfer_ms_per_step`, `wait_ms_per_step` (mean over ranks) and
-    `wait_ms_per_step_by_rank`, `skew_us` / `transfer_us` {`p50`, `p90`}, `straggler_rank`,
+    `wait_ms_per_step_by_rank`, `after_last_arrival_ms_per_step_by_rank`,
+    `matched_ms_per_step_by_rank` (wait + after, per rank), `reconcile` (that against the
+    collective categories' time, per rank), `skew_us` / `transfer_us` {`p50`, `p90`}, `straggler_rank`,
     `straggler_share`, `busbw_gbps` {`p50`}, `clock_flag` ({`ranks`, `median_end_offset_us`}
     or null), `count_mismatch` (when ranks issued different counts), `by_category`
     {category: {`n_instances`, `n_asymmetric`, `skew_us`, `transfer_us`,
@@ -143,7 +145,9 @@ Artifacts in `05_categorize/`
   step's start; empty for the last), between_steps_us (period - span), idle_micro_us,
   idle_macro_us, largest_gap_us, largest_gap_start_us, gap_before, gap_after, gap_host_call,
   launch_delay_us (median over the step's launches); on the reference rank, when ranks were
-  matched: coll_transfer_us, coll_wait_us (mean over ranks), straggler_rank.
+  matched: coll_transfer_us (per instance), coll_wait_us and coll_after_us (this rank's own
+  waiting and completion after the last arrival; they sum to its time in the matched
+  collectives), coll_wait_mean_us (mean over ranks), straggler_rank.
 - `rank_categories.csv`: rank, category, class, count, sum_us, union_us, exposed_us (whole
   trace, attributed or not).
 - `cross_rank.csv`: category, class, n_ranks, ms_per_step_min/median/max, min_rank, max_rank,

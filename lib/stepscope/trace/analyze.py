@@ -474,7 +474,23 @@ def _matched_flags(matched: dict) -> list[dict[str, str]]:
         flags.append(_flag("collective_count_mismatch", "warning",
                            f"collective calls per rank differ ({matched['count_mismatch']}): "
                            "instances were matched in issue order up to the shortest rank"))
+    off = {r: v for r, v in (matched.get("reconcile") or {}).items() if v["agree"] is False}
+    if off:
+        flags.append(_flag("comm_readings_disagree", "warning",
+                           "a rank's matched collectives (wait + completion after the last arrival) and its "
+                           "collective categories disagree by more than READINGS_AGREE_REL: " + "; ".join(
+                               f"rank {r}: {v['matched_ms']:.3f} against {v['accounted_ms']:.3f} ms per step"
+                               for r, v in off.items())))
     return flags
+
+
+def _accounted_comm_ms(r: RankResult, judged: str, n_steps: int) -> float | None:
+    """The rank's collective-category time per judged step, from the accounting."""
+    if not n_steps:
+        return None
+    ids = r.steps_tot.loc[r.steps_tot["kind"] == judged, "step_id"]
+    w = r.work[r.work["category"].isin(coll.COLLECTIVE_CATEGORIES) & r.work["step_id"].isin(ids)]
+    return float(w["dur_us"].sum() / n_steps / 1e3)
 
 
 def _tpot_flags(times: dict) -> list[dict[str, str]]:
@@ -508,7 +524,8 @@ def match_collectives(results: list[RankResult], info: dict, arch: Any = None
     world = info["world_size"] or len(results)
     judged = info["judged_kind"]
     n_judged = int(info["step_kinds"].get(judged, 0))
-    empty_steps = pd.DataFrame(columns=["step_id", "coll_transfer_us", "coll_wait_us", "straggler_rank"])
+    empty_steps = pd.DataFrame(columns=["step_id", "coll_transfer_us", "coll_wait_us", "coll_after_us",
+                                        "coll_wait_mean_us", "straggler_rank"])
     if len(results) < 2 or len(results) < world:
         why = ("one rank: nothing to match" if len(results) < 2 else
                f"{len(results)} of {world} ranks present: no cross-rank claim is made")
@@ -532,9 +549,14 @@ def match_collectives(results: list[RankResult], info: dict, arch: Any = None
     out = coll.summarize(table, ranks, info["world_size"], judged, n_judged,
                          {k: v for k, v in notes.items() if v})
     out["reason"] = None
+    if out.get("matched_ms_per_step_by_rank"):
+        out["reconcile"] = coll.reconcile(out["matched_ms_per_step_by_rank"],
+                                          {str(r.rank): _accounted_comm_ms(r, judged, n_judged) for r in results})
     steps = coll.per_step(table, ranks)
     steps = pd.DataFrame({"step_id": steps["step_id"], "coll_transfer_us": steps["transfer_ms"] * 1e3,
-                          "coll_wait_us": steps["wait_ms"] * 1e3, "straggler_rank": steps["straggler_rank"]})
+                          "coll_wait_us": steps["wait_ms"] * 1e3, "coll_after_us": steps["after_ms"] * 1e3,
+                          "coll_wait_mean_us": steps["wait_mean_ms"] * 1e3,
+                          "straggler_rank": steps["straggler_rank"]})
     return out, table, steps
 
 

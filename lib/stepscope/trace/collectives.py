@@ -13,7 +13,12 @@ last rank to arrive, and the transfer: from the last arrival to the completion, 
 of the ranks' ends (the typical rank's; with two ranks, their mean). An instance in which
 some rank finished before the last one arrived is not a symmetric collective (a gather to
 one rank, or an asynchronous call whose wait is elsewhere): it is marked `asymmetric` and
-gets no transfer time. Waiting is each rank's last arrival minus its own arrival. Bandwidth follows
+gets no transfer time. Each rank's time in an instance (its arrival to its own end) splits
+exactly into waiting (its arrival to the last arrival, or to its own end if it left first)
+and its own completion after the last arrival, so per rank wait + after == its matched
+time. The transfer is per instance (the typical rank's completion), so the pooled
+`wait_ms_per_step` (mean over ranks) plus `transfer_ms_per_step` need not equal any one
+rank's time; the per-rank figures are the ones that add up. Bandwidth follows
 nccl-tests: algbw = bytes / transfer time; busbw = algbw x 2(n-1)/n for all-reduce and
 x (n-1)/n for all-gather and reduce-scatter, with bytes = the message size (`In msg nelems`
 x the element size; an all-gather's size is its output, n x the input).
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.thresholds import CLOCK_SKEW_LIMIT_US
+from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
@@ -144,9 +149,11 @@ def match_instances(per_rank: dict[int, pd.DataFrame], world: int,
             for k, r in enumerate(ranks):
                 row[f"arrival_us_r{r}"] = float(arr[k])
                 row[f"end_us_r{r}"] = float(end[k])
-                row[f"wait_us_r{r}"] = float(arr.max() - arr[k])
+                # A rank that left before the last arrival waited only until it left.
+                row[f"wait_us_r{r}"] = float(min(arr.max(), end[k]) - arr[k])
+                row[f"after_us_r{r}"] = float(max(end[k] - arr.max(), 0.0))
             rows.append(row)
-    extra = [f"{p}_r{r}" for r in ranks for p in ("arrival_us", "end_us", "wait_us")]
+    extra = [f"{p}_r{r}" for r in ranks for p in ("arrival_us", "end_us", "wait_us", "after_us")]
     table = pd.DataFrame(rows, columns=INSTANCE_COLUMNS + extra)
     return table, {"count_mismatch": mismatch}
 
@@ -178,6 +185,7 @@ def summarize(table: pd.DataFrame, ranks: list[int], world: int | None, judged_k
         return out
     n = max(n_judged_steps, 1)
     waits = {r: float(sel[f"wait_us_r{r}"].sum() / n / 1e3) for r in ranks}
+    afters = {r: float(sel[f"after_us_r{r}"].sum() / n / 1e3) for r in ranks}
     last = sel["last_rank"].value_counts()
     bw = sel["busbw_gbps"].dropna()
     out.update({
@@ -186,6 +194,8 @@ def summarize(table: pd.DataFrame, ranks: list[int], world: int | None, judged_k
         "transfer_ms_per_step": float(sel["transfer_us"].sum() / n / 1e3),
         "wait_ms_per_step": float(np.mean(list(waits.values()))),
         "wait_ms_per_step_by_rank": {str(r): v for r, v in waits.items()},
+        "after_last_arrival_ms_per_step_by_rank": {str(r): v for r, v in afters.items()},
+        "matched_ms_per_step_by_rank": {str(r): waits[r] + afters[r] for r in ranks},
         "skew_us": {"p50": float(sel["skew_us"].quantile(0.5)), "p90": float(sel["skew_us"].quantile(0.9))},
         "transfer_us": {"p50": float(sel["transfer_us"].quantile(0.5)),
                         "p90": float(sel["transfer_us"].quantile(0.9))},
@@ -205,6 +215,8 @@ def _category_stats(g: pd.DataFrame, ranks: list[int], n_steps: int) -> dict:
             "transfer_ms_per_step": float(g["transfer_us"].sum() / n_steps / 1e3),
             "wait_ms_per_step_by_rank": {str(r): float(g[f"wait_us_r{r}"].sum() / n_steps / 1e3)
                                          for r in ranks},
+            "after_last_arrival_ms_per_step_by_rank": {
+                str(r): float(g[f"after_us_r{r}"].sum() / n_steps / 1e3) for r in ranks},
             "straggler_rank": int(g["last_rank"].value_counts().index[0]),
             "bytes_p50": _q(g["bytes"], 0.5), "busbw_gbps_p50": _q(g["busbw_gbps"], 0.5)}
 
@@ -214,14 +226,32 @@ def _q(v: pd.Series, q: float) -> float | None:
     return float(v.quantile(q)) if len(v) else None
 
 
+def reconcile(matched_ms: dict[str, float], accounted_ms: dict[str, float | None]) -> dict:
+    """Two readings of each rank's communication per step: the matched instances' wait + after
+    (arrival to own end) and the category accounting's collective time. They measure the same
+    time unless a rank's instance holds non-communication work or unmatched collectives."""
+    rows = {}
+    for r, m in matched_ms.items():
+        a = accounted_ms.get(r)
+        rel = abs(m - a) / a if a else None
+        rows[r] = {"matched_ms": m, "accounted_ms": a, "rel_diff": rel,
+                   "agree": None if rel is None else bool(rel <= READINGS_AGREE_REL)}
+    return rows
+
+
 def per_step(table: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
-    """Per step (reference rank's step ids): transfer and waiting (ms), and the straggler."""
+    """Per step (reference rank's step ids): transfer (per instance), the reference rank's own
+    waiting and completion after the last arrival, waiting averaged over ranks (ms), and the
+    straggler."""
+    cols = ["step_id", "transfer_ms", "wait_ms", "after_ms", "wait_mean_ms", "straggler_rank"]
     if table.empty:
-        return pd.DataFrame(columns=["step_id", "transfer_ms", "wait_ms", "straggler_rank"])
+        return pd.DataFrame(columns=cols)
     g = table.groupby("step_id")
     out = pd.DataFrame({
         "transfer_ms": g["transfer_us"].sum() / 1e3,
-        "wait_ms": g[[f"wait_us_r{r}" for r in ranks]].sum().mean(axis=1) / 1e3,
+        "wait_ms": g[f"wait_us_r{ranks[0]}"].sum() / 1e3,
+        "after_ms": g[f"after_us_r{ranks[0]}"].sum() / 1e3,
+        "wait_mean_ms": g[[f"wait_us_r{r}" for r in ranks]].sum().mean(axis=1) / 1e3,
         "straggler_rank": g["last_rank"].agg(lambda s: int(s.value_counts().index[0])),
     })
     return out.reset_index()
