@@ -4,6 +4,8 @@ against the value it must come from."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -36,6 +38,15 @@ def campaign(tmp_path_factory, repo_root):
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
     stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
     write_json(d / "spec" / "campaign_metrics" / "04_profiler_capture.spec_decode.json", {"spec_decode": stats.to_json()})
+    # the spec run's stage 05 counted verify steps (as on a real n-gram trace): 20 ms per decode step
+    summ = d / "spec" / "05_categorize" / "summary.json"
+    data = json.loads(summ.read_text())
+    data["decode"]["spec_decode"] = {"n_decode_steps": 125, "n_verify_steps": 43, "n_plain_steps": 82,
+                                     "scored_tokens_per_step": 2.0, "scored_tokens_per_verify_step": 3.9,
+                                     "draft_tokens_per_verify_step": 2.9, "requests_per_step": 1.0,
+                                     "time_basis": "period", "verify_step_ms": 22.0, "plain_step_ms": 19.0,
+                                     "decode_step_ms": 20.0}
+    summ.write_text(json.dumps(data))
     write_json(d / "campaign.json", {"campaign_id": "camp-1", "baseline": "tp2", "variants": ["tp2", "spec", "tp1"],
                                      "repeats": 1, "wall_s": 600.0, "runs": runs})
     paths = build_campaign_report(d)
@@ -115,3 +126,18 @@ def test_verdicts_are_compared_as_structures(campaign):
     assert changes["communication"] == ("exposed", "none")
     assert base.dominant == "all_reduce" and tp1.dominant != "all_reduce"
     assert "communication exposed → none" in paths["markdown"].read_text()
+
+
+def test_two_tpot_readings_are_shown_and_their_disagreement_flagged(campaign):
+    d, paths, c, stats = campaign
+    r = c.first("spec")
+    t = ca.trace_ms_per_token(r, r.spec_capture)
+    assert t == pytest.approx(20.0 / stats.tokens_per_decode_step)
+    m = ca.capture_tpot(r)
+    md = paths["markdown"].read_text()
+    assert (f"gives {fmt_num(t)} ms per token; the client measured {fmt_num(m)} ms "
+            f"({fmt_num(100 * (t / m - 1))} %") in md
+    # the verify-step assumption is checked against the trace's verify steps
+    p = ca.spec_predictions(c)[0]
+    v = next(k for k in p.checks if k.assumption.startswith("a verify step"))
+    assert v.measured == pytest.approx(22.0 / p.baseline_step_ms)

@@ -511,6 +511,16 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
     return out
 
 
+def trace_ms_per_token(r: VariantRun, s: SpecDecodeStats | None) -> float | None:
+    """The trace's reading of TPOT under speculative decoding: the mean decode step (period
+    when stage 05 has it) over the tokens per decode step from /metrics. It should agree with
+    the capture's client-side TPOT; the report shows both."""
+    t = _trace_spec(r)
+    step = num((t or {}).get("decode_step_ms"))
+    tps = s.tokens_per_decode_step if s is not None else None
+    return step / tps if step and tps else None
+
+
 def spec_table(c: Campaign) -> pd.DataFrame | None:
     """Acceptance (from /metrics) and verify steps (from the trace), per variant that speculates."""
     rows = []
@@ -530,7 +540,9 @@ def spec_table(c: Campaign) -> pd.DataFrame | None:
                          "trace_plain_steps": (t or {}).get("n_plain_steps"),
                          "trace_scored_tokens_per_step": (t or {}).get("scored_tokens_per_step"),
                          "verify_step_ms": (t or {}).get("verify_step_ms"),
-                         "plain_step_ms": (t or {}).get("plain_step_ms")})
+                         "plain_step_ms": (t or {}).get("plain_step_ms"),
+                         "trace_ms_per_token": trace_ms_per_token(r, s),
+                         "capture_tpot_ms": capture_tpot(r)})
     return pd.DataFrame(rows) if rows else None
 
 

@@ -18,7 +18,7 @@ from stepscope.report.markdown_util import markdown_to_html, md_table, missing_b
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
-from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
+from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
 FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
@@ -159,8 +159,27 @@ def _spec(c: ca.Campaign, preds: list[ca.SpecPrediction]) -> str:
                           ("tokens_per_decode_step", "tokens per decode step"),
                           ("trace_verify_steps", "verify steps (trace)"), ("trace_plain_steps", "plain steps (trace)"),
                           ("trace_scored_tokens_per_step", "scored tokens per step (trace)"),
-                          ("verify_step_ms", "verify step (ms)"), ("plain_step_ms", "plain step (ms)")]) + "\n"
+                          ("verify_step_ms", "verify step (ms)"), ("plain_step_ms", "plain step (ms)"),
+                          ("trace_ms_per_token", "trace: step / tokens per step (ms)"),
+                          ("capture_tpot_ms", "capture TPOT (ms)")]) + "\n"
+    text += _tpot_readings(st)
     return text
+
+
+def _tpot_readings(st: pd.DataFrame) -> str:
+    """Two readings of one TPOT: the trace's step time per token and the client's; flag a gap."""
+    out = ""
+    for _, r in st.iterrows():
+        t, m = r.get("trace_ms_per_token"), r.get("capture_tpot_ms")
+        if pd.isna(t) or pd.isna(m) or not m:
+            continue
+        gap = t / m - 1.0
+        if abs(gap) > TPOT_GAP_SHARE:
+            out += (f"**{r['run']}: the two TPOT readings disagree.** The trace's decode step over the tokens per step "
+                    f"gives {f(t)} ms per token; the client measured {f(m)} ms ({f(100 * gap)} %, beyond "
+                    f"±{f(100 * TPOT_GAP_SHARE)} %). The step times in this section carry that gap; the "
+                    "prediction below is set against the client's TPOT.\n\n")
+    return out
 
 
 def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]) -> str:
