@@ -279,6 +279,9 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
         else:
             out.append(f"**{v}** leaves the batch-1 TPOT within noise ({f(d.baseline)} → {f(d.value)} ms, "
                        f"band ±{f(d.band)} ms).")
+    for k in ceilings:
+        out.append(f"{k.variant} removes {', '.join(k.removed)}: the baseline's Amdahl ceiling was {_x(k.ceiling_x)}, "
+                   f"the measured speed-up of the decode step is {_x(k.measured_x)}.")
     for p in preds[:1]:
         out.append(f"For {p.variant}, the what-if predicted {f(p.predicted_tpot_ms)} ms at the measured "
                    f"{f(p.acceptance)} tokens per step; it measured {f(p.measured_tpot_ms)} ms ({_x(p.ratio)}).")
