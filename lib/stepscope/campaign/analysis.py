@@ -459,6 +459,16 @@ class CeilingCheck:
     moved_up: tuple[tuple[str, float, float], ...]
     """Other categories that grew beyond noise: (category, baseline ms, variant ms)."""
     moved_down: tuple[tuple[str, float, float], ...]
+    base_step_ms: float = 0.0
+    variant_step_ms: float = 0.0
+    removed_exposed_ms: float = 0.0
+    """The removed categories' exposed time per step in the baseline (what the ceiling removes)."""
+
+    @property
+    def unexplained_ms(self) -> float:
+        """Step time saved beyond the removed categories and the other categories that shrank."""
+        shrunk = sum(a - b for _, a, b in self.moved_down)
+        return self.base_step_ms - self.variant_step_ms - self.removed_exposed_ms - shrunk
 
     @property
     def within(self) -> bool | None:
@@ -507,7 +517,8 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
                  and x.where not in removed and x.baseline is not None and x.value is not None]
         out.append(CeilingCheck(v, removed, ceiling, measured, band_x, d.band_source,
                                 tuple((x.where, x.baseline, x.value) for x in moved if x.delta > 0),
-                                tuple((x.where, x.baseline, x.value) for x in moved if x.delta < 0)))
+                                tuple((x.where, x.baseline, x.value) for x in moved if x.delta < 0),
+                                bstep, d.value, gone))
     return out
 
 

@@ -257,11 +257,18 @@ def _ceiling_sentence(k: ca.CeilingCheck) -> str:
                                                                        else "; no single other category grew beyond "
                                                                             "noise, so the loss is spread thin.")) + "\n"
     shrank = "; ".join(f"{c} {f(a)} → {f(b)} ms" for c, a, b in k.moved_down)
-    return head + (f"the measured {_x(k.measured_x)} exceeds the {_x(k.ceiling_x)} ceiling, which the model says "
+    text = head + (f"the measured {_x(k.measured_x)} exceeds the {_x(k.ceiling_x)} ceiling, which the model says "
                    "cannot happen: the ceiling assumes the rest of the step is unchanged"
                    + (f", but other categories shrank: {shrank}." if shrank else
-                      ", yet no category shrank beyond noise: the time saved lay outside the counted work "
-                      "(idle between kernels or steps).")) + "\n"
+                      ", yet no category shrank beyond noise."))
+    saved = k.base_step_ms - k.variant_step_ms
+    if saved > 0 and k.unexplained_ms > 0.5 * saved:
+        text += (f" Of the {f(saved)} ms saved per step ({f(k.base_step_ms)} → {f(k.variant_step_ms)} ms), the removed "
+                 f"categories' exposed time explains {f(k.removed_exposed_ms)} ms and the categories that shrank "
+                 f"{f(saved - k.removed_exposed_ms - k.unexplained_ms)} ms; {f(k.unexplained_ms)} ms lay outside the "
+                 "counted work (idle between kernels or between steps, host-side time), which the ceiling does not "
+                 "model.")
+    return text + "\n"
 
 
 def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction],
