@@ -275,6 +275,7 @@ def test_eager_prefill_gets_no_decode_verdict(tmp_path, real_traces):
     assert md.startswith("# Where does a prefill step's time go?")
     assert "## 4. Profiler breakdown of a prefill step" in md and "### Collectives per prefill step" in md
     assert "Times are per prefill step unless stated" in md
+    assert "Per category, over 1 prefill step (rank 0" in md and "over 1 prefill step, TP=1" in md
 
 
 def test_two_ranks_of_a_large_world_make_no_cross_rank_claim(tmp_path, real_traces):

@@ -338,7 +338,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                                   _why(a, "05_categorize"))
     ident = ctx["verdict"].identity
     n = ident.n_judged_steps
-    text += (f"Per category, over {fmt_num(n) if n else 'all'} {ident.step_label}s (rank 0 unless stated; ms per "
+    text += (f"Per category, over {prose.steps(n, ident.step_label) if n else 'all ' + ident.step_label + 's'} (rank 0 unless stated; ms per "
              f"step from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
              f"{fmt_num(totals.get('step_ms'))} ms"
              + (f"; the period is not used: {totals['basis_reason']}" if totals.get("basis_reason") else "")
@@ -407,7 +407,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                     if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
             n = cc.observed.get("n_steps")
             label = ctx["verdict"].identity.step_label
-            text += (f"Counted on rank {cc.rank if cc.rank is not None else 0}" + (f" over {n} {label}s" if n else "")
+            text += (f"Counted on rank {cc.rank if cc.rank is not None else 0}" + (f" over {prose.steps(n, label)}" if n else "")
                      + (f", TP={cc.tp}" if cc.tp else "") + ":\n\n")
             if rows:
                 df = pd.DataFrame(rows)
