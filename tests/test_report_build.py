@@ -137,7 +137,7 @@ def test_single_gpu_trace_without_architecture_renders_its_crosscheck(tmp_path):
     p.write_text(json.dumps(s))
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     section = md.split("### Collectives per decode step", 1)[1].split("###", 1)[0]
-    assert "Counted on rank 0 over 1 decode steps, TP=1:\n\nNo collective ran in these steps." in section
+    assert "Counted on rank 0 over 1 decode step, TP=1:\n\nNo collective ran in these steps." in section
     assert "No expectation: no architecture given" in section
 
 
