@@ -35,6 +35,9 @@ def campaign(tmp_path_factory, repo_root):
         runs.append({"key": f"{name}#1", "variant": name, "repeat": 1, "run_dir": name, "status": "ok",
                      "reused": {"02_gemm_micro": "tp2#1"} if name == "spec" else {}, "description": name})
     _drop_comm(d / "tp1")
+    # TP=1 on two cores: the API process starves and the capture's tokens arrive in one burst
+    lat = d / "tp1" / "04_profiler_capture" / "capture_latency.json"
+    lat.write_text(json.dumps({**json.loads(lat.read_text()), "ttft_ms_median": 204.0, "e2el_ms_median": 221.0}))
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
     stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
     write_json(d / "spec" / "campaign_metrics" / "04_profiler_capture.spec_decode.json", {"spec_decode": stats.to_json()})
@@ -141,3 +144,11 @@ def test_two_tpot_readings_are_shown_and_their_disagreement_flagged(campaign):
     p = ca.spec_predictions(c)[0]
     v = next(k for k in p.checks if k.assumption.startswith("a verify step"))
     assert v.measured == pytest.approx(22.0 / p.baseline_step_ms)
+
+
+def test_a_bursty_capture_tpot_is_not_quoted_as_a_decode_change(campaign):
+    d, paths, c, _ = campaign
+    assert ca.capture_bunched(c.first("tp1")) == (204.0, 221.0) and ca.capture_bunched(c.first("spec")) is None
+    head = paths["markdown"].read_text().split("\n\n")[1]
+    assert "**tp1**'s capture delivered its tokens in a burst (median TTFT 204 of 221 ms end to end)" in head
+    assert "**tp1** changes the batch-1 TPOT" not in head and "**spec** changes the batch-1 TPOT" in head

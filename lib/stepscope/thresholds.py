@@ -74,3 +74,8 @@ STALL_GAP_S = 0.5
 """Every stream in flight silent at once for longer than this is a server-wide stall; a level
 with one is flagged. Decode steps take milliseconds to tens of milliseconds, so half a second
 of silence is a pause of the server, not a slow step."""
+
+BUNCHED_TTFT_SHARE = 0.5
+"""A batch-1 capture whose median TTFT exceeds this share of its median end-to-end latency
+delivered most tokens in one burst (a starved API process): its client-side TPOT does not
+measure decode, and the campaign does not quote it."""

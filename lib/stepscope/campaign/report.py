@@ -277,6 +277,14 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
     for v in c.variants:
         if v == c.baseline:
             continue
+        bunched = [b for r in c.runs.get(v) or [] if (b := ca.capture_bunched(r))]
+        if bunched:
+            st = next((x for x in ds if x.variant == v and x.metric == "decode_step_ms"), None)
+            out.append(f"**{v}**'s capture delivered its tokens in a burst (median TTFT {f(bunched[0][0])} of "
+                       f"{f(bunched[0][1])} ms end to end), so its client-side TPOT does not measure decode"
+                       + (f"; its decode step went {f(st.baseline)} → {f(st.value)} ms ({_x(st.ratio)})."
+                          if st is not None and st.value is not None else "."))
+            continue
         d = next((x for x in ds if x.variant == v and x.metric == "tpot_capture_ms"), None)
         if d is None or d.value is None:
             continue
