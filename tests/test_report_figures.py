@@ -86,11 +86,28 @@ def test_explorer_starts_from_saved_artifacts(tmp_path):
     assert ex.step_events(3, 50) is None and "not reachable" in ex.notes[-1]
 
 
-def test_explorer_widget_builds(tmp_path):
+def test_explorer_widget_builds(tmp_path, monkeypatch):
     pytest.importorskip("ipywidgets")
-    from stepscope.report import step_explorer
+    from stepscope.report import explorer, step_explorer
 
+    # another test may have started the in-process batch shell in this process; a kernel here
+    monkeypatch.setattr(explorer, "_batch_shell", lambda: False)
     w = step_explorer(make_synthetic_run(tmp_path / "run"))
     assert type(w).__name__ == "VBox"
     w2 = step_explorer(make_synthetic_run(tmp_path / "bare", stages=("00_deploy",)))
     assert "not available" in w2.data
+
+
+def test_explorer_not_built_in_a_batch_shell(tmp_path):
+    """`stepscope analyze` runs cells in an IPython shell with no kernel: no widget, a note
+    saying how to open it instead."""
+    from stepscope.inprocess import run_cell, shell
+
+    sh = shell()
+    if sh is None:
+        pytest.skip("an IPython shell with a kernel owns this process")
+    run = make_synthetic_run(tmp_path / "run")
+    out = run_cell(sh, f"from stepscope.report import step_explorer\nstep_explorer({str(run)!r})", 1)
+    assert out.error is None
+    html = out.outputs[-1]["data"]["text/html"]
+    assert "not built in this batch run" in html and f"stepscope lab {run}" in html

@@ -9,6 +9,7 @@ categories and step attribution as the report).
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 from typing import Any
@@ -146,11 +147,27 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _batch_shell() -> bool:
+    """True in an IPython shell with no kernel behind it (`stepscope analyze` runs the notebook
+    cells in-process): a widget there reaches no frontend and would only cost its first
+    render. Plain Python (tests, scripts) and Jupyter kernels build the widget."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    sh = get_ipython()
+    return sh is not None and getattr(sh, "kernel", None) is None
+
+
 def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
     """An ipywidgets explorer for the run's steps, or a one-line note when there is nothing
     to explore (stage 05 not run) or ipywidgets is missing."""
     from IPython.display import HTML, Image, display
 
+    if _batch_shell():
+        return HTML("<p><b>Step explorer:</b> interactive, so not built in this batch run (no kernel, "
+                    "no frontend to show it). Open this notebook with <code>stepscope lab "
+                    f"{html.escape(str(run_dir))}</code> and run this cell to use it.</p>")
     ex = StepExplorer(run_dir, extra_rules)
     if not ex.available:
         return HTML("<p><b>Step explorer:</b> not available: stage 05 (05_categorize/steps.csv, "
