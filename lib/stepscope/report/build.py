@@ -20,7 +20,7 @@ from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
 from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
-from stepscope.runfolder import figures_dir
+from stepscope.runfolder import save_figures
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
 
@@ -74,11 +74,11 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
     collective_*, 05_step_timeline*) is reused when the stage saved it; otherwise it is drawn
     here from the stage's CSV, under a name of the report's own (writeup_*, decode_*).
     """
-    out_dir = figures_dir(a.run_dir)
     made: dict[str, str] = {}
+    drawn: dict[str, Any] = {}  # saved together at the end: two render at once where two cores are free
 
     def save(key: str, name: str, fig) -> None:
-        fg.save_figure(fig, out_dir / name)
+        drawn[name] = fig
         made[key] = name
 
     decode, totals = ctx["decode"], ctx["totals"]
@@ -114,6 +114,7 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
              plot_roofline(a.gemm, peak_bw_gbps=num(hw.get("peak_mem_bw_gbps")), peak_tflops=num(hw.get("peak_tflops"))))
     if a.collectives is not None and not _stage_figures(a.run_dir, "collective_"):
         save("coll", "writeup_collective_latency_vs_size.png", plot_latency_vs_size(a.collectives, a.burst))
+    save_figures(drawn, a.run_dir)
     return made
 
 
