@@ -219,6 +219,19 @@ def _setup(md: str) -> dict[str, str]:
     return dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", sec, re.M))
 
 
+def test_a_bunched_level_tpot_is_not_quoted_as_decode(tmp_path):
+    # The CPU demo's concurrency-1 level: 92 % of chunks bunched, median TPOT 0 ms, once quoted in bold.
+    run = make_synthetic_run(tmp_path / "b")
+    p = run / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(p)
+    lv["bunched_chunk_share"] = [0.92 if c == 1 else 0.1 for c in lv["concurrency"]]
+    lv.to_csv(p, index=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    macro = md.split("## 2.", 1)[1].split("Per level", 1)[0]
+    assert ("but 92.0 % of that level's token chunks arrived together with the previous one, so its TPOT "
+            "measures delivery, not decode") in macro
+
+
 def test_setup_comes_from_the_trace_not_the_analysing_machine(tmp_path):
     run = make_synthetic_run(tmp_path / "an")
     _analyze_style(run, {"engine": "sglang", "device_name": "AMD Instinct MI300X", "device_count": 1,

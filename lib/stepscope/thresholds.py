@@ -75,6 +75,10 @@ STALL_GAP_S = 0.5
 with one is flagged. Decode steps take milliseconds to tens of milliseconds, so half a second
 of silence is a pause of the server, not a slow step."""
 
+BUNCHED_FLAG_SHARE = 0.5
+"""Flag a level when more than this share of its inter-chunk gaps are bunched; the report then
+never quotes that level's TPOT as decode time."""
+
 BUNCHED_TTFT_SHARE = 0.5
 """A batch-1 capture whose median TTFT exceeds this share of its median end-to-end latency
 delivered most tokens in one burst (a starved API process): its client-side TPOT does not

@@ -234,6 +234,9 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
             best = closed.loc[closed["output_throughput_tok_s"].astype(float).idxmax()]
             out["best_output_tok_s"] = num(best["output_throughput_tok_s"])
             out["best_concurrency"] = int(best["concurrency"]) if num(best["concurrency"]) is not None else None
+        c1 = closed[closed["concurrency"].astype(float) == 1]
+        if "bunched_chunk_share" in closed and len(c1):
+            out["c1_bunched_share"] = num(c1["bunched_chunk_share"].iloc[0])
         if "client_bound" in lv:
             cb = lv[lv["client_bound"].astype(str).str.lower().isin(["true", "1"])]
             out["client_bound_levels"] = [

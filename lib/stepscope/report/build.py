@@ -21,6 +21,7 @@ from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
 from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
 from stepscope.runfolder import save_figures
+from stepscope.thresholds import BUNCHED_FLAG_SHARE
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
 
@@ -215,6 +216,11 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     if h.get("c1_tpot_ms_median") is not None:
         parts.append(f"at concurrency 1 the median TPOT is **{fmt_num(h['c1_tpot_ms_median'])} ms** and the "
                      f"median TTFT **{fmt_num(h['c1_ttft_ms_median'])} ms**")
+        bunched = h.get("c1_bunched_share")
+        if bunched is not None and bunched > BUNCHED_FLAG_SHARE:
+            parts[-1] += (f", but {fmt_num(100 * bunched)} % of that level's token chunks arrived together with "
+                          f"the previous one, so its TPOT measures delivery, not decode (the step period in "
+                          f"section 4 is the engine's own clock)")
     if parts:
         text += "In this sweep " + "; ".join(parts) + ".\n\n"
     lv = a.levels.copy()

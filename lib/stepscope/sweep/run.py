@@ -27,6 +27,7 @@ from stepscope.config import SweepParams
 from stepscope.errors import ServerError
 from stepscope.runfolder import read_json, write_json
 from stepscope.sweep import client as cl
+from stepscope.thresholds import BUNCHED_FLAG_SHARE
 from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
 from stepscope.sweep.stalls import stall_metrics
 from stepscope.thresholds import STALL_GAP_S
@@ -181,8 +182,6 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- saturation
 
 
-BUNCHED_FLAG_SHARE = 0.5
-"""Flag a level when more than this share of its inter-chunk gaps are bunched."""
 
 MERGED_FLAG_SHARE = 0.05
 """Flag a level when more than this share of its output tokens shared a chunk with another."""
