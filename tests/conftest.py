@@ -53,6 +53,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(condition, what: str, timeout_s: float = 60.0, poll_s: float = 0.05):
+    """Poll `condition()` until it returns something truthy (returned) or fail naming `what`.
+
+    Tests that race a subprocess wait on something observable (a file, a log line, a process
+    state) with a generous deadline, never a fixed sleep: a loaded machine only makes them slower.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}")
+        time.sleep(poll_s)
+
+
 @pytest.fixture(scope="session")
 def live_vllm_server(tmp_path_factory):
     """One real server for the whole session; its run folder holds 00_deploy/server.json."""

@@ -20,6 +20,8 @@ from stepscope.errors import ServerError
 from stepscope.serve import build_server_command, launch, stop_server
 from stepscope.serve.launch import attach, likely_cause, stop_process_group, _group_alive
 
+from conftest import free_port, wait_for
+
 
 def _params(tmp_path: Path, **server) -> object:
     model = tmp_path / "model"
@@ -184,21 +186,21 @@ def test_ctrl_c_during_start_up_leaves_no_orphans(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     pidfile = tmp_path / "child.pid"
-    fake = _fake_server(tmp_path, f"sleep 300 &\necho $! > {pidfile}\necho loading\nsleep 300\n")
+    # The pid is written to a temporary name and renamed, so a file that exists is complete.
+    fake = _fake_server(tmp_path, f"sleep 300 &\necho $! > {pidfile}.tmp\nmv {pidfile}.tmp {pidfile}\n"
+                                  "echo loading\nsleep 300\n")
     params = tmp_path / "p.yaml"
     params.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\n"
                       f"model: {{path: {model}}}\n"
-                      f"server: {{port: 18557, python: {fake}, startup_timeout_s: 120}}\n")
+                      f"server: {{port: {free_port()}, python: {fake}, startup_timeout_s: 300}}\n")
     proc = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "run", str(params), "--run-id", "r",
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not pidfile.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    child = int(pidfile.read_text())
+    child = int(wait_for(lambda: pidfile.is_file() and pidfile.read_text().strip(),
+                         "the stand-in server to start its child", timeout_s=120))
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    time.sleep(0.5)
-    assert not _running(child), "the server's child process outlived Ctrl-C"
+    # SIGKILL is asynchronous and the reparented child is reaped by PID 1: poll, do not sleep.
+    wait_for(lambda: not _running(child), "the server's child process to go after Ctrl-C", timeout_s=30)
     stages = json.loads((tmp_path / "out" / "r" / "run.json").read_text())["stages"]
     assert stages["00_deploy"]["status"] == "interrupted"

@@ -13,6 +13,8 @@ from stepscope.sweep.client import ServerInfo, load_server, parse_prometheus_gau
 from stepscope.testing.fake_server import FakeBehaviour, FakeServer
 from stepscope.sweep.run import LEVEL_COLUMNS, find_knee, plan_levels, run_sweep
 
+from conftest import wait_for
+
 
 def _server(fake: FakeServer) -> ServerInfo:
     return ServerInfo(base_url=fake.base_url, served_model="fake", tp=2)
@@ -126,23 +128,24 @@ def test_ctrl_c_mid_level_keeps_its_finished_requests(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
-    # c0001 (4 requests) is quick; c0002 (8 requests, 2 at a time, ~0.4 s each) is interrupted.
-    with FakeServer(FakeBehaviour()) as fast, FakeServer(FakeBehaviour(chunk_delay_s=0.1)) as slow:
+    # c0001 (4 requests) is quick; c0002 (8 requests, 2 at a time, ~2 s each) is interrupted once
+    # two have finished, which leaves the interrupt about 6 s to land before the level would end.
+    with FakeServer(FakeBehaviour()) as fast, FakeServer(FakeBehaviour(chunk_delay_s=0.5)) as slow:
         # Measure c0001 fast first; then the same sweep against the slow server resumes at c0002.
         run_sweep(_server(fast), SweepParams(concurrency=(1,), input_len=2, output_len=4, min_requests=4,
                                               warmup_requests=0), tmp_path)
         proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_SWEEP, slow.base_url, str(tmp_path)],
                                 stderr=subprocess.PIPE, text=True)
         partial = tmp_path / "levels" / "c0002.partial.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if partial.is_file() and len(partial.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            wait_for(lambda: partial.is_file() and len(partial.read_text().splitlines()) >= 2,
+                     "two finished requests of c0002", timeout_s=120)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert proc.returncode != 0
     kept = [json.loads(x) for x in partial.read_text().splitlines()]
     assert 2 <= len(kept) < 8 and all(r["success"] and len(r["chunk_times_s"]) == 4 for r in kept)
