@@ -34,6 +34,7 @@ def _save(tmp_path, name, monkeypatch=None, serial=False):
 
 @pytest.mark.skipif(not hasattr(os, "fork") or runfolder._cores() < 2, reason="needs fork and two cores")
 def test_parallel_save_writes_the_serial_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(runfolder, "_spare_core", lambda: True)
     before = set(plt.get_fignums())  # another test may have left a figure open
     forked = _save(tmp_path, "forked")
     assert set(plt.get_fignums()) <= before  # every figure closed, the child's share too
@@ -43,7 +44,8 @@ def test_parallel_save_writes_the_serial_bytes(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or runfolder._cores() < 2, reason="needs fork and two cores")
-def test_failing_child_share_is_rendered_here(tmp_path, caplog):
+def test_failing_child_share_is_rendered_here(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(runfolder, "_spare_core", lambda: True)
     figs = _figures()
     parent = os.getpid()
     real = figs["fig1"].savefig  # fig1 is the child's (every other one, from the second)
