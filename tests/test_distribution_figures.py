@@ -119,6 +119,22 @@ def test_box_and_strip_show_one_point_per_step_and_category(tp2_analysis):
     assert "across 10 decode steps" in ax.get_title()
 
 
+def test_the_strip_jitter_is_the_same_every_time_and_leaves_numpy_alone(tp2_analysis):
+    ref = tp2_analysis.reference
+    bars, _, _ = decode_step_bars(ref.step_categories, tp2_analysis.steps, ref.rank)
+
+    def offsets() -> list:
+        ax = plot_step_category_distribution(bars).axes[0]
+        return [np.asarray(c.get_offsets()).tolist() for c in ax.collections if isinstance(c, PathCollection)]
+
+    np.random.seed(123)
+    first = offsets()
+    after_first = np.random.random()
+    np.random.seed(123)
+    assert offsets() == first
+    assert np.random.random() == after_first
+
+
 def test_heatmap_colours_are_the_matrix(tp2_analysis):
     ref = tp2_analysis.reference
     bars, _, _ = decode_step_bars(ref.step_categories, tp2_analysis.steps, ref.rank)

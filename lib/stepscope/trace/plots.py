@@ -136,6 +136,9 @@ def step_category_matrix(bars: pd.DataFrame) -> pd.DataFrame:
     return m.loc[sorted(m.index, key=category_sort_key)]
 
 
+STRIP_JITTER_SEED = 0
+
+
 def plot_step_category_distribution(bars: pd.DataFrame, *, which: str = "decode steps") -> Figure:
     """Per-step busy ms of each category across steps: a box (quartiles, whiskers at 1.5 IQR)
     with every step drawn as a point, so a bimodal category or a few slow steps show."""
@@ -151,7 +154,14 @@ def plot_step_category_distribution(bars: pd.DataFrame, *, which: str = "decode 
         # seaborn 0.13 still passes `vert=` to matplotlib's bxp, deprecated since matplotlib 3.11
         warnings.filterwarnings("ignore", message=".*vert: bool", category=DeprecationWarning)
         sns.boxplot(**kw, showfliers=False, width=0.6, boxprops={"alpha": 0.45})
-    sns.stripplot(**kw, size=2.5, jitter=0.25, edgecolor="black", linewidth=0.2)
+    # seaborn jitters with numpy's global generator: seed it for this call only, so the same
+    # trace draws the same figure (byte-identical PNGs between runs) and callers' state is kept.
+    state = np.random.get_state()
+    try:
+        np.random.seed(STRIP_JITTER_SEED)
+        sns.stripplot(**kw, size=2.5, jitter=0.25, edgecolor="black", linewidth=0.2)
+    finally:
+        np.random.set_state(state)
     ax.set_xlabel("")
     ax.set_ylabel("ms per step (category busy time, union)")
     ax.tick_params(axis="x", rotation=45, labelsize=8)
