@@ -125,3 +125,22 @@ def test_cli_prints_message_without_traceback(tmp_path, capsys):
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "server.tp" in err and "Traceback" not in err
+
+
+def test_analysis_stages_give_each_cell_a_time_limit_and_server_stages_none(tmp_path, monkeypatch):
+    import papermill
+
+    from stepscope.runfolder import ANALYSIS_CELL_TIMEOUT_S, STAGE_BY_ID
+    from stepscope.runner import execute_notebook
+
+    seen: dict[str, object] = {}
+
+    def fake_execute(nb, out, **kw):
+        seen[Path(nb).stem] = kw["execution_timeout"]
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    for sid in ("01_macro_sweep", "05_categorize", "06_writeup"):
+        execute_notebook(STAGE_BY_ID[sid], tmp_path / "params.yaml", tmp_path, progress=False)
+    assert seen == {"01_macro_sweep": None, "05_categorize": ANALYSIS_CELL_TIMEOUT_S,
+                    "06_writeup": ANALYSIS_CELL_TIMEOUT_S}
+    assert ANALYSIS_CELL_TIMEOUT_S == 3600.0

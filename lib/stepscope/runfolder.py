@@ -30,6 +30,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
 
+ANALYSIS_CELL_TIMEOUT_S = 3600.0
+"""An hour for one cell of stage 05 or 06: eight 80 MB rank traces load in minutes."""
+
+
 @dataclass(frozen=True)
 class Stage:
     id: str
@@ -39,6 +43,10 @@ class Stage:
     uses_server: bool
     sections: tuple[str, ...]
     """Params sections this stage reads."""
+    cell_timeout_s: float | None = None
+    """Longest a single notebook cell may run before the stage fails (None: no limit). Set
+    on the analysis stages, which wait on no server: a cell there that outlasts this has hung
+    (a kernel once sat idle while papermill waited for a reply that never came)."""
 
     @property
     def notebook(self) -> Path:
@@ -55,8 +63,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("02_gemm_micro", (), False, ("model", "server", "micro", "hardware")),
     Stage("03_nccl_burst", (), False, ("model", "micro", "server", "hardware")),
     Stage("04_profiler_capture", ("00_deploy",), True, ("capture",)),
-    Stage("05_categorize", (), False, ("analysis",)),
-    Stage("06_writeup", (), False, ("writeup",)),
+    Stage("05_categorize", (), False, ("analysis",), cell_timeout_s=ANALYSIS_CELL_TIMEOUT_S),
+    Stage("06_writeup", (), False, ("writeup",), cell_timeout_s=ANALYSIS_CELL_TIMEOUT_S),
 )
 STAGE_BY_ID = {s.id: s for s in STAGES}
 

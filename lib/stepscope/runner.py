@@ -205,7 +205,7 @@ def execute_notebook(stage: Stage, params_file: Path, run_dir: Path, progress: b
         str(stage.notebook), str(out_nb),
         parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
         kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=progress,
-        log_output=False, request_save_on_cell_execute=True,
+        log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
         # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
         # loopback) are noise in every stage's output; errors still come through.
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
