@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,12 @@ from stepscope.runfolder import REPO_ROOT
 
 
 TRACE_DATA = Path(__file__).resolve().parent / "data" / "traces"
+
+# A background job of a non-interactive shell starts with SIGINT ignored, and children
+# inherit an ignored signal across exec, so the tests that press Ctrl-C on a `stepscope`
+# child would see it finish normally. A handled signal is reset to the default in children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The suite must test the library of the checkout it sits in, not another one an editable
 # install or a stale PYTHONPATH points at (a second clone or worktree sharing one venv).

@@ -144,3 +144,12 @@ def test_analysis_stages_give_each_cell_a_time_limit_and_server_stages_none(tmp_
     assert seen == {"01_macro_sweep": None, "05_categorize": ANALYSIS_CELL_TIMEOUT_S,
                     "06_writeup": ANALYSIS_CELL_TIMEOUT_S}
     assert ANALYSIS_CELL_TIMEOUT_S == 3600.0
+
+
+def test_children_of_the_suite_receive_ctrl_c_even_when_it_was_started_ignoring_it():
+    import subprocess
+    import sys
+
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
