@@ -18,9 +18,11 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+import msgspec
 
 from stepscope import schema
 from stepscope.config import Params, redact, redact_argv
@@ -62,31 +64,12 @@ class ServerCommand:
     base_url: str
 
 
-@dataclass
-class ServerHandle:
-    """What the run knows about its server (the content of server.json)."""
-
-    mode: str
-    engine: str
-    base_url: str
-    served_model: str | None = None
-    engine_version: str | None = None
-    models_response: dict | None = None
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    profiler_dir: str | None = None
-    tp: int = 1
-    pid: int | None = None
-    pgid: int | None = None
-    create_time: float | None = None
-    """The leader's start time (epoch s): a recycled pid is never mistaken for this server."""
-    log_path: str | None = None
-    api_key_env: str | None = None
-    started_at: str | None = None
-    startup_s: float | None = None
+class ServerHandle(schema.ServerRecord, kw_only=True):
+    """What the run knows about its server: the server.json record itself (its fields and
+    their meaning live in `stepscope.schema.ServerRecord`), filled in as the server starts."""
 
     def to_json(self) -> dict:
-        d = dict(self.__dict__)
+        d = msgspec.structs.asdict(self)
         d["argv"] = redact_argv(self.argv)
         d["env"] = redact(self.env)
         return d
