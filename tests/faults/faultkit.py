@@ -61,12 +61,22 @@ def running(pid: int) -> bool:
         return False
 
 
-def leftover_processes(root_pid: int | None = None, pgids: tuple[int, ...] = ()) -> list[str]:
+def descendants(root_pid: int | None = None) -> frozenset[int]:
+    """The pids below `root_pid` (this process when None) now: what a test already had,
+    e.g. the session's live vLLM server, which a run under test must not be blamed for."""
+    return frozenset(p.pid for p in psutil.Process(root_pid or os.getpid()).children(recursive=True))
+
+
+def leftover_processes(root_pid: int | None = None, pgids: tuple[int, ...] = (),
+                       before: frozenset[int] = frozenset()) -> list[str]:
     """Processes a finished run may not leave behind: any descendant of `root_pid` (the
-    test process itself when None), and any live member of the given process groups."""
+    test process itself when None) not in `before`, and any live member of the given
+    process groups."""
     root = psutil.Process(root_pid or os.getpid())
     left = {}
     for p in root.children(recursive=True):
+        if p.pid in before:
+            continue
         try:
             if p.status() != psutil.STATUS_ZOMBIE:
                 left[p.pid] = " ".join(p.cmdline())[:120]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import fake_pids, leftover_processes, running, stage_status, stand_in_notebooks, write_fake_server
+from faultkit import descendants, fake_pids, leftover_processes, running, stage_status, stand_in_notebooks, write_fake_server
 from stepscope import runfolder, runner
 from stepscope.cli import main
 from stepscope.runner import run_pipeline
@@ -60,6 +60,7 @@ def test_bug1_a_dead_server_is_reaped_and_the_relaunch_is_said(tmp_path, noteboo
     notebooks({"01_macro_sweep": KILL_SERVER})
     params = _fake_params(tmp_path)
     lines: list[str] = []
+    before = descendants()
     code, run_dir = run_pipeline(params, run_id="r", stages="00,01,04", progress=False, echo=lines.append)
     out = "\n".join(lines)
     first, second = fake_pids(tmp_path / "pids.jsonl")
@@ -71,7 +72,7 @@ def test_bug1_a_dead_server_is_reaped_and_the_relaunch_is_said(tmp_path, noteboo
     assert [(e["event"], e["pid"], e["before_stage"], e["orphans_stopped"]) for e in events] == [
         ("server_relaunch", first["api"], "04_profiler_capture", 1)]
     assert json.loads((run_dir / "00_deploy" / "server.json").read_text())["pid"] == second["api"]
-    assert leftover_processes(pgids=(first["api"], second["api"])) == []
+    assert leftover_processes(pgids=(first["api"], second["api"]), before=before) == []
 
 
 def test_bug2_a_second_interrupt_kills_the_group_at_once(tmp_path):
