@@ -213,3 +213,22 @@ def test_period_and_capture_tpot_are_set_side_by_side(tmp_path):
     p.write_text(json.dumps(s))
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert f"**The period ({fmt_num(PERIOD)} ms) and the client's TPOT (8.00 ms) disagree** by" in md
+
+
+@pytest.mark.parametrize("trace_files, stacked_drawn", [
+    (["sglang-mi300x-qwen3-8b-decode.json.gz"], False),  # one rank, one step: stage 05's bar is the mean
+    (["vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"], True)])
+def test_the_report_does_not_redraw_stage_05s_single_step_bar(tmp_path, real_traces, trace_files, stacked_drawn):
+    from stepscope.runfolder import save_figures
+    from stepscope.trace import analyze_traces
+    from stepscope.trace.plots import stage_figures
+
+    run = tmp_path / "run"
+    an = analyze_traces([real_traces / f for f in trace_files], run / "05_categorize", progress=False,
+                        perfetto=False)
+    save_figures(stage_figures(an), run)
+    md = build_report(run)["markdown"].read_text()
+    drawn = {p.name for p in (run / "figures").glob("*.png")}
+    assert ("decode_category_ms_per_step_stacked.png" in drawn) is stacked_drawn
+    assert ("decode_category_ms_per_step_stacked.png" in md) is stacked_drawn
+    assert "05_decode_step_categories_rank0.png" in md  # the stage's per-step figure is embedded either way

@@ -1,5 +1,6 @@
-"""`runfolder.save_figures`: with a second core a forked child renders every other figure;
-the files must be the ones a serial save writes, and a failing child must cost nothing."""
+"""`runfolder.save_figures`: one forked child per idle core renders its round-robin share of
+the figures; the files must be the ones a serial save writes, and a failing child must cost
+nothing."""
 
 from __future__ import annotations
 
@@ -32,20 +33,25 @@ def _save(tmp_path, name, monkeypatch=None, serial=False):
     return {p.name: p.read_bytes() for p in paths}
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or runfolder._cores() < 2, reason="needs fork and two cores")
-def test_parallel_save_writes_the_serial_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(runfolder, "_spare_core", lambda: True)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("idle, n_children", [(1, 1), (3, 3), (9, 4)])  # 5 figures: at most 4 children
+def test_parallel_save_writes_the_serial_bytes(tmp_path, monkeypatch, idle, n_children):
+    monkeypatch.setattr(runfolder, "_idle_cores", lambda: idle)
+    forks = []
+    real_fork = runfolder._fork_saver
+    monkeypatch.setattr(runfolder, "_fork_saver", lambda jobs: forks.append(len(jobs)) or real_fork(jobs))
     before = set(plt.get_fignums())  # another test may have left a figure open
     forked = _save(tmp_path, "forked")
+    assert len(forks) == n_children and sum(forks) == 5 - -(-5 // (n_children + 1))  # this process keeps the first share
     assert set(plt.get_fignums()) <= before  # every figure closed, the child's share too
     serial = _save(tmp_path, "serial", monkeypatch, serial=True)
     assert list(forked) == [f"fig{i}.png" for i in range(5)]  # returned in the order given
     assert forked == serial and all(len(b) > 1000 for b in forked.values())
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or runfolder._cores() < 2, reason="needs fork and two cores")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_failing_child_share_is_rendered_here(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(runfolder, "_spare_core", lambda: True)
+    monkeypatch.setattr(runfolder, "_idle_cores", lambda: 1)
     figs = _figures()
     parent = os.getpid()
     real = figs["fig1"].savefig  # fig1 is the child's (every other one, from the second)
@@ -61,3 +67,11 @@ def test_failing_child_share_is_rendered_here(tmp_path, caplog, monkeypatch):
     assert [p.name for p in paths] == [f"fig{i}.png" for i in range(5)]
     assert all(p.stat().st_size > 1000 for p in paths)
     assert "rendering its figures here" in caplog.text
+
+
+@pytest.mark.parametrize("cores, load, idle", [(2, 0.6, 1), (2, 1.4, 1), (2, 1.6, 0), (2, 5.0, 0),
+                                               (16, 1.0, 15), (16, 0.0, 15), (16, 12.2, 4), (1, 0.0, 0)])
+def test_idle_cores_from_the_load_average(monkeypatch, cores, load, idle):
+    monkeypatch.setattr(runfolder, "_cores", lambda: cores)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert runfolder._idle_cores() == idle

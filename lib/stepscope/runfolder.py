@@ -13,6 +13,7 @@ Each stage reads only files here, so any stage can be re-run alone.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import tempfile
@@ -100,23 +101,28 @@ def save_figure(fig, path: str | Path) -> Path:
 def save_figures(figures: dict, run_dir: str | Path) -> list[Path]:
     """Save `{name: figure}` as PNGs in the run's figures/ folder (`.png` added if missing).
 
-    Rendering is most of a figure's cost (~0.2 s each), so with two or more figures and a
-    second core, a forked child renders every other figure while this process renders the
-    rest: the same files, byte for byte. Should the child fail, its share is rendered here,
-    so an error surfaces as it would serially.
+    Rendering is most of a figure's cost (~0.1 s each, building it ~0.01 s), so the figures
+    are dealt round-robin to this process and to one forked child per idle core (a GPU
+    box's many cores render them all at once): the same files, byte for byte. Should a child
+    fail, its share is rendered here, so an error surfaces as it would serially.
     """
     d = figures_dir(run_dir)
     jobs = [(fig, d / (name if name.endswith(".png") else f"{name}.png")) for name, fig in figures.items()]
-    theirs = jobs[1::2] if len(jobs) > 1 and _spare_core() else []
-    pid = _fork_saver(theirs) if theirs else None
-    for fig, path in (jobs[0::2] if pid else jobs):
-        save_figure(fig, path)
-    if pid:
+    n_share = min(len(jobs), 1 + _idle_cores())
+    shares = [jobs[i::n_share] for i in range(n_share)]
+    children = [(pid, share) for share in shares[1:] if (pid := _fork_saver(share)) is not None]
+    forked = {id(share) for _, share in children}
+    for share in shares:
+        if id(share) not in forked:
+            for fig, path in share:
+                save_figure(fig, path)
+    for pid, share in children:
         _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
+        failed = os.waitstatus_to_exitcode(status) != 0
+        if failed:
             log.warning("figure child exited with %s; rendering its figures here", status)
-        for fig, path in theirs:
-            if os.waitstatus_to_exitcode(status) != 0:
+        for fig, path in share:
+            if failed:
                 save_figure(fig, path)
             else:
                 _close(fig)
@@ -127,10 +133,12 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
-def _spare_core() -> bool:
-    """A second core that is idle now: on a busy machine the child only queues behind the
-    others, and forking costs CPU (measured: no wall gain at load 5 on 2 cores)."""
-    return _cores() > 1 and os.getloadavg()[0] < _cores() - 0.5
+def _idle_cores() -> int:
+    """Cores other than this process's that are idle now, by the 1-minute load average
+    (which counts this process): 2 cores at load 1.4 leave one. On a busy machine a child
+    only queues behind the others, and forking costs CPU (measured: no wall gain at load 5
+    on 2 cores)."""
+    return min(_cores() - 1, max(0, math.floor(_cores() - os.getloadavg()[0] + 0.5)))
 
 
 def _fork_saver(jobs: list) -> int | None:

@@ -67,6 +67,14 @@ def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"label": labels, "category": d["category"], "ms_per_step": ms.astype(float)})
 
 
+def _same_as_stage_step_figure(a: RunArtifacts, bars: pd.DataFrame, n_steps, totals: dict) -> bool:
+    """One rank's mean over one step is the single bar stage 05 already drew per step (with the
+    span and kernel sum marked); drawing it again costs a tenth of a second and shows nothing
+    new. A capture TPOT is a marker only the report's figure carries, so then it is drawn."""
+    return (n_steps == 1 and bars["label"].nunique() == 1 and totals.get("tpot_capture_ms") is None
+            and bool(_stage_figures(a.run_dir, "05_decode_step_categories_rank")))
+
+
 def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
     """Draw the report's figures into figures/; return {key: file name}.
 
@@ -87,8 +95,10 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
     if decode is not None:
         markers = {"busy (union)": totals.get("union_ms"), "span": totals.get("span_ms"),
                    "capture TPOT": totals.get("tpot_capture_ms")}
-        save("stacked", "decode_category_ms_per_step_stacked.png",
-             cat.plot_decode_category_time_stacked(_bars_frame(a, decode), markers, n))
+        bars = _bars_frame(a, decode)
+        if not _same_as_stage_step_figure(a, bars, n, totals):
+            save("stacked", "decode_category_ms_per_step_stacked.png",
+                 cat.plot_decode_category_time_stacked(bars, markers, n))
         if "share_of_step" in decode:
             save("shares", "decode_category_share_of_step.png", cat.plot_category_shares(decode, n))
     if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns) \
