@@ -68,8 +68,12 @@ def test_the_report_puts_predicted_beside_measured_tpot(live_campaign):
 
     c = ca.load_campaign(cdir)
     preds = ca.spec_predictions(c)
-    assert preds and all(p.measured_tpot_ms and p.predicted_tpot_ms for p in preds)
+    assert preds and all(p.predicted_tpot_ms and p.measured_tpot_ms is not None for p in preds)
     md = (cdir / "campaign_report.md").read_text()
+    # On a loaded machine the CPU server may deliver a capture's tokens in one burst (client
+    # TPOT ~0): the report must then say the client TPOT does not measure decode.
+    for v in {p.variant for p in preds if not p.measured_tpot_ms}:
+        assert ca.capture_bunched(c.runs[v][0]) and f"**{v}**'s capture delivered its tokens in a burst" in md
     for p in preds:
         assert f"| {fmt_num(p.predicted_tpot_ms)} | {fmt_num(p.measured_tpot_ms)} | {fmt_num(p.ratio)}× |" in md
 

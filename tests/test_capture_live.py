@@ -9,6 +9,7 @@ import pytest
 from stepscope.capture import capture_profile, gzip_complete
 from stepscope.config import CaptureParams
 from stepscope.sweep import load_server
+from stepscope.thresholds import BUNCHED_TTFT_SHARE
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,11 @@ def test_live_capture_tp2(live_vllm_server, tmp_path):
         assert complete and rank == f["rank"]
     assert {f["kind"] for f in m["files"]} >= {"trace", "profiler_table"}
     lat = json.loads((tmp_path / "capture_latency.json").read_text())
-    assert lat["n_completed"] == 2 and lat["tpot_ms_median"] > 0
+    assert lat["n_completed"] == 2 and lat["tpot_ms_median"] >= 0
+    # TPOT is 0 only when the (loaded) CPU server delivered the tokens in one burst, which the
+    # campaign's bunched rule then recognises: first token late in the request's life.
+    if lat["tpot_ms_median"] == 0:
+        assert lat["ttft_ms_median"] > BUNCHED_TTFT_SHARE * lat["e2el_ms_median"], lat
     # a second capture must collect only its own files
     res2 = capture_profile(server, cap, tmp_path / "again")
     names1 = {f["path"] for f in traces}
