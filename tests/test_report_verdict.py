@@ -240,7 +240,7 @@ def test_setup_comes_from_the_trace_not_the_analysing_machine(tmp_path):
     rows = _setup(md)
     assert rows["Engine"] == "sglang"
     assert rows["Device"] == "1 × AMD Instinct MI300X (from the trace)"
-    assert rows["Batch"].startswith("32.0 requests per step")
+    assert rows["Batch"].startswith("32 requests per step")
     assert rows["Tensor parallel (TP)"] == "8 (from the trace)"
     assert "CPU" not in rows and rows["Analysed on (CPU)"] == "AMD EPYC (the analysing machine)"
     assert "at batch 1" not in md.split("## 2.", 1)[0]
@@ -437,3 +437,49 @@ def test_a_graph_replaying_step_gets_no_cuda_graph_advice(tmp_path, real_traces)
     # Were the same step host-bound, the lever named would still not be CUDA graphs.
     said = prose.boundness_sentence(dataclasses.replace(b, status="host-bound", micro_idle_pct=40.0))
     assert "already replays a graph" in said and "CUDA graphs" not in said
+
+
+def test_a_whole_batch_prints_as_a_count(tmp_path, real_traces):
+    # SGLang's `step[DECODE bs=32]`: the median batch over steps is 32 requests, not 32.0.
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["sglang-mi300x"]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "| Batch | 32 requests per step" in md and "**32 requests per step**" in md
+    assert "32.0 requests" not in md
+
+
+def test_time_between_steps_is_a_lever_of_its_own(tmp_path, real_traces):
+    # vLLM CPU, TP=2: steps start 26.4 ms apart but each spans 20.0 ms of recorded work.
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run)))["verdict"]
+    b = v.between_steps
+    d = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["steps"]
+    assert b.period_ms == pytest.approx(d["period_ms"]["mean"]) and b.span_ms == pytest.approx(d["span_ms"]["mean"])
+    assert b.gap_ms == pytest.approx(b.period_ms - b.span_ms) and b.ceiling_x == pytest.approx(b.period_ms / b.span_ms)
+    assert b.n_intervals == 8 and 20 < b.gap_pct < 30
+    assert (f"Between steps, {fmt_num(b.gap_ms)} ms per step ({fmt_num(b.gap_pct)} % of the {fmt_num(b.period_ms)} ms "
+            f"period, mean over 8 intervals)") in _quote(md, "Verdict.")
+    assert f"at most {fmt_num(b.ceiling_x)}× faster (period / span of {fmt_num(b.span_ms)} ms)" in md
+
+
+def test_no_between_steps_lever_without_a_period_or_below_the_threshold(tmp_path, real_traces):
+    from stepscope.report.verdict import between_steps
+    from stepscope.thresholds import BETWEEN_STEPS_SHARE
+
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["sglang-mi300x"]])  # one step: no period
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    assert ctx["verdict"].between_steps is None and "Between steps," not in _quote(
+        build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
+    ident = ctx["verdict"].identity
+    below = {"period_ms": 10.0, "span_ms": 10.0 * (1 - BETWEEN_STEPS_SHARE) + 1e-9}
+    assert between_steps(below, ident) is None
+    assert between_steps({"period_ms": 10.0, "span_ms": 8.0}, ident).ceiling_x == pytest.approx(1.25)
+
+
+def test_one_request_per_step_is_singular(tmp_path, real_traces):
+    # vLLM CPU at concurrency 1: `execute_context_0(0)_generation_1(1)`, one request per step.
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "| Batch | 1 request per step" in md and "**1 request per step**" in md
+    assert "1 requests" not in md and "1.00 requests" not in md

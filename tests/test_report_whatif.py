@@ -105,7 +105,7 @@ def test_report_uses_the_measured_batch_and_the_period(tmp_path):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     sec = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
     period = s["decode"]["period_ms"]["mean"]
-    assert f"measured decode step of **{period:.3g} ms** (period) at **32.0 requests per step**" in sec
+    assert f"measured decode step of **{period:.3g} ms** (period) at **32 requests per step**" in sec
     assert "no GEMM prediction from stage 02" in sec   # the default, in the table itself
     assert "| quantized_gemm | 4.00 |" in sec
 

@@ -25,6 +25,8 @@ OVERLAP_RATIO = 1.15
 """Kernel sum / union above this: overlap makes summed kernel time overstate the step."""
 TPOT_GAP_SHARE = 0.10
 """|TPOT - step time| above this share of TPOT is flagged and explained (stage 05 and the report)."""
+BETWEEN_STEPS_SHARE = 0.10
+"""Time between steps (period minus span) above this share of the period is a lever of its own."""
 PREDICTION_TOLERANCE = 0.25
 """Trace and micro-benchmark agree when their ratio is within 1 ± this."""
 

@@ -24,6 +24,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
+from stepscope.wording import plural
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -92,22 +93,23 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
 
     decode, totals = ctx["decode"], ctx["totals"]
     n = totals.get("n_decode_steps")
+    label = ctx["verdict"].identity.step_label
     if decode is not None:
         markers = {"busy (union)": totals.get("union_ms"), "span": totals.get("span_ms"),
                    "capture TPOT": totals.get("tpot_capture_ms")}
         bars = _bars_frame(a, decode)
         if not _same_as_stage_step_figure(a, bars, n, totals):
             save("stacked", "decode_category_ms_per_step_stacked.png",
-                 cat.plot_decode_category_time_stacked(bars, markers, n))
+                 cat.plot_decode_category_time_stacked(bars, markers, n, label))
         if "share_of_step" in decode:
-            save("shares", "decode_category_share_of_step.png", cat.plot_category_shares(decode, n))
+            save("shares", "decode_category_share_of_step.png", cat.plot_category_shares(decode, n, label))
     if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns) \
             and not _stage_figures(a.run_dir, "05_step_timeline"):
         lane = "thread" if totals.get("mode") == "cpu" else "stream"
         save("timeline", "decode_step_timeline_rank0_by_stream.png",
-             cat.plot_decode_step_timeline(a.timeline, lane=lane))
+             cat.plot_decode_step_timeline(a.timeline, lane=lane, step_label=label))
     if ctx["amdahl"] is not None:
-        save("amdahl", "decode_amdahl_ceiling_by_category.png", cat.plot_amdahl_ceiling(ctx["amdahl"]))
+        save("amdahl", "decode_amdahl_ceiling_by_category.png", cat.plot_amdahl_ceiling(ctx["amdahl"], label))
     if ctx["whatif"] is not None:
         save("whatif", "whatif_speculative_decoding_tpot.png",
              fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"]))
@@ -166,9 +168,9 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
             tp += " — **the trace's world size and the params disagree**"
     batch = None
     if ident.batch_size is not None:
-        batch = (f"{fmt_num(ident.batch_size)} sequences per pass (from the input shapes)"
+        batch = (f"{fmt_num(ident.batch_size)} {plural('sequence', ident.batch_size)} per pass (from the input shapes)"
                  if ident.batch_source == "input shapes" else
-                 f"{fmt_num(ident.batch_size)} requests per step (median, from the step annotations)")
+                 f"{fmt_num(ident.batch_size)} {plural('request', ident.batch_size)} per step (median, from the step annotations)")
     # The machine that ran stepscope is the trace's only when this run captured the trace itself.
     captured_here = a.stage_present("04_profiler_capture")
     pairs = [
@@ -525,7 +527,7 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     preds: list[wi.Prediction] = ctx["whatif_predictions"]
     batch = preds[0].batch
     text += (f"Projected from the measured decode step of **{fmt_num(base.step_ms)} ms** ({base.step_basis}) at "
-             f"**{fmt_num(batch)} requests per step**, for acceptance lengths {list(wp.acceptance_lengths)} and "
+             f"**{fmt_num(batch)} {plural('request', batch)} per step**, for acceptance lengths {list(wp.acceptance_lengths)} and "
              f"draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token. A verify step "
              f"scores M = k + 1 tokens per request (k drafted: ⌈acceptance⌉ − 1 + writeup.verify_extra_tokens, "
              f"here {wp.verify_extra_tokens}) "

@@ -19,6 +19,7 @@ import pandas as pd
 
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.trace.plots import plot_decode_step_timeline
+from stepscope.wording import step_label
 
 EXPLORER_DPI = 72
 """Low resolution keeps each rendered timeline around 30 kB in a saved notebook."""
@@ -207,7 +208,7 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
                              + category_top_names(ev, chosen).to_html(index=False,
                                                                       float_format=lambda v: f"{v:,.1f}")))
             fig = plot_decode_step_timeline(ev, title_note=f"(rank {rank_dd.value}, step {step_dd.value})",
-                                            highlight=chosen, lane=ex.lane)
+                                            highlight=chosen, lane=ex.lane, step_label=step_label(kind_dd.value))
             display(Image(data=_png(fig)))
 
     def on_rank_or_kind(*_):

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
-from stepscope.report.verdict import (Agreement, Boundness, CommSplit, Communication, Dominant, Lever, Overlap,
+from stepscope.wording import plural
+from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, Lever, Overlap,
                                       Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
@@ -26,7 +27,7 @@ def _short(name: str | None, width: int = 70) -> str:
 
 def steps(n: int | None, label: str) -> str:
     """"1 decode step", "155 decode steps"."""
-    return f"{f(n)} {label}" + ("" if n == 1 else "s")
+    return f"{f(n)} {plural(label, n)}"
 
 
 def identity_sentences(i: TraceIdentity) -> list[str]:
@@ -162,6 +163,15 @@ def tpot_gap_sentence(t: TpotGap) -> str:
             f"{t.denominator} of {f(t.step_ms)} ms, on the host side; no kernel fix reaches it.")
 
 
+def between_steps_sentence(b: BetweenSteps, step_label: str) -> str:
+    over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
+    return (f"Between steps, {f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
+            f"pass with none of the steps' recorded work running: the engine's host work outside the step "
+            f"(scheduling, input preparation, output processing), which no kernel or collective fix reaches. "
+            f"Removing it would make a {step_label} at most {f(b.ceiling_x)}× faster (period / span of "
+            f"{f(b.span_ms)} ms).")
+
+
 def lever_sentence(levers: tuple[Lever, ...], step_label: str) -> str:
     best = levers[0]
     txt = (f"The biggest single lever is {best.category}: removing all of its exposed time "
@@ -226,6 +236,8 @@ def sentences(v: Verdict) -> list[Sentence]:
         out.append(((v.tpot_gap,), tpot_gap_sentence(v.tpot_gap)))
     if v.levers:
         out.append((v.levers[:2], lever_sentence(v.levers, v.identity.step_label)))
+    if v.between_steps is not None:
+        out.append(((v.between_steps,), between_steps_sentence(v.between_steps, v.identity.step_label)))
     out += [((r,), roofline_sentence(r)) for r in v.roofline]
     out += [((g,), agreement_sentence(g)) for g in v.agreements]
     return out

@@ -21,15 +21,12 @@ import pandas as pd
 from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
-from stepscope.thresholds import (COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
+from stepscope import wording
+from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
                                   PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
 
-KIND_STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
-                    "mixed": "mixed prefill-and-decode step", "training": "training step",
-                    "single_step": "step", "unknown": "step"}
-"""How a step of each trace kind is named in the report."""
 
 
 # --------------------------------------------------------------------------- findings
@@ -47,6 +44,7 @@ class TraceIdentity:
     device_name: str | None = None
     device_count: int | None = None
     batch_size: float | None = None
+    """Requests per step, the median over steps: a whole number unless two middle steps differ."""
     batch_source: str | None = None
     tp: int | None = None
     tp_source: str | None = None
@@ -221,6 +219,21 @@ class RooflineFinding:
 
 
 @dataclass(frozen=True)
+class BetweenSteps:
+    """Time between consecutive steps that no device work of either step fills: the period
+    minus the span, host work outside the step (scheduling, input preparation, output
+    processing). No kernel or collective fix reaches it; its Amdahl ceiling is period / span."""
+
+    gap_ms: float
+    period_ms: float
+    span_ms: float
+    gap_pct: float
+    ceiling_x: float
+    n_intervals: int | None = None
+    threshold_pct: float = 100 * BETWEEN_STEPS_SHARE
+
+
+@dataclass(frozen=True)
 class TpotGap:
     tpot_ms: float
     step_ms: float
@@ -250,6 +263,7 @@ class Verdict:
     overlap: Overlap | None = None
     tpot_gap: TpotGap | None = None
     levers: tuple[Lever, ...] = ()
+    between_steps: BetweenSteps | None = None
     agreements: tuple[Agreement, ...] = ()
     roofline: tuple[RooflineFinding, ...] = ()
     roofline_reason: str | None = None
@@ -278,9 +292,9 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
         present = _count(info.get("ranks_present"))
         tp = _int(info.get("tp")) or params_tp
         return TraceIdentity(
-            kind=kind, step_label=KIND_STEP_LABELS.get(kind, "step"), source="trace_info",
+            kind=kind, step_label=wording.step_label(kind), source="trace_info",
             engine=_known(info.get("engine")), device_name=_known(info.get("device_name")),
-            device_count=_int(info.get("device_count")), batch_size=num(info.get("batch_size")),
+            device_count=_int(info.get("device_count")), batch_size=_whole(num(info.get("batch_size"))),
             batch_source=_known(info.get("batch_source")),
             tp=tp, tp_source=str(info.get("tp_source") or (params_src if tp else None)),
             tp_disagreement=bool(info.get("tp_disagreement")),
@@ -292,7 +306,7 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
     # An older summary: the kind from the step counts, the rest from the run's own files.
     n_dec = _int(ref.get("n_decode_steps"))
     if n_dec:
-        kind, label, judged = "decode", KIND_STEP_LABELS["decode"], n_dec
+        kind, label, judged = "decode", wording.step_label("decode"), n_dec
     else:
         src = str(ref.get("step_source") or "")
         kind = "unknown"
@@ -329,6 +343,12 @@ def _known(v: Any) -> str | None:
 def _count(v: Any) -> int | None:
     """How many ranks: stage 05 lists them (`ranks_present: [0, 1]`); a bare count is read too."""
     return len(v) if isinstance(v, list) else _int(v)
+
+
+def _whole(v: float | None) -> float | int | None:
+    """A count read as a float (a median of counts) as an int when it is one: "32 requests",
+    not "32.0 requests"."""
+    return int(v) if v is not None and float(v).is_integer() else v
 
 
 def _int(v: Any) -> int | None:
@@ -475,6 +495,15 @@ def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
                    gap_pct=100 * (tpot - ref) / tpot)
 
 
+def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps | None:
+    """The period minus the span, when decode steps have a period and the gap is worth a lever."""
+    period, span = num(totals.get("period_ms")), num(totals.get("span_ms"))
+    if not ident.has_decode or not period or not span or period - span <= BETWEEN_STEPS_SHARE * period:
+        return None
+    return BetweenSteps(gap_ms=period - span, period_ms=period, span_ms=span, gap_pct=100 * (period - span) / period,
+                        ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
+
+
 def levers(amdahl: pd.DataFrame | None, basis: StepBasis) -> tuple[Lever, ...]:
     if amdahl is None or not len(amdahl) or not basis.step_ms:
         return ()
@@ -544,7 +573,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=levers(amdahl, basis),
-                   agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
+                   between_steps=between_steps(totals, ident), agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
                    plateau=plateau(macro))
 
 

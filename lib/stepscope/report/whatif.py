@@ -168,7 +168,7 @@ def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, d
     assumptions = []
     batch = baseline.batch
     if batch is None:
-        batch = 1.0
+        batch = 1
         assumptions.append("batch: default 1 request per step (the trace gave no batch)")
     assumptions.append(f"k = {k} drafted tokens per step" + ("" if draft_tokens is not None else
                                                               " (default: ceil(acceptance))"))

@@ -18,6 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from stepscope.palette import IDLE_COLOR, category_sort_key, color_for
+from stepscope.trace.account import select_decode_steps
+from stepscope.wording import plural, step_label
 from stepscope.runfolder import FIGURE_DPI as DPI
 from stepscope.runfolder import save_figure, save_figures  # noqa: F401  (the one saver; re-exported)
 
@@ -35,7 +37,7 @@ def new_figure(width: float = 8.0, height: float = 4.2) -> tuple[Figure, Axes]:
 
 
 def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequence[float] | None] | None = None,
-                       *, title: str, xlabel: str | None = None) -> Figure:
+                       *, title: str, xlabel: str | None = None, step_label: str = "decode step") -> Figure:
     """Stacked bars of category busy time (ms), one bar per `label`, categories in palette order.
 
     `bars` is long-form: label, category, ms_per_step. Each `markers` entry is either one value
@@ -74,7 +76,7 @@ def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequenc
     ax.set_xlim(-0.6, n - 0.4)
     if xlabel:
         ax.set_xlabel(xlabel)
-    ax.set_ylabel("ms per decode step (each category's busy time)")
+    ax.set_ylabel(f"ms per {step_label} (each category's busy time)")
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
@@ -82,23 +84,23 @@ def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequenc
 
 
 def plot_decode_category_time_stacked(bars: pd.DataFrame, markers: Mapping[str, float | None] | None = None,
-                                      n_steps: int | None = None) -> Figure:
-    """Mean category time per decode step, one bar per `label` (e.g. a rank), with whole-step
-    readings (union, span, capture TPOT in ms) as horizontal lines."""
-    steps = f", mean over {n_steps} decode steps" if n_steps else ""
-    return plot_category_bars(bars, markers, title=f"Category time per decode step{steps}\n"
+                                      n_steps: int | None = None, step_label: str = "decode step") -> Figure:
+    """Mean category time per step (`step_label`: "decode step", "training step", ...), one bar
+    per `label` (e.g. a rank), with whole-step readings (union, span, capture TPOT in ms) as
+    horizontal lines."""
+    steps = f", mean over {n_steps:g} {plural(step_label, n_steps)}" if n_steps else ""
+    return plot_category_bars(bars, markers, step_label=step_label,
+                              title=f"Category time per {step_label}{steps}\n"
                               "(bars: per-category busy time, stacked; lines: whole-step readings)")
 
 
-def decode_step_bars(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0
-                     ) -> tuple[pd.DataFrame, dict[str, np.ndarray], str]:
-    """Long-form bars of one rank's decode steps (label = step id, ms_per_step = category union),
-    each step's work span and kernel/op sum (ms), and what the steps are ("decode steps", or
-    "all steps" when the trace labels none as decode)."""
-    st = steps[(steps["rank"] == rank) & (steps["n_events"] > 0)]
-    dec, which = st[st["label"] == "decode"], "decode steps"
-    if dec.empty:
-        dec, which = st, "steps (none labelled decode)"
+def decode_step_bars(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0,
+                     step_label: str = "decode step") -> tuple[pd.DataFrame, dict[str, np.ndarray], str]:
+    """Long-form bars of one rank's judged steps (label = step id, ms_per_step = category union),
+    each step's work span and kernel/op sum (ms), and what the steps are, counted ("3 training
+    steps"). The steps are those stage 05's decode table is over (`select_decode_steps`)."""
+    dec, _ = select_decode_steps(steps[steps["rank"] == rank])
+    which = plural(step_label, len(dec))
     sc = step_categories[(step_categories["rank"] == rank) & step_categories["step_id"].isin(dec["step_id"])]
     grid = pd.MultiIndex.from_product([dec["step_id"], sorted(sc["category"].unique())],
                                       names=["step_id", "category"])
@@ -111,12 +113,13 @@ def decode_step_bars(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: i
     return bars, marks, which
 
 
-def plot_decode_steps(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0) -> Figure:
-    """One stacked bar per decode step of one rank: each category's busy time, with the step's
+def plot_decode_steps(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0,
+                      step_label: str = "decode step") -> Figure:
+    """One stacked bar per judged step of one rank: each category's busy time, with the step's
     work span and kernel/op sum marked; shows how steps vary, where the mean bars cannot."""
-    bars, marks, which = decode_step_bars(step_categories, steps, rank)
+    bars, marks, which = decode_step_bars(step_categories, steps, rank, step_label)
     n = bars["label"].nunique()
-    return plot_category_bars(bars, marks, xlabel="step id", title=(
+    return plot_category_bars(bars, marks, xlabel="step id", step_label=step_label, title=(
         f"Rank {rank}: category time in each of {n} {which}\n"
         "(bars: each category's busy time, stacked; marks: the step's span and kernel/op sum)"))
 
@@ -192,7 +195,8 @@ def plot_step_category_heatmap(matrix: pd.DataFrame, *, which: str = "decode ste
 
 
 def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
-                              highlight: str | None = None, lane: str = "stream") -> Figure:
+                              highlight: str | None = None, lane: str = "stream",
+                              step_label: str = "decode step") -> Figure:
     """One decode step on one rank: a lane per stream (GPU) or thread (CPU, `lane="thread"`),
     each event coloured by category.
 
@@ -204,7 +208,7 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
     idle = "no op running" if lane == "thread" else "no device work"
     if timeline.empty:
         fig, ax = new_figure(10.0, 2.2)
-        ax.text(0.5, 0.5, "no decode step to draw", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, f"no {step_label} to draw", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
     df = timeline.copy()
@@ -235,7 +239,7 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
     if "rank" in df and df["rank"].nunique() == 1:
         where = f", rank {df['rank'].iloc[0]}"
     note = f" {title_note}" if title_note else ""
-    ax.set_title(f"Timeline of one decode step{where}: {len(df)} {what} on {len(streams)} "
+    ax.set_title(f"Timeline of one {step_label}{where}: {len(df)} {what} on {len(streams)} "
                  f"{lane}(s), {end_us:.0f} µs span{note}\n(white = {idle})")
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -244,8 +248,9 @@ def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
 # --------------------------------------------------------------------------- per-category summaries
 
 
-def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None) -> Figure:
-    """Horizontal bars: each category's share of a decode step (%), largest on top."""
+def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None,
+                         step_label: str = "decode step") -> Figure:
+    """Horizontal bars: each category's share of a step (%), largest on top."""
     df = decode.copy()
     df["share_pct"] = 100.0 * df["share_of_step"].astype(float)
     df = df.sort_values("share_pct")
@@ -253,15 +258,15 @@ def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None) -> Fi
     ax.barh(df["category"], df["share_pct"], color=[color_for(c) for c in df["category"]])
     for y, (v, ms) in enumerate(zip(df["share_pct"], df["ms_per_step_mean"])):
         ax.text(v, y, f" {v:.1f} % ({ms:.3g} ms)", va="center", fontsize=8)
-    ax.set_xlabel("share of the decode step (%)")
-    steps = f"{n_steps} decode steps, " if n_steps else ""
-    ax.set_title(f"Category shares of a decode step\n({steps}mean ms per step / step time)")
+    ax.set_xlabel(f"share of the {step_label} (%)")
+    steps = f"{n_steps:g} {plural(step_label, n_steps)}, " if n_steps else ""
+    ax.set_title(f"Category shares of a {step_label}\n({steps}mean ms per step / step time)")
     ax.set_xlim(0, max(5.0, float(df["share_pct"].max()) * 1.3))
     ax.grid(axis="x", alpha=0.3)
     return fig
 
 
-def plot_amdahl_ceiling(amdahl: pd.DataFrame) -> Figure:
+def plot_amdahl_ceiling(amdahl: pd.DataFrame, step_label: str = "decode step") -> Figure:
     """Horizontal bars of the Amdahl ceiling per category (× faster if its exposed time were 0)."""
     df = amdahl[np.isfinite(amdahl["max_speedup"].astype(float))].sort_values("max_speedup")
     fig, ax = new_figure(8.0, max(2.5, 0.32 * len(df) + 1.2))
@@ -270,14 +275,14 @@ def plot_amdahl_ceiling(amdahl: pd.DataFrame) -> Figure:
     for y, v in enumerate(df["max_speedup"]):
         ax.text(v, y, f" {v:.2f}×", va="center", fontsize=8)
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("decode step speed-up if the category's exposed time were removed (×)")
+    ax.set_xlabel(f"{step_label} speed-up if the category's exposed time were removed (×)")
     ax.set_title("Amdahl ceiling per category (step time / (step time − exposed time))")
     ax.set_xlim(1.0, max(1.1, float(df["max_speedup"].max()) * 1.08) if len(df) else 2.0)
     ax.grid(axis="x", alpha=0.3)
     return fig
 
 
-def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12) -> Figure:
+def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12, step_label: str = "decode step") -> Figure:
     """Per category (the `top` first rows): min, median and max across ranks of the decode
     busy ms per step. A collective's min-rank time approximates the transfer; the rest waits."""
     d = cross_rank.head(top)
@@ -293,7 +298,7 @@ def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12) -> Figure:
     # the median dots take their category's colour, so the legend shows a neutral one
     ax.scatter([], [], marker="o", s=40, color="white", edgecolors="black", linewidths=0.6, label="median over ranks")
     ax.set_yticks(yy, d["category"])
-    ax.set_xlabel("busy ms per decode step (interval union), across ranks")
+    ax.set_xlabel(f"busy ms per {step_label} (interval union), across ranks")
     n = int(d["n_ranks"].max()) if len(d) else 0
     ax.set_title(f"Category time across {n} ranks (min / median / max)\n"
                  "a collective's min-rank time approximates the transfer; the rest is waiting")
@@ -309,22 +314,25 @@ def stage_figures(an) -> dict[str, Figure]:
     """Stage 05's figures by file name (without extension): the reference rank's steps and
     its median-span decode step, and the cross-rank spread when there are several ranks."""
     ref = an.reference
+    label = step_label((an.summary.get("trace_info") or {}).get("kind"))
     lane = "thread" if ref.mode == "cpu" else "stream"
     note = ""
     if not an.timeline.empty and "step_id" in an.timeline:
         note = f"(step {int(an.timeline['step_id'].iloc[0])}, the median span)"
     figs = {
-        f"05_decode_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories, an.steps, ref.rank),
-        f"05_step_timeline_rank{ref.rank}": plot_decode_step_timeline(an.timeline, title_note=note, lane=lane),
+        f"05_decode_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories, an.steps, ref.rank,
+                                                                       label),
+        f"05_step_timeline_rank{ref.rank}": plot_decode_step_timeline(an.timeline, title_note=note, lane=lane,
+                                                                      step_label=label),
     }
-    bars, _, which = decode_step_bars(ref.step_categories, an.steps, ref.rank)
+    bars, _, which = decode_step_bars(ref.step_categories, an.steps, ref.rank, label)
     if bars["label"].nunique() > 1:
         figs[f"05_decode_step_categories_distribution_rank{ref.rank}"] = \
             plot_step_category_distribution(bars, which=which)
         figs[f"05_decode_step_categories_heatmap_rank{ref.rank}"] = \
             plot_step_category_heatmap(step_category_matrix(bars), which=which)
     if len(an.ranks) > 1 and not an.cross_rank.empty:
-        figs["05_cross_rank_categories"] = plot_cross_rank(an.cross_rank)
+        figs["05_cross_rank_categories"] = plot_cross_rank(an.cross_rank, step_label=label)
     return figs
 
 

@@ -1,0 +1,19 @@
+"""How steps are named, in the report and on figures alike: one place, so a figure's title
+never calls a training step a decode step while the sentence beside it does not."""
+
+from __future__ import annotations
+
+STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
+               "mixed": "mixed prefill-and-decode step", "training": "training step",
+               "single_step": "step", "unknown": "step"}
+"""The name of one step of each trace kind (`trace_info.kind`)."""
+
+
+def step_label(kind: str | None) -> str:
+    """"decode step" for a decode trace, "training step" for a training trace, else "step"."""
+    return STEP_LABELS.get(kind or "unknown", "step")
+
+
+def plural(noun: str, n: float | None) -> str:
+    """The noun as counted: "1 decode step", "3 decode steps" (n None counts as many)."""
+    return noun if n == 1 else noun + "s"
