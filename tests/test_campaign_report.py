@@ -15,7 +15,7 @@ from stepscope.campaign.report import FIG_CATEGORIES, FIG_THROUGHPUT, build_camp
 from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report import whatif as wi
 from stepscope.report.numbers import fmt_num
-from stepscope.runfolder import write_json
+from stepscope import schema
 from stepscope.testing.synthetic import make_synthetic_run
 
 
@@ -40,7 +40,8 @@ def campaign(tmp_path_factory, repo_root):
     lat.write_text(json.dumps({**json.loads(lat.read_text()), "ttft_ms_median": 204.0, "e2el_ms_median": 221.0}))
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
     stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
-    write_json(d / "spec" / "campaign_metrics" / "04_profiler_capture.spec_decode.json", {"spec_decode": stats.to_json()})
+    schema.write(d / "spec" / "campaign_metrics" / "04_profiler_capture.spec_decode.json",
+                 {"stage": "04_profiler_capture", "spec_decode": stats.to_json()}, schema.SpecDecodeWindow)
     # the spec run's stage 05 counted verify steps (as on a real n-gram trace): 20 ms per decode step
     summ = d / "spec" / "05_categorize" / "summary.json"
     data = json.loads(summ.read_text())
@@ -50,8 +51,8 @@ def campaign(tmp_path_factory, repo_root):
                                      "time_basis": "period", "verify_step_ms": 22.0, "plain_step_ms": 19.0,
                                      "decode_step_ms": 20.0}
     summ.write_text(json.dumps(data))
-    write_json(d / "campaign.json", {"campaign_id": "camp-1", "baseline": "tp2", "variants": ["tp2", "spec", "tp1"],
-                                     "repeats": 1, "wall_s": 600.0, "runs": runs})
+    schema.write(d / "campaign.json", {"campaign_id": "camp-1", "baseline": "tp2", "variants": ["tp2", "spec", "tp1"],
+                                       "repeats": 1, "wall_s": 600.0, "runs": runs}, schema.CampaignRecord)
     paths = build_campaign_report(d)
     return d, paths, ca.load_campaign(d), stats
 

@@ -6,6 +6,7 @@ writes a marker into each stage's folder and records the call, so what ran where
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,13 @@ def test_each_variant_is_a_full_run_and_unchanged_stages_are_reused(params_file)
     assert spec["reused"] == {"02_gemm_micro": "tp2#1", "03_nccl_burst": "tp2#1"}
     run_json = read_json(cdir / "spec" / "run.json")
     assert run_json["stages"]["02_gemm_micro"]["reused_from"] == "tp2#1"
-    assert (cdir / "spec" / "02_gemm_micro" / "reused_from.json").is_file()
+    from stepscope import schema
+
+    assert schema.read(cdir / "spec" / "02_gemm_micro" / "reused_from.json", schema.ReusedFrom).run == "tp2#1"
+    typed = schema.read(cdir / "campaign.json", schema.CampaignRecord)
+    assert [(r.key, r.status, r.exit_code) for r in typed.runs] == [("tp2#1", "ok", 0), ("spec#1", "ok", 0),
+                                                                    ("tp1#1", "ok", 0)]
+    assert set(typed.runs[0].measured) == {"02_gemm_micro", "03_nccl_burst"} and typed.runs[1].measured == {}
     # each run ran its own merged params file
     assert "speculative-config" in (cdir / "spec" / "variant_params.yaml").read_text()
     import yaml
@@ -164,3 +171,28 @@ def test_shipped_campaigns_plan_as_documented(repo_root, name, variants, reused_
     spec = plan.runs[1].params
     assert any("ngram" in a for a in spec.server.extra_args)
     assert spec.server.tp == base.params.server.tp
+
+
+def test_a_campaign_json_off_its_schema_is_named_with_its_key(params_file):
+    from stepscope.campaign.analysis import load_campaign
+    from stepscope.schema import ArtifactError
+
+    code, cdir = _run(params_file, Recorder())
+    assert code == 0
+    rec = read_json(cdir / "campaign.json")
+    del rec["runs"][1]["run_dir"]  # a hand-edited or truncated record
+    (cdir / "campaign.json").write_text(json.dumps(rec))
+    with pytest.raises(ArtifactError) as err:
+        load_campaign(cdir)
+    assert "campaign.json" in str(err.value) and "run_dir" in str(err.value) and "$.runs[1]" in str(err.value)
+
+
+def test_the_spec_decode_file_holds_exactly_the_schemas_keys(repo_root):
+    import msgspec
+
+    from stepscope.campaign.metrics import spec_decode_delta
+    from stepscope.schema import SpecDecodeCounters
+
+    m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
+    stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
+    assert set(stats.to_json()) == {f.name for f in msgspec.structs.fields(SpecDecodeCounters)}

@@ -32,7 +32,6 @@ from stepscope.report import whatif as wi
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict
-from stepscope.runfolder import read_json
 from stepscope.thresholds import BUNCHED_TTFT_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
@@ -60,7 +59,7 @@ class VariantRun:
 @dataclass
 class Campaign:
     campaign_dir: Path
-    record: dict
+    record: schema.CampaignRecord
     baseline: str
     variants: list[str]
     descriptions: dict[str, str | None]
@@ -76,7 +75,8 @@ def _spec(run_dir: Path, stage: str) -> SpecDecodeStats | None:
     p = run_dir / "campaign_metrics" / f"{stage}.spec_decode.json"
     if not p.is_file():
         return None
-    return stats_from_json(read_json(p).get("spec_decode"))
+    window = schema.read(p, schema.SpecDecodeWindow)
+    return stats_from_json(schema.to_builtins(window.spec_decode)) if window.spec_decode is not None else None
 
 
 def load_run(run_dir: Path, variant: str, key: str, repeat: int = 1, status: str = "ok",
@@ -91,27 +91,26 @@ def load_run(run_dir: Path, variant: str, key: str, repeat: int = 1, status: str
 def pair(run_a: Path, run_b: Path) -> Campaign:
     """Two run folders as a campaign of a baseline (A) and one variant (B): `compare`'s view."""
     a, b = load_run(Path(run_a), "A", "A#1"), load_run(Path(run_b), "B", "B#1")
-    rec = {"campaign_id": f"{Path(run_a).name} vs {Path(run_b).name}", "baseline": "A", "variants": ["A", "B"],
-           "repeats": 1, "runs": []}
+    rec = schema.CampaignRecord(campaign_id=f"{Path(run_a).name} vs {Path(run_b).name}", baseline="A",
+                                variants=["A", "B"])
     return Campaign(Path(run_b), rec, "A", ["A", "B"], {}, {"A": [a], "B": [b]}, writeup_params_from(a.artifacts))
 
 
 def load_campaign(campaign_dir: str | Path) -> Campaign:
     """Read `campaign.json` and every run folder it lists (runs not yet started are left out)."""
     campaign_dir = Path(campaign_dir)
-    rec = read_json(campaign_dir / "campaign.json")
-    runs: dict[str, list[VariantRun]] = {v: [] for v in rec["variants"]}
+    rec = schema.read(campaign_dir / "campaign.json", schema.CampaignRecord)
+    runs: dict[str, list[VariantRun]] = {v: [] for v in rec.variants}
     descriptions: dict[str, str | None] = {}
-    for r in rec["runs"]:
-        descriptions.setdefault(r["variant"], r.get("description"))
-        d = campaign_dir / r["run_dir"]
-        if r.get("status") == "pending" or not d.is_dir():
+    for r in rec.runs:
+        descriptions.setdefault(r.variant, r.description)
+        d = campaign_dir / r.run_dir
+        if r.status == "pending" or not d.is_dir():
             continue
-        runs[r["variant"]].append(load_run(d, r["variant"], r["key"], r["repeat"], r.get("status", "?"),
-                                           r.get("reused")))
-    base = runs.get(rec["baseline"]) or []
+        runs[r.variant].append(load_run(d, r.variant, r.key, r.repeat, r.status, r.reused))
+    base = runs.get(rec.baseline) or []
     wp = writeup_params_from(base[0].artifacts) if base else WriteupParams()
-    return Campaign(campaign_dir, rec, rec["baseline"], list(rec["variants"]), descriptions, runs, wp)
+    return Campaign(campaign_dir, rec, rec.baseline, list(rec.variants), descriptions, runs, wp)
 
 
 # --------------------------------------------------------------------------- noise

@@ -34,19 +34,19 @@ def _x(v: float | None) -> str:
 def _setup(c: ca.Campaign) -> str:
     rec = c.record
     rows = []
-    for r in rec["runs"]:
-        rows.append({"run": r["key"], "variant": r["variant"], "description": r.get("description") or "",
-                     "folder": f"`{r['run_dir']}/`", "status": r.get("status"), "wall_s": r.get("wall_s"),
-                     "reused": ", ".join(f"{k[:2]} from {v}" for k, v in (r.get("reused") or {}).items()) or "–"})
+    for r in rec.runs:
+        rows.append({"run": r.key, "variant": r.variant, "description": r.description or "",
+                     "folder": f"`{r.run_dir}/`", "status": r.status, "wall_s": r.wall_s,
+                     "reused": ", ".join(f"{k[:2]} from {v}" for k, v in r.reused.items()) or "–"})
     text = "## Variants and runs\n\n"
-    text += (f"Campaign `{rec['campaign_id']}`: baseline **{c.baseline}** and {len(c.variants) - 1} variant(s), "
-             f"{f(rec['repeats'])} run(s) each, interleaved (every variant once, then again). "
-             f"Wall time {f(rec.get('wall_s'))} s. Each run is an ordinary run folder with its own server and its "
+    text += (f"Campaign `{rec.campaign_id}`: baseline **{c.baseline}** and {len(c.variants) - 1} variant(s), "
+             f"{f(rec.repeats)} run(s) each, interleaved (every variant once, then again). "
+             f"Wall time {f(rec.wall_s)} s. Each run is an ordinary run folder with its own server and its "
              "own report (`06_writeup/report.html`).\n\n")
     text += md_table(pd.DataFrame(rows), [("run", "run"), ("variant", "variant"), ("description", "description"),
                                           ("folder", "folder"), ("status", "status"), ("wall_s", "wall time (s)"),
                                           ("reused", "stages reused (same inputs)")])
-    reused = [r for r in rec["runs"] if r.get("reused")]
+    reused = [r for r in rec.runs if r.reused]
     if reused:
         text += ("\nReused stages were not measured again: their inputs (the params keys listed in "
                  "`stepscope.campaign.plan.STAGE_INPUTS`) were the same as in the run named, so their "
@@ -308,7 +308,7 @@ def render(c: ca.Campaign, figs: dict[str, str]) -> str:
     preds = ca.spec_predictions(c)
     ceilings = ca.ceiling_checks(c, ds)
     cats = ca.category_table(c)
-    text = f"# Campaign {c.record['campaign_id']}: did the change help, and as predicted?\n\n"
+    text = f"# Campaign {c.record.campaign_id}: did the change help, and as predicted?\n\n"
     short = _headline(c, ds, preds, ceilings)
     if short:
         text += "> **In short:** " + " ".join(short) + "\n\n"
@@ -346,5 +346,5 @@ def build_campaign_report(campaign_dir: str | Path) -> dict[str, Any]:
     md = campaign_dir / "campaign_report.md"
     md.write_text(text)
     html = campaign_dir / "campaign_report.html"
-    html.write_text(markdown_to_html(text, campaign_dir, f"stepscope campaign {c.record['campaign_id']}"))
+    html.write_text(markdown_to_html(text, campaign_dir, f"stepscope campaign {c.record.campaign_id}"))
     return {"markdown": md, "html": html, "figures": figs}

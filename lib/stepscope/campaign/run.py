@@ -27,6 +27,7 @@ from typing import Callable
 
 import yaml
 
+from stepscope import schema
 from stepscope.campaign.metrics import save_scrape, scrape, spec_decode_delta
 from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, PlannedRun, plan_campaign, \
     reuse_source, stage_fingerprint
@@ -77,11 +78,12 @@ def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
             if after is not None:
                 save_scrape(d / f"{stage.id}.after.prom", after)
             stats = spec_decode_delta(before, after) if before is not None and after is not None else None
-            write_json(d / f"{stage.id}.spec_decode.json",
-                       {"stage": stage.id, "spec_decode": stats.to_json() if stats else None,
-                        "note": None if stats else ("no speculative-decoding counters on this server"
-                                                    if before is not None and after is not None
-                                                    else "metrics could not be read")})
+            schema.write(d / f"{stage.id}.spec_decode.json",
+                         {"stage": stage.id, "spec_decode": stats.to_json() if stats else None,
+                          "note": None if stats else ("no speculative-decoding counters on this server"
+                                                      if before is not None and after is not None
+                                                      else "metrics could not be read")},
+                         schema.SpecDecodeWindow)
         return nb
     return run
 
@@ -94,12 +96,14 @@ def _safe_scrape(scraper: Scraper, run_dir: Path) -> str | None:
         return None
 
 
-class CampaignRecord:
-    """campaign.json, rewritten after every change."""
+class CampaignState:
+    """campaign.json (`schema.CampaignRecord`), checked against its schema and rewritten after
+    every change."""
 
     def __init__(self, plan: CampaignPlan, params_file: Path, resume: bool):
         self.path = plan.campaign_dir / "campaign.json"
-        prev = read_json(self.path) if resume and self.path.is_file() else {}
+        prev = (schema.to_builtins(schema.read(self.path, schema.CampaignRecord))
+                if resume and self.path.is_file() else {})
         prev_runs = {r["key"]: r for r in prev.get("runs", [])}
         self.data = {
             "campaign_id": plan.campaign_dir.name, "created_at": prev.get("created_at") or _now(),
@@ -120,7 +124,7 @@ class CampaignRecord:
 
     def save(self) -> None:
         self.data["updated_at"] = _now()
-        write_json(self.path, self.data)
+        schema.write(self.path, self.data, schema.CampaignRecord)
 
 
 def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> None:
@@ -137,7 +141,7 @@ def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> 
         for fig in (src_run / "figures").glob(f"{prefix}*.png"):
             (dst_run / "figures").mkdir(parents=True, exist_ok=True)
             shutil.copy2(fig, dst_run / "figures" / fig.name)
-    write_json(dst / "reused_from.json", {"run": source_key, "path": str(src_run)})
+    schema.write(dst / "reused_from.json", {"run": source_key, "path": str(src_run)}, schema.ReusedFrom)
     run_json = dst_run / "run.json"
     data = read_json(run_json) if run_json.is_file() else {"run_id": dst_run.name, "stages": {}}
     data.setdefault("stages", {})[stage_id] = {
@@ -151,7 +155,7 @@ def _stage_status(run_dir: Path) -> dict[str, dict]:
     return (read_json(p).get("stages") or {}) if p.is_file() else {}
 
 
-def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignRecord, *, executor: Executor,
+def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, executor: Executor,
              progress: bool, echo: Callable[[str], None]) -> int:
     entry = record.run(run.key)
     run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -203,11 +207,11 @@ def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, res
         raise StepscopeError("nothing to resume: no campaign.json", where=str(campaign_dir),
                              hint="drop --resume to start this campaign")
     if resume and repeats is None:
-        repeats = read_json(campaign_dir / "campaign.json").get("repeats")
+        repeats = schema.read(campaign_dir / "campaign.json", schema.CampaignRecord).repeats
     plan = plan_campaign(raw, params, campaign_dir, repeats, source=str(params_file))
     campaign_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(campaign_dir / "params.yaml", redact(raw))
-    record = CampaignRecord(plan, params_file, resume)
+    record = CampaignState(plan, params_file, resume)
     wrapped = metrics_executor(executor or execute_notebook, scraper)
     echo(f"stepscope campaign: {campaign_dir} ({len(plan.runs)} runs: {', '.join(plan.variants)}"
          + (f" x {plan.repeats}" if plan.repeats > 1 else "") + ")")

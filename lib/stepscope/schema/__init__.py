@@ -18,6 +18,8 @@ from __future__ import annotations
 from stepscope.schema._base import (SCHEMA_VERSION, Artifact, ArtifactError, Record, Row, check_frame,
                                     columns, convert, read, required_columns, to_builtins, validate,
                                     write, write_table)
+from stepscope.schema.campaign import (CampaignRecord, CampaignRun, ReusedFrom, SpecDecodeCounters,
+                                       SpecDecodeWindow)
 from stepscope.schema.capture import CaptureFile, CaptureLatency, CaptureManifest
 from stepscope.schema.categorize import (AmdahlRow, CollectiveInstanceRow, CollectivesCheck, CrossRankRow,
                                          DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
@@ -87,6 +89,23 @@ ARTIFACTS: tuple[Artifact, ...] = (
 )
 ARTIFACT_BY_PATH = {a.path: a for a in ARTIFACTS}
 
+CAMPAIGN_ARTIFACTS: tuple[Artifact, ...] = (
+    Artifact("campaign.json", "campaign", "the plan and every run's status, wall time, reused and "
+             "measured stages", CampaignRecord),
+    Artifact("params.yaml", "campaign", "the campaign params, secrets redacted"),
+    Artifact("<variant>[/repeat-<k>]/", "campaign", "one ordinary run folder per run (above), plus "
+             "`variant_params.yaml` (its merged params)"),
+    Artifact("<run>/<stage>/reused_from.json", "campaign", "in a stage copied from another run: which",
+             ReusedFrom, optional=True),
+    Artifact("<run>/campaign_metrics/<stage>.spec_decode.json", "campaign", "the server's "
+             "speculative-decoding counters over stages 01 and 04 (and the `.before/.after.prom` scrapes)",
+             SpecDecodeWindow),
+    Artifact("campaign_report.md", "campaign", "the campaign report"),
+    Artifact("campaign_report.html", "campaign", "the same as one self-contained HTML file"),
+    Artifact("figures/*.png", "campaign", "the campaign report's figures"),
+)
+"""The campaign folder (`stepscope campaign`): its own files, beside one run folder per run."""
+
 
 def artifact(path: str) -> Artifact:
     return ARTIFACT_BY_PATH[path]
@@ -110,10 +129,10 @@ def check_run_folder(run_dir) -> dict[str, object]:
 
 __all__ = [
     "ARTIFACTS", "ARTIFACT_BY_PATH", "SCHEMA_VERSION", "AmdahlRow", "Artifact", "ArtifactError",
-    "BurstRow", "CaptureFile", "CaptureLatency", "CaptureManifest", "CollectiveInstanceRow",
+    "BurstRow", "CAMPAIGN_ARTIFACTS", "CampaignRecord", "CampaignRun", "CaptureFile", "CaptureLatency", "CaptureManifest", "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "LevelRow", "RankCategoryRow", "RankSummary",
-    "Record", "Row", "RunRecord", "ServerRecord", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
+    "Record", "ReusedFrom", "Row", "RunRecord", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "required_columns", "to_builtins", "validate", "write", "write_table",
 ]

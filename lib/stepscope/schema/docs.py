@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from stepscope.schema import ARTIFACTS, Artifact, Record, Row
+from stepscope.schema import ARTIFACTS, CAMPAIGN_ARTIFACTS, Artifact, Record, Row
 
 TREE_MARKERS = ("<!-- ARTIFACTS-TREE:BEGIN -->\n", "<!-- ARTIFACTS-TREE:END -->")
 SUMMARY_MARKERS = ("<!-- SUMMARY-JSON:BEGIN -->\n", "<!-- SUMMARY-JSON:END -->")
@@ -149,7 +149,15 @@ def artifacts_markdown() -> str:
            "", schema.__doc__.split("\n\n", 1)[1].strip(), "",
            f"Schema version: **{schema.SCHEMA_VERSION}** (written to `run.json` as `schema_version`).", "",
            "```", run_folder_tree(), "```", ""]
-    for a in ARTIFACTS:
+    out += _typed_sections(ARTIFACTS)
+    out += ["# The campaign folder", "", _campaign_intro(), "", "```", campaign_folder_tree(), "```", ""]
+    out += _typed_sections(CAMPAIGN_ARTIFACTS)
+    return "\n".join(out)
+
+
+def _typed_sections(artifacts: tuple[Artifact, ...]) -> list[str]:
+    out: list[str] = []
+    for a in artifacts:
         if a.type is None:
             continue
         out += [f"## `{a.path}`", "", f"Written by {_writer(a)}; typed as `stepscope.schema.{a.type.__name__}`. "
@@ -158,10 +166,25 @@ def artifacts_markdown() -> str:
             out += _columns_table(a.type) + [""]
         else:
             out += struct_bullets(a.type, depth=3) + [""]
-    return "\n".join(out)
+    return out
+
+
+def _campaign_intro() -> str:
+    return ("`stepscope campaign PARAMS` writes one ordinary run folder per run (above) into a campaign "
+            "folder, beside these files of its own (`stepscope.schema.CAMPAIGN_ARTIFACTS`):")
+
+
+def campaign_folder_tree() -> str:
+    lines = ["outputs/<campaign-id>/"]
+    for a in CAMPAIGN_ARTIFACTS:
+        when = " (when present)" if a.optional else ""
+        lines.append(f"  {a.path:<48}{a.what}{when}")
+    return "\n".join(lines)
 
 
 def _writer(a: Artifact) -> str:
+    if a.stage == "campaign":
+        return "`stepscope campaign`"
     return "the runner" if a.stage == "run" else f"stage {a.stage}"
 
 
