@@ -483,3 +483,38 @@ def test_one_request_per_step_is_singular(tmp_path, real_traces):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "| Batch | 1 request per step" in md and "**1 request per step**" in md
     assert "1 requests" not in md and "1.00 requests" not in md
+
+
+def test_both_transfer_readings_stand_side_by_side(tmp_path, real_traces):
+    # TP=2 CPU: all_reduce's least-waiting rank (rank 0) spends 7.86 ms per step in it, the matched
+    # instances transfer 8.02 ms: within 5 %. 6 of all_gather's 10 instances are asymmetric.
+    from stepscope.report.analysis import transfer_readings
+
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    r = transfer_readings(load_run_artifacts(run)).set_index("category")
+    cm = json.loads((run / "05_categorize" / "summary.json").read_text())["collectives_matched"]["by_category"]
+    cr = pd.read_csv(run / "05_categorize" / "cross_rank.csv").set_index("category")
+    ar = r.loc["all_reduce"]
+    assert ar.transfer_ms_matched == cm["all_reduce"]["transfer_ms_per_step"]
+    assert ar.transfer_ms_est == cr.loc["all_reduce", "transfer_ms_est"] and ar.agree
+    assert abs(ar.transfer_ms_est - ar.transfer_ms_matched) / ar.transfer_ms_matched < 0.05
+    assert r.loc["all_gather"].agree is None and r.loc["all_gather"].n_asymmetric == 6
+    assert "| transfer (matched instances) |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| all_reduce | 2 |"))
+    assert f"| {fmt_num(ar.transfer_ms_est)} | {fmt_num(ar.transfer_ms_matched)} |" in row
+    assert "- all_gather: 6 of 10 matched instances are asymmetric" in md
+    assert "upper bound on the transfer" not in md  # the estimate can fall below the matched transfer
+
+
+def test_transfer_readings_that_disagree_are_flagged_with_both_values():
+    from stepscope.report.build import _transfer_reading_notes
+
+    rows = pd.DataFrame([{"category": "all_reduce", "transfer_ms_est": 6.0, "transfer_ms_matched": 8.0,
+                          "n_instances": 50, "n_asymmetric": 0, "rel_diff": 0.25, "agree": False},
+                         {"category": "all_gather", "transfer_ms_est": 1.0, "transfer_ms_matched": 1.01,
+                          "n_instances": 10, "n_asymmetric": 0, "rel_diff": 0.01, "agree": True}])
+    notes = _transfer_reading_notes(rows)
+    assert "⚠ all_reduce: the two transfer readings differ by 25.0 % (6.00 ms the least-waiting rank's mean, " \
+           "8.00 ms matched instance by instance; they agree within 5.00 %)" in notes
+    assert "all_gather" not in notes

@@ -17,7 +17,7 @@ from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.numbers import fmt_num as _fmt
-from stepscope.thresholds import PREDICTION_TOLERANCE, TPOT_GAP_SHARE
+from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL, TPOT_GAP_SHARE
 
 
 # --------------------------------------------------------------------------- decode step
@@ -164,6 +164,31 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- cross-checks
+
+
+def transfer_readings(a: RunArtifacts) -> pd.DataFrame | None:
+    """Two readings of each collective's transfer time per step, side by side: the least-waiting
+    rank's mean time (`cross_rank.csv` `transfer_ms_est`: one rank's busy time, so its own waits
+    included) and the instance-matched transfer (`summary.json` `collectives_matched.by_category`:
+    last arrival to the median end, per instance). `agree` is None where asymmetric instances
+    (no transfer time) make the two cover different calls, else whether they are within
+    READINGS_AGREE_REL of each other."""
+    cr, ts = a.cross_rank, a.trace_summary
+    cm = ts.collectives_matched if ts is not None else None
+    if cr is None or "transfer_ms_est" not in cr or cm is None or not cm.by_category:
+        return None
+    rows = []
+    for _, r in cr.iterrows():
+        m, est = cm.by_category.get(str(r["category"])), num(r["transfer_ms_est"])
+        matched = num(m.get("transfer_ms_per_step")) if m else None
+        if est is None or matched is None:
+            continue
+        n, n_asym = int(m.get("n_instances") or 0), int(m.get("n_asymmetric") or 0)
+        rel = abs(est - matched) / max(est, matched) if max(est, matched) > 0 else 0.0
+        rows.append({"category": str(r["category"]), "transfer_ms_est": est, "transfer_ms_matched": matched,
+                     "n_instances": n, "n_asymmetric": n_asym, "rel_diff": rel,
+                     "agree": None if n_asym else rel <= READINGS_AGREE_REL})
+    return pd.DataFrame(rows) if rows else None
 
 
 def _category_ms(decode: pd.DataFrame | None, cats: frozenset[str]) -> float | None:

@@ -21,7 +21,7 @@ from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
 from stepscope.report.markdown_util import fmt_num, image, kv_table, markdown_to_html, md_table, missing_box
 from stepscope.runfolder import save_figures
-from stepscope.thresholds import BUNCHED_FLAG_SHARE
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, READINGS_AGREE_REL
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
 from stepscope.wording import plural
@@ -403,15 +403,41 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                  f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
                  f"the job; the table is left out.\n")
     elif cr is not None and len(cr) and "category" in cr and ("n_ranks" not in cr or cr["n_ranks"].max() > 1):
-        text += ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time is an "
-                 "upper bound on the transfer (a per-rank mean, not a per-instance measure); the verdict's transfer "
-                 "and waiting come from collectives matched instance by instance, when stage 05 matched them:\n\n")
-        text += md_table(cr, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
-                              ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
-                              ("min_rank", "min on rank"), ("max_rank", "max on rank"),
-                              ("transfer_ms_est", "transfer est. (least-waiting rank)"), ("wait_ms_median", "wait (median)"),
-                              ("wait_ms_max", "wait (max)")])
+        readings = an.transfer_readings(a)
+        table = cr if readings is None else cr.merge(readings[["category", "transfer_ms_matched"]], on="category",
+                                                      how="left")
+        text += ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time "
+                 "estimates the transfer (one rank's time, its own waits included); the transfer matched instance "
+                 "by instance (last arrival to the median end), which the verdict uses, stands beside it when "
+                 "stage 05 matched the collectives:\n\n")
+        text += md_table(table, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
+                                 ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
+                                 ("min_rank", "min on rank"), ("max_rank", "max on rank"),
+                                 ("transfer_ms_est", "transfer est. (least-waiting rank)"),
+                                 ("transfer_ms_matched", "transfer (matched instances)"),
+                                 ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")])
+        text += _transfer_reading_notes(readings)
     return text
+
+
+def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
+    """One line per collective whose two transfer readings cannot be compared or disagree."""
+    if readings is None:
+        return ""
+    lines = []
+    for r in readings.itertuples():
+        if r.agree is None:
+            lines.append(f"- {r.category}: {fmt_num(r.n_asymmetric)} of {fmt_num(r.n_instances)} matched instances "
+                          f"are asymmetric (a rank finished before the last one arrived: a gather to one rank, or "
+                          f"a wait elsewhere) and have no transfer time, so the matched figure covers the other "
+                          f"{fmt_num(r.n_instances - r.n_asymmetric)} only and is not set against the estimate.")
+        elif not r.agree:
+            lines.append(f"- ⚠ {r.category}: the two transfer readings differ by {fmt_num(100 * r.rel_diff)} % "
+                          f"({fmt_num(r.transfer_ms_est)} ms the least-waiting rank's mean, "
+                          f"{fmt_num(r.transfer_ms_matched)} ms matched instance by instance; they agree within "
+                          f"{fmt_num(100 * READINGS_AGREE_REL)} %): the rank that waits least on average still "
+                          f"waits on some calls, or finishes before the typical rank.")
+    return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
