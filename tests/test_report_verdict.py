@@ -327,12 +327,13 @@ def test_tp2_cpu_report_separates_waiting_from_transfer(tmp_path, real_traces):
     cm = json.loads((run / "05_categorize" / "summary.json").read_text())["collectives_matched"]
     said = _quote(md, "Verdict.")
     assert f"Communication costs {fmt_num(cm['transfer_ms_per_step'])} ms per step in transfer" in said
-    assert f"Ranks wait {fmt_num(cm['wait_ms_per_step'])} ms per step for each other (mean over ranks)" in said
+    assert f"Ranks wait {fmt_num(cm['wait_ms_per_step'])} ms per step for each other (mean over ranks; " in said
     # The skew quoted is one kind of collective's (the one waited on most), not all-reduces and
     # all-gathers pooled: here the all-reduces' 4.27 ms, with their straggler.
     ar = cm["by_category"]["all_reduce"]
-    assert (f"(p90 arrival skew of the all_reduce calls {fmt_num(ar['skew_us']['p90'])} µs, straggler rank "
-            f"{ar['straggler_rank']})") in said
+    assert (f"; p90 arrival skew of the all_reduce calls {fmt_num(ar['skew_us']['p90'])} µs, straggler rank "
+            f"{ar['straggler_rank']}):") in said
+    assert ") (" not in said  # one parenthesis, not two in a row
     assert ar["skew_us"]["p90"] != cm["skew_us"]["p90"]
     assert "every microsecond saved there shortens the step" not in md
     # The per-step figures sum the instances of the judged (decode) steps, and the sentence counts those.
