@@ -93,7 +93,9 @@ def comm_split_sentences(s: CommSplit) -> list[str]:
         who = f", straggler rank {f(s.straggler_rank)}" if s.straggler_rank is not None else ""
         of = f" of the {s.skew_category} calls" if s.skew_category else ""
         skew = f"; p90 arrival skew{of} {f(s.skew_p90_us)} µs{who}" if s.skew_p90_us is not None else ""
-        out.append(f"Ranks wait {f(s.wait_ms)} ms per step for each other (mean over ranks{skew}): evening out the ranks' work "
+        spread = (f", from {f(s.least_wait_ms)} ms on rank {f(s.least_wait_rank)} to {f(s.most_wait_ms)} ms on rank "
+                  f"{f(s.most_wait_rank)}" if s.least_wait_rank is not None else "")
+        out.append(f"Ranks wait {f(s.wait_ms)} ms per step for each other (mean over ranks{spread}{skew}): evening out the ranks' work "
                    f"and host jitter before each collective shortens that part; a faster collective does not.")
     if s.clock_flag:
         out.append("The ranks' clocks disagree (stage 05 flagged them), so the skew above is approximate.")

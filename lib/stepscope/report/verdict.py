@@ -131,6 +131,12 @@ class CommSplit:
     n_instances: int | None = None
     """Matched instances in the judged steps: the ones the per-step figures sum."""
     clock_flag: bool = False
+    least_wait_rank: int | None = None
+    least_wait_ms: float | None = None
+    most_wait_rank: int | None = None
+    most_wait_ms: float | None = None
+    """The ranks that wait least and most per step (stage 05's `wait_ms_per_step_by_rank`): the
+    mean over ranks describes no rank, and rank 0's exposed time is one rank's."""
 
 
 @dataclass(frozen=True)
@@ -432,7 +438,12 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
         return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
     cat, per = _waitiest_category(cm)
     skew = per.get("skew_us") if isinstance(per.get("skew_us"), dict) else {}
+    waits = {int(r): w for r, v in (cm.get("wait_ms_per_step_by_rank") or {}).items() if (w := num(v)) is not None}
+    least = min(waits, key=lambda r: (waits[r], r)) if len(waits) > 1 else None
+    most = max(waits, key=lambda r: (waits[r], -r)) if len(waits) > 1 else None
     return CommSplit(status="split", transfer_ms=num(cm.get("transfer_ms_per_step")),
+                     least_wait_rank=least, least_wait_ms=waits.get(least), most_wait_rank=most,
+                     most_wait_ms=waits.get(most),
                      wait_ms=num(cm.get("wait_ms_per_step")), skew_p90_us=num(skew.get("p90")), skew_category=cat,
                      straggler_rank=_int(per.get("straggler_rank")), world_size=ws, ranks_present=present,
                      n_instances=_int(cm.get("n_instances_judged", cm.get("n_instances"))), clock_flag=bool(cm.get("clock_flag")))
