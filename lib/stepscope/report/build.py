@@ -337,42 +337,57 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
 
 
 def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
-    text = f"## 4. Profiler breakdown of a {ctx['verdict'].identity.step_label}\n\n"
-    man = a.manifest
-    if man is not None:
-        ranks = sorted({f.rank for f in man.files if f.rank is not None and f.kind == "trace"})
-        total_mb = sum(f.bytes or 0 for f in man.files) / 1e6
-        text += (f"Capture: {man.engine or '?'} {man.engine_version or ''}, {len(man.files)} files from "
-                 f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
-        cl = a.capture_latency
-        if cl is not None:
-            text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
-                     f"{fmt_num(cl.output_len)} tokens: TPOT mean {fmt_num(cl.tpot_ms_mean)} ms, "
-                     f"TTFT mean {fmt_num(cl.ttft_ms_mean)} ms.")
-        text += "\n\n"
+    ident = ctx["verdict"].identity
+    text = f"## 4. Profiler breakdown of a {ident.step_label}\n\n" + _capture_line(a)
     decode, totals = ctx["decode"], ctx["totals"]
     if decode is None:
         return text + missing_box("The per-category breakdown", ["05_categorize/summary.json",
                                                                  "05_categorize/decode_categories.csv"],
                                   _why(a, "05_categorize"))
-    ident = ctx["verdict"].identity
+    text += _category_table(decode, totals, ident)
+    text += _step_readings(totals, ident.step_label)
+    text += _breakdown_figures(a, figs, ident.step_label)
+    return text + _across_ranks(a, ctx["verdict"].comm_split)
+
+
+def _capture_line(a: RunArtifacts) -> str:
+    man = a.manifest
+    if man is None:
+        return ""
+    ranks = sorted({f.rank for f in man.files if f.rank is not None and f.kind == "trace"})
+    total_mb = sum(f.bytes or 0 for f in man.files) / 1e6
+    text = (f"Capture: {man.engine or '?'} {man.engine_version or ''}, {len(man.files)} files from "
+            f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
+    cl = a.capture_latency
+    if cl is not None:
+        text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
+                 f"{fmt_num(cl.output_len)} tokens: TPOT mean {fmt_num(cl.tpot_ms_mean)} ms, "
+                 f"TTFT mean {fmt_num(cl.ttft_ms_mean)} ms.")
+    return text + "\n\n"
+
+
+def _category_table(decode: pd.DataFrame, totals: dict, ident: vd.TraceIdentity) -> str:
     n = ident.n_judged_steps
-    text += (f"Per category, over {prose.steps(n, ident.step_label) if n else 'all ' + ident.step_label + 's'} (rank 0 unless stated; ms per "
-             f"step from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
-             f"{fmt_num(totals.get('step_ms'))} ms"
-             + (f"; the period is not used: {totals['basis_reason']}" if totals.get("basis_reason") else "")
-             + "):\n\n")
+    text = (f"Per category, over {prose.steps(n, ident.step_label) if n else 'all ' + ident.step_label + 's'} (rank 0 unless stated; ms per "
+            f"step from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
+            f"{fmt_num(totals.get('step_ms'))} ms"
+            + (f"; the period is not used: {totals['basis_reason']}" if totals.get("basis_reason") else "")
+            + "):\n\n")
     d = decode.copy()
     if "share_of_step" in d:
         d["share_pct"] = 100 * d["share_of_step"].astype(float)
     text += ("*ms/step* is the category's busy time (the union of its kernels, so its own overlaps count once); "
              "*summed* adds every kernel's duration; *exposed* is the part no higher-priority work covers "
              "(compute, then communication, then memory).\n\n")
-    text += md_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", "ms/step mean"),
-                         ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
-                         ("sum_ms_mean", "summed ms/step"), ("exposed_ms_mean", "exposed ms/step"),
-                         ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
-    text += f"\nThe same step read several ways (ms per {ident.step_label}):\n\n"
+    return text + md_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", "ms/step mean"),
+                               ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
+                               ("sum_ms_mean", "summed ms/step"), ("exposed_ms_mean", "exposed ms/step"),
+                               ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
+
+
+def _step_readings(totals: dict, step_label: str) -> str:
+    """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled."""
+    text = f"\nThe same step read several ways (ms per {step_label}):\n\n"
     rows = [("kernel sum (every kernel's duration added up)", totals.get("kernel_sum_ms")),
             ("union (time the device was busy)", totals.get("union_ms")),
             ("span (first to last device event of the step)", totals.get("span_ms")),
@@ -381,43 +396,53 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
     text += kv_table([(k, v) for k, v in rows if v is not None or "TPOT" in k], ("reading (mean)", "ms per step"))
     rec = an.reconciliation(totals)
-    if rec:
-        text += "\n" + "\n".join(f"- {s}" for s in rec) + "\n"
-    for key, alt in (("stacked", "category time per decode step"), ("shares", "category shares of a decode step"),
-                     ("timeline", "timeline of one decode step on rank 0")):
+    return text + ("\n" + "\n".join(f"- {s}" for s in rec) + "\n" if rec else "")
+
+
+def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -> str:
+    text = ""
+    timeline_alt = f"timeline of one {step_label} on rank 0"
+    for key, alt in (("stacked", f"category time per {step_label}"), ("shares", f"category shares of a {step_label}"),
+                     ("timeline", timeline_alt)):
         if key in figs:
             text += "\n" + _img(figs[key], alt)
     # Stage 05's own plots: its timeline (the report draws one only when the stage did not),
     # then what the report's figures do not show: step-to-step variation and the spread across ranks.
     stage_timeline = _stage_figures(a.run_dir, "05_step_timeline")
     for name in stage_timeline:
-        text += "\n" + _img(name, "timeline of one decode step on rank 0")
+        text += "\n" + _img(name, timeline_alt)
     if "timeline" not in figs and not stage_timeline:
-        text += "\n" + missing_box("The decode-step timeline", ["05_categorize/timeline_rank0_step.csv"])
+        text += "\n" + missing_box(f"The {step_label} timeline", ["05_categorize/timeline_rank0_step.csv"])
     for name in _stage_figures(a.run_dir, "05_decode_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
-    cr = a.cross_rank
-    split = ctx["verdict"].comm_split
-    if cr is not None and len(cr) and "category" in cr and split is not None and split.status == "ranks missing":
-        text += (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
-                 f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
-                 f"the job; the table is left out.\n")
-    elif cr is not None and len(cr) and "category" in cr and ("n_ranks" not in cr or cr["n_ranks"].max() > 1):
-        readings = an.transfer_readings(a)
-        table = cr if readings is None else cr.merge(readings[["category", "transfer_ms_matched"]], on="category",
-                                                      how="left")
-        text += ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time "
-                 "estimates the transfer (one rank's time, its own waits included); the transfer matched instance "
-                 "by instance (last arrival to the median end), which the verdict uses, stands beside it when "
-                 "stage 05 matched the collectives:\n\n")
-        text += md_table(table, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
-                                 ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
-                                 ("min_rank", "min on rank"), ("max_rank", "max on rank"),
-                                 ("transfer_ms_est", "transfer est. (least-waiting rank)"),
-                                 ("transfer_ms_matched", "transfer (matched instances)"),
-                                 ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")])
-        text += _transfer_reading_notes(readings)
     return text
+
+
+def _across_ranks(a: RunArtifacts, split: vd.CommSplit | None) -> str:
+    """The per-category spread across ranks, with both transfer readings; none for a sample of ranks."""
+    cr = a.cross_rank
+    if cr is None or not len(cr) or "category" not in cr:
+        return ""
+    if split is not None and split.status == "ranks missing":
+        return (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
+                f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
+                f"the job; the table is left out.\n")
+    if "n_ranks" in cr and cr["n_ranks"].max() <= 1:
+        return ""
+    readings = an.transfer_readings(a)
+    table = cr if readings is None else cr.merge(readings[["category", "transfer_ms_matched"]], on="category",
+                                                  how="left")
+    text = ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time "
+            "estimates the transfer (one rank's time, its own waits included); the transfer matched instance "
+            "by instance (last arrival to the median end), which the verdict uses, stands beside it when "
+            "stage 05 matched the collectives:\n\n")
+    text += md_table(table, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
+                             ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
+                             ("min_rank", "min on rank"), ("max_rank", "max on rank"),
+                             ("transfer_ms_est", "transfer est. (least-waiting rank)"),
+                             ("transfer_ms_matched", "transfer (matched instances)"),
+                             ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")])
+    return text + _transfer_reading_notes(readings)
 
 
 def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
