@@ -340,20 +340,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    traces, tables = resolve_trace_paths(paths)
-    if not traces:
-        raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
-            paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
-    rules = make_rules(extra_rules)
-    cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
-    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress)
-    if not loaded:
-        raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
-                         where=str(out_dir), hint="see the messages above for each file")
-    results = _analyse_ranks(loaded, rules, flags, progress)
-    if not results:
-        raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
-                         where=str(out_dir))
+    results, flags, tables = _load_and_analyse(paths, out_dir, extra_rules, progress,
+                                               Path(cache_dir) if cache_dir is not None else out_dir / "cache")
     modes = {r.mode for r in results}
     if len(modes) > 1:
         flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
@@ -371,15 +359,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     matched, instances, coll_steps = match_collectives(results, info, arch)
     flags.extend(_matched_flags(matched))
     ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
-    expected, why = _expected_collectives(arch, info["tp"])
-    check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
-    check["rank"] = ref.rank
-    check["tp"] = info["tp"]
-    check["tp_source"] = info["tp_source"]
-    if check["match"] is False:
-        flags.append(_flag("collectives_mismatch", "warning",
-                           "collectives per decode step differ from the architecture: "
-                           + "; ".join(check["explanation"])))
+    check = _collectives_check(ref, info, arch, flags)
     tt_df, tt_check = check_text_tables(tables, {r.rank: r for r in results})
     for c in tt_check:
         if c.get("flag"):
@@ -413,6 +393,37 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                   timeline=timeline, text_tables=tt_df)
     write_artifacts(an, out_dir, perfetto=perfetto)
     return an
+
+
+def _load_and_analyse(paths: list[Path] | Path, out_dir: Path, extra_rules, progress: bool, cache_dir: Path
+                      ) -> tuple[list[RankResult], list[dict[str, str]], list[Path]]:
+    """(analysed ranks, flags so far, profiler_out tables found); a TraceError naming the
+    files when none can be read or analysed."""
+    traces, tables = resolve_trace_paths(paths)
+    if not traces:
+        raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
+            paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
+    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress)
+    if not loaded:
+        raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
+                         where=str(out_dir), hint="see the messages above for each file")
+    results = _analyse_ranks(loaded, make_rules(extra_rules), flags, progress)
+    if not results:
+        raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
+                         where=str(out_dir))
+    return results, flags, tables
+
+
+def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[dict[str, str]]) -> dict:
+    """The reference rank's collectives per step against the architecture's; a flag on mismatch."""
+    expected, why = _expected_collectives(arch, info["tp"])
+    check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
+    check.update(rank=ref.rank, tp=info["tp"], tp_source=info["tp_source"])
+    if check["match"] is False:
+        flags.append(_flag("collectives_mismatch", "warning",
+                           "collectives per decode step differ from the architecture: "
+                           + "; ".join(check["explanation"])))
+    return check
 
 
 def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[dict[str, str]],
