@@ -234,20 +234,12 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
     params_file = Path(params_file).resolve()
     params = load_params(params_file)  # fails before anything starts
     selected = select_stages(stages)
-    if run_dir is None:
-        if resume and not run_id:
-            raise StepscopeError("--resume needs --run-id", hint="name the run folder to resume")
-        run_dir = resolve_outputs_dir(params) / (run_id or new_run_id(params))
-    run_dir = Path(run_dir).resolve()
-    if resume and not (run_dir / "run.json").is_file():
-        raise StepscopeError("nothing to resume: no run.json", where=str(run_dir),
-                             hint="drop --resume to start this run")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = _run_folder(params, run_id, run_dir, resume)
     write_yaml(params_snapshot_path(run_dir), redact(params_to_dict(params)))
     record = _RunRecord(run_dir, params, params_file, sys.argv, resume)
     echo(f"stepscope run: {run_dir}")
 
-    server_started_here = False
+    server = _ServerOwnership()
     results: dict[str, StageResult] = {}
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
@@ -266,25 +258,8 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
                 results[stage.id] = result
                 echo(f"  {stage.id}: skipped (needs {blocked})")
                 continue
-            t0 = time.monotonic()
-            try:
-                if stage.uses_server:
-                    server_started_here |= _ensure_server(params, run_dir, progress, echo, record, stage.id)
-                echo(f"  {stage.id}: running")
-                nb = notebook_executor(stage, params_file, run_dir, progress)
-                result = StageResult(stage.id, "ok", time.monotonic() - t0, None, str(nb))
-                echo(f"  {stage.id}: ok ({result.duration_s:.1f} s)")
-            except KeyboardInterrupt:
-                result = StageResult(stage.id, "interrupted", time.monotonic() - t0, "interrupted",
-                                     _partial_notebook(run_dir, stage))
-                record.set_stage(result)
-                raise
-            except Exception as exc:  # noqa: BLE001 - every stage failure is recorded, never fatal
-                result = StageResult(stage.id, "failed", time.monotonic() - t0, _error_text(exc),
-                                     _partial_notebook(run_dir, stage))
-                echo(f"  {stage.id}: FAILED after {result.duration_s:.1f} s\n"
-                     + _indent(result.error or "") +
-                     (f"\n    partial notebook: {result.notebook}" if result.notebook else ""))
+            result = _execute_stage(stage, params, params_file, run_dir, progress, notebook_executor, record,
+                                    server, echo)
             record.set_stage(result, inputs if result.status == "ok" else None)
             results[stage.id] = result
     except KeyboardInterrupt:
@@ -292,7 +267,7 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
         return EXIT_INTERRUPTED, run_dir
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
-        if server_started_here:
+        if server.started_here:
             from stepscope.serve import stop_server
 
             echo("  stopping the server...")
@@ -306,6 +281,55 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
         echo("failed or skipped: " + ", ".join(f"{r.stage_id} ({r.status})" for r in failed))
         return EXIT_STAGE_FAILED, run_dir
     return EXIT_OK, run_dir
+
+
+def _run_folder(params, run_id: str | None, run_dir: str | Path | None, resume: bool) -> Path:
+    """The run folder (created): `run_dir`, else outputs/<run_id or a new id>; --resume needs one
+    that holds a run.json."""
+    if run_dir is None:
+        if resume and not run_id:
+            raise StepscopeError("--resume needs --run-id", hint="name the run folder to resume")
+        run_dir = resolve_outputs_dir(params) / (run_id or new_run_id(params))
+    run_dir = Path(run_dir).resolve()
+    if resume and not (run_dir / "run.json").is_file():
+        raise StepscopeError("nothing to resume: no run.json", where=str(run_dir),
+                             hint="drop --resume to start this run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+@dataclass
+class _ServerOwnership:
+    """Whether this run launched the server it uses, so that it stops it on the way out, an
+    interrupted stage included."""
+
+    started_here: bool = False
+
+
+def _execute_stage(stage: Stage, params, params_file: Path, run_dir: Path, progress: bool,
+                   notebook_executor: Callable[[Stage, Path, Path, bool], Path], record: _RunRecord,
+                   server: _ServerOwnership, echo: Callable[[str], None]) -> StageResult:
+    """One stage, its server first when it needs one: ok, or failed with its error (never
+    raised). An interrupt is recorded and raised on."""
+    t0 = time.monotonic()
+    try:
+        if stage.uses_server:
+            server.started_here |= _ensure_server(params, run_dir, progress, echo, record, stage.id)
+        echo(f"  {stage.id}: running")
+        nb = notebook_executor(stage, params_file, run_dir, progress)
+    except KeyboardInterrupt:
+        record.set_stage(StageResult(stage.id, "interrupted", time.monotonic() - t0, "interrupted",
+                                     _partial_notebook(run_dir, stage)))
+        raise
+    except Exception as exc:  # noqa: BLE001 - every stage failure is recorded, never fatal
+        result = StageResult(stage.id, "failed", time.monotonic() - t0, _error_text(exc),
+                             _partial_notebook(run_dir, stage))
+        echo(f"  {stage.id}: FAILED after {result.duration_s:.1f} s\n" + _indent(result.error or "")
+             + (f"\n    partial notebook: {result.notebook}" if result.notebook else ""))
+        return result
+    result = StageResult(stage.id, "ok", time.monotonic() - t0, None, str(nb))
+    echo(f"  {stage.id}: ok ({result.duration_s:.1f} s)")
+    return result
 
 
 def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - signal path
