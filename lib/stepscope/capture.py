@@ -369,6 +369,57 @@ def resolve_profiler_dir(server: cl.ServerInfo, capture: CaptureParams) -> tuple
                             "read from here (a shared filesystem, or a folder copied by hand)")
 
 
+def _write_requests_and_latency(run: dict, capture: CaptureParams, out_dir: Path) -> dict:
+    """The capture's raw request records (capture_requests.jsonl) and their client-side latency
+    (capture_latency.json); the latency dict."""
+    with open(out_dir / "capture_requests.jsonl", "w") as fh:
+        for r in run["warm"] + run["records"]:
+            fh.write(json.dumps(r.to_dict()) + "\n")
+    m = level_metrics(run["records"])
+    latency = {
+        "n_requests": m["n_requests"], "n_completed": m["n_completed"], "n_failed": m["n_failed"],
+        "input_len": capture.input_len, "output_len": capture.output_len,
+        **{k: m[k] for k in ("ttft_ms_mean", "ttft_ms_median", "tpot_ms_mean", "tpot_ms_median",
+                             "e2el_ms_mean", "e2el_ms_median")},
+        "definitions": "stepscope.sweep.metrics (vllm bench serve's, docs/methods.md#serving-metrics); sequential batch-1 "
+                       "requests measured client-side while the profiler ran, so profiler overhead is included",
+    }
+    schema.write(out_dir / "capture_latency.json", latency, schema.CaptureLatency)
+    return latency
+
+
+def _await_extra_files(pdir: Path, before: dict, complete: dict, engine: str, grace_s: float = 10.0) -> list[str]:
+    """The new files beside the traces (profiler_out tables, the front end's trace). vLLM writes
+    its text tables right after the traces: wait up to `grace_s` for one per traced rank."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        new_names = [n for n, v in _listing(pdir).items() if before.get(n) != v]
+        tables = [n for n in new_names if (pf := classify(n, engine)) and pf.kind == "profiler_table"]
+        if engine == "sglang" or len(tables) >= len({pf.rank for pf in complete.values()}) \
+                or time.monotonic() > deadline:
+            return [n for n in new_names if (pf := classify(n, engine)) and pf.kind != "trace"]
+        time.sleep(0.5)
+
+
+def _copy_captured(pdir: Path, names: list[str], content_ranks: dict, engine: str, out_dir: Path,
+                   traces_dir: Path, notes: list[str]) -> list[dict]:
+    """Copy each captured file into traces/ with its SHA-256; the manifest's file entries. A
+    trace whose distributedInfo.rank contradicts its name keeps the file's own, with a note."""
+    files = []
+    for name in names:
+        pf = classify(name, engine)
+        rank = pf.rank
+        if content_ranks.get(name) is not None and content_ranks[name] != rank:
+            notes.append(f"{name}: the name says rank {rank}, distributedInfo.rank says {content_ranks[name]}; "
+                         "using the file's own")
+            rank = content_ranks[name]
+        dst = traces_dir / name
+        sha = _sha256_copy(pdir / name, dst)
+        files.append({"rank": rank, "path": str(dst.relative_to(out_dir)), "bytes": dst.stat().st_size,
+                      "sha256": sha, "kind": pf.kind, **({"stage": pf.stage} if pf.stage else {})})
+    return files
+
+
 def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str | Path, *,
                     profiler_settings: dict[str, Any] | None = None) -> CaptureResult:
     """Run the capture sequence against `server` and write the stage's artifacts into out_dir."""
@@ -383,20 +434,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
     body = start_profile_body(server.engine, capture, pdir_s if server.engine == "sglang" else None)
 
     run = cl.run_sync(_capture_async(server, capture, pdir_s, body))
-    # raw records first: measured results hit disk before the wait
-    with open(out_dir / "capture_requests.jsonl", "w") as fh:
-        for r in run["warm"] + run["records"]:
-            fh.write(json.dumps(r.to_dict()) + "\n")
-    m = level_metrics(run["records"])
-    latency = {
-        "n_requests": m["n_requests"], "n_completed": m["n_completed"], "n_failed": m["n_failed"],
-        "input_len": capture.input_len, "output_len": capture.output_len,
-        **{k: m[k] for k in ("ttft_ms_mean", "ttft_ms_median", "tpot_ms_mean", "tpot_ms_median",
-                             "e2el_ms_mean", "e2el_ms_median")},
-        "definitions": "stepscope.sweep.metrics (vllm bench serve's, docs/methods.md#serving-metrics); sequential batch-1 "
-                       "requests measured client-side while the profiler ran, so profiler overhead is included",
-    }
-    schema.write(out_dir / "capture_latency.json", latency, schema.CaptureLatency)
+    latency = _write_requests_and_latency(run, capture, out_dir)  # measured results hit disk before the wait
 
     notes: list[str] = []
     if run["stop_status"] != 200:
@@ -413,30 +451,9 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
             hint="if the server runs elsewhere, set capture.profiler_dir to where its traces are visible "
                  "from here; otherwise raise capture.wait_timeout_s or check the server log")
 
-    # the text tables are written right after the traces: give them a moment
-    table_deadline = time.monotonic() + 10
-    while True:
-        listing = _listing(pdir)
-        new_names = [n for n, v in listing.items() if run["before"].get(n) != v]
-        tables = [n for n in new_names if (pf := classify(n, server.engine)) and pf.kind == "profiler_table"]
-        if server.engine == "sglang" or len(tables) >= len({pf.rank for pf in complete.values()}) \
-                or time.monotonic() > table_deadline:
-            break
-        time.sleep(0.5)
-    extra = [n for n in new_names if (pf := classify(n, server.engine)) and pf.kind != "trace"]
-
-    files = []
-    for name in sorted(complete) + sorted(extra):
-        pf = classify(name, server.engine)
-        rank = pf.rank
-        if name in content_ranks and content_ranks[name] is not None and content_ranks[name] != rank:
-            notes.append(f"{name}: the name says rank {rank}, distributedInfo.rank says {content_ranks[name]}; "
-                         "using the file's own")
-            rank = content_ranks[name]
-        dst = traces_dir / name
-        sha = _sha256_copy(pdir / name, dst)
-        files.append({"rank": rank, "path": str(dst.relative_to(out_dir)), "bytes": dst.stat().st_size,
-                      "sha256": sha, "kind": pf.kind, **({"stage": pf.stage} if pf.stage else {})})
+    extra = _await_extra_files(pdir, run["before"], complete, server.engine)
+    files = _copy_captured(pdir, sorted(complete) + sorted(extra), content_ranks, server.engine, out_dir,
+                           traces_dir, notes)
     ranks_found = sorted({f["rank"] for f in files if f["kind"] == "trace" and f["rank"] is not None})
     missing = [r for r in range(server.tp) if r not in ranks_found]
     if missing:
