@@ -78,55 +78,67 @@ def _run(cfg: dict, rank: int, progress) -> dict:
     for op, size in [("all_reduce", s) for s in cfg["sizes_bytes"]] + [("all_gather", s) for s in
                                                                       cfg.get("all_gather_sizes_bytes", [])]:
         progress(f"eager {op} {size} B")
-        if op == "all_reduce":
-            numel = max(1, int(size) // elem)
-            x = torch.ones(numel, dtype=dtype, device=device)
-            fn = lambda: dist.all_reduce(x)  # noqa: E731
-            nbytes = numel * elem
-        else:  # size is the gathered output (nccl-tests' convention); each rank sends size / world
-            numel = max(1, int(size) // elem // world)
-            x = torch.ones(numel, dtype=dtype, device=device)
-            out = torch.empty(numel * world, dtype=dtype, device=device)
-            fn = lambda: dist.all_gather_into_tensor(out, x)  # noqa: E731
-            nbytes = numel * world * elem
-        for _ in range(int(cfg["warmup"])):
-            fn()
-        sync()
-        dist.barrier()
-        times = []
-        for _ in range(int(cfg["iters"])):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - t0) * 1e6)
-        result["eager"].append({"op": op, "size_bytes": nbytes, "count": numel, "times_us": times})
-
-    k = int(cfg["burst_k"])
+        result["eager"].append(_eager(dist, torch, op, int(size), world, dtype, elem, device, cfg, sync))
     for m, size in zip(cfg["burst_batch_sizes"], cfg["burst_sizes_bytes"]):
-        numel = max(1, int(size) // elem)
-        x = torch.ones(numel, dtype=dtype, device=device)
-        progress(f"burst {k} x {size} B eager")
-        for _ in range(int(cfg["warmup"])):
-            dist.all_reduce(x)
-        sync()
-        totals = []
-        for _ in range(int(cfg["burst_repeats"])):
-            dist.barrier()
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(k):
-                dist.all_reduce(x)
-            sync()
-            totals.append((time.perf_counter() - t0) * 1e6)
-        result["burst"].append({"mode": "eager", "batch_m": m, "size_bytes": numel * elem, "k": k,
-                                "totals_us": totals, "status": "ok", "reason": ""})
-        if use_cuda and cfg.get("graph", True):
-            progress(f"burst {k} x {size} B cuda_graph")
-            result["burst"].append(_graph_burst(dist, torch, x, k, m, numel * elem, int(cfg["burst_repeats"]),
-                                                device, sync))
+        result["burst"] += _bursts(dist, torch, int(m), int(size), dtype, elem, device, cfg, use_cuda, sync,
+                                   progress)
     dist.barrier()
     dist.destroy_process_group()
     return result
+
+
+def _eager(dist, torch, op: str, size: int, world: int, dtype, elem: int, device, cfg: dict, sync) -> dict:
+    """One collective at one size, timed call by call after `warmup` calls and a barrier."""
+    if op == "all_reduce":
+        numel = max(1, size // elem)
+        x = torch.ones(numel, dtype=dtype, device=device)
+        fn = lambda: dist.all_reduce(x)  # noqa: E731
+        nbytes = numel * elem
+    else:  # size is the gathered output (nccl-tests' convention); each rank sends size / world
+        numel = max(1, size // elem // world)
+        x = torch.ones(numel, dtype=dtype, device=device)
+        out = torch.empty(numel * world, dtype=dtype, device=device)
+        fn = lambda: dist.all_gather_into_tensor(out, x)  # noqa: E731
+        nbytes = numel * world * elem
+    for _ in range(int(cfg["warmup"])):
+        fn()
+    sync()
+    dist.barrier()
+    times = []
+    for _ in range(int(cfg["iters"])):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return {"op": op, "size_bytes": nbytes, "count": numel, "times_us": times}
+
+
+def _bursts(dist, torch, m: int, size: int, dtype, elem: int, device, cfg: dict, use_cuda: bool, sync,
+            progress) -> list[dict]:
+    """K back-to-back all-reduces of one decode step's size, timed as a whole: eager, and on a
+    GPU also replayed from one CUDA graph."""
+    k = int(cfg["burst_k"])
+    numel = max(1, size // elem)
+    x = torch.ones(numel, dtype=dtype, device=device)
+    progress(f"burst {k} x {size} B eager")
+    for _ in range(int(cfg["warmup"])):
+        dist.all_reduce(x)
+    sync()
+    totals = []
+    for _ in range(int(cfg["burst_repeats"])):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            dist.all_reduce(x)
+        sync()
+        totals.append((time.perf_counter() - t0) * 1e6)
+    out = [{"mode": "eager", "batch_m": m, "size_bytes": numel * elem, "k": k, "totals_us": totals,
+            "status": "ok", "reason": ""}]
+    if use_cuda and cfg.get("graph", True):
+        progress(f"burst {k} x {size} B cuda_graph")
+        out.append(_graph_burst(dist, torch, x, k, m, numel * elem, int(cfg["burst_repeats"]), device, sync))
+    return out
 
 
 def _graph_burst(dist, torch, x, k, m, nbytes, repeats, device, sync) -> dict:
