@@ -193,13 +193,33 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     kernel_sum = sum(ms for _, _, ms, _, _ in cats) * 1.02
     union = sum(e for *_, e in cats)
     span = union * (3.0 if launch_bound else 1.05)
-    tpot = 12.1 * s
     n_dec = 155 if kind == "decode" else 0
     n_judged = n_dec or 165
+    dec, xr = _write_decode_tables(d, cats, n_dec, union, span)
+    amdahl = pd.DataFrame([{"rank": 0, "category": c, "class": k, "step_ms": span, "exposed_ms": e,
+                            "speedup_ceiling": span / (span - e)} for c, k, _, _, e in cats]
+                          ).sort_values("speedup_ceiling", ascending=False)
+    schema.write_table(amdahl, d / "amdahl.csv", schema.AmdahlRow)
+    summary = _summary(cats, dec, xr, amdahl, kind=kind, n_dec=n_dec, n_judged=n_judged, kernel_sum=kernel_sum,
+                       union=union, span=span, tpot=12.1 * s)
+    if contract_keys:
+        _add_contract_keys(summary, kind=kind, n_judged=n_judged, n_dec=n_dec, union=union, span=span,
+                           launch_bound=launch_bound, stall=stall, ranks_missing=ranks_missing, s=s)
+    schema.write(d / "summary.json", summary, schema.TraceSummary)
+    _write_timeline(d, s, launch_bound)
+    schema.write_table(pd.DataFrame([{"rank": r, "category": c, "class": k, "count": n * 160, "sum_us": ms * 160e3,
+                   "union_us": ms * 160e3, "exposed_us": e * 160e3} for r in range(8)
+                  for c, k, ms, n, e in cats]), d / "rank_categories.csv", schema.RankCategoryRow)
+    _write_steps(d, kind, kernel_sum, union, span)
 
-    def stat(v: float) -> dict:
-        return {"mean": v, "median": v, "p90": v * 1.1}
 
+def _stat(v: float) -> dict:
+    return {"mean": v, "median": v, "p90": v * 1.1}
+
+
+def _write_decode_tables(d: Path, cats: list, n_dec: int, union: float, span: float
+                         ) -> tuple[pd.DataFrame, list[dict]]:
+    """decode_categories.csv (8 ranks, 2 % apart) and cross_rank.csv; (the decode table, cross-rank rows)."""
     dec_rows = []
     for r in range(8):
         jitter = 1.0 + 0.02 * r
@@ -223,10 +243,12 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                    "wait_ms_median": g["union_ms_mean"].median() - lo["union_ms_mean"] if comm else None,
                    "wait_ms_max": hi["union_ms_mean"] - lo["union_ms_mean"] if comm else None, "note": ""})
     schema.write_table(pd.DataFrame(xr), d / "cross_rank.csv", schema.CrossRankRow)
-    amdahl = pd.DataFrame([{"rank": 0, "category": c, "class": k, "step_ms": span, "exposed_ms": e,
-                            "speedup_ceiling": span / (span - e)} for c, k, _, _, e in cats]
-                          ).sort_values("speedup_ceiling", ascending=False)
-    schema.write_table(amdahl, d / "amdahl.csv", schema.AmdahlRow)
+    return dec, xr
+
+
+def _summary(cats: list, dec: pd.DataFrame, xr: list[dict], amdahl: pd.DataFrame, *, kind: str, n_dec: int,
+             n_judged: int, kernel_sum: float, union: float, span: float, tpot: float) -> dict:
+    """summary.json without the keys `_add_contract_keys` adds (an older stage 05's)."""
     ranks = []
     for r in range(8):
         ranks.append({"rank": r, "file": f"rank{r}.pt.trace.json.gz", "mode": "gpu",
@@ -243,15 +265,15 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                       "step_kinds": {kind: n_judged} if kind != "decode" else {"prefill": 10, "decode": n_dec},
                       "step_source": "annotation:vllm",
                       "collectives_per_decode_step": {"all_reduce": 123.0, "all_gather": 1.0}})
-    records = dec[dec["rank"] == 0].to_dict(orient="records")
-    summary = {
+    return {
         "ranks": ranks,
         "decode": {"rank": 0,
                    "steps": {"steps_used": "decode" if n_dec else "all steps (no decode labels in this trace)",
-                             "n_steps": n_judged, "kernel_sum_ms": stat(kernel_sum),
-                             "union_ms": stat(union), "span_ms": stat(span),
-                             "annotation_ms": stat(span * 1.02), "tpot_capture_ms": tpot},
-                   "categories": records, "amdahl": amdahl.to_dict(orient="records")},
+                             "n_steps": n_judged, "kernel_sum_ms": _stat(kernel_sum),
+                             "union_ms": _stat(union), "span_ms": _stat(span),
+                             "annotation_ms": _stat(span * 1.02), "tpot_capture_ms": tpot},
+                   "categories": dec[dec["rank"] == 0].to_dict(orient="records"),
+                   "amdahl": amdahl.to_dict(orient="records")},
         "collectives_check": {
             "observed": {"steps_used": "decode", "n_steps": n_dec,
                          "all_reduce": {"median": 123.0, "min": 123, "max": 123},
@@ -267,10 +289,10 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
                    "message": "kernel sum per decode step exceeds the measured TPOT: kernels overlap"}]
         if kernel_sum > tpot else [],
     }
-    if contract_keys:
-        _add_contract_keys(summary, kind=kind, n_judged=n_judged, n_dec=n_dec, union=union, span=span,
-                           launch_bound=launch_bound, stall=stall, ranks_missing=ranks_missing, s=s)
-    schema.write(d / "summary.json", summary, schema.TraceSummary)
+
+
+def _write_timeline(d: Path, s: float, launch_bound: bool) -> None:
+    """One step's 40 kernels on one stream (wide gaps when launch-bound) and a copy on another."""
     tl = []
     t = 0.0
     for i in range(40):
@@ -283,9 +305,10 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     tl.append({"rank": 0, "step_id": 7, "stream": 13, "category": "memcpy", "class": "memory",
                "start_us": 5.0, "dur_us": 3.0, "name": "Memcpy HtoD"})
     schema.write_table(pd.DataFrame(tl), d / "timeline_rank0_step.csv", schema.TimelineRow)
-    schema.write_table(pd.DataFrame([{"rank": r, "category": c, "class": k, "count": n * 160, "sum_us": ms * 160e3,
-                   "union_us": ms * 160e3, "exposed_us": e * 160e3} for r in range(8)
-                  for c, k, ms, n, e in cats]), d / "rank_categories.csv", schema.RankCategoryRow)
+
+
+def _write_steps(d: Path, kind: str, kernel_sum: float, union: float, span: float) -> None:
+    """steps.csv: 165 steps per rank (10 prefill, then decode, for a decode trace)."""
     steps = []
     for r in range(8):
         for i in range(165):
