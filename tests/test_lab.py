@@ -38,6 +38,11 @@ def test_lab_binds_loopback_and_keeps_the_token_out_of_argv(tmp_path):
     argv = lab_argv(tmp_path, LOOPBACK, 8888)
     assert "--ServerApp.ip=127.0.0.1" in argv and "--ServerApp.port_retries=0" in argv
     assert not any("token" in a.lower() for a in argv)
+    # news neither fetched nor asked about: the override sets the setting's default to "never"
+    settings_dir = next(a.split("=", 1)[1] for a in argv if a.startswith("--LabApp.app_settings_dir="))
+    overrides = json.loads((Path(settings_dir) / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"] == {"fetchNews": "false",
+                                                                      "checkForUpdates": False}
     env = lab_env("s3cret")
     assert env["JUPYTER_TOKEN"] == "s3cret"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT / "lib")

@@ -105,6 +105,9 @@ def test_explorer_renders_and_follows_its_selections(lab, browser, tmp_path):
     _wait_for_new_image(page, out, step_img, "the rank")
     assert step.locator("option").count() >= 5
     assert not errors, errors
+    # JupyterLab never asked whether to fetch news (its toast would say "official Jupyter news").
+    assert page.locator(".Toastify__toast").filter(has_text="news").count() == 0
+    assert "official Jupyter news" not in page.content()
 
 
 def _wait_for_new_image(page, out, old_src: str, what: str, timeout_s: float = 120.0) -> str:

@@ -5,7 +5,8 @@ JupyterLab runs a kernel that executes whatever a browser tab sends it, so it bi
 reaches the server through its environment (not argv, which other users can read) and is
 printed once, in the URL. Kernels import this checkout's library (`PYTHONPATH`), the same
 one papermill's kernels use, and the news feed and update check stay off (these machines
-reach no internet, and the workbook should not phone home).
+reach no internet, and the workbook should not phone home): `lab_settings/overrides.json`
+sets their defaults to "never", so JupyterLab does not ask about news either.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from stepscope.errors import StepscopeError
 from stepscope.runfolder import REPO_ROOT
 
 LOOPBACK = "127.0.0.1"
+LAB_SETTINGS_DIR = Path(__file__).parent / "lab_settings"
+"""JupyterLab's app settings folder for `stepscope lab`: only `overrides.json` (setting defaults)."""
 START_TIMEOUT_S = 90.0
 
 
@@ -93,7 +96,7 @@ def lab_argv(root: Path, host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "jupyterlab", "--no-browser",
             f"--ServerApp.ip={host}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
             f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN", "--LabApp.log_level=WARN",
-            "--LabApp.news_url=None",
+            "--LabApp.news_url=None", f"--LabApp.app_settings_dir={LAB_SETTINGS_DIR}",
             "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
             # containers often run as root; Jupyter refuses that unless told
             *(["--ServerApp.allow_root=True"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
