@@ -9,7 +9,9 @@ each concurrency C, in alternating order round by round, vLLM's benchmark (throu
 with PackageNotFoundError) and stepscope's sweep each send 8 x C requests, configured
 alike: text prompts of exact token length from vLLM's random dataset (stepscope's
 `sweep.prompt_mode: random_text`), the same input and output lengths, ignore_eos,
-temperature 0, one warm-up wave of C requests. Printed per metric: the median of each
+temperature 0, one warm-up wave of C requests; before round 1, one unrecorded vLLM pass per
+concurrency warms the server. A round in which either tool fails (a failed request) is left
+out for both and listed. Printed per metric: the median of each
 tool over rounds with its run-to-run spread ((max - min) / median), the ratio stepscope /
 vLLM, and whether the ratio is within the larger spread (the target for every metric).
 """
@@ -125,22 +127,43 @@ def main_cli(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         proc, handle, model = launch_server(work, a.port)
         results: dict = {}
+        dropped: list[str] = []
         try:
             server = load_server(work / "run")
+
+            def one(tool: str, c: int, n: int, seed: int) -> dict:
+                if tool == "stepscope":
+                    return stepscope_round(server, work, c, n, a.input_len, a.output_len, seed=seed)
+                return vllm_round(handle.base_url, handle.served_model, model, c, n, a.input_len, a.output_len,
+                                  seed=seed)
+
+            # The server's first batches at each size compile and warm caches: one unrecorded pass
+            # per concurrency, so round 1 does not measure start-up for whichever tool goes first.
+            for c in a.concurrency:
+                one("vllm", c, c, seed=-1)
             for r in range(a.rounds):
                 for c in a.concurrency:
-                    n = a.requests_per_stream * c
                     order = ("stepscope", "vllm") if r % 2 == 0 else ("vllm", "stepscope")
-                    for tool in order:
-                        res = (stepscope_round(server, work, c, n, a.input_len, a.output_len, seed=r)
-                               if tool == "stepscope" else
-                               vllm_round(handle.base_url, handle.served_model, model, c, n, a.input_len,
-                                          a.output_len, seed=r))
+                    pair = {}
+                    try:
+                        for tool in order:
+                            pair[tool] = one(tool, c, a.requests_per_stream * c, seed=r)
+                            print(f"round {r + 1}/{a.rounds} C={c} {tool}: "
+                                  + ", ".join(f"{k}={v:.2f}" for k, v in pair[tool].items()),
+                                  file=sys.stderr, flush=True)
+                    except Exception as exc:  # noqa: BLE001 - a failed round is reported and left out, in pairs
+                        dropped.append(f"round {r + 1} C={c}: {type(exc).__name__}: {exc}"[:200])
+                        print(f"DROPPED {dropped[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    for tool, res in pair.items():
                         results.setdefault((tool, c), []).append(res)
-                        print(f"round {r + 1}/{a.rounds} C={c} {tool}: "
-                              + ", ".join(f"{k}={v:.2f}" for k, v in res.items()), file=sys.stderr, flush=True)
         finally:
             proc.stop()
+    if dropped:
+        print(f"\n{len(dropped)} round(s) left out, both tools' results of each:\n  " + "\n  ".join(dropped))
+    if not all(results.get((t, c)) for t in ("stepscope", "vllm") for c in a.concurrency):
+        print("no complete round at some concurrency: nothing to compare")
+        return 1
     text, n_in, n_all = table(results, a.concurrency)
     print(f"\nparity with vllm bench serve (vllm.benchmarks.serve), one server, {a.rounds} alternating rounds, "
           f"{a.requests_per_stream} x C requests, input {a.input_len} / output {a.output_len} tokens, "
