@@ -272,8 +272,10 @@ class CollectivesMatched(Record, kw_only=True):
     matched_ms_per_step_by_rank: dict[str, float | None] | None = None
     """Per rank: wait + after, exactly its arrival-to-end time in the matched collectives."""
     reconcile: dict[str, dict[str, Any]] | None = None
-    """Per rank {matched_ms, accounted_ms, rel_diff, agree}: the matched time against the
-    collective categories' time in the accounting; disagreement beyond READINGS_AGREE_REL is flagged."""
+    """Per rank {matched_ms, accounted_ms, rel_diff, agree, inside_idle_ms, inside_other_ms}: the
+    matched time against the collective categories' time in the accounting; disagreement beyond
+    READINGS_AGREE_REL is flagged. The difference lies inside the instances: time with no recorded
+    op (`inside_idle_ms`) and other categories' work (`inside_other_ms`), ms per step."""
     skew_us: dict[str, float | None] | None = None
     """{p50, p90}: spread of the ranks' start times per instance."""
     transfer_us: dict[str, float | None] | None = None

@@ -491,8 +491,19 @@ def _matched_flags(matched: dict) -> list[dict[str, str]]:
                            "a rank's matched collectives (wait + completion after the last arrival) and its "
                            "collective categories disagree by more than READINGS_AGREE_REL: " + "; ".join(
                                f"rank {r}: {v['matched_ms']:.3f} against {v['accounted_ms']:.3f} ms per step"
-                               for r, v in off.items())))
+                               + _inside_words(v) for r, v in off.items())))
     return flags
+
+
+def _inside_instances_ms(r: RankResult, inst: pd.DataFrame, judged: str, n_steps: int,
+                        offset_us: float) -> dict[str, float] | None:
+    """Per judged step, the time inside the rank's collective instances that no collective
+    covers: {inside_idle_ms (no recorded op), inside_other_ms (other categories' work)}."""
+    if not n_steps or inst.empty:
+        return None
+    gaps = coll.instance_gaps(r.work, inst[inst["step_kind"] == judged], offset_us)
+    return {"inside_idle_ms": gaps["inside_idle_us"] / n_steps / 1e3,
+            "inside_other_ms": gaps["inside_other_us"] / n_steps / 1e3}
 
 
 def _accounted_comm_ms(r: RankResult, judged: str, n_steps: int) -> float | None:
@@ -502,6 +513,14 @@ def _accounted_comm_ms(r: RankResult, judged: str, n_steps: int) -> float | None
     ids = r.steps_tot.loc[r.steps_tot["kind"] == judged, "step_id"]
     w = r.work[r.work["category"].isin(coll.COLLECTIVE_CATEGORIES) & r.work["step_id"].isin(ids)]
     return float(w["dur_us"].sum() / n_steps / 1e3)
+
+
+def _inside_words(v: dict) -> str:
+    """Where a rank's matched time exceeds its collective categories: inside its instances."""
+    if v.get("inside_idle_ms") is None:
+        return ""
+    return (f" (inside its instances {v['inside_idle_ms']:.3f} ms per step run no recorded op, e.g. host code "
+            f"between a collective's pieces, and {v['inside_other_ms']:.3f} ms other categories' work)")
 
 
 def _tpot_flags(times: dict) -> list[dict[str, str]]:
@@ -561,8 +580,11 @@ def match_collectives(results: list[RankResult], info: dict, arch: Any = None
                          {k: v for k, v in notes.items() if v})
     out["reason"] = None
     if out.get("matched_ms_per_step_by_rank"):
+        inside = {str(r.rank): _inside_instances_ms(r, per_rank[r.rank], judged, n_judged,
+                                                    r.info["origin_us"] - origin) for r in results}
         out["reconcile"] = coll.reconcile(out["matched_ms_per_step_by_rank"],
-                                          {str(r.rank): _accounted_comm_ms(r, judged, n_judged) for r in results})
+                                          {str(r.rank): _accounted_comm_ms(r, judged, n_judged) for r in results},
+                                          inside)
     steps = coll.per_step(table, ranks)
     steps = pd.DataFrame({"step_id": steps["step_id"], "coll_transfer_us": steps["transfer_ms"] * 1e3,
                           "coll_wait_us": steps["wait_ms"] * 1e3, "coll_after_us": steps["after_ms"] * 1e3,

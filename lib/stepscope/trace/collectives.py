@@ -72,11 +72,11 @@ def bus_factor(category: str, n: int) -> float:
 def rank_instances(work: pd.DataFrame, kinds: dict[int, str], offset_us: float) -> pd.DataFrame:
     """One rank's collective instances in issue order: category, step, arrival, end, size."""
     comm = work[work["category"].isin(COLLECTIVE_CATEGORIES)]
-    cols = ["category", "step_id", "step_kind", "arrival_us", "end_us", "nelems", "dtype"]
+    cols = ["category", "step_id", "step_kind", "arrival_us", "end_us", "nelems", "dtype", "stream"]
     if comm.empty or not comm["collective_call"].any():
         return pd.DataFrame(columns=cols)
     parts = []
-    for _, g in comm.groupby("stream", sort=False):
+    for stream, g in comm.groupby("stream", sort=False):
         g = g.sort_values("start_us", kind="stable")
         call = g["collective_call"].to_numpy()
         start = g["start_us"].to_numpy(float)
@@ -94,6 +94,7 @@ def rank_instances(work: pd.DataFrame, kinds: dict[int, str], offset_us: float) 
         agg["step_id"] = calls["step_id"].astype(int)
         agg["nelems"] = calls["msg_nelems"]
         agg["dtype"] = [dtype_from_kernel(n) for n in calls["name"].astype(str)]
+        agg["stream"] = stream
         parts.append(agg)
     out = pd.concat(parts, ignore_index=True)
     out["arrival_us"] += offset_us
@@ -226,17 +227,64 @@ def _q(v: pd.Series, q: float) -> float | None:
     return float(v.quantile(q)) if len(v) else None
 
 
-def reconcile(matched_ms: dict[str, float], accounted_ms: dict[str, float | None]) -> dict:
+def reconcile(matched_ms: dict[str, float], accounted_ms: dict[str, float | None],
+              inside: dict[str, dict[str, float]] | None = None) -> dict:
     """Two readings of each rank's communication per step: the matched instances' wait + after
     (arrival to own end) and the category accounting's collective time. They measure the same
-    time unless a rank's instance holds non-communication work or unmatched collectives."""
+    time unless a rank's instance holds non-communication work, time with no recorded op, or
+    unmatched collectives; `inside` ({rank: {inside_idle_ms, inside_other_ms}}, from
+    `instance_gaps`) says how much of each its instances hold."""
     rows = {}
     for r, m in matched_ms.items():
         a = accounted_ms.get(r)
         rel = abs(m - a) / a if a else None
         rows[r] = {"matched_ms": m, "accounted_ms": a, "rel_diff": rel,
-                   "agree": None if rel is None else bool(rel <= READINGS_AGREE_REL)}
+                   "agree": None if rel is None else bool(rel <= READINGS_AGREE_REL),
+                   **((inside or {}).get(r) or {})}
     return rows
+
+
+def _merged(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint, sorted intervals covering the given ones."""
+    if not len(start):
+        return start, end
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], end[o]
+    first = np.flatnonzero(np.r_[True, s[1:] > np.maximum.accumulate(e)[:-1]])
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def _covered_us(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    """Total length of the disjoint sorted intervals (ms, me) inside the windows [a, b]."""
+    if not len(ms) or not len(a):
+        return 0.0
+    cum = np.r_[0.0, np.cumsum(me - ms)]
+
+    def upto(t: np.ndarray) -> np.ndarray:  # covered length before t
+        k = np.searchsorted(ms, t, side="right")
+        prev = np.clip(t - ms[np.maximum(k - 1, 0)], 0.0, (me - ms)[np.maximum(k - 1, 0)])
+        return cum[np.maximum(k - 1, 0)] + np.where(k > 0, prev, 0.0)
+
+    return float((upto(b) - upto(a)).sum())
+
+
+def instance_gaps(work: pd.DataFrame, inst: pd.DataFrame, offset_us: float) -> dict[str, float]:
+    """Inside one rank's collective instances (`rank_instances` rows, times shifted by
+    `offset_us`), the time that no collective-category work covers, split into other
+    categories' work on the same stream or thread and time with no recorded op (on a CPU
+    trace without Python events, the host's own code between a collective's pieces): µs."""
+    idle = other = 0.0
+    for stream, g in inst.groupby("stream", sort=False):
+        a = g["arrival_us"].to_numpy(float) - offset_us
+        b = g["end_us"].to_numpy(float) - offset_us
+        on = work[work["stream"] == stream]
+        comm = on["category"].isin(COLLECTIVE_CATEGORIES).to_numpy()
+        s, e = on["start_us"].to_numpy(float), on["end_us"].to_numpy(float)
+        all_cov = _covered_us(*_merged(s, e), a, b)
+        comm_cov = _covered_us(*_merged(s[comm], e[comm]), a, b)
+        idle += float((b - a).sum()) - all_cov
+        other += all_cov - comm_cov
+    return {"inside_idle_us": idle, "inside_other_us": other}
 
 
 def per_step(table: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
