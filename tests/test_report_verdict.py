@@ -524,3 +524,11 @@ def test_transfer_readings_that_disagree_are_flagged_with_both_values():
     assert "⚠ all_reduce: the two transfer readings differ by 25.0 % (6.00 ms the least-waiting rank's mean, " \
            "8.00 ms matched instance by instance; they agree within 5.00 %)" in notes
     assert "all_gather" not in notes
+
+
+def test_training_caveats_name_training_steps_and_say_plainly_when_nothing_fell_to_other(tmp_path, real_traces):
+    run = _real_run(tmp_path, [real_traces / "hta-a100-ddp-nccl.json.gz"])
+    caveats = build_report(run, draw_figures=False)["markdown"].read_text().split("## 8. Caveats", 1)[1]
+    assert "Collectives per training step were not checked" in caveats and "per decode step" not in caveats
+    assert "No kernel time fell to \"other\" on any rank" in caveats and "at most 0 %" not in caveats
+    assert "No kernel matched only a catch-all rule on any rank." in caveats

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope import schema
+from stepscope import schema, wording
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.numbers import fmt_num as _fmt
@@ -287,14 +287,16 @@ def _trace_caveats(a: RunArtifacts) -> list[str]:
         r = max(ranks, key=lambda x: x.other_share)
         names = ", ".join(f"`{name_of(n)[:80]}`" for n in r.other_top_names[:5]) or "none listed"
         out.append(f"\"other\" holds at most {_fmt(100 * r.other_share)} % of kernel time (rank {r.rank}); "
-                   f"its top names: {names}.")
+                   f"its top names: {names}." if r.other_share else
+                   "No kernel time fell to \"other\" on any rank: every kernel matched a named category.")
         caught = [x for x in ranks if x.catch_all_share is not None]
         if caught:
             c = max(caught, key=lambda x: x.catch_all_share)
             top = ", ".join(f"`{name_of(n)[:80]}`" for n in (c.catch_all_top_names or [])[:5]) or "none listed"
             # Beside "other": time a catch-all rule filed is not understood either.
             out.append(f"Only a catch-all rule matched {_fmt(100 * c.catch_all_share)} % of kernel time (at most, "
-                       f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}.")
+                       f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}."
+                       if c.catch_all_share else "No kernel matched only a catch-all rule on any rank.")
         unattr = [(x.rank, x.unattributed_events) for x in ranks if x.unattributed_events]
         if unattr:
             out.append(f"{sum(n for _, n in unattr)} device events were not attributed to any step "
@@ -310,11 +312,12 @@ def _trace_caveats(a: RunArtifacts) -> list[str]:
     if a.trace_summary is not None:
         cc = a.trace_summary.collectives_check
         exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)
+        per = wording.step_label(a.trace_summary.trace_info.kind if a.trace_summary.trace_info else None)
         if cc.match is False:
-            out.append(f"Collectives per decode step do not match the architecture: expected "
+            out.append(f"Collectives per {per} do not match the architecture: expected "
                        f"{_kv(exp)}, observed {_kv(obs)}. {words(cc.explanation)}".strip())
         elif not exp:
-            out.append(f"Collectives per decode step were not checked against the architecture: "
+            out.append(f"Collectives per {per} were not checked against the architecture: "
                        f"{words(cc.explanation) or 'no expectation given'}")
         out += [f"[05 {f.severity}] {f.code}: {f.message}" for f in a.trace_summary.flags]
     return out
