@@ -153,3 +153,33 @@ def test_children_of_the_suite_receive_ctrl_c_even_when_it_was_started_ignoring_
     probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_running_one_stage_again_keeps_the_record_of_the_others(stand_ins, tmp_path):
+    # The hint a missing input gives: `stepscope run <params> --run-id <id> --stages NN`. Without
+    # --resume the named stage runs again; the others' status, and when the run began, stay.
+    params = stand_ins({})
+    code, run_dir = run_pipeline(params, run_id="r3", stages="02,03", progress=False, echo=lambda s: None)
+    assert code == 0
+    first = json.loads((run_dir / "run.json").read_text())
+    code, _ = run_pipeline(params, run_id="r3", stages="03", progress=False, echo=lambda s: None)
+    assert code == 0
+    again = json.loads((run_dir / "run.json").read_text())
+    assert set(again["stages"]) == {"02_gemm_micro", "03_nccl_burst"}
+    assert again["stages"]["02_gemm_micro"] == first["stages"]["02_gemm_micro"]
+    assert again["stages"]["03_nccl_burst"]["finished_at"] > first["stages"]["03_nccl_burst"]["finished_at"]
+    assert again["created_at"] == first["created_at"]
+
+
+def test_an_unreadable_run_json_is_kept_aside_or_named(stand_ins, tmp_path):
+    params = stand_ins({})
+    run_dir = tmp_path / "out" / "r4"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"stages": {"02_gemm')  # cut off mid-write by something else
+    with pytest.raises(StepscopeError) as exc:
+        run_pipeline(params, run_id="r4", stages="02", resume=True, progress=False, echo=lambda s: None)
+    assert exc.value.where == str(run_dir / "run.json") and "drop --resume" in exc.value.hint
+    code, _ = run_pipeline(params, run_id="r4", stages="02", progress=False, echo=lambda s: None)
+    assert code == 0
+    assert (run_dir / "run.json.unreadable").read_text() == '{"stages": {"02_gemm'
+    assert json.loads((run_dir / "run.json").read_text())["stages"]["02_gemm_micro"]["status"] == "ok"

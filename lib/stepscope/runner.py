@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -36,6 +37,8 @@ from stepscope.runfolder import (
     read_json,
     write_yaml,
 )
+
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_STAGE_FAILED = 1
@@ -150,7 +153,9 @@ class _RunRecord:
 
     def __init__(self, run_dir: Path, params: Params, params_file: Path, argv: list[str], resume: bool):
         self.path = run_dir / "run.json"
-        previous = read_json(self.path) if (resume and self.path.is_file()) else {}
+        # A run folder used again keeps the record of the stages this run does not repeat
+        # (`--stages 05` without --resume re-runs 05 only); --resume also skips finished ones.
+        previous = self._previous(resume)
         self.data = {
             "run_id": run_dir.name,
             "schema_version": schema.SCHEMA_VERSION,
@@ -165,6 +170,25 @@ class _RunRecord:
         if previous.get("events"):
             self.data["events"] = previous["events"]
         self.save()
+
+    def _previous(self, resume: bool) -> dict:
+        """The run.json already here, {} when there is none. One that cannot be read stops a
+        --resume with its name; otherwise it is kept aside as run.json.unreadable, not lost."""
+        if not self.path.is_file():
+            return {}
+        try:
+            previous = read_json(self.path)
+            if not isinstance(previous, dict):
+                raise ValueError("not a JSON object")
+            return previous
+        except ValueError as exc:
+            if resume:
+                raise StepscopeError(f"run.json cannot be read: {exc}", where=str(self.path),
+                                     hint="drop --resume to start the run's record afresh") from None
+            aside = self.path.with_name("run.json.unreadable")
+            os.replace(self.path, aside)
+            log.warning("%s could not be read (%s); kept as %s, a new record starts", self.path, exc, aside)
+            return {}
 
     def stage(self, stage_id: str) -> dict:
         return self.data["stages"].get(stage_id, {})
