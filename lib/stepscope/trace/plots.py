@@ -97,8 +97,9 @@ def plot_decode_category_time_stacked(bars: pd.DataFrame, markers: Mapping[str, 
 def decode_step_bars(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0,
                      step_label: str = "decode step") -> tuple[pd.DataFrame, dict[str, np.ndarray], str]:
     """Long-form bars of one rank's judged steps (label = step id, ms_per_step = category union),
-    each step's work span and kernel/op sum (ms), and what the steps are, counted ("3 training
-    steps"). The steps are those stage 05's decode table is over (`select_decode_steps`)."""
+    each step's work span and kernel/op sum (ms), and what the steps are called, in the plural
+    when there are several ("training steps"). The steps are those stage 05's decode table is
+    over (`select_decode_steps`)."""
     dec, _ = select_decode_steps(steps[steps["rank"] == rank])
     which = plural(step_label, len(dec))
     sc = step_categories[(step_categories["rank"] == rank) & step_categories["step_id"].isin(dec["step_id"])]
