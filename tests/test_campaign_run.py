@@ -196,3 +196,35 @@ def test_the_spec_decode_file_holds_exactly_the_schemas_keys(repo_root):
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
     stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
     assert set(stats.to_json()) == {f.name for f in msgspec.structs.fields(SpecDecodeCounters)}
+
+
+def test_stages_run_again_in_every_started_run_and_nothing_else(params_file):
+    from stepscope import schema
+
+    code, cdir = _run(params_file, Recorder())
+    assert code == 0
+    before = {v: read_json(cdir / v / "run.json")["stages"] for v in ("tp2", "spec", "tp1")}
+    rec = Recorder()
+    code, _ = _run(params_file, rec, stages=["05", "06"])
+    assert code == 0
+    # exactly the two analysis stages, in every run, interleaved as before
+    assert rec.calls == [(v, s) for v in ("tp2", "spec", "tp1") for s in ("05_categorize", "06_writeup")]
+    for v in ("tp2", "spec", "tp1"):
+        after = read_json(cdir / v / "run.json")["stages"]
+        assert set(after) == set(before[v]) and after["00_deploy"] == before[v]["00_deploy"]
+        assert after["05_categorize"]["finished_at"] >= before[v]["05_categorize"]["finished_at"]
+    typed = schema.read(cdir / "campaign.json", schema.CampaignRecord)
+    assert [r.status for r in typed.runs] == ["ok"] * 3
+    assert typed.runs[1].reused == {"02_gemm_micro": "tp2#1", "03_nccl_burst": "tp2#1"}  # not run again: kept
+    # re-measuring a reused stage makes it the run's own
+    _run(params_file, Recorder(), stages=["02"])
+    assert "02_gemm_micro" not in schema.read(cdir / "campaign.json", schema.CampaignRecord).runs[1].reused
+
+
+def test_stages_need_an_existing_campaign_and_known_stage_names(params_file):
+    from stepscope.errors import StepscopeError
+
+    with pytest.raises(StepscopeError, match="nothing to run again"):
+        _run(params_file, Recorder(), stages=["05"])
+    with pytest.raises(StepscopeError, match="'09'"):
+        _run(params_file, Recorder(), stages=["09"])

@@ -162,12 +162,16 @@ def test_running_one_stage_again_keeps_the_record_of_the_others(stand_ins, tmp_p
     code, run_dir = run_pipeline(params, run_id="r3", stages="02,03", progress=False, echo=lambda s: None)
     assert code == 0
     first = json.loads((run_dir / "run.json").read_text())
+    for stage in ("02_gemm_micro", "03_nccl_burst"):
+        (run_dir / stage / "done.txt").write_text("from the first run")
     code, _ = run_pipeline(params, run_id="r3", stages="03", progress=False, echo=lambda s: None)
     assert code == 0
+    assert (run_dir / "03_nccl_burst" / "done.txt").read_text() == "ok"  # ran again
+    assert (run_dir / "02_gemm_micro" / "done.txt").read_text() == "from the first run"
     again = json.loads((run_dir / "run.json").read_text())
     assert set(again["stages"]) == {"02_gemm_micro", "03_nccl_burst"}
     assert again["stages"]["02_gemm_micro"] == first["stages"]["02_gemm_micro"]
-    assert again["stages"]["03_nccl_burst"]["finished_at"] > first["stages"]["03_nccl_burst"]["finished_at"]
+    assert again["stages"]["03_nccl_burst"]["finished_at"] >= first["stages"]["03_nccl_burst"]["finished_at"]
     assert again["created_at"] == first["created_at"]
 
 

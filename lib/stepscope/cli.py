@@ -67,7 +67,8 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     from stepscope.campaign.run import run_campaign
 
     code, _ = run_campaign(args.params, campaign_id=args.campaign_id, resume=args.resume,
-                           repeats=args.repeats, progress=not args.no_progress)
+                           repeats=args.repeats, progress=not args.no_progress,
+                           stages=args.stages.split(",") if args.stages else None)
     return code
 
 
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true",
                    help="continue --campaign-id at its first unfinished variant and stage")
     g.add_argument("--repeats", type=int, help="runs per variant, interleaved (default: campaign.repeats)")
+    g.add_argument("--stages", help="with --campaign-id: run these stages again in every run (e.g. 05,06 after "
+                                    "an upgrade), then write the report again")
     g.add_argument("--no-progress", action="store_true")
     g.set_defaults(func=_cmd_campaign)
 

@@ -23,7 +23,7 @@ import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import yaml
 
@@ -150,17 +150,9 @@ def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> 
     write_json(run_json, data)
 
 
-def _stage_status(run_dir: Path) -> dict[str, dict]:
-    p = run_dir / "run.json"
-    return (read_json(p).get("stages") or {}) if p.is_file() else {}
-
-
-def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, executor: Executor,
-             progress: bool, echo: Callable[[str], None]) -> int:
-    entry = record.run(run.key)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    params_file = write_yaml(run.run_dir / "variant_params.yaml", run.params_dict)
-    done = _stage_status(run.run_dir)
+def _reuse_stages(run: PlannedRun, plan: CampaignPlan, record: CampaignState, echo: Callable[[str], None]) -> None:
+    """Copy each not-yet-finished stage whose inputs an earlier run measured already."""
+    entry, done = record.run(run.key), _stage_status(run.run_dir)
     for stage_id in STAGE_INPUTS:
         if done.get(stage_id, {}).get("status") == "ok":
             continue
@@ -170,10 +162,36 @@ def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, exec
             copy_stage(src_dir, run.run_dir, stage_id, src)
             entry["reused"][stage_id] = src
             echo(f"  {stage_id}: same inputs as {src}, reused")
+
+
+def select_stage_ids(stages: Sequence[str]) -> list[str]:
+    from stepscope.runner import select_stages
+
+    return [s.id for s in select_stages(list(stages))]
+
+
+def _stage_status(run_dir: Path) -> dict[str, dict]:
+    p = run_dir / "run.json"
+    return (read_json(p).get("stages") or {}) if p.is_file() else {}
+
+
+def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, executor: Executor,
+             progress: bool, echo: Callable[[str], None], stages: Sequence[str] | None = None) -> int:
+    """One run of the campaign: its stages with unchanged inputs copied from an earlier run,
+    the rest run (resumed where it stopped); with `stages`, exactly those run again."""
+    entry = record.run(run.key)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    params_file = write_yaml(run.run_dir / "variant_params.yaml", run.params_dict)
+    if stages is None:
+        _reuse_stages(run, plan, record, echo)
     record.save()
     t0 = time.monotonic()
-    code, _ = run_pipeline(params_file, run_dir=run.run_dir, resume=(run.run_dir / "run.json").is_file(),
-                           progress=progress, notebook_executor=executor, echo=echo)
+    code, _ = run_pipeline(params_file, run_dir=run.run_dir, stages=stages, progress=progress,
+                           resume=stages is None and (run.run_dir / "run.json").is_file(),
+                           notebook_executor=executor, echo=echo)
+    if stages is not None:
+        for stage_id in select_stage_ids(stages):
+            entry["reused"].pop(stage_id, None)  # measured again, by this run
     stages = _stage_status(run.run_dir)
     for stage_id in STAGE_INPUTS:
         st = stages.get(stage_id, {})
@@ -193,19 +211,26 @@ def _finished(run: PlannedRun) -> bool:
 
 def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, resume: bool = False,
                  repeats: int | None = None, progress: bool = True, executor: Executor | None = None,
-                 scraper: Scraper = scrape_run_server, report: bool = True,
+                 scraper: Scraper = scrape_run_server, report: bool = True, stages: Sequence[str] | None = None,
                  echo: Callable[[str], None] = print) -> tuple[int, Path]:
-    """Run every variant (interleaved by repeat), then write the campaign report."""
+    """Run every variant (interleaved by repeat), then write the campaign report. With `stages`
+    (an existing campaign's), run exactly those stages again in every started run, e.g. 05 and 06
+    after an upgrade of the analysis, and write the report again."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)  # every variant's overrides are checked here
     raw = yaml.safe_load(params_file.read_text()) or {}
-    if resume and not campaign_id:
-        raise StepscopeError("--resume needs --campaign-id", hint="name the campaign folder to resume")
+    again = "--stages" if stages else "--resume" if resume else None
+    if again and not campaign_id:
+        raise StepscopeError(f"{again} needs --campaign-id", hint="name the campaign folder to continue")
+    if stages:
+        select_stage_ids(stages)  # an unknown stage is named before anything runs
     cid = campaign_id or f"{params.run.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     campaign_dir = (resolve_outputs_dir(params) / cid).resolve()
-    if resume and not (campaign_dir / "campaign.json").is_file():
-        raise StepscopeError("nothing to resume: no campaign.json", where=str(campaign_dir),
-                             hint="drop --resume to start this campaign")
+    if again and not (campaign_dir / "campaign.json").is_file():
+        raise StepscopeError(f"nothing to {'resume' if resume else 'run again'}: no campaign.json",
+                             where=str(campaign_dir),
+                             hint=f"drop {again} to start this campaign")
+    resume = resume or bool(stages)  # the record of every run is kept
     if resume and repeats is None:
         repeats = schema.read(campaign_dir / "campaign.json", schema.CampaignRecord).repeats
     plan = plan_campaign(raw, params, campaign_dir, repeats, source=str(params_file))
@@ -219,11 +244,14 @@ def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, res
     failed: list[str] = []
     try:
         for i, run in enumerate(plan.runs, 1):
-            if resume and record.run(run.key)["status"] == "ok" and _finished(run):
+            if stages and not (run.run_dir / "run.json").is_file():
+                echo(f"[{i}/{len(plan.runs)}] {run.key}: never started, skipped (run it with --resume)")
+                continue
+            if not stages and resume and record.run(run.key)["status"] == "ok" and _finished(run):
                 echo(f"[{i}/{len(plan.runs)}] {run.key}: finished earlier, skipped (--resume)")
                 continue
             echo(f"[{i}/{len(plan.runs)}] {run.key}: {run.description or ''}".rstrip(": "))
-            code = _run_one(run, plan, record, executor=wrapped, progress=progress, echo=echo)
+            code = _run_one(run, plan, record, executor=wrapped, progress=progress, echo=echo, stages=stages)
             if code == 130:
                 echo("interrupted: finished runs are kept; continue with --resume")
                 return 130, campaign_dir
