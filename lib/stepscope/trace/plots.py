@@ -122,7 +122,7 @@ def plot_decode_steps(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: 
     n = bars["label"].nunique()
     return plot_category_bars(bars, marks, xlabel="step id", step_label=step_label, title=(
         f"Rank {rank}: category time in each of {n} {which}\n"
-        "(bars: each category's busy time, stacked; marks: the step's span and kernel/op sum)"))
+        "(bars: category busy time, stacked; marks: step span, kernel/op sum)"))
 
 
 
