@@ -84,6 +84,11 @@ def test_gpu_bandwidth_from_message_size_and_a_clock_flag(tmp_path: Path):
     # algbw = 8 MiB / 200 µs; busbw = algbw x 2(n-1)/n = algbw at n = 2.
     assert ar["busbw_gbps_p50"] == pytest.approx(8 * 1024 * 1024 / 200e-6 / 1e9)
     assert m["clock_flag"] is None
+    # On a GPU an instance is one kernel: nothing inside it but the collective, so the two
+    # readings of each rank's communication agree exactly.
+    for v in m["reconcile"].values():
+        assert v["inside_idle_ms"] == 0.0 and v["inside_other_ms"] == 0.0 and v["agree"] is True
+        assert v["matched_ms"] == pytest.approx(v["accounted_ms"], rel=1e-12)
     # The same capture with rank 1's clock 1 s ahead: the ranks' clocks disagree.
     r1 = _gpu_rank(tmp_path, 1, [(1000.0 * k + 100.0, 200.0) for k in range(1, 7)], clock_offset=1e6)
     an = analyze_traces([r0, r1], tmp_path / "out2", progress=False, perfetto=False)
