@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -73,3 +74,20 @@ def test_compare_with_a_missing_stage(tmp_path):
     md = out["markdown"].read_text()
     assert "Not measured" in md and "Sweep comparison" in md
     assert out["markdown"].parent == b / "06_writeup" / "compare_vs_a"
+
+
+def test_compare_names_the_traces_steps_and_warns_across_kinds(tmp_path, real_traces):
+    from stepscope.trace import analyze_traces
+
+    def run(name: str, trace: str) -> Path:
+        d = tmp_path / name
+        analyze_traces([real_traces / trace], d / "05_categorize", progress=False, perfetto=False)
+        return d
+
+    a, b = run("a", "hta-a100-ddp-nccl.json.gz"), run("b", "hta-a100-ddp-nccl.json.gz")
+    md = compare_runs(a, b)["markdown"].read_text()
+    assert "## Per-category time per training step (ms)" in md and "## Collectives per training step" in md
+    assert "per decode step" not in md and "Different kinds of trace" not in md
+    c = run("c", "sglang-mi300x-qwen3-8b-decode.json.gz")
+    md = compare_runs(a, c)["markdown"].read_text()
+    assert "A is a training trace and B a decode trace" in md

@@ -26,6 +26,7 @@ from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.markdown_util import fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL
+from stepscope import wording
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
 
@@ -77,6 +78,12 @@ def _level_label(r: pd.Series, keys: list[str]) -> str:
     return f"rate={rate} req/s"
 
 
+def _kind(x: RunArtifacts) -> str | None:
+    """The trace's kind (`trace_info.kind`: decode, prefill, training, ...), when stage 05 wrote it."""
+    ts = x.trace_summary
+    return ts.trace_info.kind if ts is not None and ts.trace_info is not None else None
+
+
 def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
     ha, hb = an.macro_headlines(a), an.macro_headlines(b)
     ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
@@ -123,8 +130,8 @@ def compare_collectives(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None
     return _with_diff(pd.DataFrame(rows))
 
 
-def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str):
-    """Paired horizontal bars: ms per decode step per category, A (hatched) against B."""
+def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str, step_label: str = "decode step"):
+    """Paired horizontal bars: ms per step per category, A (hatched) against B."""
     df = cats.iloc[::-1]
     fig, ax = fg._new(8.5, max(2.8, 0.45 * len(df) + 1.4))
     y = np.arange(len(df))
@@ -134,8 +141,8 @@ def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str):
     ax.barh(y - 0.2, pd.to_numeric(df["b"], errors="coerce").fillna(0), 0.4, color=colors,
             edgecolor="black", linewidth=0.3, label=f"B: {name_b}")
     ax.set_yticks(y, df["category"])
-    ax.set_xlabel("ms per decode step (mean over decode steps)")
-    ax.set_title("Category time per decode step, A against B")
+    ax.set_xlabel(f"ms per {step_label} (mean over {step_label}s)")
+    ax.set_title(f"Category time per {step_label}, A against B")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -162,6 +169,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
     """
     a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
+    kind_a, kind_b = _kind(a), _kind(b)
+    step = wording.step_label(kind_a)
     name_a = a.run.run_id if a.run is not None else a.run_dir.name
     name_b = b.run.run_id if b.run is not None else b.run_dir.name
     out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
@@ -173,6 +182,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
             f"{100 * NOISE_REL:g} % and, where a spread is known (per-category decode time: p90 − median over "
             f"decode steps), the difference also exceeds the larger spread of the two runs. Quantities present "
             f"in one run only are flagged.\n\n")
+    if kind_a and kind_b and kind_a != kind_b:
+        text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
+                 f"per-step figures measure different work; they are set side by side, not compared.\n\n")
     changed = []
     n_macro_changed = 0
     for key, df in tables.items():
@@ -193,18 +205,18 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     text += "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changed) if changed
                                              else "None: every compared quantity is within noise.") + "\n\n"
     text += "## Headline numbers\n\n" + _fmt_table(tables["headlines"], [("metric", "metric")]) + "\n"
-    text += "## Per-category time per decode step (ms)\n\n"
+    text += f"## Per-category time per {step} (ms)\n\n"
     dc = tables["decode_categories"]
     if dc is not None:
         text += _fmt_table(dc, [("category", "category")])
-        fig = plot_category_comparison(dc, name_a, name_b)
+        fig = plot_category_comparison(dc, name_a, name_b, step)
         fg.save_figure(fig, out / "compare_decode_category_ms_per_step.png")
-        text += "\n![category time per decode step, A against B](compare_decode_category_ms_per_step.png)\n\n"
+        text += f"\n![category time per {step}, A against B](compare_decode_category_ms_per_step.png)\n\n"
     else:
         text += missing_box("Per-category comparison",
                             _lacking(a, b, "decode_categories", "05_categorize/decode_categories.csv",
                                      name_a, name_b)) + "\n"
-    text += "## Collectives per decode step\n\n"
+    text += f"## Collectives per {step}\n\n"
     cc = tables["collectives"]
     text += (_fmt_table(cc, [("collective", "collective")]) if cc is not None
              else missing_box("Collective counts", _lacking(a, b, "trace_summary", "05_categorize/summary.json",
