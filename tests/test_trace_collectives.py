@@ -157,11 +157,13 @@ def test_a_rank_that_leaves_first_waits_only_until_it_leaves(real_traces: Path, 
 def test_covered_time_inside_windows_is_exact():
     import numpy as np
 
-    from stepscope.trace.collectives import _covered_us, _merged
+    from stepscope.trace.account import covered_length, merged_intervals, union_length
 
-    s, e = _merged(np.array([5.0, 0.0, 2.0, 10.0, 11.0]), np.array([6.0, 3.0, 4.0, 12.0, 11.5]))
+    starts, ends = np.array([5.0, 0.0, 2.0, 10.0, 11.0]), np.array([6.0, 3.0, 4.0, 12.0, 11.5])
+    s, e = merged_intervals(starts, ends)
     assert s.tolist() == [0.0, 5.0, 10.0] and e.tolist() == [4.0, 6.0, 12.0]
+    assert union_length(starts, ends) == 7.0
     # [1, 5.5] covers 3 + 0.5; [5.5, 11] covers 0.5 + 1; a window before everything covers nothing
-    assert _covered_us(s, e, np.array([1.0, 5.5]), np.array([5.5, 11.0])) == 5.0
-    assert _covered_us(s, e, np.array([-5.0]), np.array([-1.0])) == 0.0
-    assert _covered_us(s, e, np.array([0.0]), np.array([20.0])) == 7.0
+    assert covered_length(starts, ends, np.array([1.0, 5.5]), np.array([5.5, 11.0])) == 5.0
+    assert covered_length(starts, ends, np.array([-5.0]), np.array([-1.0])) == 0.0
+    assert covered_length(starts, ends, np.array([0.0]), np.array([20.0])) == 7.0

@@ -19,10 +19,10 @@ import pandas as pd
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
 
 
-def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Length of the union of [start, end) intervals."""
+def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint, sorted [start, end) intervals covering the given ones."""
     if len(starts) == 0:
-        return 0.0
+        return np.empty(0), np.empty(0)
     o = np.argsort(starts, kind="stable")
     s = np.asarray(starts, float)[o]
     e = np.maximum.accumulate(np.asarray(ends, float)[o])
@@ -31,7 +31,28 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     new[1:] = s[1:] > e[:-1]
     idx = np.flatnonzero(new)
     last = np.r_[idx[1:] - 1, len(s) - 1]
-    return float((e[last] - s[idx]).sum())
+    return s[idx], e[last]
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of [start, end) intervals."""
+    s, e = merged_intervals(starts, ends)
+    return float((e - s).sum())
+
+
+def covered_length(starts: np.ndarray, ends: np.ndarray, win_a: np.ndarray, win_b: np.ndarray) -> float:
+    """Total length of the union of [start, end) intervals that lies inside the windows
+    [win_a, win_b) (disjoint windows; each counted once)."""
+    ms, me = merged_intervals(starts, ends)
+    if not len(ms) or not len(win_a):
+        return 0.0
+    cum = np.r_[0.0, np.cumsum(me - ms)]
+
+    def upto(t: np.ndarray) -> np.ndarray:  # covered length before t (0 before the first interval)
+        k = np.maximum(np.searchsorted(ms, t, side="right") - 1, 0)
+        return cum[k] + np.clip(t - ms[k], 0.0, me[k] - ms[k])
+
+    return float((upto(np.asarray(win_b, float)) - upto(np.asarray(win_a, float))).sum())
 
 
 def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
+from stepscope.trace.account import covered_length
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
@@ -244,30 +245,6 @@ def reconcile(matched_ms: dict[str, float], accounted_ms: dict[str, float | None
     return rows
 
 
-def _merged(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint, sorted intervals covering the given ones."""
-    if not len(start):
-        return start, end
-    o = np.argsort(start, kind="stable")
-    s, e = start[o], end[o]
-    first = np.flatnonzero(np.r_[True, s[1:] > np.maximum.accumulate(e)[:-1]])
-    return s[first], np.maximum.reduceat(e, first)
-
-
-def _covered_us(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
-    """Total length of the disjoint sorted intervals (ms, me) inside the windows [a, b]."""
-    if not len(ms) or not len(a):
-        return 0.0
-    cum = np.r_[0.0, np.cumsum(me - ms)]
-
-    def upto(t: np.ndarray) -> np.ndarray:  # covered length before t
-        k = np.searchsorted(ms, t, side="right")
-        prev = np.clip(t - ms[np.maximum(k - 1, 0)], 0.0, (me - ms)[np.maximum(k - 1, 0)])
-        return cum[np.maximum(k - 1, 0)] + np.where(k > 0, prev, 0.0)
-
-    return float((upto(b) - upto(a)).sum())
-
-
 def instance_gaps(work: pd.DataFrame, inst: pd.DataFrame, offset_us: float) -> dict[str, float]:
     """Inside one rank's collective instances (`rank_instances` rows, times shifted by
     `offset_us`), the time that no collective-category work covers, split into other
@@ -280,8 +257,8 @@ def instance_gaps(work: pd.DataFrame, inst: pd.DataFrame, offset_us: float) -> d
         on = work[work["stream"] == stream]
         comm = on["category"].isin(COLLECTIVE_CATEGORIES).to_numpy()
         s, e = on["start_us"].to_numpy(float), on["end_us"].to_numpy(float)
-        all_cov = _covered_us(*_merged(s, e), a, b)
-        comm_cov = _covered_us(*_merged(s[comm], e[comm]), a, b)
+        all_cov = covered_length(s, e, a, b)
+        comm_cov = covered_length(s[comm], e[comm], a, b)
         idle += float((b - a).sum()) - all_cov
         other += all_cov - comm_cov
     return {"inside_idle_us": idle, "inside_other_us": other}
