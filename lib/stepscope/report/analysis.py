@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope import schema, wording
+from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.numbers import fmt_num as _fmt
@@ -274,13 +274,16 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
 # --------------------------------------------------------------------------- caveats
 
 
-def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any]) -> list[str]:
-    """Data-quality caveats, each from a flag or a check on the artifacts."""
-    out = _trace_caveats(a) + _sweep_caveats(a, macro) + _capture_caveats(a) + _stage_caveats(a)
+def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any],
+            step_label: str = "decode step") -> list[str]:
+    """Data-quality caveats, each from a flag or a check on the artifacts; `step_label` names
+    the trace's steps as the verdict's identity does."""
+    out = (_trace_caveats(a, step_label) + _sweep_caveats(a, macro) + _capture_caveats(a)
+           + _stage_caveats(a))
     return out + [f"Unreadable artifact: {p}" for p in a.problems]
 
 
-def _trace_caveats(a: RunArtifacts) -> list[str]:
+def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
     out: list[str] = []
     ranks = a.ranks
     if ranks:
@@ -312,12 +315,11 @@ def _trace_caveats(a: RunArtifacts) -> list[str]:
     if a.trace_summary is not None:
         cc = a.trace_summary.collectives_check
         exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)
-        per = wording.step_label(a.trace_summary.trace_info.kind if a.trace_summary.trace_info else None)
         if cc.match is False:
-            out.append(f"Collectives per {per} do not match the architecture: expected "
+            out.append(f"Collectives per {step_label} do not match the architecture: expected "
                        f"{_kv(exp)}, observed {_kv(obs)}. {words(cc.explanation)}".strip())
         elif not exp:
-            out.append(f"Collectives per {per} were not checked against the architecture: "
+            out.append(f"Collectives per {step_label} were not checked against the architecture: "
                        f"{words(cc.explanation) or 'no expectation given'}")
         out += [f"[05 {f.severity}] {f.code}: {f.message}" for f in a.trace_summary.flags]
     return out

@@ -720,7 +720,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
         ctx["whatif"] = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
                                        "draft_cost_fraction": p.draft_ms / p.draft_tokens / baseline.step_ms}
                                       for p in preds])
-    ctx["caveats"] = an.caveats(a, macro, totals)
+    ctx["caveats"] = an.caveats(a, macro, totals, ident.step_label)
     return ctx
 
 

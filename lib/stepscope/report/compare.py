@@ -22,11 +22,11 @@ import pandas as pd
 
 from stepscope.report import analysis as an
 from stepscope.report import figures as fg
+from stepscope.report import verdict as vd
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.markdown_util import fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL
-from stepscope import wording
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
 
@@ -76,12 +76,6 @@ def _level_label(r: pd.Series, keys: list[str]) -> str:
     if str(r.get("mode", "concurrency")).startswith("conc") or rate in (None, "inf", "nan"):
         return f"c={r.get('concurrency')}".replace(".0", "")
     return f"rate={rate} req/s"
-
-
-def _kind(x: RunArtifacts) -> str | None:
-    """The trace's kind (`trace_info.kind`: decode, prefill, training, ...), when stage 05 wrote it."""
-    ts = x.trace_summary
-    return ts.trace_info.kind if ts is not None and ts.trace_info is not None else None
 
 
 def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
@@ -169,8 +163,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
     """
     a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
-    kind_a, kind_b = _kind(a), _kind(b)
-    step = wording.step_label(kind_a)
+    ident_a, ident_b = vd.trace_identity(a), vd.trace_identity(b)
+    kind_a, kind_b, step = ident_a.kind, ident_b.kind, ident_a.step_label
     name_a = a.run.run_id if a.run is not None else a.run_dir.name
     name_b = b.run.run_id if b.run is not None else b.run_dir.name
     out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
@@ -182,7 +176,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
             f"{100 * NOISE_REL:g} % and, where a spread is known (per-category decode time: p90 − median over "
             f"decode steps), the difference also exceeds the larger spread of the two runs. Quantities present "
             f"in one run only are flagged.\n\n")
-    if kind_a and kind_b and kind_a != kind_b:
+    if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
         text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
                  f"per-step figures measure different work; they are set side by side, not compared.\n\n")
     changed = []
