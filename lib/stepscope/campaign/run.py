@@ -34,7 +34,7 @@ from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, P
 from stepscope.config import load_params, redact
 from stepscope.errors import ParamsError, StepscopeError
 from stepscope.runfolder import STAGES, Stage, read_json, write_json, write_yaml
-from stepscope.runner import execute_notebook, resolve_outputs_dir, run_pipeline
+from stepscope.runner import execute_notebook, resolve_outputs_dir, run_pipeline, select_stages
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +164,6 @@ def _reuse_stages(run: PlannedRun, plan: CampaignPlan, record: CampaignState, ec
             echo(f"  {stage_id}: same inputs as {src}, reused")
 
 
-def select_stage_ids(stages: Sequence[str]) -> list[str]:
-    from stepscope.runner import select_stages
-
-    return [s.id for s in select_stages(list(stages))]
-
-
 def _stage_status(run_dir: Path) -> dict[str, dict]:
     p = run_dir / "run.json"
     return (read_json(p).get("stages") or {}) if p.is_file() else {}
@@ -190,8 +184,8 @@ def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, exec
                            resume=stages is None and (run.run_dir / "run.json").is_file(),
                            notebook_executor=executor, echo=echo)
     if stages is not None:
-        for stage_id in select_stage_ids(stages):
-            entry["reused"].pop(stage_id, None)  # measured again, by this run
+        for stage in select_stages(list(stages)):
+            entry["reused"].pop(stage.id, None)  # measured again, by this run
     stages = _stage_status(run.run_dir)
     for stage_id in STAGE_INPUTS:
         st = stages.get(stage_id, {})
@@ -223,7 +217,7 @@ def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, res
     if again and not campaign_id:
         raise StepscopeError(f"{again} needs --campaign-id", hint="name the campaign folder to continue")
     if stages:
-        select_stage_ids(stages)  # an unknown stage is named before anything runs
+        select_stages(list(stages))  # an unknown stage is named before anything runs
     cid = campaign_id or f"{params.run.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     campaign_dir = (resolve_outputs_dir(params) / cid).resolve()
     if again and not (campaign_dir / "campaign.json").is_file():
