@@ -108,14 +108,16 @@ def save_figures(figures: dict, run_dir: str | Path) -> list[Path]:
     """
     d = figures_dir(run_dir)
     jobs = [(fig, d / (name if name.endswith(".png") else f"{name}.png")) for name, fig in figures.items()]
-    n_share = min(len(jobs), 1 + _idle_cores())
-    shares = [jobs[i::n_share] for i in range(n_share)]
-    children = [(pid, share) for share in shares[1:] if (pid := _fork_saver(share)) is not None]
-    forked = {id(share) for _, share in children}
-    for share in shares:
-        if id(share) not in forked:
-            for fig, path in share:
-                save_figure(fig, path)
+    n_share = max(1, min(len(jobs), 1 + _idle_cores()))
+    here, children = jobs[0::n_share], []
+    for share in (jobs[i::n_share] for i in range(1, n_share)):
+        pid = _fork_saver(share)
+        if pid is None:
+            here += share
+        else:
+            children.append((pid, share))
+    for fig, path in here:
+        save_figure(fig, path)
     for pid, share in children:
         _, status = os.waitpid(pid, 0)
         failed = os.waitstatus_to_exitcode(status) != 0
