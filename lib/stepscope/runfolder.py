@@ -12,6 +12,7 @@ Each stage reads only files here, so any stage can be re-run alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import logging
@@ -195,6 +196,12 @@ def write_yaml(path: str | Path, obj: Any) -> Path:
     tmp.write_text(yaml.safe_dump(obj, sort_keys=False))
     os.replace(tmp, path)
     return path
+
+
+def short_hash(obj: Any) -> str:
+    """16 hex digits of the SHA-256 of `obj` as canonical JSON: the fingerprint `--resume` and
+    a campaign's stage reuse compare inputs by."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def read_json(path: str | Path) -> Any:

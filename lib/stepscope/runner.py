@@ -34,6 +34,7 @@ from stepscope.runfolder import (
     STAGES,
     Stage,
     params_snapshot_path,
+    short_hash,
     read_json,
     write_yaml,
 )
@@ -379,15 +380,12 @@ def stage_needs(stage: Stage, params: Params) -> tuple[str, ...]:
 
 def input_fingerprints(stage: Stage, params: Params, run_dir: Path) -> dict[str, str]:
     """A short hash per input of a stage: its params sections and each folder it reads."""
-    def digest(obj) -> str:
-        return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
     as_dict = params_to_dict(params)
-    out = {"params": digest(redact({k: as_dict.get(k) for k in stage.sections}))}
+    out = {"params": short_hash(redact({k: as_dict.get(k) for k in stage.sections}))}
     for folder in STAGE_READS.get(stage.id, ()):
         out[folder] = _folder_digest(run_dir / folder)
     if stage.id == "05_categorize" and params.analysis.trace_paths:
-        out["analysis.trace_paths"] = digest([_file_stamp(Path(p)) for p in params.analysis.trace_paths])
+        out["analysis.trace_paths"] = short_hash([_file_stamp(Path(p)) for p in params.analysis.trace_paths])
     return out
 
 

@@ -12,13 +12,12 @@ the server (00, 01, 04) or reads another stage's output (05, 06) is never reused
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from stepscope.config import Params, params_from_dict, params_to_dict, variant_params_dict
+from stepscope.runfolder import short_hash
 
 # Params key paths each reusable stage reads. The GEMM micro-benchmark times the model's
 # shapes at the per-rank size TP gives; the collectives burst times the model's all-reduce
@@ -110,8 +109,7 @@ def stage_fingerprint(params: Params, stage_id: str) -> str | None:
     for (sid, key), fallback in _DEFAULTS_FROM.items():
         if sid == stage_id and _at(d, key) is None:
             inputs[key] = _at(d, fallback)
-    blob = json.dumps(inputs, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return short_hash(inputs)
 
 
 def reuse_source(run: PlannedRun, stage_id: str, finished: Mapping[str, Mapping[str, str]]) -> str | None:
