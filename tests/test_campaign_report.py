@@ -129,6 +129,10 @@ def test_verdicts_are_compared_as_structures(campaign):
     changes = dict((k, (a, b)) for k, a, b in ca.verdict_changes(base, tp1))
     assert changes["communication"] == ("exposed", "none")
     assert base.dominant == "all_reduce" and tp1.dominant != "all_reduce"
+    # the lever compared is the verdict's biggest (time between steps when it beats every category)
+    from stepscope.report.verdict import biggest_lever
+
+    assert (base.top_lever, base.top_lever_x) == biggest_lever(c.first("tp2").ctx["verdict"])
     assert "communication exposed → none" in paths["markdown"].read_text()
 
 

@@ -31,7 +31,7 @@ from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.build import report_context, writeup_params_from
-from stepscope.report.verdict import Verdict
+from stepscope.report.verdict import Verdict, biggest_lever
 from stepscope.thresholds import BUNCHED_TTFT_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
@@ -322,12 +322,11 @@ class VerdictDigest:
 
 
 def digest(variant: str, v: Verdict) -> VerdictDigest:
-    lever = v.levers[0] if v.levers else None
+    lever, ceiling_x = biggest_lever(v) or (None, None)
     return VerdictDigest(variant, v.dominant.category if v.dominant else None,
                          v.dominant.share_pct if v.dominant else None,
                          v.communication.status if v.communication else None,
-                         v.boundness.status if v.boundness else None,
-                         lever.category if lever else None, lever.ceiling_x if lever else None,
+                         v.boundness.status if v.boundness else None, lever, ceiling_x,
                          v.basis.step_ms, v.basis.denominator)
 
 

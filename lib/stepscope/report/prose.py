@@ -167,16 +167,19 @@ def tpot_gap_sentence(t: TpotGap) -> str:
 
 def between_steps_sentence(b: BetweenSteps, step_label: str) -> str:
     over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
-    return (f"Between steps, {f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
+    lead = "The biggest lever lies between steps: " if b.beats_categories else "Between steps, "
+    more = ", more than any category's" if b.beats_categories else ""
+    return (f"{lead}{f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
             f"pass with none of the steps' recorded work running: the engine's host work outside the step "
             f"(scheduling, input preparation, output processing), which no kernel or collective fix reaches. "
             f"Removing it would make a {step_label} at most {f(b.ceiling_x)}× faster (period / span of "
-            f"{f(b.span_ms)} ms).")
+            f"{f(b.span_ms)} ms){more}.")
 
 
-def lever_sentence(levers: tuple[Lever, ...], step_label: str) -> str:
+def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories: bool = False) -> str:
     best = levers[0]
-    txt = (f"The biggest single lever is {best.category}: removing all of its exposed time "
+    lead = "Among the categories, the biggest lever is" if among_categories else "The biggest single lever is"
+    txt = (f"{lead} {best.category}: removing all of its exposed time "
            f"({f(best.exposed_ms)} ms per step) would make a {step_label} at most {f(best.ceiling_x)}× faster "
            f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
     if len(levers) > 1:
@@ -236,10 +239,15 @@ def sentences(v: Verdict) -> list[Sentence]:
         out.append(((v.overlap,), overlap_sentence(v.overlap)))
     if v.tpot_gap is not None:
         out.append(((v.tpot_gap,), tpot_gap_sentence(v.tpot_gap)))
+    # The biggest lever first: time between steps when its ceiling beats every category's.
+    between = v.between_steps
+    if between is not None and between.beats_categories:
+        out.append(((between,), between_steps_sentence(between, v.identity.step_label)))
     if v.levers:
-        out.append((v.levers[:2], lever_sentence(v.levers, v.identity.step_label)))
-    if v.between_steps is not None:
-        out.append(((v.between_steps,), between_steps_sentence(v.between_steps, v.identity.step_label)))
+        out.append((v.levers[:2], lever_sentence(v.levers, v.identity.step_label,
+                                                 among_categories=between is not None and between.beats_categories)))
+    if between is not None and not between.beats_categories:
+        out.append(((between,), between_steps_sentence(between, v.identity.step_label)))
     out += [((r,), roofline_sentence(r)) for r in v.roofline]
     out += [((g,), agreement_sentence(g)) for g in v.agreements]
     return out
@@ -251,9 +259,11 @@ def verdict_sentences(v: Verdict) -> list[str]:
 
 def headline_sentences(v: Verdict) -> list[Sentence]:
     """The report's "In short": what the trace is, the dominant category, communication,
-    host or device, the biggest lever, and the sweep's plateau (or that none was reached)."""
+    host or device, the biggest lever (time between steps when it beats every category), and
+    the sweep's plateau (or that none was reached)."""
     keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever)
-    out = [(src, s) for src, s in sentences(v) if isinstance(src[0], keep)]
+    out = [(src, s) for src, s in sentences(v)
+           if isinstance(src[0], keep) or (isinstance(src[0], BetweenSteps) and src[0].beats_categories)]
     if v.plateau is not None:
         out.append(((v.plateau,), plateau_sentence(v.plateau)))
     return out

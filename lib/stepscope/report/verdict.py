@@ -236,6 +236,8 @@ class BetweenSteps:
     ceiling_x: float
     n_intervals: int | None = None
     threshold_pct: float = 100 * BETWEEN_STEPS_SHARE
+    beats_categories: bool = False
+    """Its ceiling exceeds every category lever's: then it, not a category, is the biggest lever."""
 
 
 @dataclass(frozen=True)
@@ -505,13 +507,17 @@ def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
                    gap_pct=100 * (tpot - ref) / tpot)
 
 
-def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps | None:
-    """The period minus the span, when decode steps have a period and the gap is worth a lever."""
+def between_steps(totals: dict[str, Any], ident: TraceIdentity,
+                  category_levers: tuple[Lever, ...] = ()) -> BetweenSteps | None:
+    """The period minus the span, when decode steps have a period and the gap is worth a lever;
+    compared with the category levers, so that no sentence calls a smaller lever the biggest."""
     period, span = num(totals.get("period_ms")), num(totals.get("span_ms"))
     if not ident.has_decode or not period or not span or period - span <= BETWEEN_STEPS_SHARE * period:
         return None
+    ceiling = period / span
     return BetweenSteps(gap_ms=period - span, period_ms=period, span_ms=span, gap_pct=100 * (period - span) / period,
-                        ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
+                        ceiling_x=ceiling, n_intervals=_int(totals.get("period_n")),
+                        beats_categories=all(ceiling > lv.ceiling_x for lv in category_levers))
 
 
 def levers(amdahl: pd.DataFrame | None, basis: StepBasis) -> tuple[Lever, ...]:
@@ -579,12 +585,25 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     ident = trace_identity(a)
     basis = step_basis(totals)
     comm = communication(decode, amdahl)
+    category_levers = levers(amdahl, basis)
     return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a),
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
-                   overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=levers(amdahl, basis),
-                   between_steps=between_steps(totals, ident), agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
-                   plateau=plateau(macro))
+                   overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,
+                   between_steps=between_steps(totals, ident, category_levers), agreements=agreements(mvt),
+                   roofline=roofline(a), roofline_reason=_roofline_reason(a), plateau=plateau(macro))
+
+
+BETWEEN_STEPS_LEVER = "time between steps"
+"""The name the biggest lever goes by when it is the host work between steps."""
+
+
+def biggest_lever(v: Verdict) -> tuple[str, float] | None:
+    """(name, Amdahl ceiling ×) of the lever that buys the most: the time between steps when its
+    ceiling beats every category's, else the category with the highest ceiling."""
+    if v.between_steps is not None and v.between_steps.beats_categories:
+        return BETWEEN_STEPS_LEVER, v.between_steps.ceiling_x
+    return (v.levers[0].category, v.levers[0].ceiling_x) if v.levers else None
 
 
 def _roofline_reason(a: RunArtifacts) -> str | None:
