@@ -1,5 +1,5 @@
-"""How steps are named, in the report and on figures alike: one place, so a figure's title
-never calls a training step a decode step while the sentence beside it does not."""
+"""How steps and kernels are named, in the report and on figures alike: one place, so a
+figure's title never calls a training step a decode step while the sentence beside it does not."""
 
 from __future__ import annotations
 
@@ -17,3 +17,13 @@ def step_label(kind: str | None) -> str:
 def plural(noun: str, n: float | None) -> str:
     """The noun as counted: "1 decode step", "3 decode steps" (n None counts as many)."""
     return noun if n == 1 else noun + "s"
+
+
+def short_name(name: str | None, width: int = 70) -> str:
+    """A kernel name cut to `width` characters (templated names run to hundreds), its middle
+    elided: generated kernels share long prefixes and differ in their tile sizes at the end."""
+    name = name or "?"
+    if len(name) <= width:
+        return name
+    head = (width - 1) * 3 // 5
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]

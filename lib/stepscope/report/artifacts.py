@@ -62,6 +62,8 @@ class RunArtifacts:
     """The same for every rank (a `rank` column tells them apart)."""
     amdahl: pd.DataFrame | None = None
     """amdahl.csv rows of the reference rank."""
+    category_kernels: pd.DataFrame | None = None
+    """category_kernels.csv rows of the reference rank (absent in run folders of older stepscope)."""
     rank_categories: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     cross_rank: pd.DataFrame | None = None
@@ -122,6 +124,7 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.decode_categories_all = _csv(a, "05_categorize/decode_categories.csv")
     a.decode_categories = _reference_rank(a.decode_categories_all, ref)
     a.amdahl = _reference_rank(_csv(a, "05_categorize/amdahl.csv"), ref)
+    a.category_kernels = _reference_rank(_csv(a, "05_categorize/category_kernels.csv"), ref)
     a.rank_categories = _csv(a, "05_categorize/rank_categories.csv")
     a.steps = _csv(a, "05_categorize/steps.csv")
     a.cross_rank = _csv(a, "05_categorize/cross_rank.csv")

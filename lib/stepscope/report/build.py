@@ -24,7 +24,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, READINGS_AGREE_REL
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import plural
+from stepscope.wording import plural, short_name
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -345,6 +345,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                                                                  "05_categorize/decode_categories.csv"],
                                   _why(a, "05_categorize"))
     text += _category_table(decode, totals, ident)
+    text += _category_kernels(a.category_kernels, decode, totals)
     text += _step_readings(totals, ident.step_label)
     text += _breakdown_figures(a, figs, ident.step_label)
     return text + _across_ranks(a, ctx["verdict"].comm_split)
@@ -383,6 +384,33 @@ def _category_table(decode: pd.DataFrame, totals: dict, ident: vd.TraceIdentity)
                                ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
                                ("sum_ms_mean", "summed ms/step"), ("exposed_ms_mean", "exposed ms/step"),
                                ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
+
+
+KERNEL_CATEGORIES_SHOWN = 3
+KERNELS_SHOWN = 3
+
+
+def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals: dict) -> str:
+    """The largest kernels (ops on a CPU trace) of the largest categories: what a fix would touch."""
+    if kernels is None or "category" not in decode:
+        return ""
+    what = "ops" if totals.get("mode") == "cpu" else "kernels"
+    top = list(decode["category"].head(KERNEL_CATEGORIES_SHOWN))
+    k = kernels[kernels["category"].isin(top)].copy()
+    if k.empty:
+        return ""
+    k["order"] = k["category"].map({c: i for i, c in enumerate(top)})
+    k = k.sort_values(["order", "sum_ms_per_step"], ascending=[True, False], kind="stable")
+    k = k.groupby("category", sort=False).head(KERNELS_SHOWN)
+    k["name"] = k["name"].map(lambda n: f"`{short_name(str(n), 80)}`")
+    k["share_pct"] = 100 * k["share_of_category"].astype(float)
+    k["of"] = k["n_names"].map(lambda n: f"of {fmt_num(int(n))}")
+    return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms per step over the same steps; "
+            f"% of the category's summed time; up to {fmt_num(KERNELS_SHOWN)} per category here, long names cut in "
+            f"the middle; more, in full, in `05_categorize/category_kernels.csv`):\n\n"
+            + md_table(k, [("category", "category"), ("name", what[:-1]), ("of", "names in category"),
+                           ("sum_ms_per_step", "summed ms/step"), ("share_pct", "% of category"),
+                           ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")]))
 
 
 def _step_readings(totals: dict, step_label: str) -> str:

@@ -12,17 +12,12 @@ from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
 from stepscope.wording import plural
+from stepscope.wording import short_name as _short
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, Lever, Overlap,
                                       Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
 """A sentence and the findings its numbers come from."""
-
-
-def _short(name: str | None, width: int = 70) -> str:
-    """A kernel name cut to a readable length (templated names run to hundreds of characters)."""
-    name = name or "?"
-    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 def steps(n: int | None, label: str) -> str:

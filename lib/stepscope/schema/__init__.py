@@ -21,7 +21,7 @@ from stepscope.schema._base import (SCHEMA_VERSION, Artifact, ArtifactError, Rec
 from stepscope.schema.campaign import (CampaignRecord, CampaignRun, ReusedFrom, SpecDecodeCounters,
                                        SpecDecodeWindow)
 from stepscope.schema.capture import CaptureFile, CaptureLatency, CaptureManifest
-from stepscope.schema.categorize import (AmdahlRow, CollectiveInstanceRow, CollectivesCheck, CrossRankRow,
+from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CollectiveInstanceRow, CollectivesCheck, CrossRankRow,
                                          DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
                                          StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
 from stepscope.schema.deploy import ServerRecord
@@ -76,6 +76,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              RankCategoryRow),
     Artifact("05_categorize/cross_rank.csv", "05_categorize", "per category across ranks", CrossRankRow),
     Artifact("05_categorize/amdahl.csv", "05_categorize", "per category: speed-up ceiling", AmdahlRow),
+    Artifact("05_categorize/category_kernels.csv", "05_categorize",
+             "per rank and category: its largest kernels over the decode steps", CategoryKernelRow,
+             optional=True),
     Artifact("05_categorize/timeline_rank0_step.csv", "05_categorize",
              "the work of one representative decode step", TimelineRow),
     Artifact("05_categorize/collective_instances.csv", "05_categorize",
@@ -129,7 +132,8 @@ def check_run_folder(run_dir) -> dict[str, object]:
 
 __all__ = [
     "ARTIFACTS", "ARTIFACT_BY_PATH", "SCHEMA_VERSION", "AmdahlRow", "Artifact", "ArtifactError",
-    "BurstRow", "CAMPAIGN_ARTIFACTS", "CampaignRecord", "CampaignRun", "CaptureFile", "CaptureLatency", "CaptureManifest", "CollectiveInstanceRow",
+    "BurstRow", "CAMPAIGN_ARTIFACTS", "CampaignRecord", "CampaignRun", "CaptureFile", "CaptureLatency", "CaptureManifest", "CategoryKernelRow",
+    "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "LevelRow", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepSummary",

@@ -393,6 +393,29 @@ class DecodeCategoryRow(Row, kw_only=True):
     """sum / calls, µs."""
 
 
+class CategoryKernelRow(Row, kw_only=True):
+    """The largest kernels (ops on a CPU trace) of each category, per rank, over the decode
+    steps (all steps when none is labelled decode): at most `account.KERNELS_PER_CATEGORY`
+    names per category, largest summed time first, categories largest first."""
+
+    rank: int
+    category: str
+    class_: str = field(name="class")
+    name: str
+    """The kernel's (or op's) name as the trace gives it."""
+    n_steps: int
+    count: int
+    """Calls over the `n_steps` steps."""
+    calls_per_step: float
+    sum_ms_per_step: float
+    """Summed durations per step, ms (the kernel's own time; overlaps not removed)."""
+    us_per_call: float
+    share_of_category: float
+    """sum / the category's summed time over the same steps, 0-1."""
+    n_names: int
+    """Distinct names in the category; more than the rows shown when it exceeds the cap."""
+
+
 class StepRow(Row, kw_only=True):
     """One step of one rank."""
 

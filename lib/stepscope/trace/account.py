@@ -255,6 +255,41 @@ DECODE_COLUMNS = ["rank", "category", "class", "n_steps", "union_ms_mean", "unio
                   "share_of_period", "exposed_share_of_busy", "calls_per_step", "us_per_call"]
 
 
+KERNELS_PER_CATEGORY = 10
+"""Names kept per category in category_kernels.csv (the rest are counted in `n_names`)."""
+
+KERNEL_COLUMNS = ["rank", "category", "class", "name", "n_steps", "count", "calls_per_step", "sum_ms_per_step",
+                  "us_per_call", "share_of_category", "n_names"]
+
+
+def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
+                     top: int = KERNELS_PER_CATEGORY) -> pd.DataFrame:
+    """Per category over the decode steps of one rank (the steps `decode_categories` uses):
+    its kernels (ops on a CPU trace) by summed time, the `top` largest. Summed, not union:
+    a kernel's own share of its category, which is what a fix to that kernel can reach."""
+    dec, _ = select_decode_steps(step_totals)
+    ids = dec["step_id"].to_numpy()
+    w = work[work["step_id"].isin(ids)]
+    if not len(ids) or w.empty:
+        return pd.DataFrame(columns=KERNEL_COLUMNS)
+    n = len(ids)
+    g = (w.groupby(["category", "name"], sort=False, observed=True)["dur_us"].agg(["sum", "count"])
+         .reset_index())
+    per_cat = g.groupby("category", sort=False, observed=True)["sum"]
+    g["share_of_category"] = g["sum"] / per_cat.transform("sum")
+    g["n_names"] = g.groupby("category", sort=False, observed=True)["name"].transform("size")
+    g["cat_sum"] = per_cat.transform("sum")
+    g = g.sort_values(["cat_sum", "category", "sum", "name"], ascending=[False, True, False, True], kind="stable")
+    g = g.groupby("category", sort=False, observed=True).head(top)
+    out = pd.DataFrame({
+        "rank": int(step_totals["rank"].iloc[0]), "category": g["category"].astype(str),
+        "class": g["category"].map(lambda c: CATEGORY_CLASS.get(c, "compute")), "name": g["name"].astype(str),
+        "n_steps": n, "count": g["count"].astype(int), "calls_per_step": g["count"] / n,
+        "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["count"],
+        "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int)})
+    return out[KERNEL_COLUMNS].reset_index(drop=True)
+
+
 def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:
     """Per decode step: kernel sum vs union (busy) vs span, side by side, and the TPOT."""
     dec, which = select_decode_steps(step_totals)

@@ -53,6 +53,8 @@ class RankResult:
     info: dict
     steps_tot: pd.DataFrame = field(default_factory=pd.DataFrame)
     meta: dict = field(default_factory=dict)
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The largest kernels of each category over the decode steps (`account.category_kernels`)."""
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Analysis:
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     text_tables: pd.DataFrame = field(default_factory=pd.DataFrame)
     collective_instances: pd.DataFrame = field(default_factory=pd.DataFrame)
+    category_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def reference(self) -> RankResult:
@@ -136,6 +139,14 @@ class Analysis:
         if not r.get("rows"):
             return pd.DataFrame([{"category": None, "source": r.get("reason")}])
         return pd.DataFrame(r["rows"])[cols]
+
+    def kernels_table(self, per_category: int = 3) -> pd.DataFrame:
+        """The reference rank's largest kernels of each decode category (summed ms per step,
+        calls per step, µs per call, share of the category's summed time)."""
+        k = self.reference.kernels
+        cols = ["category", "name", "sum_ms_per_step", "calls_per_step", "us_per_call", "share_of_category",
+                "n_names"]
+        return k.groupby("category", sort=False).head(per_category)[cols].round(4).reset_index(drop=True)
 
     def other_names(self) -> pd.DataFrame:
         """The names that fell into 'other', per rank, with their time."""
@@ -212,7 +223,7 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
-                      steps_tot=step_tot, meta=meta)
+                      steps_tot=step_tot, meta=meta, kernels=acc.category_kernels(work, step_tot))
 
 
 def _rank_summary(r: RankResult) -> dict:
@@ -390,7 +401,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     steps_all = pd.concat([r.steps_tot for r in results], ignore_index=True)
     an = Analysis(ranks=results, summary=summary, flags=flags, decode_categories=dec_all,
                   steps=steps_all, collective_instances=instances, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
-                  timeline=timeline, text_tables=tt_df)
+                  timeline=timeline, text_tables=tt_df,
+                  category_kernels=pd.concat([r.kernels for r in results], ignore_index=True))
     write_artifacts(an, out_dir, perfetto=perfetto)
     return an
 
@@ -690,6 +702,7 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     schema.write_table(an.rank_categories, out_dir / "rank_categories.csv", schema.RankCategoryRow)
     schema.write_table(an.cross_rank, out_dir / "cross_rank.csv", schema.CrossRankRow)
     schema.write_table(an.amdahl, out_dir / "amdahl.csv", schema.AmdahlRow)
+    schema.write_table(an.category_kernels, out_dir / "category_kernels.csv", schema.CategoryKernelRow)
     schema.write_table(an.timeline, out_dir / "timeline_rank0_step.csv", schema.TimelineRow)
     schema.write_table(an.collective_instances, out_dir / "collective_instances.csv",
                        schema.CollectiveInstanceRow)
