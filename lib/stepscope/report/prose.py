@@ -13,7 +13,7 @@ from typing import Any
 from stepscope.report.numbers import fmt_num as f
 from stepscope.wording import plural
 from stepscope.wording import short_name as _short
-from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, Lever, Overlap,
+from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Lever, Overlap,
                                       Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
@@ -160,15 +160,23 @@ def tpot_gap_sentence(t: TpotGap) -> str:
             f"{t.denominator} of {f(t.step_ms)} ms, on the host side; no kernel fix reaches it.")
 
 
-def between_steps_sentence(b: BetweenSteps, step_label: str) -> str:
+def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = False) -> str:
     over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
-    lead = "The biggest lever lies between steps: " if b.beats_categories else "Between steps, "
-    more = ", more than any category's" if b.beats_categories else ""
+    lead = "The biggest lever lies between steps: " if biggest else "Between steps, "
     return (f"{lead}{f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
             f"pass with none of the steps' recorded work running: the engine's host work outside the step "
             f"(scheduling, input preparation, output processing), which no kernel or collective fix reaches. "
             f"Removing it would make a {step_label} at most {f(b.ceiling_x)}× faster (period / span of "
-            f"{f(b.span_ms)} ms){more}.")
+            f"{f(b.span_ms)} ms){', more than any other lever' if biggest else ''}.")
+
+
+def gap_lever_sentence(g: GapLever, step_label: str) -> str:
+    """Said only of the biggest lever: the idle inside the step that beats every category."""
+    what = (f"the short gaps between kernels (each under {f(g.macro_gap_ms)} ms)" if g.kind == "short gaps"
+            else f"the long gaps inside the step (each {f(g.macro_gap_ms)} ms or more)")
+    return (f"The biggest lever is {what}: removing their {f(g.idle_ms)} ms per step would make a {step_label} "
+            f"at most {f(g.ceiling_x)}× faster (Amdahl, on the {g.denominator} of {f(g.step_ms)} ms), more than "
+            f"any category.")
 
 
 def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories: bool = False) -> str:
@@ -240,17 +248,27 @@ def sentences(v: Verdict) -> list[Sentence]:
         out.append(((v.overlap,), overlap_sentence(v.overlap)))
     if v.tpot_gap is not None:
         out.append(((v.tpot_gap,), tpot_gap_sentence(v.tpot_gap)))
-    # The biggest lever first: time between steps when its ceiling beats every category's.
-    between = v.between_steps
-    if between is not None and between.beats_categories:
-        out.append(((between,), between_steps_sentence(between, v.identity.step_label)))
-    if v.levers:
-        out.append((v.levers[:2], lever_sentence(v.levers, v.identity.step_label,
-                                                 among_categories=between is not None and between.beats_categories)))
-    if between is not None and not between.beats_categories:
-        out.append(((between,), between_steps_sentence(between, v.identity.step_label)))
+    out += _lever_sentences(v)
     out += [((r,), roofline_sentence(r)) for r in v.roofline]
     out += [((g,), agreement_sentence(g)) for g in v.agreements]
+    return out
+
+
+def _lever_sentences(v: Verdict) -> list[Sentence]:
+    """The biggest lever first, then the category levers and the time between steps; a lever
+    that is not the biggest is never called so."""
+    label, kind = v.identity.step_label, v.biggest.kind if v.biggest is not None else None
+    out: list[Sentence] = []
+    gap = next((g for g in v.gap_levers if g.kind == kind), None)
+    if gap is not None:
+        out.append(((gap,), gap_lever_sentence(gap, label)))
+    between = v.between_steps
+    if between is not None and kind == "between steps":
+        out.append(((between,), between_steps_sentence(between, label, biggest=True)))
+    if v.levers:
+        out.append((v.levers[:2], lever_sentence(v.levers, label, among_categories=kind not in (None, "category"))))
+    if between is not None and kind != "between steps":
+        out.append(((between,), between_steps_sentence(between, label)))
     return out
 
 
@@ -262,9 +280,10 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
     """The report's "In short": what the trace is, the dominant category, communication,
     host or device, the biggest lever (time between steps when it beats every category), and
     the sweep's plateau (or that none was reached)."""
-    keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever)
+    keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever, GapLever)
+    between_biggest = v.biggest is not None and v.biggest.kind == "between steps"
     out = [(src, s) for src, s in sentences(v)
-           if isinstance(src[0], keep) or (isinstance(src[0], BetweenSteps) and src[0].beats_categories)]
+           if isinstance(src[0], keep) or (isinstance(src[0], BetweenSteps) and between_biggest)]
     if v.plateau is not None:
         out.append(((v.plateau,), plateau_sentence(v.plateau)))
     return out

@@ -242,8 +242,33 @@ class BetweenSteps:
     ceiling_x: float
     n_intervals: int | None = None
     threshold_pct: float = 100 * BETWEEN_STEPS_SHARE
-    beats_categories: bool = False
-    """Its ceiling exceeds every category lever's: then it, not a category, is the biggest lever."""
+
+
+@dataclass(frozen=True)
+class GapLever:
+    """Idle inside the step as a lever: the short gaps between kernels (launch and host
+    overhead) or the long ones (stalls), each per step, with the Amdahl ceiling of removing
+    them on the same basis as the category levers."""
+
+    kind: str
+    """`short gaps` or `long gaps`."""
+    idle_ms: float
+    step_ms: float
+    denominator: str | None
+    ceiling_x: float
+    macro_gap_ms: float = MACRO_GAP_US / 1e3
+    """Where short ends and long begins (stage 05's split)."""
+
+
+@dataclass(frozen=True)
+class BiggestLever:
+    """The lever with the highest Amdahl ceiling of all: a category's exposed time, the time
+    between steps, or a kind of gap inside the step. Only it is called the biggest."""
+
+    name: str
+    ceiling_x: float
+    kind: str
+    """`category`, `between steps` or the GapLever's kind."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +302,8 @@ class Verdict:
     tpot_gap: TpotGap | None = None
     levers: tuple[Lever, ...] = ()
     between_steps: BetweenSteps | None = None
+    gap_levers: tuple[GapLever, ...] = ()
+    biggest: BiggestLever | None = None
     agreements: tuple[Agreement, ...] = ()
     roofline: tuple[RooflineFinding, ...] = ()
     roofline_reason: str | None = None
@@ -513,17 +540,13 @@ def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
                    gap_pct=100 * (tpot - ref) / tpot)
 
 
-def between_steps(totals: dict[str, Any], ident: TraceIdentity,
-                  category_levers: tuple[Lever, ...] = ()) -> BetweenSteps | None:
-    """The period minus the span, when decode steps have a period and the gap is worth a lever;
-    compared with the category levers, so that no sentence calls a smaller lever the biggest."""
+def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps | None:
+    """The period minus the span, when decode steps have a period and the gap is worth a lever."""
     period, span = num(totals.get("period_ms")), num(totals.get("span_ms"))
     if not ident.has_decode or not period or not span or period - span <= BETWEEN_STEPS_SHARE * period:
         return None
-    ceiling = period / span
     return BetweenSteps(gap_ms=period - span, period_ms=period, span_ms=span, gap_pct=100 * (period - span) / period,
-                        ceiling_x=ceiling, n_intervals=_int(totals.get("period_n")),
-                        beats_categories=all(ceiling > lv.ceiling_x for lv in category_levers))
+                        ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
 
 
 def levers(amdahl: pd.DataFrame | None, basis: StepBasis) -> tuple[Lever, ...]:
@@ -595,25 +618,48 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     ident = trace_identity(a)
     basis = step_basis(totals)
     comm = communication(decode, amdahl)
-    category_levers = levers(amdahl, basis)
+    category_levers, between = levers(amdahl, basis), between_steps(totals, ident)
+    gaps = gap_levers(a, basis)
     return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a),
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,
-                   between_steps=between_steps(totals, ident, category_levers), agreements=agreements(mvt),
-                   roofline=roofline(a), roofline_reason=_roofline_reason(a), plateau=plateau(macro))
+                   between_steps=between, gap_levers=gaps, biggest=biggest(category_levers, between, gaps),
+                   agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
+                   plateau=plateau(macro))
 
 
 BETWEEN_STEPS_LEVER = "time between steps"
-"""The name the biggest lever goes by when it is the host work between steps."""
+GAP_LEVER_NAMES = {"short gaps": "short gaps inside the step", "long gaps": "long gaps inside the step"}
+"""The names the biggest lever goes by when it is idle time, not a category."""
+
+
+def gap_levers(a: RunArtifacts, basis: StepBasis) -> tuple[GapLever, ...]:
+    """Stage 05's per-step short (micro) and long (macro) idle inside the step, as levers."""
+    d = _plain(a.decode)
+    step = basis.step_ms
+    out = []
+    for kind, key in (("short gaps", "idle_micro_ms"), ("long gaps", "idle_macro_ms")):
+        idle = num(d.get(key))
+        if step and idle is not None and 0 < idle < step:
+            out.append(GapLever(kind=kind, idle_ms=idle, step_ms=step, denominator=basis.denominator,
+                                ceiling_x=step / (step - idle)))
+    return tuple(out)
+
+
+def biggest(category_levers: tuple[Lever, ...], between: BetweenSteps | None,
+            gaps: tuple[GapLever, ...]) -> BiggestLever | None:
+    """The lever with the highest ceiling; a category wins a tie (it is the one a fix names)."""
+    found = [BiggestLever(lv.category, lv.ceiling_x, "category") for lv in category_levers[:1]]
+    if between is not None:
+        found.append(BiggestLever(BETWEEN_STEPS_LEVER, between.ceiling_x, "between steps"))
+    found += [BiggestLever(GAP_LEVER_NAMES[g.kind], g.ceiling_x, g.kind) for g in gaps]
+    return max(found, key=lambda b: (b.ceiling_x, b.kind == "category")) if found else None
 
 
 def biggest_lever(v: Verdict) -> tuple[str, float] | None:
-    """(name, Amdahl ceiling ×) of the lever that buys the most: the time between steps when its
-    ceiling beats every category's, else the category with the highest ceiling."""
-    if v.between_steps is not None and v.between_steps.beats_categories:
-        return BETWEEN_STEPS_LEVER, v.between_steps.ceiling_x
-    return (v.levers[0].category, v.levers[0].ceiling_x) if v.levers else None
+    """(name, Amdahl ceiling ×) of the verdict's biggest lever: what a campaign compares."""
+    return (v.biggest.name, v.biggest.ceiling_x) if v.biggest is not None else None
 
 
 def _roofline_reason(a: RunArtifacts) -> str | None:
