@@ -144,3 +144,24 @@ def test_summary_reports_catch_all_beside_other(real_traces: Path, tmp_path: Pat
     assert r["other_share"] == 0.0 and r["other_top_names"] == []
     assert r["catch_all_share"] == pytest.approx(10.598 / r["kernel_sum_us"], rel=1e-6)
     assert [(x["name"], x["count"]) for x in r["catch_all_top_names"]] == [("triton_poi_fused_0", 1)]
+
+
+def test_fbgemm_in_a_kernels_template_arguments_does_not_make_it_a_gemm(real_traces: Path):
+    # The sampled DLRM ranks: FBGEMM's embedding, FP8 conversion and permute kernels carry
+    # `fbgemm_gpu::` in their signatures, and "fbgemm" contains "gemm". They once made up
+    # 85 % of rank 1's dense_gemm time.
+    w = _work(real_traces, "hta-sampled-rank-1.json.gz")
+    by_name = w.groupby("name")["category"].first()
+
+    def category_of(prefix: str) -> str:
+        return by_name[by_name.index.str.startswith(prefix)].iloc[0]
+
+    assert category_of("void split_embedding_codegen_forward_unweighted_kernel") == "elementwise"
+    assert category_of("void split_embedding_backward_codegen_rowwise_adagrad") == "elementwise"
+    assert category_of("void fbgemm_gpu::permute_2D_data_kernel") == "elementwise"
+    assert category_of("void bounds_check_indices_kernel") == "elementwise"
+    assert category_of("void fbgemm_gpu::(anonymous namespace)::_compute_FP8_quantize_cuda_kernel") == "quantize"
+    assert category_of("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm") == "dense_gemm"
+    assert category_of("ampere_sgemm_128x64_nn") == "dense_gemm"
+    gemm = w[w["category"] == "dense_gemm"]
+    assert not gemm["name"].str.contains("embedding|fbgemm_gpu::").any()
