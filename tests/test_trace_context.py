@@ -165,3 +165,11 @@ def test_fbgemm_in_a_kernels_template_arguments_does_not_make_it_a_gemm(real_tra
     assert category_of("ampere_sgemm_128x64_nn") == "dense_gemm"
     gemm = w[w["category"] == "dense_gemm"]
     assert not gemm["name"].str.contains("embedding|fbgemm_gpu::").any()
+
+
+def test_torch_logit_is_elementwise_math_not_sampling(real_traces: Path):
+    # torch.logit (inverse sigmoid) and its backward in a training step: "logit" once made them sampling.
+    w = _work(real_traces, "hta-sampled-rank-0.json.gz")
+    logit = w[w["name"].str.contains("at::native::logit_(?:backward_)?kernel_cuda")]
+    assert len(logit) and set(logit["category"]) == {"elementwise"}
+    assert not (w["category"] == "sampling").any()
