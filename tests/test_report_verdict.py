@@ -540,6 +540,19 @@ def test_no_between_steps_lever_without_a_period_or_below_the_threshold(tmp_path
     assert between_steps({"period_ms": 10.0, "span_ms": 8.0}, ident).ceiling_x == pytest.approx(1.25)
 
 
+def test_a_cpu_trace_is_worded_in_ops_not_kernels(tmp_path, real_traces):
+    # vLLM CPU: the counted work is each op's self time on the CPU worker; there are no kernels.
+    run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    said = _quote(md, "Verdict.")
+    assert "The CPU worker idles" in said and "% in short gaps between ops (host-bound from" in said
+    assert "faster ops" in said
+    assert "| op sum (every op's self time added up) |" in md and "| union (time the CPU worker was busy) |" in md
+    assert "- Ops barely overlap: summed op time" in md and "pass with no counted work of the step" in md
+    for kernel_word in ("between kernels", "Kernels barely", "kernel sum (", "faster kernels", "device work of"):
+        assert kernel_word not in md, kernel_word
+
+
 def test_one_request_per_step_is_singular(tmp_path, real_traces):
     # vLLM CPU at concurrency 1: `execute_context_0(0)_generation_1(1)`, one request per step.
     run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])

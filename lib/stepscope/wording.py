@@ -19,6 +19,12 @@ def plural(noun: str, n: float | None) -> str:
     return noun if n == 1 else noun + "s"
 
 
+def work_unit(cpu: bool) -> str:
+    """What one unit of counted work is called: "kernels" on a device, "ops" on a CPU trace
+    (where the work is each op's self time)."""
+    return "ops" if cpu else "kernels"
+
+
 def short_name(name: str | None, width: int = 70) -> str:
     """A kernel name cut to `width` characters (templated names run to hundreds), its middle
     elided: generated kernels share long prefixes and differ in their tile sizes at the end."""

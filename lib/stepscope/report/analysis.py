@@ -18,6 +18,7 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.numbers import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL, TPOT_GAP_SHARE
+from stepscope.wording import work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -95,7 +96,7 @@ def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | N
     return df.sort_values("max_speedup", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def _device(totals: dict[str, Any]) -> str:
+def device_word(totals: dict[str, Any]) -> str:
     return "CPU worker" if totals.get("mode") == "cpu" else "device"
 
 
@@ -103,28 +104,30 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
     """Sentences relating kernel sum, union, span and capture TPOT (all per decode step)."""
     s, u, sp, tpot = (totals.get(k) for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms"))
     out: list[str] = []
+    unit = work_unit(totals.get("mode") == "cpu")
+    one = unit[:-1]
     if s is not None and u is not None and u > 0:
         overlap = s - u
         if overlap > 0.005 * u:
-            out.append(f"Kernels overlap: the summed kernel time ({_fmt(s)} ms) exceeds the time the device "
-                       f"was busy ({_fmt(u)} ms) by {_fmt(overlap)} ms ({_fmt(100 * overlap / u, 2)} %), "
-                       f"so adding up kernel durations overstates the step.")
+            out.append(f"{unit.capitalize()} overlap: the summed {one} time ({_fmt(s)} ms) exceeds the time the "
+                       f"{device_word(totals)} was busy ({_fmt(u)} ms) by {_fmt(overlap)} ms "
+                       f"({_fmt(100 * overlap / u, 2)} %), so adding up {one} durations overstates the step.")
         else:
-            out.append(f"Kernels barely overlap: summed kernel time ({_fmt(s)} ms) and busy time "
+            out.append(f"{unit.capitalize()} barely overlap: summed {one} time ({_fmt(s)} ms) and busy time "
                        f"({_fmt(u)} ms) agree.")
     if u is not None and sp is not None and sp > 0:
         idle = sp - u
         gaps = ("gaps between ops where the worker runs Python, scheduling or synchronisation instead of "
                 "counted work" if totals.get("mode") == "cpu" else
                 "gaps between kernels where the device waits for the host to launch work or for data")
-        out.append(f"Within a step's span of {_fmt(sp)} ms the {_device(totals)} is busy {_fmt(u)} ms and idle "
+        out.append(f"Within a step's span of {_fmt(sp)} ms the {device_word(totals)} is busy {_fmt(u)} ms and idle "
                    f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): {gaps}.")
     period = totals.get("period_ms")
     if period is not None and sp is not None and period > 0:
-        n = totals.get("period_n")
+        n, work = totals.get("period_n"), "counted work" if unit == "ops" else "device work"
         out.append(f"Consecutive steps start {_fmt(period)} ms apart (the period, mean"
                    + (f" over {_fmt(n)} intervals" if n else "") + f"), against a span of {_fmt(sp)} ms: "
-                   f"{_fmt(max(period - sp, 0.0))} ms per step pass with no device work of the step. Shares and "
+                   f"{_fmt(max(period - sp, 0.0))} ms per step pass with no {work} of the step. Shares and "
                    f"Amdahl ceilings divide by the period, because it is what TPOT measures.")
     if tpot is not None and period is not None and tpot > 0:
         # The two readings of the same thing: they should agree, and a disagreement is flagged.

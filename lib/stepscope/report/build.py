@@ -24,7 +24,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, READINGS_AGREE_REL
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import plural, short_name
+from stepscope.wording import plural, short_name, work_unit
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -416,9 +416,11 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
 def _step_readings(totals: dict, step_label: str) -> str:
     """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled."""
     text = f"\nThe same step read several ways (ms per {step_label}):\n\n"
-    rows = [("kernel sum (every kernel's duration added up)", totals.get("kernel_sum_ms")),
-            ("union (time the device was busy)", totals.get("union_ms")),
-            ("span (first to last device event of the step)", totals.get("span_ms")),
+    one, dev = work_unit(totals.get("mode") == "cpu")[:-1], an.device_word(totals)
+    rows = [(f"{one} sum (every {one}'s {'self time' if one == 'op' else 'duration'} added up)",
+             totals.get("kernel_sum_ms")),
+            (f"union (time the {dev} was busy)", totals.get("union_ms")),
+            (f"span (first to last {'op' if one == 'op' else 'device event'} of the step)", totals.get("span_ms")),
             ("period (start of one step to the start of the next)", totals.get("period_ms")),
             ("step annotation (host-side duration of the engine step)", totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]

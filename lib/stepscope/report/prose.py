@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
-from stepscope.wording import plural
+from stepscope.wording import plural, work_unit
 from stepscope.wording import short_name as _short
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Lever, Overlap,
                                       Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
@@ -99,13 +99,14 @@ def comm_split_sentences(s: CommSplit) -> list[str]:
 
 def boundness_sentence(b: Boundness) -> str:
     dev, basis = b.device_word, f"{b.denominator} {f(b.step_ms)} ms, busy {f(b.busy_ms)} ms"
+    unit = work_unit(b.cpu)
     if b.status == "device-bound":
         return (f"The {dev} is busy {f(b.busy_pct)} % of each step ({basis}, idle {f(b.idle_pct)} %; "
                 f"device-bound up to {f(b.device_bound_pct)} % idle), so the step is bound by the work itself, "
                 f"not by launch gaps.")
     if b.status == "host-bound":
         if b.cpu:
-            fix = "per-op overhead (Python, scheduling, synchronisation) comes before faster kernels"
+            fix = "per-op overhead (Python, scheduling, synchronisation) comes before faster ops"
         elif b.graph_replay:
             fix = ("the step already replays a graph, so fewer and larger kernels (fusion) or a faster host "
                    "come before faster kernels")
@@ -114,7 +115,7 @@ def boundness_sentence(b: Boundness) -> str:
         delay = (f"; kernels start {f(b.launch_delay_median_us)} µs after their launch (median), so the queue "
                  f"runs dry" if b.launch_delay_median_us is not None and not b.cpu else "")
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
-                f"gaps between kernels (host-bound from {f(b.micro_threshold_pct)} %){delay}: the step is "
+                f"gaps between {unit} (host-bound from {f(b.micro_threshold_pct)} %){delay}: the step is "
                 f"host-bound, so {fix}.")
     if b.status == "stall":
         where = (f" between `{_short(b.gap_before)}` and `{_short(b.gap_after)}`" if b.gap_before or b.gap_after
@@ -123,8 +124,8 @@ def boundness_sentence(b: Boundness) -> str:
             where += f", while the host was in `{_short(b.gap_host_call)}`"
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but gaps of {f(b.macro_gap_ms)} ms "
                 f"or more hold {f(b.macro_pct_of_idle)} % of that idle (the longest, {f(b.largest_gap_ms)} ms"
-                f"{where}), while short gaps between kernels are only {f(b.micro_idle_pct)} %: a stall to "
-                f"remove, not a host-bound step; faster kernels or launches would not touch it.")
+                f"{where}), while short gaps between {unit} are only {f(b.micro_idle_pct)} %: a stall to "
+                f"remove, not a host-bound step; faster {unit} or launches would not touch it.")
     if b.status == "host-ahead gaps":
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
                 f"gaps, yet kernels start {f(b.launch_delay_median_us)} µs after their launch (median, above "
@@ -132,7 +133,7 @@ def boundness_sentence(b: Boundness) -> str:
                 f"(synchronisation, dependencies), not launch overhead.")
     if b.status == "undetermined":
         return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but idle was not split into short "
-                f"gaps between kernels and long stalls, so host-bound cannot be told from one stall.")
+                f"gaps between {unit} and long stalls, so host-bound cannot be told from one stall.")
     return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}){_idle_split(b)}: gaps matter, but the "
             f"work itself dominates.")
 
@@ -141,7 +142,7 @@ def _idle_split(b: Boundness) -> str:
     """Where the idle lies: short gaps, long gaps, between steps (each when measured)."""
     parts = []
     if b.micro_idle_pct is not None:
-        parts.append(f"{f(b.micro_idle_pct)} % in short gaps between kernels")
+        parts.append(f"{f(b.micro_idle_pct)} % in short gaps between {work_unit(b.cpu)}")
     if b.macro_idle_pct is not None:
         parts.append(f"{f(b.macro_idle_pct)} % in gaps of {f(b.macro_gap_ms)} ms or more")
     if b.between_steps_pct is not None:
@@ -172,7 +173,7 @@ def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = Fal
 
 def gap_lever_sentence(g: GapLever, step_label: str) -> str:
     """Said only of the biggest lever: the idle inside the step that beats every category."""
-    what = (f"the short gaps between kernels (each under {f(g.macro_gap_ms)} ms)" if g.kind == "short gaps"
+    what = (f"the short gaps between {work_unit(g.cpu)} (each under {f(g.macro_gap_ms)} ms)" if g.kind == "short gaps"
             else f"the long gaps inside the step (each {f(g.macro_gap_ms)} ms or more)")
     return (f"The biggest lever is {what}: removing their {f(g.idle_ms)} ms per step would make a {step_label} "
             f"at most {f(g.ceiling_x)}× faster (Amdahl, on the {g.denominator} of {f(g.step_ms)} ms), more than "

@@ -258,6 +258,8 @@ class GapLever:
     ceiling_x: float
     macro_gap_ms: float = MACRO_GAP_US / 1e3
     """Where short ends and long begins (stage 05's split)."""
+    cpu: bool = False
+    """A CPU trace: the gaps lie between ops, not kernels."""
 
 
 @dataclass(frozen=True)
@@ -619,7 +621,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     basis = step_basis(totals)
     comm = communication(decode, amdahl)
     category_levers, between = levers(amdahl, basis), between_steps(totals, ident)
-    gaps = gap_levers(a, basis)
+    gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
     return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a),
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
@@ -634,7 +636,7 @@ GAP_LEVER_NAMES = {"short gaps": "short gaps inside the step", "long gaps": "lon
 """The names the biggest lever goes by when it is idle time, not a category."""
 
 
-def gap_levers(a: RunArtifacts, basis: StepBasis) -> tuple[GapLever, ...]:
+def gap_levers(a: RunArtifacts, basis: StepBasis, cpu: bool = False) -> tuple[GapLever, ...]:
     """Stage 05's per-step short (micro) and long (macro) idle inside the step, as levers."""
     d = _plain(a.decode)
     step = basis.step_ms
@@ -643,7 +645,7 @@ def gap_levers(a: RunArtifacts, basis: StepBasis) -> tuple[GapLever, ...]:
         idle = num(d.get(key))
         if step and idle is not None and 0 < idle < step:
             out.append(GapLever(kind=kind, idle_ms=idle, step_ms=step, denominator=basis.denominator,
-                                ceiling_x=step / (step - idle)))
+                                ceiling_x=step / (step - idle), cpu=cpu))
     return tuple(out)
 
 
