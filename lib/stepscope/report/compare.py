@@ -27,6 +27,8 @@ from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.markdown_util import fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL
+from stepscope.wording import short_name
+from stepscope.trace.account import KERNELS_PER_CATEGORY
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
 
@@ -109,6 +111,46 @@ def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame 
     return m.sort_values("category", key=lambda s: s.map(category_sort_key)).reset_index(drop=True)
 
 
+KERNEL_CATEGORIES_COMPARED = 4
+KERNELS_COMPARED = 4
+
+
+def _fully_listed(k: pd.DataFrame, other: pd.DataFrame) -> set[str]:
+    """Categories whose every kernel is in `k` (under the cap), or that did not run at all."""
+    return set(k.loc[k["n_names"] <= KERNELS_PER_CATEGORY, "category"]) | (set(other["category"]) - set(k["category"]))
+
+
+def compare_kernels(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
+    """The largest kernels of the categories that take the most time in either run: summed ms
+    per step in A and B. A kernel that ran in one run only reads 0 in the other (`A only`,
+    `B only`): another backend or fusion shows up as names coming and going."""
+    ka, kb = a.category_kernels, b.category_kernels
+    if ka is None or kb is None:
+        return None
+    cols = ["category", "name", "sum_ms_per_step"]
+    m = ka[cols].merge(kb[cols], on=["category", "name"], how="outer", suffixes=("_a", "_b"))
+    m = m.rename(columns={"sum_ms_per_step_a": "a", "sum_ms_per_step_b": "b"})
+    complete_a, complete_b = _fully_listed(ka, kb), _fully_listed(kb, ka)
+    only_b, only_a = m["a"].isna(), m["b"].isna()
+    m["presence"] = np.select([only_b, only_a], ["B only", "A only"], "both")
+    m.loc[only_b & m["category"].isin(complete_a), "a"] = 0.0
+    m.loc[only_a & m["category"].isin(complete_b), "b"] = 0.0
+    unknown = m["a"].isna() | m["b"].isna()
+    m.loc[unknown, "presence"] = np.where(m.loc[unknown, "a"].isna(), f"below A's top {KERNELS_PER_CATEGORY}",
+                                          f"below B's top {KERNELS_PER_CATEGORY}")
+    totals = m.groupby("category")[["a", "b"]].sum().max(axis=1)
+    top = list(totals.nlargest(KERNEL_CATEGORIES_COMPARED).index)
+    m = m[m["category"].isin(top)].assign(
+        order=lambda d: d["category"].map({c: i for i, c in enumerate(top)}),
+        change=lambda d: (d["b"].fillna(0) - d["a"].fillna(0)).abs())
+    m = m.sort_values(["order", "change"], ascending=[True, False], kind="stable")
+    m = m.groupby("category", sort=False).head(KERNELS_COMPARED)
+    out = _with_diff(m[["category", "name", "a", "b", "presence"]].reset_index(drop=True))
+    out.loc[out["presence"].str.endswith("only"), "beyond_noise"] = True  # came or went: a change
+    out.loc[out["presence"].str.startswith("below"), "beyond_noise"] = False  # unknown, not changed
+    return out
+
+
 def _collectives_per_step(x: RunArtifacts) -> dict[str, float]:
     """Stage 05's medians over decode steps, on the reference (first) rank."""
     if not x.ranks:
@@ -150,6 +192,18 @@ def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
                                 ("flag", "beyond noise?")])
 
 
+def _kernels_section(kernels: pd.DataFrame | None, step: str) -> str:
+    text = f"## The largest kernels of the largest categories (summed ms per {step})\n\n"
+    if kernels is None or not len(kernels):
+        return text + ("Not compared: `05_categorize/category_kernels.csv` is missing in one run (written by "
+                       "stepscope since its kernel tables; run stage 05 again).\n\n")
+    k = kernels.assign(name=kernels["name"].map(lambda n: f"`{short_name(str(n), 80)}`"))
+    text += (f"Up to {KERNELS_COMPARED} kernels (ops on a CPU trace) of the {KERNEL_CATEGORIES_COMPARED} categories "
+             f"with the most time in either run, largest change first. A kernel that ran in one run only reads 0 "
+             f"in the other: another backend or a fusion shows as names coming and going.\n\n")
+    return text + _fmt_table(k, [("category", "category"), ("name", "kernel"), ("presence", "ran in")]) + "\n"
+
+
 def _lacking(a: RunArtifacts, b: RunArtifacts, attr: str, file: str, name_a: str, name_b: str) -> list[str]:
     """The file a comparison needs, naming the run(s) that lack it."""
     missing = [f"A `{name_a}`" for x in (a,) if getattr(x, attr, None) is None]
@@ -170,7 +224,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
     out.mkdir(parents=True, exist_ok=True)
     tables = {"headlines": compare_headlines(a, b), "macro": compare_macro(a, b),
-              "decode_categories": compare_decode_categories(a, b), "collectives": compare_collectives(a, b)}
+              "decode_categories": compare_decode_categories(a, b), "collectives": compare_collectives(a, b),
+              "kernels": compare_kernels(a, b)}
     text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
             f"Differences are B − A; ratios B / A. **Noise criterion:** a change is flagged when |B/A − 1| > "
             f"{100 * NOISE_REL:g} % and, where a spread is known (per-category decode time: p90 − median over "
@@ -182,6 +237,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     changed = []
     n_macro_changed = 0
     for key, df in tables.items():
+        if key == "kernels":
+            continue  # the categories they belong to are listed; the kernels are in their own table
         if key == "macro" and df is not None:
             # Per-level rows would drown the list; count them here, they are all in the table below.
             n_macro_changed = int(df["beyond_noise"].sum())
@@ -210,6 +267,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
         text += missing_box("Per-category comparison",
                             _lacking(a, b, "decode_categories", "05_categorize/decode_categories.csv",
                                      name_a, name_b)) + "\n"
+    text += _kernels_section(tables["kernels"], step)
     text += f"## Collectives per {step}\n\n"
     cc = tables["collectives"]
     text += (_fmt_table(cc, [("collective", "collective")]) if cc is not None
