@@ -5,6 +5,7 @@ against the value it must come from."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -157,3 +158,32 @@ def test_a_bursty_capture_tpot_is_not_quoted_as_a_decode_change(campaign):
     head = paths["markdown"].read_text().split("\n\n")[1]
     assert "**tp1**'s capture delivered its tokens in a burst (median TTFT 204 of 221 ms end to end)" in head
     assert "**tp1** changes the batch-1 TPOT" not in head and "**spec** changes the batch-1 TPOT" in head
+
+
+def _kernels_csv(run: Path, rows: list[tuple[str, str, float]]) -> None:
+    pd.DataFrame([{"rank": 0, "category": c, "class": "compute", "name": n, "n_steps": 10, "count": 10,
+                   "calls_per_step": 1.0, "sum_ms_per_step": ms, "us_per_call": 1e3 * ms, "share_of_category": 1.0,
+                   "n_names": 1} for c, n, ms in rows]).to_csv(run / "05_categorize" / "category_kernels.csv",
+                                                               index=False)
+
+
+def test_kernels_that_came_or_went_per_variant(tmp_path):
+    # NCCL's all-reduce in the baseline, vLLM's custom all-reduce in the variant.
+    d = tmp_path / "camp-k"
+    runs = []
+    for name in ("nccl", "custom", "old"):
+        make_synthetic_run(d / name)
+        runs.append({"key": f"{name}#1", "variant": name, "repeat": 1, "run_dir": name, "status": "ok"})
+    _kernels_csv(d / "nccl", [("all_reduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 5.0),
+                              ("dense_gemm", "nvjet_tst_64x8_64x16", 4.0)])
+    _kernels_csv(d / "custom", [("all_reduce", "void vllm::cross_device_reduce_1stage<bf16, 2>", 2.0),
+                                ("dense_gemm", "nvjet_tst_64x8_64x16", 4.0)])
+    schema.write(d / "campaign.json", {"campaign_id": "camp-k", "baseline": "nccl",
+                                       "variants": ["nccl", "custom", "old"], "repeats": 1, "runs": runs},
+                 schema.CampaignRecord)
+    md = build_campaign_report(d)["markdown"].read_text()
+    section = md[md.index("## Kernels that came or went"):md.index("## Verdicts")]
+    assert "| custom | all_reduce | `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` | nccl only | 5 |" in section
+    assert "| custom | all_reduce | `void vllm::cross_device_reduce_1stage<bf16, 2>` | custom only | 2 |" in section
+    assert "nvjet" not in section  # ran in both
+    assert "Not compared for old: `05_categorize/category_kernels.csv` is missing" in section

@@ -14,11 +14,13 @@ import pandas as pd
 
 from stepscope.campaign import analysis as ca
 from stepscope.campaign import plots as cp
+from stepscope.report.compare import KERNEL_CATEGORIES_COMPARED, compare_kernels
 from stepscope.report.markdown_util import markdown_to_html, md_table, missing_box
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
 from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
+from stepscope.wording import short_name
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
 FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
@@ -87,6 +89,35 @@ def _categories(c: ca.Campaign, cats: pd.DataFrame, figs: dict[str, str]) -> str
                                           ("basis", "step measured as"), ("n_steps", "decode steps (run 1)"),
                                           ("tpot", "capture TPOT, batch 1 (ms)")], formats=_INTS) + "\n"
     return text
+
+
+def _kernel_changes(c: ca.Campaign) -> str:
+    """Per variant, the kernels that ran in it or in the baseline only (first runs): another
+    backend, a fusion or a graph shows as names coming and going."""
+    text = "## Kernels that came or went\n\n"
+    base = c.first(c.baseline)
+    rows, lacking = [], []
+    for v in c.variants:
+        r = c.first(v)
+        if v == c.baseline or r is None or base is None:
+            continue
+        k = compare_kernels(base.artifacts, r.artifacts)
+        if k is None:
+            lacking.append(v)
+            continue
+        for _, x in k[k["presence"].str.endswith("only")].iterrows():
+            ran = c.baseline if x["presence"] == "A only" else v
+            rows.append({"variant": v, "category": x["category"], "name": f"`{short_name(str(x['name']), 80)}`",
+                         "ran": f"{ran} only", "ms": x["a"] if ran == c.baseline else x["b"]})
+    if lacking:
+        text += (f"Not compared for {', '.join(lacking)}: `05_categorize/category_kernels.csv` is missing in its "
+                 f"first run or the baseline's.\n\n")
+    if not rows:
+        return text + ("No kernel of the largest categories ran in one run only.\n\n" if not lacking else "")
+    text += (f"Among the largest kernels of the {KERNEL_CATEGORIES_COMPARED} categories with the most time "
+             f"(first run of each variant against the baseline's; all of them: `stepscope compare`):\n\n")
+    return text + md_table(pd.DataFrame(rows), [("variant", "variant"), ("category", "category"), ("name", "kernel"),
+                                                ("ran", "ran in"), ("ms", "summed ms per step")]) + "\n"
 
 
 def _verdicts(c: ca.Campaign) -> str:
@@ -314,7 +345,7 @@ def render(c: ca.Campaign, figs: dict[str, str]) -> str:
         text += "> **In short:** " + " ".join(short) + "\n\n"
     text += ("*Written by stepscope from the campaign's run folders alone. Every variant is read through the same "
              "artifact schema as a single run's report; units are in every column header.*\n\n[TOC]\n\n")
-    text += _setup(c) + _macro(c, figs) + _categories(c, cats, figs) + _verdicts(c) + _deltas(ds)
+    text += _setup(c) + _macro(c, figs) + _categories(c, cats, figs) + _kernel_changes(c) + _verdicts(c) + _deltas(ds)
     text += _spec(c, preds) + _predictions(preds, ceilings)
     text += "## Method\n\nThe campaign method, the noise bands and the models tested here: `docs/campaigns.md`.\n"
     return text
