@@ -156,15 +156,18 @@ def test_fbgemm_in_a_kernels_template_arguments_does_not_make_it_a_gemm(real_tra
     def category_of(prefix: str) -> str:
         return by_name[by_name.index.str.startswith(prefix)].iloc[0]
 
-    assert category_of("void split_embedding_codegen_forward_unweighted_kernel") == "elementwise"
-    assert category_of("void split_embedding_backward_codegen_rowwise_adagrad") == "elementwise"
+    assert category_of("void split_embedding_codegen_forward_unweighted_kernel") == "embedding"
+    assert category_of("void split_embedding_backward_codegen_rowwise_adagrad") == "embedding"
     assert category_of("void fbgemm_gpu::permute_2D_data_kernel") == "elementwise"
-    assert category_of("void bounds_check_indices_kernel") == "elementwise"
+    assert category_of("void bounds_check_indices_kernel") == "embedding"
     assert category_of("void fbgemm_gpu::(anonymous namespace)::_compute_FP8_quantize_cuda_kernel") == "quantize"
     assert category_of("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm") == "dense_gemm"
     assert category_of("ampere_sgemm_128x64_nn") == "dense_gemm"
     gemm = w[w["category"] == "dense_gemm"]
     assert not gemm["name"].str.contains("embedding|fbgemm_gpu::").any()
+    # the embeddings are this recommender's largest compute: a category of their own
+    us = w.groupby("category")["dur_us"].sum()
+    assert us["embedding"] > us["dense_gemm"] and us["embedding"] > us["elementwise"]
 
 
 def test_torch_logit_is_elementwise_math_not_sampling(real_traces: Path):

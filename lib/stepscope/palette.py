@@ -30,6 +30,7 @@ CATEGORY_ORDER: tuple[str, ...] = (
     "lm_head",
     "loss",
     "optimizer",
+    "embedding",
     "quantize",
     "sampling",
     "elementwise",
@@ -66,6 +67,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "lm_head": "#08519c",
     "loss": "#fdae6b",
     "optimizer": "#e6550d",
+    "embedding": "#8ca252",
     "elementwise": "#8c564b",
     # Library kernels whose op is unknown: a washed-out elementwise brown, near "other".
     "unattributed_elementwise": "#c7a99f",

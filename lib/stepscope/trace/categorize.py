@@ -52,6 +52,7 @@ CATEGORY_CLASS: dict[str, str] = {
     "lm_head": "compute",
     "loss": "compute",
     "optimizer": "compute",
+    "embedding": "compute",
     "quantize": "compute",
     "sampling": "compute",
     "elementwise": "compute",
