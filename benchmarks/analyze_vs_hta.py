@@ -12,6 +12,9 @@ alternating so machine noise hits both alike:
 With `--baseline DIR` (another checkout of stepscope, e.g. `git worktree add DIR main`) it
 also times that checkout's `stepscope analyze` in the same alternation, and prints its
 ratios to HTA beside this checkout's: a before/after measured side by side.
+With `--figures-free` it also times `analyze` with every figure's rendering replaced by writing
+a 1-pixel PNG (figures still built, notebooks and report still written): the floor that no
+faster figure rendering can go below, beside HTA in the same alternation.
 It prints the median wall time and CPU time (user + system, the process and its children)
 of each over `--repeats`, and the ratios stepscope / HTA (target, issue 10: wall below 1 on
 every trace). On a shared, loaded machine read the CPU ratio: wall times there measure the
@@ -50,6 +53,25 @@ ta.get_comm_comp_overlap(visualize=False)
 """
 
 
+FIGURES_FREE_CHILD = r"""
+import base64, sys
+import stepscope.runfolder as rf
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
+def one_pixel(figures, run_dir):
+    paths = []
+    for name in figures:
+        p = rf.figures_dir(run_dir) / (name if name.endswith(".png") else name + ".png")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(PNG)
+        paths.append(p)
+    return paths
+rf.save_figures = one_pixel  # before any stage module imports it by name
+from stepscope.cli import main
+sys.argv = ["stepscope", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
 def trace_sets() -> dict[str, list[Path]]:
     """{name: files}: one entry per capture; the ranks of one capture go together."""
     sets: dict[str, list[Path]] = {}
@@ -77,11 +99,12 @@ def _timed(argv: list[str], env: dict) -> tuple[tuple[float, float], str | None]
     return (wall, cpu), err
 
 
-def time_stepscope(files: list[Path], tmp: Path, env: dict) -> tuple[tuple[float, float], str | None]:
-    out = tmp / f"analyze-out-{abs(hash(env['PYTHONPATH']))}"
+def time_stepscope(files: list[Path], tmp: Path, env: dict, figures_free: bool = False
+                   ) -> tuple[tuple[float, float], str | None]:
+    out = tmp / f"analyze-out-{abs(hash(env['PYTHONPATH']))}-{int(figures_free)}"
     shutil.rmtree(out, ignore_errors=True)
-    wall, err = _timed([sys.executable, "-m", "stepscope.cli", "analyze", *map(str, files), "--out", str(out),
-                        "--no-progress"], env)
+    head = [sys.executable, "-c", FIGURES_FREE_CHILD] if figures_free else [sys.executable, "-m", "stepscope.cli"]
+    wall, err = _timed([*head, "analyze", *map(str, files), "--out", str(out), "--no-progress"], env)
     if err is None and not ((out / "06_writeup" / "report.html").is_file()
                             and (out / "notebooks" / "06_writeup.ipynb").is_file()
                             and (out / "notebooks" / "05_categorize.ipynb").is_file()):
@@ -98,60 +121,66 @@ def time_hta(files: list[Path], tmp: Path, env: dict) -> tuple[tuple[float, floa
     return _timed([sys.executable, "-c", HTA_CHILD, str(d)], env)
 
 
+def _median(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    nan = float("nan")
+    return tuple(statistics.median(x[i] for x in runs) for i in (0, 1)) if runs else (nan, nan)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", help="substring of the trace names to run")
     ap.add_argument("--baseline", type=Path, help="another stepscope checkout to time alongside")
+    ap.add_argument("--figures-free", action="store_true",
+                    help="also time analyze with figure rendering replaced by a 1-pixel PNG (the floor)")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(REPO / "lib"), PYTHONWARNINGS="ignore")
-    base_env = dict(env, PYTHONPATH=str(args.baseline.resolve() / "lib")) if args.baseline else None
+    # (label, how to time it): this checkout first; the others are printed beside it
+    variants = [("stepscope", lambda f, t: time_stepscope(f, t, env))]
+    if args.baseline:
+        base_env = dict(env, PYTHONPATH=str(args.baseline.resolve() / "lib"))
+        variants.append(("base", lambda f, t: time_stepscope(f, t, base_env)))
+    if args.figures_free:
+        variants.append(("no-fig", lambda f, t: time_stepscope(f, t, env, figures_free=True)))
     has_hta = hta_installed()
     if not has_hta:
         print("HTA is not installed (pip install HolisticTraceAnalysis): timing stepscope alone")
-    print(f"{'trace':38} {'MB(gz)':>6} {'stepscope s':>11} {'HTA s':>6} {'ratio':>6} "
-          f"{'cpu s':>6} {'HTA cpu':>7} {'ratio':>6}"
-          + (f" {'base s':>6} {'ratio':>6} {'b cpu':>6} {'ratio':>6}" if base_env else "") + "  note")
-    worst = worst_cpu = 0.0
+    print(f"{'trace':38} {'MB(gz)':>6} {'HTA s':>6} {'HTA cpu':>7}"
+          + "".join(f" {label + ' s':>11} {'ratio':>6} {'cpu s':>6} {'ratio':>6}" for label, _ in variants) + "  note")
+    worst = {label: [0.0, 0.0] for label, _ in variants}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         for name, files in trace_sets().items():
             if args.only and args.only not in name:
                 continue
-            ss, hh, bb, notes = [], [], [], []
-            for _ in range(args.repeats):
-                if base_env:
-                    w, err = time_stepscope(files, tmp, base_env)
-                    bb.append(w)
+            timed: dict[str, list] = {label: [] for label, _ in variants}
+            hh, notes = [], []
+            for _ in range(args.repeats):  # alternating, so machine noise hits every variant alike
+                for label, run in variants:
+                    w, err = run(files, tmp)
+                    timed[label].append(w)
                     if err:
-                        notes.append(f"baseline: {err}")
-                w, err = time_stepscope(files, tmp, env)
-                ss.append(w)
-                if err:
-                    notes.append(f"stepscope: {err}")
+                        notes.append(f"{label}: {err}")
                 if has_hta:
                     w, err = time_hta(files, tmp, env)
                     hh.append(w)
                     if err:
                         notes.append(f"HTA failed: {err}")
-            nan = float("nan")
-            s, sc = (statistics.median(x[i] for x in ss) for i in (0, 1))
-            h, hc = (statistics.median(x[i] for x in hh) for i in (0, 1)) if hh else (nan, nan)
+            h, hc = _median(hh)
             ok_h = bool(hh) and not any(n.startswith("HTA") for n in notes)
-            ratio, ratio_cpu = (s / h, sc / hc) if ok_h else (nan, nan)
-            if ok_h:
-                worst, worst_cpu = max(worst, ratio), max(worst_cpu, ratio_cpu)
-            base = ""
-            if bb:
-                b, bc = (statistics.median(x[i] for x in bb) for i in (0, 1))
-                br, brc = (b / h, bc / hc) if ok_h else (nan, nan)
-                base = f" {b:6.2f} {br:6.2f} {bc:6.2f} {brc:6.2f}"
+            cols = ""
+            for label, _ in variants:
+                s_, sc = _median(timed[label])
+                r, rc = (s_ / h, sc / hc) if ok_h else (float("nan"), float("nan"))
+                if ok_h:
+                    worst[label] = [max(worst[label][0], r), max(worst[label][1], rc)]
+                cols += f" {s_:11.2f} {r:6.2f} {sc:6.2f} {rc:6.2f}"
             mb = sum(f.stat().st_size for f in files) / 1e6
-            print(f"{name:38} {mb:6.2f} {s:11.2f} {h:6.2f} {ratio:6.2f} {sc:6.2f} {hc:7.2f} {ratio_cpu:6.2f}{base}  "
-                  f"{'; '.join(dict.fromkeys(notes))}")
+            print(f"{name:38} {mb:6.2f} {h:6.2f} {hc:7.2f}{cols}  {'; '.join(dict.fromkeys(notes))}")
     if has_hta:
-        print(f"worst ratio stepscope / HTA over the traces HTA analyses (median of {args.repeats}): "
-              f"wall {worst:.2f}, CPU {worst_cpu:.2f} (target < 1: {'met' if worst < 1 else 'NOT met'})")
+        for label, (w, wc) in worst.items():
+            print(f"worst ratio {label} / HTA over the traces HTA analyses (median of {args.repeats}): "
+                  f"wall {w:.2f}, CPU {wc:.2f} (target < 1: {'met' if w < 1 else 'NOT met'})")
     return 0
 
 
