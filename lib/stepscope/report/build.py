@@ -394,7 +394,7 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
     """The largest kernels (ops on a CPU trace) of the largest categories: what a fix would touch."""
     if kernels is None or "category" not in decode:
         return ""
-    what = "ops" if totals.get("mode") == "cpu" else "kernels"
+    what = work_unit(totals.get("mode") == "cpu")
     top = list(decode["category"].head(KERNEL_CATEGORIES_SHOWN))
     k = kernels[kernels["category"].isin(top)].copy()
     if k.empty:
@@ -416,11 +416,11 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
 def _step_readings(totals: dict, step_label: str) -> str:
     """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled."""
     text = f"\nThe same step read several ways (ms per {step_label}):\n\n"
-    one, dev = work_unit(totals.get("mode") == "cpu")[:-1], an.device_word(totals)
-    rows = [(f"{one} sum (every {one}'s {'self time' if one == 'op' else 'duration'} added up)",
+    cpu, dev = totals.get("mode") == "cpu", an.device_word(totals)
+    rows = [("op sum (every op's self time added up)" if cpu else "kernel sum (every kernel's duration added up)",
              totals.get("kernel_sum_ms")),
             (f"union (time the {dev} was busy)", totals.get("union_ms")),
-            (f"span (first to last {'op' if one == 'op' else 'device event'} of the step)", totals.get("span_ms")),
+            (f"span (first to last {'op' if cpu else 'device event'} of the step)", totals.get("span_ms")),
             ("period (start of one step to the start of the next)", totals.get("period_ms")),
             ("step annotation (host-side duration of the engine step)", totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]

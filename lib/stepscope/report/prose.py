@@ -279,8 +279,9 @@ def verdict_sentences(v: Verdict) -> list[str]:
 
 def headline_sentences(v: Verdict) -> list[Sentence]:
     """The report's "In short": what the trace is, the dominant category, communication,
-    host or device, the biggest lever (time between steps when it beats every category), and
-    the sweep's plateau (or that none was reached)."""
+    host or device, the biggest lever (a category, the time between steps or the gaps inside
+    the step, whichever has the highest ceiling), and the sweep's plateau (or that none was
+    reached)."""
     keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever, GapLever)
     between_biggest = v.biggest is not None and v.biggest.kind == "between steps"
     out = [(src, s) for src, s in sentences(v)

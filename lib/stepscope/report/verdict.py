@@ -247,8 +247,9 @@ class BetweenSteps:
 @dataclass(frozen=True)
 class GapLever:
     """Idle inside the step as a lever: the short gaps between kernels (launch and host
-    overhead) or the long ones (stalls), each per step, with the Amdahl ceiling of removing
-    them on the same basis as the category levers."""
+    overhead, or waits on dependencies; the boundness finding says which) or the long ones
+    (stalls), each per step, with the Amdahl ceiling of removing them on the same basis as
+    the category levers."""
 
     kind: str
     """`short gaps` or `long gaps`."""
