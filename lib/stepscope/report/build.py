@@ -532,7 +532,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                                ("micro_predicted_ms_per_step", "predicted ms/step"),
                                ("ratio_trace_over_micro", "trace / predicted"), ("agree", "agree?"),
                                ("prediction_method", "prediction"),
-                               ("trace_implementation", "the trace's collectives")])
+                               ("trace_implementation", "what the trace ran")])
     else:
         need = [f for f in ("02_gemm_micro/prediction.json", "03_nccl_burst/prediction.json",
                             "05_categorize/decode_categories.csv") if not (a.run_dir / f).is_file()]

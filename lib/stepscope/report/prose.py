@@ -203,7 +203,9 @@ def agreement_sentence(g: Agreement) -> str:
     elif g.quantity == "communication" and g.ratio > 1:
         why = "beyond the transfer itself, ranks wait for each other or the engine's collectives differ"
     else:
-        why = "the isolated benchmark does not describe the running engine"
+        why = "the isolated benchmark does not describe the running engine" + (
+            f" (its largest GEMM is {g.trace_implementation})"
+            if g.quantity == "GEMM time" and g.trace_implementation else "")
     return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) is {f(g.ratio)}× the micro-benchmark's "
             f"prediction ({f(g.predicted_ms)} ms): {why}.")
 

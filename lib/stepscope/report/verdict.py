@@ -206,7 +206,8 @@ class Agreement:
     agree: bool
     tolerance_pct: float = 100 * PREDICTION_TOLERANCE
     trace_implementation: str | None = None
-    """Communication: the collectives the trace ran, in words with the largest name."""
+    """What the trace ran: for communication the collectives in words with the largest name,
+    for GEMM time the largest GEMM kernel's name."""
     micro_backend: str | None = None
     """Communication: what stage 03 timed (`gloo`, `nccl`)."""
     same_implementation: bool | None = None
@@ -380,6 +381,9 @@ def _plain(struct: Any) -> dict | None:
 
 
 def _known(v: Any) -> str | None:
+    """A text value, or None for missing ones (None, empty, "unknown", a table's NaN)."""
+    if isinstance(v, float) and v != v:
+        return None
     return None if v in (None, "", "unknown") else str(v)
 
 
