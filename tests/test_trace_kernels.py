@@ -165,3 +165,16 @@ def test_a_gemm_prediction_off_the_trace_names_the_engines_largest_gemm(tmp_path
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "| `_C::weight_packed_linear` |" in md  # the cross-check table's "what the trace ran"
     assert "does not describe the running engine (its largest GEMM is `_C::weight_packed_linear`)." in md
+
+
+def test_a_report_without_figures_does_not_call_a_present_timeline_missing(gptoss, tmp_path):
+    # draw_figures=False drew no timeline; the CSV is there, so no "needs timeline_rank0_step.csv" box.
+    import shutil
+
+    run = shutil.copytree(gptoss[0], tmp_path / "run")
+    assert (run / "05_categorize" / "timeline_rank0_step.csv").stat().st_size > 1000
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "timeline_rank0_step.csv`, which the run folder does not hold" not in md
+    (run / "05_categorize" / "timeline_rank0_step.csv").unlink()
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "timeline_rank0_step.csv`, which the run folder does not hold" in md

@@ -441,7 +441,7 @@ def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -
     stage_timeline = _stage_figures(a.run_dir, "05_step_timeline")
     for name in stage_timeline:
         text += "\n" + _img(name, timeline_alt)
-    if "timeline" not in figs and not stage_timeline:
+    if "timeline" not in figs and not stage_timeline and a.timeline is None:  # say missing only when it is
         text += "\n" + missing_box(f"The {step_label} timeline", ["05_categorize/timeline_rank0_step.csv"])
     for name in _stage_figures(a.run_dir, "05_decode_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
