@@ -123,3 +123,12 @@ def test_a_stall_in_the_baseline_is_named_in_the_whatif(tmp_path):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     sec = md.split("## 7.", 1)[1].split("## 8.", 1)[0]
     assert f"**The measured step holds one {gap:.3g} ms stall**" in sec
+
+
+def test_a_rows_defaults_name_the_parts_and_keep_the_batch_in_full():
+    from stepscope.report.build import _defaulted
+
+    said = _defaulted(("batch: default 1 request per step (the trace gave no batch)", "k = 2 drafted tokens per step",
+                       "fused_moe: default: ×1, no GEMM prediction from stage 02", "lm_head: default: ×1, no GEMM"))
+    assert said == "batch: default 1 request per step (the trace gave no batch); fused_moe, lm_head (below)"
+    assert _defaulted(("k = 3 drafted tokens per step",)) == "no default used"
