@@ -178,3 +178,20 @@ def test_a_report_without_figures_does_not_call_a_present_timeline_missing(gptos
     (run / "05_categorize" / "timeline_rank0_step.csv").unlink()
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "timeline_rank0_step.csv`, which the run folder does not hold" in md
+
+
+def test_a_kernel_placed_by_its_context_says_which(tmp_path, real_traces):
+    # HF eager Qwen1.5: RMSNorm runs as generic elementwise kernels, placed in norm by the module
+    # they run inside; the GEMM is placed by its name.
+    run = tmp_path / "run"
+    an = analyze_traces([real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"], run / "05_categorize",
+                        progress=False, perfetto=False)
+    k = pd.read_csv(run / "05_categorize" / "category_kernels.csv")
+    norm = k[k["category"] == "norm"]
+    assert len(norm) and (norm["name"].str.contains("at::native::").all())
+    assert set(norm["decided_by"]) <= {"inside nn.Module: Qwen2RMSNorm", "name"}
+    assert (norm["decided_by"] == "inside nn.Module: Qwen2RMSNorm").sum() >= len(norm) - 1
+    assert set(k.loc[k["category"] == "dense_gemm", "decided_by"]) == {"name"}
+    assert "decided_by" in an.kernels_table().columns
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "| placed by |" in md and "| inside nn.Module: Qwen2RMSNorm |" in md

@@ -405,12 +405,15 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
     k["name"] = k["name"].map(lambda n: f"`{short_name(str(n), 80)}`")
     k["share_pct"] = 100 * k["share_of_category"].astype(float)
     k["of"] = k["n_names"].map(lambda n: f"of {fmt_num(int(n))}")
+    if "decided_by" in k:  # older tables lack it
+        k["decided_by"] = k["decided_by"].map(lambda d: d if pd.isna(d) else short_name(str(d), 50))
     return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms per step over the same steps; "
             f"% of the category's summed time; up to {fmt_num(KERNELS_SHOWN)} per category here, long names cut in "
             f"the middle; more, in full, in `05_categorize/category_kernels.csv`):\n\n"
             + md_table(k, [("category", "category"), ("name", what[:-1]), ("of", "names in category"),
                            ("sum_ms_per_step", "summed ms/step"), ("share_pct", "% of category"),
-                           ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")]))
+                           ("calls_per_step", "calls/step"), ("us_per_call", "µs/call"),
+                           ("decided_by", "placed by")]))
 
 
 def _step_readings(totals: dict, step_label: str) -> str:

@@ -414,6 +414,9 @@ class CategoryKernelRow(Row, kw_only=True):
     """sum / the category's summed time over the same steps, 0-1."""
     n_names: int
     """Distinct names in the category; more than the rows shown when it exceeds the cap."""
+    decided_by: str | None = None
+    """What put it in the category (most of its calls): `name`, `catch-all`, or `inside <op or
+    module>` (e.g. `inside nn.Module: Qwen2RMSNorm`), for the kernels a context rule placed."""
 
 
 class StepRow(Row, kw_only=True):

@@ -259,7 +259,7 @@ KERNELS_PER_CATEGORY = 10
 """Names kept per category in category_kernels.csv (the rest are counted in `n_names`)."""
 
 KERNEL_COLUMNS = ["rank", "category", "class", "name", "n_steps", "count", "calls_per_step", "sum_ms_per_step",
-                  "us_per_call", "share_of_category", "n_names"]
+                  "us_per_call", "share_of_category", "n_names", "decided_by"]
 
 
 def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
@@ -273,8 +273,14 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
     if not len(ids) or w.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     n = len(ids)
+    w = w.assign(decided_by=_decided_by(w))
     g = (w.groupby(["category", "name"], sort=False, observed=True)["dur_us"].agg(["sum", "count"])
          .reset_index())
+    # what placed most of each kernel's calls
+    placed = (w.groupby(["category", "name", "decided_by"], sort=False, observed=True).size()
+              .reset_index(name="calls").sort_values("calls", ascending=False, kind="stable")
+              .drop_duplicates(["category", "name"]))
+    g = g.merge(placed[["category", "name", "decided_by"]], on=["category", "name"], how="left")
     per_cat = g.groupby("category", sort=False, observed=True)["sum"]
     g["share_of_category"] = g["sum"] / per_cat.transform("sum")
     g["n_names"] = g.groupby("category", sort=False, observed=True)["name"].transform("size")
@@ -286,8 +292,19 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
         "class": g["category"].map(lambda c: CATEGORY_CLASS.get(c, "compute")), "name": g["name"].astype(str),
         "n_steps": n, "count": g["count"].astype(int), "calls_per_step": g["count"] / n,
         "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["count"],
-        "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int)})
+        "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int),
+        "decided_by": g["decided_by"]})
     return out[KERNEL_COLUMNS].reset_index(drop=True)
+
+
+def _decided_by(work: pd.DataFrame) -> pd.Series:
+    """What put each kernel in its category: `name` (a name rule), `catch-all`, or the op or
+    module it ran inside, without its instance number (`nn.Module: Qwen2RMSNorm`)."""
+    source = work["category_source"].astype(str) if "category_source" in work else pd.Series("name", work.index)
+    context = (work["op_context"].astype(str).str.replace(r"_\d+$", "", regex=True) if "op_context" in work
+               else pd.Series("", work.index))
+    return source.where(source != "context", "inside " + context).str.replace("catch_all", "catch-all")
+
 
 
 def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:

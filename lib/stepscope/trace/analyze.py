@@ -145,7 +145,7 @@ class Analysis:
         calls per step, µs per call, share of the category's summed time)."""
         k = self.reference.kernels
         cols = ["category", "name", "sum_ms_per_step", "calls_per_step", "us_per_call", "share_of_category",
-                "n_names"]
+                "n_names", "decided_by"]
         return k.groupby("category", sort=False).head(per_category)[cols].round(4).reset_index(drop=True)
 
     def other_names(self) -> pd.DataFrame:
