@@ -41,3 +41,16 @@ def test_analyze_folder_without_traces_fails_stage_05_with_a_message(tmp_path, c
     assert record["stages"]["05_categorize"]["status"] == "failed"
     assert "empty" in record["stages"]["05_categorize"]["error"]
     assert record["stages"]["06_writeup"]["status"] == "ok"  # the report still renders, with gaps marked
+
+
+def test_analyze_prints_the_reports_headline(real_traces, tmp_path, capsys):
+    # The conclusion on the terminal, as the report wrote it: no browser needed to read it.
+    out = tmp_path / "an"
+    assert main(["analyze", str(real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"), "--out", str(out),
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    said = next(ln for ln in (out / "06_writeup" / "report.md").read_text().splitlines()
+                if ln.startswith("> **In short:** "))
+    assert "in short: Low confidence: only 1 decode step judged" in printed
+    assert " ".join(printed[printed.index("in short: "):].split()) == " ".join(
+        ("in short: " + said.removeprefix("> **In short:** ").replace("**", "")).split())

@@ -302,10 +302,29 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
     report = run_dir / "06_writeup" / "report.html"
     if report.is_file():
         echo(f"report: {report}")
+        headline = report_headline(report.with_suffix(".md"))
+        if headline:
+            echo(headline)
     if failed:
         echo("failed or skipped: " + ", ".join(f"{r.stage_id} ({r.status})" for r in failed))
         return EXIT_STAGE_FAILED, run_dir
     return EXIT_OK, run_dir
+
+
+def report_headline(report_md: Path, width: int = 100) -> str | None:
+    """The report's "In short" paragraph as the report wrote it, wrapped for a terminal (the
+    conclusion without opening a browser); None when the report has none."""
+    import textwrap
+
+    from stepscope.wording import HEADLINE_MARK
+
+    try:
+        line = next((ln for ln in report_md.read_text().splitlines() if ln.startswith(HEADLINE_MARK)), None)
+    except OSError:
+        return None
+    if line is None:
+        return None
+    return textwrap.fill("in short: " + line[len(HEADLINE_MARK):].replace("**", ""), width, subsequent_indent="  ")
 
 
 def _run_folder(params, run_id: str | None, run_dir: str | Path | None, resume: bool) -> Path:

@@ -33,3 +33,7 @@ def short_name(name: str | None, width: int = 70) -> str:
         return name
     head = (width - 1) * 3 // 5
     return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+
+
+HEADLINE_MARK = "> **In short:** "
+"""How the report's one-paragraph conclusion starts (the report writes it; the CLI reprints it)."""

@@ -24,7 +24,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, READINGS_AGREE_REL
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import plural, short_name, work_unit
+from stepscope.wording import HEADLINE_MARK, plural, short_name, work_unit
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -774,7 +774,7 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
     head = f"# {title}\n\n"
     short = prose.headline(ctx["verdict"])
     if short:
-        head += "> **In short:** " + " ".join(short) + "\n\n"
+        head += HEADLINE_MARK + " ".join(short) + "\n\n"
     head += (f"*Written by stepscope from the run folder's artifacts alone. Times are per {step} unless "
              "stated; units are in every column header.*\n\n[TOC]\n\n")
     sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
