@@ -20,7 +20,7 @@ from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
 from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
-from stepscope.wording import short_name
+from stepscope.wording import HEADLINE_MARK, short_name
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
 FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
@@ -342,7 +342,7 @@ def render(c: ca.Campaign, figs: dict[str, str]) -> str:
     text = f"# Campaign {c.record.campaign_id}: did the change help, and as predicted?\n\n"
     short = _headline(c, ds, preds, ceilings)
     if short:
-        text += "> **In short:** " + " ".join(short) + "\n\n"
+        text += HEADLINE_MARK + " ".join(short) + "\n\n"
     text += ("*Written by stepscope from the campaign's run folders alone. Every variant is read through the same "
              "artifact schema as a single run's report; units are in every column header.*\n\n[TOC]\n\n")
     text += _setup(c) + _macro(c, figs) + _categories(c, cats, figs) + _kernel_changes(c) + _verdicts(c) + _deltas(ds)

@@ -34,7 +34,7 @@ from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, P
 from stepscope.config import load_params, redact
 from stepscope.errors import ParamsError, StepscopeError
 from stepscope.runfolder import STAGES, Stage, read_json, write_json, write_yaml
-from stepscope.runner import execute_notebook, resolve_outputs_dir, run_pipeline, select_stages
+from stepscope.runner import execute_notebook, report_headline, resolve_outputs_dir, run_pipeline, select_stages
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,9 @@ def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, res
         try:
             paths = build_campaign_report(campaign_dir)
             echo(f"campaign report: {paths['html']}")
+            headline = report_headline(paths["markdown"])
+            if headline:
+                echo(headline)
         except (StepscopeError, ParamsError) as exc:
             echo(f"campaign report not written: {exc}")
             failed.append("report")
