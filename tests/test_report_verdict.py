@@ -495,10 +495,14 @@ def test_time_between_steps_is_the_biggest_lever_when_it_beats_every_other(tmp_p
     assert v.biggest.kind == "between steps" and 1.7 < b.ceiling_x < 1.9 and top.ceiling_x < 1.1
     assert all(b.ceiling_x > g.ceiling_x for g in v.gap_levers)
     assert biggest_lever(v) == ("time between steps", b.ceiling_x)
-    head = _quote(md, "In short:")
-    assert (f"The biggest lever lies between steps: {fmt_num(b.gap_ms)} ms per step" in head
+    head, said = _quote(md, "In short:"), _quote(md, "Verdict.")
+    # the headline's short form, the verdict's full one
+    assert (f"The biggest lever lies between steps: {fmt_num(b.gap_ms)} ms per step ({fmt_num(b.gap_pct)} % of the "
+            f"{fmt_num(b.period_ms)} ms period) of the engine's host work outside the step; removing it would make a "
+            f"decode step at most {fmt_num(b.ceiling_x)}× faster, more than any other lever.") in head
+    assert (f"The biggest lever lies between steps: {fmt_num(b.gap_ms)} ms per step" in said
             and f"at most {fmt_num(b.ceiling_x)}× faster (period / span of {fmt_num(b.span_ms)} ms), more than any "
-                f"other lever." in head)
+                f"other lever." in said)
     assert f"Among the categories, the biggest lever is {top.category}: " in head
     assert head.index("The biggest lever lies between steps") < head.index("Among the categories")
     assert "The biggest single lever" not in md

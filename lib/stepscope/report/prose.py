@@ -161,6 +161,13 @@ def tpot_gap_sentence(t: TpotGap) -> str:
             f"{t.denominator} of {f(t.step_ms)} ms, on the host side; no kernel fix reaches it.")
 
 
+def between_steps_headline(b: BetweenSteps, step_label: str) -> str:
+    """The headline's shorter form, said only when the time between steps is the biggest lever."""
+    return (f"The biggest lever lies between steps: {f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the "
+            f"{f(b.period_ms)} ms period) of the engine's host work outside the step; removing it would make a "
+            f"{step_label} at most {f(b.ceiling_x)}× faster, more than any other lever.")
+
+
 def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = False) -> str:
     over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
     lead = "The biggest lever lies between steps: " if biggest else "Between steps, "
@@ -286,7 +293,8 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
     reached)."""
     keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever, GapLever)
     between_biggest = v.biggest is not None and v.biggest.kind == "between steps"
-    out = [(src, s) for src, s in sentences(v)
+    out = [(src, between_steps_headline(src[0], v.identity.step_label) if isinstance(src[0], BetweenSteps) else s)
+           for src, s in sentences(v)
            if isinstance(src[0], keep) or (isinstance(src[0], BetweenSteps) and between_biggest)]
     if v.plateau is not None:
         out.append(((v.plateau,), plateau_sentence(v.plateau)))
