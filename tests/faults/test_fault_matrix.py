@@ -142,9 +142,11 @@ def test_server_death_mid_sweep_relaunch_resume_and_no_secret_anywhere(tmp_path)
     server's engine and workers and launches a new one (said on the console and in run.json),
     the run exits 1. `--resume` measures the missing levels and re-renders the report (its
     inputs changed). A key planted in extra_args and the environment is in no file."""
+    # Levels 2 and 4 must outlast the test's reaction to c0001's file: on a loaded 2-core box
+    # the test process was once starved until the whole sweep (24 requests a level) had ended.
     params = _params(tmp_path, free_port(), secret=True,
                      sweep="{concurrency: [1, 2, 4], input_len: 16, output_len: 16, min_requests: 24, "
-                           "warmup_requests: 1}")
+                           "warmup_requests: 1, min_level_duration_s: 8}")
     run = Run(tmp_path, params, "death", "--stages", "00,01,04,05,06")
     run.wait_for(lambda: (run.run_dir / "01_macro_sweep" / "levels" / "c0001.meta.json").is_file())
     first = run.server()
