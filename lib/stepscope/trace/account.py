@@ -281,10 +281,10 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
               .reset_index(name="calls").sort_values("calls", ascending=False, kind="stable")
               .drop_duplicates(["category", "name"]))
     g = g.merge(placed[["category", "name", "decided_by"]], on=["category", "name"], how="left")
-    per_cat = g.groupby("category", sort=False, observed=True)["sum"]
-    g["share_of_category"] = g["sum"] / per_cat.transform("sum")
-    g["n_names"] = g.groupby("category", sort=False, observed=True)["name"].transform("size")
-    g["cat_sum"] = per_cat.transform("sum")
+    by_cat = g.groupby("category", sort=False, observed=True)
+    g["cat_sum"] = by_cat["sum"].transform("sum")
+    g["share_of_category"] = g["sum"] / g["cat_sum"]
+    g["n_names"] = by_cat["name"].transform("size")
     g = g.sort_values(["cat_sum", "category", "sum", "name"], ascending=[False, True, False, True], kind="stable")
     g = g.groupby("category", sort=False, observed=True).head(top)
     out = pd.DataFrame({
@@ -304,7 +304,6 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     context = (work["op_context"].astype(str).str.replace(r"_\d+$", "", regex=True) if "op_context" in work
                else pd.Series("", work.index))
     return source.where(source != "context", "inside " + context).str.replace("catch_all", "catch-all")
-
 
 
 def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:
