@@ -15,12 +15,12 @@ import pandas as pd
 from stepscope.campaign import analysis as ca
 from stepscope.campaign import plots as cp
 from stepscope.report.compare import KERNEL_CATEGORIES_COMPARED, compare_kernels
-from stepscope.report.markdown_util import markdown_to_html, md_table, missing_box
+from stepscope.report.markdown_util import code_name, markdown_to_html, md_table, missing_box
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
 from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
-from stepscope.wording import HEADLINE_MARK, short_name
+from stepscope.wording import HEADLINE_MARK
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
 FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
@@ -107,7 +107,7 @@ def _kernel_changes(c: ca.Campaign) -> str:
             continue
         for _, x in k[k["presence"].str.endswith("only")].iterrows():
             ran = c.baseline if x["presence"] == "A only" else v
-            rows.append({"variant": v, "category": x["category"], "name": f"`{short_name(str(x['name']), 80)}`",
+            rows.append({"variant": v, "category": x["category"], "name": code_name(x["name"]),
                          "ran": f"{ran} only", "ms": x["a"] if ran == c.baseline else x["b"]})
     if lacking:
         text += (f"Not compared for {', '.join(lacking)}: `05_categorize/category_kernels.csv` is missing in its "

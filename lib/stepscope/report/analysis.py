@@ -16,9 +16,10 @@ import pandas as pd
 from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
+from stepscope.report.markdown_util import code_name
 from stepscope.report.numbers import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL, TPOT_GAP_SHARE
-from stepscope.wording import short_name, work_unit
+from stepscope.wording import work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -233,18 +234,15 @@ def traced_collectives(kernels: pd.DataFrame | None) -> tuple[str, str, str] | N
     if kernels is None or "category" not in kernels:
         return None
     k = kernels[kernels["category"].isin(COMMUNICATION_CATEGORIES)]
-    found: dict[str, list] = {}
-    for name, ms in zip(k["name"].astype(str), k["sum_ms_per_step"].astype(float)):
-        hit = next((imp for imp in COLLECTIVE_IMPLEMENTATIONS if imp[0] in name), None)
-        if hit is not None:
-            entry = found.setdefault(hit[1], [0.0, hit[2], name, 0.0])
-            entry[0] += ms
-            if ms > entry[3]:
-                entry[2], entry[3] = name, ms
-    if not found:
+    hits = [next((imp for imp in COLLECTIVE_IMPLEMENTATIONS if imp[0] in str(n)), None) for n in k["name"]]
+    named = k.assign(family=[h[1] if h else None for h in hits], words=[h[2] if h else None for h in hits])
+    named = named[named["family"].notna()]
+    if named.empty:
         return None
-    family, (_, words_, name, _) = max(found.items(), key=lambda kv: kv[1][0])
-    return family, words_, name
+    family = named.groupby("family", sort=False)["sum_ms_per_step"].sum().idxmax()
+    best = named[named["family"] == family]
+    row = best.loc[best["sum_ms_per_step"].astype(float).idxmax()]
+    return family, row["words"], str(row["name"])
 
 
 def largest_kernel(kernels: pd.DataFrame | None, categories) -> str | None:
@@ -270,7 +268,7 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
         rows.append({"quantity": "GEMM time per decode step (batch 1)", "trace_ms_per_step": trace_gemm,
                      "micro_predicted_ms_per_step": pred_gemm,
                      "prediction_method": how if len(how) <= 80 else how[:77] + "…",
-                     "trace_implementation": f"`{short_name(gemm, 60)}`" if gemm else None})
+                     "trace_implementation": code_name(gemm, 60) if gemm else None})
     cp = a.comm_prediction
     pred_comm = cp.comm_us_per_decode_step if cp is not None else None
     trace_comm = _category_ms(dec, COMMUNICATION_CATEGORIES)

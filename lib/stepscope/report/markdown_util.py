@@ -12,6 +12,7 @@ import markdown as md_lib
 import pandas as pd
 
 from stepscope.report.numbers import fmt_num  # noqa: F401  (re-exported: the one formatter)
+from stepscope.wording import short_name
 
 MISSING_MARK = "⚠ Not measured"
 
@@ -51,6 +52,11 @@ def kv_table(pairs: Sequence[tuple[str, Any]], headers: tuple[str, str] = ("", "
     for k, v in pairs:
         out.append(f"| {k} | {_cell(v, None)} |")
     return "\n".join(out) + "\n"
+
+
+def code_name(name: Any, width: int = 80) -> str:
+    """A kernel or op name as a code span, cut in the middle to `width` characters."""
+    return f"`{short_name(str(name), width)}`"
 
 
 def missing_box(what: str, files: Sequence[str], why: str | None = None) -> str:
