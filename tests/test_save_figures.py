@@ -75,3 +75,17 @@ def test_idle_cores_from_the_load_average(monkeypatch, cores, load, idle):
     monkeypatch.setattr(runfolder, "_cores", lambda: cores)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     assert runfolder._idle_cores() == idle
+
+
+def test_no_fork_inside_a_jupyter_kernel(tmp_path, monkeypatch):
+    # A kernel's ZMQ and channel threads make fork unsafe: render here, whatever the idle cores.
+    import types
+
+    import IPython
+
+    monkeypatch.setattr(runfolder, "_idle_cores", lambda: 3)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
+    forked = []
+    monkeypatch.setattr(runfolder, "_fork_saver", lambda share: forked.append(share))
+    paths = runfolder.save_figures(_figures(), tmp_path)
+    assert forked == [] and all(p.is_file() for p in paths)

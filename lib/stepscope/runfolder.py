@@ -17,6 +17,7 @@ import json
 import math
 import logging
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,7 @@ def save_figures(figures: dict, run_dir: str | Path) -> list[Path]:
     """
     d = figures_dir(run_dir)
     jobs = [(fig, d / (name if name.endswith(".png") else f"{name}.png")) for name, fig in figures.items()]
-    n_share = max(1, min(len(jobs), 1 + _idle_cores()))
+    n_share = 1 if _in_jupyter_kernel() else max(1, min(len(jobs), 1 + _idle_cores()))
     here, children = jobs[0::n_share], []
     for share in (jobs[i::n_share] for i in range(1, n_share)):
         pid = _fork_saver(share)
@@ -134,6 +135,15 @@ def save_figures(figures: dict, run_dir: str | Path) -> list[Path]:
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def _in_jupyter_kernel() -> bool:
+    """A Jupyter kernel owns this process (papermill's stage runs, JupyterLab): its ZMQ and
+    channel threads make a fork unsafe, and a campaign's stage 06 was once seen to hang right
+    after one, so figures render here. `stepscope analyze`'s in-process shell has no kernel."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
 
 
 def _idle_cores() -> int:
