@@ -197,6 +197,33 @@ def test_no_plateau_claimed_without_a_knee(tmp_path):
     assert "up to 640 output tok/s at concurrency 8" in macro
 
 
+def test_plateau_read_from_stalled_levels_says_so(tmp_path):
+    # As on the CPU demo (2026-12-01): server-wide stalls took 12-45 % of every level's time,
+    # 35 % at the knee and 45 % beyond it, and the plateau was stated without a word on them.
+    run = make_synthetic_run(tmp_path / "st")
+    levels = run / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv["stall_share"] = [0.121, 0.181, 0.353, 0.448]
+    lv["stall_count"] = [2, 3, 5, 7]
+    lv["bunched_chunk_share"] = [0.21, 0.517, 0.137, 0.709]
+    lv.to_csv(levels, index=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    # Both readings stand in the sweep table, beside the numbers they qualify.
+    assert "| client-bound? | chunks bunched % | stalled % of level |" in md
+    assert re.search(r"^\| concurrency \| 8 \|.* \| 70\.9 \| 44\.8 \|$", md, re.M)
+    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run)))["verdict"]
+    assert (v.plateau.knee_concurrency, v.plateau.stall_pct, v.plateau.stall_concurrency) == (4, pytest.approx(44.8), 8)
+    clause = ("but server-wide stalls (every stream silent at once) took up to 44.8 % of a level's time from the "
+              "knee on (at concurrency 8), so it is low by up to that share")
+    assert f"the plateau is 300 output tok/s, {clause}." in _quote(md, "In short:")
+    assert f"the plateau is **300 output tok/s**, {clause}" in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
+    # Stalls only below the knee, or within the noise, leave the plateau as stated.
+    lv["stall_share"] = [0.4, 0.3, 0.04, 0.0]
+    lv.to_csv(levels, index=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "the plateau is 300 output tok/s." in _quote(md, "In short:") and "server-wide stalls (every" not in md
+
+
 def _analyze_style(run: Path, info: dict) -> None:
     """What `stepscope analyze` leaves: stage 05 only, params with defaults, the analysing machine in run.json."""
     for stage in ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst", "04_profiler_capture"):

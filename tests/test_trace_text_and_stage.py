@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from stepscope.errors import StageInputMissing
-from stepscope.trace.analyze import analyze_traces, trace_inputs_for_run
+from stepscope.trace.analyze import analyze_traces, capture_tpot, trace_inputs_for_run
 from stepscope.trace.text_table import check_text_tables, parse_text_table, parse_time_us
 
 
@@ -68,14 +68,16 @@ def test_stage_inputs(tmp_path: Path, real_traces: Path):
     d = tmp_path / "04_profiler_capture" / "traces"
     d.mkdir(parents=True)
     shutil.copy(real_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz", d)
+    assert trace_inputs_for_run(tmp_path, params) == [d]
+    assert capture_tpot(tmp_path) == (None, None)  # no capture_latency.json
     lat = tmp_path / "04_profiler_capture" / "capture_latency.json"
     lat.write_text('{"tpot_ms_median": 12.1}')
-    assert trace_inputs_for_run(tmp_path, params) == ([d], 12.1)
+    assert capture_tpot(tmp_path) == (12.1, None)
     # The mean when there is one: it sits beside the per-step means in the report.
     lat.write_text('{"tpot_ms_mean": 13.4, "tpot_ms_median": 12.1}')
-    assert trace_inputs_for_run(tmp_path, params) == ([d], 13.4)
+    assert capture_tpot(tmp_path) == (13.4, None)
     given = SimpleNamespace(analysis=SimpleNamespace(trace_paths=(str(real_traces),)))
-    assert trace_inputs_for_run(tmp_path, given)[0] == [real_traces]
+    assert trace_inputs_for_run(tmp_path, given) == [real_traces]
     with pytest.raises(StageInputMissing, match="not found"):
         trace_inputs_for_run(tmp_path, SimpleNamespace(analysis=SimpleNamespace(trace_paths=("/nope",))))
 

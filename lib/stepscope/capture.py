@@ -17,7 +17,10 @@ Artifacts in `04_profiler_capture/`:
   `frontend_table`.
 - `capture_latency.json`: n_requests, n_completed, n_failed, input_len, output_len,
   ttft_ms_mean, ttft_ms_median, tpot_ms_mean, tpot_ms_median, e2el_ms_mean,
-  e2el_ms_median, definitions (the sweep's metrics module, docs/methods.md#serving-metrics).
+  e2el_ms_median, bunched_chunk_share, merged_token_share, definitions (the sweep's metrics
+  module, docs/methods.md#serving-metrics). When the server delivered the tokens in bursts
+  (`schema.CaptureLatency.tpot_is_delivery`), its TPOT measures delivery, not decode: the
+  notebook says so, and stage 05 does not set it beside the trace's step readings.
 - `capture_requests.jsonl`: the raw request records behind those numbers.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -322,6 +326,9 @@ class CaptureResult:
                 ("TTFT median (ms)", round(lat["ttft_ms_median"], 3)),
                 ("TPOT median (ms)", round(lat["tpot_ms_median"], 3)),
                 ("TPOT mean (ms)", round(lat["tpot_ms_mean"], 3)),
+                ("token chunks bunched with the previous (share)", lat.get("bunched_chunk_share")),
+                ("TPOT measures", "delivery, not decode (tokens arrived in bursts)"
+                 if schema.CaptureLatency(**lat).tpot_is_delivery() else "decode"),
                 ("ranks found / expected", f"{len(m['ranks_found'])} / {len(m['ranks_expected'])}"),
                 ("partial capture", m["partial"]),
                 ("/stop_profile took (s)", round(m["stop_profile_s"], 2)),
@@ -381,6 +388,8 @@ def _write_requests_and_latency(run: dict, capture: CaptureParams, out_dir: Path
         "input_len": capture.input_len, "output_len": capture.output_len,
         **{k: m[k] for k in ("ttft_ms_mean", "ttft_ms_median", "tpot_ms_mean", "tpot_ms_median",
                              "e2el_ms_mean", "e2el_ms_median")},
+        # NaN (no request with two chunks, or no usage-reported token count) is written as null.
+        **{k: None if math.isnan(m[k]) else m[k] for k in ("bunched_chunk_share", "merged_token_share")},
         "definitions": "stepscope.sweep.metrics (vllm bench serve's, docs/methods.md#serving-metrics); sequential batch-1 "
                        "requests measured client-side while the profiler ran, so profiler overhead is included",
     }

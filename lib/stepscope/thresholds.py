@@ -77,6 +77,14 @@ STALL_GAP_S = 0.5
 with one is flagged. Decode steps take milliseconds to tens of milliseconds, so half a second
 of silence is a pause of the server, not a slow step."""
 
+PLATEAU_STALL_SHARE = 0.05
+"""Server-wide stalls above this share of a level's time at or beyond the knee: the plateau is
+stated with that share beside it (the throughput of a level that paused is low by up to it).
+Below it, a stall is within the few-percent scatter of a serving benchmark (CHANGE_NOISE_REL)."""
+
+BUNCHED_GAP_MS = 0.05
+"""Inter-chunk gaps below this arrived together, in one read, rather than one decode step apart."""
+
 BUNCHED_FLAG_SHARE = 0.5
 """Flag a level when more than this share of its inter-chunk gaps are bunched; the report then
 never quotes that level's TPOT as decode time."""

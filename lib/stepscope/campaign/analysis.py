@@ -32,7 +32,7 @@ from stepscope.report import whatif as wi
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict, biggest_lever
-from stepscope.thresholds import BUNCHED_TTFT_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
+from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
                  "ttft_ms_median": "TTFT median (ms)"}
@@ -236,17 +236,20 @@ def category_values(runs: list[VariantRun]) -> dict[str, list[tuple[float, float
 
 
 def capture_tpot(r: VariantRun) -> float | None:
+    """The batch-1 TPOT the client measured during capture; None when it measures delivery."""
     cl = r.artifacts.capture_latency
+    if capture_bunched(r) is not None:
+        return None
     return num(r.ctx["totals"].get("tpot_capture_ms")) or (cl.tpot_ms_mean if cl is not None else None)
 
 
 def capture_bunched(r: VariantRun) -> tuple[float, float] | None:
-    """(TTFT, E2EL) medians of a capture whose tokens arrived in one burst, else None."""
+    """(TTFT, E2EL) medians of a capture whose tokens arrived in bursts
+    (`CaptureLatency.tpot_is_delivery`), else None."""
     cl = r.artifacts.capture_latency
-    ttft, e2el = num(getattr(cl, "ttft_ms_median", None)), num(getattr(cl, "e2el_ms_median", None))
-    if ttft is not None and e2el and ttft > BUNCHED_TTFT_SHARE * e2el:
-        return ttft, e2el
-    return None
+    if cl is None or not cl.tpot_is_delivery():
+        return None
+    return num(cl.ttft_ms_median), num(cl.e2el_ms_median)
 
 
 def step_ms(r: VariantRun) -> float | None:

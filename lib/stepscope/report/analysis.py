@@ -41,7 +41,8 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         "union_ms": st.union_ms.mean,
         "span_ms": st.span_ms.mean,
         "annotation_ms": st.annotation_ms.mean,
-        "tpot_capture_ms": st.tpot_capture_ms,
+        # A run folder analysed before stage 05 knew `tpot_is_delivery` may still hold that TPOT.
+        "tpot_capture_ms": None if _capture_tpot_is_delivery(a) else st.tpot_capture_ms,
         "n_decode_steps": st.n_steps or None,
         "steps_used": st.steps_used,
         "source": "05_categorize/summary.json",
@@ -95,6 +96,10 @@ def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | N
         remaining = step - df["exposed_ms_per_step"].astype(float)
         df["max_speedup"] = np.where(remaining > 0, step / remaining.where(remaining > 0, np.nan), np.inf)
     return df.sort_values("max_speedup", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _capture_tpot_is_delivery(a: RunArtifacts) -> bool:
+    return a.capture_latency is not None and a.capture_latency.tpot_is_delivery()
 
 
 def device_word(totals: dict[str, Any]) -> str:
@@ -161,8 +166,8 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
             out.append(f"The span per step ({_fmt(sp)} ms) exceeds the TPOT measured during capture "
                        f"({_fmt(tpot)} ms) by {_fmt(-gap)} ms: steps overlap in time (asynchronous "
                        f"scheduling) or the client's TPOT averages in faster tokens.")
-    elif tpot is not None and s is not None:
-        out.append(f"The capture's TPOT is {_fmt(tpot)} ms against {_fmt(s)} ms of summed kernel time per step; "
+    elif tpot is not None and tpot > 0 and s is not None and sp is None:
+        out.append(f"The capture's TPOT is {_fmt(tpot)} ms against {_fmt(s)} ms of summed {one} time per step; "
                    f"without a span the gap cannot be split into overlap and idle time.")
     return out
 
@@ -314,6 +319,7 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
             best = closed.loc[closed["output_throughput_tok_s"].astype(float).idxmax()]
             out["best_output_tok_s"] = num(best["output_throughput_tok_s"])
             out["best_concurrency"] = int(best["concurrency"]) if num(best["concurrency"]) is not None else None
+        out.update(_plateau_stalls(closed, s.knee_concurrency))
         c1 = closed[closed["concurrency"].astype(float) == 1]
         if "bunched_chunk_share" in closed and len(c1):
             out["c1_bunched_share"] = num(c1["bunched_chunk_share"].iloc[0])
@@ -324,6 +330,18 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
                 + (f" (client CPU {_fmt(r['client_cpu_pct'])} %)" if pd.notna(r.get("client_cpu_pct")) else "")
                 for _, r in cb.iterrows()]
     return out
+
+
+def _plateau_stalls(closed: pd.DataFrame, knee: int | None) -> dict[str, Any]:
+    """The largest share of a level's time lost to server-wide stalls at or beyond the knee
+    (the levels the plateau is read from), and its concurrency; empty without a knee."""
+    if knee is None or "stall_share" not in closed:
+        return {}
+    at = closed[(closed["concurrency"].astype(float) >= knee) & closed["stall_share"].notna()]
+    if not len(at):
+        return {}
+    worst = at.loc[at["stall_share"].astype(float).idxmax()]
+    return {"plateau_stall_share": num(worst["stall_share"]), "plateau_stall_concurrency": int(worst["concurrency"])}
 
 
 # --------------------------------------------------------------------------- caveats

@@ -22,7 +22,7 @@ from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run
 from stepscope.report.markdown_util import (code_name, fmt_num, image, kv_table, markdown_to_html, md_table,
                                             missing_box)
 from stepscope.runfolder import save_figures
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, READINGS_AGREE_REL
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
 from stepscope.wording import HEADLINE_MARK, plural, short_name, work_unit
@@ -221,7 +221,8 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
         parts.append(f"the knee (beyond it, doubling concurrency adds < {fmt_num(100 * h['knee_gain'])} % output tok/s) "
                      f"is at **concurrency {fmt_num(h['knee_concurrency'])}**")
     if h.get("knee_concurrency") is not None and h.get("plateau_output_tok_s") is not None:
-        parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**")
+        parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**"
+                     + prose.plateau_stall_clause(vd.plateau(h)))
     elif h.get("best_output_tok_s") is not None:
         parts.append(f"**no plateau was reached**: output tok/s still grew by at least {fmt_num(100 * h['knee_gain'])} % "
                      f"per doubling of concurrency, up to {fmt_num(h['best_output_tok_s'])} output tok/s at "
@@ -241,6 +242,10 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     lv = lv.sort_values(sort_cols) if sort_cols else lv
     if {"n_completed", "n_failed"} <= set(lv.columns):
         lv["done_failed"] = lv["n_completed"].map(fmt_num) + " / " + lv["n_failed"].map(fmt_num)
+    # The two readings that say whether a level's numbers measure the server's decode at all.
+    for share, pct in (("bunched_chunk_share", "bunched_pct"), ("stall_share", "stall_pct")):
+        if share in lv:
+            lv[pct] = 100 * lv[share].astype(float)
     text += (f"Per level ({len(lv)} levels; per-request statistics as `vllm bench serve` defines them: TPOT = "
              f"(E2EL − TTFT)/(output tokens − 1); ms, tok/s):\n\n")
     text += md_table(lv, [("mode", "mode"), ("concurrency", "concurrency"), ("request_rate", "rate (req/s)"),
@@ -250,7 +255,14 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
                           ("tpot_ms_median", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
                           ("itl_ms_median", "ITL p50"), ("e2el_ms_median", "E2EL p50"),
                           ("littles_concurrency", "Little's L"), ("peak_output_tok_s_1s", "peak 1 s tok/s"),
-                          ("client_cpu_pct", "client CPU %"), ("client_bound", "client-bound?")])
+                          ("client_cpu_pct", "client CPU %"), ("client_bound", "client-bound?"),
+                          ("bunched_pct", "chunks bunched %"), ("stall_pct", "stalled % of level")])
+    if "bunched_pct" in lv or "stall_pct" in lv:
+        text += (f"\n*chunks bunched %*: token chunks that arrived with the previous one (gap under "
+                 f"{fmt_num(BUNCHED_GAP_MS)} ms); above "
+                 f"{fmt_num(100 * BUNCHED_FLAG_SHARE)} % a level's TPOT and ITL measure delivery, not decode. "
+                 f"*stalled % of level*: time every open stream was silent at once for over "
+                 f"{fmt_num(STALL_GAP_S)} s; the level's throughput is low by up to that share.\n")
     stage_pngs = _stage_figures(a.run_dir, "sweep_")
     for name in stage_pngs:
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
@@ -361,7 +373,16 @@ def _capture_line(a: RunArtifacts) -> str:
     text = (f"Capture: {man.engine or '?'} {man.engine_version or ''}, {len(man.files)} files from "
             f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
     cl = a.capture_latency
-    if cl is not None:
+    if cl is not None and cl.tpot_is_delivery():
+        bunched = "" if cl.bunched_chunk_share is None else \
+            f"{fmt_num(100 * cl.bunched_chunk_share)} % of token chunks arrived together with the previous one; "
+        text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
+                 f"{fmt_num(cl.output_len)} tokens: TTFT mean {fmt_num(cl.ttft_ms_mean)} ms; their TPOT "
+                 f"(mean {fmt_num(cl.tpot_ms_mean)} ms) measures delivery, not decode, because the server sent "
+                 f"the tokens in bursts ({bunched}median TTFT {fmt_num(cl.ttft_ms_median)} of "
+                 f"{fmt_num(cl.e2el_ms_median)} ms end to end). It is not compared with the trace; the step "
+                 f"period is the engine's own clock.")
+    elif cl is not None:
         text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
                  f"{fmt_num(cl.output_len)} tokens: TPOT mean {fmt_num(cl.tpot_ms_mean)} ms, "
                  f"TTFT mean {fmt_num(cl.ttft_ms_mean)} ms.")

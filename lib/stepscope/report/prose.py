@@ -233,11 +233,19 @@ def roofline_sentence(r: RooflineFinding) -> str:
 def plateau_sentence(p: Plateau) -> str:
     if p.reached:
         return (f"Throughput levels off from concurrency {f(p.knee_concurrency)}: the plateau is "
-                f"{f(p.plateau_tok_s)} output tok/s.")
+                f"{f(p.plateau_tok_s)} output tok/s{plateau_stall_clause(p)}.")
     upto = (f" up to concurrency {f(p.best_concurrency)} ({f(p.best_tok_s)} output tok/s)"
             if p.best_concurrency is not None else "")
     return (f"No plateau was reached: output tok/s still grew by at least {f(p.knee_gain_pct)} % per doubling of "
             f"concurrency{upto}, so the sweep stopped short of saturation.")
+
+
+def plateau_stall_clause(p: Plateau) -> str:
+    """What server-wide stalls at or beyond the knee did to the plateau; empty when they were small."""
+    if p.stall_pct is None:
+        return ""
+    return (f", but server-wide stalls (every stream silent at once) took up to {f(p.stall_pct)} % of a level's "
+            f"time from the knee on (at concurrency {f(p.stall_concurrency)}), so it is low by up to that share")
 
 
 def sentences(v: Verdict) -> list[Sentence]:

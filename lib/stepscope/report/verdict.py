@@ -24,7 +24,7 @@ from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
-                                  PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
+                                  PLATEAU_STALL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
 
 
 
@@ -186,6 +186,10 @@ class Plateau:
     best_tok_s: float | None = None
     best_concurrency: int | None = None
     knee_gain_pct: float | None = None
+    stall_pct: float | None = None
+    """The largest share of a level's time at or beyond the knee lost to server-wide stalls,
+    when above PLATEAU_STALL_SHARE: the plateau is low by up to it."""
+    stall_concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -611,11 +615,15 @@ def plateau(macro: dict[str, Any] | None) -> Plateau | None:
         return None
     gain = num(macro.get("knee_gain"))
     knee = _int(macro.get("knee_concurrency"))
+    stall = num(macro.get("plateau_stall_share"))
+    stalled = knee is not None and stall is not None and stall > PLATEAU_STALL_SHARE
     return Plateau(reached=knee is not None, knee_concurrency=knee,
                    plateau_tok_s=num(macro.get("plateau_output_tok_s")) if knee is not None else None,
                    best_tok_s=num(macro.get("best_output_tok_s")),
                    best_concurrency=_int(macro.get("best_concurrency")),
-                   knee_gain_pct=100 * gain if gain is not None else None)
+                   knee_gain_pct=100 * gain if gain is not None else None,
+                   stall_pct=100 * stall if stalled else None,
+                   stall_concurrency=_int(macro.get("plateau_stall_concurrency")) if stalled else None)
 
 
 def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.schema._base import Record
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_TTFT_SHARE
 
 
 class CaptureFile(Record, kw_only=True):
@@ -61,4 +62,20 @@ class CaptureLatency(Record, kw_only=True):
     tpot_ms_median: float | None = None
     e2el_ms_mean: float | None = None
     e2el_ms_median: float | None = None
+    bunched_chunk_share: float | None = None
+    """Share of inter-chunk gaps under 0.05 ms (the sweep's definition): chunks held back and
+    delivered together. Absent in run folders written before it was recorded."""
+    merged_token_share: float | None = None
+    """Share of output tokens that arrived inside another token's chunk (the sweep's definition)."""
     definitions: str | None = None
+
+    def tpot_is_delivery(self) -> bool:
+        """True when the client-side TPOT measures how the server delivered tokens, not decode:
+        most chunks arrived bunched together (the sweep's flag, BUNCHED_FLAG_SHARE), or the
+        median TTFT took most of the end-to-end time, so one burst carried most tokens
+        (BUNCHED_TTFT_SHARE; also readable in run folders without the chunk share). TPOT =
+        (E2EL - TTFT)/(tokens - 1) then shrinks towards 0 whatever the decode step costs."""
+        if self.bunched_chunk_share is not None and self.bunched_chunk_share > BUNCHED_FLAG_SHARE:
+            return True
+        ttft, e2el = self.ttft_ms_median, self.e2el_ms_median
+        return ttft is not None and e2el is not None and e2el > 0 and ttft > BUNCHED_TTFT_SHARE * e2el

@@ -31,6 +31,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from stepscope.thresholds import BUNCHED_GAP_MS
+
 PERCENTILES = (50.0, 90.0, 99.0)
 
 
@@ -133,9 +135,6 @@ def request_table(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.Da
         "output_tokens_from_usage", "n_chunks", "start_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
     ])
 
-
-BUNCHED_GAP_MS = 0.05
-"""Inter-chunk gaps below this arrived together, in one read, rather than one decode step apart."""
 
 
 def itl_ms(records: Iterable[RequestRecord | Mapping[str, Any]]) -> np.ndarray:

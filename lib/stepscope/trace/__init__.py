@@ -14,8 +14,10 @@ Public API
 - `run_stage(params, run_dir, out_dir)`: stage 05 from a run folder (inputs, architecture
   via `stepscope.model.architecture_from_params`, TP = analysis.tp or server.tp, TPOT from
   04_profiler_capture/capture_latency.json).
-- `trace_inputs_for_run(run_dir, params) -> (paths, tpot_ms | None)`: params
-  `analysis.trace_paths`, else `04_profiler_capture/traces/`; `StageInputMissing` otherwise.
+- `trace_inputs_for_run(run_dir, params) -> paths`: params `analysis.trace_paths`, else
+  `04_profiler_capture/traces/`; `StageInputMissing` otherwise.
+- `analyze.capture_tpot(run_dir) -> (tpot_ms | None, flag | None)`: the capture's mean TPOT, or
+  None and a flag when its tokens arrived in bursts (it then measures delivery, not decode).
 - `load.load_rank(path, cache_dir=...)`, `load.load_ranks(paths, ...)`, `load.read_trace(path)`:
   the streaming loader (slim event table per rank; Parquet cache keyed by size + content hash).
   `load.parse_trace(path, processes=...)` is its pandas-free core (numpy arrays), which

@@ -338,7 +338,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                    progress: bool = True, cache_dir: Path | None = None,
                    perfetto: bool = True, quantization: str | None = None,
                    micro_gemm: pd.DataFrame | None = None,
-                   peaks: dict[str, Any] | None = None) -> Analysis:
+                   peaks: dict[str, Any] | None = None,
+                   input_flags: Iterable[dict[str, str]] = ()) -> Analysis:
     """Load, categorize, attribute and account every rank trace; write the artifacts.
 
     `paths`: trace files and/or folders (profiler_out*.txt tables found there are used as a
@@ -349,6 +350,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     `quantization` (params model.quantization) sets the routed experts' weight format for the
     roofline; `micro_gemm` (stage 02's gemm.csv) is set beside it; `peaks` (params
     `hardware`: name, peak_mem_bw_gbps, peak_tflops) overrides the device table.
+    `input_flags`: flags raised on the stage's inputs (the capture's TPOT), kept in the summary.
     """
     from stepscope.trace.text_table import check_text_tables
 
@@ -379,6 +381,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
         if c.get("flag"):
             flags.append(c["flag"])
     flags.extend(_tpot_flags(times))
+    flags.extend(input_flags)
     timeline = representative_timeline(ref)
     summary = {
         "trace_info": info,
@@ -731,7 +734,8 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
 
     Raises StageInputMissing when there are no traces to analyse.
     """
-    paths, tpot = trace_inputs_for_run(run_dir, params)
+    paths = trace_inputs_for_run(run_dir, params)
+    tpot, tpot_flag = capture_tpot(run_dir)
     arch, why = load_arch_for(params)
     # server.tp is the truth only for a server this run deployed or attached to; otherwise
     # (stepscope analyze) TP comes from the traces' world size unless analysis.tp says.
@@ -741,6 +745,7 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
     hw = params.hardware
     an = analyze_traces(paths, Path(out_dir), arch=arch, tp=tp,
                         extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress,
+                        input_flags=[tpot_flag] if tpot_flag else [],
                         quantization=params.model.quantization,
                         micro_gemm=pd.read_csv(micro) if micro.is_file() else None,
                         peaks={"name": hw.name, "peak_mem_bw_gbps": hw.peak_mem_bw_gbps,
@@ -751,8 +756,8 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
     return an
 
 
-def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float | None]:
-    """Trace paths for stage 05 and the TPOT measured during capture (or None).
+def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:
+    """Trace paths for stage 05 (the TPOT measured during capture: `capture_tpot`).
 
     `params.analysis.trace_paths` wins (relative paths from the repository root); else
     the run's 04_profiler_capture/traces/. Raises StageInputMissing when neither exists.
@@ -760,16 +765,6 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float
     from stepscope.runfolder import REPO_ROOT
 
     run_dir = Path(run_dir)
-    tpot = None
-    lat = run_dir / "04_profiler_capture" / "capture_latency.json"
-    if lat.is_file():
-        try:
-            # The mean, like the per-step readings it is shown beside (kernel sum, union, span).
-            lat_d = json.loads(lat.read_text())
-            v = lat_d.get("tpot_ms_mean", lat_d.get("tpot_ms_median"))
-            tpot = float(v) if v is not None else None
-        except (ValueError, TypeError, AttributeError):
-            tpot = None
     given = tuple(getattr(getattr(params, "analysis", None), "trace_paths", ()) or ())
     if given:
         out = [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in given]
@@ -778,7 +773,7 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float
             raise StageInputMissing(f"analysis.trace_paths not found: {', '.join(missing)}",
                                     where="params analysis.trace_paths",
                                     hint="fix the paths (relative ones are from the repository root)")
-        return out, tpot
+        return out
     d = run_dir / "04_profiler_capture" / "traces"
     if not d.is_dir() or not any(d.iterdir()):
         raise StageInputMissing(
@@ -786,7 +781,34 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> tuple[list[Path], float
             where=str(run_dir),
             hint=f"run stage 04 first (stepscope run <params> --run-id {run_dir.name} --stages 04), "
                  "or set analysis.trace_paths in params to traces captured elsewhere")
-    return [d], tpot
+    return [d]
+
+
+def capture_tpot(run_dir: str | Path) -> tuple[float | None, dict[str, str] | None]:
+    """The mean TPOT the client measured during capture (the mean, like the per-step readings
+    it is shown beside), and a flag when it is not set beside the trace: its file is unreadable,
+    or the server delivered the tokens in bursts (`CaptureLatency.tpot_is_delivery`), so
+    (E2EL - TTFT)/(tokens - 1) measures delivery and reads near 0 whatever a step costs."""
+    path = Path(run_dir) / "04_profiler_capture" / "capture_latency.json"
+    if not path.is_file():
+        return None, None
+    try:
+        lat = schema.read(path, schema.CaptureLatency)
+    except (schema.ArtifactError, OSError) as exc:
+        return None, _flag("capture_latency_unreadable", "warning",
+                           f"{path}: {exc}; the capture's TPOT is not set beside the trace")
+    tpot = lat.tpot_ms_mean if lat.tpot_ms_mean is not None else lat.tpot_ms_median
+    if not lat.tpot_is_delivery():
+        return tpot, None
+    bunched = "" if lat.bunched_chunk_share is None else \
+        f"{lat.bunched_chunk_share:.0%} of token chunks arrived together with the previous one; "
+    why = f"{bunched}median TTFT {lat.ttft_ms_median:.3f} of {lat.e2el_ms_median:.3f} ms end to end"
+    mean = f"{tpot:.3f} ms" if tpot is not None else "none"
+    return None, _flag("capture_tpot_is_delivery", "warning",
+                       f"the TPOT the client measured during capture (mean {mean}) measures delivery, not "
+                       f"decode: the server sent the tokens in bursts, e.g. its API process starved of CPU "
+                       f"({why}). It is not set beside the trace's step readings; the period is the "
+                       f"engine's own clock")
 
 
 def load_arch_for(params) -> tuple[Any, str | None]:
