@@ -20,6 +20,7 @@ from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.numbers import NUMBER_RE, fmt_num
 from stepscope.report.verdict import biggest_lever
+from stepscope.wording import short_name, short_names
 from stepscope.thresholds import COMM_EXPOSED_SHARE, HOST_BOUND_MICRO_IDLE_SHARE, LOW_CONFIDENCE_STEPS
 
 CASES = {
@@ -633,3 +634,25 @@ def test_training_caveats_name_training_steps_and_say_plainly_when_nothing_fell_
     assert "Collectives per training step were not checked" in caveats and "per decode step" not in caveats
     assert "No kernel time fell to \"other\" on any rank" in caveats and "at most 0 %" not in caveats
     assert "No kernel matched only a catch-all rule on any rank." in caveats
+
+
+def test_kernel_names_that_differ_inside_stay_apart(tmp_path, real_traces):
+    # gpt-oss on MI300X: two of dense_gemm's hipBLASLt kernels (447 and 448 characters) share
+    # their first 264 and last 155 (NTA0 against NTA4, NEPBS8 against NEPBS16), so the middle
+    # cut printed them as two identical rows.
+    run = _real_run(tmp_path, [real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    rows = [r for r in md.splitlines() if r.startswith("| dense_gemm | `Cijk_")]
+    names = [r.split("`")[1] for r in rows]
+    assert len(names) == len(set(names)) == 3 and all(len(n) <= 80 for n in names)
+    assert "_NTA0_" in names[0] and "_NEPBS8_" in names[0] and "_NTA4_" in names[1] and "_NEPBS16_" in names[1]
+    assert names[2] == short_name(names[2], 80)  # a name that clashed with none keeps the plain cut
+
+
+def test_short_names_part_every_clash_and_leave_equal_names_equal():
+    base = "k_" + "a" * 100
+    names = [base + "X" + "b" * 50 + "Y" + "c" * 100, base + "X" + "b" * 50 + "Z" + "c" * 100,
+             base + "W" + "b" * 50 + "Y" + "c" * 100, "short", "short", None]
+    cut = short_names(names, 60)
+    assert len(set(cut[:3])) == 3 and cut[3] == cut[4] == "short" and cut[5] == "?"
+    assert all(len(c) == 60 for c in cut[:3]) and all(c.startswith("k_aaa") and c.endswith("ccc") for c in cut[:3])

@@ -3,6 +3,9 @@ figure's title never calls a training step a decode step while the sentence besi
 
 from __future__ import annotations
 
+import os
+from typing import Sequence
+
 STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
                "mixed": "mixed prefill-and-decode step", "training": "training step",
                "single_step": "step", "unknown": "step"}
@@ -33,6 +36,45 @@ def short_name(name: str | None, width: int = 70) -> str:
         return name
     head = (width - 1) * 3 // 5
     return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+
+
+def short_names(names: Sequence[str | None], width: int = 70) -> list[str]:
+    """`short_name` of each name, made distinct where the names are: generated kernels
+    (hipBLASLt's Tensile names run to 450 characters) can share their first and last 200 and
+    differ only inside, where the middle cut hides it. A clash shows, between a shorter head
+    and tail, the window where its names first part; names still alike there get the next
+    window, for as many rounds as they have differences apart (at most `_MAX_ROUNDS`)."""
+    full = [n or "?" for n in names]
+    out = [short_name(n, width) for n in full]
+    for _ in range(_MAX_ROUNDS):
+        groups: dict[str, list[int]] = {}
+        for i, cut in enumerate(out):
+            groups.setdefault(cut, []).append(i)
+        clashes = [ix for ix in groups.values() if len({full[i] for i in ix}) > 1]
+        if not clashes:
+            break
+        for ix in clashes:
+            parted_at = len(os.path.commonprefix([full[i] for i in ix]))
+            for i in ix:
+                out[i] = _cut_around(full[i], parted_at, width)
+    return out
+
+
+_MAX_ROUNDS = 4
+_WINDOW_LEAD = 12
+"""Characters shown before the first difference, so the window starts at a readable field."""
+
+
+def _cut_around(name: str, at: int, width: int) -> str:
+    """`name` in `width` characters: a head, the window from just before index `at`, a tail."""
+    if len(name) <= width:
+        return name
+    head, tail = width // 4, width // 5
+    size = width - head - tail - 2
+    start = min(max(head, at - _WINDOW_LEAD), len(name) - tail - size)
+    window_end = start + size
+    return (name[:head] + ("…" if start > head else "") + name[start:window_end]
+            + ("…" if window_end < len(name) - tail else "") + name[len(name) - tail:])
 
 
 HEADLINE_MARK = "> **In short:** "

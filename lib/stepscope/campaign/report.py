@@ -15,7 +15,7 @@ import pandas as pd
 from stepscope.campaign import analysis as ca
 from stepscope.campaign import plots as cp
 from stepscope.report.compare import KERNEL_CATEGORIES_COMPARED, compare_kernels
-from stepscope.report.markdown_util import code_name, markdown_to_html, md_table, missing_box
+from stepscope.report.markdown_util import code_names, markdown_to_html, md_table, missing_box
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
@@ -107,7 +107,7 @@ def _kernel_changes(c: ca.Campaign) -> str:
             continue
         for _, x in k[k["presence"].str.endswith("only")].iterrows():
             ran = c.baseline if x["presence"] == "A only" else v
-            rows.append({"variant": v, "category": x["category"], "name": code_name(x["name"]),
+            rows.append({"variant": v, "category": x["category"], "name": x["name"],
                          "ran": f"{ran} only", "ms": x["a"] if ran == c.baseline else x["b"]})
     if lacking:
         text += (f"Not compared for {', '.join(lacking)}: `05_categorize/category_kernels.csv` is missing in its "
@@ -116,7 +116,9 @@ def _kernel_changes(c: ca.Campaign) -> str:
         return text + ("No kernel of the largest categories ran in one run only.\n\n" if not lacking else "")
     text += (f"Among the largest kernels of the {KERNEL_CATEGORIES_COMPARED} categories with the most time "
              f"(first run of each variant against the baseline's; all of them: `stepscope compare`):\n\n")
-    return text + md_table(pd.DataFrame(rows), [("variant", "variant"), ("category", "category"), ("name", "kernel"),
+    table = pd.DataFrame(rows)
+    table["name"] = code_names(table["name"])
+    return text + md_table(table, [("variant", "variant"), ("category", "category"), ("name", "kernel"),
                                                 ("ran", "ran in"), ("ms", "summed ms per step")]) + "\n"
 
 

@@ -19,7 +19,7 @@ from stepscope.micro.collectives import plot_latency_vs_size
 from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
-from stepscope.report.markdown_util import (code_name, fmt_num, image, kv_table, markdown_to_html, md_table,
+from stepscope.report.markdown_util import (code_names, fmt_num, image, kv_table, markdown_to_html, md_table,
                                             missing_box)
 from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
@@ -424,7 +424,7 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
     k["order"] = k["category"].map({c: i for i, c in enumerate(top)})
     k = k.sort_values(["order", "sum_ms_per_step"], ascending=[True, False], kind="stable")
     k = k.groupby("category", sort=False).head(KERNELS_SHOWN)
-    k["name"] = k["name"].map(code_name)
+    k["name"] = code_names(k["name"])
     k["share_pct"] = 100 * k["share_of_category"].astype(float)
     k["of"] = k["n_names"].map(lambda n: f"of {fmt_num(int(n))}")
     if "decided_by" in k:  # older tables lack it

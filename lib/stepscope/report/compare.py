@@ -24,7 +24,7 @@ from stepscope.report import analysis as an
 from stepscope.report import figures as fg
 from stepscope.report import verdict as vd
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
-from stepscope.report.markdown_util import code_name, fmt_num, markdown_to_html, md_table, missing_box
+from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL
 from stepscope.trace.account import KERNELS_PER_CATEGORY
@@ -196,7 +196,7 @@ def _kernels_section(kernels: pd.DataFrame | None, step: str) -> str:
     if kernels is None or not len(kernels):
         return text + ("Not compared: `05_categorize/category_kernels.csv` is missing in one run (written by "
                        "stepscope since its kernel tables; run stage 05 again).\n\n")
-    k = kernels.assign(name=kernels["name"].map(code_name))
+    k = kernels.assign(name=code_names(kernels["name"]))
     text += (f"Up to {KERNELS_COMPARED} kernels (ops on a CPU trace) of the {KERNEL_CATEGORIES_COMPARED} categories "
              f"with the most time in either run, largest change first. A kernel that ran in one run only reads 0 "
              f"in the other: another backend or a fusion shows as names coming and going.\n\n")

@@ -12,7 +12,7 @@ import markdown as md_lib
 import pandas as pd
 
 from stepscope.report.numbers import fmt_num  # noqa: F401  (re-exported: the one formatter)
-from stepscope.wording import short_name
+from stepscope.wording import short_name, short_names
 
 MISSING_MARK = "⚠ Not measured"
 
@@ -57,6 +57,12 @@ def kv_table(pairs: Sequence[tuple[str, Any]], headers: tuple[str, str] = ("", "
 def code_name(name: Any, width: int = 80) -> str:
     """A kernel or op name as a code span, cut in the middle to `width` characters."""
     return f"`{short_name(str(name), width)}`"
+
+
+def code_names(names: Sequence[Any], width: int = 80) -> list[str]:
+    """The names of one table as code spans, cut to `width` and kept apart where they differ
+    (`wording.short_names`): two rows never look alike unless their names are."""
+    return [f"`{n}`" for n in short_names([str(x) for x in names], width)]
 
 
 def missing_box(what: str, files: Sequence[str], why: str | None = None) -> str:

@@ -19,7 +19,7 @@ from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline
 from stepscope.trace.info import detect_engine, input_token_shape, trace_info
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
-from stepscope.wording import short_name
+from stepscope.wording import short_names
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
 
 
@@ -149,7 +149,7 @@ class Analysis:
         cols = ["category", "name", "sum_ms_per_step", "calls_per_step", "us_per_call", "share_of_category",
                 "n_names", "decided_by"]
         t = k.groupby("category", sort=False).head(per_category)[cols].round(4).reset_index(drop=True)
-        return t.assign(name=t["name"].map(lambda n: short_name(str(n), 90)))
+        return t.assign(name=short_names(t["name"], 90))
 
     def other_names(self) -> pd.DataFrame:
         """The names that fell into 'other', per rank, with their time."""
