@@ -147,7 +147,7 @@ def test_heatmap_colours_are_the_matrix(tp2_analysis):
 
 def test_stage_05_saves_both_under_the_name_the_report_embeds(tp2_analysis):
     names = set(stage_figures(tp2_analysis))
-    assert {"05_decode_step_categories_distribution_rank0", "05_decode_step_categories_heatmap_rank0"} <= names
+    assert {"05_step_categories_distribution_rank0", "05_step_categories_heatmap_rank0"} <= names
 
 
 def test_report_embeds_the_distribution_figures_in_their_sections(tmp_path, sweep_dir):
@@ -156,12 +156,12 @@ def test_report_embeds_the_distribution_figures_in_their_sections(tmp_path, swee
     from stepscope.testing.synthetic import make_synthetic_run
 
     run = make_synthetic_run(tmp_path / "run")
-    names = [FIGURE_NAMES["distribution"], "05_decode_step_categories_distribution_rank0.png",
-             "05_decode_step_categories_heatmap_rank0.png"]
+    names = [FIGURE_NAMES["distribution"], "05_step_categories_distribution_rank0.png",
+             "05_step_categories_heatmap_rank0.png"]
     samples = latency_samples(sweep_dir)
     save_figures({n: plot_latency_distributions(samples) for n in names}, run)
     md = build_report(run)["markdown"].read_text()
     for n in names:
         assert f"../figures/{n}" in md, n
     # stage 01's figure sits in the macro section, stage 05's with the per-step figures
-    assert md.index(FIGURE_NAMES["distribution"]) < md.index("05_decode_step_categories_distribution")
+    assert md.index(FIGURE_NAMES["distribution"]) < md.index("05_step_categories_distribution")

@@ -229,6 +229,6 @@ def test_the_report_does_not_redraw_stage_05s_single_step_bar(tmp_path, real_tra
     save_figures(stage_figures(an), run)
     md = build_report(run)["markdown"].read_text()
     drawn = {p.name for p in (run / "figures").glob("*.png")}
-    assert ("decode_category_ms_per_step_stacked.png" in drawn) is stacked_drawn
-    assert ("decode_category_ms_per_step_stacked.png" in md) is stacked_drawn
-    assert "05_decode_step_categories_rank0.png" in md  # the stage's per-step figure is embedded either way
+    assert ("step_category_ms_stacked.png" in drawn) is stacked_drawn
+    assert ("step_category_ms_stacked.png" in md) is stacked_drawn
+    assert "05_step_categories_rank0.png" in md  # the stage's per-step figure is embedded either way

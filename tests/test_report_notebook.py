@@ -28,7 +28,7 @@ def test_notebook_06_runs_under_papermill_and_stays_small(tmp_path, stages):
           for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
     assert md and "## 6. Verdict" in md[0]
     # the executed notebook lives in <run>/notebooks/, so figure links climb one level
-    assert "](../figures/decode_category_share_of_step.png)" in md[0]
+    assert "](../figures/step_category_shares.png)" in md[0]
     assert (run / "06_writeup" / "report.html").is_file()
     widgets = [o for c in nb.cells for o in c.get("outputs", [])
                if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]

@@ -88,10 +88,10 @@ def test_figures(real_traces: Path, tmp_path: Path):
     an = analyze_traces([real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)],
                         tmp_path / "05", progress=False, perfetto=False)
     figs = stage_figures(an)
-    assert set(figs) == {"05_decode_step_categories_rank0", "05_step_timeline_rank0",
-                         "05_decode_step_categories_distribution_rank0",
-                         "05_decode_step_categories_heatmap_rank0", "05_cross_rank_categories"}
-    assert len(figs["05_decode_step_categories_rank0"].axes[0].patches) == 10 * 7  # steps x categories
+    assert set(figs) == {"05_step_categories_rank0", "05_step_timeline_rank0",
+                         "05_step_categories_distribution_rank0",
+                         "05_step_categories_heatmap_rank0", "05_cross_rank_categories"}
+    assert len(figs["05_step_categories_rank0"].axes[0].patches) == 10 * 7  # steps x categories
     paths = save_figures(figs, tmp_path)
     assert all(p.stat().st_size > 10_000 for p in paths)
 
@@ -110,7 +110,7 @@ def test_notebook_runs_under_papermill(tmp_path: Path, real_traces: Path, repo_r
     subprocess.run(cmd, check=True, capture_output=True)
     s = json.loads((run / "05_categorize" / "summary.json").read_text())
     assert s["collectives_check"]["match"] is True
-    assert (run / "figures" / "05_decode_step_categories_rank0.png").is_file()
+    assert (run / "figures" / "05_step_categories_rank0.png").is_file()
     # Without stage 04's traces the stage fails, naming what is missing.
     empty = tmp_path / "empty"
     empty.mkdir()

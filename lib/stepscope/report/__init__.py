@@ -24,13 +24,13 @@ inputs); `report.numbers.fmt_num` is the one number formatter.
 Figures written to `<run>/figures/`, each drawn by the one function its stage uses (category
 figures: `stepscope.trace.plots`, colours from `stepscope.palette`; sweep: `stepscope.sweep.plots`;
 roofline: `stepscope.micro.gemm.plot_roofline`; collectives:
-`stepscope.micro.collectives.plot_latency_vs_size`): decode_category_ms_per_step_stacked.png,
-decode_category_share_of_step.png, decode_amdahl_ceiling_by_category.png,
+`stepscope.micro.collectives.plot_latency_vs_size`): step_category_ms_stacked.png,
+step_category_shares.png, step_amdahl_ceiling_by_category.png,
 whatif_speculative_decoding_tpot.png; and, only when the stage did not save its own plot,
-decode_step_timeline_rank0_by_stream.png, writeup_throughput_vs_concurrency.png,
+step_timeline_rank0_by_lane.png, writeup_throughput_vs_concurrency.png,
 writeup_latency_vs_concurrency.png, writeup_gemm_roofline.png,
 writeup_collective_latency_vs_size.png. Stage plots are picked up by name: sweep_*.png,
-gemm_roofline*.png, collective_*.png, 05_step_timeline*.png, 05_decode_step_categories*.png,
+gemm_roofline*.png, collective_*.png, 05_step_timeline*.png, 05_step_categories*.png,
 05_cross_rank*.png.
 
 Artifacts read (every one optional), each through its `stepscope.schema` type (one spelling

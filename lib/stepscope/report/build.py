@@ -74,7 +74,7 @@ def _same_as_stage_step_figure(a: RunArtifacts, bars: pd.DataFrame, n_steps, tot
     span and kernel sum marked); drawing it again costs a tenth of a second and shows nothing
     new. A capture TPOT is a marker only the report's figure carries, so then it is drawn."""
     return (n_steps == 1 and bars["label"].nunique() == 1 and totals.get("tpot_capture_ms") is None
-            and bool(_stage_figures(a.run_dir, "05_decode_step_categories_rank")))
+            and bool(_stage_figures(a.run_dir, "05_step_categories_rank")))
 
 
 def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
@@ -83,7 +83,7 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
     Every figure is drawn by the function its stage uses (category figures: `trace.plots`;
     sweep, roofline, collectives: their stage modules). A stage plot (sweep_*, gemm_roofline*,
     collective_*, 05_step_timeline*) is reused when the stage saved it; otherwise it is drawn
-    here from the stage's CSV, under a name of the report's own (writeup_*, decode_*).
+    here from the stage's CSV, under a name of the report's own (writeup_*, step_*).
     """
     made: dict[str, str] = {}
     drawn: dict[str, Any] = {}  # saved together at the end: two render at once where two cores are free
@@ -100,17 +100,17 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
                    "capture TPOT": totals.get("tpot_capture_ms")}
         bars = _bars_frame(a, decode)
         if not _same_as_stage_step_figure(a, bars, n, totals):
-            save("stacked", "decode_category_ms_per_step_stacked.png",
+            save("stacked", "step_category_ms_stacked.png",
                  cat.plot_decode_category_time_stacked(bars, markers, n, label))
         if "share_of_step" in decode:
-            save("shares", "decode_category_share_of_step.png", cat.plot_category_shares(decode, n, label))
+            save("shares", "step_category_shares.png", cat.plot_category_shares(decode, n, label))
     if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns) \
             and not _stage_figures(a.run_dir, "05_step_timeline"):
         lane = "thread" if totals.get("mode") == "cpu" else "stream"
-        save("timeline", "decode_step_timeline_rank0_by_stream.png",
+        save("timeline", "step_timeline_rank0_by_lane.png",
              cat.plot_decode_step_timeline(a.timeline, lane=lane, step_label=label))
     if ctx["amdahl"] is not None:
-        save("amdahl", "decode_amdahl_ceiling_by_category.png", cat.plot_amdahl_ceiling(ctx["amdahl"], label))
+        save("amdahl", "step_amdahl_ceiling_by_category.png", cat.plot_amdahl_ceiling(ctx["amdahl"], label))
     if ctx["whatif"] is not None:
         save("whatif", "whatif_speculative_decoding_tpot.png",
              fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"]))
@@ -468,7 +468,7 @@ def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -
         text += "\n" + _img(name, timeline_alt)
     if "timeline" not in figs and not stage_timeline and a.timeline is None:  # say missing only when it is
         text += "\n" + missing_box(f"The {step_label} timeline", ["05_categorize/timeline_rank0_step.csv"])
-    for name in _stage_figures(a.run_dir, "05_decode_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
+    for name in _stage_figures(a.run_dir, "05_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     return text
 

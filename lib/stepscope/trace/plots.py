@@ -321,16 +321,16 @@ def stage_figures(an) -> dict[str, Figure]:
     if not an.timeline.empty and "step_id" in an.timeline:
         note = f"(step {int(an.timeline['step_id'].iloc[0])}, the median span)"
     figs = {
-        f"05_decode_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories, an.steps, ref.rank,
+        f"05_step_categories_rank{ref.rank}": plot_decode_steps(ref.step_categories, an.steps, ref.rank,
                                                                        label),
         f"05_step_timeline_rank{ref.rank}": plot_decode_step_timeline(an.timeline, title_note=note, lane=lane,
                                                                       step_label=label),
     }
     bars, _, which = decode_step_bars(ref.step_categories, an.steps, ref.rank, label)
     if bars["label"].nunique() > 1:
-        figs[f"05_decode_step_categories_distribution_rank{ref.rank}"] = \
+        figs[f"05_step_categories_distribution_rank{ref.rank}"] = \
             plot_step_category_distribution(bars, which=which)
-        figs[f"05_decode_step_categories_heatmap_rank{ref.rank}"] = \
+        figs[f"05_step_categories_heatmap_rank{ref.rank}"] = \
             plot_step_category_heatmap(step_category_matrix(bars), which=which)
     if len(an.ranks) > 1 and not an.cross_rank.empty:
         figs["05_cross_rank_categories"] = plot_cross_rank(an.cross_rank, step_label=label)
