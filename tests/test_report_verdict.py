@@ -19,7 +19,7 @@ from stepscope.report import prose
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.numbers import NUMBER_RE, fmt_num
-from stepscope.report.verdict import biggest_lever
+from stepscope.report.verdict import RooflineFinding, biggest_lever
 from stepscope.wording import short_name, short_names
 from stepscope.thresholds import COMM_EXPOSED_SHARE, HOST_BOUND_MICRO_IDLE_SHARE, LOW_CONFIDENCE_STEPS
 
@@ -397,6 +397,42 @@ def test_one_blocking_gap_is_a_stall_not_host_bound(tmp_path, real_traces):
     said = _quote(build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
     assert "a stall to remove, not a host-bound step" in said
     assert "CUDA graphs" not in said and "the step is host-bound" not in said
+
+
+def test_the_roofline_bounds_what_faster_kernels_buy(tmp_path, real_traces):
+    # gpt-oss-20b on MI300X: fused_moe (the MXFP4 experts) takes 7.29 of a 10.7 ms step at 26 %
+    # of peak bandwidth. Removing it would buy 3.11x; kernels at the roofline still need 26 % of
+    # its time, so faster kernels buy at most about 2x. Both stand in the lever sentence.
+    from stepscope.model.arch import get_preset
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces([real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"], run / "05_categorize",
+                   arch=get_preset("gpt-oss-20b"), progress=False, perfetto=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    moe = next(r for r in v.roofline if r.category == "fused_moe")
+    lever = next(lv for lv in v.levers if lv.category == "fused_moe")
+    assert moe.at_peak_ms == pytest.approx(moe.time_ms_per_step * max(moe.pct_peak_bw, moe.pct_peak_flops) / 100)
+    assert moe.at_peak_ms == pytest.approx(1.91, abs=0.005) and lever.ceiling_x == pytest.approx(3.11, abs=0.005)
+    cut = min(lever.exposed_ms, moe.time_ms_per_step - moe.at_peak_ms)
+    assert moe.at_peak_ceiling_x == pytest.approx(v.basis.step_ms / (v.basis.step_ms - cut))
+    assert 1.0 < moe.at_peak_ceiling_x < lever.ceiling_x
+    clause = (f"at the device's peaks its bytes and FLOPs would still need {fmt_num(moe.at_peak_ms)} ms per step, "
+              f"so faster kernels alone make a decode step at most {fmt_num(moe.at_peak_ceiling_x)}× faster")
+    assert clause in _quote(md, "In short:") and _quote(md, "Verdict.").count(clause) == 1
+    for src, sentence in prose.sentences(v) + prose.headline_sentences(v):
+        stray = [n for n in _numbers(sentence) if n not in _printable(src)]
+        assert not stray, f"{sentence!r} prints {stray}"
+
+
+def test_a_category_at_the_roofline_is_told_to_do_less_work():
+    r = RooflineFinding(category="lm_head", time_ms_per_step=0.277, achieved_gbps=5300.0, pct_peak_bw=100.4,
+                        achieved_tflops=134.0, pct_peak_flops=10.2, device="AMD Instinct MI300X", peak_known=True,
+                        at_peak_ms=0.278, at_peak_ceiling_x=1.0, step_ms=10.7, denominator="span")
+    said = prose.roofline_sentence(r, "decode step")
+    assert "already run at the roofline" in said and "fewer bytes moved" in said and "faster kernels" not in said
 
 
 @pytest.mark.parametrize("trace,preset,cats", [

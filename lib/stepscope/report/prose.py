@@ -187,12 +187,17 @@ def gap_lever_sentence(g: GapLever, step_label: str) -> str:
             f"any category.")
 
 
-def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories: bool = False) -> str:
+def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories: bool = False,
+                   at_peak: RooflineFinding | None = None) -> str:
+    """The best category lever and the next; `at_peak`, the best one's roofline finding, adds
+    what kernels at the device's peaks would buy (less than removing the category)."""
     best = levers[0]
     lead = "Among the categories, the biggest lever is" if among_categories else "The biggest single lever is"
     txt = (f"{lead} {best.category}: removing all of its exposed time "
            f"({f(best.exposed_ms)} ms per step) would make a {step_label} at most {f(best.ceiling_x)}× faster "
            f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
+    if at_peak is not None and at_peak.at_peak_ms is not None:
+        txt += "; " + _at_peak_clause(at_peak, step_label)
     if len(levers) > 1:
         txt += f"; next is {levers[1].category} at {f(levers[1].ceiling_x)}×"
     return txt + "."
@@ -217,7 +222,9 @@ def agreement_sentence(g: Agreement) -> str:
             f"prediction ({f(g.predicted_ms)} ms): {why}.")
 
 
-def roofline_sentence(r: RooflineFinding) -> str:
+def roofline_sentence(r: RooflineFinding, step_label: str = "step", at_peak: bool = True) -> str:
+    """The category's achieved bandwidth and compute against the device's peaks; with `at_peak`,
+    what kernels at the roofline would buy (the lever sentence says it for the biggest lever)."""
     micro = (f"; stage 02's micro-benchmark reaches {f(r.micro_gbps)} GB/s at the same shapes (trace / micro "
              f"{f(r.micro_vs_trace)})" if r.micro_gbps is not None and r.micro_vs_trace is not None else "")
     if not r.peak_known or r.pct_peak_bw is None:
@@ -226,8 +233,18 @@ def roofline_sentence(r: RooflineFinding) -> str:
                 f"no % of peak is given{micro}.")
     flops = (f" and {f(r.achieved_tflops)} TFLOP/s ({f(r.pct_peak_flops)} % of peak compute)"
              if r.pct_peak_flops is not None else "")
+    at_peak = f": {_at_peak_clause(r, step_label)}" if at_peak and r.at_peak_ms is not None else ""
     return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s, {f(r.pct_peak_bw)} % of the {r.device}'s "
-            f"peak memory bandwidth{flops}{micro}.")
+            f"peak memory bandwidth{flops}{micro}{at_peak}.")
+
+
+def _at_peak_clause(r: RooflineFinding, step_label: str = "step") -> str:
+    if r.at_peak_ms >= r.time_ms_per_step:
+        return (f"its kernels already run at the roofline (its bytes and FLOPs need {f(r.at_peak_ms)} ms per step at "
+                f"the device's peaks), so only less work (fewer bytes moved: lower precision, fusion) shortens it")
+    return (f"at the device's peaks its bytes and FLOPs would still need {f(r.at_peak_ms)} ms per step, so faster "
+            f"kernels alone make a {step_label} at most {f(r.at_peak_ceiling_x)}× faster (Amdahl, on the "
+            f"{r.denominator} of {f(r.step_ms)} ms)")
 
 
 def plateau_sentence(p: Plateau) -> str:
@@ -267,7 +284,8 @@ def sentences(v: Verdict) -> list[Sentence]:
     if v.tpot_gap is not None:
         out.append(((v.tpot_gap,), tpot_gap_sentence(v.tpot_gap)))
     out += _lever_sentences(v)
-    out += [((r,), roofline_sentence(r)) for r in v.roofline]
+    in_lever = _lever_at_peak(v)
+    out += [((r,), roofline_sentence(r, v.identity.step_label, at_peak=r is not in_lever)) for r in v.roofline]
     out += [((g,), agreement_sentence(g)) for g in v.agreements]
     return out
 
@@ -284,10 +302,18 @@ def _lever_sentences(v: Verdict) -> list[Sentence]:
     if between is not None and kind == "between steps":
         out.append(((between,), between_steps_sentence(between, label, biggest=True)))
     if v.levers:
-        out.append((v.levers[:2], lever_sentence(v.levers, label, among_categories=kind not in (None, "category"))))
+        peak = _lever_at_peak(v)
+        out.append((v.levers[:2] + ((peak,) if peak else ()),
+                    lever_sentence(v.levers, label, among_categories=kind not in (None, "category"), at_peak=peak)))
     if between is not None and kind != "between steps":
         out.append(((between,), between_steps_sentence(between, label)))
     return out
+
+
+def _lever_at_peak(v: Verdict) -> RooflineFinding | None:
+    """The roofline finding of the best category lever, when it says what the roofline buys."""
+    best = v.levers[0].category if v.levers else None
+    return next((r for r in v.roofline if r.category == best and r.at_peak_ms is not None), None)
 
 
 def verdict_sentences(v: Verdict) -> list[str]:

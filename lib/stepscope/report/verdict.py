@@ -13,7 +13,7 @@ what it could not decide instead of guessing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -232,6 +232,14 @@ class RooflineFinding:
     """Stage 02's bandwidth at the same shapes, beside the trace's."""
     micro_vs_trace: float | None = None
     """Trace GB/s over stage 02's GB/s."""
+    at_peak_ms: float | None = None
+    """What the category's bytes and FLOPs need at the device's peaks, ms per step: its time x
+    the larger of its two % of peak / 100 (the roofline). None when no peak is known."""
+    at_peak_ceiling_x: float | None = None
+    """Amdahl on the step basis of kernels at the roofline: the category's exposed time cut by
+    at most (time - at_peak_ms). A tighter bound than removing the category, for the same fix."""
+    step_ms: float | None = None
+    denominator: str | None = None
 
 
 @dataclass(frozen=True)
@@ -587,8 +595,10 @@ def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
     return tuple(out)
 
 
-def roofline(a: RunArtifacts) -> tuple[RooflineFinding, ...]:
-    """GEMM-like rows of stage 05's on-trace roofline, with the device they were judged against."""
+def roofline(a: RunArtifacts, basis: StepBasis | None = None,
+             levers: tuple[Lever, ...] = ()) -> tuple[RooflineFinding, ...]:
+    """GEMM-like rows of stage 05's on-trace roofline, with the device they were judged against
+    and, where a peak is known, what kernels at the roofline would buy (`at_peak_ms`)."""
     rf = _plain(a.trace_summary.roofline) if a.trace_summary is not None else None
     if not rf:
         return ()
@@ -599,14 +609,26 @@ def roofline(a: RunArtifacts) -> tuple[RooflineFinding, ...]:
     for r in rf.get("rows") or []:
         if not isinstance(r, dict) or r.get("category") not in GEMM_CATEGORIES:
             continue
-        out.append(RooflineFinding(
+        finding = RooflineFinding(
             category=str(r["category"]), time_ms_per_step=num(r.get("time_ms_per_step")),
             achieved_gbps=num(r.get("achieved_gbps")), pct_peak_bw=num(r.get("pct_peak_bw")) if known else None,
             achieved_tflops=num(r.get("achieved_tflops")),
             pct_peak_flops=num(r.get("pct_peak_flops")) if known else None,
             device=_known(dev.get("name")), peak_known=known, micro_gbps=num(r.get("micro_gbps")),
-            micro_vs_trace=num(r.get("micro_vs_trace"))))
+            micro_vs_trace=num(r.get("micro_vs_trace")))
+        out.append(_at_peak(finding, basis, next((lv for lv in levers if lv.category == finding.category), None)))
     return tuple(out)
+
+
+def _at_peak(r: RooflineFinding, basis: StepBasis | None, lever: Lever | None) -> RooflineFinding:
+    """`r` with the roofline's time and the Amdahl ceiling of reaching it, where both are known."""
+    pcts = [p for p in (r.pct_peak_bw, r.pct_peak_flops) if p is not None]
+    if not pcts or r.time_ms_per_step is None or basis is None or not basis.step_ms or lever is None:
+        return r
+    at_peak = r.time_ms_per_step * max(pcts) / 100
+    cut = min(lever.exposed_ms, max(r.time_ms_per_step - at_peak, 0.0))
+    return replace(r, at_peak_ms=at_peak, at_peak_ceiling_x=basis.step_ms / (basis.step_ms - cut),
+                               step_ms=basis.step_ms, denominator=basis.denominator)
 
 
 def plateau(macro: dict[str, Any] | None) -> Plateau | None:
@@ -640,7 +662,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,
                    between_steps=between, gap_levers=gaps, biggest=biggest(category_levers, between, gaps),
-                   agreements=agreements(mvt), roofline=roofline(a), roofline_reason=_roofline_reason(a),
+                   agreements=agreements(mvt), roofline=roofline(a, basis, category_levers), roofline_reason=_roofline_reason(a),
                    plateau=plateau(macro))
 
 
