@@ -692,3 +692,39 @@ def test_short_names_part_every_clash_and_leave_equal_names_equal():
     cut = short_names(names, 60)
     assert len(set(cut[:3])) == 3 and cut[3] == cut[4] == "short" and cut[5] == "?"
     assert all(len(c) == 60 for c in cut[:3]) and all(c.startswith("k_aaa") and c.endswith("ccc") for c in cut[:3])
+
+
+def _levers_and_matched(tmp_path, real_traces, name):
+    run = _real_run(tmp_path / name, [real_traces / f for f in REAL[name]])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    matched = json.loads((run / "05_categorize" / "summary.json").read_text())["collectives_matched"]["by_category"]
+    return md, v, matched
+
+
+def test_a_collective_lever_says_how_much_of_it_a_faster_collective_buys(tmp_path, real_traces):
+    # vLLM CPU at TP=2 with n-gram drafts: 0.034 of rank 0's 0.208 ms of all_reduce per step is
+    # transfer, the rest waiting for rank 1, so removing it and making it faster differ.
+    _, v, matched = _levers_and_matched(tmp_path, real_traces, "vllm-cpu-ngram")
+    ar = next(lv for lv in v.levers if lv.category == "all_reduce")
+    assert ar.transfer_ms == pytest.approx(matched["all_reduce"]["transfer_ms_per_step"])
+    assert ar.transfer_ms == pytest.approx(0.034, abs=0.0005) and ar.exposed_ms == pytest.approx(0.208, abs=0.0005)
+    assert ar.transfer_ceiling_x == pytest.approx(ar.step_ms / (ar.step_ms - ar.transfer_ms))
+    assert 1.0 < ar.transfer_ceiling_x < ar.ceiling_x
+    assert all(lv.transfer_ms is None for lv in v.levers if lv.category not in matched)
+    said = prose.lever_sentence((ar,), "decode step")
+    assert (f"of it, {fmt_num(ar.transfer_ms)} ms per step is transfer (last arrival to completion) and the rest "
+            f"is time the ranks wait for each other, so a faster all_reduce alone makes a decode step at most "
+            f"{fmt_num(ar.transfer_ceiling_x)}× faster") in said
+
+
+def test_a_collective_that_is_all_transfer_is_said_to_be(tmp_path, real_traces):
+    # The gloo capture at TP=2: the matched all-reduces spend 8.02 ms per step from the last
+    # arrival to completion, more than rank 0's 7.86 ms exposed: no waiting to subtract.
+    md, v, matched = _levers_and_matched(tmp_path, real_traces, "vllm-cpu-tp2")
+    ar = v.levers[0]
+    assert ar.category == "all_reduce" and ar.transfer_ms > ar.exposed_ms
+    assert ar.transfer_ceiling_x == pytest.approx(ar.ceiling_x)
+    assert (f"its matched calls spend {fmt_num(ar.transfer_ms)} ms per step from the last rank's arrival to "
+            f"completion, all of its exposed time: transfer, not ranks waiting") in _quote(md, "In short:")

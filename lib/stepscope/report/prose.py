@@ -198,6 +198,14 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
            f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
     if at_peak is not None and at_peak.at_peak_ms is not None:
         txt += "; " + _at_peak_clause(at_peak, step_label)
+    if best.transfer_ms is not None and best.transfer_ms < best.exposed_ms:
+        txt += (f"; of it, {f(best.transfer_ms)} ms per step is transfer (last arrival to completion) and the rest is "
+                f"time the ranks wait for each other, so a faster {best.category} alone makes a {step_label} at most "
+                f"{f(best.transfer_ceiling_x)}× faster")
+    elif best.transfer_ms is not None:
+        txt += (f"; its matched calls spend {f(best.transfer_ms)} ms per step from the last rank's arrival to "
+                f"completion, all of its exposed time: transfer, not ranks waiting, so a faster {best.category} "
+                f"reaches it")
     if len(levers) > 1:
         txt += f"; next is {levers[1].category} at {f(levers[1].ceiling_x)}×"
     return txt + "."

@@ -199,6 +199,12 @@ class Lever:
     ceiling_x: float
     step_ms: float
     denominator: str | None
+    transfer_ms: float | None = None
+    """A collective matched across ranks: its transfer per step (last arrival to completion,
+    stage 05's `collectives_matched.by_category`); the rest of its exposed time is waiting."""
+    transfer_ceiling_x: float | None = None
+    """Amdahl of a faster collective: the exposed time cut by at most `transfer_ms`. Ranks
+    waiting for each other keep waiting however fast the transfer."""
 
 
 @dataclass(frozen=True)
@@ -568,12 +574,25 @@ def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps 
                         ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
 
 
-def levers(amdahl: pd.DataFrame | None, basis: StepBasis) -> tuple[Lever, ...]:
+def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None = None) -> tuple[Lever, ...]:
+    """Every category's Amdahl ceiling; a collective matched across ranks (in `a`) also gets
+    the ceiling of a faster transfer."""
     if amdahl is None or not len(amdahl) or not basis.step_ms:
         return ()
-    return tuple(Lever(category=str(r["category"]), exposed_ms=float(r["exposed_ms_per_step"]),
-                       ceiling_x=float(r["max_speedup"]), step_ms=basis.step_ms, denominator=basis.denominator)
-                 for _, r in amdahl.iterrows() if num(r.get("max_speedup")) is not None)
+    cm = a.trace_summary.collectives_matched if a is not None and a.trace_summary is not None else None
+    by_cat = (cm.by_category if cm is not None else None) or {}
+    out = []
+    for _, r in amdahl.iterrows():
+        if num(r.get("max_speedup")) is None:
+            continue
+        lever = Lever(category=str(r["category"]), exposed_ms=float(r["exposed_ms_per_step"]),
+                      ceiling_x=float(r["max_speedup"]), step_ms=basis.step_ms, denominator=basis.denominator)
+        transfer = num((by_cat.get(lever.category) or {}).get("transfer_ms_per_step"))
+        if transfer is not None:
+            cut = min(lever.exposed_ms, transfer)
+            lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=basis.step_ms / (basis.step_ms - cut))
+        out.append(lever)
+    return tuple(out)
 
 
 def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
@@ -655,7 +674,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     ident = trace_identity(a)
     basis = step_basis(totals)
     comm = communication(decode, amdahl)
-    category_levers, between = levers(amdahl, basis), between_steps(totals, ident)
+    category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident)
     gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
     return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a),
                    dominant=dominant(decode, basis, ident), communication=comm,
