@@ -73,7 +73,8 @@ def test_predicted_tpot_comes_from_the_baseline_whatif_fed_the_measured_acceptan
     assert p.ratio == pytest.approx(p.measured_tpot_ms / p.predicted_tpot_ms)
     md = paths["markdown"].read_text()
     row = (f"| spec | {fmt_num(p.acceptance)} | 3 | {fmt_num(p.draft_cost_fraction)} | "
-           f"{fmt_num(p.predicted_tpot_ms)} | {fmt_num(p.measured_tpot_ms)} | {fmt_num(p.ratio)}× |")
+           f"{fmt_num(p.predicted_tpot_ms)} | {fmt_num(p.measured_tpot_ms)} | capture TPOT (client) | "
+           f"{fmt_num(p.ratio)}× |")
     assert row in md
     # the acceptance table carries the counters as measured
     assert "| spec#1 | 72 | 208 | 98 |" in md
@@ -158,6 +159,31 @@ def test_a_bursty_capture_tpot_is_not_quoted_as_a_decode_change(campaign):
     head = paths["markdown"].read_text().split("\n\n")[1]
     assert "**tp1**'s capture delivered its tokens in a burst (median TTFT 204 of 221 ms end to end)" in head
     assert "**tp1** changes the batch-1 TPOT" not in head and "**spec** changes the batch-1 TPOT" in head
+
+
+def test_a_bursty_variant_capture_is_checked_by_the_trace_per_token(campaign, tmp_path):
+    # As in the CPU campaign of 2026-12-01: the n-gram variant's capture delivered its tokens in
+    # one burst, so the what-if's prediction was left with no measurement ("it measured – ms").
+    # It is then checked against the trace's decode step over the tokens per step.
+    import shutil
+
+    d = tmp_path / "camp-1"
+    shutil.copytree(campaign[0], d)
+    lat = d / "spec" / "04_profiler_capture" / "capture_latency.json"
+    lat.write_text(json.dumps({**json.loads(lat.read_text()), "ttft_ms_median": 275.0, "e2el_ms_median": 284.0,
+                               "bunched_chunk_share": 1.0}))
+    paths = build_campaign_report(d)
+    c = ca.load_campaign(d)
+    p = ca.spec_predictions(c)[0]
+    spec = c.first("spec")
+    assert ca.capture_tpot(spec) is None and p.measured_as == ca.MEASURED_BY_TRACE
+    assert p.measured_tpot_ms == pytest.approx(20.0 / spec.spec_capture.tokens_per_decode_step)
+    assert p.measured_tpot_ms == pytest.approx(ca.trace_ms_per_token(spec, spec.spec_capture))
+    assert p.band_ms == pytest.approx(0.05 * ca.step_ms(c.first("tp2")))  # one run each: the fixed 5 %
+    head = paths["markdown"].read_text().split("\n\n")[1]
+    assert (f"For spec, the what-if predicted {fmt_num(p.predicted_tpot_ms)} ms at the measured "
+            f"{fmt_num(p.acceptance)} tokens per step; it measured {fmt_num(p.measured_tpot_ms)} ms "
+            f"({fmt_num(p.ratio)}×, by the trace: decode step / tokens per step).") in head
 
 
 def _kernels_csv(run: Path, rows: list[tuple[str, str, float]]) -> None:

@@ -357,6 +357,10 @@ class AssumptionCheck:
         return abs(self.measured / self.assumed - 1.0) > PREDICTION_TOLERANCE
 
 
+MEASURED_BY_CLIENT = "capture TPOT (client)"
+MEASURED_BY_TRACE = "trace: decode step / tokens per step"
+
+
 @dataclass(frozen=True)
 class SpecPrediction:
     """The baseline's speculative-decoding what-if fed the variant's measured acceptance."""
@@ -378,6 +382,9 @@ class SpecPrediction:
     model_assumptions: tuple[str, ...] = field(default_factory=tuple)
     """What the model fell back to (its own list)."""
     model: str = "report.whatif.predict_spec_decode_tpot"
+    measured_as: str = MEASURED_BY_CLIENT
+    """Which TPOT `measured_tpot_ms` is: the client's in the capture, or, where that measures
+    delivery (`CaptureLatency.tpot_is_delivery`), the trace's decode step per token."""
 
     @property
     def ratio(self) -> float | None:
@@ -420,15 +427,27 @@ def spec_predictions(c: Campaign) -> list[SpecPrediction]:
         if acc is None or not per_draft:
             continue
         k = max(int(round(per_draft)), 1)
-        measured = _mean([capture_tpot(r) for r in runs])
-        d = make_delta(v, "tpot_capture_ms", "capture", [capture_tpot(r) for r in base],
-                       [capture_tpot(r) for r in runs], False)
+        measured, d, measured_as = _measured_tpot(v, base, runs)
         for frac in c.writeup.draft_cost_fractions:
             p = wi.predict_spec_decode_tpot(model, min(acc, k + 1.0), frac * model.step_ms, draft_tokens=k)
             checks = _spec_checks(runs, model.step_ms, p, measured, stats)
             out.append(SpecPrediction(v, acc, k, frac, model.step_ms, model.step_basis, p.tpot_ms, p.verify_ms,
-                                      measured, d.band, d.band_source, checks, p.assumptions))
+                                      measured, d.band, d.band_source, checks, p.assumptions,
+                                      measured_as=measured_as))
     return out
+
+
+def _measured_tpot(v: str, base: list[VariantRun], runs: list[VariantRun]) -> tuple[float | None, Delta, str]:
+    """The variant's TPOT against the baseline's, with its noise band: the client's in the
+    capture, else (its tokens arrived in bursts) the trace's decode step per token against the
+    baseline's decode step (one token per step without drafts)."""
+    d = make_delta(v, "tpot_capture_ms", "capture", [capture_tpot(r) for r in base],
+                   [capture_tpot(r) for r in runs], False)
+    if d.value is not None or not all(capture_bunched(r) for r in runs):
+        return d.value, d, MEASURED_BY_CLIENT
+    d = make_delta(v, "trace_ms_per_token", "trace", [step_ms(r) for r in base],
+                   [trace_ms_per_token(r, r.spec_capture) for r in runs], False)
+    return d.value, d, MEASURED_BY_TRACE
 
 
 def _spec_checks(runs: list[VariantRun], base_ms: float, p: wi.Prediction, measured_tpot: float | None,

@@ -226,15 +226,18 @@ def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]
                  f"measured decode step, {f(preds[0].baseline_step_ms)} ms by its {preds[0].baseline_step_basis}) "
                  "gets the acceptance the variant measured (tokens per decode step), the variant's drafted tokens "
                  "per draft (k) and each draft cost it was given; its predicted TPOT stands beside the TPOT the "
-                 "variant measured in the same batch-1 capture.\n\n")
+                 "variant measured in the same batch-1 capture: the client's, or, where the capture's tokens arrived "
+                 "in bursts (its TPOT then measures delivery), the trace's decode step over the tokens per step.\n\n")
         rows = [{"variant": p.variant, "acc": p.acceptance, "k": p.draft_tokens, "frac": p.draft_cost_fraction,
-                 "pred": p.predicted_tpot_ms, "meas": p.measured_tpot_ms, "ratio": _x(p.ratio), "band": p.band_ms,
+                 "pred": p.predicted_tpot_ms, "meas": p.measured_tpot_ms, "as": p.measured_as,
+                 "ratio": _x(p.ratio), "band": p.band_ms,
                  "agree": {True: "yes", False: "**no**", None: "–"}[p.agrees]} for p in preds]
         text += md_table(pd.DataFrame(rows), [("variant", "variant"), ("acc", "tokens per decode step (measured)"),
                                               ("k", "k (drafted per draft)"),
                                               ("frac", "draft cost per token (× step, assumed)"),
                                               ("pred", "predicted TPOT (ms)"),
-                                              ("meas", "measured TPOT (ms)"), ("ratio", "measured / predicted"),
+                                              ("meas", "measured TPOT (ms)"), ("as", "measured as"),
+                                              ("ratio", "measured / predicted"),
                                               ("band", "noise band ± (ms)"), ("agree", "within noise?")],
                          formats={"k": lambda v: f(int(v))}) + "\n"
         if preds[0].model_assumptions:
@@ -260,7 +263,8 @@ def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]
 
 def _disagreement(p: ca.SpecPrediction) -> str:
     worse = "slower" if p.measured_tpot_ms and p.measured_tpot_ms > p.predicted_tpot_ms else "faster"
-    text = (f"\n**{p.variant}, draft cost {f(p.draft_cost_fraction)}:** measured TPOT {f(p.measured_tpot_ms)} ms is "
+    text = (f"\n**{p.variant}, draft cost {f(p.draft_cost_fraction)}:** measured TPOT {f(p.measured_tpot_ms)} ms "
+            f"({p.measured_as}) is "
             f"{worse} than the predicted {f(p.predicted_tpot_ms)} ms, beyond the ±{f(p.band_ms)} ms band. ")
     bad = [k for k in p.checks if k.contradicted]
     if bad:
@@ -331,8 +335,13 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
         out.append(f"{k.variant} removes {', '.join(k.removed)}: the baseline's Amdahl ceiling was {_x(k.ceiling_x)}, "
                    f"the measured speed-up of the decode step is {_x(k.measured_x)}.")
     for p in preds[:1]:
+        if p.measured_tpot_ms is None:
+            out.append(f"For {p.variant}, the what-if predicted {f(p.predicted_tpot_ms)} ms at the measured "
+                       f"{f(p.acceptance)} tokens per step; no TPOT was measured to check it against.")
+            continue
+        by = "" if p.measured_as == ca.MEASURED_BY_CLIENT else f", by the {p.measured_as}"
         out.append(f"For {p.variant}, the what-if predicted {f(p.predicted_tpot_ms)} ms at the measured "
-                   f"{f(p.acceptance)} tokens per step; it measured {f(p.measured_tpot_ms)} ms ({_x(p.ratio)}).")
+                   f"{f(p.acceptance)} tokens per step; it measured {f(p.measured_tpot_ms)} ms ({_x(p.ratio)}{by}).")
     return out
 
 
