@@ -40,3 +40,28 @@ def test_outside_noise_fails_and_names_metric_values_and_band(runs, capsys):
 def test_an_improvement_is_not_a_regression(runs):
     # B faster than A: the reverse comparison of the slow run finds nothing to fail on
     assert regressions(runs["slow"], runs["a"]) == []
+
+
+def test_a_level_delivered_in_bursts_is_not_a_latency_regression(runs, tmp_path):
+    # As the n-gram variant of the CPU campaign of 2026-12-01: at every level 97-100 % of its
+    # token chunks arrived bunched, its TTFT read 15-20x the baseline's and its TPOT 0 ms. Those
+    # measure delivery; throughput (tokens over the level's time) still compares.
+    import shutil
+
+    import pandas as pd
+
+    from stepscope.campaign.analysis import deltas, pair
+
+    b = tmp_path / "bursty"
+    shutil.copytree(runs["slow"], b)
+    levels = b / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv["bunched_chunk_share"] = [0.97, 0.2, 0.2, 0.2]
+    lv.loc[lv["concurrency"] == 1, ["ttft_ms_median", "tpot_ms_median"]] = [294.0, 0.0]
+    lv.to_csv(levels, index=False)
+    found = {(d.metric, d.where) for d in regressions(runs["a"], b)}
+    assert ("ttft_ms_median", "c=1") not in found and ("output_throughput_tok_s", "c=1") in found
+    assert ("ttft_ms_median", "c=2") in found  # a level that was not bunched is still judged
+    ttft = next(d for d in deltas(pair(runs["a"], b)) if (d.metric, d.where) == ("ttft_ms_median", "c=1"))
+    assert ttft.not_comparable == "B's chunks at c=1 arrived bunched (97 %): its TPOT and TTFT measure delivery"
+    assert not ttft.real and ttft.better is None and ttft.value == 294.0

@@ -159,6 +159,11 @@ def test_a_bursty_capture_tpot_is_not_quoted_as_a_decode_change(campaign):
     head = paths["markdown"].read_text().split("\n\n")[1]
     assert "**tp1**'s capture delivered its tokens in a burst (median TTFT 204 of 221 ms end to end)" in head
     assert "**tp1** changes the batch-1 TPOT" not in head and "**spec** changes the batch-1 TPOT" in head
+    # Its TPOT is set aside, and the change table says why instead of calling the gap a change.
+    d = next(x for x in ca.deltas(c) if x.variant == "tp1" and x.metric == "tpot_capture_ms")
+    assert d.value is None and not d.real
+    assert ("| not compared: tp1's capture delivered its tokens in bursts (its TPOT measures delivery) |"
+            in paths["markdown"].read_text())
 
 
 def test_a_bursty_variant_capture_is_checked_by_the_trace_per_token(campaign, tmp_path):

@@ -18,7 +18,7 @@ A delta is real only when |delta| exceeds its band.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from stepscope.report import whatif as wi
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict, biggest_lever
-from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
                  "ttft_ms_median": "TTFT median (ms)"}
@@ -129,6 +129,9 @@ class Delta:
     band: float | None
     band_source: str
     higher_is_better: bool
+    not_comparable: str | None = None
+    """Why the two readings do not measure the same thing (a run's tokens arrived in bursts, so
+    its TPOT and TTFT measure delivery): then no change is claimed either way."""
 
     @property
     def delta(self) -> float | None:
@@ -140,7 +143,10 @@ class Delta:
 
     @property
     def real(self) -> bool:
-        """Outside the noise band (a quantity present in one run only counts as a change)."""
+        """Outside the noise band (a quantity present in one run only counts as a change), and
+        comparable at all."""
+        if self.not_comparable is not None:
+            return False
         if (self.baseline is None) != (self.value is None):
             return True
         if self.delta is None or self.band is None:
@@ -204,8 +210,24 @@ def levels_table(runs: list[VariantRun]) -> pd.DataFrame | None:
     allf = pd.concat([f[["concurrency", *cols]] for f in frames], ignore_index=True)
     out = allf.groupby("concurrency", as_index=False)[cols].mean()
     out["n_runs"] = allf.groupby("concurrency")["concurrency"].count().to_numpy()
+    if all("bunched_chunk_share" in f for f in frames):
+        bunched = pd.concat([f[["concurrency", "bunched_chunk_share"]] for f in frames], ignore_index=True)
+        out["bunched_pct_max"] = 100 * bunched.groupby("concurrency")["bunched_chunk_share"].max().to_numpy()
     out["concurrency"] = out["concurrency"].astype(int)
     return out
+
+
+DELIVERY_COLUMNS = frozenset({"tpot_ms_median", "ttft_ms_median"})
+"""Sweep readings that measure delivery, not the server's work, when a level's chunks arrive bunched."""
+
+
+def _bunched_level(variant: str, runs: list[VariantRun], conc: int) -> str | None:
+    """Why a variant's level at `conc` measures delivery (its chunks bunched, the sweep's flag), or None."""
+    shares = [s for s in _level_values(runs, conc, "bunched_chunk_share") if math.isfinite(s)]
+    if shares and max(shares) > BUNCHED_FLAG_SHARE:
+        return (f"{variant}'s chunks at c={conc} arrived bunched ({100 * max(shares):.0f} %): its TPOT and TTFT "
+                f"measure delivery")
+    return None
 
 
 def _level_values(runs: list[VariantRun], conc: int, col: str) -> list[float]:
@@ -285,11 +307,16 @@ def deltas(c: Campaign) -> list[Delta]:
         bl, vl = levels_table(base), levels_table(runs)
         if bl is not None and vl is not None:
             for conc in sorted(set(bl["concurrency"]) & set(vl["concurrency"])):
+                bunched = _bunched_level(c.baseline, base, conc) or _bunched_level(v, runs, conc)
                 for col in MACRO_COLUMNS:
-                    out.append(make_delta(v, col, f"c={conc}", _level_values(base, conc, col),
-                                          _level_values(runs, conc, col), col == "output_throughput_tok_s"))
-        out.append(make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
-                              [capture_tpot(r) for r in runs], False))
+                    d = make_delta(v, col, f"c={conc}", _level_values(base, conc, col),
+                                   _level_values(runs, conc, col), col == "output_throughput_tok_s")
+                    out.append(replace(d, not_comparable=bunched) if col in DELIVERY_COLUMNS else d)
+        d = make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
+                       [capture_tpot(r) for r in runs], False)
+        burst = next((x for x, rs in ((c.baseline, base), (v, runs)) if any(capture_bunched(r) for r in rs)), None)
+        out.append(replace(d, not_comparable=f"{burst}'s capture delivered its tokens in bursts (its TPOT measures "
+                                             f"delivery)" if burst else None))
         out.append(make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base],
                               [step_ms(r) for r in runs], False))
         vcats = category_values(runs)
@@ -303,7 +330,8 @@ def deltas(c: Campaign) -> list[Delta]:
 def deltas_frame(ds: list[Delta]) -> pd.DataFrame:
     return pd.DataFrame([{"variant": d.variant, "metric": d.metric, "where": d.where, "baseline": d.baseline,
                           "value": d.value, "delta": d.delta, "ratio": d.ratio, "band": d.band,
-                          "band_source": d.band_source, "real": d.real, "better": d.better} for d in ds])
+                          "band_source": d.band_source, "real": d.real, "better": d.better,
+                          "not_comparable": d.not_comparable} for d in ds])
 
 
 # --------------------------------------------------------------------------- verdicts

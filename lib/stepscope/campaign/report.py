@@ -19,7 +19,7 @@ from stepscope.report.markdown_util import code_names, markdown_to_html, md_tabl
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
-from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
 from stepscope.wording import HEADLINE_MARK
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
@@ -68,7 +68,11 @@ def _macro(c: ca.Campaign, figs: dict[str, str]) -> str:
                                                 ("output_throughput_tok_s", "output tok/s"),
                                                 ("tpot_ms_median", "TPOT median (ms)"),
                                                 ("ttft_ms_median", "TTFT median (ms)"),
+                                                ("bunched_pct_max", "chunks bunched % (max over runs)"),
                                                 ("n_runs", "runs")], formats=_INTS) + "\n"
+    if any("bunched_pct_max" in lv for lv in levels.values()):
+        text += (f"Above {f(100 * BUNCHED_FLAG_SHARE)} % of token chunks bunched (arrived with the previous one), "
+                 f"a level's TPOT and TTFT measure delivery, not decode: they are not compared below.\n\n")
     return text
 
 
@@ -168,8 +172,9 @@ def _deltas(ds: list[ca.Delta]) -> str:
                 f"{r['where']} {f(r['baseline'])} → {f(r['value'])} ms" for _, r in cats.iterrows()) + ".\n\n")
         else:
             text += "No category moved beyond noise.\n\n"
-        g = g.assign(flag=g["real"].map(lambda x: "**real**" if x else "within noise"),
-                     ratio_txt=g["ratio"].map(_x))
+        flag = [f"not compared: {why}" if isinstance(why, str) else ("**real**" if real else "within noise")
+                for real, why in zip(g["real"], g["not_comparable"])]
+        g = g.assign(flag=flag, ratio_txt=g["ratio"].map(_x))
         text += md_table(g, [("metric", "metric"), ("where", "where"), ("baseline", "baseline"),
                              ("value", v), ("delta", "Δ"), ("ratio_txt", "ratio"), ("band", "noise band ±"),
                              ("band_source", "band from"), ("flag", "change?")]) + "\n"
