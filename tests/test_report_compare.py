@@ -128,3 +128,23 @@ def test_kernel_comparison_is_skipped_and_said_so_for_older_run_folders(tmp_path
     b = make_synthetic_run(tmp_path / "b")
     md = compare_runs(a, b, tmp_path / "out")["markdown"].read_text()
     assert "Not compared: `05_categorize/category_kernels.csv` is missing in one run" in md
+
+
+def test_latencies_of_a_level_delivered_in_bursts_are_not_compared(tmp_path):
+    # B's chunks at concurrency 1 arrived bunched (97 %, as the n-gram variant of the CPU
+    # campaign of 2026-12-01): its TTFT and TPOT there measure delivery. Throughput still counts.
+    a = make_synthetic_run(tmp_path / "a")
+    b = make_synthetic_run(tmp_path / "b", scale=0.8)
+    levels = b / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv["bunched_chunk_share"] = [0.97, 0.1, 0.1, 0.1]
+    lv.to_csv(levels, index=False)
+    out = compare_runs(a, b, tmp_path / "out")
+    m = pd.read_csv(out["csv_macro"]).set_index(["level", "metric"])
+    for metric in ("ttft_ms_median", "tpot_ms_median", "itl_ms_median"):
+        assert m.loc[("c=1", metric), "not_comparable"] == "B delivered in bursts (chunks bunched)"
+        assert not m.loc[("c=1", metric), "beyond_noise"]
+    assert m.loc[("c=1", "output_throughput_tok_s"), "beyond_noise"]
+    assert m.loc[("c=2", "ttft_ms_median"), "beyond_noise"] and pd.isna(m.loc[("c=2", "ttft_ms_median"), "not_comparable"])
+    md = out["markdown"].read_text()
+    assert "| c=1 | ttft_ms_median |" in md and "| not compared: B delivered in bursts (chunks bunched) |" in md

@@ -26,7 +26,7 @@ from stepscope.report import verdict as vd
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
-from stepscope.thresholds import CHANGE_NOISE_REL
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL
 from stepscope.trace.account import KERNELS_PER_CATEGORY
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
@@ -49,6 +49,8 @@ def _with_diff(df: pd.DataFrame, spread_a: str | None = None, spread_b: str | No
         beyond &= spread.isna() | (df["diff"].abs() > spread)
     # A quantity present in one run only is a change by definition.
     beyond |= a.isna() != b.isna()
+    if "not_comparable" in df:  # readings that measure different things are no change either way
+        beyond &= df["not_comparable"].isna()
     df["beyond_noise"] = beyond.astype(bool)
     return df
 
@@ -62,14 +64,28 @@ def compare_macro(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
     for df in (la, lb):
         for k in keys:
             df[k] = df[k].astype(str)
+        if "bunched_chunk_share" not in df:  # older folders: both sides get the column, so it is suffixed
+            df["bunched_chunk_share"] = np.nan
     rows = []
     merged = la.merge(lb, on=keys, how="outer", suffixes=("_a", "_b"))
     for _, r in merged.iterrows():
+        bunched = _bunched(r)
         for m in MACRO_METRICS:
             if f"{m}_a" in merged or f"{m}_b" in merged:
-                rows.append({"level": _level_label(r, keys),
-                             "metric": m, "a": r.get(f"{m}_a"), "b": r.get(f"{m}_b")})
+                rows.append({"level": _level_label(r, keys), "metric": m, "a": r.get(f"{m}_a"),
+                             "b": r.get(f"{m}_b"), "not_comparable": bunched if m in DELIVERY_METRICS else None})
     return _with_diff(pd.DataFrame(rows)) if rows else None
+
+
+DELIVERY_METRICS = frozenset({"ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median"})
+"""Per-token latencies that measure delivery, not decode, at a level whose chunks arrived bunched."""
+
+
+def _bunched(r: pd.Series) -> str | None:
+    """Why a merged level's latencies are not compared: a run's chunks bunched beyond the sweep's flag."""
+    runs = [run for run, col in (("A", "bunched_chunk_share_a"), ("B", "bunched_chunk_share_b"))
+            if pd.notna(r.get(col)) and float(r[col]) > BUNCHED_FLAG_SHARE]
+    return f"{' and '.join(runs)} delivered in bursts (chunks bunched)" if runs else None
 
 
 def _level_label(r: pd.Series, keys: list[str]) -> str:
@@ -186,7 +202,9 @@ def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str, step_
 def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
     d = df.copy()
     d["ratio_txt"] = d["ratio_b_over_a"].map(lambda v: f"{v:.3f}×" if v is not None and math.isfinite(v) else "–")
-    d["flag"] = d["beyond_noise"].map(lambda v: "**changed**" if v else "no")
+    why = d["not_comparable"] if "not_comparable" in d else pd.Series(None, index=d.index, dtype=object)
+    d["flag"] = [f"not compared: {w}" if isinstance(w, str) else ("**changed**" if v else "no")
+                 for v, w in zip(d["beyond_noise"], why)]
     return md_table(d, first + [("a", "A"), ("b", "B"), ("diff", "B − A"), ("ratio_txt", "B / A"),
                                 ("flag", "beyond noise?")])
 
