@@ -148,3 +148,7 @@ def test_latencies_of_a_level_delivered_in_bursts_are_not_compared(tmp_path):
     assert m.loc[("c=2", "ttft_ms_median"), "beyond_noise"] and pd.isna(m.loc[("c=2", "ttft_ms_median"), "not_comparable"])
     md = out["markdown"].read_text()
     assert "| c=1 | ttft_ms_median |" in md and "| not compared: B delivered in bursts (chunks bunched) |" in md
+    h = pd.read_csv(out["csv_headlines"]).set_index("metric")
+    assert (h.loc["c1_tpot_ms_median", "not_comparable"] == h.loc["c1_ttft_ms_median", "not_comparable"]
+            == "B delivered in bursts (chunks bunched)")
+    assert not h.loc["c1_tpot_ms_median", "beyond_noise"] and h.loc["decode union_ms", "beyond_noise"]

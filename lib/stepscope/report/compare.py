@@ -98,9 +98,16 @@ def _level_label(r: pd.Series, keys: list[str]) -> str:
 def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
     ha, hb = an.macro_headlines(a), an.macro_headlines(b)
     ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
-    rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k))}
+    c1 = _bunched(pd.Series({"bunched_chunk_share_a": ha.get("c1_bunched_share"),
+                             "bunched_chunk_share_b": hb.get("c1_bunched_share")}))
+    burst = [name for name, x in (("A", a), ("B", b))
+             if x.capture_latency is not None and x.capture_latency.tpot_is_delivery()]
+    capture = f"{' and '.join(burst)}'s capture delivered in bursts (its TPOT measures delivery)" if burst else None
+    rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k)),
+             "not_comparable": c1 if k.startswith("c1_") else None}
             for k in ("knee_concurrency", "plateau_output_tok_s", "c1_tpot_ms_median", "c1_ttft_ms_median")]
-    rows += [{"metric": f"decode {k}", "a": ta.get(k), "b": tb.get(k)}
+    rows += [{"metric": f"decode {k}", "a": ta.get(k), "b": tb.get(k),
+              "not_comparable": capture if k == "tpot_capture_ms" else None}
              for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms")]
     df = pd.DataFrame(rows)
     df = df[df["a"].notna() | df["b"].notna()]
