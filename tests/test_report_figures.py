@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import matplotlib.colors as mcolors
 import pandas as pd
 import pytest
@@ -111,3 +113,36 @@ def test_explorer_not_built_in_a_batch_shell(tmp_path):
     assert out.error is None
     html = out.outputs[-1]["data"]["text/html"]
     assert "not built in this batch run" in html and f"stepscope lab {run}" in html
+
+
+def test_explorer_not_built_in_a_kernel_the_runner_started(tmp_path, monkeypatch):
+    """papermill's kernels get runfolder.BATCH_RUN_ENV: a widget cell there once hung a whole
+    campaign (kernel idle, nbclient waiting), twice at this cell, so the note stands in."""
+    from stepscope.report import step_explorer
+    from stepscope.runfolder import BATCH_RUN_ENV, batch_run_environment
+
+    run = make_synthetic_run(tmp_path / "run")
+    monkeypatch.delenv(BATCH_RUN_ENV, raising=False)
+    with batch_run_environment():
+        assert os.environ[BATCH_RUN_ENV] == "1"
+        note = step_explorer(run)
+    assert BATCH_RUN_ENV not in os.environ  # restored
+    assert "not built in this batch run" in note.data and f"stepscope lab {run}" in note.data
+
+
+@pytest.mark.slow
+def test_the_runners_papermill_kernel_builds_no_widget(tmp_path):
+    """Stage 06 through the runner's papermill executor, on a synthetic run: the explorer's
+    cell holds the note, not a widget view."""
+    import json
+
+    from stepscope.runfolder import STAGE_BY_ID
+    from stepscope.runner import execute_notebook
+
+    run = make_synthetic_run(tmp_path / "run")
+    nb = json.loads(execute_notebook(STAGE_BY_ID["06_writeup"], run / "params.yaml", run, progress=False).read_text())
+    last = [c for c in nb["cells"] if c["cell_type"] == "code"][-1]
+    assert "step_explorer(" in "".join(last["source"])
+    data = last["outputs"][-1]["data"]
+    assert "not built in this batch run" in "".join(data["text/html"])
+    assert "application/vnd.jupyter.widget-view+json" not in data

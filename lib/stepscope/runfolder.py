@@ -12,6 +12,7 @@ Each stage reads only files here, so any stage can be re-run alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -137,10 +138,37 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
+BATCH_RUN_ENV = "STEPSCOPE_BATCH_RUN"
+"""Set (to "1") in the environment of the kernels the runner starts for papermill: a notebook
+run in batch, with no one to click. Interactive cells (the step explorer's widgets) then say
+how to use them instead of building widgets: under papermill a widget cell was seen to hang
+the execution (the kernel idle, nbclient waiting; jupyter/nbclient#312, nteract/papermill#723)."""
+
+
+def batch_run() -> bool:
+    """True in a kernel the runner started for a batch (papermill) run."""
+    return os.environ.get(BATCH_RUN_ENV) == "1"
+
+
+@contextlib.contextmanager
+def batch_run_environment():
+    """BATCH_RUN_ENV set for what starts inside (a kernel inherits it at launch), then restored."""
+    before = os.environ.get(BATCH_RUN_ENV)
+    os.environ[BATCH_RUN_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(BATCH_RUN_ENV, None)
+        else:
+            os.environ[BATCH_RUN_ENV] = before
+
+
 def _in_jupyter_kernel() -> bool:
     """A Jupyter kernel owns this process (papermill's stage runs, JupyterLab): its ZMQ and
-    channel threads make a fork unsafe, and a campaign's stage 06 was once seen to hang right
-    after one, so figures render here. `stepscope analyze`'s in-process shell has no kernel."""
+    channel threads make a fork unsafe in general, so figures render here (a stage's few
+    figures cost about a second). The stage-06 hang once blamed on a fork was the step
+    explorer's widget cell (see BATCH_RUN_ENV). `stepscope analyze`'s shell has no kernel."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     return getattr(shell, "kernel", None) is not None

@@ -30,6 +30,7 @@ from stepscope.config import Params, load_params, params_to_dict, redact
 from stepscope.errors import StepscopeError
 from stepscope.runfolder import (
     NOTEBOOKS_DIR,
+    batch_run_environment,
     REPO_ROOT,
     STAGES,
     Stage,
@@ -226,15 +227,16 @@ def execute_notebook(stage: Stage, params_file: Path, run_dir: Path, progress: b
 
     out_nb = run_dir / "notebooks" / f"{stage.id}.ipynb"
     out_nb.parent.mkdir(parents=True, exist_ok=True)
-    pm.execute_notebook(
-        str(stage.notebook), str(out_nb),
-        parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
-        kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=progress,
-        log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
-        # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
-        # loopback) are noise in every stage's output; errors still come through.
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],
-    )
+    with batch_run_environment():  # the kernel knows it runs in batch: no widgets (runfolder.BATCH_RUN_ENV)
+        pm.execute_notebook(
+            str(stage.notebook), str(out_nb),
+            parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
+            kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=progress,
+            log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
+            # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
+            # loopback) are noise in every stage's output; errors still come through.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        )
     return out_nb
 
 

@@ -149,9 +149,14 @@ def _png(fig) -> bytes:
 
 
 def _batch_shell() -> bool:
-    """True in an IPython shell with no kernel behind it (`stepscope analyze` runs the notebook
-    cells in-process): a widget there reaches no frontend and would only cost its first
-    render. Plain Python (tests, scripts) and Jupyter kernels build the widget."""
+    """True in a batch run, where a widget reaches no one: an IPython shell with no kernel
+    behind it (`stepscope analyze` runs the notebook cells in-process), or a kernel the runner
+    started for papermill (`runfolder.batch_run`; a widget cell there was seen to hang the run).
+    Plain Python (tests, scripts) and JupyterLab's kernels build the widget."""
+    from stepscope.runfolder import batch_run
+
+    if batch_run():
+        return True
     try:
         from IPython import get_ipython
     except ImportError:
@@ -166,8 +171,8 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
     from IPython.display import HTML, Image, display
 
     if _batch_shell():
-        return HTML("<p><b>Step explorer:</b> interactive, so not built in this batch run (no kernel, "
-                    "no frontend to show it). Open this notebook with <code>stepscope lab "
+        return HTML("<p><b>Step explorer:</b> interactive, so not built in this batch run (no one to "
+                    "click it). Open this notebook with <code>stepscope lab "
                     f"{html.escape(str(run_dir))}</code> and run this cell to use it.</p>")
     ex = StepExplorer(run_dir, extra_rules)
     if not ex.available:
