@@ -50,7 +50,7 @@ def test_macro_and_headlines(compared):
 def test_markdown_and_html(compared):
     md = compared["markdown"].read_text()
     assert f"|B/A − 1| > {100 * NOISE_REL:g} %" in md
-    assert "| all_reduce | 5.50 | 4.40 | -1.10 | 0.800× | **changed** |" in md
+    assert "| all_reduce | 5.50 | 4.40 | -1.10 | 0.800× | 0.275 | fixed 5 % (above the step spread) | **changed** |" in md
     assert "| all_reduce | 123 | 123 | 0 | 1.000× | no |" in md
     html = compared["html"].read_text()
     assert "<script" not in html and not re.search(r"""(src|href)=["']?(https?:)?//""", html)
@@ -152,3 +152,19 @@ def test_latencies_of_a_level_delivered_in_bursts_are_not_compared(tmp_path):
     assert (h.loc["c1_tpot_ms_median", "not_comparable"] == h.loc["c1_ttft_ms_median", "not_comparable"]
             == "B delivered in bursts (chunks bunched)")
     assert not h.loc["c1_tpot_ms_median", "beyond_noise"] and h.loc["decode union_ms", "beyond_noise"]
+
+
+@pytest.mark.parametrize("scale", [1.01, 1.03, 0.8, 1.3])
+def test_the_category_table_judges_as_the_regression_gate(tmp_path, scale):
+    # On the CPU campaign of 2026-12-01 compare's table called the n-gram variant's all_reduce
+    # (0.107 -> 0.370 ms over 183 steps) "no" change, because it had to move by more than the
+    # step-to-step spread itself, while --fail-on-regression failed on it. One band now serves both.
+    from stepscope.campaign.analysis import deltas, pair
+
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b", scale=scale)
+    cats = pd.read_csv(compare_runs(a, b, tmp_path / "out")["csv_decode_categories"]).set_index("category")
+    gate = {d.where: d for d in deltas(pair(a, b)) if d.metric == "category_ms_per_step"}
+    assert set(gate) == set(cats.index)
+    for cat, d in gate.items():
+        assert bool(cats.loc[cat, "beyond_noise"]) == d.real, cat
+        assert cats.loc[cat, "band"] == pytest.approx(d.band) and cats.loc[cat, "band_from"] == d.band_source

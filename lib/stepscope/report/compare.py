@@ -3,12 +3,15 @@
 Typical use: another all-reduce backend, or speculative decoding switched on. Each table
 shows A, B, B − A and B / A, and flags the rows whose change is beyond noise.
 
-Noise criterion (stated in the report too): a change is *beyond noise* when
-|B / A − 1| > `NOISE_REL` (5 %) and, where the artifacts carry a spread for the quantity
-(per-category decode time: p90 − median over decode steps), the difference also exceeds
-the larger of the two runs' spreads. Single-number readings without a spread (throughput
-of one sweep level) use the relative threshold alone, which is why it is set above the
-few-percent run-to-run scatter of a serving benchmark.
+Noise criterion (stated in the report too), the regression gate's and the campaign's
+(`report.noise`): a per-category decode time is beyond noise when |B − A| exceeds
+`NOISE_BAND_SIGMAS` standard errors of the difference of the two means, each from its
+step-to-step spread ((p90 − median) / 1.28 over √steps); a single number without a spread
+(one sweep level, a step reading) when |B / A − 1| > `NOISE_REL` (5 %), above the
+few-percent run-to-run scatter of a serving benchmark. The table beside the gate and the gate
+therefore agree. (Until 2026-12-01 a category had to move by more than the step-to-step
+spread itself, so an all-reduce 3.4x slower over 183 steps read "within noise" while the
+gate failed on it.)
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from stepscope.report import analysis as an
 from stepscope.report import figures as fg
 from stepscope.report import verdict as vd
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
+from stepscope.report.noise import make_delta, step_spread_se
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS
 from stepscope.trace.account import KERNELS_PER_CATEGORY
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
@@ -115,21 +119,30 @@ def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
 
 
 def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
-    """Per category: ms per decode step (mean) in A and B, with the p90 − median spread."""
-    da = an.decode_category_table(a, an.decode_step_totals(a))
-    db = an.decode_category_table(b, an.decode_step_totals(b))
+    """Per category: ms per decode step (mean) in A and B, judged with the regression gate's
+    band (`report.noise.make_delta`: the step-to-step spread's standard error of each mean)."""
+    ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
+    da, db = an.decode_category_table(a, ta), an.decode_category_table(b, tb)
     if da is None or db is None:
         return None
 
-    def prep(d: pd.DataFrame) -> pd.DataFrame:
+    def prep(d: pd.DataFrame, n_steps) -> pd.DataFrame:
         out = d[["category", "ms_per_step_mean"]].copy()
-        out["spread"] = (d["ms_per_step_p90"] - d["ms_per_step_median"]).abs()
+        out["se"] = [step_spread_se(num(m), num(p), int(n_steps) if n_steps else None)
+                     for m, p in zip(d["ms_per_step_median"], d["ms_per_step_p90"])]
         out["calls"] = d["calls_per_step"]
         return out
 
-    m = prep(da).merge(prep(db), on="category", how="outer", suffixes=("_a", "_b"))
+    m = prep(da, ta.get("n_decode_steps")).merge(prep(db, tb.get("n_decode_steps")), on="category", how="outer",
+                                                 suffixes=("_a", "_b"))
     m = m.rename(columns={"ms_per_step_mean_a": "a", "ms_per_step_mean_b": "b"})
-    m = _with_diff(m, "spread_a", "spread_b")
+    m = _with_diff(m)
+    # A category one run lacks is 0 ms there, known exactly (as in the campaign's deltas).
+    deltas = [make_delta("B", "category_ms_per_step", c, [0.0 if pd.isna(x) else x], [0.0 if pd.isna(y) else y],
+                         False, (0.0 if pd.isna(x) else num(sa), 0.0 if pd.isna(y) else num(sb)))
+              for c, x, y, sa, sb in zip(m["category"], m["a"], m["b"], m["se_a"], m["se_b"])]
+    m["band"], m["band_from"] = [d.band for d in deltas], [d.band_source for d in deltas]
+    m["beyond_noise"] = [d.real for d in deltas]
     return m.sort_values("category", key=lambda s: s.map(category_sort_key)).reset_index(drop=True)
 
 
@@ -213,7 +226,7 @@ def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
     d["flag"] = [f"not compared: {w}" if isinstance(w, str) else ("**changed**" if v else "no")
                  for v, w in zip(d["beyond_noise"], why)]
     return md_table(d, first + [("a", "A"), ("b", "B"), ("diff", "B − A"), ("ratio_txt", "B / A"),
-                                ("flag", "beyond noise?")])
+                                ("band", "noise band ±"), ("band_from", "band from"), ("flag", "beyond noise?")])
 
 
 def _kernels_section(kernels: pd.DataFrame | None, step: str) -> str:
@@ -251,9 +264,10 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
               "decode_categories": compare_decode_categories(a, b), "collectives": compare_collectives(a, b),
               "kernels": compare_kernels(a, b)}
     text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
-            f"Differences are B − A; ratios B / A. **Noise criterion:** a change is flagged when |B/A − 1| > "
-            f"{100 * NOISE_REL:g} % and, where a spread is known (per-category decode time: p90 − median over "
-            f"decode steps), the difference also exceeds the larger spread of the two runs. Quantities present "
+            f"Differences are B − A; ratios B / A. **Noise criterion** (the regression gate's): a per-category "
+            f"time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} standard errors of the difference of "
+            f"the two means (each from its step-to-step spread, (p90 − median)/1.28 over √steps); a single number "
+            f"without a spread when |B/A − 1| > {100 * NOISE_REL:g} %. Each row states its band. Quantities present "
             f"in one run only are flagged.\n\n")
     if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
         text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
