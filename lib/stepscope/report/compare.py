@@ -40,17 +40,22 @@ MACRO_METRICS = ("output_throughput_tok_s", "total_throughput_tok_s", "request_t
                  "e2el_ms_median")
 
 
-def _with_diff(df: pd.DataFrame, spread_a: str | None = None, spread_b: str | None = None) -> pd.DataFrame:
+def _diff_ratio(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` (columns a, b) with B − A and B / A."""
     a = pd.to_numeric(df["a"], errors="coerce")
     b = pd.to_numeric(df["b"], errors="coerce")
     df = df.copy()
     df["diff"] = b - a
     df["ratio_b_over_a"] = np.where((a != 0) & a.notna(), b / a.where(a != 0, np.nan), np.nan)
+    return df
+
+
+def _with_diff(df: pd.DataFrame) -> pd.DataFrame:
+    """B − A, B / A and the beyond-noise flag of a single number without a spread: |B/A − 1| >
+    NOISE_REL (make_delta's fixed band, in ratio form)."""
+    df = _diff_ratio(df)
+    a, b = pd.to_numeric(df["a"], errors="coerce"), pd.to_numeric(df["b"], errors="coerce")
     beyond = (df["ratio_b_over_a"] - 1.0).abs() > NOISE_REL
-    if spread_a and spread_b and spread_a in df and spread_b in df:
-        spread = pd.concat([pd.to_numeric(df[spread_a], errors="coerce"),
-                            pd.to_numeric(df[spread_b], errors="coerce")], axis=1).max(axis=1)
-        beyond &= spread.isna() | (df["diff"].abs() > spread)
     # A quantity present in one run only is a change by definition.
     beyond |= a.isna() != b.isna()
     if "not_comparable" in df:  # readings that measure different things are no change either way
@@ -104,8 +109,7 @@ def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
     ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
     c1 = _bunched(pd.Series({"bunched_chunk_share_a": ha.get("c1_bunched_share"),
                              "bunched_chunk_share_b": hb.get("c1_bunched_share")}))
-    burst = [name for name, x in (("A", a), ("B", b))
-             if x.capture_latency is not None and x.capture_latency.tpot_is_delivery()]
+    burst = [name for name, x in (("A", a), ("B", b)) if an.capture_tpot_is_delivery(x)]
     capture = f"{' and '.join(burst)}'s capture delivered in bursts (its TPOT measures delivery)" if burst else None
     rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k)),
              "not_comparable": c1 if k.startswith("c1_") else None}
@@ -135,8 +139,7 @@ def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame 
 
     m = prep(da, ta.get("n_decode_steps")).merge(prep(db, tb.get("n_decode_steps")), on="category", how="outer",
                                                  suffixes=("_a", "_b"))
-    m = m.rename(columns={"ms_per_step_mean_a": "a", "ms_per_step_mean_b": "b"})
-    m = _with_diff(m)
+    m = _diff_ratio(m.rename(columns={"ms_per_step_mean_a": "a", "ms_per_step_mean_b": "b"}))
     # A category one run lacks is 0 ms there, known exactly (as in the campaign's deltas).
     deltas = [make_delta("B", "category_ms_per_step", c, [0.0 if pd.isna(x) else x], [0.0 if pd.isna(y) else y],
                          False, (0.0 if pd.isna(x) else num(sa), 0.0 if pd.isna(y) else num(sb)))
