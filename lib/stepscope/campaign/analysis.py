@@ -28,11 +28,12 @@ from stepscope import schema
 from stepscope.campaign.metrics import SpecDecodeStats, stats_from_json
 from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
+from stepscope.report.analysis import capture_tpot_is_delivery
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_se  # noqa: F401  (the campaign's API)
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
-from stepscope.report.verdict import Verdict, biggest_lever
+from stepscope.report.verdict import Verdict, amdahl_x, biggest_lever
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, PREDICTION_TOLERANCE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
@@ -187,9 +188,9 @@ def capture_tpot(r: VariantRun) -> float | None:
 def capture_bunched(r: VariantRun) -> tuple[float, float] | None:
     """(TTFT, E2EL) medians of a capture whose tokens arrived in bursts
     (`CaptureLatency.tpot_is_delivery`), else None."""
-    cl = r.artifacts.capture_latency
-    if cl is None or not cl.tpot_is_delivery():
+    if not capture_tpot_is_delivery(r.artifacts):
         return None
+    cl = r.artifacts.capture_latency
     return num(cl.ttft_ms_median), num(cl.e2el_ms_median)
 
 
@@ -482,7 +483,7 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
         gone = sum(exposed.get(k, 0.0) for k in removed)
         if gone >= bstep:
             continue
-        ceiling = bstep / (bstep - gone)
+        ceiling = amdahl_x(bstep, gone)
         d = make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base], [step_ms(r) for r in runs], False)
         if not d.value:
             continue

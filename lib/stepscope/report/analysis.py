@@ -42,7 +42,7 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         "span_ms": st.span_ms.mean,
         "annotation_ms": st.annotation_ms.mean,
         # A run folder analysed before stage 05 knew `tpot_is_delivery` may still hold that TPOT.
-        "tpot_capture_ms": None if _capture_tpot_is_delivery(a) else st.tpot_capture_ms,
+        "tpot_capture_ms": None if capture_tpot_is_delivery(a) else st.tpot_capture_ms,
         "n_decode_steps": st.n_steps or None,
         "steps_used": st.steps_used,
         "source": "05_categorize/summary.json",
@@ -98,7 +98,8 @@ def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | N
     return df.sort_values("max_speedup", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def _capture_tpot_is_delivery(a: RunArtifacts) -> bool:
+def capture_tpot_is_delivery(a: RunArtifacts) -> bool:
+    """The run's capture TPOT measures delivery, not decode (`CaptureLatency.tpot_is_delivery`)."""
     return a.capture_latency is not None and a.capture_latency.tpot_is_delivery()
 
 

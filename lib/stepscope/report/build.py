@@ -373,7 +373,7 @@ def _capture_line(a: RunArtifacts) -> str:
     text = (f"Capture: {man.engine or '?'} {man.engine_version or ''}, {len(man.files)} files from "
             f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
     cl = a.capture_latency
-    if cl is not None and cl.tpot_is_delivery():
+    if an.capture_tpot_is_delivery(a):
         bunched = "" if cl.bunched_chunk_share is None else \
             f"{fmt_num(100 * cl.bunched_chunk_share)} % of token chunks arrived together with the previous one; "
         text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "

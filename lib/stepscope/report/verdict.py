@@ -574,6 +574,11 @@ def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps 
                         ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
 
 
+def amdahl_x(step_ms: float, saved_ms: float) -> float:
+    """Amdahl's ceiling: how many times faster a step of `step_ms` gets without `saved_ms` of it."""
+    return step_ms / (step_ms - saved_ms)
+
+
 def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None = None) -> tuple[Lever, ...]:
     """Every category's Amdahl ceiling; a collective matched across ranks (in `a`) also gets
     the ceiling of a faster transfer."""
@@ -590,7 +595,7 @@ def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None
         transfer = num((by_cat.get(lever.category) or {}).get("transfer_ms_per_step"))
         if transfer is not None:
             cut = min(lever.exposed_ms, transfer)
-            lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=basis.step_ms / (basis.step_ms - cut))
+            lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=amdahl_x(basis.step_ms, cut))
         out.append(lever)
     return tuple(out)
 
@@ -646,8 +651,8 @@ def _at_peak(r: RooflineFinding, basis: StepBasis | None, lever: Lever | None) -
         return r
     at_peak = r.time_ms_per_step * max(pcts) / 100
     cut = min(lever.exposed_ms, max(r.time_ms_per_step - at_peak, 0.0))
-    return replace(r, at_peak_ms=at_peak, at_peak_ceiling_x=basis.step_ms / (basis.step_ms - cut),
-                               step_ms=basis.step_ms, denominator=basis.denominator)
+    return replace(r, at_peak_ms=at_peak, at_peak_ceiling_x=amdahl_x(basis.step_ms, cut), step_ms=basis.step_ms,
+                   denominator=basis.denominator)
 
 
 def plateau(macro: dict[str, Any] | None) -> Plateau | None:
@@ -699,7 +704,7 @@ def gap_levers(a: RunArtifacts, basis: StepBasis, cpu: bool = False) -> tuple[Ga
         idle = num(d.get(key))
         if step and idle is not None and 0 < idle < step:
             out.append(GapLever(kind=kind, idle_ms=idle, step_ms=step, denominator=basis.denominator,
-                                ceiling_x=step / (step - idle), cpu=cpu))
+                                ceiling_x=amdahl_x(step, idle), cpu=cpu))
     return tuple(out)
 
 
