@@ -1,6 +1,7 @@
 """`stepscope analyze` against HTA, whole process each, on every real trace in tests/data/traces.
 
     .venv/bin/python benchmarks/analyze_vs_hta.py [--repeats 3] [--only NAME] [--baseline DIR]
+        [--figures-free] [--analysis-only]
 
 For each trace (the two ranks of a TP=2 capture count as one run) it times, in one run and
 alternating so machine noise hits both alike:
@@ -15,6 +16,9 @@ ratios to HTA beside this checkout's: a before/after measured side by side.
 With `--figures-free` it also times `analyze` with every figure's rendering replaced by writing
 a 1-pixel PNG (figures still built, notebooks and report still written): the floor that no
 faster figure rendering can go below, beside HTA in the same alternation.
+With `--analysis-only` it also times a new process that only imports stepscope and runs stage
+05's analysis and writes its result files (no figures, no notebooks, no report): what any
+`analyze` built on this engine pays before it draws or writes anything for a reader.
 It prints the median wall time and CPU time (user + system, the process and its children)
 of each over `--repeats`, and the ratios stepscope / HTA (target, issue 10: wall below 1 on
 every trace). On a shared, loaded machine read the CPU ratio: wall times there measure the
@@ -72,6 +76,15 @@ sys.exit(main())
 """
 
 
+ANALYSIS_ONLY_CHILD = r"""
+import sys
+from pathlib import Path
+from stepscope.trace.analyze import analyze_traces, write_artifacts
+out = Path(sys.argv[1])
+write_artifacts(analyze_traces([Path(p) for p in sys.argv[2:]], out, progress=False), out)
+"""
+
+
 def trace_sets() -> dict[str, list[Path]]:
     """{name: files}: one entry per capture; the ranks of one capture go together."""
     sets: dict[str, list[Path]] = {}
@@ -112,6 +125,15 @@ def time_stepscope(files: list[Path], tmp: Path, env: dict, figures_free: bool =
     return wall, err
 
 
+def time_analysis_only(files: list[Path], tmp: Path, env: dict) -> tuple[tuple[float, float], str | None]:
+    out = tmp / "analysis-only-out"
+    shutil.rmtree(out, ignore_errors=True)
+    wall, err = _timed([sys.executable, "-c", ANALYSIS_ONLY_CHILD, str(out), *map(str, files)], env)
+    if err is None and not (out / "summary.json").is_file():
+        err = "no summary.json written"
+    return wall, err
+
+
 def time_hta(files: list[Path], tmp: Path, env: dict) -> tuple[tuple[float, float], str | None]:
     d = tmp / "hta-in"
     shutil.rmtree(d, ignore_errors=True)
@@ -133,6 +155,8 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, help="another stepscope checkout to time alongside")
     ap.add_argument("--figures-free", action="store_true",
                     help="also time analyze with figure rendering replaced by a 1-pixel PNG (the floor)")
+    ap.add_argument("--analysis-only", action="store_true",
+                    help="also time stage 05's analysis alone in a new process (no figures, notebooks, report)")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(REPO / "lib"), PYTHONWARNINGS="ignore")
     # (label, how to time it): this checkout first; the others are printed beside it
@@ -142,6 +166,8 @@ def main() -> int:
         variants.append(("base", lambda f, t: time_stepscope(f, t, base_env)))
     if args.figures_free:
         variants.append(("no-fig", lambda f, t: time_stepscope(f, t, env, figures_free=True)))
+    if args.analysis_only:
+        variants.append(("05-only", lambda f, t: time_analysis_only(f, t, env)))
     has_hta = hta_installed()
     if not has_hta:
         print("HTA is not installed (pip install HolisticTraceAnalysis): timing stepscope alone")
