@@ -54,3 +54,27 @@ def test_analyze_prints_the_reports_headline(real_traces, tmp_path, capsys):
     assert "in short: Low confidence: only 1 decode step judged" in printed
     assert " ".join(printed[printed.index("in short: "):].split()) == " ".join(
         ("in short: " + said.removeprefix("> **In short:** ").replace("**", "")).split())
+
+
+def test_analyze_finishes_when_its_reader_goes_away(real_traces, tmp_path):
+    # `stepscope run ... | head`: head exits after its lines; the run must go on and keep its
+    # results, not die of BrokenPipeError at the next line it prints (before: run.json with
+    # no stage, exit 1 and a traceback).
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "an"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a reader that is already gone: every write to the pipe fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "stepscope.cli", "analyze",
+                               str(real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"),
+                               "--out", str(out), "--no-progress"],
+                              stdout=write_end, stderr=write_end, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0
+    record = json.loads((out / "run.json").read_text())
+    assert {k: v["status"] for k, v in record["stages"].items()} == {"05_categorize": "ok", "06_writeup": "ok"}
+    assert (out / "06_writeup" / "report.html").is_file()

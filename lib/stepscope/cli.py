@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -169,8 +170,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _OutlivesItsReader:
+    """A standard stream that, once its reader has gone (`stepscope run ... | head` after
+    head's last line), sends the rest to /dev/null instead of raising BrokenPipeError: a run
+    measures for minutes, and losing it because its log stopped being read loses data."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # what is still buffered then goes there too
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _outlive_readers() -> None:
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _OutlivesItsReader):
+            setattr(sys, name, _OutlivesItsReader(stream))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _outlive_readers()
     try:
         return args.func(args)
     except StepscopeError as exc:
