@@ -232,3 +232,24 @@ def test_the_report_does_not_redraw_stage_05s_single_step_bar(tmp_path, real_tra
     assert ("step_category_ms_stacked.png" in drawn) is stacked_drawn
     assert ("step_category_ms_stacked.png" in md) is stacked_drawn
     assert "05_step_categories_rank0.png" in md  # the stage's per-step figure is embedded either way
+
+
+def test_setup_states_the_weight_format_the_kernels_name(tmp_path, real_traces):
+    # gpt-oss on MI300X: params (stepscope analyze) say nothing, the MoE kernels say MXFP4.
+    # Before: "| Quantization | – |", the params' default shown as if it were a reading.
+    from stepscope.report.build import quantization_cell
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces([real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"], run / "05_categorize",
+                   progress=False, perfetto=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| Quantization |"))
+    assert row == ("| Quantization | mxfp4 named by 2 GEMM kernels (7.03 ms per step, e.g. "
+                   "`_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1`); params do not say (`model.quantization`: "
+                   "unset) |")
+    named = [{"format": "w4a16", "n_kernels": 1, "ms_per_step": 2.0, "example_kernel": "fused_marlin_moe"}]
+    assert quantization_cell("int4", named).startswith("int4 (params); the trace: w4a16 named by 1 GEMM kernel")
+    assert quantization_cell("int4", []) == "int4 (params; no GEMM kernel's name states a format)"
+    assert quantization_cell("none", []) == ("not stated: params do not say and no GEMM kernel's name "
+                                             "states a format")

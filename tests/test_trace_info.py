@@ -157,3 +157,35 @@ def test_catch_all_share_and_names_per_rank(real_traces: Path, tmp_path: Path):
 def test_graph_replay_is_read_from_the_launches(tmp_path: Path, real_traces: Path, trace, expected):
     info = _analyse([real_traces / trace], tmp_path / "out").summary["trace_info"]
     assert (info["graph_replay"], info["graph_launched_events"], info["device_events"]) == expected
+
+
+def test_weight_formats_named_by_real_gemm_kernels(real_traces: Path, tmp_path: Path):
+    gptoss = _analyse([real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"], tmp_path / "a")
+    (named,) = gptoss.summary["trace_info"]["weight_formats_named"]
+    assert named["format"] == "mxfp4" and named["n_kernels"] == 2
+    # the two _matmul_ogs_..._mxfp4 kernels: 3.761878 + 3.272717 ms per step
+    assert named["ms_per_step"] == pytest.approx(7.034595, abs=1e-6)
+    assert named["example_kernel"] == "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1"
+    # hipBLASLt bf16 GEMMs name no low-bit format: nothing is claimed
+    qwen = _analyse([real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"], tmp_path / "b")
+    assert qwen.summary["trace_info"]["weight_formats_named"] == []
+
+
+def test_weight_format_patterns_and_the_rooflines_choice():
+    import pandas as pd
+
+    from stepscope.trace.info import roofline_quantization, weight_formats_named
+
+    kernels = pd.DataFrame({
+        "category": ["fused_moe", "fused_moe", "quant_gemm", "dense_gemm", "kv_cache_write"],
+        "name": ["fused_marlin_moe_kernel", "moe_align_block_size", "cutlass_scaled_mm_fp8_e4m3",
+                 "_matmul_bf16xbf16xmxfp4", "reshape_and_cache_fp8"],
+        "sum_ms_per_step": [2.0, 0.1, 1.0, 0.5, 0.3]})
+    named = weight_formats_named(kernels)
+    # most time first; the fp8 KV-cache write is not a GEMM and names no weight format
+    assert [(r["format"], r["n_kernels"], r["ms_per_step"]) for r in named] == [
+        ("w4a16", 1, 2.0), ("fp8", 1, 1.0), ("mxfp4", 1, 0.5)]
+    assert roofline_quantization("int4", named) == ("int4", "params")
+    assert roofline_quantization("none", named) == (None, "none")  # two 4-bit formats: no guess
+    assert roofline_quantization(None, named[:2]) == ("w4a16", "kernel names")
+    assert roofline_quantization("none", []) == (None, "none")

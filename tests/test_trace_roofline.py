@@ -80,3 +80,24 @@ def test_weight_formats():
     assert weight_formats(get_preset("gpt-oss-20b"))["routed_expert"] is MXFP4
     assert weight_formats(get_preset("kimi-k2.5"), "compressed-tensors W4A16 g32")["routed_expert"].bits == 4
     assert weight_formats(get_preset("qwen3-8b"))["routed_expert"].bits == 16
+
+
+def test_expert_weight_format_comes_from_kernel_names_when_params_do_not_say(real_traces: Path, tmp_path: Path):
+    # gpt-oss's MoE kernels name their weights (`..._bf16xbf16xmxfp4_...`). For a family the
+    # roofline does not know to be MXFP4 and params that do not say, the bytes must still be
+    # counted at 4 bits, not bf16: bf16 would read ~3.8x the bytes and put the kernels far
+    # nearer their peak than they are.
+    import dataclasses
+
+    arch = dataclasses.replace(get_preset("gpt-oss-20b"), family="unlisted_moe")
+    name = "vllm-mi300x-gptoss-decode-fullgraph.json.gz"
+    unsaid = analyze_traces([real_traces / name], tmp_path / "a", arch=arch, quantization="none",
+                            progress=False, perfetto=False).summary
+    moe = {x["category"]: x for x in unsaid["roofline"]["rows"]}["fused_moe"]
+    assert moe["bytes_per_step"] / 1e9 == pytest.approx(10.10, abs=0.01)  # as for the gpt_oss family
+    assert "mxfp4" in moe["source"] and "format from the kernel names" in moe["source"]
+    said = analyze_traces([real_traces / name], tmp_path / "b", arch=arch, quantization="bf16",
+                          progress=False, perfetto=False).summary
+    moe_bf16 = {x["category"]: x for x in said["roofline"]["rows"]}["fused_moe"]
+    assert moe_bf16["bytes_per_step"] > 3 * moe["bytes_per_step"]  # params, when they say, win
+    assert "kernel names" not in moe_bf16["source"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 import yaml
@@ -19,7 +19,7 @@ from stepscope.micro.collectives import plot_latency_vs_size
 from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
-from stepscope.report.markdown_util import (code_names, fmt_num, image, kv_table, markdown_to_html, md_table,
+from stepscope.report.markdown_util import (code_name, code_names, fmt_num, image, kv_table, markdown_to_html, md_table,
                                             missing_box)
 from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
@@ -139,6 +139,22 @@ def _img(name: str, alt: str) -> str:
     return image(FIGURE_LINK_PREFIX + name, alt)
 
 
+def quantization_cell(params_quantization: str | None, named: Sequence[dict]) -> str:
+    """The setup table's weight format: what params say and what the GEMM kernels' names
+    state, both when both exist; "none" in params is a default, not evidence of bf16."""
+    stated = params_quantization if params_quantization and str(params_quantization).lower() != "none" else None
+    seen = "; ".join(f"{r['format']} named by {fmt_num(r['n_kernels'])} GEMM "
+                     f"{plural('kernel', r['n_kernels'])} ({fmt_num(r['ms_per_step'])} ms per step, "
+                     f"e.g. {code_name(r['example_kernel'], 60)})" for r in named)
+    if stated and seen:
+        return f"{stated} (params); the trace: {seen}"
+    if seen:
+        return f"{seen}; params do not say (`model.quantization`: {params_quantization or 'unset'})"
+    if stated:
+        return f"{stated} (params; no GEMM kernel's name states a format)"
+    return "not stated: params do not say and no GEMM kernel's name states a format"
+
+
 def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     run, server, params = a.run, a.server, a.params or {}
     hw_p = params.get("hardware") or {}
@@ -187,7 +203,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
         ("Engine", f"{engine} {version or ''}".strip() if engine else "unknown (neither the trace nor the run says)"),
         ("Server", f"{server.mode} mode at {server.base_url}" if server else None),
         ("Model", (server.served_model if server else None) or model.get("served_name") or model.get("path")),
-        ("Quantization", model.get("quantization")),
+        ("Quantization", quantization_cell(model.get("quantization"), ident.weight_formats_named)),
         ("Batch", batch),
         ("Tensor parallel (TP)", tp),
         ("Code", f"`{run.git_commit or '?'}`" + (" (uncommitted changes)" if run.git_dirty else "")

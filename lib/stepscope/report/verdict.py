@@ -55,6 +55,8 @@ class TraceIdentity:
     low_confidence: bool = False
     min_steps: int = LOW_CONFIDENCE_STEPS
     graph_replay: bool | None = None
+    weight_formats_named: tuple[dict, ...] = ()
+    """`trace_info.weight_formats_named`: formats the GEMM kernels' names state, most time first."""
 
     @property
     def has_decode(self) -> bool:
@@ -364,7 +366,8 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
             ranks_present=_count(cm.get("ranks_present")) or present or (len(ranks) or None),
             n_steps=_int(info.get("n_steps")), n_judged_steps=_int(judged),
             low_confidence=bool(info.get("low_confidence", (_int(judged) or 0) < LOW_CONFIDENCE_STEPS)),
-            graph_replay=info.get("graph_replay") if isinstance(info.get("graph_replay"), bool) else None)
+            graph_replay=info.get("graph_replay") if isinstance(info.get("graph_replay"), bool) else None,
+            weight_formats_named=tuple(info.get("weight_formats_named") or ()))
     # An older summary: the kind from the step counts, the rest from the run's own files.
     n_dec = _int(ref.get("n_decode_steps"))
     if n_dec:

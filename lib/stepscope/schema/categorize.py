@@ -207,6 +207,19 @@ class CollectivesCheck(Record, kw_only=True):
     """The TP size the expectation used."""
 
 
+class WeightFormatNamed(Record, kw_only=True):
+    """A weight format the GEMM kernels' names state (`trace.info.weight_formats_named`)."""
+
+    format: str
+    """`mxfp4`, `nvfp4`, `w4a16`, `fp8` or `int8`."""
+    n_kernels: int
+    """Kernel names stating it, among the largest kernels of each GEMM category."""
+    ms_per_step: float
+    """Their summed time per decode step."""
+    example_kernel: str
+    """The longest-running of them."""
+
+
 class TraceInfo(Record, kw_only=True):
     """What the traces are."""
 
@@ -242,6 +255,9 @@ class TraceInfo(Record, kw_only=True):
     """Device events of the judged steps (reference rank)."""
     low_confidence: bool | None = None
     """Fewer than 5 steps of the judged kind."""
+    weight_formats_named: list[WeightFormatNamed] = []
+    """Weight formats the GEMM kernels' names state, the most time first; empty when none
+    does (which is not the same as bf16)."""
 
 
 class CollectivesMatched(Record, kw_only=True):

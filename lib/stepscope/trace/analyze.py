@@ -17,7 +17,8 @@ from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline
-from stepscope.trace.info import detect_engine, input_token_shape, trace_info
+from stepscope.trace.info import (detect_engine, input_token_shape, roofline_quantization, trace_info,
+                                  weight_formats_named)
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.wording import short_names
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
@@ -371,6 +372,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     period = decode_period(ref.steps_tot, acc.select_decode_steps(ref.steps_tot)[0], ref.work)
     xr = acc.cross_rank([r.decode for r in results])
     info = trace_info(results, tp, _shape_hint(ref))
+    info["weight_formats_named"] = weight_formats_named(ref.kernels)
+    weights_q, weights_from = roofline_quantization(quantization, info["weight_formats_named"])
     flags.extend(_info_flags(info, results))
     matched, instances, coll_steps = match_collectives(results, info, arch)
     flags.extend(_matched_flags(matched))
@@ -398,8 +401,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
         "collectives_check": check,
         "collectives_matched": matched,
         "roofline": roofline(ref.decode if info["judged_kind"] == "decode" else ref.decode.iloc[0:0],
-                             arch, info["tp"], info["batch_size"], _device(ref, peaks), quantization,
-                             micro_gemm),
+                             arch, info["tp"], info["batch_size"], _device(ref, peaks), weights_q,
+                             micro_gemm, quantization_from=weights_from),
         "cross_rank": _records(xr),
         "text_table_check": tt_check,
         "flags": flags,

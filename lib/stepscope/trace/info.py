@@ -148,3 +148,49 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "device_events": n_dev if replay is not None else None,
         "low_confidence": n_judged < LOW_CONFIDENCE_STEPS,
     }
+
+
+WEIGHT_FORMAT_NAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("mxfp4", re.compile(r"mxfp4", re.I)),
+    ("nvfp4", re.compile(r"nvfp4", re.I)),
+    ("w4a16", re.compile(r"w4a16|int4|marlin|awq|gptq|machete", re.I)),
+    ("fp8", re.compile(r"fp8|e4m3|e5m2", re.I)),
+    ("int8", re.compile(r"w8a8|int8", re.I)),
+)
+"""Weight formats a GEMM kernel's name can state, most specific first; a name counts for the
+first that matches (`..._bf16xbf16xmxfp4_...` is mxfp4, not fp8's neighbour)."""
+
+
+def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
+    """The weight formats the GEMM kernels' names state (category_kernels rows of one rank:
+    the largest kernels of each category over the decode steps), the format carrying the most
+    time first: format, how many kernel names, their ms per step, the longest-running name.
+
+    Read from names only: a format no kernel names (a bf16 GEMM library kernel running
+    dequantized weights) is not seen, and none means "not named", not "bf16"."""
+    from stepscope.palette import GEMM_CATEGORIES
+
+    if kernels.empty:
+        return []
+    gemm = kernels[kernels["category"].isin(GEMM_CATEGORIES)]
+    found: dict[str, list[tuple[float, str]]] = {}
+    for name, ms in zip(gemm["name"].astype(str), gemm["sum_ms_per_step"].astype(float)):
+        fmt = next((f for f, pattern in WEIGHT_FORMAT_NAMES if pattern.search(name)), None)
+        if fmt is not None:
+            found.setdefault(fmt, []).append((ms, name))
+    out = [{"format": fmt, "n_kernels": len(hits), "ms_per_step": sum(ms for ms, _ in hits),
+            "example_kernel": max(hits)[1]} for fmt, hits in found.items()]
+    return sorted(out, key=lambda r: -r["ms_per_step"])
+
+
+def roofline_quantization(params_quantization: str | None, named: list[dict[str, Any]]
+                          ) -> tuple[str | None, str]:
+    """The weight format the roofline counts bytes with, and where it comes from: params'
+    `model.quantization` when set (not "none"), else the one 4-bit format the GEMM kernels
+    name (the roofline knows mxfp4 and w4a16 for routed experts), else none."""
+    if params_quantization and params_quantization.lower() != "none":
+        return params_quantization, "params"
+    four_bit = [r["format"] for r in named if r["format"] in ("mxfp4", "w4a16")]
+    if len(four_bit) == 1:
+        return four_bit[0], "kernel names"
+    return None, "none"

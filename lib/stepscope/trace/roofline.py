@@ -83,8 +83,9 @@ def model_work(arch: Any, tp: int, m: int, formats: dict[str, WeightFormat]) -> 
 
 def roofline(decode_cats: pd.DataFrame, arch: Any, tp: int, batch: float | None,
              device: dict[str, Any], quantization: str | None = None,
-             micro: pd.DataFrame | None = None) -> dict[str, Any]:
-    """The `roofline` block of summary.json for the reference rank's decode categories."""
+             micro: pd.DataFrame | None = None, quantization_from: str = "params") -> dict[str, Any]:
+    """The `roofline` block of summary.json for the reference rank's decode categories.
+    `quantization_from` says where `quantization` came from (`params`, `kernel names`)."""
     out: dict[str, Any] = {"device": device, "rows": [], "reason": None}
     gemm = decode_cats[decode_cats["category"].isin(GEMM_CATEGORIES)] if len(decode_cats) else decode_cats
     if arch is None:
@@ -116,7 +117,10 @@ def roofline(decode_cats: pd.DataFrame, arch: Any, tp: int, batch: float | None,
                "pct_peak_flops": 100.0 * tflops / tf if tflops is not None and tf else None,
                "gemms": "+".join(dict.fromkeys(g["gemm"])),
                "source": (f"architecture {arch.name} at TP={tp}, batch {m}; weights "
-                          + ", ".join(sorted(set(g["weights"]))) + "; time = the category's union "
+                          + ", ".join(sorted(set(g["weights"])))
+                          + (" (format from the kernel names)" if quantization_from == "kernel names"
+                             and "bf16" not in set(g["weights"]) else "")
+                          + "; time = the category's union "
                           "per decode step")}
         row.update(_micro_beside(g, micro, m, gbps))
         out["rows"].append(row)
