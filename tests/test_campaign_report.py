@@ -189,6 +189,20 @@ def test_a_bursty_variant_capture_is_checked_by_the_trace_per_token(campaign, tm
     assert (f"For spec, the what-if predicted {fmt_num(p.predicted_tpot_ms)} ms at the measured "
             f"{fmt_num(p.acceptance)} tokens per step; it measured {fmt_num(p.measured_tpot_ms)} ms "
             f"({fmt_num(p.ratio)}×, by the trace: decode step / tokens per step).") in head
+    # The burst sentence compares the speculating variant per token, not per decode step: its
+    # step scores several tokens, so per step it would read as a slowdown (before: "its decode
+    # step went 4.05 → 4.56 ms (1.13×)" on the CPU campaign, while per token it was faster).
+    tok, per_step = ca.trace_per_token_delta(c, "spec")
+    assert per_step == pytest.approx(spec.spec_capture.tokens_per_decode_step)
+    assert tok.value == pytest.approx(p.measured_tpot_ms) and tok.baseline == pytest.approx(ca.step_ms(c.first("tp2")))
+    assert not tok.real  # 13.2 -> 13.1 ms per token on this synthetic pair
+    at = head.index("**spec**'s capture delivered")
+    burst = head[at:head.index("**tp1**", at)]
+    assert (f"from the trace, its time per token (decode step / {fmt_num(per_step)} tokens per step) went "
+            f"{fmt_num(tok.baseline)} → {fmt_num(tok.value)} ms ({fmt_num(tok.ratio)}×, within its "
+            f"±{fmt_num(tok.band)} ms band).") in burst
+    assert "decode step went" not in burst
+    assert ca.trace_per_token_delta(c, "tp1") is None  # no drafts: step and token are one
 
 
 def _kernels_csv(run: Path, rows: list[tuple[str, str, float]]) -> None:

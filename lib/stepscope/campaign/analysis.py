@@ -367,7 +367,7 @@ def spec_predictions(c: Campaign) -> list[SpecPrediction]:
     out = []
     for v in c.variants:
         runs = c.runs.get(v) or []
-        stats = [r.spec_capture for r in runs if r.spec_capture is not None and r.spec_capture.speculating]
+        stats = _speculating(runs)
         if v == c.baseline or not stats:
             continue
         acc = _mean([s.tokens_per_decode_step for s in stats])
@@ -393,9 +393,30 @@ def _measured_tpot(v: str, base: list[VariantRun], runs: list[VariantRun]) -> tu
                    [capture_tpot(r) for r in runs], False)
     if d.value is not None or not all(capture_bunched(r) for r in runs):
         return d.value, d, MEASURED_BY_CLIENT
-    d = make_delta(v, "trace_ms_per_token", "trace", [step_ms(r) for r in base],
-                   [trace_ms_per_token(r, r.spec_capture) for r in runs], False)
+    d = _per_token_delta(v, base, runs)
     return d.value, d, MEASURED_BY_TRACE
+
+
+def _per_token_delta(v: str, base: list[VariantRun], runs: list[VariantRun]) -> Delta:
+    return make_delta(v, "trace_ms_per_token", "trace", [step_ms(r) for r in base],
+                      [trace_ms_per_token(r, r.spec_capture) for r in runs], False)
+
+
+def _speculating(runs: list[VariantRun]) -> list[SpecDecodeStats]:
+    return [r.spec_capture for r in runs if r.spec_capture is not None and r.spec_capture.speculating]
+
+
+def trace_per_token_delta(c: Campaign, v: str) -> tuple[Delta, float | None] | None:
+    """A speculating variant's decode step per token from the trace (`trace_ms_per_token`)
+    against the baseline's decode step (one token per step), with its noise band, and the
+    variant's mean tokens per decode step; None when the variant does not speculate, where
+    step and token are the same thing."""
+    runs = c.runs.get(v) or []
+    stats = _speculating(runs)
+    if not stats:
+        return None
+    return (_per_token_delta(v, c.runs.get(c.baseline) or [], runs),
+            _mean([s.tokens_per_decode_step for s in stats]))
 
 
 def _spec_checks(runs: list[VariantRun], base_ms: float, p: wi.Prediction, measured_tpot: float | None,

@@ -313,6 +313,23 @@ def _ceiling_sentence(k: ca.CeilingCheck) -> str:
     return text + "\n"
 
 
+def _trace_step_clause(c: ca.Campaign, v: str, ds: list[ca.Delta]) -> str:
+    """What the trace says instead of a burst-delivered TPOT: per token for a variant that
+    speculates (its step scores several tokens, so per step would count a verify step against
+    a plain one), per decode step otherwise."""
+    st = next((x for x in ds if x.variant == v and x.metric == "decode_step_ms"), None)
+    spec = ca.trace_per_token_delta(c, v)
+    if spec is not None and spec[0].value is not None:
+        tok, per_step = spec
+        judged = (f"beyond its ±{f(tok.band)} ms band" if tok.real else f"within its ±{f(tok.band)} ms band"
+                  ) if tok.band is not None else "no noise band"
+        return (f"; from the trace, its time per token (decode step / {f(per_step)} tokens per step) went "
+                f"{f(tok.baseline)} → {f(tok.value)} ms ({_x(tok.ratio)}, {judged}).")
+    if st is not None and st.value is not None:
+        return f"; its decode step went {f(st.baseline)} → {f(st.value)} ms ({_x(st.ratio)})."
+    return "."
+
+
 def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction],
               ceilings: list[ca.CeilingCheck]) -> list[str]:
     out = []
@@ -321,11 +338,9 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
             continue
         bunched = [b for r in c.runs.get(v) or [] if (b := ca.capture_bunched(r))]
         if bunched:
-            st = next((x for x in ds if x.variant == v and x.metric == "decode_step_ms"), None)
             out.append(f"**{v}**'s capture delivered its tokens in a burst (median TTFT {f(bunched[0][0])} of "
                        f"{f(bunched[0][1])} ms end to end), so its client-side TPOT does not measure decode"
-                       + (f"; its decode step went {f(st.baseline)} → {f(st.value)} ms ({_x(st.ratio)})."
-                          if st is not None and st.value is not None else "."))
+                       + _trace_step_clause(c, v, ds))
             continue
         d = next((x for x in ds if x.variant == v and x.metric == "tpot_capture_ms"), None)
         if d is None or d.value is None:
