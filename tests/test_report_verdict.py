@@ -196,6 +196,28 @@ def test_no_plateau_claimed_without_a_knee(tmp_path):
     assert "plateau is" not in macro
     assert "**no plateau was reached**: output tok/s still grew by at least 10.0 % per doubling" in macro
     assert "up to 640 output tok/s at concurrency 8" in macro
+    assert "so the sweep stopped short of saturation." in _quote(md, "In short:")
+
+
+def test_no_plateau_read_from_stalled_levels_says_so(tmp_path):
+    # As on the CPU demo of 2026-12-01 (run review1): no knee, and server-wide stalls took 7-57 % of
+    # every level; throughput went 363 -> 1,128 tok/s from concurrency 4 to 8 (3.1x for a doubling),
+    # the stalled level 4 reading low. The report said "still grew ... so the sweep stopped short
+    # of saturation" with no word on the stalls.
+    run = make_synthetic_run(tmp_path / "nst", plateau=False)
+    levels = run / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv["stall_share"] = [0.0675, 0.364, 0.568, 0.35][:len(lv)]
+    lv.to_csv(levels, index=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run)))["verdict"]
+    assert (v.plateau.reached, v.plateau.stall_pct, v.plateau.stall_concurrency) == (False, pytest.approx(56.8), 4)
+    tail = ("but server-wide stalls (every stream silent at once) took up to 56.8 % of a level's time (at "
+            "concurrency 4): each level is low by up to its own share, so the growth between levels may be the "
+            "stalls', not the server's (longer levels, sweep.min_level_duration_s, make one stall weigh less)")
+    assert f"(640 output tok/s), {tail}." in _quote(md, "In short:")
+    assert f"up to 640 output tok/s at concurrency 8, {tail}" in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
+    assert "stopped short of saturation" not in md
 
 
 def test_plateau_read_from_stalled_levels_says_so(tmp_path):

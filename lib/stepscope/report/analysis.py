@@ -334,11 +334,12 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
 
 
 def _plateau_stalls(closed: pd.DataFrame, knee: int | None) -> dict[str, Any]:
-    """The largest share of a level's time lost to server-wide stalls at or beyond the knee
-    (the levels the plateau is read from), and its concurrency; empty without a knee."""
-    if knee is None or "stall_share" not in closed:
+    """The largest share of a level's time lost to server-wide stalls among the levels the
+    plateau reading is drawn from, and its concurrency: from the knee on, or every level when
+    there is no knee (then the reading is that throughput still grew, level to level)."""
+    if "stall_share" not in closed:
         return {}
-    at = closed[(closed["concurrency"].astype(float) >= knee) & closed["stall_share"].notna()]
+    at = closed[(closed["concurrency"].astype(float) >= (knee or 0)) & closed["stall_share"].notna()]
     if not len(at):
         return {}
     worst = at.loc[at["stall_share"].astype(float).idxmax()]

@@ -242,7 +242,8 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     elif h.get("best_output_tok_s") is not None:
         parts.append(f"**no plateau was reached**: output tok/s still grew by at least {fmt_num(100 * h['knee_gain'])} % "
                      f"per doubling of concurrency, up to {fmt_num(h['best_output_tok_s'])} output tok/s at "
-                     f"concurrency {fmt_num(h['best_concurrency'])}")
+                     f"concurrency {fmt_num(h['best_concurrency'])}"
+                     + (prose.no_plateau_tail(p) if (p := vd.plateau(h)) and p.stall_pct is not None else ""))
     if h.get("c1_tpot_ms_median") is not None:
         parts.append(f"at concurrency 1 the median TPOT is **{fmt_num(h['c1_tpot_ms_median'])} ms** and the "
                      f"median TTFT **{fmt_num(h['c1_ttft_ms_median'])} ms**")

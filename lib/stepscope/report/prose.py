@@ -262,7 +262,18 @@ def plateau_sentence(p: Plateau) -> str:
     upto = (f" up to concurrency {f(p.best_concurrency)} ({f(p.best_tok_s)} output tok/s)"
             if p.best_concurrency is not None else "")
     return (f"No plateau was reached: output tok/s still grew by at least {f(p.knee_gain_pct)} % per doubling of "
-            f"concurrency{upto}, so the sweep stopped short of saturation.")
+            f"concurrency{upto}{no_plateau_tail(p)}.")
+
+
+def no_plateau_tail(p: Plateau) -> str:
+    """How a "no plateau" reading ends: the sweep stopped short of saturation, unless server-wide
+    stalls took a large share of some level, when the growth may be the stalls' doing."""
+    if p.stall_pct is None:
+        return ", so the sweep stopped short of saturation"
+    return (f", but server-wide stalls (every stream silent at once) took up to {f(p.stall_pct)} % of a level's "
+            f"time (at concurrency {f(p.stall_concurrency)}): each level is low by up to its own share, so the "
+            "growth between levels may be the stalls', not the server's (longer levels, "
+            "sweep.min_level_duration_s, make one stall weigh less)")
 
 
 def plateau_stall_clause(p: Plateau) -> str:

@@ -189,8 +189,9 @@ class Plateau:
     best_concurrency: int | None = None
     knee_gain_pct: float | None = None
     stall_pct: float | None = None
-    """The largest share of a level's time at or beyond the knee lost to server-wide stalls,
-    when above PLATEAU_STALL_SHARE: the plateau is low by up to it."""
+    """The largest share of a level's time lost to server-wide stalls, from the knee on (every
+    level when no plateau was reached), when above PLATEAU_STALL_SHARE: the plateau is low by
+    up to it, or the growth that says none was reached may be the stalls'."""
     stall_concurrency: int | None = None
 
 
@@ -665,7 +666,7 @@ def plateau(macro: dict[str, Any] | None) -> Plateau | None:
     gain = num(macro.get("knee_gain"))
     knee = _int(macro.get("knee_concurrency"))
     stall = num(macro.get("plateau_stall_share"))
-    stalled = knee is not None and stall is not None and stall > PLATEAU_STALL_SHARE
+    stalled = stall is not None and stall > PLATEAU_STALL_SHARE
     return Plateau(reached=knee is not None, knee_concurrency=knee,
                    plateau_tok_s=num(macro.get("plateau_output_tok_s")) if knee is not None else None,
                    best_tok_s=num(macro.get("best_output_tok_s")),
