@@ -20,7 +20,7 @@ from stepscope.trace.roofline import roofline
 from stepscope.trace.info import (detect_engine, input_token_shape, roofline_quantization, trace_info,
                                   weight_formats_named)
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
-from stepscope.wording import short_names
+from stepscope.wording import short_names, work_unit
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
 
 
@@ -383,7 +383,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     for c in tt_check:
         if c.get("flag"):
             flags.append(c["flag"])
-    flags.extend(_tpot_flags(times))
+    flags.extend(_tpot_flags(times, ref.mode == "cpu"))
     flags.extend(input_flags)
     timeline = representative_timeline(ref)
     summary = {
@@ -544,25 +544,28 @@ def _inside_words(v: dict) -> str:
             f"between a collective's pieces, and {v['inside_other_ms']:.3f} ms other categories' work)")
 
 
-def _tpot_flags(times: dict) -> list[dict[str, str]]:
-    """The decode step readings against the TPOT the client measured during capture."""
+def _tpot_flags(times: dict, cpu: bool) -> list[dict[str, str]]:
+    """The decode step readings against the TPOT the client measured during capture (`cpu`:
+    the trace's work is CPU ops, not device kernels)."""
     flags: list[dict[str, str]] = []
+    unit = work_unit(cpu)
+    idle = "no op running" if cpu else "no device work"
     # Means throughout: the capture TPOT is a mean over requests, and the report shows
     # these readings as means.
     if times["tpot_capture_ms"] and times["span_ms"]["mean"]:
         ratio = times["kernel_sum_ms"]["mean"] / times["tpot_capture_ms"]
         if ratio > 1.0:
             flags.append(_flag("kernel_sum_above_tpot", "info",
-                               f"mean kernel sum per decode step ({times['kernel_sum_ms']['mean']:.3f} "
+                               f"mean {unit[:-1]} sum per decode step ({times['kernel_sum_ms']['mean']:.3f} "
                                f"ms) exceeds the mean TPOT measured during capture "
-                               f"({times['tpot_capture_ms']:.3f} ms): kernels overlap; read the union "
+                               f"({times['tpot_capture_ms']:.3f} ms): {unit} overlap; read the union "
                                "and span instead"))
         gap = 1.0 - times["span_ms"]["mean"] / times["tpot_capture_ms"]
         if gap > TPOT_GAP_SHARE:
             flags.append(_flag("span_below_tpot", "info",
                                f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
                                f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
-                               "has no device work: host-side overhead, scheduling or launch gaps)"))
+                               f"has {idle}: host-side overhead, scheduling or launch gaps)"))
         flags.extend(_period_vs_tpot(times))
     return flags
 
