@@ -245,3 +245,22 @@ def test_the_campaign_headline_is_what_the_cli_prints(campaign, tmp_path):
     assert report_headline(tmp_path / "absent.md") is None
     (tmp_path / "plain.md").write_text("# a report without a headline\n")
     assert report_headline(tmp_path / "plain.md") is None
+
+
+def test_a_stalled_level_is_shown_and_not_compared(campaign, tmp_path):
+    import shutil
+
+    d = tmp_path / "camp-1"
+    shutil.copytree(campaign[0], d)
+    levels = d / "spec" / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv["stall_share"] = [0.0, 0.0, 0.0, 0.82][:len(lv)]
+    lv.to_csv(levels, index=False)
+    md = build_campaign_report(d)["markdown"].read_text()
+    spec = md.split("### spec", 1)[1].split("###", 1)[0]
+    assert "| stalled % of level (max over runs) |" in spec and "| 82 |" in spec
+    assert ("A level that lost over 5.00 % of its time to server-wide stalls (every stream silent at once for over "
+            "0.500 s) reads low by up to that share: none of its readings are compared below.") in md
+    conc = int(lv["concurrency"].iloc[-1])
+    assert (f"| not compared: spec's level c={conc} lost 82 % of its time to server-wide stalls: its readings are "
+            "low or late by up to that share |") in md

@@ -154,6 +154,30 @@ def test_latencies_of_a_level_delivered_in_bursts_are_not_compared(tmp_path):
     assert not h.loc["c1_tpot_ms_median", "beyond_noise"] and h.loc["decode union_ms", "beyond_noise"]
 
 
+def test_readings_of_a_stalled_level_are_not_compared(tmp_path):
+    # A level that lost 82 % of its time to server-wide stalls (the n-gram variant's c=4 in the
+    # CPU campaign of 2026-12-01) reads low whatever the server does: none of its readings count.
+    a = make_synthetic_run(tmp_path / "a")
+    b = make_synthetic_run(tmp_path / "b", scale=0.8)
+    levels = b / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv["stall_share"] = [0.82, 0.0, 0.0, 0.0]
+    lv.to_csv(levels, index=False)
+    m = pd.read_csv(compare_runs(a, b, tmp_path / "out")["csv_macro"]).set_index(["level", "metric"])
+    for metric in ("output_throughput_tok_s", "ttft_ms_median", "tpot_ms_median"):
+        assert m.loc[("c=1", metric), "not_comparable"] == "B (82 %) lost that share of the level to server-wide stalls"
+        assert not m.loc[("c=1", metric), "beyond_noise"]
+    assert m.loc[("c=2", "output_throughput_tok_s"), "beyond_noise"]
+    assert pd.isna(m.loc[("c=2", "output_throughput_tok_s"), "not_comparable"])
+    # The plateau is read from the knee on: a stall there above the threshold qualifies it, so the
+    # two plateaus are not compared either.
+    lv["stall_share"] = [0.0, 0.0, 0.0, 0.82]
+    lv.to_csv(levels, index=False)
+    h = pd.read_csv(compare_runs(a, b, tmp_path / "out2")["csv_headlines"]).set_index("metric")
+    assert h.loc["plateau_output_tok_s", "not_comparable"] == "B (82 %) lost that share of the level to server-wide stalls"
+    assert not h.loc["plateau_output_tok_s", "beyond_noise"]
+
+
 @pytest.mark.parametrize("scale", [1.01, 1.03, 0.8, 1.3])
 def test_the_category_table_judges_as_the_regression_gate(tmp_path, scale):
     # On the CPU campaign of 2026-12-01 compare's table called the n-gram variant's all_reduce

@@ -77,10 +77,12 @@ STALL_GAP_S = 0.5
 with one is flagged. Decode steps take milliseconds to tens of milliseconds, so half a second
 of silence is a pause of the server, not a slow step."""
 
-PLATEAU_STALL_SHARE = 0.05
-"""Server-wide stalls above this share of a level's time at or beyond the knee: the plateau is
-stated with that share beside it (the throughput of a level that paused is low by up to it).
-Below it, a stall is within the few-percent scatter of a serving benchmark (CHANGE_NOISE_REL)."""
+STALLED_LEVEL_SHARE = 0.05
+"""A sweep level that lost more than this share of its time to server-wide stalls reads low
+(its throughput by up to that share; its latencies carry the pauses): the plateau read from
+such levels is stated with the share beside it, and a campaign or `compare` does not compare
+the level's readings. Below it, a stall is within the few-percent scatter of a serving
+benchmark (CHANGE_NOISE_REL)."""
 
 BUNCHED_GAP_MS = 0.05
 """Inter-chunk gaps below this arrived together, in one read, rather than one decode step apart."""

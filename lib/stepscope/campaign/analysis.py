@@ -34,7 +34,7 @@ from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_s
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict, amdahl_x, biggest_lever
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, PREDICTION_TOLERANCE
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, PREDICTION_TOLERANCE, STALLED_LEVEL_SHARE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
                  "ttft_ms_median": "TTFT median (ms)"}
@@ -130,9 +130,10 @@ def levels_table(runs: list[VariantRun]) -> pd.DataFrame | None:
     allf = pd.concat([f[["concurrency", *cols]] for f in frames], ignore_index=True)
     out = allf.groupby("concurrency", as_index=False)[cols].mean()
     out["n_runs"] = allf.groupby("concurrency")["concurrency"].count().to_numpy()
-    if all("bunched_chunk_share" in f for f in frames):
-        bunched = pd.concat([f[["concurrency", "bunched_chunk_share"]] for f in frames], ignore_index=True)
-        out["bunched_pct_max"] = 100 * bunched.groupby("concurrency")["bunched_chunk_share"].max().to_numpy()
+    for share, pct in (("bunched_chunk_share", "bunched_pct_max"), ("stall_share", "stall_pct_max")):
+        if all(share in f for f in frames):
+            worst = pd.concat([f[["concurrency", share]] for f in frames], ignore_index=True)
+            out[pct] = 100 * worst.groupby("concurrency")[share].max().to_numpy()
     out["concurrency"] = out["concurrency"].astype(int)
     return out
 
@@ -147,6 +148,17 @@ def _bunched_level(variant: str, runs: list[VariantRun], conc: int) -> str | Non
     if shares and max(shares) > BUNCHED_FLAG_SHARE:
         return (f"{variant}'s chunks at c={conc} arrived bunched ({100 * max(shares):.0f} %): its TPOT and TTFT "
                 f"measure delivery")
+    return None
+
+
+def _stalled_level(variant: str, runs: list[VariantRun], conc: int) -> str | None:
+    """Why a variant's level at `conc` is not compared: server-wide stalls took more than
+    STALLED_LEVEL_SHARE of its time in some run (its throughput then reads low by up to that
+    share, and its latencies carry the pauses), or None."""
+    shares = [s for s in _level_values(runs, conc, "stall_share") if math.isfinite(s)]
+    if shares and max(shares) > STALLED_LEVEL_SHARE:
+        return (f"{variant}'s level c={conc} lost {100 * max(shares):.0f} % of its time to server-wide stalls: "
+                "its readings are low or late by up to that share")
     return None
 
 
@@ -227,11 +239,13 @@ def deltas(c: Campaign) -> list[Delta]:
         bl, vl = levels_table(base), levels_table(runs)
         if bl is not None and vl is not None:
             for conc in sorted(set(bl["concurrency"]) & set(vl["concurrency"])):
+                stalled = _stalled_level(c.baseline, base, conc) or _stalled_level(v, runs, conc)
                 bunched = _bunched_level(c.baseline, base, conc) or _bunched_level(v, runs, conc)
                 for col in MACRO_COLUMNS:
                     d = make_delta(v, col, f"c={conc}", _level_values(base, conc, col),
                                    _level_values(runs, conc, col), col == "output_throughput_tok_s")
-                    out.append(replace(d, not_comparable=bunched) if col in DELIVERY_COLUMNS else d)
+                    why = stalled or (bunched if col in DELIVERY_COLUMNS else None)
+                    out.append(replace(d, not_comparable=why) if why else d)
         d = make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
                        [capture_tpot(r) for r in runs], False)
         burst = next((x for x, rs in ((c.baseline, base), (v, runs)) if any(capture_bunched(r) for r in rs)), None)

@@ -19,7 +19,8 @@ from stepscope.report.markdown_util import code_names, markdown_to_html, md_tabl
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE, TPOT_GAP_SHARE
+from stepscope.thresholds import (BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, PREDICTION_TOLERANCE,
+                                  STALL_GAP_S, STALLED_LEVEL_SHARE, TPOT_GAP_SHARE)
 from stepscope.wording import HEADLINE_MARK
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
@@ -69,11 +70,17 @@ def _macro(c: ca.Campaign, figs: dict[str, str]) -> str:
                                                 ("tpot_ms_median", "TPOT median (ms)"),
                                                 ("ttft_ms_median", "TTFT median (ms)"),
                                                 ("bunched_pct_max", "chunks bunched % (max over runs)"),
+                                                ("stall_pct_max", "stalled % of level (max over runs)"),
                                                 ("n_runs", "runs")], formats=_INTS) + "\n"
+    notes = []
     if any("bunched_pct_max" in lv for lv in levels.values()):
-        text += (f"Above {f(100 * BUNCHED_FLAG_SHARE)} % of token chunks bunched (arrived with the previous one), "
-                 f"a level's TPOT and TTFT measure delivery, not decode: they are not compared below.\n\n")
-    return text
+        notes.append(f"Above {f(100 * BUNCHED_FLAG_SHARE)} % of token chunks bunched (arrived with the previous one), "
+                     "a level's TPOT and TTFT measure delivery, not decode: they are not compared below.")
+    if any("stall_pct_max" in lv for lv in levels.values()):
+        notes.append(f"A level that lost over {f(100 * STALLED_LEVEL_SHARE)} % of its time to server-wide stalls "
+                     f"(every stream silent at once for over {f(STALL_GAP_S)} s) reads low by up to that share: "
+                     "none of its readings are compared below.")
+    return text + (" ".join(notes) + "\n\n" if notes else "")
 
 
 def _categories(c: ca.Campaign, cats: pd.DataFrame, figs: dict[str, str]) -> str:

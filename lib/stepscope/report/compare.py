@@ -30,7 +30,7 @@ from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.noise import make_delta, step_spread_se
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, STALLED_LEVEL_SHARE
 from stepscope.trace.account import KERNELS_PER_CATEGORY
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
@@ -73,16 +73,18 @@ def compare_macro(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
     for df in (la, lb):
         for k in keys:
             df[k] = df[k].astype(str)
-        if "bunched_chunk_share" not in df:  # older folders: both sides get the column, so it is suffixed
-            df["bunched_chunk_share"] = np.nan
+        for share in ("bunched_chunk_share", "stall_share"):
+            if share not in df:  # older folders: both sides get the column, so it is suffixed
+                df[share] = np.nan
     rows = []
     merged = la.merge(lb, on=keys, how="outer", suffixes=("_a", "_b"))
     for _, r in merged.iterrows():
-        bunched = _bunched(r)
+        stalled, bunched = _stalled(r), _bunched(r)
         for m in MACRO_METRICS:
             if f"{m}_a" in merged or f"{m}_b" in merged:
+                why = stalled or (bunched if m in DELIVERY_METRICS else None)
                 rows.append({"level": _level_label(r, keys), "metric": m, "a": r.get(f"{m}_a"),
-                             "b": r.get(f"{m}_b"), "not_comparable": bunched if m in DELIVERY_METRICS else None})
+                             "b": r.get(f"{m}_b"), "not_comparable": why})
     return _with_diff(pd.DataFrame(rows)) if rows else None
 
 
@@ -95,6 +97,14 @@ def _bunched(r: pd.Series) -> str | None:
     runs = [run for run, col in (("A", "bunched_chunk_share_a"), ("B", "bunched_chunk_share_b"))
             if pd.notna(r.get(col)) and float(r[col]) > BUNCHED_FLAG_SHARE]
     return f"{' and '.join(runs)} delivered in bursts (chunks bunched)" if runs else None
+
+
+def _stalled(r: pd.Series) -> str | None:
+    """Why none of a merged level's readings are compared: server-wide stalls took more than
+    STALLED_LEVEL_SHARE of a run's level (its throughput reads low, its latencies carry the pauses)."""
+    runs = [f"{run} ({100 * float(r[col]):.0f} %)" for run, col in (("A", "stall_share_a"), ("B", "stall_share_b"))
+            if pd.notna(r.get(col)) and float(r[col]) > STALLED_LEVEL_SHARE]
+    return f"{' and '.join(runs)} lost that share of the level to server-wide stalls" if runs else None
 
 
 def _level_label(r: pd.Series, keys: list[str]) -> str:
@@ -111,8 +121,10 @@ def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
                              "bunched_chunk_share_b": hb.get("c1_bunched_share")}))
     burst = [name for name, x in (("A", a), ("B", b)) if an.capture_tpot_is_delivery(x)]
     capture = f"{' and '.join(burst)}'s capture delivered in bursts (its TPOT measures delivery)" if burst else None
+    plateau = _stalled(pd.Series({"stall_share_a": ha.get("plateau_stall_share"),
+                                  "stall_share_b": hb.get("plateau_stall_share")}))
     rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k)),
-             "not_comparable": c1 if k.startswith("c1_") else None}
+             "not_comparable": c1 if k.startswith("c1_") else plateau}
             for k in ("knee_concurrency", "plateau_output_tok_s", "c1_tpot_ms_median", "c1_ttft_ms_median")]
     rows += [{"metric": f"decode {k}", "a": ta.get(k), "b": tb.get(k),
               "not_comparable": capture if k == "tpot_capture_ms" else None}

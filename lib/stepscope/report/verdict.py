@@ -24,7 +24,7 @@ from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
-                                  PLATEAU_STALL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
+                                  STALLED_LEVEL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
 
 
 
@@ -190,7 +190,7 @@ class Plateau:
     knee_gain_pct: float | None = None
     stall_pct: float | None = None
     """The largest share of a level's time lost to server-wide stalls, from the knee on (every
-    level when no plateau was reached), when above PLATEAU_STALL_SHARE: the plateau is low by
+    level when no plateau was reached), when above STALLED_LEVEL_SHARE: the plateau is low by
     up to it, or the growth that says none was reached may be the stalls'."""
     stall_concurrency: int | None = None
 
@@ -666,7 +666,7 @@ def plateau(macro: dict[str, Any] | None) -> Plateau | None:
     gain = num(macro.get("knee_gain"))
     knee = _int(macro.get("knee_concurrency"))
     stall = num(macro.get("plateau_stall_share"))
-    stalled = stall is not None and stall > PLATEAU_STALL_SHARE
+    stalled = stall is not None and stall > STALLED_LEVEL_SHARE
     return Plateau(reached=knee is not None, knee_concurrency=knee,
                    plateau_tok_s=num(macro.get("plateau_output_tok_s")) if knee is not None else None,
                    best_tok_s=num(macro.get("best_output_tok_s")),
