@@ -7,7 +7,7 @@ import pytest
 
 from stepscope.campaign.gate import regression_message, regressions
 from stepscope.cli import main
-from stepscope.testing.synthetic import make_synthetic_run
+from stepscope.testing.synthetic import make_synthetic_run, set_level_columns
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,10 @@ def test_a_level_delivered_in_bursts_is_not_a_latency_regression(runs, tmp_path)
 
     b = tmp_path / "bursty"
     shutil.copytree(runs["slow"], b)
-    levels = b / "01_macro_sweep" / "levels.csv"
-    lv = pd.read_csv(levels)
-    lv["bunched_chunk_share"] = [0.97, 0.2, 0.2, 0.2]
-    lv.loc[lv["concurrency"] == 1, ["ttft_ms_median", "tpot_ms_median"]] = [294.0, 0.0]
-    lv.to_csv(levels, index=False)
+    lv = pd.read_csv(b / "01_macro_sweep" / "levels.csv")
+    set_level_columns(b, bunched_chunk_share=[0.97, 0.2, 0.2, 0.2],
+                      ttft_ms_median=lv["ttft_ms_median"].where(lv["concurrency"] != 1, 294.0).tolist(),
+                      tpot_ms_median=lv["tpot_ms_median"].where(lv["concurrency"] != 1, 0.0).tolist())
     found = {(d.metric, d.where) for d in regressions(runs["a"], b)}
     assert ("ttft_ms_median", "c=1") not in found and ("output_throughput_tok_s", "c=1") in found
     assert ("ttft_ms_median", "c=2") in found  # a level that was not bunched is still judged
@@ -73,16 +72,11 @@ def test_a_stalled_level_is_not_a_throughput_regression(runs, tmp_path):
     # 1,158, which the change table called a "real" 0.302x. Stalls say nothing of the variant.
     import shutil
 
-    import pandas as pd
-
     from stepscope.campaign.analysis import deltas, pair
 
     b = tmp_path / "stalled"
     shutil.copytree(runs["slow"], b)
-    levels = b / "01_macro_sweep" / "levels.csv"
-    lv = pd.read_csv(levels)
-    lv["stall_share"] = [0.82, 0.0, 0.04, 0.0]
-    lv.to_csv(levels, index=False)
+    set_level_columns(b, stall_share=[0.82, 0.0, 0.04, 0.0])
     found = {(d.metric, d.where) for d in regressions(runs["a"], b)}
     for metric in ("output_throughput_tok_s", "ttft_ms_median", "tpot_ms_median"):
         assert (metric, "c=1") not in found

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from stepscope.report import compare_runs
-from stepscope.testing.synthetic import make_synthetic_run
+from stepscope.testing.synthetic import make_synthetic_run, set_level_columns
 from stepscope.report.compare import NOISE_REL
 
 
@@ -134,11 +134,7 @@ def test_latencies_of_a_level_delivered_in_bursts_are_not_compared(tmp_path):
     # B's chunks at concurrency 1 arrived bunched (97 %, as the n-gram variant of the CPU
     # campaign of 2026-12-01): its TTFT and TPOT there measure delivery. Throughput still counts.
     a = make_synthetic_run(tmp_path / "a")
-    b = make_synthetic_run(tmp_path / "b", scale=0.8)
-    levels = b / "01_macro_sweep" / "levels.csv"
-    lv = pd.read_csv(levels)
-    lv["bunched_chunk_share"] = [0.97, 0.1, 0.1, 0.1]
-    lv.to_csv(levels, index=False)
+    b = set_level_columns(make_synthetic_run(tmp_path / "b", scale=0.8), bunched_chunk_share=[0.97, 0.1, 0.1, 0.1])
     out = compare_runs(a, b, tmp_path / "out")
     m = pd.read_csv(out["csv_macro"]).set_index(["level", "metric"])
     for metric in ("ttft_ms_median", "tpot_ms_median", "itl_ms_median"):
@@ -158,11 +154,7 @@ def test_readings_of_a_stalled_level_are_not_compared(tmp_path):
     # A level that lost 82 % of its time to server-wide stalls (the n-gram variant's c=4 in the
     # CPU campaign of 2026-12-01) reads low whatever the server does: none of its readings count.
     a = make_synthetic_run(tmp_path / "a")
-    b = make_synthetic_run(tmp_path / "b", scale=0.8)
-    levels = b / "01_macro_sweep" / "levels.csv"
-    lv = pd.read_csv(levels)
-    lv["stall_share"] = [0.82, 0.0, 0.0, 0.0]
-    lv.to_csv(levels, index=False)
+    b = set_level_columns(make_synthetic_run(tmp_path / "b", scale=0.8), stall_share=[0.82, 0.0, 0.0, 0.0])
     m = pd.read_csv(compare_runs(a, b, tmp_path / "out")["csv_macro"]).set_index(["level", "metric"])
     for metric in ("output_throughput_tok_s", "ttft_ms_median", "tpot_ms_median"):
         assert m.loc[("c=1", metric), "not_comparable"] == "B (82 %) lost that share of the level to server-wide stalls"
@@ -171,8 +163,7 @@ def test_readings_of_a_stalled_level_are_not_compared(tmp_path):
     assert pd.isna(m.loc[("c=2", "output_throughput_tok_s"), "not_comparable"])
     # The plateau is read from the knee on: a stall there above the threshold qualifies it, so the
     # two plateaus are not compared either.
-    lv["stall_share"] = [0.0, 0.0, 0.0, 0.82]
-    lv.to_csv(levels, index=False)
+    set_level_columns(b, stall_share=[0.0, 0.0, 0.0, 0.82])
     h = pd.read_csv(compare_runs(a, b, tmp_path / "out2")["csv_headlines"]).set_index("metric")
     assert h.loc["plateau_output_tok_s", "not_comparable"] == "B (82 %) lost that share of the level to server-wide stalls"
     assert not h.loc["plateau_output_tok_s", "beyond_noise"]

@@ -54,6 +54,17 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
     return run_dir
 
 
+def set_level_columns(run_dir: str | Path, **columns: list) -> Path:
+    """Overwrite columns of a run's `01_macro_sweep/levels.csv`, one value per level (a stalled
+    or bunched level, as a test needs it); returns the run folder."""
+    levels = Path(run_dir) / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    for name, values in columns.items():
+        lv[name] = values
+    lv.to_csv(levels, index=False)
+    return Path(run_dir)
+
+
 def _write_run(run_dir: Path, stages: tuple[str, ...]) -> None:
     """run.json and params.yaml."""
     params = {
