@@ -253,3 +253,15 @@ def test_setup_states_the_weight_format_the_kernels_name(tmp_path, real_traces):
     assert quantization_cell("int4", []) == "int4 (params; no GEMM kernel's name states a format)"
     assert quantization_cell("none", []) == ("not stated: params do not say and no GEMM kernel's name "
                                              "states a format")
+
+
+@pytest.mark.parametrize("trace, tpot_row", [
+    ("vllm-mi300x-gptoss-decode-fullgraph.json.gz", True),   # decode, no capture: "–" says nothing measured it
+    ("hf-h100-qwen1.5-0.5b-eager.json.gz", False)])          # a prefill pass has no tokens per step to time
+def test_the_tpot_reading_is_listed_for_decode_traces_only(tmp_path, real_traces, trace, tpot_row):
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces([real_traces / trace], run / "05_categorize", progress=False, perfetto=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert ("| TPOT measured by the client during capture | – |" in md) is tpot_row

@@ -376,7 +376,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                                   _why(a, "05_categorize"))
     text += _category_table(decode, totals, ident)
     text += _category_kernels(a.category_kernels, decode, totals)
-    text += _step_readings(totals, ident.step_label)
+    text += _step_readings(totals, ident)
     text += _breakdown_figures(a, figs, ident.step_label)
     return text + _across_ranks(a, ctx["verdict"].comm_split)
 
@@ -455,9 +455,11 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
                            ("decided_by", "placed by")]))
 
 
-def _step_readings(totals: dict, step_label: str) -> str:
-    """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled."""
-    text = f"\nThe same step read several ways (ms per {step_label}):\n\n"
+def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
+    """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled.
+    A decode trace keeps its TPOT row when nothing measured it ("–" says so); other traces have
+    no tokens per step to time, so none."""
+    text = f"\nThe same step read several ways (ms per {ident.step_label}):\n\n"
     cpu, dev = totals.get("mode") == "cpu", an.device_word(totals)
     rows = [("op sum (every op's self time added up)" if cpu else "kernel sum (every kernel's duration added up)",
              totals.get("kernel_sum_ms")),
@@ -466,7 +468,8 @@ def _step_readings(totals: dict, step_label: str) -> str:
             ("period (start of one step to the start of the next)", totals.get("period_ms")),
             ("step annotation (host-side duration of the engine step)", totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
-    text += kv_table([(k, v) for k, v in rows if v is not None or "TPOT" in k], ("reading (mean)", "ms per step"))
+    text += kv_table([(k, v) for k, v in rows if v is not None or ("TPOT" in k and ident.has_decode)],
+                     ("reading (mean)", "ms per step"))
     rec = an.reconciliation(totals)
     return text + ("\n" + "\n".join(f"- {s}" for s in rec) + "\n" if rec else "")
 
