@@ -74,15 +74,25 @@ def test_a_stalled_level_is_not_a_throughput_regression(runs, tmp_path):
 
     from stepscope.campaign.analysis import deltas, pair
 
+    a = set_level_columns(shutil.copytree(runs["a"], tmp_path / "a"), stall_share=[0.0, 0.0, 0.0, 0.0])
     b = tmp_path / "stalled"
     shutil.copytree(runs["slow"], b)
     set_level_columns(b, stall_share=[0.82, 0.0, 0.04, 0.0])
-    found = {(d.metric, d.where) for d in regressions(runs["a"], b)}
+    found = {(d.metric, d.where) for d in regressions(a, b)}
     for metric in ("output_throughput_tok_s", "ttft_ms_median", "tpot_ms_median"):
         assert (metric, "c=1") not in found
     assert ("output_throughput_tok_s", "c=2") in found  # a level without stalls is still judged
     assert ("output_throughput_tok_s", "c=4") in found  # 4 %: within the few-percent scatter, judged
-    tput = next(d for d in deltas(pair(runs["a"], b)) if (d.metric, d.where) == ("output_throughput_tok_s", "c=1"))
+    tput = next(d for d in deltas(pair(a, b)) if (d.metric, d.where) == ("output_throughput_tok_s", "c=1"))
     assert tput.not_comparable == ("B's level c=1 lost 82 % of its time to server-wide stalls: its readings are "
                                    "low or late by up to that share")
     assert not tput.real and tput.better is None
+    # ... but the stalls themselves are compared: a server that pauses must not hide its own
+    # regression behind "not compared".
+    assert ("stall_pct", "c=1") in found and ("stall_pct", "c=4") not in found  # 4 points: within the band
+    stall = next(d for d in regressions(a, b) if (d.metric, d.where) == ("stall_pct", "c=1"))
+    assert (stall.baseline, stall.value, stall.band) == (0.0, pytest.approx(82.0), 5.0)
+    assert regression_message(stall) == ("regression: share of the level lost to server-wide stalls (%) at c=1: "
+                                         "A 0 → B 82.0 (Δ 82.0, outside the noise band ±5.00 from fixed 5 points "
+                                         "(STALLED_LEVEL_SHARE))")
+    assert ("stall_pct", "c=1") not in {(d.metric, d.where) for d in regressions(b, a)}  # fewer stalls: better

@@ -162,6 +162,19 @@ def _stalled_level(variant: str, runs: list[VariantRun], conc: int) -> str | Non
     return None
 
 
+def _stall_delta(v: str, conc: int, base: list[VariantRun], runs: list[VariantRun]) -> list[Delta]:
+    """The level's share of time lost to server-wide stalls (%), as a quantity of its own: a
+    stalled level's other readings are not compared, so stalls that came with the variant must
+    show here, or a server that pauses would hide its own regression. Band: the threshold
+    itself, in percentage points; empty when a run folder predates the stall columns."""
+    b = [100 * x for x in _level_values(base, conc, "stall_share") if math.isfinite(x)]
+    w = [100 * x for x in _level_values(runs, conc, "stall_share") if math.isfinite(x)]
+    if not b or not w:
+        return []
+    return [Delta(v, "stall_pct", f"c={conc}", _mean(b), _mean(w), 100 * STALLED_LEVEL_SHARE,
+                  f"fixed {100 * STALLED_LEVEL_SHARE:g} points (STALLED_LEVEL_SHARE)", False)]
+
+
 def _level_values(runs: list[VariantRun], conc: int, col: str) -> list[float]:
     vals = []
     for r in runs:
@@ -246,6 +259,7 @@ def deltas(c: Campaign) -> list[Delta]:
                                    _level_values(runs, conc, col), col == "output_throughput_tok_s")
                     why = stalled or (bunched if col in DELIVERY_COLUMNS else None)
                     out.append(replace(d, not_comparable=why) if why else d)
+                out.extend(_stall_delta(v, conc, base, runs))
         d = make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
                        [capture_tpot(r) for r in runs], False)
         burst = next((x for x, rs in ((c.baseline, base), (v, runs)) if any(capture_bunched(r) for r in rs)), None)
