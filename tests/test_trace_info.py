@@ -186,6 +186,7 @@ def test_weight_format_patterns_and_the_rooflines_choice():
     assert [(r["format"], r["n_kernels"], r["ms_per_step"]) for r in named] == [
         ("w4a16", 1, 2.0), ("fp8", 1, 1.0), ("mxfp4", 1, 0.5)]
     assert roofline_quantization("int4", named) == ("int4", "params")
-    assert roofline_quantization("none", named) == (None, "none")  # two 4-bit formats: no guess
-    assert roofline_quantization(None, named[:2]) == ("w4a16", "kernel names")
+    assert roofline_quantization("none", named) == (None, "none")  # a mixture of formats: no guess
+    assert roofline_quantization(None, named[:1]) == ("w4a16", "kernel names")
+    assert roofline_quantization(None, named[1:2]) == ("fp8", "kernel names")
     assert roofline_quantization("none", []) == (None, "none")

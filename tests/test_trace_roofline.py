@@ -82,6 +82,27 @@ def test_weight_formats():
     assert weight_formats(get_preset("qwen3-8b"))["routed_expert"].bits == 16
 
 
+def test_fp8_counts_every_linear_layer_at_8_bits_but_the_router_lm_head_and_mla_bmms(real_traces: Path,
+                                                                                   tmp_path: Path):
+    # Before, "fp8" in params changed nothing: Qwen3-8B's dense GEMMs were read at 49.9 % of
+    # HBM peak with bf16 bytes, where FP8 weights would move about half of them.
+    bf16 = _roof(real_traces, tmp_path / "a", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b")["rows"][0]
+    fp8 = _roof(real_traces, tmp_path / "b", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b",
+                quantization="fp8")["rows"][0]
+    arch = get_preset("qwen3-8b")
+    lm_head = float(gemm_bytes(32, 151936, 4096))  # the LM head stays bf16, at batch 32
+    linear = bf16["bytes_per_step"] - lm_head
+    weights = 36 * sum(n * k for n, k in ((6144, 4096), (4096, 4096), (2 * 12288, 4096), (4096, 12288)))
+    assert arch.hidden == 4096 and weights * 2 < linear  # the bf16 linear bytes are weights + activations
+    assert fp8["bytes_per_step"] == pytest.approx(bf16["bytes_per_step"] - weights, rel=1e-9)  # 2 -> 1 byte each
+    assert fp8["pct_peak_bw"] == pytest.approx(bf16["pct_peak_bw"] * fp8["bytes_per_step"] / bf16["bytes_per_step"])
+    # DeepSeek-V3 (MLA, MoE): the router, the LM head and MLA's absorbed per-head matmuls stay 16-bit
+    ds = get_preset("deepseek-v3")
+    w = model_work(ds, 8, 1, weight_formats(ds, "fp8")).drop_duplicates("gemm").set_index("gemm")["weights"]
+    assert {g for g, label in w.items() if label == "bf16"} == {"mla_w_uk", "mla_w_uv", "gate", "lm_head"}
+    assert w["expert_gate_up"].startswith("fp8") and w["q_a_proj"].startswith("fp8")
+
+
 def test_expert_weight_format_comes_from_kernel_names_when_params_do_not_say(real_traces: Path, tmp_path: Path):
     # gpt-oss's MoE kernels name their weights (`..._bf16xbf16xmxfp4_...`). For a family the
     # roofline does not know to be MXFP4 and params that do not say, the bytes must still be

@@ -186,11 +186,12 @@ def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
 def roofline_quantization(params_quantization: str | None, named: list[dict[str, Any]]
                           ) -> tuple[str | None, str]:
     """The weight format the roofline counts bytes with, and where it comes from: params'
-    `model.quantization` when set (not "none"), else the one 4-bit format the GEMM kernels
-    name (the roofline knows mxfp4 and w4a16 for routed experts), else none."""
+    `model.quantization` when set (not "none"), else the one format the GEMM kernels name
+    among those the roofline models (mxfp4 and w4a16 routed experts, fp8 linear layers), else
+    none: two such formats named is a mixture the roofline does not guess at."""
     if params_quantization and params_quantization.lower() != "none":
         return params_quantization, "params"
-    four_bit = [r["format"] for r in named if r["format"] in ("mxfp4", "w4a16")]
-    if len(four_bit) == 1:
-        return four_bit[0], "kernel names"
+    modelled = [r["format"] for r in named if r["format"] in ("mxfp4", "w4a16", "fp8")]
+    if len(modelled) == 1:
+        return modelled[0], "kernel names"
     return None, "none"

@@ -42,12 +42,23 @@ class WeightFormat:
 BF16 = WeightFormat("bf16", 16)
 MXFP4 = WeightFormat("mxfp4 (4-bit, one 8-bit scale per 32)", 4, 32, 1)
 W4A16_G32 = WeightFormat("w4a16 g=32 (4-bit, one 16-bit scale per 32)", 4, 32, 2)
+FP8 = WeightFormat("fp8 (8-bit; its block, channel or tensor scales, under 1 % of the bytes, not counted)", 8)
+
+FP8_LAYER_KINDS = ("attention", "dense_mlp", "shared_expert", "routed_expert")
+"""What an FP8 model stores in 8 bits: every linear layer but the MoE router (vLLM builds it
+unquantized) and the LM head (a vocabulary embedding, which vLLM's fp8 method does not take)."""
+SIXTEEN_BIT_GEMMS = ("mla_w_uk", "mla_w_uv")
+"""MLA's absorbed per-head matmuls: vLLM keeps 16-bit copies of kv_b_proj for them, having no
+quantized bmm (`vllm/v1/attention/backends/mla/common.py`), whatever the checkpoint stores."""
 
 
 def weight_formats(arch: Any, quantization: str | None = None) -> dict[str, WeightFormat]:
-    """Weight format per layer kind: gpt-oss ships its routed experts in MXFP4 (its other
-    weights in bf16); an INT4/W4A16 label quantizes the routed experts (Kimi-K2.5's scope)."""
+    """Weight format per layer kind (or per GEMM name, which wins): gpt-oss ships its routed
+    experts in MXFP4 (its other weights in bf16); an INT4/W4A16 label quantizes the routed
+    experts (Kimi-K2.5's scope); an FP8 label, every linear layer of FP8_LAYER_KINDS."""
     q = (quantization or "").lower()
+    if "fp8" in q and "mxfp4" not in q:
+        return {**{kind: FP8 for kind in FP8_LAYER_KINDS}, **{g: BF16 for g in SIXTEEN_BIT_GEMMS}}
     routed = BF16
     if arch.family == "gpt_oss" or "mxfp4" in q:
         routed = MXFP4
@@ -73,7 +84,7 @@ def model_work(arch: Any, tp: int, m: int, formats: dict[str, WeightFormat]) -> 
     c = calls_per_step(gemm_shapes(arch, tp), m, arch)
     flops, byts, labels = [], [], []
     for r in c.itertuples(index=False):
-        f = formats.get(r.layer_kind, BF16)
+        f = formats.get(r.gemm, formats.get(r.layer_kind, BF16))
         flops.append(float(gemm_flops(r.m_rows, r.n, r.k, r.batch)) * r.calls_per_step)
         byts.append(float(gemm_bytes(r.m_rows, r.n, r.k, weight_bits=f.bits, group_size=f.group_size,
                                      scale_bytes=f.scale_bytes, batch=r.batch)) * r.calls_per_step)
@@ -119,7 +130,7 @@ def roofline(decode_cats: pd.DataFrame, arch: Any, tp: int, batch: float | None,
                "source": (f"architecture {arch.name} at TP={tp}, batch {m}; weights "
                           + ", ".join(sorted(set(g["weights"])))
                           + (" (format from the kernel names)" if quantization_from == "kernel names"
-                             and "bf16" not in set(g["weights"]) else "")
+                             and set(g["weights"]) - {BF16.label} else "")
                           + "; time = the category's union "
                           "per decode step")}
         row.update(_micro_beside(g, micro, m, gbps))
