@@ -174,7 +174,8 @@ def test_weight_formats_named_by_real_gemm_kernels(real_traces: Path, tmp_path: 
 def test_weight_format_patterns_and_the_rooflines_choice():
     import pandas as pd
 
-    from stepscope.trace.info import roofline_quantization, weight_formats_named
+    from stepscope.trace.info import weight_formats_named
+    from stepscope.trace.roofline import roofline_quantization
 
     kernels = pd.DataFrame({
         "category": ["fused_moe", "fused_moe", "quant_gemm", "dense_gemm", "kv_cache_write"],

@@ -16,9 +16,8 @@ from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
-from stepscope.trace.roofline import roofline
-from stepscope.trace.info import (detect_engine, input_token_shape, roofline_quantization, trace_info,
-                                  weight_formats_named)
+from stepscope.trace.roofline import roofline, roofline_quantization
+from stepscope.trace.info import detect_engine, input_token_shape, trace_info, weight_formats_named
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.wording import short_names, work_unit
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names

@@ -182,16 +182,3 @@ def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
             "example_kernel": max(hits)[1]} for fmt, hits in found.items()]
     return sorted(out, key=lambda r: -r["ms_per_step"])
 
-
-def roofline_quantization(params_quantization: str | None, named: list[dict[str, Any]]
-                          ) -> tuple[str | None, str]:
-    """The weight format the roofline counts bytes with, and where it comes from: params'
-    `model.quantization` when set (not "none"), else the one format the GEMM kernels name
-    among those the roofline models (mxfp4 and w4a16 routed experts, fp8 linear layers), else
-    none: two such formats named is a mixture the roofline does not guess at."""
-    if params_quantization and params_quantization.lower() != "none":
-        return params_quantization, "params"
-    modelled = [r["format"] for r in named if r["format"] in ("mxfp4", "w4a16", "fp8")]
-    if len(modelled) == 1:
-        return modelled[0], "kernel names"
-    return None, "none"

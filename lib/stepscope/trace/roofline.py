@@ -67,6 +67,24 @@ def weight_formats(arch: Any, quantization: str | None = None) -> dict[str, Weig
     return {"routed_expert": routed}
 
 
+MODELLED_FORMATS = ("mxfp4", "w4a16", "fp8")
+"""The `trace_info.weight_formats_named` formats `weight_formats` knows how to count."""
+
+
+def roofline_quantization(params_quantization: str | None, named: list[dict[str, Any]]
+                          ) -> tuple[str | None, str]:
+    """The weight format the roofline counts bytes with, and where it comes from: params'
+    `model.quantization` when set (not "none"), else the one MODELLED_FORMATS format the GEMM
+    kernels name (`trace_info.weight_formats_named`), else none: two such formats named is a
+    mixture the roofline does not guess at."""
+    if params_quantization and params_quantization.lower() != "none":
+        return params_quantization, "params"
+    modelled = [r["format"] for r in named if r["format"] in MODELLED_FORMATS]
+    if len(modelled) == 1:
+        return modelled[0], "kernel names"
+    return None, "none"
+
+
 def _assign(shapes: pd.DataFrame, present: set[str]) -> pd.Series:
     """The trace category each GEMM's time is counted in."""
     other = "dense_gemm" if "dense_gemm" in present or "quant_gemm" not in present else "quant_gemm"
