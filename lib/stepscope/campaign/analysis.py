@@ -144,10 +144,9 @@ DELIVERY_COLUMNS = frozenset({"tpot_ms_median", "ttft_ms_median"})
 
 def _bunched_level(variant: str, runs: list[VariantRun], conc: int) -> str | None:
     """Why a variant's level at `conc` measures delivery (its chunks bunched, the sweep's flag), or None."""
-    shares = [s for s in _level_values(runs, conc, "bunched_chunk_share") if math.isfinite(s)]
-    if shares and max(shares) > BUNCHED_FLAG_SHARE:
-        return (f"{variant}'s chunks at c={conc} arrived bunched ({100 * max(shares):.0f} %): its TPOT and TTFT "
-                f"measure delivery")
+    worst = max(_level_shares(runs, conc, "bunched_chunk_share"), default=None)
+    if worst is not None and worst > BUNCHED_FLAG_SHARE:
+        return f"{variant}'s chunks at c={conc} arrived bunched ({100 * worst:.0f} %): its TPOT and TTFT measure delivery"
     return None
 
 
@@ -155,9 +154,9 @@ def _stalled_level(variant: str, runs: list[VariantRun], conc: int) -> str | Non
     """Why a variant's level at `conc` is not compared: server-wide stalls took more than
     STALLED_LEVEL_SHARE of its time in some run (its throughput then reads low by up to that
     share, and its latencies carry the pauses), or None."""
-    shares = [s for s in _level_values(runs, conc, "stall_share") if math.isfinite(s)]
-    if shares and max(shares) > STALLED_LEVEL_SHARE:
-        return (f"{variant}'s level c={conc} lost {100 * max(shares):.0f} % of its time to server-wide stalls: "
+    worst = max(_level_shares(runs, conc, "stall_share"), default=None)
+    if worst is not None and worst > STALLED_LEVEL_SHARE:
+        return (f"{variant}'s level c={conc} lost {100 * worst:.0f} % of its time to server-wide stalls: "
                 "its readings are low or late by up to that share")
     return None
 
@@ -167,12 +166,17 @@ def _stall_delta(v: str, conc: int, base: list[VariantRun], runs: list[VariantRu
     stalled level's other readings are not compared, so stalls that came with the variant must
     show here, or a server that pauses would hide its own regression. Band: the threshold
     itself, in percentage points; empty when a run folder predates the stall columns."""
-    b = [100 * x for x in _level_values(base, conc, "stall_share") if math.isfinite(x)]
-    w = [100 * x for x in _level_values(runs, conc, "stall_share") if math.isfinite(x)]
+    b = [100 * x for x in _level_shares(base, conc, "stall_share")]
+    w = [100 * x for x in _level_shares(runs, conc, "stall_share")]
     if not b or not w:
         return []
     return [Delta(v, "stall_pct", f"c={conc}", _mean(b), _mean(w), 100 * STALLED_LEVEL_SHARE,
                   f"fixed {100 * STALLED_LEVEL_SHARE:g} points (STALLED_LEVEL_SHARE)", False)]
+
+
+def _level_shares(runs: list[VariantRun], conc: int, col: str) -> list[float]:
+    """A share column's finite values at `conc`, one per run that has it (older folders lack it)."""
+    return [x for x in _level_values(runs, conc, col) if math.isfinite(x)]
 
 
 def _level_values(runs: list[VariantRun], conc: int, col: str) -> list[float]:

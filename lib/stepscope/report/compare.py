@@ -92,18 +92,22 @@ DELIVERY_METRICS = frozenset({"ttft_ms_median", "ttft_ms_p99", "tpot_ms_median",
 """Per-token latencies that measure delivery, not decode, at a level whose chunks arrived bunched."""
 
 
+def _runs_above(r: pd.Series, share: str, limit: float) -> list[tuple[str, float]]:
+    """("A" or "B", value) for each run of a merged row whose `share` column exceeds `limit`."""
+    return [(run, float(r[col])) for run, col in (("A", f"{share}_a"), ("B", f"{share}_b"))
+            if pd.notna(r.get(col)) and float(r[col]) > limit]
+
+
 def _bunched(r: pd.Series) -> str | None:
     """Why a merged level's latencies are not compared: a run's chunks bunched beyond the sweep's flag."""
-    runs = [run for run, col in (("A", "bunched_chunk_share_a"), ("B", "bunched_chunk_share_b"))
-            if pd.notna(r.get(col)) and float(r[col]) > BUNCHED_FLAG_SHARE]
+    runs = [run for run, _ in _runs_above(r, "bunched_chunk_share", BUNCHED_FLAG_SHARE)]
     return f"{' and '.join(runs)} delivered in bursts (chunks bunched)" if runs else None
 
 
 def _stalled(r: pd.Series) -> str | None:
     """Why none of a merged level's readings are compared: server-wide stalls took more than
     STALLED_LEVEL_SHARE of a run's level (its throughput reads low, its latencies carry the pauses)."""
-    runs = [f"{run} ({100 * float(r[col]):.0f} %)" for run, col in (("A", "stall_share_a"), ("B", "stall_share_b"))
-            if pd.notna(r.get(col)) and float(r[col]) > STALLED_LEVEL_SHARE]
+    runs = [f"{run} ({100 * x:.0f} %)" for run, x in _runs_above(r, "stall_share", STALLED_LEVEL_SHARE)]
     return f"{' and '.join(runs)} lost that share of the level to server-wide stalls" if runs else None
 
 
