@@ -84,11 +84,78 @@ def test_a_disagreement_names_the_contradicted_assumption(campaign):
     d, paths, c, stats = campaign
     p = ca.spec_predictions(c)[0]
     share = next(k for k in p.checks if k.assumption.startswith("every decode step"))
-    # 72 drafts over 187 decode steps: most steps drafted nothing, which the model does not allow for
-    assert share.measured == pytest.approx(72 / 187) and share.contradicted
+    # the trace counted 43 verify steps of 125: most steps drafted nothing, which the model does not allow for
+    assert share.measured == pytest.approx(43 / 125) and share.unit == "share of decode steps (trace)"
+    # charging the plain steps a verify step's cost: (1 - s)(baseline step - predicted verify step) / a
+    assert share.effect_ms_per_token == pytest.approx(
+        (1 - 43 / 125) * (p.baseline_step_ms - p.predicted_verify_ms) / p.acceptance)
+    assert share.contradicted and abs(share.effect_ms_per_token) > p.band_ms
     bad = [x for x in ca.spec_predictions(c) if x.agrees is False]
     assert bad, "the synthetic variant (every time x0.8) cannot match a model fed 1.52 tokens per step"
-    assert f"*{share.assumption}*: assumed 1.00, measured {fmt_num(share.measured)}" in paths["markdown"].read_text()
+    md = paths["markdown"].read_text()
+    assert (f"| spec | {fmt_num(p.draft_cost_fraction)} | {share.assumption} | 1.00 | {fmt_num(share.measured)} | "
+            f"share of decode steps (trace) | {fmt_num(share.effect_ms_per_token)} | **beyond noise** |") in md
+    assert "The data contradict these assumptions, each moving the prediction beyond the band: " \
+           f"*{share.assumption}* ({fmt_num(share.effect_ms_per_token)} ms per token)" in md
+
+
+def test_the_assumptions_effects_add_up_to_the_gap_and_are_judged_against_its_band(campaign):
+    d, paths, c, _ = campaign
+    for p in ca.spec_predictions(c):
+        effects = {k.assumption.split(" ")[1]: k.effect_ms_per_token for k in p.checks}
+        assert sum(effects.values()) == pytest.approx(p.measured_tpot_ms - p.predicted_tpot_ms)
+        s, a, base = 43 / 125, p.acceptance, p.baseline_step_ms
+        assert effects["verify"] == pytest.approx(s * (22.0 - p.predicted_verify_ms) / a)
+        assert effects["step"] == pytest.approx((1 - s) * (19.0 - base) / a)  # "a step that drafted nothing"
+        # what the measured TPOT leaves beside the trace's steps, against the draft the model charged
+        beside = next(k for k in p.checks if k.assumption == ca.BESIDE_STEPS)
+        left_ms = p.measured_tpot_ms * a - (s * 22.0 + (1 - s) * 19.0)
+        assert beside.measured == pytest.approx(left_ms / base)
+        assert beside.effect_ms_per_token == pytest.approx((left_ms - 3 * p.draft_cost_fraction * base) / a)
+        for k in p.checks:
+            assert k.band_ms == p.band_ms and k.contradicted == (abs(k.effect_ms_per_token) > p.band_ms)
+    # the verify step measured 1.66x the baseline step against 1.52x assumed (+10 %): 0.44 ms per token, in the band
+    v = next(k for k in ca.spec_predictions(c)[0].checks if k.assumption.startswith("a verify step"))
+    assert v.contradicted is False and 0 < v.effect_ms_per_token < v.band_ms
+    # the client's TPOT (9.68 ms) is shorter than the trace's steps give (13.1 ms per token): said, not hidden
+    assert "The time beside the decode steps came out negative" in paths["markdown"].read_text()
+
+
+def test_without_trace_steps_the_share_comes_from_the_server_and_the_effects_still_add_up(campaign, monkeypatch):
+    d, paths, c, stats = campaign
+    monkeypatch.setattr(ca, "_trace_spec", lambda r: None)
+    for p in ca.spec_predictions(c):
+        assert [k.assumption.split(" ")[1] for k in p.checks] == ["decode", "draft"]
+        share = p.checks[0]
+        assert share.measured == pytest.approx(stats.draft_step_share)
+        assert share.unit == "share of decode steps (server counters)"
+        assert sum(k.effect_ms_per_token for k in p.checks) == pytest.approx(p.gap_ms)
+
+
+def _prediction(measured_ms: float, effects: list[float]) -> ca.SpecPrediction:
+    checks = tuple(ca.AssumptionCheck(f"assumption {i}", 1.0, 2.0, "x", e, 0.5) for i, e in enumerate(effects))
+    return ca.SpecPrediction("spec", 1.5, 3, 0.1, 10.0, "period", 10.0, 12.0, measured_ms, 0.5, "fixed 5 %", checks)
+
+
+def test_an_agreement_by_offsetting_errors_is_called_luck():
+    from stepscope.campaign.report import _gap_sentence
+
+    lucky = _prediction(10.2, [2.0, -1.8])
+    assert lucky.agrees and lucky.offsetting
+    text = _gap_sentence(lucky)
+    assert "agrees with the predicted 10.0 ms within the ±0.500 ms band, but only because errors beyond noise " \
+           "offset each other: *assumption 0* (+2.00 ms per token); *assumption 1* (-1.80 ms per token)" in text
+    # an agreement whose every effect lies in the band is not luck, and needs no sentence
+    sound = _prediction(10.2, [0.3, -0.1])
+    assert sound.agrees and not sound.offsetting and _gap_sentence(sound) == ""
+    # one error beyond noise cannot offset itself: the other effects, all in the band, cancel it
+    assert not _prediction(10.2, [0.6, -0.4]).offsetting
+    # the n-gram case: the measured TPOT leaves no time beside the trace's steps, within the readings' 10 %
+    from dataclasses import replace
+
+    assert "leaves no time beside the trace's decode steps (-1.60 % of them, within the 10.0 %" \
+           in _gap_sentence(replace(lucky, beside_steps_rel=-0.016))
+    assert "leaves no time" not in _gap_sentence(replace(lucky, beside_steps_rel=0.2))
 
 
 def test_removing_communication_sets_the_amdahl_ceiling_beside_the_measured_speedup(campaign):

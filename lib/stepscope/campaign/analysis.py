@@ -34,7 +34,7 @@ from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_s
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict, amdahl_x, biggest_lever
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, PREDICTION_TOLERANCE, STALLED_LEVEL_SHARE
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, STALLED_LEVEL_SHARE
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
                  "ttft_ms_median": "TTFT median (ms)"}
@@ -325,18 +325,31 @@ def verdict_changes(base: VerdictDigest, other: VerdictDigest) -> list[tuple[str
 
 @dataclass(frozen=True)
 class AssumptionCheck:
+    """One assumption of the what-if beside what the variant measured, and what it cost the
+    prediction: `effect_ms_per_token` is how far the predicted TPOT moves when this
+    assumption takes its measured value (those before it in `SpecPrediction.checks` having
+    taken theirs). The effects add up to measured − predicted TPOT (`_spec_checks`)."""
+
     assumption: str
     assumed: float | None
     measured: float | None
     unit: str
+    effect_ms_per_token: float | None = None
+    band_ms: float | None = None
+    """The measured TPOT's noise band, which the effect is judged against."""
 
     @property
-    def contradicted(self) -> bool:
-        if self.assumed is None or self.measured is None or self.assumed == 0:
-            return False
-        return abs(self.measured / self.assumed - 1.0) > PREDICTION_TOLERANCE
+    def contradicted(self) -> bool | None:
+        """The measured value moves the prediction by more than the measurement's noise band:
+        the same test as the prediction's own agreement, so an assumption 'holds' exactly when
+        getting it right would not have changed the verdict. None without an effect or a band."""
+        if self.effect_ms_per_token is None or self.band_ms is None:
+            return None
+        return abs(self.effect_ms_per_token) > self.band_ms
 
 
+BESIDE_STEPS = ("the draft and any other per-step overhead outside the decode steps cost the stated fraction "
+                "of a step")
 MEASURED_BY_CLIENT = "capture TPOT (client)"
 MEASURED_BY_TRACE = "trace: decode step / tokens per step"
 
@@ -363,6 +376,10 @@ class SpecPrediction:
     """What the model fell back to (its own list)."""
     model: str = "report.whatif.predict_spec_decode_tpot"
     measured_as: str = MEASURED_BY_CLIENT
+    beside_steps_rel: float | None = None
+    """What the measured TPOT leaves beside the trace's decode steps, as a share of them:
+    a × measured TPOT / (the trace's mean decode step) − 1. Negative beyond
+    `TPOT_GAP_SHARE`: the two readings of TPOT disagree. None without the trace's steps."""
     """Which TPOT `measured_tpot_ms` is: the client's in the capture, or, where that measures
     delivery (`CaptureLatency.tpot_is_delivery`), the trace's decode step per token."""
 
@@ -376,6 +393,17 @@ class SpecPrediction:
         if self.measured_tpot_ms is None or self.band_ms is None:
             return None
         return abs(self.measured_tpot_ms - self.predicted_tpot_ms) <= self.band_ms
+
+    @property
+    def gap_ms(self) -> float | None:
+        """Measured − predicted TPOT (ms per token)."""
+        return self.measured_tpot_ms - self.predicted_tpot_ms if self.measured_tpot_ms is not None else None
+
+    @property
+    def offsetting(self) -> bool:
+        """Agrees within noise only because assumptions beyond noise pull both ways."""
+        effects = [k.effect_ms_per_token for k in self.checks if k.contradicted]
+        return bool(self.agrees) and any(e > 0 for e in effects) and any(e < 0 for e in effects)
 
 
 def _trace_spec(r: VariantRun) -> dict | None:
@@ -410,10 +438,10 @@ def spec_predictions(c: Campaign) -> list[SpecPrediction]:
         measured, d, measured_as = _measured_tpot(v, base, runs)
         for frac in c.writeup.draft_cost_fractions:
             p = wi.predict_spec_decode_tpot(model, min(acc, k + 1.0), frac * model.step_ms, draft_tokens=k)
-            checks = _spec_checks(runs, model.step_ms, p, measured, stats)
+            checks, beside_rel = _spec_checks(runs, model.step_ms, p, measured, d.band, stats)
             out.append(SpecPrediction(v, acc, k, frac, model.step_ms, model.step_basis, p.tpot_ms, p.verify_ms,
                                       measured, d.band, d.band_source, checks, p.assumptions,
-                                      measured_as=measured_as))
+                                      measured_as=measured_as, beside_steps_rel=beside_rel))
     return out
 
 
@@ -452,28 +480,53 @@ def trace_per_token_delta(c: Campaign, v: str) -> tuple[Delta, float | None] | N
 
 
 def _spec_checks(runs: list[VariantRun], base_ms: float, p: wi.Prediction, measured_tpot: float | None,
-                 stats: list[SpecDecodeStats]) -> tuple[AssumptionCheck, ...]:
-    """Each assumption of the what-if beside what the variant measured."""
-    checks = []
-    tr = [s for s in (_trace_spec(r) for r in runs) if s]
-    if tr:
-        vms = _mean([num(s.get("verify_step_ms")) for s in tr])
-        pms = _mean([num(s.get("plain_step_ms")) for s in tr])
-        checks.append(AssumptionCheck(f"a verify step (M = {p.verify_tokens} tokens) costs the baseline step with each "
-                                      "part scaled by its law", p.verify_ms / base_ms,
-                                      vms / base_ms if vms else None, "x baseline step"))
-        if vms and pms:
-            checks.append(AssumptionCheck("a step that drafted nothing costs the baseline step", 1.0, pms / base_ms,
-                                          "x baseline step"))
-    share = _mean([s.draft_step_share for s in stats])
-    checks.append(AssumptionCheck("every decode step verifies a draft (the model charges the verify cost and the "
-                                  "draft to every step)", 1.0, share, "share of steps"))
-    if measured_tpot:
-        # what the draft must have cost for the model's verify step and acceptance to give the measured TPOT
-        implied = measured_tpot * p.acceptance_length - p.verify_ms
-        checks.append(AssumptionCheck("the draft and any other per-step overhead cost the stated fraction of a step",
-                                      p.draft_ms / base_ms, implied / base_ms, "x baseline step"))
-    return tuple(checks)
+                 band_ms: float | None,
+                 stats: list[SpecDecodeStats]) -> tuple[tuple[AssumptionCheck, ...], float | None]:
+    """Each assumption of the what-if beside what the variant measured, with its effect on the
+    predicted TPOT, and `SpecPrediction.beside_steps_rel`.
+
+    The model charges every decode step a verify step V' and the draft D': TPOT = (V' + D')/a,
+    a the measured tokens per decode step. The variant's decode steps were a share s of verify
+    steps (V ms, trace) and 1 − s plain ones (P ms); what the measured TPOT leaves beside them,
+    O = a × TPOT − (s V + (1 − s) P), is the draft and any overhead outside the steps. Giving
+    the model the measured values one at a time, in this order, splits the gap exactly:
+        measured − predicted = [(1 − s)(B − V') + s (V − V') + (1 − s)(P − B) + (O − D')] / a
+    (B the baseline step; each bracket is one check's effect). A value the data do not give
+    keeps the model's (s = 1, V = V', P = B) and adds nothing.
+    """
+    tr = [t for t in (_trace_spec(r) for r in runs) if t]
+    vms = _mean([num(t.get("verify_step_ms")) for t in tr])
+    pms = _mean([num(t.get("plain_step_ms")) for t in tr])
+    # the share that goes with V and P is the trace's own count; else the server's counters
+    share, share_from = _mean([t["n_verify_steps"] / t["n_decode_steps"] for t in tr if t.get("n_decode_steps")]), "trace"
+    if share is None:
+        share, share_from = _mean([s.draft_step_share for s in stats]), "server counters"
+    a, s_ = p.acceptance_length, (share if share is not None else 1.0)
+    v_ms = vms if vms is not None else p.verify_ms
+    p_ms = pms if pms is not None and s_ < 1.0 else base_ms
+
+    checks: list[AssumptionCheck] = []
+
+    def check(text: str, assumed: float, measured: float | None, unit: str, effect_ms: float | None) -> None:
+        checks.append(AssumptionCheck(text, assumed, measured, unit,
+                                      effect_ms / a if effect_ms is not None else None, band_ms))
+
+    check("every decode step verifies a draft (the model charges the verify cost and the draft to every step)",
+          1.0, share, f"share of decode steps ({share_from})",
+          (1.0 - s_) * (base_ms - p.verify_ms) if share is not None else None)
+    if vms is not None:
+        check(f"a verify step (M = {p.verify_tokens} tokens) costs the baseline step with each part scaled by "
+              "its law", p.verify_ms / base_ms, vms / base_ms, "x baseline step", s_ * (vms - p.verify_ms))
+    if pms is not None and s_ < 1.0:
+        check("a step that drafted nothing costs the baseline step", 1.0, pms / base_ms, "x baseline step",
+              (1.0 - s_) * (pms - base_ms))
+    if not measured_tpot:
+        return tuple(checks), None
+    steps_ms = s_ * v_ms + (1.0 - s_) * p_ms
+    beside_steps_ms = measured_tpot * a - steps_ms
+    check(BESIDE_STEPS, p.draft_ms / base_ms, beside_steps_ms / base_ms, "x baseline step",
+          beside_steps_ms - p.draft_ms)
+    return tuple(checks), (beside_steps_ms / steps_ms if vms is not None else None)
 
 
 @dataclass(frozen=True)
