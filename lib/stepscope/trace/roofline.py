@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 GEMM_CATEGORIES = ("dense_gemm", "quant_gemm", "fused_moe", "lm_head")
@@ -85,14 +84,24 @@ def roofline_quantization(params_quantization: str | None, named: list[dict[str,
     return None, "none"
 
 
-def _assign(shapes: pd.DataFrame, present: set[str]) -> pd.Series:
-    """The trace category each GEMM's time is counted in."""
-    other = "dense_gemm" if "dense_gemm" in present or "quant_gemm" not in present else "quant_gemm"
-    routed = "fused_moe" if "fused_moe" in present else other
-    head = "lm_head" if "lm_head" in present else other
-    kind = shapes["layer_kind"]
-    return pd.Series(np.where(kind == "routed_expert", routed, np.where(kind == "lm_head", head, other)),
-                     index=shapes.index)
+def _assign(work: pd.DataFrame, present: set[str]) -> pd.Series:
+    """The trace category each GEMM's time is counted in, by where its kernels land
+    (rules.yaml): a quantized format's GEMMs in `quant_gemm` (Marlin, Machete, scaled_mm;
+    Marlin's MoE kernel too, so Kimi-K2.5's INT4 experts land there), 16-bit ones in
+    `dense_gemm`; the routed experts in `fused_moe` when the trace has it (Triton's fused MoE
+    and matmul_ogs, quantized or not), the LM head in `lm_head` when it has it. A category the
+    trace lacks falls back to the other GEMM category it has."""
+
+    def first_present(*cats: str) -> str:
+        return next((c for c in cats if c in present), cats[0])
+
+    quantized = work["weights"] != BF16.label
+    out = quantized.map({True: first_present("quant_gemm", "dense_gemm"),
+                         False: first_present("dense_gemm", "quant_gemm")})
+    for kind, cat in (("routed_expert", "fused_moe"), ("lm_head", "lm_head")):
+        if cat in present:
+            out[work["layer_kind"] == kind] = cat
+    return out
 
 
 def model_work(arch: Any, tp: int, m: int, formats: dict[str, WeightFormat]) -> pd.DataFrame:
