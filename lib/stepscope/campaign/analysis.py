@@ -376,12 +376,12 @@ class SpecPrediction:
     """What the model fell back to (its own list)."""
     model: str = "report.whatif.predict_spec_decode_tpot"
     measured_as: str = MEASURED_BY_CLIENT
+    """Which TPOT `measured_tpot_ms` is: the client's in the capture, or, where that measures
+    delivery (`CaptureLatency.tpot_is_delivery`), the trace's decode step per token."""
     beside_steps_rel: float | None = None
     """What the measured TPOT leaves beside the trace's decode steps, as a share of them:
     a × measured TPOT / (the trace's mean decode step) − 1. Negative beyond
     `TPOT_GAP_SHARE`: the two readings of TPOT disagree. None without the trace's steps."""
-    """Which TPOT `measured_tpot_ms` is: the client's in the capture, or, where that measures
-    delivery (`CaptureLatency.tpot_is_delivery`), the trace's decode step per token."""
 
     @property
     def ratio(self) -> float | None:
