@@ -76,8 +76,11 @@ def test_predicted_tpot_comes_from_the_baseline_whatif_fed_the_measured_acceptan
            f"{fmt_num(p.predicted_tpot_ms)} | {fmt_num(p.measured_tpot_ms)} | capture TPOT (client) | "
            f"{fmt_num(p.ratio)}× |")
     assert row in md
-    # the acceptance table carries the counters as measured
-    assert "| spec#1 | 72 | 208 | 98 |" in md
+    # the acceptance table carries the counters as measured, and what they span
+    assert "| spec#1 | whole stage | 72 | 208 | 98 |" in md
+    # the counters' 187 decode steps against the trace's 125: both counts shown, the gap explained
+    assert ("**spec#1: the counters and the trace count different decode steps** (187 against 125, beyond ±5.00 %): "
+            "they span the whole stage, its warm-up requests included") in md
 
 
 def test_a_disagreement_names_the_contradicted_assumption(campaign):

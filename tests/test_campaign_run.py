@@ -228,3 +228,37 @@ def test_stages_need_an_existing_campaign_and_known_stage_names(params_file):
         _run(params_file, Recorder(), stages=["05"])
     with pytest.raises(StepscopeError, match="'09'"):
         _run(params_file, Recorder(), stages=["09"])
+
+
+def test_stage_04s_own_scrapes_give_the_counters_over_the_profiled_requests(tmp_path, repo_root):
+    """Around the whole stage the counters include the warm-up; stage 04's own scrapes, just
+    inside /start_profile and /stop_profile, do not, and are preferred when present."""
+    from stepscope import schema
+    from stepscope.campaign.run import metrics_executor
+    from stepscope.capture import METRICS_SCRAPES
+    from stepscope.runfolder import STAGES
+
+    m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
+    before, after = m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text()
+    stage = next(s for s in STAGES if s.id == "04_profiler_capture")
+    scrapes = iter([before, after, before, after])
+
+    def capture(inside: tuple[str, str] | None):
+        def inner(stage, params_file, run_dir, progress):
+            (run_dir / stage.id).mkdir(parents=True, exist_ok=True)
+            for name, text in zip(METRICS_SCRAPES, inside or ()):
+                (run_dir / stage.id / name).write_text(text)
+            return run_dir
+        return inner
+
+    for name, inside in (("whole", None), ("inside", (before, before))):
+        run_dir = tmp_path / name
+        metrics_executor(capture(inside), lambda d: next(scrapes))(stage, tmp_path / "p.yaml", run_dir, False)
+        w = schema.read(run_dir / "campaign_metrics" / "04_profiler_capture.spec_decode.json", schema.SpecDecodeWindow)
+        if inside is None:
+            assert w.window == "whole stage" and w.spec_decode.drafts == 72.0
+        else:
+            # no request between the two inner scrapes here: nothing drafted inside the window
+            assert w.window == "profiled requests" and w.spec_decode.drafts == 0.0
+        # the scrapes around the stage are kept either way
+        assert (run_dir / "campaign_metrics" / "04_profiler_capture.after.prom").read_text() == after

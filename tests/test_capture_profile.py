@@ -82,6 +82,19 @@ def test_vllm_capture_keeps_only_new_files(tmp_path):
     assert len((out / "capture_requests.jsonl").read_text().splitlines()) == 4
 
 
+def test_the_servers_counters_are_read_just_inside_the_profiled_window(tmp_path):
+    """/metrics is read after the warm-up, before /start_profile, and after /stop_profile: the
+    counters span the trace's 3 requests, not the warm-up (which a campaign's acceptance used to
+    include)."""
+    pdir = tmp_path / "prof"
+    out = tmp_path / "stage"
+    with FakeServer(FakeBehaviour(profiler_dir=str(pdir), tp=1, chunk_delay_s=0.001)) as fake:
+        capture_profile(_server(fake, pdir, tp=1), CAP, out)
+    done = 'vllm:request_success_total{engine="0",finished_reason="length"} '
+    assert done + "1.0" in (out / "metrics.before.prom").read_text()  # the warm-up request only
+    assert done + "4.0" in (out / "metrics.after.prom").read_text()   # + the 3 profiled requests
+
+
 def test_slow_flush_is_waited_for(tmp_path):
     pdir = tmp_path / "prof"
     with FakeServer(FakeBehaviour(profiler_dir=str(pdir), tp=2, write_delay_s=1.0)) as fake:

@@ -276,6 +276,9 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
                               hint="check 00_deploy/server.log")
         before_ns = time.time_ns()
         before = _listing(Path(profiler_dir)) if profiler_dir else {}
+        # the server's counters over exactly the profiled requests (the warm-up left out), so
+        # that counted rates (speculative acceptance) describe the same steps as the trace
+        metrics_before = await cl.metrics_text(session, server)
         started_at = datetime.now(timezone.utc).isoformat()
         status, text = await _profile_call(session, server, "/start_profile", body, profiler_dir)
         if status != 200:
@@ -290,9 +293,23 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
             t_stop = time.perf_counter()
             stop_status, stop_text = await _profile_call(session, server, "/stop_profile", None, profiler_dir)
             stop_s = time.perf_counter() - t_stop
+        metrics_after = await cl.metrics_text(session, server)
     return {"warm": warm, "records": recs, "before": before, "before_ns": before_ns,
+            "metrics": (metrics_before, metrics_after),
             "started_at": started_at, "stopped_at": datetime.now(timezone.utc).isoformat(),
             "stop_status": stop_status, "stop_text": stop_text[:300], "stop_profile_s": stop_s}
+
+
+METRICS_SCRAPES = ("metrics.before.prom", "metrics.after.prom")
+"""The server's /metrics, read just before /start_profile and just after /stop_profile."""
+
+
+def _write_metrics(scrapes: tuple[str | None, str | None], out_dir: Path) -> None:
+    if None in scrapes:
+        log.info("capture: the server's /metrics could not be read around the profiled requests")
+        return
+    for name, text in zip(METRICS_SCRAPES, scrapes):
+        (out_dir / name).write_text(text)
 
 
 def _sha256_copy(src: Path, dst: Path) -> str:
@@ -444,6 +461,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
 
     run = cl.run_sync(_capture_async(server, capture, pdir_s, body))
     latency = _write_requests_and_latency(run, capture, out_dir)  # measured results hit disk before the wait
+    _write_metrics(run["metrics"], out_dir)
 
     notes: list[str] = []
     if run["stop_status"] != 200:

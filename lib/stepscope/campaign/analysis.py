@@ -55,6 +55,8 @@ class VariantRun:
     spec_capture: SpecDecodeStats | None
     spec_sweep: SpecDecodeStats | None
     reused: dict[str, str]
+    spec_capture_window: str | None = None
+    """What `spec_capture`'s counters span (`SpecDecodeWindow.window`)."""
 
 
 @dataclass
@@ -72,12 +74,15 @@ class Campaign:
         return self.runs[variant][0] if self.runs.get(variant) else None
 
 
-def _spec(run_dir: Path, stage: str) -> SpecDecodeStats | None:
+def _spec_window(run_dir: Path, stage: str) -> schema.SpecDecodeWindow | None:
     p = run_dir / "campaign_metrics" / f"{stage}.spec_decode.json"
-    if not p.is_file():
+    return schema.read(p, schema.SpecDecodeWindow) if p.is_file() else None
+
+
+def _spec(window: schema.SpecDecodeWindow | None) -> SpecDecodeStats | None:
+    if window is None or window.spec_decode is None:
         return None
-    window = schema.read(p, schema.SpecDecodeWindow)
-    return stats_from_json(schema.to_builtins(window.spec_decode)) if window.spec_decode is not None else None
+    return stats_from_json(schema.to_builtins(window.spec_decode))
 
 
 def load_run(run_dir: Path, variant: str, key: str, repeat: int = 1, status: str = "ok",
@@ -85,8 +90,10 @@ def load_run(run_dir: Path, variant: str, key: str, repeat: int = 1, status: str
     """One run folder, read through the report's artifact reader and derived once."""
     a = load_run_artifacts(run_dir)
     ctx = report_context(a, writeup_params_from(a))
-    return VariantRun(key, variant, repeat, run_dir, status, a, ctx, _spec(run_dir, "04_profiler_capture"),
-                      _spec(run_dir, "01_macro_sweep"), reused or {})
+    capture = _spec_window(run_dir, "04_profiler_capture")
+    return VariantRun(key, variant, repeat, run_dir, status, a, ctx, _spec(capture),
+                      _spec(_spec_window(run_dir, "01_macro_sweep")), reused or {},
+                      capture.window if capture is not None else None)
 
 
 def pair(run_a: Path, run_b: Path) -> Campaign:
@@ -623,13 +630,16 @@ def spec_table(c: Campaign) -> pd.DataFrame | None:
             s, t = r.spec_capture, _trace_spec(r)
             if (s is None or not s.speculating) and not t:
                 continue
-            rows.append({"run": r.key, "drafts": s.drafts if s else None,
+            rows.append({"run": r.key, "window": r.spec_capture_window or "whole stage",
+                         "drafts": s.drafts if s else None,
                          "draft_tokens": s.draft_tokens if s else None,
                          "accepted": s.accepted_tokens if s else None,
                          "acceptance_rate": s.acceptance_rate if s else None,
                          "per_position": ", ".join(f"{k}: {v:g}" for k, v in s.accepted_per_position.items()) if s else None,
                          "tokens_per_verify_step": s.tokens_per_verify_step if s else None,
                          "tokens_per_decode_step": s.tokens_per_decode_step if s else None,
+                         "counter_decode_steps": s.decode_steps if s else None,
+                         "trace_decode_steps": (t or {}).get("n_decode_steps"),
                          "trace_verify_steps": (t or {}).get("n_verify_steps"),
                          "trace_plain_steps": (t or {}).get("n_plain_steps"),
                          "trace_scored_tokens_per_step": (t or {}).get("scored_tokens_per_step"),

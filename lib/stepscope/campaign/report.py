@@ -19,7 +19,7 @@ from stepscope.report.markdown_util import code_names, markdown_to_html, md_tabl
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.runfolder import save_figure
-from stepscope.thresholds import (BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS,
+from stepscope.thresholds import (BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, READINGS_AGREE_REL,
                                   STALL_GAP_S, STALLED_LEVEL_SHARE, TPOT_GAP_SHARE)
 from stepscope.wording import HEADLINE_MARK
 
@@ -197,22 +197,43 @@ def _spec(c: ca.Campaign, preds: list[ca.SpecPrediction]) -> str:
     st = ca.spec_table(c)
     if st is None:
         return text + "No variant speculated (no draft counted in `/metrics`, no verify step in a trace).\n\n"
-    text += ("Acceptance is read from the server's `/metrics` counters before and after the batch-1 capture "
-             "(stage 04); verify steps (a decode step that scores more tokens than it has requests) are counted "
+    text += ("Acceptance is read from the server's `/metrics` counters over the batch-1 capture (stage 04): "
+             "*counters over* says whether they span exactly the profiled requests (read just inside "
+             "`/start_profile` and `/stop_profile`, as the trace does) or the whole stage, its warm-up requests "
+             "included. Verify steps (a decode step that scores more tokens than it has requests) are counted "
              "from the trace's step annotations. *Tokens per decode step* counts every decode step, those "
              "where the proposer found no draft included.\n\n")
-    text += md_table(st, [("run", "run"), ("drafts", "drafts"), ("draft_tokens", "draft tokens"),
+    text += md_table(st, [("run", "run"), ("window", "counters over"), ("drafts", "drafts"),
+                          ("draft_tokens", "draft tokens"),
                           ("accepted", "accepted"), ("acceptance_rate", "accepted / drafted"),
                           ("per_position", "accepted by position"),
                           ("tokens_per_verify_step", "tokens per verify step"),
                           ("tokens_per_decode_step", "tokens per decode step"),
+                          ("counter_decode_steps", "decode steps (counters)"),
+                          ("trace_decode_steps", "decode steps (trace)"),
                           ("trace_verify_steps", "verify steps (trace)"), ("trace_plain_steps", "plain steps (trace)"),
                           ("trace_scored_tokens_per_step", "scored tokens per step (trace)"),
                           ("verify_step_ms", "verify step (ms)"), ("plain_step_ms", "plain step (ms)"),
                           ("trace_ms_per_token", "trace: step / tokens per step (ms)"),
                           ("capture_tpot_ms", "capture TPOT (ms)")]) + "\n"
-    text += _tpot_readings(st)
+    text += _step_counts(st) + _tpot_readings(st)
     return text
+
+
+def _step_counts(st: pd.DataFrame) -> str:
+    """Two counts of the capture's decode steps: the server's counters and the trace's."""
+    out = ""
+    for _, r in st.iterrows():
+        n_counted, n_traced = r.get("counter_decode_steps"), r.get("trace_decode_steps")
+        if pd.isna(n_counted) or pd.isna(n_traced) or not n_traced or \
+                abs(n_counted / n_traced - 1.0) <= READINGS_AGREE_REL:
+            continue
+        why = ("they span the whole stage, its warm-up requests included, and the trace only the profiled ones"
+               if r["window"] == "whole stage" else "both span the profiled requests")
+        out += (f"**{r['run']}: the counters and the trace count different decode steps** ({f(int(n_counted))} "
+                f"against {f(int(n_traced))}, beyond ±{f(100 * READINGS_AGREE_REL)} %): {why}. Acceptance and "
+                "tokens per step describe the counters' steps.\n\n")
+    return out
 
 
 def _tpot_readings(st: pd.DataFrame) -> str:

@@ -29,6 +29,7 @@ import yaml
 
 from stepscope import schema
 from stepscope.campaign.metrics import save_scrape, scrape, spec_decode_delta
+from stepscope.capture import METRICS_SCRAPES
 from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, PlannedRun, plan_campaign, \
     reuse_source, stage_fingerprint
 from stepscope.config import load_params, redact
@@ -63,8 +64,10 @@ def scrape_run_server(run_dir: Path) -> str | None:
 def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
     """Wrap a stage executor: read /metrics before and after the decode stages.
 
-    A failed scrape is logged and leaves the stage alone: acceptance is then reported
-    missing, never guessed.
+    Stage 04 reads /metrics itself just inside its profiled window (`capture.METRICS_SCRAPES`);
+    its counters are then taken from those, so that acceptance covers the trace's requests and
+    not the warm-up. A failed scrape is logged and leaves the stage alone: acceptance is then
+    reported missing, never guessed.
     """
     def run(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
         watch = stage.id in METRICS_STAGES
@@ -77,12 +80,17 @@ def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
                 save_scrape(d / f"{stage.id}.before.prom", before)
             if after is not None:
                 save_scrape(d / f"{stage.id}.after.prom", after)
+            window = "whole stage"
+            inside = [run_dir / stage.id / name for name in METRICS_SCRAPES]
+            if all(p.is_file() for p in inside):
+                (before, after), window = (p.read_text() for p in inside), "profiled requests"
             stats = spec_decode_delta(before, after) if before is not None and after is not None else None
             schema.write(d / f"{stage.id}.spec_decode.json",
                          {"stage": stage.id, "spec_decode": stats.to_json() if stats else None,
                           "note": None if stats else ("no speculative-decoding counters on this server"
                                                       if before is not None and after is not None
-                                                      else "metrics could not be read")},
+                                                      else "metrics could not be read"),
+                          "window": window},
                          schema.SpecDecodeWindow)
         return nb
     return run

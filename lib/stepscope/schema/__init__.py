@@ -67,6 +67,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "what was captured: ranks, files with sizes and hashes, profiler settings", CaptureManifest),
     Artifact("04_profiler_capture/capture_latency.json", "04_profiler_capture",
              "client-side TTFT/TPOT of the capture's requests", CaptureLatency),
+    Artifact("04_profiler_capture/metrics.<before|after>.prom", "04_profiler_capture",
+             "the server's /metrics just before /start_profile and just after /stop_profile: its "
+             "counters over exactly the profiled requests", optional=True),
     Artifact("05_categorize/summary.json", "05_categorize", "per-rank totals, the decode summary, "
              "checks and flags (below)", TraceSummary),
     Artifact("05_categorize/decode_categories.csv", "05_categorize", "per rank and category over "
@@ -101,8 +104,8 @@ CAMPAIGN_ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("<run>/<stage>/reused_from.json", "campaign", "in a stage copied from another run: which",
              ReusedFrom, optional=True),
     Artifact("<run>/campaign_metrics/<stage>.spec_decode.json", "campaign", "the server's "
-             "speculative-decoding counters over stages 01 and 04 (and the `.before/.after.prom` scrapes)",
-             SpecDecodeWindow),
+             "speculative-decoding counters over stage 01 and over stage 04's profiled requests (and the "
+             "`.before/.after.prom` scrapes around each stage)", SpecDecodeWindow),
     Artifact("campaign_report.md", "campaign", "the campaign report"),
     Artifact("campaign_report.html", "campaign", "the same as one self-contained HTML file"),
     Artifact("figures/*.png", "campaign", "the campaign report's figures"),

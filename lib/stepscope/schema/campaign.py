@@ -96,3 +96,7 @@ class SpecDecodeWindow(Record, kw_only=True):
     """None when the server has no speculative-decoding counters or /metrics could not be read."""
     note: str | None = None
     """Why `spec_decode` is None."""
+    window: str | None = None
+    """What the counters span: `profiled requests` (stage 04's own scrapes, just inside
+    /start_profile and /stop_profile: the trace's requests) or `whole stage` (warm-up
+    included). Absent in campaign folders written before it was recorded."""

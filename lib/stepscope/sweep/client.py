@@ -398,13 +398,20 @@ def parse_prometheus_gauges(text: str) -> dict[str, float]:
     return out
 
 
-async def metrics_snapshot(session: aiohttp.ClientSession, server: ServerInfo) -> dict[str, float] | None:
+async def metrics_text(session: aiohttp.ClientSession, server: ServerInfo) -> str | None:
+    """The server's /metrics text, or None when it cannot be read: what asks for it goes on
+    without it (a missing reading is reported missing, never guessed)."""
     try:
         async with session.get(server.url("/metrics"), timeout=aiohttp.ClientTimeout(total=5)) as r:
-            if r.status != 200:
-                return None
-            snap = parse_prometheus_gauges(await r.text())
+            return await r.text() if r.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, ConnectionError):
         return None
+
+
+async def metrics_snapshot(session: aiohttp.ClientSession, server: ServerInfo) -> dict[str, float] | None:
+    text = await metrics_text(session, server)
+    if text is None:
+        return None
+    snap = parse_prometheus_gauges(text)
     snap["t_s"] = time.perf_counter()
     return snap

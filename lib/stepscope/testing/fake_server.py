@@ -140,7 +140,8 @@ class FakeServer:
             "# HELP vllm:num_requests_running fake\n"
             'vllm:num_requests_running{engine="0"} 1.0\n'
             'vllm:num_requests_waiting{engine="0"} 0.0\n'
-            'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'))
+            'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+            f'vllm:request_success_total{{engine="0",finished_reason="length"}} {self.n_requests:.1f}\n'))
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         self._check_dead()
