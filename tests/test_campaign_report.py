@@ -225,15 +225,40 @@ def test_two_tpot_readings_are_shown_and_their_disagreement_flagged(campaign):
 
 def test_a_bursty_capture_tpot_is_not_quoted_as_a_decode_change(campaign):
     d, paths, c, _ = campaign
-    assert ca.capture_bunched(c.first("tp1")) == (204.0, 221.0) and ca.capture_bunched(c.first("spec")) is None
+    why = ("the server sent the tokens in bursts, e.g. its API process starved of CPU (median TTFT 204 of 221 ms "
+           "end to end)")
+    assert ca.capture_delivery_why(c.first("tp1")) == why and ca.capture_delivery_why(c.first("spec")) is None
     head = paths["markdown"].read_text().split("\n\n")[1]
-    assert "**tp1**'s capture delivered its tokens in a burst (median TTFT 204 of 221 ms end to end)" in head
+    assert f"**tp1**'s client-side TPOT in the capture does not measure decode ({why})" in head
     assert "**tp1** changes the batch-1 TPOT" not in head and "**spec** changes the batch-1 TPOT" in head
     # Its TPOT is set aside, and the change table says why instead of calling the gap a change.
     d = next(x for x in ca.deltas(c) if x.variant == "tp1" and x.metric == "tpot_capture_ms")
     assert d.value is None and not d.real
-    assert ("| not compared: tp1's capture delivered its tokens in bursts (its TPOT measures delivery) |"
+    assert (f"| not compared: tp1's capture TPOT measures delivery, not decode: {why} |"
             in paths["markdown"].read_text())
+
+
+def test_a_stalled_variant_capture_is_checked_by_the_trace_per_token(campaign, tmp_path):
+    # As in the CPU campaign of 2026-12-01 09:51: one of the n-gram variant's three captured
+    # requests stopped for 1.15 s, so the client's mean TPOT read 6.05 ms (median 2.98 ms) while
+    # the trace's steps gave 2.52 ms per token. A stall grows TPOT whatever a step costs.
+    import shutil
+
+    d = tmp_path / "camp-1"
+    shutil.copytree(campaign[0], d)
+    lat = d / "spec" / "04_profiler_capture" / "capture_latency.json"
+    lat.write_text(json.dumps({**json.loads(lat.read_text()), "stall_total_s": 1.15, "stall_share": 0.655}))
+    paths = build_campaign_report(d)
+    c = ca.load_campaign(d)
+    why = ca.capture_delivery_why(c.first("spec"))
+    assert why == ("the stream stopped for 1.15 s in all, 65.5 % of the capture, in silences of over 0.500 s that "
+                   "its mean TPOT carries and the engine's steps may not")
+    assert all(p.measured_as == ca.MEASURED_BY_TRACE for p in ca.spec_predictions(c))
+    head = paths["markdown"].read_text().split("\n\n")[1]
+    assert f"**spec**'s client-side TPOT in the capture does not measure decode ({why})" in head
+    # below STALLED_LEVEL_SHARE a stall leaves the client's TPOT standing
+    lat.write_text(json.dumps({**json.loads(lat.read_text()), "stall_total_s": 0.6, "stall_share": 0.04}))
+    assert ca.capture_delivery_why(ca.load_campaign(d).first("spec")) is None
 
 
 def test_a_bursty_variant_capture_is_checked_by_the_trace_per_token(campaign, tmp_path):
@@ -266,7 +291,7 @@ def test_a_bursty_variant_capture_is_checked_by_the_trace_per_token(campaign, tm
     assert per_step == pytest.approx(spec.spec_capture.tokens_per_decode_step)
     assert tok.value == pytest.approx(p.measured_tpot_ms) and tok.baseline == pytest.approx(ca.step_ms(c.first("tp2")))
     assert not tok.real  # 13.2 -> 13.1 ms per token on this synthetic pair
-    at = head.index("**spec**'s capture delivered")
+    at = head.index("**spec**'s client-side TPOT in the capture does not measure decode")
     burst = head[at:head.index("**tp1**", at)]
     assert (f"from the trace, its time per token (decode step / {fmt_num(per_step)} tokens per step) went "
             f"{fmt_num(tok.baseline)} → {fmt_num(tok.value)} ms ({fmt_num(tok.ratio)}×, within its "

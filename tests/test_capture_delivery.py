@@ -18,14 +18,16 @@ from stepscope import schema
 from stepscope.capture import _write_requests_and_latency
 from stepscope.config import CaptureParams
 from stepscope.report.analysis import reconciliation
+from stepscope.report.numbers import fmt_num
 from stepscope.sweep.metrics import RequestRecord
 from stepscope.trace.analyze import capture_tpot
 
 RECORDS = Path(__file__).parent / "data" / "capture" / "vllm-cpu-tinyllama-tp2-bunched.capture_requests.jsonl"
+STALLED = RECORDS.with_name("vllm-cpu-tinyllama-tp2-ngram-stalled.capture_requests.jsonl")
 
 
-def _records() -> list[RequestRecord]:
-    return [RequestRecord.from_dict(json.loads(line)) for line in RECORDS.read_text().splitlines()]
+def _records(path: Path = RECORDS) -> list[RequestRecord]:
+    return [RequestRecord.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def _capture(run_dir: Path, records: list[RequestRecord]) -> schema.CaptureLatency:
@@ -46,8 +48,8 @@ def test_real_bunched_capture_is_flagged_not_used(tmp_path: Path):
     assert tpot is None
     assert flag["code"] == "capture_tpot_is_delivery" and flag["severity"] == "warning"
     assert "(mean 0.000 ms) measures delivery, not decode" in flag["message"]
-    assert "100% of token chunks arrived together" in flag["message"]
-    assert f"median TTFT {lat.ttft_ms_median:.3f} of {lat.e2el_ms_median:.3f} ms" in flag["message"]
+    assert "100 % of token chunks arrived together" in flag["message"]
+    assert f"median TTFT {fmt_num(lat.ttft_ms_median)} of {fmt_num(lat.e2el_ms_median)} ms" in flag["message"]
 
 
 def test_real_request_with_spaced_chunks_keeps_its_tpot(tmp_path: Path):
@@ -88,3 +90,22 @@ def test_reconciliation_claims_no_missing_span_for_a_zero_tpot():
     no_span = reconciliation({"mode": "cpu", "kernel_sum_ms": 1.90, "tpot_capture_ms": 4.0})
     assert no_span == ["The capture's TPOT is 4.00 ms against 1.90 ms of summed op time per step; "
                        "without a span the gap cannot be split into overlap and idle time."]
+
+
+def test_real_capture_that_stalled_mid_stream_is_flagged_not_used(tmp_path: Path):
+    """The n-gram variant of the 2026-12-01 09:51 CPU campaign: one of 3 requests stopped for
+    1.15 s. The client's mean TPOT (6.05 ms) carries the stall; the trace's steps gave 2.52 ms
+    per token. The stall is counted by the sweep's rule and the TPOT set aside."""
+    recs = _records(STALLED)
+    lat = _capture(tmp_path, recs)
+    assert lat.n_completed == 3 and lat.tpot_ms_mean == pytest.approx(6.05, abs=0.01)
+    assert lat.tpot_ms_median == pytest.approx(2.98, abs=0.01)
+    measured = [r for r in recs if not r.warmup]
+    wall_s = max(r.end_s for r in measured) - min(r.start_s for r in measured)
+    assert lat.stall_total_s == pytest.approx(1.15, abs=0.005)
+    assert lat.stall_share == pytest.approx(lat.stall_total_s / wall_s)
+    assert lat.stalled() and not lat.bunched() and lat.tpot_is_delivery()
+    tpot, flag = capture_tpot(tmp_path)
+    assert tpot is None and flag["code"] == "capture_tpot_is_delivery"
+    assert (f"the stream stopped for {fmt_num(lat.stall_total_s)} s in all, {fmt_num(100 * lat.stall_share)} % of "
+            "the capture") in flag["message"]

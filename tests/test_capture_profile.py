@@ -189,3 +189,4 @@ def test_profiler_settings_come_from_the_server_argv(tmp_path):
     sj.write_text(json.dumps({"argv": [], "mode": "attach"}))
     got = profiler_settings(tmp_path, params)
     assert got["with_stack"] is True and got["source"].startswith("params")
+

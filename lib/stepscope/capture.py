@@ -17,10 +17,11 @@ Artifacts in `04_profiler_capture/`:
   `frontend_table`.
 - `capture_latency.json`: n_requests, n_completed, n_failed, input_len, output_len,
   ttft_ms_mean, ttft_ms_median, tpot_ms_mean, tpot_ms_median, e2el_ms_mean,
-  e2el_ms_median, bunched_chunk_share, merged_token_share, definitions (the sweep's metrics
-  module, docs/methods.md#serving-metrics). When the server delivered the tokens in bursts
-  (`schema.CaptureLatency.tpot_is_delivery`), its TPOT measures delivery, not decode: the
-  notebook says so, and stage 05 does not set it beside the trace's step readings.
+  e2el_ms_median, bunched_chunk_share, merged_token_share, stall_total_s, stall_share,
+  definitions (the sweep's metrics module, docs/methods.md#serving-metrics). When the server
+  delivered the tokens in bursts or the stream stalled (`schema.CaptureLatency.tpot_is_delivery`),
+  its TPOT measures delivery, not decode: the notebook says so, and stage 05 does not set it
+  beside the trace's step readings.
 - `capture_requests.jsonl`: the raw request records behind those numbers.
 """
 
@@ -50,6 +51,8 @@ from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
+from stepscope.sweep.stalls import stall_metrics
+from stepscope.wording import capture_delivery
 
 
 log = logging.getLogger(__name__)
@@ -344,7 +347,7 @@ class CaptureResult:
                 ("TPOT median (ms)", round(lat["tpot_ms_median"], 3)),
                 ("TPOT mean (ms)", round(lat["tpot_ms_mean"], 3)),
                 ("token chunks bunched with the previous (share)", lat.get("bunched_chunk_share")),
-                ("TPOT measures", "delivery, not decode (tokens arrived in bursts)"
+                ("TPOT measures", f"delivery, not decode ({capture_delivery(schema.CaptureLatency(**lat))})"
                  if schema.CaptureLatency(**lat).tpot_is_delivery() else "decode"),
                 ("ranks found / expected", f"{len(m['ranks_found'])} / {len(m['ranks_expected'])}"),
                 ("partial capture", m["partial"]),
@@ -400,6 +403,9 @@ def _write_requests_and_latency(run: dict, capture: CaptureParams, out_dir: Path
         for r in run["warm"] + run["records"]:
             fh.write(json.dumps(r.to_dict()) + "\n")
     m = level_metrics(run["records"])
+    recs = [r for r in run["records"] if r.end_s is not None]
+    wall_s = max(r.end_s for r in recs) - min(r.start_s for r in recs) if recs else 0.0
+    stalls = stall_metrics(run["records"], wall_s)
     latency = {
         "n_requests": m["n_requests"], "n_completed": m["n_completed"], "n_failed": m["n_failed"],
         "input_len": capture.input_len, "output_len": capture.output_len,
@@ -407,6 +413,8 @@ def _write_requests_and_latency(run: dict, capture: CaptureParams, out_dir: Path
                              "e2el_ms_mean", "e2el_ms_median")},
         # NaN (no request with two chunks, or no usage-reported token count) is written as null.
         **{k: None if math.isnan(m[k]) else m[k] for k in ("bunched_chunk_share", "merged_token_share")},
+        "stall_total_s": stalls["stall_total_s"],
+        "stall_share": None if math.isnan(stalls["stall_share"]) else stalls["stall_share"],
         "definitions": "stepscope.sweep.metrics (vllm bench serve's, docs/methods.md#serving-metrics); sequential batch-1 "
                        "requests measured client-side while the profiler ran, so profiler overhead is included",
     }

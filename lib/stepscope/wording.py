@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from stepscope.thresholds import STALL_GAP_S
+
 STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
                "mixed": "mixed prefill-and-decode step", "training": "training step",
                "single_step": "step", "unknown": "step"}
@@ -79,3 +81,22 @@ def _cut_around(name: str, at: int, width: int) -> str:
 
 HEADLINE_MARK = "> **In short:** "
 """How the report's one-paragraph conclusion starts (the report writes it; the CLI reprints it)."""
+
+
+def capture_delivery(lat) -> str:
+    """Why a capture's client-side TPOT measures delivery, not decode (`CaptureLatency.
+    tpot_is_delivery`), with the figures that show it: the one wording for stage 05's flag, the
+    report, `compare` and the campaign."""
+    from stepscope.report.numbers import fmt_num as f
+
+    parts = []
+    if lat.bunched():
+        share = "" if lat.bunched_chunk_share is None else \
+            f"{f(100 * lat.bunched_chunk_share)} % of token chunks arrived together with the previous one; "
+        parts.append(f"the server sent the tokens in bursts, e.g. its API process starved of CPU ({share}median "
+                     f"TTFT {f(lat.ttft_ms_median)} of {f(lat.e2el_ms_median)} ms end to end)")
+    if lat.stalled():
+        parts.append(f"the stream stopped for {f(lat.stall_total_s)} s in all, {f(100 * lat.stall_share)} % of the "
+                     f"capture, in silences of over {f(STALL_GAP_S)} s that its mean TPOT carries and the engine's "
+                     "steps may not")
+    return "; and ".join(parts)

@@ -35,6 +35,7 @@ from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict, amdahl_x, biggest_lever
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, STALLED_LEVEL_SHARE
+from stepscope.wording import capture_delivery
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
                  "ttft_ms_median": "TTFT median (ms)"}
@@ -216,18 +217,18 @@ def category_values(runs: list[VariantRun]) -> dict[str, list[tuple[float, float
 def capture_tpot(r: VariantRun) -> float | None:
     """The batch-1 TPOT the client measured during capture; None when it measures delivery."""
     cl = r.artifacts.capture_latency
-    if capture_bunched(r) is not None:
+    if capture_delivery_why(r) is not None:
         return None
     return num(r.ctx["totals"].get("tpot_capture_ms")) or (cl.tpot_ms_mean if cl is not None else None)
 
 
-def capture_bunched(r: VariantRun) -> tuple[float, float] | None:
-    """(TTFT, E2EL) medians of a capture whose tokens arrived in bursts
-    (`CaptureLatency.tpot_is_delivery`), else None."""
+def capture_delivery_why(r: VariantRun) -> str | None:
+    """Why the run's capture TPOT measures delivery, not decode (`CaptureLatency.tpot_is_delivery`:
+    the tokens came in bursts, or the stream stalled), in `wording.capture_delivery`'s words;
+    None when it measures decode."""
     if not capture_tpot_is_delivery(r.artifacts):
         return None
-    cl = r.artifacts.capture_latency
-    return num(cl.ttft_ms_median), num(cl.e2el_ms_median)
+    return capture_delivery(r.artifacts.capture_latency)
 
 
 def step_ms(r: VariantRun) -> float | None:
@@ -273,9 +274,10 @@ def deltas(c: Campaign) -> list[Delta]:
                 out.extend(_stall_delta(v, conc, base, runs))
         d = make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
                        [capture_tpot(r) for r in runs], False)
-        burst = next((x for x, rs in ((c.baseline, base), (v, runs)) if any(capture_bunched(r) for r in rs)), None)
-        out.append(replace(d, not_comparable=f"{burst}'s capture delivered its tokens in bursts (its TPOT measures "
-                                             f"delivery)" if burst else None))
+        why = next(((x, w) for x, rs in ((c.baseline, base), (v, runs)) for r in rs
+                    if (w := capture_delivery_why(r))), None)
+        out.append(replace(d, not_comparable=f"{why[0]}'s capture TPOT measures delivery, not decode: {why[1]}"
+                           if why else None))
         out.append(make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base],
                               [step_ms(r) for r in runs], False))
         vcats = category_values(runs)
@@ -454,11 +456,11 @@ def spec_predictions(c: Campaign) -> list[SpecPrediction]:
 
 def _measured_tpot(v: str, base: list[VariantRun], runs: list[VariantRun]) -> tuple[float | None, Delta, str]:
     """The variant's TPOT against the baseline's, with its noise band: the client's in the
-    capture, else (its tokens arrived in bursts) the trace's decode step per token against the
+    capture, else (it measures delivery: bursts or a stall) the trace's decode step per token against the
     baseline's decode step (one token per step without drafts)."""
     d = make_delta(v, "tpot_capture_ms", "capture", [capture_tpot(r) for r in base],
                    [capture_tpot(r) for r in runs], False)
-    if d.value is not None or not all(capture_bunched(r) for r in runs):
+    if d.value is not None or not all(capture_delivery_why(r) for r in runs):
         return d.value, d, MEASURED_BY_CLIENT
     d = _per_token_delta(v, base, runs)
     return d.value, d, MEASURED_BY_TRACE

@@ -263,8 +263,9 @@ def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]
                  f"measured decode step, {f(preds[0].baseline_step_ms)} ms by its {preds[0].baseline_step_basis}) "
                  "gets the acceptance the variant measured (tokens per decode step), the variant's drafted tokens "
                  "per draft (k) and each draft cost it was given; its predicted TPOT stands beside the TPOT the "
-                 "variant measured in the same batch-1 capture: the client's, or, where the capture's tokens arrived "
-                 "in bursts (its TPOT then measures delivery), the trace's decode step over the tokens per step.\n\n")
+                 "variant measured in the same batch-1 capture: the client's, or, where that measures delivery (the "
+                 "tokens came in bursts, or the stream stalled), the trace's decode step over the tokens per "
+                 "step.\n\n")
         rows = [{"variant": p.variant, "acc": p.acceptance, "k": p.draft_tokens, "frac": p.draft_cost_fraction,
                  "pred": p.predicted_tpot_ms, "meas": p.measured_tpot_ms, "as": p.measured_as,
                  "ratio": _x(p.ratio), "band": p.band_ms,
@@ -408,10 +409,9 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
     for v in c.variants:
         if v == c.baseline:
             continue
-        bunched = [b for r in c.runs.get(v) or [] if (b := ca.capture_bunched(r))]
-        if bunched:
-            out.append(f"**{v}**'s capture delivered its tokens in a burst (median TTFT {f(bunched[0][0])} of "
-                       f"{f(bunched[0][1])} ms end to end), so its client-side TPOT does not measure decode"
+        why = next((w for r in c.runs.get(v) or [] if (w := ca.capture_delivery_why(r))), None)
+        if why:
+            out.append(f"**{v}**'s client-side TPOT in the capture does not measure decode ({why})"
                        + _trace_step_clause(c, v, ds))
             continue
         d = next((x for x in ds if x.variant == v and x.metric == "tpot_capture_ms"), None)

@@ -25,7 +25,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import HEADLINE_MARK, plural, short_name, work_unit
+from stepscope.wording import HEADLINE_MARK, capture_delivery, plural, short_name, work_unit
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -392,14 +392,10 @@ def _capture_line(a: RunArtifacts) -> str:
             f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
     cl = a.capture_latency
     if an.capture_tpot_is_delivery(a):
-        bunched = "" if cl.bunched_chunk_share is None else \
-            f"{fmt_num(100 * cl.bunched_chunk_share)} % of token chunks arrived together with the previous one; "
         text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
                  f"{fmt_num(cl.output_len)} tokens: TTFT mean {fmt_num(cl.ttft_ms_mean)} ms; their TPOT "
-                 f"(mean {fmt_num(cl.tpot_ms_mean)} ms) measures delivery, not decode, because the server sent "
-                 f"the tokens in bursts ({bunched}median TTFT {fmt_num(cl.ttft_ms_median)} of "
-                 f"{fmt_num(cl.e2el_ms_median)} ms end to end). It is not compared with the trace; the step "
-                 f"period is the engine's own clock.")
+                 f"(mean {fmt_num(cl.tpot_ms_mean)} ms) measures delivery, not decode: {capture_delivery(cl)}. "
+                 "It is not compared with the trace; the step period is the engine's own clock.")
     elif cl is not None:
         text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
                  f"{fmt_num(cl.output_len)} tokens: TPOT mean {fmt_num(cl.tpot_ms_mean)} ms, "

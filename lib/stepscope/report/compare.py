@@ -32,6 +32,7 @@ from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, STALLED_LEVEL_SHARE
 from stepscope.trace.account import KERNELS_PER_CATEGORY
+from stepscope.wording import capture_delivery
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
 
@@ -123,8 +124,8 @@ def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
     ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
     c1 = _bunched(pd.Series({"bunched_chunk_share_a": ha.get("c1_bunched_share"),
                              "bunched_chunk_share_b": hb.get("c1_bunched_share")}))
-    burst = [name for name, x in (("A", a), ("B", b)) if an.capture_tpot_is_delivery(x)]
-    capture = f"{' and '.join(burst)}'s capture delivered in bursts (its TPOT measures delivery)" if burst else None
+    capture = "; ".join(f"{name}'s capture TPOT measures delivery, not decode: {capture_delivery(x.capture_latency)}"
+                        for name, x in (("A", a), ("B", b)) if an.capture_tpot_is_delivery(x)) or None
     plateau = _stalled(pd.Series({"stall_share_a": ha.get("plateau_stall_share"),
                                   "stall_share_b": hb.get("plateau_stall_share")}))
     rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k)),

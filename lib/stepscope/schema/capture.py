@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.schema._base import Record
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_TTFT_SHARE
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_TTFT_SHARE, STALLED_LEVEL_SHARE
 
 
 class CaptureFile(Record, kw_only=True):
@@ -67,15 +67,30 @@ class CaptureLatency(Record, kw_only=True):
     delivered together. Absent in run folders written before it was recorded."""
     merged_token_share: float | None = None
     """Share of output tokens that arrived inside another token's chunk (the sweep's definition)."""
+    stall_total_s: float | None = None
+    """Time the stream was silent for over `STALL_GAP_S` at a stretch (the sweep's server-wide
+    stall, at batch 1), s. Absent in run folders written before it was recorded."""
+    stall_share: float | None = None
+    """`stall_total_s` over the captured requests' wall time (first start to last end)."""
     definitions: str | None = None
 
-    def tpot_is_delivery(self) -> bool:
-        """True when the client-side TPOT measures how the server delivered tokens, not decode:
-        most chunks arrived bunched together (the sweep's flag, BUNCHED_FLAG_SHARE), or the
+    def bunched(self) -> bool:
+        """Most chunks arrived bunched together (the sweep's flag, BUNCHED_FLAG_SHARE), or the
         median TTFT took most of the end-to-end time, so one burst carried most tokens
-        (BUNCHED_TTFT_SHARE; also readable in run folders without the chunk share). TPOT =
-        (E2EL - TTFT)/(tokens - 1) then shrinks towards 0 whatever the decode step costs."""
+        (BUNCHED_TTFT_SHARE; also readable in run folders without the chunk share)."""
         if self.bunched_chunk_share is not None and self.bunched_chunk_share > BUNCHED_FLAG_SHARE:
             return True
         ttft, e2el = self.ttft_ms_median, self.e2el_ms_median
         return ttft is not None and e2el is not None and e2el > 0 and ttft > BUNCHED_TTFT_SHARE * e2el
+
+    def stalled(self) -> bool:
+        """The stream stopped for more than STALLED_LEVEL_SHARE of the capture (the sweep's rule
+        for a level): its mean TPOT carries the stall, which the trace's steps may not."""
+        return self.stall_share is not None and self.stall_share > STALLED_LEVEL_SHARE
+
+    def tpot_is_delivery(self) -> bool:
+        """True when the client-side TPOT measures how the server delivered tokens, not decode:
+        the tokens came in bursts (`bunched`: TPOT = (E2EL - TTFT)/(tokens - 1) then shrinks
+        towards 0 whatever the decode step costs), or the stream stalled (`stalled`: a pause of
+        the API process grows it whatever the step costs)."""
+        return self.bunched() or self.stalled()

@@ -17,7 +17,7 @@ Public API
 - `trace_inputs_for_run(run_dir, params) -> paths`: params `analysis.trace_paths`, else
   `04_profiler_capture/traces/`; `StageInputMissing` otherwise.
 - `analyze.capture_tpot(run_dir) -> (tpot_ms | None, flag | None)`: the capture's mean TPOT, or
-  None and a flag when its tokens arrived in bursts (it then measures delivery, not decode).
+  None and a flag when it measures delivery, not decode (tokens in bursts, or a stalled stream).
 - `load.load_rank(path, cache_dir=...)`, `load.load_ranks(paths, ...)`, `load.read_trace(path)`:
   the streaming loader (slim event table per rank; Parquet cache keyed by size + content hash).
   `load.parse_trace(path, processes=...)` is its pandas-free core (numpy arrays), which

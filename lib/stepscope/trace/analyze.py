@@ -19,7 +19,7 @@ from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, trace_info, weight_formats_named
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
-from stepscope.wording import short_names, work_unit
+from stepscope.wording import capture_delivery, short_names, work_unit
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
 
 
@@ -792,8 +792,8 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:
 def capture_tpot(run_dir: str | Path) -> tuple[float | None, dict[str, str] | None]:
     """The mean TPOT the client measured during capture (the mean, like the per-step readings
     it is shown beside), and a flag when it is not set beside the trace: its file is unreadable,
-    or the server delivered the tokens in bursts (`CaptureLatency.tpot_is_delivery`), so
-    (E2EL - TTFT)/(tokens - 1) measures delivery and reads near 0 whatever a step costs."""
+    or it measures how the server delivered the tokens (in bursts, or stalling mid-stream:
+    `CaptureLatency.tpot_is_delivery`), not what a step costs."""
     path = Path(run_dir) / "04_profiler_capture" / "capture_latency.json"
     if not path.is_file():
         return None, None
@@ -805,15 +805,11 @@ def capture_tpot(run_dir: str | Path) -> tuple[float | None, dict[str, str] | No
     tpot = lat.tpot_ms_mean if lat.tpot_ms_mean is not None else lat.tpot_ms_median
     if not lat.tpot_is_delivery():
         return tpot, None
-    bunched = "" if lat.bunched_chunk_share is None else \
-        f"{lat.bunched_chunk_share:.0%} of token chunks arrived together with the previous one; "
-    why = f"{bunched}median TTFT {lat.ttft_ms_median:.3f} of {lat.e2el_ms_median:.3f} ms end to end"
     mean = f"{tpot:.3f} ms" if tpot is not None else "none"
     return None, _flag("capture_tpot_is_delivery", "warning",
                        f"the TPOT the client measured during capture (mean {mean}) measures delivery, not "
-                       f"decode: the server sent the tokens in bursts, e.g. its API process starved of CPU "
-                       f"({why}). It is not set beside the trace's step readings; the period is the "
-                       f"engine's own clock")
+                       f"decode: {capture_delivery(lat)}. It is not set beside the trace's step readings; the "
+                       f"period is the engine's own clock")
 
 
 def load_arch_for(params) -> tuple[Any, str | None]:
