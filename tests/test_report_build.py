@@ -14,7 +14,7 @@ from stepscope.report.markdown_util import MISSING_MARK, fmt_num
 
 # The synthetic run's exposed ms per decode step (see stepscope/testing/synthetic.py), re-stated here so a
 # change there cannot silently change what the test expects.
-EXPOSED = {"all_reduce": 5.0, "all_gather": 0.2, "quantized_gemm": 4.0, "fused_moe": 1.0,
+EXPOSED = {"all_reduce": 5.0, "all_gather": 0.2, "quant_gemm": 4.0, "fused_moe": 1.0,
            "attention": 1.2, "norm": 0.4, "elementwise": 0.3, "other": 0.01}
 SPAN = sum(EXPOSED.values()) * 1.05
 PERIOD = SPAN * 1.04

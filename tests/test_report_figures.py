@@ -13,10 +13,11 @@ from stepscope.report.explorer import StepExplorer, category_top_names, step_cat
 from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.trace import plots as cat
 
-ISSUE_CATEGORIES = ["all_reduce", "all_gather", "other_collective", "communication", "quantized_gemm",
+# The issue's list, its "quantized_gemm" spelled as rules.yaml writes it (quant_gemm).
+ISSUE_CATEGORIES = ["all_reduce", "all_gather", "other_collective", "communication", "quant_gemm",
                     "dense_gemm", "fused_moe", "moe_routing", "attention", "kv_cache_write", "norm",
                     "activation", "rotary", "quantize", "sampling", "elementwise", "memcpy", "memset", "other"]
-ALIASES = {"communication": "all_reduce", "quant_gemm": "quantized_gemm"}
+ALIASES = {"communication": "all_reduce"}
 
 
 def test_every_category_has_a_distinct_colour():

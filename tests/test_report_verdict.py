@@ -523,7 +523,7 @@ def test_roofline_with_unknown_peak_still_sets_the_trace_beside_stage_02(tmp_pat
     row.update(micro_gbps=1800.0, micro_vs_trace=row["achieved_gbps"] / 1800.0)
     p.write_text(json.dumps(s))
     said = _quote(build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
-    assert (f"On the trace quantized_gemm moves {fmt_num(row['achieved_gbps'])} GB/s; the device's peak (CPU) is "
+    assert (f"On the trace quant_gemm moves {fmt_num(row['achieved_gbps'])} GB/s; the device's peak (CPU) is "
             f"unknown, so no % of peak is given; stage 02's micro-benchmark reaches 1,800 GB/s at the same shapes "
             f"(trace / micro {fmt_num(row['micro_vs_trace'])})") in said
 

@@ -16,7 +16,6 @@ CATEGORY_ORDER: tuple[str, ...] = (
     "other_collective",
     "communication",
     "collective_wait",
-    "quantized_gemm",
     "quant_gemm",
     "dense_gemm",
     "fused_moe",
@@ -50,8 +49,6 @@ CATEGORY_COLORS: dict[str, str] = {
     # all-reduce, and the colour then means the same thing across runs.
     "communication": "#d62728",
     "collective_wait": "#f4a582",
-    "quantized_gemm": "#1f4e9c",
-    # stage 05's rules file spells it quant_gemm; same thing, same colour
     "quant_gemm": "#1f4e9c",
     "dense_gemm": "#4a90d9",
     "fused_moe": "#17becf",
@@ -83,7 +80,7 @@ IDLE_COLOR = "#ffffff"
 COMMUNICATION_CATEGORIES: frozenset[str] = frozenset(
     {"all_reduce", "all_gather", "other_collective", "communication", "collective_wait"}
 )
-GEMM_CATEGORIES: frozenset[str] = frozenset({"quantized_gemm", "quant_gemm", "dense_gemm", "fused_moe", "lm_head"})
+GEMM_CATEGORIES: frozenset[str] = frozenset({"quant_gemm", "dense_gemm", "fused_moe", "lm_head"})
 
 
 def color_for(category: str) -> str:

@@ -197,7 +197,7 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     ar_exposed = 5.0 if comm_exposed else 0.5
     cats = [("all_reduce", "communication", 5.5, 123, ar_exposed),
             ("all_gather", "communication", 0.2, 1, 0.2),
-            ("quantized_gemm", "compute", 4.0, 244, 4.0), ("fused_moe", "compute", 1.0, 60, 1.0),
+            ("quant_gemm", "compute", 4.0, 244, 4.0), ("fused_moe", "compute", 1.0, 60, 1.0),
             ("attention", "compute", 1.2, 61, 1.2), ("norm", "compute", 0.4, 123, 0.4),
             ("elementwise", "compute", 0.3, 200, 0.3), ("other", "compute", 0.01, 3, 0.01)]
     cats = [(c, k, ms * s, n, e * s) for c, k, ms, n, e in cats]
@@ -307,8 +307,8 @@ def _write_timeline(d: Path, s: float, launch_bound: bool) -> None:
     tl = []
     t = 0.0
     for i in range(40):
-        cat = ["quantized_gemm", "attention", "all_reduce", "norm", "elementwise"][i % 5]
-        dur = {"quantized_gemm": 30.0, "attention": 20.0, "all_reduce": 45.0, "norm": 5.0,
+        cat = ["quant_gemm", "attention", "all_reduce", "norm", "elementwise"][i % 5]
+        dur = {"quant_gemm": 30.0, "attention": 20.0, "all_reduce": 45.0, "norm": 5.0,
                "elementwise": 4.0}[cat] * s
         tl.append({"rank": 0, "step_id": 7, "stream": 7, "category": cat, "class": "compute",
                    "start_us": t, "dur_us": dur, "name": f"{cat}_k"})
@@ -347,7 +347,7 @@ def _add_contract_keys(summary: dict, *, kind: str, n_judged: int, n_dec: int, u
     dec["denominator"] = "period"
     dec["idle_micro_ms"], dec["idle_macro_ms"] = micro, idle - micro
     dec["largest_gap"] = {"dur_ms": (0.85 * idle if stall else 0.05 * idle), "step": 42,
-                          "before": "Memcpy DtoH (Device -> Pageable)" if stall else "quantized_gemm_k",
+                          "before": "Memcpy DtoH (Device -> Pageable)" if stall else "quant_gemm_k",
                           "after": "all_reduce_k", "host_call": "cudaMemcpyAsync" if stall else None}
     dec["launch_delay_us"] = {"median": 8.0, "p90": 20.0}
     ar = 5.5 * s
@@ -356,7 +356,7 @@ def _add_contract_keys(summary: dict, *, kind: str, n_judged: int, n_dec: int, u
         "n_instances": 123 * n_judged, "transfer_ms_per_step": 0.6 * ar, "wait_ms_per_step": 0.4 * ar,
         "skew_us": {"p50": 9.0, "p90": 31.0}, "straggler_rank": 5, "clock_flag": False}
     rows = []
-    for cat, gb, ms in (("quantized_gemm", 3.6, 4.0 * s), ("fused_moe", 0.9, 1.0 * s)):
+    for cat, gb, ms in (("quant_gemm", 3.6, 4.0 * s), ("fused_moe", 0.9, 1.0 * s)):
         gbps = gb / (ms / 1e3)
         tflops = 2 * 7168 * 512 * 244 / (ms / 1e3) / 1e12
         rows.append({"category": cat, "calls_per_step": 244.0, "flops_per_step": 2 * 7168 * 512 * 244,

@@ -25,7 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-GEMM_CATEGORIES = ("dense_gemm", "quant_gemm", "fused_moe", "lm_head")
+from stepscope.palette import GEMM_CATEGORIES
+
 
 
 @dataclass(frozen=True)
