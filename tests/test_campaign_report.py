@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from stepscope.campaign import analysis as ca
-from stepscope.campaign.metrics import spec_decode_delta
+from stepscope.server_metrics import spec_decode_delta
 from stepscope.campaign.report import FIG_CATEGORIES, FIG_THROUGHPUT, build_campaign_report
 from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report import whatif as wi

@@ -190,7 +190,7 @@ def test_a_campaign_json_off_its_schema_is_named_with_its_key(params_file):
 def test_the_spec_decode_file_holds_exactly_the_schemas_keys(repo_root):
     import msgspec
 
-    from stepscope.campaign.metrics import spec_decode_delta
+    from stepscope.server_metrics import spec_decode_delta
     from stepscope.schema import SpecDecodeCounters
 
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
@@ -235,7 +235,7 @@ def test_stage_04s_own_scrapes_give_the_counters_over_the_profiled_requests(tmp_
     inside /start_profile and /stop_profile, do not, and are preferred when present."""
     from stepscope import schema
     from stepscope.campaign.run import metrics_executor
-    from stepscope.capture import METRICS_SCRAPES
+    from stepscope.server_metrics import METRICS_SCRAPES
     from stepscope.runfolder import STAGES
 
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"

@@ -750,3 +750,30 @@ def test_a_collective_that_is_all_transfer_is_said_to_be(tmp_path, real_traces):
     assert ar.transfer_ceiling_x == pytest.approx(ar.ceiling_x)
     assert (f"its matched calls spend {fmt_num(ar.transfer_ms)} ms per step from the last rank's arrival to "
             f"completion, all of its exposed time: transfer, not ranks waiting") in _quote(md, "In short:")
+
+
+def test_a_speculative_run_reads_its_acceptance_from_stage_04s_counters(tmp_path, real_traces, repo_root):
+    """Stage 04 reads /metrics around the profiled requests; the report then says what the server
+    accepted and what a token costs (the decode step over tokens per step), every number from
+    its structured value. The recorded counters are the same server's, around that capture."""
+    from stepscope.server_metrics import spec_decode_delta
+
+    run = _real_run(tmp_path, [real_traces / "vllm-cpu-tinyllama-tp2-ngram-rank0.pt.trace.json.gz",
+                               real_traces / "vllm-cpu-tinyllama-tp2-ngram-rank1.pt.trace.json.gz"])
+    m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
+    for when in ("before", "after"):
+        (run / "04_profiler_capture").mkdir(exist_ok=True)
+        (run / "04_profiler_capture" / f"metrics.{when}.prom").write_text(m.with_suffix(f".{when}.prom").read_text())
+    stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    sd = v.spec_decode
+    assert (sd.accepted_tokens, sd.draft_tokens) == (98, 208)
+    assert sd.tokens_per_decode_step == pytest.approx(stats.tokens_per_decode_step)
+    assert sd.ms_per_token == pytest.approx(v.basis.step_ms / stats.tokens_per_decode_step)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert (f"Over the profiled requests the server accepted 98 of 208 drafted tokens ({fmt_num(100 * 98 / 208)} %), "
+            f"{fmt_num(stats.tokens_per_decode_step)} tokens per decode step (its /metrics counters), so a token "
+            f"costs {fmt_num(sd.ms_per_token)} ms of decode time") in _quote(md, "In short:")
+    for src, sentence in prose.sentences(v):
+        assert not [n for n in _numbers(sentence) if n not in _printable(src)], sentence

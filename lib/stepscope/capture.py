@@ -51,6 +51,7 @@ from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
+from stepscope.server_metrics import METRICS_SCRAPES
 from stepscope.sweep.stalls import stall_metrics
 from stepscope.wording import capture_delivery
 
@@ -301,10 +302,6 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
             "metrics": (metrics_before, metrics_after),
             "started_at": started_at, "stopped_at": datetime.now(timezone.utc).isoformat(),
             "stop_status": stop_status, "stop_text": stop_text[:300], "stop_profile_s": stop_s}
-
-
-METRICS_SCRAPES = ("metrics.before.prom", "metrics.after.prom")
-"""The server's /metrics, read just before /start_profile and just after /stop_profile."""
 
 
 def _write_metrics(scrapes: tuple[str | None, str | None], out_dir: Path) -> None:

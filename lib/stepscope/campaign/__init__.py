@@ -12,7 +12,7 @@ Public API:
 Files and their meaning: `stepscope.campaign.run` (folder layout), docs/campaigns.md (method).
 """
 
-from stepscope.campaign.metrics import SpecDecodeStats, parse_prometheus, spec_decode_delta
+from stepscope.server_metrics import SpecDecodeStats, parse_prometheus, spec_decode_delta
 from stepscope.campaign.plan import CampaignPlan, PlannedRun, plan_campaign
 
 __all__ = ["CampaignPlan", "PlannedRun", "SpecDecodeStats", "parse_prometheus", "plan_campaign",

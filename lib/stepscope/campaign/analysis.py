@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from stepscope import schema
-from stepscope.campaign.metrics import SpecDecodeStats, stats_from_json
+from stepscope.server_metrics import SpecDecodeStats, stats_from_json
 from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
 from stepscope.report.analysis import capture_tpot_is_delivery

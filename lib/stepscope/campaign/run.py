@@ -28,8 +28,7 @@ from typing import Callable, Sequence
 import yaml
 
 from stepscope import schema
-from stepscope.campaign.metrics import save_scrape, scrape, spec_decode_delta
-from stepscope.capture import METRICS_SCRAPES
+from stepscope.server_metrics import METRICS_SCRAPES, save_scrape, scrape, spec_decode_delta
 from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, PlannedRun, plan_campaign, \
     reuse_source, stage_fingerprint
 from stepscope.config import load_params, redact
@@ -64,7 +63,7 @@ def scrape_run_server(run_dir: Path) -> str | None:
 def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
     """Wrap a stage executor: read /metrics before and after the decode stages.
 
-    Stage 04 reads /metrics itself just inside its profiled window (`capture.METRICS_SCRAPES`);
+    Stage 04 reads /metrics itself just inside its profiled window (`server_metrics.METRICS_SCRAPES`);
     its counters are then taken from those, so that acceptance covers the trace's requests and
     not the warm-up. A failed scrape is logged and leaves the stage alone: acceptance is then
     reported missing, never guessed.

@@ -22,6 +22,7 @@ import yaml
 
 from stepscope import schema
 from stepscope.errors import StageInputMissing
+from stepscope.server_metrics import METRICS_SCRAPES, SpecDecodeStats, spec_decode_delta
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ class RunArtifacts:
     steps: pd.DataFrame | None = None
     cross_rank: pd.DataFrame | None = None
     timeline: pd.DataFrame | None = None
+    capture_counters: SpecDecodeStats | None = None
+    """The server's speculative-decoding counters over the capture's profiled requests (stage
+    04's reads of /metrics); None when it has none or stage 04 could not read them."""
     missing: list[str] = field(default_factory=list)
     """Relative paths of expected files that are not there."""
     problems: list[str] = field(default_factory=list)
@@ -119,6 +123,7 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.comm_prediction = _json(a, "03_nccl_burst/prediction.json")
     a.manifest = _json(a, "04_profiler_capture/manifest.json")
     a.capture_latency = _json(a, "04_profiler_capture/capture_latency.json")
+    a.capture_counters = _capture_counters(a)
     a.trace_summary = _json(a, "05_categorize/summary.json")
     ref = a.decode.rank
     a.decode_categories_all = _csv(a, "05_categorize/decode_categories.csv")
@@ -141,6 +146,17 @@ def _path(a: RunArtifacts, rel: str) -> Path | None:
         a.missing.append(rel)
         return None
     return p
+
+
+def _capture_counters(a: RunArtifacts) -> SpecDecodeStats | None:
+    paths = [a.run_dir / "04_profiler_capture" / name for name in METRICS_SCRAPES]
+    if not all(p.is_file() for p in paths):
+        return None  # optional: a server whose /metrics could not be read, or an older run folder
+    try:
+        return spec_decode_delta(*(p.read_text() for p in paths))
+    except OSError as exc:
+        _problem(a, f"04_profiler_capture/{METRICS_SCRAPES[0]}", f"not readable ({exc})")
+        return None
 
 
 def _problem(a: RunArtifacts, rel: str, why: str) -> None:

@@ -44,8 +44,14 @@ def spec_decode_sentence(s: SpecDecodeSeen) -> str:
               is not None else "")
     times = (f" ({f(s.verify_step_ms)} ms against {f(s.plain_step_ms)} ms for a plain step)"
              if s.verify_step_ms is not None and s.plain_step_ms is not None else "")
+    accepted = (f" Over the profiled requests the server accepted {f(s.accepted_tokens)} of {f(s.draft_tokens)} drafted "
+                f"tokens ({f(s.acceptance_pct)} %), {f(s.tokens_per_decode_step)} tokens per decode step (its /metrics "
+                "counters)" if s.accepted_tokens is not None and s.tokens_per_decode_step is not None else "")
+    per_token = (f", so a token costs {f(s.ms_per_token)} ms of decode time (the decode step over those tokens)"
+                 if s.ms_per_token is not None else "")
     return (f"This run already decodes speculatively: {f(s.n_verify_steps)} of its {f(s.n_decode_steps)} decode "
-            f"steps verify drafted tokens{scored}{times}, so the figures below describe that mixture.")
+            f"steps verify drafted tokens{scored}{times}, so the figures below describe that mixture."
+            + (f"{accepted}{per_token}." if accepted else ""))
 
 
 def dominant_sentence(d: Dominant) -> str:

@@ -76,6 +76,14 @@ class SpecDecodeSeen:
     scored_tokens_per_verify_step: float | None
     verify_step_ms: float | None
     plain_step_ms: float | None
+    accepted_tokens: int | None = None
+    """Drafted tokens the server accepted over the profiled requests (its /metrics counters)."""
+    draft_tokens: int | None = None
+    acceptance_pct: float | None = None
+    tokens_per_decode_step: float | None = None
+    """Tokens emitted per decode step, every step counted (the server's counters)."""
+    ms_per_token: float | None = None
+    """The decode step (the verdict's basis) over `tokens_per_decode_step`: what a token costs."""
 
 
 @dataclass(frozen=True)
@@ -428,13 +436,23 @@ def _int(v: Any) -> int | None:
 # --------------------------------------------------------------------------- findings
 
 
-def spec_decode_seen(a: RunArtifacts) -> SpecDecodeSeen | None:
+def spec_decode_seen(a: RunArtifacts, basis: StepBasis) -> SpecDecodeSeen | None:
+    """Verify steps from the trace and, when stage 04 read the server's counters around the
+    profiled requests, what the server accepted and what a token then costs."""
     sd = _plain(a.decode.spec_decode)
     if not sd or not _int(sd.get("n_verify_steps")):
         return None
+    c = a.capture_counters
+    per_step = c.tokens_per_decode_step if c is not None else None
     return SpecDecodeSeen(n_verify_steps=_int(sd["n_verify_steps"]), n_decode_steps=_int(sd.get("n_decode_steps")) or 0,
                           scored_tokens_per_verify_step=num(sd.get("scored_tokens_per_verify_step")),
-                          verify_step_ms=num(sd.get("verify_step_ms")), plain_step_ms=num(sd.get("plain_step_ms")))
+                          verify_step_ms=num(sd.get("verify_step_ms")), plain_step_ms=num(sd.get("plain_step_ms")),
+                          accepted_tokens=round(c.accepted_tokens) if c is not None else None,
+                          draft_tokens=round(c.draft_tokens) if c is not None else None,
+                          acceptance_pct=100 * c.acceptance_rate if c is not None and c.acceptance_rate is not None
+                          else None,
+                          tokens_per_decode_step=per_step,
+                          ms_per_token=basis.step_ms / per_step if per_step and basis.step_ms else None)
 
 
 def step_basis(totals: dict[str, Any]) -> StepBasis:
@@ -685,7 +703,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     comm = communication(decode, amdahl)
     category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident)
     gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
-    return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a),
+    return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a, basis),
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,

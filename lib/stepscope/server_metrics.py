@@ -1,4 +1,6 @@
-"""Speculative-decoding acceptance from vLLM's Prometheus `/metrics` counters.
+"""Speculative-decoding acceptance from vLLM's Prometheus `/metrics` counters: stage 04 reads
+them around its profiled requests and a campaign around its stages; the report and the
+campaign compute acceptance from those reads.
 
 The counters are cumulative over the server's life, so a window (one stage) is the
 difference of two scrapes taken around it. Counters read (vLLM V1 names):
@@ -23,6 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stepscope.errors import StepscopeError
+
+METRICS_SCRAPES = ("metrics.before.prom", "metrics.after.prom")
+"""Stage 04's reads of /metrics, in its folder: just before /start_profile and just after
+/stop_profile, so their difference counts exactly the profiled requests."""
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

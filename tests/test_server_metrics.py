@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepscope.campaign.metrics import parse_prometheus, spec_decode_delta, stats_from_json
+from stepscope.server_metrics import parse_prometheus, spec_decode_delta, stats_from_json
 
 DATA = "metrics/vllm-cpu-tinyllama-tp2-ngram"
 
