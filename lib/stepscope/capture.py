@@ -52,6 +52,7 @@ from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 from stepscope.server_metrics import METRICS_SCRAPES
+from stepscope.thresholds import STALL_GAP_S
 from stepscope.sweep.stalls import stall_metrics
 from stepscope.wording import capture_delivery
 
@@ -344,6 +345,9 @@ class CaptureResult:
                 ("TPOT median (ms)", round(lat["tpot_ms_median"], 3)),
                 ("TPOT mean (ms)", round(lat["tpot_ms_mean"], 3)),
                 ("token chunks bunched with the previous (share)", lat.get("bunched_chunk_share")),
+                (f"stream silent over {STALL_GAP_S:g} s at a stretch (s in all, share of the capture)",
+                 f"{lat.get('stall_total_s'):.2f}, {lat.get('stall_share'):.1%}"
+                 if lat.get("stall_share") is not None else None),
                 ("TPOT measures", f"delivery, not decode ({capture_delivery(schema.CaptureLatency(**lat))})"
                  if schema.CaptureLatency(**lat).tpot_is_delivery() else "decode"),
                 ("ranks found / expected", f"{len(m['ranks_found'])} / {len(m['ranks_expected'])}"),
