@@ -92,7 +92,7 @@ def test_the_servers_counters_are_read_just_inside_the_profiled_window(tmp_path)
         res = capture_profile(_server(fake, pdir, tp=1), CAP, out)
     # no silence over 0.5 s: the stall row says so, and the TPOT measures decode
     rows = res.overview()["value"]
-    assert rows["stream silent over 0.5 s at a stretch (s in all, share of the capture)"] == "0.00, 0.0%"
+    assert rows["stream silences over 0.5 s (s, share)"] == "0.00, 0.0%"
     assert rows["TPOT measures"] == "decode"
     done = 'vllm:request_success_total{engine="0",finished_reason="length"} '
     assert done + "1.0" in (out / "metrics.before.prom").read_text()  # the warm-up request only

@@ -345,7 +345,7 @@ class CaptureResult:
                 ("TPOT median (ms)", round(lat["tpot_ms_median"], 3)),
                 ("TPOT mean (ms)", round(lat["tpot_ms_mean"], 3)),
                 ("token chunks bunched with the previous (share)", lat.get("bunched_chunk_share")),
-                (f"stream silent over {STALL_GAP_S:g} s at a stretch (s in all, share of the capture)",
+                (f"stream silences over {STALL_GAP_S:g} s (s, share)",
                  f"{lat.get('stall_total_s'):.2f}, {lat.get('stall_share'):.1%}"
                  if lat.get("stall_share") is not None else None),
                 ("TPOT measures", f"delivery, not decode ({capture_delivery(schema.CaptureLatency(**lat))})"
