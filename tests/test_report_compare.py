@@ -183,3 +183,29 @@ def test_the_category_table_judges_as_the_regression_gate(tmp_path, scale):
     for cat, d in gate.items():
         assert bool(cats.loc[cat, "beyond_noise"]) == d.real, cat
         assert cats.loc[cat, "band"] == pytest.approx(d.band) and cats.loc[cat, "band_from"] == d.band_source
+
+
+def test_the_same_params_on_the_same_engine_are_called_an_a_a_comparison(tmp_path):
+    """Two CPU demo runs with one params file (2026-12-01, review2 against review3) came out with
+    10 'changes beyond noise', all_reduce 4.2x among them: run-to-run variation that one run's
+    step spread does not cover. The comparison says so when the setups are the same."""
+    import json
+
+    import yaml
+
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b", scale=0.8)
+    note = "**A and B ran identical params on the same engine (vllm 0.13.0).** If nothing else changed"
+
+    def md() -> str:
+        return compare_runs(a, b, tmp_path / "out")["markdown"].read_text()
+
+    p = b / "params.yaml"
+    params = yaml.safe_load(p.read_text())
+    p.write_text(yaml.safe_dump({**params, "run": {"name": "another name"}}))  # naming the run changes nothing
+    assert note in md()
+    p.write_text(yaml.safe_dump({**params, "server": {**params["server"], "tp": 4}}))
+    assert note not in md()
+    p.write_text(yaml.safe_dump(params))
+    server = b / "00_deploy" / "server.json"
+    server.write_text(json.dumps({**json.loads(server.read_text()), "engine_version": "0.14.0"}))
+    assert note not in md()  # an engine upgrade with the same params is a real A/B

@@ -268,6 +268,25 @@ def _lacking(a: RunArtifacts, b: RunArtifacts, attr: str, file: str, name_a: str
     return [f"{file} (missing in {' and '.join(missing) or 'neither run, but unreadable'})"]
 
 
+def _engine(x: RunArtifacts) -> str | None:
+    if x.server is None:
+        return None
+    return f"{x.server.engine} {x.server.engine_version or '(version unknown)'}"
+
+
+def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
+    """An A/A comparison calibrates the bands: with the same params on the same engine, whatever
+    comes out 'changed' is run-to-run variation that one run's step spread does not cover."""
+    engine = _engine(a)
+    setup_a, setup_b = ({k: v for k, v in (x.params or {}).items() if k != "run"} for x in (a, b))
+    if not setup_a or setup_a != setup_b or engine is None or engine != _engine(b):
+        return ""  # the run section only names the run and where it is written
+    return (f"> **A and B ran identical params on the same engine ({engine}).** If nothing else changed "
+            "between them, every change listed below is run-to-run variation on this machine, which the bands "
+            "(one run's step-to-step spread, or a fixed 5 %) do not cover; repeats (`stepscope campaign "
+            "--repeats N`) give bands that do.\n\n")
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Write compare.md and compare.html for baseline A against variant B; return their paths.
 
@@ -292,6 +311,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
         text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
                  f"per-step figures measure different work; they are set side by side, not compared.\n\n")
+    text += _same_setup_note(a, b)
     changed = []
     n_macro_changed = 0
     for key, df in tables.items():
