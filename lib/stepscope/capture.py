@@ -339,6 +339,7 @@ class CaptureResult:
     def overview(self) -> pd.DataFrame:
         """Batch-1 latency during the capture and the capture's completeness, as one table."""
         m, lat = self.manifest, self.latency
+        typed = schema.CaptureLatency(**lat)
         rows = [("requests completed / sent", f"{lat['n_completed']} / {lat['n_requests']}"),
                 ("output tokens per request", lat["output_len"]),
                 ("TTFT median (ms)", round(lat["ttft_ms_median"], 3)),
@@ -348,8 +349,8 @@ class CaptureResult:
                 (f"stream silences over {STALL_GAP_S:g} s (s, share)",
                  f"{lat.get('stall_total_s'):.2f}, {lat.get('stall_share'):.1%}"
                  if lat.get("stall_share") is not None else None),
-                ("TPOT measures", f"delivery, not decode ({capture_delivery(schema.CaptureLatency(**lat))})"
-                 if schema.CaptureLatency(**lat).tpot_is_delivery() else "decode"),
+                ("TPOT measures", f"delivery, not decode ({capture_delivery(typed)})"
+                 if typed.tpot_is_delivery() else "decode"),
                 ("ranks found / expected", f"{len(m['ranks_found'])} / {len(m['ranks_expected'])}"),
                 ("partial capture", m["partial"]),
                 ("/stop_profile took (s)", round(m["stop_profile_s"], 2)),
@@ -404,9 +405,7 @@ def _write_requests_and_latency(run: dict, capture: CaptureParams, out_dir: Path
         for r in run["warm"] + run["records"]:
             fh.write(json.dumps(r.to_dict()) + "\n")
     m = level_metrics(run["records"])
-    recs = [r for r in run["records"] if r.end_s is not None]
-    wall_s = max(r.end_s for r in recs) - min(r.start_s for r in recs) if recs else 0.0
-    stalls = stall_metrics(run["records"], wall_s)
+    stalls = stall_metrics(run["records"], m["duration_s"])  # as the sweep counts a level's
     latency = {
         "n_requests": m["n_requests"], "n_completed": m["n_completed"], "n_failed": m["n_failed"],
         "input_len": capture.input_len, "output_len": capture.output_len,

@@ -173,6 +173,16 @@ def scrape(base_url: str, timeout_s: float = 10.0) -> str:
                              hint="vLLM serves /metrics on its API port; is the server still up?") from None
 
 
+def stage_scrapes(stage_dir: Path) -> tuple[str, str] | None:
+    """Stage 04's two reads of /metrics (`METRICS_SCRAPES`, before and after), or None when it
+    has not both (a server whose /metrics could not be read, or an older run folder)."""
+    paths = [Path(stage_dir) / name for name in METRICS_SCRAPES]
+    if not all(p.is_file() for p in paths):
+        return None
+    before, after = (p.read_text() for p in paths)
+    return before, after
+
+
 def save_scrape(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

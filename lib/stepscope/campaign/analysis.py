@@ -512,7 +512,7 @@ def _spec_checks(runs: list[VariantRun], base_ms: float, p: wi.Prediction, measu
         share, share_from = _mean([s.draft_step_share for s in stats]), "server counters"
     a, s_ = p.acceptance_length, (share if share is not None else 1.0)
     v_ms = vms if vms is not None else p.verify_ms
-    p_ms = pms if pms is not None and s_ < 1.0 else base_ms
+    p_ms = pms if pms is not None else base_ms
 
     checks: list[AssumptionCheck] = []
 

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import yaml
 
 from stepscope import schema
-from stepscope.server_metrics import METRICS_SCRAPES, save_scrape, scrape, spec_decode_delta
+from stepscope.server_metrics import save_scrape, scrape, spec_decode_delta, stage_scrapes
 from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, PlannedRun, plan_campaign, \
     reuse_source, stage_fingerprint
 from stepscope.config import load_params, redact
@@ -80,9 +80,9 @@ def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
             if after is not None:
                 save_scrape(d / f"{stage.id}.after.prom", after)
             window = "whole stage"
-            inside = [run_dir / stage.id / name for name in METRICS_SCRAPES]
-            if all(p.is_file() for p in inside):
-                (before, after), window = (p.read_text() for p in inside), "profiled requests"
+            inside = stage_scrapes(run_dir / stage.id)
+            if inside is not None:
+                (before, after), window = inside, "profiled requests"
             stats = spec_decode_delta(before, after) if before is not None and after is not None else None
             schema.write(d / f"{stage.id}.spec_decode.json",
                          {"stage": stage.id, "spec_decode": stats.to_json() if stats else None,

@@ -22,7 +22,7 @@ import yaml
 
 from stepscope import schema
 from stepscope.errors import StageInputMissing
-from stepscope.server_metrics import METRICS_SCRAPES, SpecDecodeStats, spec_decode_delta
+from stepscope.server_metrics import METRICS_SCRAPES, SpecDecodeStats, spec_decode_delta, stage_scrapes
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +149,9 @@ def _path(a: RunArtifacts, rel: str) -> Path | None:
 
 
 def _capture_counters(a: RunArtifacts) -> SpecDecodeStats | None:
-    paths = [a.run_dir / "04_profiler_capture" / name for name in METRICS_SCRAPES]
-    if not all(p.is_file() for p in paths):
-        return None  # optional: a server whose /metrics could not be read, or an older run folder
     try:
-        return spec_decode_delta(*(p.read_text() for p in paths))
+        scrapes = stage_scrapes(a.run_dir / "04_profiler_capture")  # optional: None without both
+        return spec_decode_delta(*scrapes) if scrapes is not None else None
     except OSError as exc:
         _problem(a, f"04_profiler_capture/{METRICS_SCRAPES[0]}", f"not readable ({exc})")
         return None

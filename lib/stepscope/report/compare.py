@@ -283,8 +283,8 @@ def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
         return ""  # the run section only names the run and where it is written
     return (f"> **A and B ran identical params on the same engine ({engine}).** If nothing else changed "
             "between them, every change listed below is run-to-run variation on this machine, which the bands "
-            "(one run's step-to-step spread, or a fixed 5 %) do not cover; repeats (`stepscope campaign "
-            "--repeats N`) give bands that do.\n\n")
+            f"(one run's step-to-step spread, or a fixed {100 * NOISE_REL:g} %) do not cover; repeats (`stepscope "
+            "campaign --repeats N`) give bands that do.\n\n")
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:

@@ -28,7 +28,6 @@ import pandas as pd
 from stepscope.palette import GEMM_CATEGORIES
 
 
-
 @dataclass(frozen=True)
 class WeightFormat:
     """Stored weight width (bits, without scales) and one scale of `scale_bytes` per group."""
