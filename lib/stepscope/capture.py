@@ -51,7 +51,7 @@ from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
-from stepscope.server_metrics import METRICS_SCRAPES
+from stepscope.server_metrics import METRICS_SCRAPES, save_scrape
 from stepscope.thresholds import STALL_GAP_S
 from stepscope.sweep.stalls import stall_metrics
 from stepscope.wording import capture_delivery
@@ -310,7 +310,7 @@ def _write_metrics(scrapes: tuple[str | None, str | None], out_dir: Path) -> Non
         log.info("capture: the server's /metrics could not be read around the profiled requests")
         return
     for name, text in zip(METRICS_SCRAPES, scrapes):
-        (out_dir / name).write_text(text)
+        save_scrape(out_dir / name, text)
 
 
 def _sha256_copy(src: Path, dst: Path) -> str:
