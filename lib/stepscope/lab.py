@@ -7,6 +7,11 @@ printed once, in the URL. Kernels import this checkout's library (`PYTHONPATH`),
 one papermill's kernels use, and the news feed and update check stay off (these machines
 reach no internet, and the workbook should not phone home): `lab_settings/overrides.json`
 sets their defaults to "never", so JupyterLab does not ask about news either.
+
+JupyterLab dies with `stepscope lab`, however that dies: a lifeline watchdog
+(`stepscope.lifeline`) stops it and its kernels (which Jupyter starts in sessions of their
+own) when the `stepscope lab` process is gone, `kill -9` included. A server left running
+would keep executing code for anyone holding the token.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepscope import lifeline
 from stepscope.errors import StepscopeError
 from stepscope.runfolder import REPO_ROOT
 
@@ -55,6 +61,7 @@ class LabServer:
     def stop(self, timeout_s: float = 15.0) -> None:
         """End the server and its kernels (one process group)."""
         if self.proc.poll() is not None:
+            lifeline.release(self.proc.pid)
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -64,6 +71,8 @@ class LabServer:
             self.proc.wait(timeout_s)
         except ProcessLookupError:
             pass
+        finally:
+            lifeline.release(self.proc.pid)
 
 
 def lab_root(run: str | Path | None, outputs_dir: str | Path = REPO_ROOT / "outputs") -> tuple[Path, str]:
@@ -140,6 +149,11 @@ def start_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int 
     finally:
         if log_path:
             log.close()
+    try:
+        lifeline.guard(proc.pid, log_path=log_path, grace_s=5.0, what="JupyterLab")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     server = LabServer(proc, host, port, token, root, start)
     deadline = time.monotonic() + timeout_s
     while not _ready(server.base_url, token):

@@ -32,6 +32,16 @@ class ServerRecord(Record, kw_only=True):
     """Process group the runner stops at the end (launch mode)."""
     create_time: float | None = None
     """The leader's start time (epoch s): a recycled pid is never taken for this server."""
+    supervisor: str | None = None
+    """`<pid>:<start time>` of the process that launched the server and owns it (the runner,
+    or a notebook kernel). A launched server whose supervisor is gone is a leftover: the next
+    stage, `--resume` or the next launch on its port stops it and says so, never adopts it."""
+    watchdog_pid: int | None = None
+    """The lifeline watchdog that stops the server's group when its supervisor dies
+    (`stepscope.lifeline`), `kill -9` included."""
+    leftover_stopped: str | None = None
+    """What was stopped before this launch: a leftover server of a dead supervisor that held
+    the port (its run folder, pids and supervisor), as the console said it."""
     log_path: str | None = None
     """The server's log (`00_deploy/server.log` in launch mode)."""
     api_key_env: str | None = None

@@ -3,7 +3,10 @@
 One server lives for the whole run: the runner starts it before the first stage
 that needs it and stops it at the end; notebooks find it through
 `00_deploy/server.json`. The server runs in its own process group so that
-stopping it (on exit, failure or Ctrl-C) leaves no orphaned workers behind.
+stopping it (on exit, failure or Ctrl-C) leaves no orphaned workers behind, and a
+lifeline watchdog (`stepscope.lifeline`) stops that group when the process that launched
+it dies without stopping it (`kill -9`, the OOM killer). A leftover server of a dead
+supervisor is stopped, and said so, before anything would adopt it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from stepscope import schema
+from stepscope import lifeline, schema
 from stepscope.config import Params, redact, redact_argv
 from stepscope.errors import ServerError
 from stepscope.runfolder import REPO_ROOT, read_json, stage_dir, write_json
@@ -239,12 +242,15 @@ class ServerProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.started_monotonic = 0.0
+        self.lifeline: lifeline.Lifeline | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.command.profiler_dir is not None:
             self.command.profiler_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.command.env}
+        # The marker lets a later run tell this server, if it is ever left behind, from anyone else's.
+        env = {**os.environ, **self.command.env, lifeline.SUPERVISOR_ENV: lifeline.supervisor_stamp(),
+               lifeline.RUN_DIR_ENV: str(self.log_path.parent.parent)}
         log = open(self.log_path, "ab", buffering=0)
         log.write(f"# stepscope launched: {' '.join(redact_argv(self.command.argv))}\n".encode())
         self.started_monotonic = time.monotonic()
@@ -254,6 +260,11 @@ class ServerProcess:
         self.proc = subprocess.Popen(self.command.argv, stdout=subprocess.PIPE if secrets else log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      cwd=REPO_ROOT, start_new_session=True)
+        try:
+            self.lifeline = lifeline.guard(self.proc.pid, log_path=self.log_path, what="server")
+        except BaseException:
+            stop_process_group(self.proc.pid, grace_s=5.0)
+            raise
         if secrets:
             import threading
 
@@ -297,7 +308,10 @@ class ServerProcess:
             return
         if self.proc.poll() is None:
             _say(f"stopping the server (process group {self.proc.pid}; Ctrl-C again kills it at once)...")
-        stop_process_group(self.proc.pid, grace_s)
+        try:
+            stop_process_group(self.proc.pid, grace_s)
+        finally:
+            lifeline.release(self.proc.pid)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -464,7 +478,9 @@ def read_server(run_dir: str | Path) -> dict:
     return read_json(require_artifact(run_dir, "00_deploy", SERVER_JSON))
 
 
-def check_launch_preconditions(params: Params, run_dir: str | Path) -> None:
+def check_launch_preconditions(params: Params, run_dir: str | Path) -> str | None:
+    """Refuse a launch that cannot work; returns what was said when a leftover server of a
+    dead supervisor held the port and was stopped (None otherwise)."""
     model = resolve_model_path(params)
     if model is not None and not model.exists():
         hint = "run `stepscope tiny-model " + str(params.model.path) + "`" if params.model.tiny is None \
@@ -474,16 +490,94 @@ def check_launch_preconditions(params: Params, run_dir: str | Path) -> None:
         raise ServerError("model folder has no config.json", where=f"params: model.path = {model}",
                           hint="point model.path at a Hugging Face model folder")
     s = params.server
-    if port_in_use(s.host, s.port):
-        raise ServerError(f"port {s.port} on {s.host} is already in use",
-                          where=f"params: server.port = {s.port}",
-                          hint="stop whatever listens there (`ss -ltnp | grep :%d`), pick another "
-                               "server.port, or attach to it with server.mode: attach" % s.port)
+    if not port_in_use(s.host, s.port):
+        return None
+    holder = port_holder(s.port)
+    said = stop_leftover_holder(holder, s.port) if holder else None
+    if said is not None and _port_freed(s.host, s.port):
+        return said
+    who = f" (held by {describe_process(holder)})" if holder else ""
+    raise ServerError(f"port {s.port} on {s.host} is already in use{who}",
+                      where=f"params: server.port = {s.port}",
+                      hint="stop whatever listens there (`ss -ltnp | grep :%d`), pick another "
+                           "server.port, or attach to it with server.mode: attach" % s.port)
+
+
+def port_holder(port: int) -> int | None:
+    """The pid listening on TCP `port`, when this user may see it (else None)."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.AccessDenied, OSError):
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return c.pid
+    return None
+
+
+def describe_process(pid: int) -> str:
+    """`pid N: <command line>` (shortened), or just the pid when it cannot be read."""
+    import psutil
+
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return f"pid {pid}"
+    return f"pid {pid}: {cmd[:160]}" + ("..." if len(cmd) > 160 else "")
+
+
+def stop_leftover_holder(pid: int, port: int) -> str | None:
+    """When `pid` belongs to a server stepscope launched whose supervisor is gone, stop its
+    process group and return what to say; None for anyone else's process (left alone)."""
+    import psutil
+
+    try:
+        env = psutil.Process(pid).environ()
+        pgid = os.getpgid(pid)
+    except (psutil.Error, OSError):
+        return None
+    stamp = env.get(lifeline.SUPERVISOR_ENV)
+    if lifeline.stamp_alive(stamp) is not False:
+        return None  # not ours, or its supervisor still runs it
+    run_dir = env.get(lifeline.RUN_DIR_ENV)
+    n = len(server_group_members({"pgid": pgid}))
+    stop_process_group(pgid, grace_s=10.0)
+    said = (f"port {port} was held by a server left behind by a stepscope run whose supervisor "
+            f"(pid {stamp.partition(':')[0]}) is gone (run folder {run_dir}): stopped its process "
+            f"group {pgid} ({n} process(es))")
+    _say(said)
+    if run_dir:
+        _mark_stopped(server_json_path(run_dir), pgid, "left behind by a dead supervisor; "
+                      "stopped by a later launch on its port")
+    return said
+
+
+def _mark_stopped(path: Path, pgid: int, reason: str) -> None:
+    """Record in a run's server.json that its server was stopped (when that record is it)."""
+    try:
+        record = read_json(path)
+    except Exception:  # noqa: BLE001 - a folder that is gone or unreadable keeps nothing to mark
+        return
+    if record.get("pgid") == pgid and not record.get("stopped_at"):
+        record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        record["stop_reason"] = reason
+        write_json(path, record)
+
+
+def _port_freed(host: str, port: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while port_in_use(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def launch(params: Params, run_dir: str | Path, progress: bool = True) -> tuple[ServerProcess, ServerHandle]:
     """Launch the server from params and wait until it is ready. Caller must stop() it."""
-    check_launch_preconditions(params, run_dir)
+    leftover = check_launch_preconditions(params, run_dir)
     cmd = build_server_command(params, run_dir)
     log_path = stage_dir(run_dir, "00_deploy") / SERVER_LOG
     proc = ServerProcess(cmd, log_path)
@@ -495,6 +589,9 @@ def launch(params: Params, run_dir: str | Path, progress: bool = True) -> tuple[
             served_model=served_model_name(params), argv=cmd.argv, env=cmd.env,
             profiler_dir=str(cmd.profiler_dir) if cmd.profiler_dir else None, tp=params.server.tp,
             pid=proc.proc.pid, pgid=proc.proc.pid, create_time=_create_time(proc.proc.pid),
+            supervisor=lifeline.supervisor_stamp(),
+            watchdog_pid=proc.lifeline.watchdog.pid if proc.lifeline else None,
+            leftover_stopped=leftover,
             log_path=str(log_path),
             api_key_env=params.server.api_key_env,
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -534,7 +631,15 @@ def running_server(run_dir: str | Path) -> dict | None:
     if not p.is_file():
         return None
     record = read_json(p)
+    if is_leftover(record):
+        return None  # never adopted: reap_dead_server stops it and says so
     return record if is_healthy(record.get("base_url", ""), timeout_s=2.0) else None
+
+
+def is_leftover(record: dict) -> bool:
+    """A server this run launched, not stopped, whose supervisor process is gone."""
+    return (record.get("mode") == "launch" and not record.get("stopped_at")
+            and lifeline.stamp_alive(record.get("supervisor")) is False)
 
 
 def stop_server(run_dir: str | Path) -> bool:
@@ -548,6 +653,7 @@ def stop_server(run_dir: str | Path) -> bool:
     try:
         stopped = bool(server_group_members(record)) and stop_process_group(int(record["pgid"]))
     finally:
+        lifeline.release(record["pgid"])
         record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         write_json(p, record)
     return stopped
@@ -606,19 +712,27 @@ def reap_dead_server(run_dir: str | Path) -> dict | None:
     pid = int(record.get("pid") or record["pgid"])
     members = server_group_members(record)
     leader_alive = pid in members
+    orphaned = is_leftover(record) and bool(members)
     # A live leader that fails /health may only be slow (a starved API process): look again.
-    if leader_alive:
+    if leader_alive and not orphaned:
         for _ in range(5):
             if is_healthy(record.get("base_url", ""), timeout_s=2.0):
                 return None
             time.sleep(1.0)
-    reason = ("its API server (pid %d) no longer answers /health" % pid if leader_alive
-              else "its API server (pid %d) has exited" % pid)
-    left = [m for m in members if m != pid]
+    if orphaned:
+        supervisor = str(record.get("supervisor")).partition(":")[0]
+        reason = (f"its supervisor (pid {supervisor}) is gone and left it running, owned by nobody; "
+                  "it is stopped, not adopted")
+    else:
+        reason = ("its API server (pid %d) no longer answers /health" % pid if leader_alive
+                  else "its API server (pid %d) has exited" % pid)
+    left = members if orphaned else [m for m in members if m != pid]
     if members:
         stop_process_group(int(record["pgid"]), grace_s=10.0)
+    lifeline.release(record["pgid"])
     record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["stop_reason"] = reason
     write_json(p, record)
-    return {"event": "server_died", "at": record["stopped_at"], "pid": pid, "pgid": int(record["pgid"]),
-            "reason": reason, "orphans_stopped": len(left), "log_path": record.get("log_path")}
+    return {"event": "server_orphaned" if orphaned else "server_died", "at": record["stopped_at"], "pid": pid,
+            "pgid": int(record["pgid"]), "reason": reason, "orphans_stopped": len(left),
+            "log_path": record.get("log_path")}

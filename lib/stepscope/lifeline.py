@@ -1,0 +1,116 @@
+"""A child process tree that dies with the process that started it, however that one dies.
+
+A cleanup handler cannot do this: `kill -9` and the OOM killer skip every handler. What the
+kernel does guarantee is that a dead process's file descriptors are closed. So the
+supervisor keeps the only write end of a pipe, and a small watchdog process
+(`lifeline_watchdog.py`, in a session of its own so that no terminal signal reaches it)
+reads the other end. End-of-file means the supervisor is gone; the watchdog then stops the
+guarded process group (SIGTERM, a grace period, SIGKILL), and every process below its
+leader that moved to a session of its own. It also looks at its parent pid once a second,
+in case a forked child of the supervisor inherited the write end.
+
+The stepscope server and `stepscope lab`'s JupyterLab use it. A stop on purpose stops the
+group first and then `release()`s the lifeline, which lets the watchdog go quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+WATCHDOG_SCRIPT = Path(__file__).with_name("lifeline_watchdog.py")
+SUPERVISOR_ENV = "STEPSCOPE_SUPERVISOR"
+"""Set in a guarded process's environment: `<pid>:<start time>` of its supervisor, so that a
+process left behind by a supervisor that is gone can be told from anyone else's."""
+RUN_DIR_ENV = "STEPSCOPE_RUN_DIR"
+"""Set beside SUPERVISOR_ENV for a run's server: the run folder that launched it."""
+
+_HELD: dict[int, "Lifeline"] = {}
+"""Open lifelines by guarded pgid. Held here, not only by their callers: a lifeline dropped
+and garbage-collected would close its pipe and stop the server it guards."""
+
+
+@dataclass
+class Lifeline:
+    pgid: int
+    watchdog: subprocess.Popen
+    write_fd: int
+
+    def release(self) -> None:
+        """The group was stopped on purpose: close the pipe, and let the watchdog exit."""
+        _HELD.pop(self.pgid, None)
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+        try:
+            self.watchdog.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.watchdog.kill()
+
+
+def supervisor_stamp(pid: int | None = None) -> str:
+    """`<pid>:<start time>` of a process (this one by default)."""
+    pid = pid or os.getpid()
+    return f"{pid}:{process_start_time(pid) or 0:.2f}"
+
+
+def process_start_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or the process gone
+        return None
+
+
+def stamp_alive(stamp: str | None) -> bool | None:
+    """Whether the process a `supervisor_stamp` names still runs (None: no stamp to judge).
+    A pid recycled for another process has another start time, and counts as gone."""
+    if not stamp:
+        return None
+    try:
+        pid_text, _, born_text = stamp.partition(":")
+        pid, born = int(pid_text), float(born_text or 0)
+    except ValueError:
+        return None
+    now_born = process_start_time(pid)
+    if now_born is None:
+        return False
+    return not born or abs(now_born - born) < 1.0
+
+
+def guard(pgid: int, *, leader: int | None = None, log_path: str | Path | None = None,
+          grace_s: float = 10.0, what: str = "server") -> Lifeline:
+    """Start the watchdog for process group `pgid` (its leader `leader`, by default the
+    same pid); it stops the group when this process dies."""
+    read_fd, write_fd = os.pipe()  # both non-inheritable; the read end is passed explicitly
+    argv = [sys.executable, "-I", str(WATCHDOG_SCRIPT), "--fd", str(read_fd), "--pgid", str(pgid),
+            "--leader", str(leader or pgid), "--supervisor", str(os.getpid()), "--grace-s", str(grace_s),
+            "--what", what]
+    if log_path:
+        argv += ["--log", str(log_path)]
+    try:
+        proc = subprocess.Popen(argv, pass_fds=(read_fd,), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    line = Lifeline(pgid=pgid, watchdog=proc, write_fd=write_fd)
+    _HELD[pgid] = line
+    return line
+
+
+def release(pgid: int | None) -> None:
+    """Release the lifeline of group `pgid`, if this process holds one."""
+    line = _HELD.get(int(pgid)) if pgid else None
+    if line is not None:
+        line.release()
+
+
+def held(pgid: int) -> Lifeline | None:
+    return _HELD.get(int(pgid))

@@ -1,0 +1,154 @@
+"""The watchdog behind `stepscope.lifeline`: run as a script (`python -I this_file ...`), never imported.
+
+It holds the read end of a pipe whose only write end is in the supervisor (the `stepscope
+run` process, a notebook kernel, `stepscope lab`). The kernel closes that write end when
+the supervisor dies, however it dies (`kill -9` and the OOM killer included), and the
+read then returns end-of-file. The watchdog then stops the process group it guards, and
+every process below its leader that left the group (Jupyter starts each kernel in a
+session of its own): SIGTERM, `--grace-s` to finish, then SIGKILL. It also gives up the
+watch on its own when the group is gone (stopped on purpose, or died).
+
+Standard library only, and run isolated (`-I`), so that starting it costs milliseconds and
+no import from the workbook can fail inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+
+POLL_S = 1.0
+"""How often the group's liveness and the supervisor's pid are looked at between reads."""
+
+
+def _members(pgid: int) -> set[int]:
+    """Live (non-zombie) processes of the group."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the name: state, ppid, pgrp, ...
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.add(int(entry))
+    return out
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below `root`, by walking parent links in /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parent[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        kids = {pid for pid, pp in parent.items() if pp in frontier and pid not in found}
+        found |= kids
+        frontier = kids
+    return found
+
+
+def _signal_all(pgid: int, pids: set[int], sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pids: set[int]) -> set[int]:
+    left = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    left.add(pid)
+        except OSError:
+            continue
+    return left
+
+
+def stop_everything(pgid: int, leader: int, grace_s: float) -> int:
+    """SIGTERM the group and the leader's descendants, SIGKILL what is left after `grace_s`.
+    Returns how many processes there were."""
+    targets = _members(pgid) | _descendants(leader)
+    _signal_all(pgid, targets, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        # new members may appear while the leader shuts down; the group signal reaches them
+        if not (_members(pgid) | _alive(targets)):
+            return len(targets)
+        time.sleep(0.2)
+    _signal_all(pgid, targets | _members(pgid), signal.SIGKILL)
+    return len(targets)
+
+
+def _note(log: str | None, text: str) -> None:
+    if not log:
+        return
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        with open(log, "a") as fh:
+            fh.write(f"# stepscope watchdog {stamp}: {text}\n")
+    except OSError:
+        pass
+
+
+def watch(fd: int, pgid: int, leader: int, supervisor: int, grace_s: float, log: str | None, what: str) -> int:
+    while True:
+        ready, _, _ = select.select([fd], [], [], POLL_S)
+        if ready and os.read(fd, 4096) == b"":
+            why = f"its supervisor (pid {supervisor}) is gone (lifeline closed)"
+            break
+        if os.getppid() != supervisor:
+            why = f"its supervisor (pid {supervisor}) is gone (watchdog reparented)"
+            break
+        if not _members(pgid):
+            return 0  # stopped on purpose, or died: nothing left to guard
+    if not _members(pgid) and not _descendants(leader):
+        return 0  # the supervisor stopped it before it went
+    n = stop_everything(pgid, leader, grace_s)
+    _note(log, f"{why}: stopped the {what}'s process group {pgid} ({n} process(es))")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--pgid", type=int, required=True)
+    ap.add_argument("--leader", type=int, required=True)
+    ap.add_argument("--supervisor", type=int, required=True)
+    ap.add_argument("--grace-s", type=float, default=10.0)
+    ap.add_argument("--log", default=None)
+    ap.add_argument("--what", default="server")
+    a = ap.parse_args(argv)
+    # The terminal's Ctrl-C and hang-up are the supervisor's to act on; the watchdog acts
+    # only when the supervisor is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    return watch(a.fd, a.pgid, a.leader, a.supervisor, a.grace_s, a.log, a.what)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Issue 26, items 1, 6 and 8: nothing outlives its supervisor, a leftover is stopped (never
+adopted), a silent server is named as such, attach mode names each HTTP failure, and
+progress on a pipe is a line now and then.
+
+The fast cases use real processes and process groups, and a stand-in server where the point
+is the bookkeeping (`faultkit.FAKE_SERVER`, `stepscope.testing.fake_server`); the slow ones
+the real vLLM CPU server (run them under `flock /tmp/stepscope-live.lock`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from faultkit import fake_pids, running, write_fake_server
+from stepscope import lifeline
+from stepscope.errors import ServerError
+from stepscope.runfolder import REPO_ROOT
+
+from conftest import free_port, wait_for
+
+LIB = str(REPO_ROOT / "lib")
+
+
+def _group(pgid: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess, OSError):
+            continue
+    return out
+
+
+def _supervisor(tmp_path: Path, body: str) -> tuple[subprocess.Popen, dict]:
+    """A Python process that runs `body` (which starts something and prints a JSON line of
+    pids), then sleeps: the supervisor a test kills with SIGKILL."""
+    script = tmp_path / "supervisor.py"
+    script.write_text(f"import sys, json, time\nsys.path.insert(0, {LIB!r})\n" + textwrap.dedent(body)
+                      + "\nprint(json.dumps(pids), flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line:
+        p.kill()
+        raise AssertionError("the supervisor printed no pids: " + p.stderr.read()[-2000:])
+    return p, json.loads(line)
+
+
+def _gone_within(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if running(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if running(p)]
+
+
+# ----------------------------------------------------------------- item 1: the mechanism
+
+
+def test_a_kill_9_of_the_supervisor_stops_the_group_and_a_grandchild_in_its_own_session(tmp_path):
+    """The lifeline alone, on a plain child tree: a group leader with two children in its group
+    and one that moved to a session of its own (as Jupyter's kernels do). The leader ignores
+    SIGTERM, so the SIGKILL after the grace period is what ends it."""
+    sup, pids = _supervisor(tmp_path, f"""\
+        import os, subprocess
+        from stepscope import lifeline
+        own = "{tmp_path}/own"
+        leader = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 600 & sleep 600 & "
+                                   "setsid sleep 600 & echo $! > " + own + "; wait"], start_new_session=True)
+        while not (os.path.exists(own) and open(own).read().strip()):
+            time.sleep(0.02)
+        line = lifeline.guard(leader.pid, grace_s=1.0, log_path="{tmp_path}/log")
+        pids = {{"leader": leader.pid, "watchdog": line.watchdog.pid}}
+        """)
+    own = int((tmp_path / "own").read_text())
+    tree = _group(pids["leader"]) + [own]
+    assert len(tree) >= 4 and all(running(p) for p in tree)
+    sup.kill()
+    sup.wait()
+    assert _gone_within(tree + [pids["watchdog"]], 6.0) == []
+    assert "its supervisor (pid %d) is gone" % sup.pid in (tmp_path / "log").read_text()
+
+
+def test_a_stop_on_purpose_lets_the_watchdog_go_quietly(tmp_path):
+    leader = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    line = lifeline.guard(leader.pid, grace_s=1.0, log_path=tmp_path / "log")
+    assert lifeline.held(leader.pid) is line and running(line.watchdog.pid)
+    os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait()
+    line.release()
+    assert line.watchdog.returncode == 0 and lifeline.held(leader.pid) is None
+    assert not (tmp_path / "log").exists()  # nothing to say: the group was stopped before
+
+
+def _fake_command_body(tmp_path: Path, port: int) -> str:
+    fake = write_fake_server(tmp_path)
+    return f"""\
+        import os
+        from pathlib import Path
+        from stepscope.serve.launch import ServerCommand, ServerProcess
+        os.environ["FAKE_PID_LOG"] = "{tmp_path}/pids.jsonl"
+        cmd = ServerCommand(["{fake}", "--port", "{port}"], {{}}, None, "http://127.0.0.1:{port}")
+        proc = ServerProcess(cmd, Path("{tmp_path}/run/00_deploy/server.log"))
+        proc.start()
+        proc.wait_ready(30, progress=False)
+        pids = {{"pgid": proc.proc.pid, "watchdog": proc.lifeline.watchdog.pid}}
+        """
+
+
+def test_a_launched_server_dies_with_its_supervisor(tmp_path):
+    """ServerProcess.start, then kill -9 of the process that called it: the API server and its
+    engine (same group) are gone within the deadline, the port is free, the log says why."""
+    port = free_port()
+    sup, pids = _supervisor(tmp_path, _fake_command_body(tmp_path, port))
+    (fake,) = fake_pids(tmp_path / "pids.jsonl")
+    assert pids["pgid"] == fake["api"] and set(_group(fake["api"])) >= {fake["api"], fake["engine"]}
+    sup.kill()
+    sup.wait()
+    assert _gone_within([fake["api"], fake["engine"], pids["watchdog"]], 15.0) == []
+    wait_for(lambda: not _listening(port), "the port freed", timeout_s=5)
+    log = (tmp_path / "run" / "00_deploy" / "server.log").read_text()
+    assert f"its supervisor (pid {sup.pid}) is gone" in log and "stopped the server's process group" in log
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# ----------------------------------------------------------------- item 1: leftovers
+
+
+def _dead_stamp() -> str:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return f"{p.pid}:{time.time() - 5:.2f}"
+
+
+def _leftover(tmp_path: Path, port: int, run_dir: Path) -> tuple[subprocess.Popen, dict]:
+    """A stand-in server left running by a supervisor that is gone, with its server.json."""
+    from stepscope import schema
+    from stepscope.serve.launch import server_json_path
+
+    fake = write_fake_server(tmp_path)
+    env = {**os.environ, "FAKE_PID_LOG": str(tmp_path / "pids.jsonl"),
+           lifeline.SUPERVISOR_ENV: _dead_stamp(), lifeline.RUN_DIR_ENV: str(run_dir)}
+    proc = subprocess.Popen([str(fake), "--port", str(port)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: _listening(port), "the stand-in server listening", timeout_s=20)
+    record = {"mode": "launch", "engine": "vllm", "base_url": f"http://127.0.0.1:{port}", "served_model": "m",
+              "pid": proc.pid, "pgid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
+              "supervisor": env[lifeline.SUPERVISOR_ENV]}
+    schema.write(server_json_path(run_dir), record, schema.ServerRecord)
+    return proc, fake_pids(tmp_path / "pids.jsonl")[-1]
+
+
+def test_resume_stops_a_leftover_of_a_dead_supervisor_and_never_adopts_it(tmp_path):
+    from stepscope.serve.launch import reap_dead_server, running_server
+
+    run_dir = tmp_path / "out" / "r"
+    port = free_port()
+    proc, fake = _leftover(tmp_path, port, run_dir)
+    try:
+        assert running_server(run_dir) is None  # it answers /health, but nobody owns it
+        event = reap_dead_server(run_dir)
+        assert event["event"] == "server_orphaned" and event["orphans_stopped"] == 2
+        assert "is gone and left it running, owned by nobody; it is stopped, not adopted" in event["reason"]
+        assert _gone_within([fake["api"], fake["engine"]], 10.0) == []
+        record = json.loads((run_dir / "00_deploy" / "server.json").read_text())
+        assert record["stopped_at"] and record["stop_reason"] == event["reason"]
+    finally:
+        proc.kill()
+
+
+def test_the_next_launch_on_the_port_stops_a_leftover_and_says_so(tmp_path, capsys):
+    from stepscope.config import params_from_dict
+    from stepscope.serve.launch import check_launch_preconditions
+
+    old_run = tmp_path / "out" / "old"
+    port = free_port()
+    proc, fake = _leftover(tmp_path, port, old_run)
+    params = params_from_dict({"run": {"name": "t"}, "server": {"port": port}}, source="t")
+    try:
+        said = check_launch_preconditions(params, tmp_path / "out" / "new")
+        assert said is not None and f"port {port} was held by a server left behind" in said
+        assert f"run folder {old_run}" in said and f"stopped its process group {fake['api']} (2 process(es))" in said
+        assert said in capsys.readouterr().err
+        assert _gone_within([fake["api"], fake["engine"]], 10.0) == []
+        old = json.loads((old_run / "00_deploy" / "server.json").read_text())
+        assert old["stopped_at"] and "left behind by a dead supervisor" in old["stop_reason"]
+    finally:
+        proc.kill()
+
+
+def test_a_port_held_by_someone_else_is_refused_naming_the_holder(tmp_path):
+    from stepscope.config import params_from_dict
+    from stepscope.serve.launch import check_launch_preconditions
+
+    port = free_port()
+    other = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _listening(port), "http.server listening", timeout_s=20)
+        params = params_from_dict({"run": {"name": "t"}, "server": {"port": port}}, source="t")
+        with pytest.raises(ServerError) as e:
+            check_launch_preconditions(params, tmp_path)
+        assert f"port {port} on 127.0.0.1 is already in use (held by pid {other.pid}: " in str(e.value)
+        assert "http.server" in str(e.value) and running(other.pid)  # named, and left alone
+    finally:
+        other.kill()
+        other.wait()
