@@ -222,3 +222,52 @@ def test_a_port_held_by_someone_else_is_refused_naming_the_holder(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+# ----------------------------------------------------------------- item 8: attach mode
+
+
+def _attach(tmp_path: Path, url: str, key_env: str | None = None):
+    from stepscope.config import params_from_dict
+    from stepscope.serve.launch import attach
+
+    server = {"mode": "attach", "url": url, **({"api_key_env": key_env} if key_env else {})}
+    return attach(params_from_dict({"run": {"name": "t"}, "server": server}, source="t"), tmp_path)
+
+
+@pytest.mark.parametrize("behaviour, key, suffix, says, fix", [
+    ({"api_key": "right"}, None, "", "wants an API key on /v1/models (HTTP 401 Unauthorized)",
+     "set server.api_key_env"),
+    ({"api_key": "right"}, "wrong", "", "refused the API key in $STEPSCOPE_T_KEY on /v1/models (HTTP 401",
+     "STEPSCOPE_T_KEY is set, but not to a key this server accepts"),
+    ({"status_for": {"/v1/models": 403}}, "any", "", "refused the API key in $STEPSCOPE_T_KEY on /v1/models "
+     "(HTTP 403 Forbidden)", "check it against the server's --api-key"),
+    ({}, None, "/v1", "/health answered HTTP 404", "drop the /v1: server.url is the server's root"),
+    ({}, None, "/nope", "/health answered HTTP 404: no inference server's API", "the server's root"),
+    ({"status_for": {"/v1/models": 500}}, None, "", '/v1/models answered HTTP 500: {"error": {"message": "fake HTTP 500"}}',
+     "the server is up but failing"),
+    ({"status_for": {"/health": 500, "/v1/models": 500}}, None, "", "/health answered HTTP 500", "failing"),
+    ({"hang_paths": ("/health",)}, None, "", "did not answer within 5 s (timeout)", "SIGCONT"),
+])
+def test_attach_names_the_http_status_and_the_fix(tmp_path, monkeypatch, behaviour, key, suffix, says, fix):
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    if key is not None:
+        monkeypatch.setenv("STEPSCOPE_T_KEY", key)
+    with FakeServer(FakeBehaviour(**behaviour)) as fake:
+        with pytest.raises(ServerError) as e:
+            _attach(tmp_path, fake.base_url + suffix, "STEPSCOPE_T_KEY" if key is not None else None)
+    text = str(e.value)
+    assert says in text and fix in text, text
+    assert not (tmp_path / "00_deploy" / "server.json").exists()  # refused: nothing recorded
+
+
+def test_attach_with_the_right_key_records_the_server(tmp_path, monkeypatch):
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    monkeypatch.setenv("STEPSCOPE_T_KEY", "right")
+    with FakeServer(FakeBehaviour(api_key="right")) as fake:
+        handle = _attach(tmp_path, fake.base_url + "/", "STEPSCOPE_T_KEY")
+    assert handle.served_model == "fake-model" and handle.engine_version == "fake"
+    record = json.loads((tmp_path / "00_deploy" / "server.json").read_text())
+    assert record["mode"] == "attach" and "right" not in json.dumps(record)

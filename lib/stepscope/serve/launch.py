@@ -183,7 +183,13 @@ def http_get_json(url: str, timeout_s: float = 5.0, api_key: str | None = None) 
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as exc:
-        raise ServerError(f"cannot reach the server: {getattr(exc, 'reason', exc)}", where=url,
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+            raise ServerError(f"the server did not answer within {timeout_s:g} s (timeout): it accepts "
+                              "connections but does not respond (hung, stopped, or still starting)", where=url,
+                              hint="look at the server's log and load; a server stopped with SIGSTOP "
+                                   "resumes with SIGCONT") from None
+        raise ServerError(f"cannot reach the server: {reason}", where=url,
                           hint="check server.url / server.port and that the server is running") from None
     try:
         return status, json.loads(body) if body else None
@@ -220,9 +226,7 @@ def describe(handle: ServerHandle) -> ServerHandle:
     if status == 200 and isinstance(version, dict):
         handle.engine_version = str(version.get("version"))
     status, models = http_get_json(handle.base_url + "/v1/models", api_key=key)
-    if status == 401:
-        raise ServerError("the server refused /v1/models (401 Unauthorized)", where=handle.base_url + "/v1/models",
-                          hint="set server.api_key_env to the variable holding the server's API key")
+    refuse_answer(handle.base_url, "/v1/models", status, models, handle.api_key_env)
     if status == 200 and isinstance(models, dict):
         handle.models_response = models
         ids = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
@@ -611,9 +615,10 @@ def attach(params: Params, run_dir: str | Path) -> ServerHandle:
         raise ServerError("attach mode needs server.url", where="params: server.url",
                           hint="e.g. url: http://127.0.0.1:8000")
     base_url = s.url.rstrip("/")
-    if not is_healthy(base_url, timeout_s=5.0):
-        raise ServerError("the server does not answer /health with 200", where=base_url + "/health",
-                          hint="check the URL and port, and that the server finished starting")
+    key = api_key_for(s.api_key_env)
+    for path in ("/health", "/v1/models"):  # /health alone passes a server failing everything else
+        status, body = http_get_json(base_url + path, timeout_s=5.0, api_key=key)
+        refuse_answer(base_url, path, status, body, s.api_key_env)
     prof = s.profiler.dir or params.capture.profiler_dir
     handle = ServerHandle(mode="attach", engine=s.engine, base_url=base_url,
                           served_model=served_model_name(params), tp=s.tp,
@@ -623,6 +628,38 @@ def attach(params: Params, run_dir: str | Path) -> ServerHandle:
     describe(handle)
     schema.write(server_json_path(run_dir), handle.to_json(), schema.ServerRecord)
     return handle
+
+
+def refuse_answer(base_url: str, path: str, status: int, body: object, api_key_env: str | None) -> None:
+    """A ServerError naming the HTTP status of `base_url + path` and the fix, unless it is a 200
+    (and, for /v1/models, a model list)."""
+    url = base_url + path
+    drop_v1 = (f"drop the /v1: server.url is the server's root, e.g. {base_url[:-3]}"
+               if base_url.endswith("/v1") else None)
+    if status == 200 and (path != "/v1/models" or isinstance(body, dict)):
+        return
+    text = str(body)[:200] if body else "(empty body)"
+    if status in (401, 403):
+        what = "401 Unauthorized" if status == 401 else "403 Forbidden"
+        if api_key_env and os.environ.get(api_key_env):
+            raise ServerError(f"the server refused the API key in ${api_key_env} on {path} (HTTP {what})",
+                              where=url, hint=f"{api_key_env} is set, but not to a key this server accepts: "
+                                              "check it against the server's --api-key")
+        if api_key_env:
+            raise ServerError(f"the server wants an API key on {path} (HTTP {what}), and ${api_key_env} "
+                              "is empty", where=url, hint=f"export {api_key_env}=<the server's key>")
+        raise ServerError(f"the server wants an API key on {path} (HTTP {what})", where=url,
+                          hint="set server.api_key_env to the variable holding the server's API key")
+    if status == 404:
+        raise ServerError(f"{path} answered HTTP 404: no inference server's API at this URL", where=url,
+                          hint=drop_v1 or "check the host, port and path of server.url (the server's root, "
+                                          "where /health and /v1/models are)")
+    if status == 200:
+        raise ServerError(f"{path} answered 200 but not with a model list: {text}", where=url,
+                          hint=drop_v1 or "server.url must be an OpenAI-compatible server (vLLM, SGLang)")
+    raise ServerError(f"{path} answered HTTP {status}: {text}", where=url,
+                      hint=drop_v1 or ("the server is up but failing: read its log" if status >= 500
+                                       else "check server.url and the server's settings"))
 
 
 def running_server(run_dir: str | Path) -> dict | None:

@@ -54,6 +54,19 @@ class FakeBehaviour:
     """How many rank files /stop_profile writes (default tp; fewer fakes a partial capture)."""
     write_delay_s: float = 0.0
     """Write the trace files this long after /stop_profile returns (like a slow flush)."""
+    status_for: dict[str, int] = field(default_factory=dict)
+    """Answer these paths with this HTTP status and an error body (e.g. {"/v1/models": 500})."""
+    api_key: str | None = None
+    """Refuse (401) every request but /health whose `Authorization: Bearer` is not this key, as
+    vLLM's --api-key does."""
+    hang_paths: tuple[str, ...] = ()
+    """Accept the connection on these paths and never answer (a hung server)."""
+    stall_after_tokens: int = 0
+    """Stream this many tokens of each request, then fall silent while the connection stays
+    open, until `resume()` (a server alive but not answering); 0: never."""
+    stall_health: bool = False
+    """While stalled, /health hangs too (a stopped server: the kernel still accepts the
+    connection, nothing answers it)."""
 
 
 @dataclass
@@ -67,6 +80,9 @@ class FakeServer:
     _loop: asyncio.AbstractEventLoop | None = None
     _runner: web.AppRunner | None = None
     _dead: bool = False
+    _resume: asyncio.Event | None = None
+    _stalling: int = 0
+    """Streams silent now (stall_after_tokens)."""
 
     @property
     def base_url(self) -> str:
@@ -103,6 +119,11 @@ class FakeServer:
             self._thread.join(10)
             self._loop = None
 
+    def resume(self) -> None:
+        """End a `stall_after_tokens` stall: silent streams go on."""
+        if self._loop is not None and self._resume is not None:
+            self._loop.call_soon_threadsafe(self._resume.set)
+
     def __enter__(self) -> "FakeServer":
         return self.start()
 
@@ -110,20 +131,46 @@ class FakeServer:
         self.stop()
 
     async def _serve(self) -> None:
-        app = web.Application()
+        self._resume = asyncio.Event()
+        app = web.Application(middlewares=[self._misbehave])
         app.router.add_post("/v1/completions", self._completions)
         if self.behaviour.tokenize:
             app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
         if self.behaviour.profiler:
             app.router.add_post("/start_profile", self._start_profile)
             app.router.add_post("/stop_profile", self._stop_profile)
-        self._runner = web.AppRunner(app, access_log=None)
+        # a hung or stalled handler must not hold stop() for aiohttp's default 60 s
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
 
     # -------------------------------------------------------------- endpoints
+    @web.middleware
+    async def _misbehave(self, request: web.Request, handler):
+        b, path = self.behaviour, request.path
+        if path in b.hang_paths or (path == "/health" and b.stall_health and self._stalled()):
+            await asyncio.sleep(3600)
+        if path in b.status_for:
+            return web.json_response({"error": {"message": f"fake HTTP {b.status_for[path]}"}},
+                                     status=b.status_for[path])
+        if b.api_key and path != "/health" and request.headers.get("Authorization") != f"Bearer {b.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    def _stalled(self) -> bool:
+        return bool(self.behaviour.stall_after_tokens) and not self._resume.is_set() and self._stalling > 0
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._check_dead()
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "root": "/fake/model"}]})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "fake"})
+
     def _check_dead(self) -> None:
         if self._dead:
             raise web.HTTPServiceUnavailable(text="fake server is dead")
@@ -195,6 +242,12 @@ class FakeServer:
             if len(pending) >= b.events_per_write or sent >= max_tokens:
                 await resp.write(b"".join(pending))
                 pending.clear()
+            if b.stall_after_tokens and sent == b.stall_after_tokens and not self._resume.is_set():
+                self._stalling += 1
+                try:
+                    await self._resume.wait()
+                finally:
+                    self._stalling -= 1
             if b.chunk_delay_s:
                 await asyncio.sleep(b.chunk_delay_s)
         usage = {"id": f"cmpl-{n}", "choices": [], "usage": {
