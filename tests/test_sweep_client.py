@@ -107,7 +107,7 @@ def test_server_death_stops_the_sweep_and_resume_skips_done_levels(tmp_path):
         res.raise_if_died()
     # resume: c0001 is kept, c0002 re-measured, c0004 measured
     with FakeServer(FakeBehaviour()) as fake:
-        res2 = run_sweep(_server(fake), p, tmp_path)
+        res2 = run_sweep(_server(fake), p, tmp_path, resume=True)
         assert fake.n_requests == (2 + 8) + (4 + 16)  # warm-ups: a full wave
     assert res2.summary["died_at_level"] is None
     assert res2.levels["n_completed"].tolist() == [4, 8, 16]

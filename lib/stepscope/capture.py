@@ -43,12 +43,13 @@ from typing import Any
 
 import aiohttp
 import pandas as pd
-from tqdm.auto import tqdm
+from stepscope import progress
 
 from stepscope import schema
 from stepscope.config import CaptureParams
 from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
+from stepscope.runfolder import atomic_path
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 from stepscope.server_metrics import METRICS_SCRAPES, save_scrape
@@ -210,7 +211,7 @@ def wait_for_traces(profiler_dir: Path, before: dict[str, tuple[int, int]], *, e
     deadline = time.monotonic() + timeout_s
     seen: dict[str, _Seen] = {}
     notes: list[str] = []
-    bar = tqdm(total=tp, desc="rank traces complete", leave=False)
+    bar = progress.bar(total=tp, desc="rank traces complete", leave=False)
     try:
         while True:
             now_list = _listing(profiler_dir)
@@ -273,7 +274,7 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
         prompts = cl.make_prompts(pool, capture.input_len, capture.warmup_requests + capture.requests, seed=4)
         payloads = [cl.completion_payload(server.served_model, p, capture.output_len) for p in prompts]
         warm = []
-        for i, p in enumerate(tqdm(payloads[: capture.warmup_requests], desc="warm-up", leave=False)):
+        for i, p in enumerate(progress.bar(payloads[: capture.warmup_requests], desc="warm-up", leave=False)):
             warm.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i, warmup=True,
                                                 input_len=capture.input_len))
         if warm and not any(r.success for r in warm):
@@ -291,7 +292,7 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
                                hint="see the server log; a capture may already be running (POST /stop_profile)")
         recs: list[RequestRecord] = []
         try:
-            for i, p in enumerate(tqdm(payloads[capture.warmup_requests:], desc="captured requests", leave=False)):
+            for i, p in enumerate(progress.bar(payloads[capture.warmup_requests:], desc="captured requests", leave=False)):
                 recs.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i,
                                                     input_len=capture.input_len))
         finally:
@@ -314,15 +315,20 @@ def _write_metrics(scrapes: tuple[str | None, str | None], out_dir: Path) -> Non
 
 
 def _sha256_copy(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` with its SHA-256, through a temp file renamed into place: stage 05
+    and --resume trust whatever sits in traces/, so a copy cut short (a full disk) must leave
+    nothing there under a trace's name (runfolder.atomic_path removes the temp file and names
+    the path and the free space)."""
     h = hashlib.sha256()
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        while True:
-            block = fi.read(1 << 22)
-            if not block:
-                break
-            h.update(block)
-            fo.write(block)
-    shutil.copystat(src, dst)
+    with atomic_path(dst) as tmp:
+        with open(src, "rb") as fi, open(tmp, "wb") as fo:
+            while True:
+                block = fi.read(1 << 22)
+                if not block:
+                    break
+                h.update(block)
+                fo.write(block)
+        shutil.copystat(src, tmp)
     return h.hexdigest()
 
 

@@ -97,11 +97,21 @@ def _require_run_folder(path: Path) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    """Each params file (run.name a safe run id among its checks), then where its run would
+    write: a safe --run-id, a run folder that is no symlink, stays inside outputs_dir and holds
+    no symlink leading out; all without creating anything."""
     from stepscope.config import load_params
+    from stepscope.runfolder import check_run_folder_links, check_run_id, run_folder_under
+    from stepscope.runner import new_run_id, resolve_outputs_dir
 
+    if args.run_id is not None:
+        check_run_id(args.run_id, "--run-id")
     for f in args.params:
-        load_params(f)
-        print(f"{f}: ok")
+        params = load_params(f)
+        run_dir = run_folder_under(resolve_outputs_dir(params), args.run_id or new_run_id(params),
+                                   "--run-id" if args.run_id else "run.name")
+        check_run_folder_links(run_dir)
+        print(f"{f}: ok (the run would write to {run_dir})")
     return 0
 
 
@@ -112,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the notebook pipeline on a params file")
     r.add_argument("params", help="params YAML, e.g. params/cpu-demo.yaml")
     r.add_argument("--stages", help="comma-separated stage numbers or ids, e.g. 02,03")
-    r.add_argument("--run-id", help="run folder name under outputs/ (default: <name>-<timestamp>)")
+    r.add_argument("--run-id", help="run folder name under outputs/ (default: <name>-<timestamp>): one path "
+                   "segment of letters, digits, '.', '_', '-', starting with a letter or digit")
     r.add_argument("--resume", action="store_true", help="skip stages that already finished in --run-id")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=_cmd_run)
@@ -166,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate params files without running anything")
     v.add_argument("params", nargs="+")
+    v.add_argument("--run-id", help="also check this run id and its folder, as `run --run-id` would use them")
     v.set_defaults(func=_cmd_validate)
     return p
 

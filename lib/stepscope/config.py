@@ -111,6 +111,57 @@ class ServerParams:
 
 
 @dataclass(frozen=True)
+class SloParams:
+    """Per-request latency bounds (ms), any subset. A request meets the SLO when it completed
+    and every bound set here holds (vLLM's goodput definition; docs/methods.md#goodput-and-slos)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    """(E2EL - TTFT) / (output tokens - 1); a one-token request counts as 0, as vLLM does."""
+    itl_ms: float | None = None
+    """The request's longest gap between token-bearing chunks (vLLM's goodput has no ITL bound)."""
+    e2el_ms: float | None = None
+    min_share: float = 0.9
+    """The SLO-boundary level is the highest level at which at least this share of requests
+    meet the SLO. 0.9, not 0.99: levels of 16-64 requests cannot tell 99 % from 100 % (one
+    late request in 16 is 94 %); raise it with sweep.min_requests of several hundred."""
+
+
+@dataclass(frozen=True)
+class RampParams:
+    """A request-rate ramp for one extra open-loop level, as `vllm bench serve --ramp-up-strategy`:
+    request i of n is sent at rate start + (end - start) i/(n-1) (linear) or
+    start (end/start)^(i/(n-1)) (exponential)."""
+
+    strategy: Literal["linear", "exponential"] = "linear"
+    start_rps: float = 1.0
+    end_rps: float = 4.0
+    n_requests: int = 32
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    """Where `sweep.prompt_mode` sharegpt, mooncake and shared_prefix take their requests
+    (file formats: docs/workloads.md)."""
+
+    path: str | None = None
+    """sharegpt: a JSON list of conversations; mooncake: a JSONL trace. Relative to the repository root."""
+    output_len_from: Literal["file", "fixed"] = "file"
+    """`file`: the reply's token count (sharegpt) or `output_length` (mooncake); `fixed`: sweep.output_len."""
+    max_input_len: int | None = None
+    """Skip file entries with longer prompts (the server's max_model_len bounds prompt + output)."""
+    hash_block_tokens: int = 512
+    """mooncake: tokens per `hash_ids` entry (512 in the published Mooncake traces)."""
+    replay: bool = True
+    """mooncake: open-loop levels keep the trace's arrival pattern (its bursts and lulls), its
+    gaps scaled to each level's mean rate; false: the sweep's own gamma arrivals."""
+    num_prefixes: int = 4
+    """shared_prefix: distinct prefixes (system prompts), each followed by distinct suffixes."""
+    prefix_len: int = 96
+    """shared_prefix: tokens per prefix; the suffix is sweep.input_len - prefix_len tokens."""
+
+
+@dataclass(frozen=True)
 class SweepParams:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     request_rates: tuple[float, ...] = ()
@@ -128,14 +179,26 @@ class SweepParams:
     doubling of concurrency."""
     import_results: tuple[str, ...] = ()
     """`vllm bench serve --save-result` JSON files to show beside this sweep (same table)."""
-    prompt_mode: Literal["token_ids", "random_text"] = "token_ids"
+    prompt_mode: Literal["token_ids", "random_text", "sharegpt", "mooncake", "shared_prefix"] = "token_ids"
     """`token_ids`: prompts of random token IDs from ordinary text. `random_text`: text prompts
     of exact token length built like vLLM's random dataset (`vllm bench serve --dataset-name
-    random`), for runs compared with that benchmark; needs the model's tokenizer here."""
+    random`), for runs compared with that benchmark; needs the model's tokenizer here.
+    `sharegpt`, `mooncake`, `shared_prefix`: requests from `sweep.workload` (docs/workloads.md)."""
     min_level_duration_s: float = 0.0
     """Keep a closed-loop level sending requests until it has run this long (and sent its
     requests); open-loop levels send rate x this many. One server stall then cannot dominate
     a level. 0: request count only."""
+    slo: SloParams | None = None
+    """Per-request latency bounds: each level's goodput and the SLO-boundary level."""
+    burstiness: float = 1.0
+    """Open-loop gaps are gamma-distributed with this shape (vLLM `--burstiness`): 1 is Poisson,
+    below 1 burstier, above 1 more even; the mean rate is unchanged."""
+    ramp: RampParams | None = None
+    """One extra open-loop level whose request rate ramps (vLLM `--ramp-up-strategy`)."""
+    workload: WorkloadParams = field(default_factory=WorkloadParams)
+    gpu_telemetry: bool = True
+    """Sample NVML (SM and memory clocks, power, temperature, memory, utilisation) every
+    0.5 s during each level into gpu_telemetry.csv; without NVML or a GPU, a 'not available' record."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +260,17 @@ class CaptureParams:
     """How long to wait for every rank's trace file to be complete."""
     profiler_dir: str | None = None
     """Attach mode: where the server's trace files can be read from here."""
+    concurrency: tuple[int, ...] = (1,)
+    """Requests in flight per capture. 1 is the batch-1 capture above (`traces/`); each level
+    C > 1 keeps C of the sweep's requests in flight and profiles `load_steps` engine steps
+    once all C are past their first token (`c<C>/`)."""
+    load_steps: int = 8
+    """Engine steps profiled per load level (vLLM's `max_iterations`, SGLang's `num_steps`)."""
+    load_delay_steps: int = 2
+    """Engine steps let pass after /start_profile before recording (vLLM's `delay_iterations`)."""
+    load_window_s: float = 5.0
+    """Upper bound on a load level's profiled window, s: the timed window where the engine
+    does not stop by itself after `load_steps`, and the longest the load is held waiting."""
 
 
 @dataclass(frozen=True)
@@ -321,8 +395,23 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 def params_from_dict(data: Any, source: str = "<params>") -> Params:
     params = _build(Params, data, key_path="", source=source)
+    _check_run_section(params.run, source)
     _check_cross_fields(params, source)
     return params
+
+
+def _check_run_section(run: RunParams, source: str) -> None:
+    """`run.name` starts every run id, so it is held to a run id's rules (one safe path
+    segment: an empty name once gave ids starting with '-', which `lab` read as an option);
+    `outputs_dir` must name a folder."""
+    from stepscope.runfolder import RUN_ID_CHARS, RUN_ID_RE
+
+    if not RUN_ID_RE.fullmatch(run.name) or len(run.name) > 100:
+        raise _fail(source, "run.name", f"{run.name!r} cannot start a run id: it must be one path segment "
+                    f"of {RUN_ID_CHARS}, at most 100 characters (a timestamp is appended)",
+                    "e.g. name: cpu-demo")
+    if not run.outputs_dir.strip():
+        raise _fail(source, "run.outputs_dir", "is empty", "e.g. outputs_dir: outputs")
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -480,6 +569,11 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "sweep.concurrency": (1, None), "sweep.request_rates": _POS, "sweep.input_len": (1, None),
     "sweep.output_len": (1, None), "sweep.min_requests": (1, None), "sweep.warmup_requests": _NONNEG,
     "sweep.request_timeout_s": _POS, "sweep.knee_gain": _POS, "sweep.min_level_duration_s": _NONNEG,
+    **{f"sweep.slo.{k}": _POS for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
+    "sweep.slo.min_share": (">0", 1), "sweep.burstiness": _POS,
+    "sweep.ramp.start_rps": _POS, "sweep.ramp.end_rps": _POS, "sweep.ramp.n_requests": (2, None),
+    "sweep.workload.max_input_len": (1, None), "sweep.workload.hash_block_tokens": (1, None),
+    "sweep.workload.num_prefixes": (1, None), "sweep.workload.prefix_len": (1, None),
     "micro.gemm.m_values": (1, None), "micro.gemm.warmup": _NONNEG, "micro.gemm.repeats": (1, None),
     "micro.gemm.threads": (1, None), "micro.gemm.preset_m_values": (1, None),
     "micro.gemm.preset_tp": (1, None), "micro.gemm.graph_calls": (1, None),
@@ -489,6 +583,8 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "micro.collectives.burst_repeats": (1, None), "micro.collectives.timeout_s": _POS,
     "capture.warmup_requests": _NONNEG, "capture.requests": (1, None), "capture.input_len": (1, None),
     "capture.output_len": (1, None), "capture.wait_timeout_s": _POS,
+    "capture.concurrency": (1, None), "capture.load_steps": (1, None), "capture.load_delay_steps": _NONNEG,
+    "capture.load_window_s": _POS,
     "analysis.tp": (1, None),
     "writeup.acceptance_lengths": (1, None), "writeup.draft_cost_fractions": _NONNEG,
     "writeup.verify_extra_tokens": _NONNEG,
@@ -518,6 +614,20 @@ def _check_cross_fields(params: "Params", source: str) -> None:
         raise _fail(source, "sweep.concurrency",
                     "is empty, and so is sweep.request_rates: the sweep would measure nothing",
                     "list at least one concurrency, e.g. [1, 2, 4], or one request rate")
+    _check_sweep_workload(params.sweep, source)
+
+
+def _check_sweep_workload(sw: "SweepParams", source: str) -> None:
+    """The SLO, its search and the workload sources: keys that only make sense together."""
+    if sw.slo is not None and all(getattr(sw.slo, k) is None for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
+        raise _fail(source, "sweep.slo", "sets no bound", "give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms")
+    if sw.prompt_mode in ("sharegpt", "mooncake") and not sw.workload.path:
+        raise _fail(source, "sweep.workload.path", f"is needed by prompt_mode {sw.prompt_mode}",
+                    "e.g. params/workloads/sharegpt_sample.json or params/workloads/mooncake_sample.jsonl")
+    if sw.prompt_mode == "shared_prefix" and sw.workload.prefix_len >= sw.input_len:
+        raise _fail(source, "sweep.workload.prefix_len",
+                    f"is {sw.workload.prefix_len}, not below sweep.input_len {sw.input_len}: no room for a suffix",
+                    "lower prefix_len or raise input_len")
 
 
 # --------------------------------------------------------------------------- validator

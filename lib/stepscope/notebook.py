@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from stepscope.config import Params, load_params
+from stepscope.config import REDACTED, Params, load_params
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, read_json, stage_dir
+from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, params_snapshot_path, read_json, stage_dir
 
 DEMO_PARAMS = REPO_ROOT / "params" / "cpu-demo.yaml"
 
@@ -45,22 +46,41 @@ def default_run(params_file: str | Path | None, run_dir: str | Path | None, *,
 
 
 def params_file_of(run_dir: str | Path) -> Path:
-    """The params file a run was started with (run.json names it; a relative name is from the
-    repository root or the caller's directory), else the run's redacted snapshot."""
+    """The params a run's stages read: its snapshot (params.yaml, written once by the runner),
+    never the live file, which may have been edited since. A run from before snapshots falls
+    back to the file run.json names (a relative name is from the repository root or the
+    caller's directory)."""
+    snapshot = params_snapshot_path(run_dir)
+    if snapshot.is_file():
+        return snapshot
     record = Path(run_dir) / "run.json"
     recorded = read_json(record).get("params_file") if record.is_file() else None
     for candidate in ((Path(recorded), REPO_ROOT / recorded) if recorded else ()):
         if candidate.is_file():
             return candidate.resolve()
-    return Path(run_dir) / "params.yaml"
+    return snapshot
 
 
 def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> tuple[Params, Path]:
-    """Validate params and return them with the stage's artifact folder (created)."""
+    """Validate params and return them with the stage's artifact folder (created).
+
+    A run's snapshot holds no secret: a redacted `server.env` value is dropped here, so that a
+    server a notebook launches takes that variable from the environment it inherits (as
+    `server.api_key_env` does), never the placeholder."""
     if stage_id not in STAGE_BY_ID:
         raise KeyError(f"unknown stage {stage_id!r}; stages are {list(STAGE_BY_ID)}")
     params = load_params(params_file)
+    env = {k: v for k, v in params.server.env.items() if v != REDACTED}
+    if env != params.server.env:
+        params = dataclasses.replace(params, server=dataclasses.replace(params.server, env=env))
     return params, stage_dir(run_dir, stage_id)
+
+
+def resuming(run_dir: str | Path) -> bool:
+    """Whether the run's latest `stepscope run` was given --resume (run.json's `resume`): only
+    then may a stage keep data measured earlier. A notebook run by hand measures afresh."""
+    record = Path(run_dir) / "run.json"
+    return bool(read_json(record).get("resume")) if record.is_file() else False
 
 
 def show_figures(figures: dict, run_dir: str | Path) -> list[Path]:

@@ -13,64 +13,29 @@ Each stage reads only files here, so any stage can be re-run alone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable, Iterator
 
 import yaml
 
-from stepscope.errors import StageInputMissing
+from stepscope.errors import StageInputMissing, StepscopeError
+# The stages, what each reads and writes: declared once, in stepscope.stages (re-exported here).
+from stepscope.stages import ANALYSIS_CELL_TIMEOUT_S, STAGE_BY_ID, STAGES, Stage  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-
-
-ANALYSIS_CELL_TIMEOUT_S = 3600.0
-"""An hour for one cell of stage 05 or 06: eight 80 MB rank traces load in minutes."""
-
-
-@dataclass(frozen=True)
-class Stage:
-    id: str
-    """`NN_name`: the notebook's file stem and the stage's artifact folder."""
-    needs: tuple[str, ...]
-    """Stages whose artifacts this one cannot do without."""
-    uses_server: bool
-    sections: tuple[str, ...]
-    """Params sections this stage reads."""
-    cell_timeout_s: float | None = None
-    """Longest a single notebook cell may run before the stage fails (None: no limit). Set
-    on the analysis stages, which wait on no server: a cell there that outlasts this has hung
-    (a kernel once sat idle while papermill waited for a reply that never came)."""
-
-    @property
-    def notebook(self) -> Path:
-        return NOTEBOOKS_DIR / f"{self.id}.ipynb"
-
-    @property
-    def number(self) -> str:
-        return self.id[:2]
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage("00_deploy", (), True, ("run", "model", "server", "hardware")),
-    Stage("01_macro_sweep", ("00_deploy",), True, ("sweep",)),
-    Stage("02_gemm_micro", (), False, ("model", "server", "micro", "hardware")),
-    Stage("03_nccl_burst", (), False, ("model", "micro", "server", "hardware")),
-    Stage("04_profiler_capture", ("00_deploy",), True, ("capture",)),
-    Stage("05_categorize", (), False, ("analysis",), cell_timeout_s=ANALYSIS_CELL_TIMEOUT_S),
-    Stage("06_writeup", (), False, ("writeup",), cell_timeout_s=ANALYSIS_CELL_TIMEOUT_S),
-)
-STAGE_BY_ID = {s.id: s for s in STAGES}
 
 
 def stage_dir(run_dir: str | Path, stage_id: str) -> Path:
@@ -214,25 +179,209 @@ def params_snapshot_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "params.yaml"
 
 
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RUN_ID_CHARS = "letters, digits, '.', '_' and '-', starting with a letter or a digit"
+"""A run id (and a `run.name`) is one path segment of these: no '/', never '..', never a
+leading '-' that `lab` and `compare` would read as an option, nor a leading '.' (hidden)."""
+
+
+def check_run_id(value: str, where: str) -> str:
+    """`value` when it is a safe run id (RUN_ID_RE), else a StepscopeError naming `where`."""
+    if not isinstance(value, str) or not RUN_ID_RE.fullmatch(value):
+        raise StepscopeError(f"{value!r} is not a run id: one path segment of {RUN_ID_CHARS}, "
+                             "at most 128 characters",
+                             where=where, hint="e.g. cpu-demo or kimi-tp8.try2")
+    return value
+
+
+def run_folder_under(outputs_dir: str | Path, run_id: str, where: str = "--run-id") -> Path:
+    """outputs_dir/run_id, checked: a safe run id, a folder that is no symlink (a symlinked run
+    folder would send every write elsewhere) and that, symlinks resolved, lies inside the
+    resolved outputs_dir. Not created."""
+    check_run_id(run_id, where)
+    outputs = Path(outputs_dir).resolve()
+    candidate = outputs / run_id
+    if candidate.is_symlink():
+        raise StepscopeError(f"the run folder is a symlink (to {os.readlink(candidate)}); stepscope writes "
+                             "only into real folders under run.outputs_dir", where=str(candidate),
+                             hint="remove the link, or pick another --run-id")
+    if not candidate.resolve().is_relative_to(outputs):
+        raise StepscopeError("the run folder resolves outside run.outputs_dir", where=str(candidate),
+                             hint=f"pick a run id that stays under {outputs}")
+    return candidate
+
+
+def check_run_folder_links(run_dir: str | Path) -> None:
+    """Refuse a run folder holding a symlink that resolves outside it (a planted
+    `params.yaml` or `02_gemm_micro` link would make the run write through it)."""
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        return
+    for entry in run_dir.iterdir():
+        if entry.is_symlink() and not entry.resolve().is_relative_to(run_dir):
+            raise StepscopeError(f"{entry.name} is a symlink to {os.readlink(entry)}, outside the run folder",
+                                 where=str(entry), hint="remove the link: stepscope writes only inside the run folder")
+
+
+LOCK_NAME = ".stepscope.lock"
+"""The run folder's lock file: flock'ed by the process using the folder, and holding its pid."""
+
+_HELD_LOCKS: dict[Path, list] = {}
+"""Run folders this process holds: {folder: [open lock file, depth]}. A flock belongs to an
+open file, so a second open and flock in the same process would refuse itself (`analyze`
+takes the lock, then runs the pipeline, which takes it again)."""
+
+
+class RunFolderBusy(StepscopeError):
+    """Another live process holds the run folder's lock."""
+
+
+@contextlib.contextmanager
+def run_folder_lock(run_dir: str | Path, say: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the run folder for this process: a second process on the same folder is refused at
+    once, naming the holder's pid. The kernel drops a flock when its holder dies (`kill -9`
+    included), so a lock file that still names a pid after the flock is taken is stale: it is
+    taken over, and `say` tells of it. Re-entrant within one process."""
+    run_dir = Path(run_dir).resolve()
+    held = _HELD_LOCKS.get(run_dir)
+    if held is not None:
+        held[1] += 1
+        try:
+            yield
+        finally:
+            held[1] -= 1
+        return
+    fh = _take_lock(run_dir, say)
+    _HELD_LOCKS[run_dir] = [fh, 1]
+    try:
+        yield
+    finally:
+        del _HELD_LOCKS[run_dir]
+        with contextlib.suppress(OSError):
+            fh.seek(0)
+            fh.truncate()  # an empty file after a clean exit: nothing stale to report next time
+        fh.close()  # closing drops the flock
+
+
+def _take_lock(run_dir: Path, say: Callable[[str], None]) -> IO:
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    fh = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, output_mode()), "r+")  # noqa: SIM115
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = fh.read().strip() or "unknown"
+        fh.close()
+        raise RunFolderBusy(f"in use by another stepscope process (pid {holder}): two runs in one folder "
+                            "would contaminate each other's timings and overwrite each other's files",
+                            where=str(run_dir), hint="wait for it to finish (or stop it), or pick another "
+                            "--run-id") from None
+    stale = fh.read().strip()
+    if stale and stale != str(os.getpid()):
+        say(f"  {run_dir.name}: taking over the lock left by pid {stale}, which no longer holds it "
+            f"({'gone' if not _pid_alive(stale) else 'alive, but not holding the lock'})")
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""A write refused for want of space (or of quota): said with the path and the free space."""
+
+
+class DiskFull(StepscopeError):
+    """A write that failed because the disk (or the user's quota) is full."""
+
+
+def disk_full(path: str | Path, exc: OSError) -> DiskFull:
+    """The error for a write to `path` refused with ENOSPC/EDQUOT: the path and the space left
+    on its filesystem, so the message says where to make room."""
+    path = Path(path)
+    probe = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:,.1f} MiB free on the filesystem holding {probe}"
+    except OSError:
+        free = "the free space could not be read"
+    return DiskFull(f"{exc.strerror or exc} while writing it ({free})", where=str(path),
+                    hint="free some space there (or move run.outputs_dir to a larger disk), then run the "
+                         "same command with --resume: finished stages are kept")
+
+
+def output_mode() -> int:
+    """The mode every output file gets: 0o666 less the umask, as open() gives a plain file.
+    mkstemp creates 0600 files, which left the JSON outputs unreadable to a colleague who could
+    read the report beside them. Read from /proc (thread-safe); elsewhere set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A fresh temp file beside `path` (created exclusively, so a planted file or symlink of a
+    predictable name is never followed) for the caller to fill; renamed over `path` when the
+    block ends, given the output mode. On any failure the temp file is removed (no 0-byte or
+    half-written leftovers) and a full disk is raised as DiskFull naming `path`; `path` keeps
+    its last good content."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.chmod(tmp, output_mode())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full(path, exc) from None
+        raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """`open(path, mode)` written atomically through `atomic_path` (text or binary)."""
+    with atomic_path(path) as tmp, open(tmp, mode) as fh:
+        yield fh
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write JSON atomically (temp file + rename): a crash never leaves half a file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
+    with atomic_open(path) as fh:
         json.dump(obj, fh, indent=2, default=_json_default, allow_nan=True)
         fh.write("\n")
-    os.replace(tmp, path)
     log.debug("written: %s", path)
     return path
 
 
 def write_yaml(path: str | Path, obj: Any) -> Path:
+    """Write YAML atomically, like write_json."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(obj, sort_keys=False))
-    os.replace(tmp, path)
+    with atomic_open(path) as fh:
+        fh.write(yaml.safe_dump(obj, sort_keys=False))
     return path
 
 

@@ -8,6 +8,7 @@ stages that do not need it still run, and the run exits non-zero).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -36,9 +37,15 @@ from stepscope.runfolder import (
     Stage,
     params_snapshot_path,
     short_hash,
+    DiskFull,
+    check_run_folder_links,
+    disk_full,
     read_json,
+    run_folder_lock,
+    run_folder_under,
     write_yaml,
 )
+from stepscope.stages import param_inputs
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +61,8 @@ EXIT_NO_RANK = 4
 EXIT_INTERRUPTED = 130
 """Ctrl-C or SIGTERM: the server was stopped, finished stages are kept."""
 
-STAGE_READS: dict[str, tuple[str, ...]] = {
-    "05_categorize": ("04_profiler_capture",),
-    "06_writeup": ("01_macro_sweep", "02_gemm_micro", "03_nccl_burst", "04_profiler_capture",
-                   "05_categorize"),
-}
-"""The stage folders whose files a stage reads (beyond its params sections): when they
-change after the stage ran, `--resume` runs it again instead of keeping a stale result.
-00_deploy is left out: its server.json changes with every launch, not with the data."""
+PARAMS_INPUT = "params:"
+"""Prefix of a params path among a stage's input fingerprints (`params:hardware`)."""
 
 FINGERPRINT_SKIP = ("cache",)
 """Sub-folders that are a stage's private cache, not an input to anyone."""
@@ -168,7 +169,9 @@ class _RunRecord:
             **provenance(),
             "params": redact(params_to_dict(params)),
             "stages": previous.get("stages", {}),
+            "resume": resume,
         }
+        self.unsaved: DiskFull | None = None
         if previous.get("events"):
             self.data["events"] = previous["events"]
         self.save()
@@ -213,8 +216,22 @@ class _RunRecord:
         self.save()
 
     def save(self) -> None:
+        """Write the record. A full disk leaves the last good run.json in place (the write is
+        atomic) and keeps this one to write again at the next change or at the end."""
         self.data["updated_at"] = _now()
-        schema.write(self.path, self.data, schema.RunRecord)
+        try:
+            schema.write(self.path, self.data, schema.RunRecord)
+            self.unsaved = None
+        except DiskFull as exc:
+            self.unsaved = exc
+            log.warning("%s", exc)
+
+    def retry_save(self, echo: Callable[[str], None]) -> None:
+        """At the end of a run: write what a full disk refused earlier, or say that it could not."""
+        if self.unsaved is not None:
+            self.save()
+        if self.unsaved is not None:
+            echo(f"  run.json keeps its last good record; the newest could not be written: {self.unsaved}")
 
 
 def _now() -> str:
@@ -262,7 +279,18 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
     params = load_params(params_file)  # fails before anything starts
     selected = select_stages(stages)
     run_dir = _run_folder(params, run_id, run_dir, resume)
-    write_yaml(params_snapshot_path(run_dir), redact(params_to_dict(params)))
+    with run_folder_lock(run_dir, say=echo):  # a second process on this folder is refused, naming us
+        return _run_locked(params_file, params, selected, run_dir, resume, progress, notebook_executor, echo)
+
+
+def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_dir: Path, resume: bool,
+                progress: bool, notebook_executor: Callable[[Stage, Path, Path, bool], Path],
+                echo: Callable[[str], None]) -> tuple[int, Path]:
+    """The run, its folder held. Every stage reads the params snapshot written here once, never
+    the live file: an edit to the file mid-run changes nothing the run measures or records.
+    The snapshot is redacted; a stage that needs a secret takes it from the environment
+    (`server.api_key_env`, and `server.env` values: see stepscope.notebook.open_stage)."""
+    snapshot = write_yaml(params_snapshot_path(run_dir), redact(params_to_dict(params)))
     record = _RunRecord(run_dir, params, params_file, sys.argv, resume)
     echo(f"stepscope run: {run_dir}")
 
@@ -273,7 +301,7 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
         for stage in selected:
             inputs = input_fingerprints(stage, params, run_dir)
             if resume and record.stage(stage.id).get("status") == "ok":
-                changed = _changed_inputs(record.stage(stage.id), inputs)
+                changed = _changed_inputs(stage, record.stage(stage.id), inputs)
                 if not changed:
                     echo(f"  {stage.id}: done earlier, skipped (--resume)")
                     continue
@@ -285,10 +313,17 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
                 results[stage.id] = result
                 echo(f"  {stage.id}: skipped (needs {blocked})")
                 continue
-            result = _execute_stage(stage, params, params_file, run_dir, progress, notebook_executor, record,
+            result = _execute_stage(stage, params, snapshot, run_dir, progress, notebook_executor, record,
                                     server, echo)
             record.set_stage(result, inputs if result.status == "ok" else None)
             results[stage.id] = result
+            if result.status == "ok":
+                for line in reuse_lines(stage, run_dir):
+                    echo(line)
+            if result.error and disk_full_text(result.error):
+                echo(f"  the disk is full: the run stops here; not run: "
+                     f"{', '.join(s.id for s in selected[selected.index(stage) + 1:]) or 'nothing'}")
+                break
     except KeyboardInterrupt:
         echo("interrupted: finished stages are kept")
         return EXIT_INTERRUPTED, run_dir
@@ -298,8 +333,12 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
             from stepscope.serve import stop_server
 
             echo("  stopping the server...")
-            stop_server(run_dir)
-            echo("  server stopped")
+            try:
+                stop_server(run_dir)
+                echo("  server stopped")
+            except StepscopeError as exc:  # a full disk refuses server.json's stopped_at, not the stop
+                echo(f"  server stopped, but its record could not be updated: {exc}")
+        record.retry_save(echo)
     failed = [r for r in results.values() if r.status != "ok"]
     report = run_dir / "06_writeup" / "report.html"
     if report.is_file():
@@ -335,8 +374,11 @@ def _run_folder(params, run_id: str | None, run_dir: str | Path | None, resume: 
     if run_dir is None:
         if resume and not run_id:
             raise StepscopeError("--resume needs --run-id", hint="name the run folder to resume")
-        run_dir = resolve_outputs_dir(params) / (run_id or new_run_id(params))
+        # one safe path segment, no symlink, inside outputs_dir (`--run-id ..` once wrote into the repo)
+        run_dir = run_folder_under(resolve_outputs_dir(params), run_id or new_run_id(params),
+                                   "--run-id" if run_id else "run.name")
     run_dir = Path(run_dir).resolve()
+    check_run_folder_links(run_dir)
     if resume and not (run_dir / "run.json").is_file():
         raise StepscopeError("nothing to resume: no run.json", where=str(run_dir),
                              hint="drop --resume to start this run")
@@ -368,14 +410,45 @@ def _execute_stage(stage: Stage, params, params_file: Path, run_dir: Path, progr
                                      _partial_notebook(run_dir, stage)))
         raise
     except Exception as exc:  # noqa: BLE001 - every stage failure is recorded, never fatal
-        result = StageResult(stage.id, "failed", time.monotonic() - t0, _error_text(exc),
-                             _partial_notebook(run_dir, stage))
+        result = StageResult(stage.id, "failed", time.monotonic() - t0,
+                             _with_free_space(_error_text(exc), run_dir), _partial_notebook(run_dir, stage))
         echo(f"  {stage.id}: FAILED after {result.duration_s:.1f} s\n" + _indent(result.error or "")
              + (f"\n    partial notebook: {result.notebook}" if result.notebook else ""))
         return result
     result = StageResult(stage.id, "ok", time.monotonic() - t0, None, str(nb))
     echo(f"  {stage.id}: ok ({result.duration_s:.1f} s)")
     return result
+
+
+DISK_FULL_MARKS = ("[Errno 28]", "[Errno 122]", "DiskFull:")
+"""How a full disk (ENOSPC, EDQUOT) reads in a stage's error text, from a notebook's kernel."""
+
+
+def disk_full_text(error: str) -> bool:
+    return any(mark in error for mark in DISK_FULL_MARKS)
+
+
+def _with_free_space(error: str, run_dir: Path) -> str:
+    """A stage's error, with the run folder's free space when the disk was full and the error
+    does not say it (an OSError from a plain write names no path)."""
+    if not disk_full_text(error) or "free on the filesystem" in error:
+        return error
+    return f"{error}\n{disk_full(run_dir, OSError(errno.ENOSPC, 'the disk is full')).render()}"
+
+
+def reuse_lines(stage: Stage, run_dir: Path) -> list[str]:
+    """What a stage kept from an earlier run instead of measuring it, for the console (under
+    --resume only): stage 01's levels, from its summary.json."""
+    if stage.id != "01_macro_sweep":
+        return []
+    path = run_dir / stage.id / "summary.json"
+    try:
+        reused = read_json(path).get("reused_levels") or []
+    except (OSError, ValueError):
+        return []
+    if not reused:
+        return []
+    return [f"  {stage.id}: kept {len(reused)} level(s) measured earlier (--resume): {', '.join(reused)}"]
 
 
 def _raise_keyboard_interrupt(signum, frame):  # pragma: no cover - signal path
@@ -400,11 +473,15 @@ def stage_needs(stage: Stage, params: Params) -> tuple[str, ...]:
 
 
 def input_fingerprints(stage: Stage, params: Params, run_dir: Path) -> dict[str, str]:
-    """A short hash per input of a stage: its params sections and each folder it reads."""
-    as_dict = params_to_dict(params)
-    out = {"params": short_hash(redact({k: as_dict.get(k) for k in stage.sections}))}
-    for folder in STAGE_READS.get(stage.id, ()):
-        out[folder] = _folder_digest(run_dir / folder)
+    """A short hash per input of a stage, as its registry entry (`stepscope.stages`) declares
+    them: `params:<path>` per params path it reads (redacted: a secret never reaches run.json),
+    and each run-folder file or folder it reads."""
+    inputs = param_inputs(stage, params_to_dict(params))
+    out = {f"{PARAMS_INPUT}{path}": short_hash(redact(value, path.rsplit(".", 1)[-1]))
+           for path, value in inputs.items()}
+    for rel in stage.reads:
+        path = run_dir / rel
+        out[rel] = short_hash(_file_stamp(path)[1:]) if path.is_file() else _folder_digest(path)
     if stage.id == "05_categorize" and params.analysis.trace_paths:
         out["analysis.trace_paths"] = short_hash([_file_stamp(Path(p)) for p in params.analysis.trace_paths])
     return out
@@ -432,13 +509,17 @@ def _folder_digest(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _changed_inputs(previous: dict, now: dict[str, str]) -> list[str]:
+def _changed_inputs(stage: Stage, previous: dict, now: dict[str, str]) -> list[str]:
     """Inputs whose fingerprint differs from the one recorded when the stage last ran.
-    A record from before fingerprints existed counts as unchanged (the old behaviour)."""
+
+    A record from before fingerprints existed counts as unchanged (the old behaviour). An input
+    the record does not name (its entry in `stepscope.stages` has grown, or the record is from
+    before per-key fingerprints) counts as changed, except for a stage on the server: a
+    bookkeeping change is no reason for a model load that can take half an hour."""
     before = previous.get("inputs_fingerprint")
     if not isinstance(before, dict):
         return []
-    return [k for k in now if before.get(k) != now[k]]
+    return [k for k in now if before.get(k) != now[k] and (k in before or not stage.uses_server)]
 
 
 def _blocked_by(stage: Stage, results: dict[str, StageResult], record: _RunRecord,

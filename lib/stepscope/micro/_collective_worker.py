@@ -15,6 +15,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from stepscope.runfolder import write_json
+
 
 class _Progress:
     def __init__(self, path: Path):
@@ -38,9 +40,7 @@ def main(cfg_path: str, rank: int) -> int:
         progress(f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:400])
         traceback.print_exc()
         return 1
-    tmp = out_dir / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, out_dir / f"rank{rank}.json")
+    write_json(out_dir / f"rank{rank}.json", result)  # atomic, through an exclusive temp file
     progress("done")
     return 0
 

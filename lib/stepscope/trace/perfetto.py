@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from stepscope.runfolder import atomic_path
 
 MAX_EVENTS = 200_000
 """Above this, only the representative decode step and two steps either side are written:
@@ -61,8 +62,6 @@ def export_perfetto(r, path: str | Path, *, focus_step: int | None = None) -> Pa
                        "args": {"annotation": row.name, "label": row.label,
                                 "busy_us": row.busy_us, "kernel_sum_us": row.kernel_sum_us}})
     data = msgspec.json.encode({"traceEvents": events, "displayTimeUnit": "ms"})
-    tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wb", compresslevel=3) as fh:
+    with atomic_path(path) as tmp, gzip.open(tmp, "wb", compresslevel=3) as fh:  # exclusive temp name
         fh.write(data)
-    tmp.replace(path)
     return path
