@@ -9,6 +9,7 @@ the real vLLM CPU server (run them under `flock /tmp/stepscope-live.lock`).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -271,3 +272,52 @@ def test_attach_with_the_right_key_records_the_server(tmp_path, monkeypatch):
     assert handle.served_model == "fake-model" and handle.engine_version == "fake"
     record = json.loads((tmp_path / "00_deploy" / "server.json").read_text())
     assert record["mode"] == "attach" and "right" not in json.dumps(record)
+
+
+# ----------------------------------------------------------------- progress on a pipe
+
+
+def test_server_start_up_on_a_pipe_prints_a_line_now_and_then(tmp_path):
+    """A 3 s start-up whose log changes every 0.3 s, the console a file: whole short lines
+    (no carriage returns), the first and the last state, not one line per log change."""
+    port = free_port()
+    fake = write_fake_server(tmp_path)
+    script = tmp_path / "startup.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, sys
+        sys.path.insert(0, {LIB!r})
+        from pathlib import Path
+        from stepscope.serve.launch import ServerCommand, ServerProcess
+        os.environ["FAKE_PID_LOG"] = "{tmp_path}/pids.jsonl"
+        cmd = ServerCommand(["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo loading weights $i; "
+                             "sleep 0.3; done; exec {fake} --port {port}"], {{}}, None, "http://127.0.0.1:{port}")
+        proc = ServerProcess(cmd, Path("{tmp_path}/server.log"))
+        proc.start()
+        try:
+            proc.wait_ready(60, progress=True)
+        finally:
+            proc.stop()
+        """))
+    with open(tmp_path / "console", "w") as console:
+        subprocess.run([sys.executable, str(script)], stderr=console, stdout=console, timeout=120, check=True)
+    out = (tmp_path / "console").read_bytes().decode()  # bytes: read_text would turn \r into \n
+    lines = [ln for ln in out.split("\n") if ln.startswith("server start-up")]
+    assert "\r" not in out, out
+    assert 1 <= len(lines) <= 3, out  # one at the start, the last state at the end (30 s apart at most)
+    assert max(len(ln) for ln in lines) < 200
+
+
+def test_a_bar_on_a_pipe_is_whole_lines_at_the_stated_interval(monkeypatch):
+    from stepscope import progress
+
+    monkeypatch.setattr(progress, "LINE_INTERVAL_S", 3600.0)
+    sink = io.StringIO()
+    b = progress.bar(total=100, desc="level c0004", file=sink)
+    assert isinstance(b, progress.LineBar)
+    for _ in range(100):
+        b.update(1)
+        b.set_postfix_str("silent 5 s", refresh=True)
+    b.close()
+    lines = sink.getvalue().splitlines()
+    assert "\r" not in sink.getvalue() and len(lines) == 2, lines  # the start and the end
+    assert lines[0].startswith("level c0004:   0%") and "100/100" in lines[1] and "silent 5 s" in lines[1]

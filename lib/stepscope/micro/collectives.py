@@ -195,7 +195,7 @@ def run_collectives(plan: CollectivePlan, work_dir: str | Path | None = None, *,
     run: all ranks are stopped (process groups, SIGTERM then SIGKILL) and a CollectiveError
     names the rank that fell behind first, with every rank's last phase and its log tail.
     """
-    from tqdm.auto import tqdm
+    from stepscope import progress as _progress
 
     if plan.world_size < 1:
         raise CollectiveError(f"world size {plan.world_size}: no rank to run",
@@ -224,7 +224,7 @@ def run_collectives(plan: CollectivePlan, work_dir: str | Path | None = None, *,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
         deadline = time.monotonic() + plan.timeout_s
-        bar = tqdm(total=plan.world_size, desc=f"{plan.backend} ranks done", disable=not progress)
+        bar = _progress.bar(total=plan.world_size, desc=f"{plan.backend} ranks done", disable=not progress)
         done: set[int] = set()
         while True:
             failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]

@@ -189,7 +189,7 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
     soon as it is measured.
     """
     import torch
-    from tqdm.auto import tqdm
+    from stepscope import progress as _progress
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rows: list[dict] = []
@@ -205,7 +205,7 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
     # 50 MB when the property is missing: at least the L2 of current data-centre GPUs.
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device == "cuda" else 0
     groups = list(grid.groupby(["model", "tp", "backend", "dtype", "gemm", "n", "k", "batch"], sort=False))
-    bar = tqdm(total=len(grid), desc="GEMM cases", disable=not progress)
+    bar = _progress.bar(total=len(grid), desc="GEMM cases", disable=not progress)
     with torch_threads(threads if device == "cpu" else None):
         thr = torch.get_num_threads() if device == "cpu" else np.nan
         for (model, tp, backend, dtype, gemm, n, k, batch), cases in groups:

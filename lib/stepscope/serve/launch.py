@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 
 from stepscope import lifeline, schema
+from stepscope.progress import bar as progress_bar
 from stepscope.config import Params, redact, redact_argv
 from stepscope.errors import ServerError
 from stepscope.runfolder import REPO_ROOT, read_json, stage_dir, write_json
@@ -279,11 +280,9 @@ class ServerProcess:
 
     def wait_ready(self, timeout_s: float, progress: bool = True) -> float:
         """Block until /health answers 200; returns the start-up time in seconds."""
-        from tqdm.auto import tqdm
-
         assert self.proc is not None
         health = self.command.base_url + "/health"
-        bar = tqdm(total=int(timeout_s), desc="server start-up", unit="s", disable=not progress,
+        bar = progress_bar(total=int(timeout_s), desc="server start-up", unit="s", disable=not progress,
                    bar_format="{desc}: {elapsed} {postfix}")
         try:
             while True:

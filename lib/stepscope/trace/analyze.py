@@ -449,10 +449,10 @@ def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[dict[
 def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[dict[str, str]],
                    progress: bool) -> list[RankResult]:
     """Each loaded rank analysed; one that fails becomes an error flag, not an exception."""
-    from tqdm.auto import tqdm
+    from stepscope import progress as _progress
 
     results: list[RankResult] = []
-    for rt in tqdm(loaded, desc="analyze ranks", unit="rank", disable=not progress):
+    for rt in _progress.bar(loaded, desc="analyze ranks", unit="rank", disable=not progress):
         try:
             r = analyze_rank(rt, rules)
         except TraceError as exc:

@@ -236,12 +236,12 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
     carrying its TraceError message; two files claiming one rank keep the first and flag
     the second.
     """
-    from tqdm.auto import tqdm
+    from stepscope import progress as _progress
 
     paths = [Path(p) for p in paths]
     allow_no_rank = len(paths) == 1
     results: dict[Path, tuple[RankTrace | None, str | None]] = {}
-    bar = tqdm(total=len(paths), desc="load traces", unit="rank", disable=not progress)
+    bar = _progress.bar(total=len(paths), desc="load traces", unit="rank", disable=not progress)
     # Cache hits are read here (Parquet, well under a second each); only misses are parsed.
     keys: dict[Path, str | None] = {}
     todo: list[Path] = []
