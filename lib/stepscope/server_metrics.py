@@ -187,3 +187,91 @@ def save_scrape(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+# --------------------------------------------------------------------------- load samples
+
+SAMPLE_SERIES: dict[str, tuple[str, ...]] = {
+    # column -> the metric names that carry it (vLLM V1 first, then SGLang), summed over labels
+    "requests_running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
+    "requests_waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "sglang:token_usage"),
+    "preemptions_total": ("vllm:num_preemptions_total",),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total",),
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",),
+    "iteration_tokens_count": ("vllm:iteration_tokens_total_count",),
+    "iteration_tokens_sum": ("vllm:iteration_tokens_total_sum",),
+    "queue_time_count": ("vllm:request_queue_time_seconds_count",),
+    "queue_time_sum_s": ("vllm:request_queue_time_seconds_sum",),
+    "generation_tokens_total": (GENERATED, "sglang:generation_tokens_total"),
+}
+"""What each row of `server_metrics.csv` reads from one /metrics scrape. vLLM's
+`kv_cache_usage_perc` is a 0-1 fraction despite its name (so is SGLang's `token_usage`). The
+`_total`/`_count`/`_sum` columns are cumulative over the server's life: a window is the
+difference of two rows (`iteration_tokens_sum / iteration_tokens_count` differenced = tokens
+per engine step over the window, the server's own count of the batch)."""
+
+
+def sample(text: str) -> dict[str, float | None]:
+    """One scrape's SAMPLE_SERIES values; None for a series this server does not expose."""
+    parsed = parse_prometheus(text)
+    out: dict[str, float | None] = {}
+    for column, names in SAMPLE_SERIES.items():
+        out[column] = next((v for v in (_total(parsed, n) for n in names) if v is not None), None)
+    return out
+
+
+def missing_series(samples: list[dict]) -> list[str]:
+    """The SAMPLE_SERIES columns no scrape had: named, never guessed (SGLang exposes no
+    preemption or iteration-token counters under these names, for one)."""
+    if not samples:
+        return list(SAMPLE_SERIES)
+    return [c for c in SAMPLE_SERIES if all(s.get(c) is None for s in samples)]
+
+
+def window_tokens_per_step(first: dict, last: dict) -> float | None:
+    """Tokens per engine step between two samples, from the iteration-tokens histogram."""
+    try:
+        steps = last["iteration_tokens_count"] - first["iteration_tokens_count"]
+        tokens = last["iteration_tokens_sum"] - first["iteration_tokens_sum"]
+    except (KeyError, TypeError):
+        return None
+    return tokens / steps if steps > 0 else None
+
+
+def scrape_row(text: str, *, level: str, phase: str, t_start: float, t_end: float, t0: float,
+               n_bytes: int | None = None) -> dict:
+    """One `server_metrics.csv` row (schema.ServerMetricsRow) from a scrape's text and timing
+    (perf_counter seconds: the scrape's start and end, and the level's first scrape)."""
+    return {"level": level, "phase": phase, "t_s": t_start - t0, "scrape_ms": (t_end - t_start) * 1e3,
+            "scrape_bytes": n_bytes, **sample(text)}
+
+
+def samples_table(metas: list[dict]):
+    """server_metrics.csv from the levels' meta files (their `server_samples`), level order kept;
+    levels measured before rows were recorded contribute none."""
+    import pandas as pd
+
+    from stepscope.schema import ServerMetricsRow, columns
+
+    cols = [*columns(ServerMetricsRow), "scrape_bytes"]
+    rows = [r for m in metas for r in (m.get("server_samples") or [])]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def samples_info(table, interval_s: float) -> dict:
+    """server_metrics.json (schema.ServerMetricsInfo): the interval, what a scrape cost, and
+    the series the server did not expose."""
+    import math
+
+    n = int(len(table))
+
+    def q(col: str, p: float) -> float | None:
+        v = table[col].dropna() if n and col in table else []
+        return float(v.quantile(p)) if len(v) else None
+
+    missing = missing_series(table.to_dict(orient="records")) if n else list(SAMPLE_SERIES)
+    out = {"interval_s": interval_s, "n_scrapes": n, "scrape_ms_median": q("scrape_ms", 0.5),
+           "scrape_ms_p90": q("scrape_ms", 0.9), "scrape_bytes_median": q("scrape_bytes", 0.5),
+           "missing": missing}
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

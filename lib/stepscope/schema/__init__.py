@@ -25,9 +25,12 @@ from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, Collectiv
                                          DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
                                          StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
 from stepscope.schema.deploy import ServerRecord
+from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel, LoadWindow, ServerMetricsInfo,
+                                   ServerMetricsRow)
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmPrediction, GemmRow
 from stepscope.schema.run import RunRecord, StageStatus
-from stepscope.schema.sweep import LevelRow, SweepSummary
+from stepscope.schema.sweep import GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepSummary
+from stepscope.schema.writeup import GuardResult, GuardsFile
 
 ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("run.json", "run", "git commit, package versions, hardware, params (redacted), "
@@ -51,6 +54,16 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "one row per imported result", LevelRow, optional=True),
     Artifact("01_macro_sweep/summary.json", "01_macro_sweep", "knee, plateau, batch-1 latency, "
              "failures, flags", SweepSummary),
+    Artifact("01_macro_sweep/gpu_telemetry.csv", "01_macro_sweep", "every GPU's clocks, power, "
+             "temperature, memory and utilisation about every 0.5 s during each level (NVML; only where "
+             "it is present)", GpuTelemetryRow, optional=True),
+    Artifact("01_macro_sweep/gpu_telemetry.json", "01_macro_sweep", "whether GPU telemetry was recorded, "
+             "and why not", GpuTelemetryInfo, optional=True),
+    Artifact("01_macro_sweep/server_metrics.csv", "01_macro_sweep", "every /metrics scrape during the "
+             "levels (about every `METRICS_POLL_S`): requests running/waiting, KV use, preemptions, "
+             "prefix cache, iteration tokens", ServerMetricsRow, optional=True),
+    Artifact("01_macro_sweep/server_metrics.json", "01_macro_sweep", "the scrape interval, what a scrape "
+             "cost, and the series the server does not expose", ServerMetricsInfo, optional=True),
     Artifact("02_gemm_micro/gemm.csv", "02_gemm_micro", "one row per timed GEMM shape and setting", GemmRow),
     Artifact("02_gemm_micro/prediction.json", "02_gemm_micro", "GEMM time per decode step by batch size",
              GemmPrediction),
@@ -70,6 +83,18 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("04_profiler_capture/metrics.<before|after>.prom", "04_profiler_capture",
              "the server's /metrics just before /start_profile and just after /stop_profile: its "
              "counters over exactly the profiled requests", optional=True),
+    Artifact("04_profiler_capture/c<C>/", "04_profiler_capture", "a load capture at concurrency C "
+             "(`capture.concurrency`): `traces/`, `manifest.json`, `capture_requests.jsonl`, "
+             "`server_metrics.csv`", optional=True),
+    Artifact("04_profiler_capture/c<C>/load_window.json", "04_profiler_capture", "how the load level's "
+             "window was bounded, and the client's tokens over exactly it", LoadWindow, optional=True),
+    Artifact("05_categorize/load_anatomy.csv", "05_categorize", "per captured concurrency, step kind, "
+             "batch and category: ms per step and share of the period", LoadAnatomyRow, optional=True),
+    Artifact("05_categorize/load_anatomy.json", "05_categorize", "per captured concurrency: steps, "
+             "trace-predicted against measured throughput; per category the fit against batch",
+             LoadAnatomySummary, optional=True),
+    Artifact("05_categorize/c<C>/", "05_categorize", "stage 05's whole analysis of the load capture at "
+             "concurrency C", optional=True),
     Artifact("05_categorize/summary.json", "05_categorize", "per-rank totals, the decode summary, "
              "checks and flags (below)", TraceSummary),
     Artifact("05_categorize/decode_categories.csv", "05_categorize", "per rank and category over "
@@ -92,6 +117,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/cache/", "05_categorize", "slim per-rank event tables (Parquet)"),
     Artifact("06_writeup/report.md", "06_writeup", "the report"),
     Artifact("06_writeup/report.html", "06_writeup", "the same as one self-contained HTML file"),
+    Artifact("06_writeup/guards.json", "06_writeup", "the invariants the verdict rests on, checked before "
+             "any sentence: which held, which failed and the claims each withdrew", GuardsFile),
 )
 ARTIFACT_BY_PATH = {a.path: a for a in ARTIFACTS}
 
@@ -138,8 +165,8 @@ __all__ = [
     "BurstRow", "CAMPAIGN_ARTIFACTS", "CampaignRecord", "CampaignRun", "CaptureFile", "CaptureLatency", "CaptureManifest", "CategoryKernelRow",
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
-    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "LevelRow", "RankCategoryRow", "RankSummary",
-    "Record", "ReusedFrom", "Row", "RunRecord", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
+    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
+    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "required_columns", "to_builtins", "validate", "write", "write_table",
 ]

@@ -1,0 +1,166 @@
+"""The step under load: the server's /metrics during the sweep (`01_macro_sweep/server_metrics.*`),
+the load captures (`04_profiler_capture/c<C>/`) and the step anatomy against batch size
+(`05_categorize/load_anatomy.*`)."""
+
+from __future__ import annotations
+
+from stepscope.schema._base import Record, Row
+
+
+class ServerMetricsRow(Row, kw_only=True):
+    """One scrape of the server's /metrics during a sweep level or a load capture."""
+
+    level: str
+    """The sweep level (`c0016`), or `capture-c0016` for stage 04's capture at concurrency 16."""
+    phase: str
+    """`warmup`, `measure` (the level's measured requests) or `capture` (the profiled window)."""
+    t_s: float
+    """Seconds since the level's first scrape."""
+    scrape_ms: float
+    """How long the scrape took, client-side (request to full body), ms: what a scrape costs."""
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    """0-1 (vLLM's `kv_cache_usage_perc` is a fraction despite its name)."""
+    preemptions_total: float | None = None
+    """Cumulative over the server's life; difference two rows for a window."""
+    prefix_cache_hits_total: float | None = None
+    """Cumulative, tokens."""
+    prefix_cache_queries_total: float | None = None
+    """Cumulative, tokens."""
+    iteration_tokens_count: float | None = None
+    """Cumulative engine steps counted by vLLM's iteration-tokens histogram."""
+    iteration_tokens_sum: float | None = None
+    """Cumulative tokens those steps processed (prefill and decode)."""
+    queue_time_count: float | None = None
+    """Cumulative requests that left the scheduler's queue."""
+    queue_time_sum_s: float | None = None
+    """Their summed time in the queue, s."""
+    generation_tokens_total: float | None = None
+
+
+class ServerMetricsInfo(Record, kw_only=True):
+    """How `server_metrics.csv` was taken, and what the server did not expose."""
+
+    interval_s: float
+    """Time between scrapes (a scrape starts this long after the previous one ended)."""
+    n_scrapes: int = 0
+    scrape_ms_median: float | None = None
+    scrape_ms_p90: float | None = None
+    scrape_bytes_median: float | None = None
+    """Size of one /metrics answer, bytes."""
+    missing: list[str] = []
+    """Columns of ServerMetricsRow that no scrape carried: the server does not expose them
+    under the names stepscope reads (`stepscope.server_metrics.SAMPLE_SERIES`)."""
+
+
+class LoadAnatomyRow(Row, kw_only=True):
+    """One category of one group of steps of one captured concurrency (reference rank)."""
+
+    concurrency: int
+    """The capture's requests in flight (1: stage 04's batch-1 capture)."""
+    step_kind: str
+    """`decode`, `mixed` (prefill chunks and decodes in one step) or `prefill`."""
+    decode_requests: int
+    """Requests each step of the group decodes (the annotation's own count)."""
+    prefill_tokens: float
+    """Prefill tokens per step, mean over the group (0 for decode steps)."""
+    n_steps: int
+    category: str
+    ms_per_step: float
+    """The category's interval union per step, mean over the group's steps, ms."""
+    share_of_period: float | None
+    """ms_per_step / period_ms (0-1)."""
+    period_ms: float | None
+    """Step start to next step start, mean over the group's steps that have a next step, ms."""
+    busy_ms: float | None = None
+    """Union of all the step's work, mean, ms."""
+
+
+class LoadFit(Record, kw_only=True):
+    """ms per decode step of one category against decode requests per step: a + b * batch,
+    least squares over the decode steps of every captured level."""
+
+    category: str
+    n_steps: int
+    n_batches: int
+    """Distinct batch sizes among those steps (a slope needs two)."""
+    intercept_ms: float | None = None
+    slope_ms_per_request: float | None = None
+    slope_se_ms: float | None = None
+    """Standard error of the slope (ordinary least squares), ms per request."""
+    ms_at_batch_min: float | None = None
+    """Mean ms per step at the smallest batch seen, ms."""
+    ms_at_batch_max: float | None = None
+    batch_min: int | None = None
+    batch_max: int | None = None
+
+
+class LoadLevel(Record, kw_only=True):
+    """One captured concurrency: what its steps held, and the throughput they imply."""
+
+    concurrency: int
+    trace_dir: str
+    """Relative to the run folder."""
+    n_steps: int
+    n_decode_steps: int
+    n_mixed_steps: int
+    n_prefill_steps: int = 0
+    decode_requests_mean: float | None = None
+    """Decode requests per step, mean over decode and mixed steps."""
+    decode_requests_max: int | None = None
+    period_ms_mean: float | None = None
+    """Mean step period over all steps with a next step, ms."""
+    busy_share: float | None = None
+    """Summed busy time over summed period (0-1); the rest is gaps between and inside steps."""
+    output_tokens: int = 0
+    """Tokens the window's steps generated (decode tokens of decode and mixed steps)."""
+    window_s: float | None = None
+    """First step start to last step start (summed periods), s."""
+    predicted_output_tok_s: float | None = None
+    """output_tokens / window_s: the throughput the trace implies."""
+    measured_output_tok_s: float | None = None
+    """The sweep's output tok/s at this concurrency (levels.csv), when it has the level."""
+    capture_output_tok_s: float | None = None
+    """The capture client's tokens over its own window, tok/s (profiler overhead included)."""
+    band_rel: float | None = None
+    """Relative noise band the two throughputs are judged within (report.noise)."""
+    agrees: bool | None = None
+    explanations: list[str] = []
+    """Where the data can say why trace and sweep disagree (mixed steps, gaps, queueing,
+    client-bound level, profiler overhead)."""
+
+
+class LoadAnatomySummary(Record, kw_only=True):
+    """`05_categorize/load_anatomy.json`: the levels, the fits, the fastest-growing category."""
+
+    rank: int | None = None
+    levels: list[LoadLevel] = []
+    fits: list[LoadFit] = []
+    fastest_category: str | None = None
+    """The category whose ms per step grows fastest with batch (largest slope, beyond twice
+    its standard error); null when no slope clears its spread."""
+    notes: list[str] = []
+
+
+class LoadWindow(Record, kw_only=True):
+    """`04_profiler_capture/c<C>/load_window.json`: how one load level was profiled and what the
+    client saw over exactly that window."""
+
+    concurrency: int
+    window_method: str
+    """`max_iterations` (vLLM stopped by itself after `load_steps` steps), `num_steps` (SGLang's
+    own stop), or `timed` (no trace appeared within `capture.load_window_s`: /stop_profile ended it)."""
+    start_profile_body: dict = {}
+    load_steps: int | None = None
+    window_s: float
+    """/start_profile answered to the window's end (the first trace file seen, or the timed stop), s."""
+    token_chunks: int = 0
+    """Token-bearing chunks the client received in the window (merged chunks carry more tokens)."""
+    capture_output_tok_s: float | None = None
+    """token_chunks / window_s: the client's throughput over the window (a floor when chunks merge)."""
+    requests_overlapping: int = 0
+    requests_failed: int = 0
+    started_at: str | None = None
+    stop_status: int | None = None
+    notes: list[str] = []
