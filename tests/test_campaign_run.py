@@ -157,16 +157,18 @@ def test_an_explicit_collective_world_size_makes_stage_03_independent_of_tp(para
 def test_shipped_campaigns_plan_as_documented(repo_root, name, variants, reused_by):
     import yaml
 
-    from stepscope.campaign.plan import STAGE_INPUTS, plan_campaign, reuse_source, stage_fingerprint
+    from stepscope.campaign.plan import REUSABLE_STAGES, plan_campaign, reuse_source, stage_fingerprint
     from stepscope.config import load_params
 
     f = repo_root / "params" / f"{name}.yaml"
     plan = plan_campaign(yaml.safe_load(f.read_text()), load_params(f), Path("/tmp") / name)
     assert list(plan.variants) == variants
     base = plan.runs[0]
-    finished = {base.key: {s: stage_fingerprint(base.params, s) for s in STAGE_INPUTS}}
+    reusable = [s.id for s in REUSABLE_STAGES]
+    assert reusable == ["02_gemm_micro", "03_nccl_burst"]
+    finished = {base.key: {s: stage_fingerprint(base.params, s) for s in reusable}}
     for run in plan.runs[1:len(variants)]:
-        got = {s for s in STAGE_INPUTS if reuse_source(run, s, finished)}
+        got = {s for s in reusable if reuse_source(run, s, finished)}
         assert got == reused_by[run.variant], run.variant
     spec = plan.runs[1].params
     assert any("ngram" in a for a in spec.server.extra_args)

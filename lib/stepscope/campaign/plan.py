@@ -6,8 +6,8 @@ Order: with N repeats, every variant runs once (baseline first), then all again,
 slow drift of a shared machine spreads over the variants instead of landing on one.
 
 Reuse: a stage whose inputs are the same for two runs is measured once and copied. The
-inputs of a stage are the params key paths listed in `STAGE_INPUTS`; a stage that talks to
-the server (00, 01, 04) or reads another stage's output (05, 06) is never reused.
+inputs of a stage are the params paths its entry in `stepscope.stages` declares; a stage that
+talks to the server (00, 01, 04) or reads another stage's output (05, 06) is never reused.
 """
 
 from __future__ import annotations
@@ -18,22 +18,11 @@ from typing import Any, Mapping
 
 from stepscope.config import Params, params_from_dict, params_to_dict, variant_params_dict
 from stepscope.runfolder import short_hash
+from stepscope.stages import STAGE_BY_ID, STAGES, Stage, param_inputs
 
-# Params key paths each reusable stage reads. The GEMM micro-benchmark times the model's
-# shapes at the per-rank size TP gives; the collectives burst times the model's all-reduce
-# at the world size. Neither talks to the server, so server flags (speculative decoding,
-# custom all-reduce, NCCL environment of the server) do not change them.
-STAGE_INPUTS: dict[str, tuple[str, ...]] = {
-    "02_gemm_micro": ("model", "server.tp", "server.dtype", "micro.gemm", "hardware"),
-    "03_nccl_burst": ("model", "server.dtype", "micro.collectives", "hardware"),
-}
-# micro.collectives.world_size defaults to server.tp: only then does the server's TP change stage 03.
-_DEFAULTS_FROM = {("03_nccl_burst", "micro.collectives.world_size"): "server.tp"}
-# Figures each reusable stage writes into figures/ (file-name prefixes).
-STAGE_FIGURES: dict[str, tuple[str, ...]] = {
-    "02_gemm_micro": ("gemm_",),
-    "03_nccl_burst": ("collective_",),
-}
+REUSABLE_STAGES: tuple[Stage, ...] = tuple(s for s in STAGES if s.reusable)
+"""Stages measured once and copied when their params inputs match (02, 03): their params paths,
+the figures they write (`figures`) and their fallbacks are their entries in `stepscope.stages`."""
 
 
 @dataclass(frozen=True)
@@ -93,23 +82,12 @@ def plan_campaign(raw: Mapping[str, Any], params: Params, campaign_dir: Path,
     return CampaignPlan(campaign_dir, c.baseline, tuple(e[0] for e in entries), n, runs)
 
 
-def _at(d: Any, path: str) -> Any:
-    for part in path.split("."):
-        d = d.get(part) if isinstance(d, Mapping) else None
-    return d
-
-
 def stage_fingerprint(params: Params, stage_id: str) -> str | None:
     """A hash of the params a reusable stage reads; None for a stage that is never reused."""
-    keys = STAGE_INPUTS.get(stage_id)
-    if keys is None:
+    stage = STAGE_BY_ID.get(stage_id)
+    if stage is None or not stage.reusable:
         return None
-    d = params_to_dict(params)
-    inputs = {k: _at(d, k) for k in keys}
-    for (sid, key), fallback in _DEFAULTS_FROM.items():
-        if sid == stage_id and _at(d, key) is None:
-            inputs[key] = _at(d, fallback)
-    return short_hash(inputs)
+    return short_hash(param_inputs(stage, params_to_dict(params)))
 
 
 def reuse_source(run: PlannedRun, stage_id: str, finished: Mapping[str, Mapping[str, str]]) -> str | None:

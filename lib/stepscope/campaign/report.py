@@ -55,8 +55,8 @@ def _setup(c: ca.Campaign) -> str:
                                           ("reused", "stages reused (same inputs)")])
     reused = [r for r in rec.runs if r.reused]
     if reused:
-        text += ("\nReused stages were not measured again: their inputs (the params keys listed in "
-                 "`stepscope.campaign.plan.STAGE_INPUTS`) were the same as in the run named, so their "
+        text += ("\nReused stages were not measured again: their inputs (the params keys their entries in "
+                 "`stepscope.stages` declare) were the same as in the run named, so their "
                  "artifacts were copied from it (`<stage>/reused_from.json` says so in the run folder).\n")
     return text + "\n"
 

@@ -29,11 +29,11 @@ import yaml
 
 from stepscope import schema
 from stepscope.server_metrics import save_scrape, scrape, spec_decode_delta, stage_scrapes
-from stepscope.campaign.plan import STAGE_FIGURES, STAGE_INPUTS, CampaignPlan, PlannedRun, plan_campaign, \
-    reuse_source, stage_fingerprint
+from stepscope.campaign.plan import REUSABLE_STAGES, CampaignPlan, PlannedRun, plan_campaign, reuse_source, \
+    stage_fingerprint
 from stepscope.config import load_params, redact
 from stepscope.errors import ParamsError, StepscopeError
-from stepscope.runfolder import STAGES, Stage, read_json, write_json, write_yaml
+from stepscope.runfolder import STAGE_BY_ID, STAGES, Stage, read_json, write_json, write_yaml
 from stepscope.runner import execute_notebook, report_headline, resolve_outputs_dir, run_pipeline, select_stages
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> 
     if nb.is_file():
         (dst_run / "notebooks").mkdir(parents=True, exist_ok=True)
         shutil.copy2(nb, dst_run / "notebooks" / nb.name)
-    for prefix in STAGE_FIGURES.get(stage_id, ()):
+    for prefix in STAGE_BY_ID[stage_id].figures:
         for fig in (src_run / "figures").glob(f"{prefix}*.png"):
             (dst_run / "figures").mkdir(parents=True, exist_ok=True)
             shutil.copy2(fig, dst_run / "figures" / fig.name)
@@ -160,7 +160,7 @@ def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> 
 def _reuse_stages(run: PlannedRun, plan: CampaignPlan, record: CampaignState, echo: Callable[[str], None]) -> None:
     """Copy each not-yet-finished stage whose inputs an earlier run measured already."""
     entry, done = record.run(run.key), _stage_status(run.run_dir)
-    for stage_id in STAGE_INPUTS:
+    for stage_id in (s.id for s in REUSABLE_STAGES):
         if done.get(stage_id, {}).get("status") == "ok":
             continue
         src = reuse_source(run, stage_id, record.measured())
@@ -194,7 +194,7 @@ def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, exec
         for stage in select_stages(list(stages)):
             entry["reused"].pop(stage.id, None)  # measured again, by this run
     stages = _stage_status(run.run_dir)
-    for stage_id in STAGE_INPUTS:
+    for stage_id in (s.id for s in REUSABLE_STAGES):
         st = stages.get(stage_id, {})
         if st.get("status") == "ok" and not st.get("reused_from"):
             entry["measured"][stage_id] = stage_fingerprint(run.params, stage_id)
