@@ -38,6 +38,8 @@ class _CellOutputs:
         self.outputs: list[dict] = []
         self.execution_count = execution_count
         self.error: dict | None = None
+        self.interrupted = False
+        """Ctrl-C (or SIGTERM) reached the cell: IPython caught it as an error, the runner must not."""
 
     def stream(self, name: str, text: str) -> None:
         if not text:
@@ -138,8 +140,9 @@ def run_cell(sh, source: str, count: int) -> _CellOutputs:
     sh.execution_count = count
     with contextlib.redirect_stdout(_Stream(sink, "stdout")), contextlib.redirect_stderr(_Stream(sink, "stderr")):
         result = sh.run_cell(source, store_history=False)
-    if sink.error is None and (result.error_before_exec or result.error_in_exec) is not None:
-        exc = result.error_before_exec or result.error_in_exec
+    exc = result.error_before_exec or result.error_in_exec
+    sink.interrupted = isinstance(exc, KeyboardInterrupt)
+    if sink.error is None and exc is not None:
         sink.fail(type(exc).__name__, str(exc), [])
     return sink
 
@@ -217,6 +220,13 @@ def execute_notebook(input_path: Path, output_path: Path, parameters: dict, cwd:
             cell["outputs"], cell["execution_count"] = out.outputs, count
             pm.update(end_time=_now(), duration=round(time.monotonic() - t0, 6),
                       status="failed" if out.error else "completed", exception=out.error is not None)
+            if out.interrupted:
+                # IPython reports Ctrl-C as the cell's error; an interrupt is not a failure of
+                # the notebook: say where it stopped and let the runner record it as interrupted.
+                pm.update(status="interrupted")
+                meta.update(end_time=_now(), duration=round(time.monotonic() - t_nb, 6), exception=True)
+                _save(nb, output_path)
+                raise KeyboardInterrupt
             _save(nb, output_path)
             if out.error:
                 failed = (index, cell, out)

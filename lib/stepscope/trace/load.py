@@ -280,8 +280,12 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
         ctx = mp.get_context("fork") if hasattr(os, "fork") else None
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             futs = {pool.submit(_parse_worker, p, per_trace): p for p in todo}
-            for fut in as_completed(futs):
-                finish(futs[fut], *fut.result())
+            try:
+                for fut in as_completed(futs):
+                    finish(futs[fut], *fut.result())
+            except BaseException:  # Ctrl-C: do not wait for the other ranks' parses
+                split.stop_workers(pool)
+                raise
     bar.close()
     return _one_per_rank(paths, results)
 

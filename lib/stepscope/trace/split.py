@@ -58,6 +58,17 @@ def split_count(path: Path, processes: int | None) -> int:
     return processes
 
 
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End a pool's worker processes now, for an interrupt or an error in this process.
+
+    Leaving the pool's `with` block would wait for every worker to finish its share (tens of
+    seconds on a large trace): Ctrl-C must end the analysis within a second."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu_ops: bool | None,
                 progress: Callable[[int], None] | None) -> list[_Share] | None:
     """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back."""
@@ -78,6 +89,9 @@ def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu
                 f.cancel()
             logger.info("%s: a chunk cut fell inside an event; parsing in one process", path)
             return None
+        except BaseException:  # Ctrl-C, or this share's own error: the others are not waited for
+            stop_workers(pool)
+            raise
     return shares
 
 
