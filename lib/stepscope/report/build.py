@@ -10,9 +10,12 @@ from typing import Any, Sequence
 import pandas as pd
 import yaml
 
+from stepscope.report.load import read_load, section_load
+from stepscope.trace.load_plots import LOAD_FIGURE, plot_load_anatomy
 from stepscope.config import WriteupParams, redact, redact_argv, redact_params_text
 from stepscope.report import analysis as an
-from stepscope.report import prose
+from stepscope import schema
+from stepscope.report import guards, prose
 from stepscope.report import verdict as vd
 from stepscope.report import whatif as wi
 from stepscope.micro.collectives import plot_latency_vs_size
@@ -128,8 +131,21 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
              plot_roofline(a.gemm, peak_bw_gbps=num(hw.get("peak_mem_bw_gbps")), peak_tflops=num(hw.get("peak_tflops"))))
     if a.collectives is not None and not _stage_figures(a.run_dir, "collective_"):
         save("coll", "writeup_collective_latency_vs_size.png", plot_latency_vs_size(a.collectives, a.burst))
+    load = read_load(a.run_dir)
+    if load is not None and (load[0]["step_kind"] == "decode").any():
+        if _stage_figures(a.run_dir, LOAD_FIGURE):
+            made["load"] = LOAD_FIGURE  # stage 05's own drawing of it
+        else:
+            save("load", LOAD_FIGURE, plot_load_anatomy(load[0]))
     save_figures(drawn, a.run_dir)
     return made
+
+
+def _section_load(a: RunArtifacts, figs: dict[str, str]) -> list[str]:
+    """The step under load (report.load), when stage 04 captured load levels; else nothing."""
+    fig = _img(figs["load"], "ms per decode step by category against batch size") if "load" in figs else None
+    text = section_load(a.run_dir, a.levels, fig)
+    return [text] if text else []
 
 
 # --------------------------------------------------------------------------- sections
@@ -155,6 +171,22 @@ def quantization_cell(params_quantization: str | None, named: Sequence[dict]) ->
     return "not stated: params do not say and no GEMM kernel's name states a format"
 
 
+def _device_line(ident: vd.TraceIdentity) -> str | None:
+    """The devices the run used: as many as the trace's world size (else the TP the params or
+    trace give), not the devices the node's profiler listed (`deviceProperties`: eight on a
+    one-GPU run of an eight-GPU node)."""
+    if not ident.device_name:
+        return None
+    n, src = ((ident.world_size, "world size") if ident.world_size else
+              (ident.tp, f"TP from the {ident.tp_source}") if ident.tp and ident.tp_source != "default" else
+              (None, None))
+    node = (f"; the node lists {fmt_num(ident.device_count)}" if ident.device_count and ident.device_count != n
+            else "")
+    if n is None:
+        return f"{ident.device_name} (from the trace; how many the run used is not said{node})"
+    return f"{fmt_num(n)} × {ident.device_name} (from the trace, {src}{node})"
+
+
 def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     run, server, params = a.run, a.server, a.params or {}
     hw_p = params.get("hardware") or {}
@@ -173,10 +205,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     if engine and server is not None:
         version = (server.engine_version or (a.manifest.engine_version if a.manifest else None)
                    or (run.packages.get(str(engine)) if run else None))
-    device = None
-    if ident.device_name:
-        device = (f"{fmt_num(ident.device_count)} × {ident.device_name}" if ident.device_count
-                  else ident.device_name) + " (from the trace)"
+    device = _device_line(ident)
     tp = None
     if ident.tp:
         tp = (f"{fmt_num(ident.tp)} (a default: neither the params nor the trace give it)"
@@ -403,9 +432,18 @@ def _capture_line(a: RunArtifacts) -> str:
     return text + "\n\n"
 
 
+def _rank_shown(totals: dict, ident: vd.TraceIdentity) -> str:
+    """Which rank the per-step tables show: the reference rank stage 05 chose, said as it is
+    (a trace of rank 3 alone is not "rank 0")."""
+    r = totals.get("rank")
+    if r is None:
+        return "the reference rank unless stated"
+    return f"rank {fmt_num(r)} unless stated" if (ident.ranks_present or 0) > 1 else f"rank {fmt_num(r)}, the only one here"
+
+
 def _category_table(decode: pd.DataFrame, totals: dict, ident: vd.TraceIdentity) -> str:
     n = ident.n_judged_steps
-    text = (f"Per category, over {prose.steps(n, ident.step_label) if n else 'all ' + ident.step_label + 's'} (rank 0 unless stated; ms per "
+    text = (f"Per category, over {prose.steps(n, ident.step_label) if n else 'all ' + ident.step_label + 's'} ({_rank_shown(totals, ident)}; ms per "
             f"step from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
             f"{fmt_num(totals.get('step_ms'))} ms"
             + (f"; the period is not used: {totals['basis_reason']}" if totals.get("basis_reason") else "")
@@ -458,7 +496,8 @@ def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
     no tokens per step to time, so none."""
     text = f"\nThe same step read several ways (ms per {ident.step_label}):\n\n"
     cpu, dev = totals.get("mode") == "cpu", an.device_word(totals)
-    rows = [("op sum (every op's self time added up)" if cpu else "kernel sum (every kernel's duration added up)",
+    rows = [("op sum (every op's self time added up)" if cpu else
+             "device-time sum (every kernel's, memcpy's and memset's duration added up)",
              totals.get("kernel_sum_ms")),
             (f"union (time the {dev} was busy)", totals.get("union_ms")),
             (f"span (first to last {'op' if cpu else 'device event'} of the step)", totals.get("span_ms")),
@@ -473,7 +512,7 @@ def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
 
 def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -> str:
     text = ""
-    timeline_alt = f"timeline of one {step_label} on rank 0"
+    timeline_alt = f"timeline of one {step_label} on rank {fmt_num(a.decode.rank) if a.decode.rank is not None else 0}"
     for key, alt in (("stacked", f"category time per {step_label}"), ("shares", f"category shares of a {step_label}"),
                      ("timeline", timeline_alt)):
         if key in figs:
@@ -606,6 +645,9 @@ def _section_verdict(ctx: dict) -> str:
     text = "## 6. Verdict\n\n"
     v: vd.Verdict = ctx["verdict"]
     am = ctx["amdahl"]
+    if v.dominant is None and v.failed_guards:
+        # Withdrawn, not missing: the guards say why, and the trace is described instead.
+        return text + "> **Verdict withheld.** " + " ".join(prose.verdict_sentences(v)) + "\n"
     if v.dominant is None:
         return text + missing_box("The verdict", ["05_categorize/decode_categories.csv"])
     d = v.dominant
@@ -640,10 +682,13 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     text = "## 7. What-if: speculative / multi-token decoding\n\n"
     w = ctx["whatif"]
     ident = ctx["verdict"].identity
-    if not ident.has_decode:
-        what = f"a {ident.kind} trace" if ident.kind != "unknown" else "a trace with no step labelled decode"
+    if not ident.takes_decode_verdict:
+        what = (prose.KIND_PHRASES.get(ident.kind, f"a {ident.kind} trace") if ident.kind != "unknown"
+                else "a trace with no step labelled decode")
+        why = (": a mixed step's GEMMs do a prefill's work, which the what-if's constant GEMM time (decode reads "
+               "the weights once per step) does not describe" if ident.kind == "mixed" else "")
         return text + (f"Not projected: this is {what}, and speculative decoding changes decode steps "
-                       f"only.\n")
+                       f"only{why}.\n")
     if w is None:
         return text + missing_box("The projection", ["05_categorize/decode_categories.csv",
                                                      "04_profiler_capture/capture_latency.json"])
@@ -794,7 +839,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
                            "whatif": None, "whatif_base_ms": None}
     ctx["verdict"] = vd.verdict(a, totals, decode, amdahl, mvt, macro)
     ident = ctx["verdict"].identity
-    baseline = wi.spec_baseline(a, totals, decode, batch=ident.batch_size) if ident.has_decode else None
+    baseline = wi.spec_baseline(a, totals, decode, batch=ident.batch_size) if ident.takes_decode_verdict else None
     if baseline is not None:
         preds = wi.whatif_table(baseline, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
         ctx["whatif_baseline"], ctx["whatif_predictions"] = baseline, preds
@@ -818,7 +863,7 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
              "stated; units are in every column header.*\n\n[TOC]\n\n")
     sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
                 _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),
-                _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
+                *_section_load(a, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
                 _section_caveats(ctx["caveats"]), _section_appendix(a)]
     return "\n".join(sections)
 
@@ -838,6 +883,8 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     text = render_report_markdown(a, ctx, wp)
     out_dir = a.run_dir / STAGE_ID
     out_dir.mkdir(parents=True, exist_ok=True)
+    # The invariants the verdict rests on, on disk beside the report that states them.
+    schema.write(out_dir / "guards.json", schema.to_builtins(guards.guards_record(ctx["verdict"])), schema.GuardsFile)
     md_path = out_dir / "report.md"
     md_path.write_text(text.replace("[TOC]\n\n", ""))
     title = text.splitlines()[0].lstrip("# ").strip()

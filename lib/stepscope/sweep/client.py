@@ -236,6 +236,94 @@ def make_prompts(pool: Sequence[int], input_len: int, n: int, seed: int = 0) -> 
     return [rng.choice(np.asarray(pool), size=input_len).tolist() for _ in range(n)]
 
 
+# --------------------------------------------------------------------------- liveness
+
+SILENCE_ERROR = "silence timeout"
+"""The start of the error of a request the liveness watchdog ended (`Silence`)."""
+HEALTH_PROBE_S = 5.0
+"""How long the watchdog's /health probe waits for an answer, s."""
+SHOW_SILENCE_S = 5.0
+"""A silence this long shows on the progress bar (seconds silent), s."""
+
+
+class Silence:
+    """A liveness watchdog over every stream of a level (or a capture).
+
+    No token on any open stream for `timeout_s` (a server that stopped, or one that accepts
+    requests and never answers them) probes /health for `HEALTH_PROBE_S`, says which it is
+    ("server alive but not answering", or "server not answering /health either") and ends
+    the level: the open requests are cancelled and recorded as timeouts (`SILENCE_ERROR`),
+    and no more are sent. `show(text)` gets the running silence for a progress bar."""
+
+    def __init__(self, timeout_s: float, show=None):
+        self.timeout_s, self.show = timeout_s, show
+        self.open: set[asyncio.Task] = set()
+        self.last_heard = time.perf_counter()
+        self.verdict: dict[str, Any] | None = None
+        self._shown = False
+
+    def opened(self) -> None:
+        if not self.open:
+            self.last_heard = time.perf_counter()  # the silence counts from the first open stream
+        self.open.add(asyncio.current_task())
+
+    def heard(self, now: float) -> None:
+        self.last_heard = now
+
+    def closed(self) -> None:
+        self.open.discard(asyncio.current_task())
+
+    @property
+    def tripped(self) -> bool:
+        return self.verdict is not None
+
+    def error(self) -> str:
+        return f"{SILENCE_ERROR}: {self.verdict['message']}" if self.verdict else SILENCE_ERROR
+
+    def timed_out(self, records) -> int:
+        """How many of `records` the watchdog ended."""
+        return sum(1 for r in records if (r.error or "").startswith(SILENCE_ERROR))
+
+    async def watch(self, session: aiohttp.ClientSession, server: "ServerInfo", what: str) -> None:
+        """Run beside the requests (as a task; cancel it when they are done)."""
+        while not self.tripped:
+            await asyncio.sleep(min(1.0, self.timeout_s / 4))
+            silent = time.perf_counter() - self.last_heard if self.open else 0.0
+            self._show(silent)
+            if silent < self.timeout_s:
+                continue
+            self.verdict = await self._judge(session, server, what, silent, len(self.open))
+            for task in list(self.open):
+                task.cancel()
+
+    def _show(self, silent_s: float) -> None:
+        if self.show is None:
+            return
+        if silent_s >= SHOW_SILENCE_S:
+            self.show(f"no token for {silent_s:.0f} s (timeout at {self.timeout_s:g} s)")
+            self._shown = True
+        elif self._shown:
+            self.show("")
+            self._shown = False
+
+    async def _judge(self, session, server: "ServerInfo", what: str, silent_s: float, n_open: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            async with session.get(server.url("/health"), timeout=aiohttp.ClientTimeout(total=HEALTH_PROBE_S)) as r:
+                health = f"HTTP {r.status}"
+        except (asyncio.TimeoutError, TimeoutError):
+            health = f"no answer within {HEALTH_PROBE_S:g} s"
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            health = f"unreachable ({type(exc).__name__})"
+        alive = health == "HTTP 200"
+        state = "server alive but not answering" if alive else "server not answering /health either"
+        message = (f"{state}: no token on any of the {n_open} open stream(s) for {silent_s:.0f} s during {what} "
+                   f"(timeout {self.timeout_s:g} s); /health: {health} after {time.perf_counter() - t0:.1f} s; "
+                   f"the {n_open} open request(s) were ended as timeouts")
+        return {"state": "alive_not_answering" if alive else "not_answering", "silent_s": round(silent_s, 1),
+                "timeout_s": self.timeout_s, "health": health, "n_open": n_open, "message": message}
+
+
 # --------------------------------------------------------------------------- one request
 
 
@@ -253,13 +341,30 @@ def completion_payload(model: str, prompt: list[int] | str, output_len: int) -> 
 
 async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], *,
                          timeout_s: float, request_id: int = 0, warmup: bool = False,
-                         input_len: int = 0, on_first_chunk=None) -> RequestRecord:
-    """Send one streaming completion and keep its raw timing. Never raises for a failed request.
+                         input_len: int = 0, on_first_chunk=None, silence: Silence | None = None) -> RequestRecord:
+    """Send one streaming completion and keep its raw timing. Never raises for a failed request;
+    one the liveness watchdog (`silence`) ends is recorded as its timeout.
     `on_first_chunk(request_id)` is called when its first token arrives (a load capture waits
     for every request in flight to be past its prefill)."""
     rec = RequestRecord(start_s=0.0, request_id=request_id, warmup=warmup, input_tokens=input_len)
-    chunks = rec.chunk_times_s
     rec.start_s = time.perf_counter()
+    if silence is None:
+        return await _stream(session, url, payload, rec, timeout_s, on_first_chunk, None)
+    silence.opened()
+    try:
+        return await _stream(session, url, payload, rec, timeout_s, on_first_chunk, silence)
+    except asyncio.CancelledError:
+        if not silence.tripped:
+            raise  # an interrupt, not the watchdog
+        rec.error, rec.success, rec.end_s = silence.error(), False, time.perf_counter()
+        return rec
+    finally:
+        silence.closed()
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], rec: RequestRecord,
+                  timeout_s: float, on_first_chunk, silence: Silence | None) -> RequestRecord:
+    chunks, request_id = rec.chunk_times_s, rec.request_id
     try:
         async with session.post(url, json=payload,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -273,6 +378,8 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
             done = False
             async for data in resp.content.iter_any():
                 now = time.perf_counter()
+                if silence is not None:
+                    silence.heard(now)
                 buf += data.replace(b"\r\n", b"\n") if b"\r" in data else data
                 while True:
                     sep = buf.find(b"\n\n")
@@ -321,7 +428,8 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
 
 async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]], *,
                       concurrency: int, timeout_s: float, input_len: int, warmup: bool = False,
-                      on_done=None, more=None, min_duration_s: float = 0.0) -> list[RequestRecord]:
+                      on_done=None, more=None, min_duration_s: float = 0.0,
+                      silence: Silence | None = None) -> list[RequestRecord]:
     """Keep exactly `concurrency` requests in flight until every payload is sent and, when
     `more` (a function making the next payload) is given, until `min_duration_s` has passed."""
     queue = list(enumerate(payloads))
@@ -331,6 +439,8 @@ async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[d
     next_id = [len(payloads)]
 
     def take() -> tuple[int, dict[str, Any]] | None:
+        if silence is not None and silence.tripped:
+            return None  # the level ended at a silence timeout: send no more
         if queue:
             return queue.pop()
         if more is not None and time.perf_counter() < until:
@@ -342,7 +452,7 @@ async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[d
         while (item := take()) is not None:
             i, p = item
             rec = await stream_request(session, url, p, timeout_s=timeout_s, request_id=i,
-                                       warmup=warmup, input_len=input_len)
+                                       warmup=warmup, input_len=input_len, silence=silence)
             out.append(rec)
             if on_done is not None:
                 on_done(rec)
@@ -354,7 +464,8 @@ async def closed_loop(session: aiohttp.ClientSession, url: str, payloads: list[d
 async def open_loop(session: aiohttp.ClientSession, url: str, payloads: list[dict[str, Any]], *,
                     rate_rps: float, timeout_s: float, input_len: int, seed: int = 0,
                     on_done=None, burstiness: float = 1.0,
-                    offsets_s: Sequence[float] | None = None) -> list[RequestRecord]:
+                    offsets_s: Sequence[float] | None = None,
+                    silence: Silence | None = None) -> list[RequestRecord]:
     """Arrivals at `rate_rps` with gamma gaps of shape `burstiness` (1: Poisson;
     `stepscope.sweep.arrivals`), or at `offsets_s` (s from the start: a ramp, a replayed
     trace) when given; no cap on requests in flight."""
@@ -363,16 +474,20 @@ async def open_loop(session: aiohttp.ClientSession, url: str, payloads: list[dic
     t0 = time.perf_counter()
     arrivals = t0 + np.asarray(offsets_s, dtype=float)
 
-    async def one(i: int, p: dict[str, Any]) -> RequestRecord:
+    async def one(i: int, p: dict[str, Any]) -> RequestRecord | None:
         delay = arrivals[i] - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        rec = await stream_request(session, url, p, timeout_s=timeout_s, request_id=i, input_len=input_len)
+        if silence is not None and silence.tripped:
+            return None  # the level ended at a silence timeout: not sent
+        rec = await stream_request(session, url, p, timeout_s=timeout_s, request_id=i, input_len=input_len,
+                                   silence=silence)
         if on_done is not None:
             on_done(rec)
         return rec
 
-    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
+    recs = await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads)))
+    return [r for r in recs if r is not None]
 
 
 # --------------------------------------------------------------------------- server state

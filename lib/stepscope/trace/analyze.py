@@ -17,7 +17,7 @@ from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
-from stepscope.trace.info import detect_engine, input_token_shape, trace_info, weight_formats_named
+from stepscope.trace.info import detect_engine, input_token_shape, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.wording import capture_delivery, short_names, work_unit
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
@@ -206,7 +206,7 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     origin = float(ev["ts"].min()) if len(ev) else 0.0
     ev = ev.assign(ts=ev["ts"] - origin)
     steps, source = find_steps(ev, rt.rank)
-    meta = {**rt.meta, "engine": detect_engine(ev, rt.meta),
+    meta = {**rt.meta, "engine": detect_engine(ev, rt.meta), "kind_evidence": kind_evidence(ev),
             "unknown_step_names": unknown_step_names(
                 ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
@@ -374,6 +374,11 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     info["weight_formats_named"] = weight_formats_named(ref.kernels)
     weights_q, weights_from = roofline_quantization(quantization, info["weight_formats_named"])
     flags.extend(_info_flags(info, results))
+    if period.get("period_from_device_n"):
+        flags.append(_flag("period_from_device", "warning",
+                           f"{period['period_from_device_n']} step(s): the host-side period was shorter than "
+                           f"the device's busy time, so the period is the device's step (first device event "
+                           f"of one step to the next); shares and ceilings divide by it"))
     matched, instances, coll_steps = match_collectives(results, info, arch)
     flags.extend(_matched_flags(matched))
     ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
@@ -667,6 +672,11 @@ def _info_flags(info: dict, results: list[RankResult]) -> list[dict[str, str]]:
                              f"rank {r.rank}: {len(names)} annotation name(s) look like an engine "
                              f"step but match no known form: {', '.join(names[:5])}; steps came "
                              f"from {r.step_source}"))
+    if info["kind"] != "capture" and (info.get("kind_evidence") or {}).get("capture"):
+        out.append(_flag("capture_evidence", "warning",
+                         f"the {info['kind']} steps are judged, but the trace also shows a graph capture or "
+                         f"warm-up ({'; '.join(info['kind_evidence']['capture'][:2])}): its kernels are "
+                         f"recorded, not run"))
     if info["tp_disagreement"]:
         out.append(_flag("tp_disagreement", "warning",
                          f"TP from params is {info['tp']}, but the traces' distributedInfo."
@@ -758,7 +768,30 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
     if arch is None:
         an.summary["collectives_check"]["explanation"].append(f"architecture: {why}")
         schema.write(Path(out_dir) / "summary.json", an.summary, schema.TraceSummary)
+    write_load_anatomy(run_dir, Path(out_dir), an, arch=arch, tp=tp)
     return an
+
+
+def write_load_anatomy(run_dir: str | Path, out_dir: Path, batch1: Analysis, **kwargs) -> dict | None:
+    """Each load capture (04_profiler_capture/c<C>/) analysed into out_dir/c<C>/, then
+    load_anatomy.csv and .json over batch 1 and those levels; None (nothing written) when
+    stage 04 captured no load level."""
+    from stepscope.trace import load_anatomy as la
+
+    dirs = la.load_capture_dirs(run_dir)
+    if not dirs:
+        return None
+    ref = batch1.reference
+    levels = [(1, "04_profiler_capture/traces", ref.steps_tot, ref.step_categories)]
+    for c, d in dirs:
+        an_c = analyze_traces([d / "traces"], out_dir / f"c{c}", progress=False, perfetto=False, **kwargs)
+        r = an_c.reference
+        levels.append((c, f"04_profiler_capture/{d.name}/traces",
+                       r.steps_tot, r.step_categories))
+    table, summary = la.build(levels, run_dir, rank=ref.rank)
+    schema.write_table(table, out_dir / "load_anatomy.csv", schema.LoadAnatomyRow)
+    schema.write(out_dir / "load_anatomy.json", summary, schema.LoadAnatomySummary)
+    return summary
 
 
 def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:

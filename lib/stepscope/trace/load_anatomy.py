@@ -1,0 +1,225 @@
+"""The step under load: steps grouped by what they process, per captured concurrency.
+
+A decode step at batch 16 is not a batch-1 step sixteen times over: weights are read once
+per step whatever the batch, while attention, KV writes and the all-reduce message grow
+with it. So steps are grouped by the engine's own count of what each one processed (the
+step annotation: vLLM's `execute_context_N(T)_generation_M(U)`, SGLang's
+`step[DECODE bs=N]`), never by the concurrency the client asked for:
+
+- decode steps by the number of requests they decode;
+- mixed steps (prefill chunks and decodes in one step) as their own kind, per number of
+  decode requests, with their prefill tokens counted;
+- prefill-only steps as a third kind.
+
+Per group and category: the interval union per step (as `account.decode_categories` counts
+it), its share of the group's step period. A least-squares line per category over every
+decode step of every level, ms = a + b * decode requests, says which category grows with the
+batch; the trace's own throughput is generated tokens over the summed step periods.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+LOAD_KINDS = ("decode", "mixed", "prefill")
+"""Step kinds the anatomy groups; idle and unlabelled steps are left out."""
+
+ANATOMY_COLUMNS = ["concurrency", "step_kind", "decode_requests", "prefill_tokens", "n_steps", "category",
+                   "ms_per_step", "share_of_period", "period_ms", "busy_ms"]
+
+SLOPE_SIGMAS = 2.0
+"""A category 'grows' only when its slope exceeds this many standard errors."""
+
+
+def load_steps(step_totals: pd.DataFrame) -> pd.DataFrame:
+    """The steps the anatomy counts: decode, mixed or prefill, with work attributed to them."""
+    st = step_totals
+    keep = st["label"].isin(LOAD_KINDS) & (st["n_events"] > 0)
+    out = st.loc[keep, ["step_id", "label", "decode_requests", "decode_tokens", "prefill_requests",
+                        "prefill_tokens", "busy_us", "period_us"]].rename(columns={"label": "step_kind"})
+    out["prefill_tokens"] = out["prefill_tokens"].clip(lower=0)
+    out["decode_requests"] = out["decode_requests"].clip(lower=0).astype(np.int64)
+    return out.reset_index(drop=True)
+
+
+def per_step_categories(steps: pd.DataFrame, step_cats: pd.DataFrame) -> pd.DataFrame:
+    """steps x categories: each category's union per step in ms (0 where it did not run)."""
+    sc = step_cats[step_cats["step_id"].isin(steps["step_id"])]
+    wide = sc.pivot_table(index="step_id", columns="category", values="union_us", aggfunc="sum")
+    return (wide.reindex(steps["step_id"]).fillna(0.0) / 1e3).rename_axis(columns=None)
+
+
+def anatomy(step_totals: pd.DataFrame, step_cats: pd.DataFrame, concurrency: int) -> pd.DataFrame:
+    """load_anatomy.csv rows (ANATOMY_COLUMNS) of one captured level."""
+    steps = load_steps(step_totals)
+    if steps.empty:
+        return pd.DataFrame(columns=ANATOMY_COLUMNS)
+    wide = per_step_categories(steps, step_cats)
+    rows = []
+    for (kind, dreq), g in steps.groupby(["step_kind", "decode_requests"], sort=True):
+        period = g["period_us"].to_numpy(float)
+        period = period[np.isfinite(period)]
+        period_ms = float(period.mean()) / 1e3 if len(period) else None
+        cats = wide.loc[g["step_id"]].mean(axis=0)
+        for cat, ms in cats[cats > 0].sort_values(ascending=False).items():
+            rows.append({"concurrency": int(concurrency), "step_kind": kind, "decode_requests": int(dreq),
+                         "prefill_tokens": float(g["prefill_tokens"].mean()), "n_steps": int(len(g)),
+                         "category": cat, "ms_per_step": float(ms),
+                         "share_of_period": float(ms) / period_ms if period_ms else None,
+                         "period_ms": period_ms, "busy_ms": float(g["busy_us"].mean()) / 1e3})
+    out = pd.DataFrame(rows, columns=ANATOMY_COLUMNS)
+    order = {k: i for i, k in enumerate(LOAD_KINDS)}
+    return out.sort_values(["step_kind", "decode_requests", "ms_per_step"],
+                           key=lambda s: s.map(order) if s.name == "step_kind" else
+                           (-s if s.name == "ms_per_step" else s), kind="stable").reset_index(drop=True)
+
+
+def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
+    """(intercept, slope, slope's standard error) of y = a + b x; the error is None with fewer
+    than three points or no spread in x."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = len(x)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    if n < 2 or sxx == 0:
+        return float(y.mean()) if n else math.nan, math.nan, None
+    b = float(((x - x.mean()) * (y - y.mean())).sum() / sxx)
+    a = float(y.mean() - b * x.mean())
+    if n < 3:
+        return a, b, None
+    resid = y - (a + b * x)
+    return a, b, math.sqrt(float((resid ** 2).sum()) / (n - 2) / sxx)
+
+
+def fit_categories(levels: list[tuple[pd.DataFrame, pd.DataFrame]]) -> list[dict]:
+    """One LoadFit per category over the decode steps of every level ((step_totals,
+    step_categories) each), largest slope first."""
+    xs, frames = [], []
+    for st, sc in levels:
+        steps = load_steps(st)
+        steps = steps[steps["step_kind"] == "decode"]
+        if steps.empty:
+            continue
+        xs.append(steps["decode_requests"].to_numpy())
+        frames.append(per_step_categories(steps, sc).reset_index(drop=True))
+    if not frames:
+        return []
+    x = np.concatenate(xs)
+    wide = pd.concat(frames, ignore_index=True).fillna(0.0)
+    fits = []
+    for cat in wide.columns:
+        y = wide[cat].to_numpy(float)
+        a, b, se = ols(x, y)
+        lo, hi = int(x.min()), int(x.max())
+        fits.append({"category": cat, "n_steps": int(len(x)), "n_batches": int(len(np.unique(x))),
+                     "intercept_ms": _num(a), "slope_ms_per_request": _num(b), "slope_se_ms": se,
+                     "ms_at_batch_min": float(y[x == lo].mean()), "ms_at_batch_max": float(y[x == hi].mean()),
+                     "batch_min": lo, "batch_max": hi})
+    return sorted(fits, key=lambda f: -(f["slope_ms_per_request"] or -math.inf))
+
+
+def fastest_growing(fits: list[dict]) -> str | None:
+    """The category with the largest slope that clears SLOPE_SIGMAS standard errors."""
+    for f in fits:
+        b, se = f["slope_ms_per_request"], f["slope_se_ms"]
+        if b is not None and se is not None and b > 0 and b > SLOPE_SIGMAS * se:
+            return f["category"]
+    return None
+
+
+def _num(v: float) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def level_summary(step_totals: pd.DataFrame, concurrency: int, trace_dir: str) -> dict:
+    """A LoadLevel without the sweep's side: what the steps held and the throughput they imply
+    (generated tokens of decode and mixed steps over the summed periods of all counted steps)."""
+    steps = load_steps(step_totals)
+    kinds = steps["step_kind"].value_counts()
+    dec = steps[steps["step_kind"].isin(("decode", "mixed"))]
+    with_next = steps[np.isfinite(steps["period_us"].to_numpy(float))]
+    window_s = float(with_next["period_us"].sum()) / 1e6 if len(with_next) else None
+    tokens = int(with_next["decode_tokens"].clip(lower=0).sum())
+    return {"concurrency": int(concurrency), "trace_dir": trace_dir, "n_steps": int(len(steps)),
+            "n_decode_steps": int(kinds.get("decode", 0)), "n_mixed_steps": int(kinds.get("mixed", 0)),
+            "n_prefill_steps": int(kinds.get("prefill", 0)),
+            "decode_requests_mean": float(dec["decode_requests"].mean()) if len(dec) else None,
+            "decode_requests_max": int(dec["decode_requests"].max()) if len(dec) else None,
+            "period_ms_mean": float(with_next["period_us"].mean()) / 1e3 if len(with_next) else None,
+            "busy_share": (float(with_next["busy_us"].sum() / with_next["period_us"].sum())
+                           if len(with_next) and with_next["period_us"].sum() > 0 else None),
+            "output_tokens": tokens, "window_s": window_s,
+            "predicted_output_tok_s": tokens / window_s if window_s else None}
+
+
+def load_capture_dirs(run_dir) -> list[tuple[int, object]]:
+    """(concurrency, folder) of every load capture stage 04 wrote (`04_profiler_capture/c<C>/`)."""
+    from pathlib import Path
+
+    stage = Path(run_dir) / "04_profiler_capture"
+    out = []
+    for d in stage.glob("c*") if stage.is_dir() else []:
+        if d.name[1:].isdigit() and (d / "traces").is_dir() and any((d / "traces").iterdir()):
+            out.append((int(d.name[1:]), d))
+    return sorted(out, key=lambda t: t[0])
+
+
+def sweep_throughput(run_dir) -> dict[int, float]:
+    """{concurrency: the sweep's measured output tok/s} from 01_macro_sweep/levels.csv."""
+    from pathlib import Path
+
+    path = Path(run_dir) / "01_macro_sweep" / "levels.csv"
+    if not path.is_file():
+        return {}
+    lv = pd.read_csv(path)
+    lv = lv[(lv["mode"] == "concurrency") & lv["output_throughput_tok_s"].notna()]
+    return {int(c): float(t) for c, t in zip(lv["concurrency"], lv["output_throughput_tok_s"])}
+
+
+def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=None, rank: int | None = None
+          ) -> tuple[pd.DataFrame, dict]:
+    """(load_anatomy.csv, load_anatomy.json) from (concurrency, trace folder, step_totals,
+    step_categories) of each captured level, batch 1 included; the sweep's and the capture
+    client's throughput set beside the trace's where the run folder has them."""
+    import json
+    from pathlib import Path
+
+    table = pd.concat([anatomy(st, sc, c) for c, _, st, sc in levels], ignore_index=True) \
+        if levels else pd.DataFrame(columns=ANATOMY_COLUMNS)
+    fits = fit_categories([(st, sc) for _, _, st, sc in levels])
+    measured = sweep_throughput(run_dir) if run_dir is not None else {}
+    out_levels = []
+    for c, tdir, st, _ in levels:
+        lv = level_summary(st, c, tdir)
+        lv["measured_output_tok_s"] = measured.get(c)
+        win = Path(run_dir) / "04_profiler_capture" / f"c{c}" / "load_window.json" if run_dir else None
+        if win is not None and win.is_file():
+            lv["capture_output_tok_s"] = json.loads(win.read_text()).get("capture_output_tok_s")
+        out_levels.append(lv)
+    notes = []
+    if fits and all(f["n_batches"] < 2 for f in fits):
+        notes.append("every decode step has the same batch size: no slope can be fitted; capture more "
+                     "levels (capture.concurrency)")
+    return table, {"rank": rank, "levels": out_levels, "fits": fits, "fastest_category": fastest_growing(fits),
+                   "notes": notes}
+
+
+def read_outputs(out_dir) -> tuple[pd.DataFrame, dict] | None:
+    """Stage 05's load_anatomy.csv and .json (as builtins), or None when it wrote none."""
+    import json
+    from pathlib import Path
+
+    csv, js = Path(out_dir) / "load_anatomy.csv", Path(out_dir) / "load_anatomy.json"
+    if not (csv.is_file() and js.is_file()):
+        return None
+    return pd.read_csv(csv), json.loads(js.read_text())
+
+
+def levels_table(summary: dict) -> pd.DataFrame:
+    """One row per captured level: its steps, batch, period and the trace's throughput beside
+    the sweep's and the capture client's (for display)."""
+    cols = ["concurrency", "n_steps", "n_decode_steps", "n_mixed_steps", "decode_requests_mean", "period_ms_mean",
+            "busy_share", "predicted_output_tok_s", "measured_output_tok_s", "capture_output_tok_s"]
+    return pd.DataFrame(summary.get("levels") or [], columns=cols).set_index("concurrency")

@@ -1,0 +1,66 @@
+"""The report's step under load, rendered from a run folder holding stage 05's load anatomy of
+the real c=16 load trace (tests/data/traces/README.md) and a sweep level beside it."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from stepscope import schema
+from stepscope.report import load as rl
+from stepscope.trace import load_anatomy as la
+from stepscope.trace.analyze import analyze_traces
+from stepscope.trace.load_plots import load_bars
+
+
+@pytest.fixture(scope="module")
+def run_dir(real_traces, tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    an = analyze_traces(sorted(real_traces.glob("vllm-cpu-tinyllama-tp2-c16-rank*.pt.trace.json.gz")),
+                        run / "scratch", progress=False, perfetto=False)
+    r = an.reference
+    (run / "01_macro_sweep").mkdir()
+    # a sweep level well below the trace's 891 tok/s, with requests waiting at the scheduler
+    pd.DataFrame([{"mode": "concurrency", "concurrency": 16, "output_throughput_tok_s": 600.0,
+                   "client_bound": False}]).to_csv(run / "01_macro_sweep" / "levels.csv", index=False)
+    pd.DataFrame([{"level": "c0016", "phase": "measure", "t_s": float(i), "scrape_ms": 15.0,
+                   "requests_running": 16.0, "requests_waiting": w, "kv_cache_usage": 0.01,
+                   "preemptions_total": 0.0} for i, w in enumerate([0.0, 3.0, 1.0])]
+                 ).to_csv(run / "01_macro_sweep" / "server_metrics.csv", index=False)
+    table, summary = la.build([(16, "04_profiler_capture/c16/traces", r.steps_tot, r.step_categories)], run, rank=0)
+    (run / "05_categorize").mkdir()
+    schema.write_table(table, run / "05_categorize" / "load_anatomy.csv", schema.LoadAnatomyRow)
+    schema.write(run / "05_categorize" / "load_anatomy.json", summary, schema.LoadAnatomySummary)
+    return run
+
+
+def test_trace_and_sweep_are_set_side_by_side_and_the_gap_explained(run_dir):
+    table, summary = rl.read_load(run_dir)
+    (c,) = rl.compare_levels(run_dir, summary, pd.read_csv(run_dir / "01_macro_sweep" / "levels.csv"))
+    assert c.concurrency == 16 and c.measured_tok_s == 600.0
+    assert c.predicted_tok_s == pytest.approx(summary.levels[0].predicted_output_tok_s)
+    assert c.band_tok_s == pytest.approx(0.05 * 600.0)  # one run per side: the fixed band
+    assert c.agrees is False
+    text = " ".join(c.explanations)
+    assert "7 of the window's 20 steps were mixed" in text
+    assert "up to 3 waiting" in text
+    assert "covered 45%" in text  # the CPU steps' work leaves gaps inside their periods
+
+
+def test_the_section_renders_from_the_typed_values(run_dir):
+    md = rl.section_load(run_dir, pd.read_csv(run_dir / "01_macro_sweep" / "levels.csv"), "![fig](x.png)")
+    assert md.startswith(f"## {rl.SECTION_TITLE}\n")
+    assert "| 16 | 14.5 | 0.350 | 891 | 600 | – | 30 | **no** |" in md
+    assert "beyond the band" in md and "![fig](x.png)" in md
+    _, summary = rl.read_load(run_dir)
+    assert rl.fastest_sentence(summary) in md
+    assert rl.section_load(run_dir / "nothing-here", None) == ""
+
+
+def test_the_figure_has_one_bar_per_level_and_batch_with_its_period(run_dir):
+    table, _ = rl.read_load(run_dir)
+    bars, periods, n = load_bars(table)
+    assert list(dict.fromkeys(bars["label"])) == ["c=16, batch 14", "c=16, batch 15"]
+    assert n == 13 and len(periods) == 2
+    mixed = load_bars(table, "mixed")
+    assert mixed[2] == 7
