@@ -101,7 +101,7 @@ def test_cpu_tp2_traces(analysed):
     ("multimem_all_reduce_kernel", "kernel", "all_reduce"),
     ("allreduce_fusion_kernel_oneshot_lamport<...>", "kernel", "all_reduce"),
     ("marlin::Marlin<...>", "kernel", "quant_gemm"),
-    ("marlin_moe_wna16::Marlin<...>", "kernel", "quant_gemm"),
+    ("marlin_moe_wna16::Marlin<...>", "kernel", "fused_moe"),
     ("fused_moe_kernel_gptq_awq", "kernel", "fused_moe"),
     ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "kernel", "all_reduce"),
     ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(...)", "kernel", "all_reduce"),
@@ -130,7 +130,7 @@ def test_cpu_tp2_traces(analysed):
     ("wvSplitK_hf_sml_", "kernel", "dense_gemm"),
     ("top_k_renorm_probs_kernel", "kernel", "sampling"),
     ("_gumbel_sample_kernel", "kernel", "sampling"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>", "kernel", "sampling"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>", "kernel", "elementwise"),  # sampling only inside a Sampler module (tests/test_trace_categories_op_first.py)
     ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 1, 128, 1>", "kernel", "elementwise"),
     ("triton_poi_fused_add_0", "kernel", "elementwise"),
     ("void flashinfer::sampling::TopKTopPSamplingFromProbKernel<...>", "kernel", "sampling"),

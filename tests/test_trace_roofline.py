@@ -124,28 +124,29 @@ def test_expert_weight_format_comes_from_kernel_names_when_params_do_not_say(rea
     assert "kernel names" not in moe_bf16["source"]
 
 
-def test_kimi_int4_experts_in_marlins_moe_kernel_are_counted_in_quant_gemm():
-    """The reference campaign's case: Kimi-K2.5 INT4 at TP=8. Marlin's MoE kernel lands in
-    quant_gemm (rules.yaml), the bf16 attention, shared-expert and LM-head GEMMs in dense_gemm.
-    The expert bytes belong with quant_gemm's time: counted against dense_gemm's, they would
-    put the bf16 kernels far above their real bandwidth and leave the experts' time unread."""
+def test_kimi_int4_experts_in_marlins_moe_kernel_are_counted_in_fused_moe():
+    """The reference campaign's case: Kimi-K2.5 INT4 at TP=8. Marlin's MoE kernel is an expert
+    GEMM and lands in fused_moe (rules.yaml), the bf16 attention, shared-expert and LM-head
+    GEMMs in dense_gemm. The expert bytes belong with fused_moe's time: counted against
+    dense_gemm's, they would put the bf16 kernels far above their real bandwidth and leave the
+    experts' time unread."""
     from stepscope.trace.categorize import classify_name, make_rules
     from stepscope.trace.roofline import roofline
 
     rules = make_rules()
-    assert classify_name("marlin_moe_wna16::Marlin<...>", "kernel", rules) == "quant_gemm"
+    assert classify_name("marlin_moe_wna16::Marlin<...>", "kernel", rules) == "fused_moe"
     assert classify_name("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "kernel", rules) == "dense_gemm"
     arch = get_preset("kimi-k2.5")
     cats = pd.DataFrame([{"category": "dense_gemm", "union_ms_mean": 3.0, "calls_per_step": 548.0},
-                         {"category": "quant_gemm", "union_ms_mean": 6.0, "calls_per_step": 120.0}])
+                         {"category": "fused_moe", "union_ms_mean": 6.0, "calls_per_step": 120.0}])
     r = roofline(cats, arch, 8, 1.0, {"peak_mem_bw_gbps": 1792.0, "peak_tflops": None}, quantization="w4a16")
     rows = {x["category"]: x for x in r["rows"]}
     work = model_work(arch, 8, 1, weight_formats(arch, "w4a16"))
     experts = work["layer_kind"] == "routed_expert"
-    assert rows["quant_gemm"]["gemms"] == "expert_gate_up+expert_down"
-    assert rows["quant_gemm"]["bytes_per_step"] == pytest.approx(work.loc[experts, "bytes_per_step"].sum())
-    assert rows["quant_gemm"]["achieved_gbps"] == pytest.approx(rows["quant_gemm"]["bytes_per_step"] / 6.0 / 1e6)
-    assert "w4a16" in rows["quant_gemm"]["source"] and "w4a16" not in rows["dense_gemm"]["source"]
+    assert rows["fused_moe"]["gemms"] == "expert_gate_up+expert_down"
+    assert rows["fused_moe"]["bytes_per_step"] == pytest.approx(work.loc[experts, "bytes_per_step"].sum())
+    assert rows["fused_moe"]["achieved_gbps"] == pytest.approx(rows["fused_moe"]["bytes_per_step"] / 6.0 / 1e6)
+    assert "w4a16" in rows["fused_moe"]["source"] and "w4a16" not in rows["dense_gemm"]["source"]
     assert rows["dense_gemm"]["bytes_per_step"] == pytest.approx(work.loc[~experts, "bytes_per_step"].sum())
     assert rows["dense_gemm"]["model_gemms_per_step"] == work.loc[~experts, "calls_per_step"].sum()
 

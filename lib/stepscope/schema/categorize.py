@@ -180,6 +180,9 @@ class DecodeSummary(Record, kw_only=True):
     """`period` (shares and Amdahl ceilings divide by it) or `span` (one step only; see
     `denominator_reason`)."""
     denominator_reason: str | None = None
+    period_from_device_n: int = 0
+    """Steps of the period whose host-side period was shorter than their device busy time,
+    measured on the device instead (stage 05 flags `period_from_device`)."""
     idle_micro_ms: float | None = None
     """Mean per step: gaps between work inside a step, each shorter than
     `thresholds.MACRO_GAP_US`."""
@@ -211,20 +214,36 @@ class WeightFormatNamed(Record, kw_only=True):
     """A weight format the GEMM kernels' names state (`trace.info.weight_formats_named`)."""
 
     format: str
-    """`mxfp4`, `nvfp4`, `w4a16`, `fp8` or `int8`."""
+    """The weights' format: `mxfp4`, `nvfp4`, `mxfp8`, `w4a16`, `fp8` or `int8`."""
     n_kernels: int
     """Kernel names stating it, among the largest kernels of each GEMM category."""
     ms_per_step: float
     """Their summed time per decode step."""
     example_kernel: str
+    activations: str | None = None
+    """The activation formats the same names spell out, where they do (`mxfp8` for
+    TRT-LLM-gen's `..._MxE2m1MxE4m3_...`, `bf16` for matmul_ogs' `..._bf16xbf16xmxfp4_...`);
+    None where the names say only the weights."""
     """The longest-running of them."""
+
+
+class MixedReading(Record, kw_only=True):
+    """Mixed prefill-and-decode steps, medians over them; null where the annotation is silent."""
+
+    n_steps: int
+    prefill_requests: float | None = None
+    prefill_tokens: float | None = None
+    decode_requests: float | None = None
+    decode_tokens: float | None = None
 
 
 class TraceInfo(Record, kw_only=True):
     """What the traces are."""
 
     kind: str | None = None
-    """`decode`, `prefill`, `mixed`, `training`, `single_step` or `unknown`."""
+    """`decode`, `prefill`, `mixed`, `training`, `capture` (CUDA-graph capture, compile or
+    warm-up: kernels recorded, not run), `diffusion`, `vision`, `encoder` (inference that is
+    not an LLM's), `single_step` or `unknown`; decided from `kind_evidence` and the step labels."""
     engine: str | None = None
     """`vllm`, `sglang` or `unknown`."""
     device_name: str | None = None
@@ -258,6 +277,15 @@ class TraceInfo(Record, kw_only=True):
     weight_formats_named: list[WeightFormatNamed] = []
     """Weight formats the GEMM kernels' names state, the most time first; empty when none
     does (which is not the same as bf16)."""
+    kind_evidence: dict[str, list[str]] = {}
+    """What the reference rank's events say about the kind, by kind (`capture`, `diffusion`,
+    `vision`, `encoder`, `llm`, `model_passes`): annotations, runtime calls, frames and
+    nn.Module classes found, with counts (e.g. "module `SD3Transformer2DModel` ×4")."""
+    model_passes: int | None = None
+    """Non-LLM inference: forward passes of the denoiser in the trace (a pipeline's profiler
+    step holds several), when its module frames say."""
+    mixed: MixedReading | None = None
+    """A mixed trace's own reading (prefill beside decode), from the step annotations."""
 
 
 class CollectivesMatched(Record, kw_only=True):
@@ -472,7 +500,11 @@ class StepRow(Row, kw_only=True):
     kind: str | None = None
     """`decode`, `prefill`, `mixed`, `training`, `profiler_step`, ..."""
     period_us: float | None = None
-    """This step's start to the next step's start."""
+    """This step's start to the next step's start: on the host's annotations, or on the
+    device (`period_from_device`) where the host's was shorter than the step's busy time."""
+    period_from_device: bool | None = None
+    """The period is the device's step (first device event to the next step's): the host's
+    period was shorter than the device work it launched."""
     between_steps_us: float | None = None
     """period_us - span_us: the part of the period outside the step's device work."""
     idle_micro_us: float | None = None

@@ -90,15 +90,25 @@ class Rule:
 @dataclass(frozen=True)
 class ContextRule:
     """A frame whose name matches `pattern` (and, with `parent`, whose enclosing module
-    matches `parent`) gives its category to the work launched inside it."""
+    matches `parent`) gives its category to the work launched inside it; with `only`, only to
+    work whose name alone would land in one of those categories (an attention module names its
+    softmax and masking kernels, not the projections' GEMMs). The category `name` stops an
+    outer frame's rule from reaching in (a `Linear` inside an attention module)."""
 
     category: str
     pattern: str
     parent: str | None = None
+    only: tuple[str, ...] | None = None
 
     @property
     def regex(self) -> re.Pattern:
         return _compile(self.pattern)
+
+    @property
+    def decision(self) -> str:
+        """What the frame sweep records per frame: the category, and the name categories it may
+        override after a `|` (`attention|elementwise,other`). `categorize_work` reads it back."""
+        return self.category + ("|" + ",".join(self.only) if self.only else "")
 
     @property
     def parent_regex(self) -> re.Pattern:
@@ -123,7 +133,8 @@ def builtin_rules() -> list[Rule]:
 
 def context_rules() -> list[ContextRule]:
     """The packaged context rules, in order."""
-    return [ContextRule(r["category"], r["pattern"], r.get("parent"))
+    return [ContextRule(r["category"], r["pattern"], r.get("parent"),
+                        tuple(r["only"]) if r.get("only") else None)
             for r in _rules_yaml().get("context", [])]
 
 
@@ -175,6 +186,31 @@ def categorize(names: pd.Series, cats: pd.Series, rules: list[Rule]) -> np.ndarr
 # frame encloses it: a collective or a copy inside a norm module is still one.
 _NAME_WINS = {"communication", "memory"}
 _NAME_WINS_CATEGORIES = {"framework", "collective_wait"}
+NAME_DECIDES = "name"
+"""A context rule's category that stops outer frames' rules: the name decides inside it."""
+GENERIC_COLLECTIVE_NAME = re.compile(r"(?i)ncclDevKernel_Generic|^msccl")
+"""A collective kernel whose name does not say which collective it is (NCCL 2.19+'s
+`ncclDevKernel_Generic` for the LL128/SIMPLE protocols, MSCCL's kernels): the enclosing op
+(`nccl:all_reduce`, `c10d::allreduce_`) names it. A kernel whose name says its collective
+(`ncclKernel_SendRecv_...`) keeps it, and a collective op never turns a compute kernel into
+communication."""
+
+
+def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str | None:
+    """The category a frame's decision gives to work whose name says `name_cat` (`generic`: a
+    collective kernel whose name does not say which one), or None."""
+    if not decision:
+        return None
+    ctx, _, only = decision.partition("|")
+    if ctx == NAME_DECIDES:
+        return None
+    if CATEGORY_CLASS.get(ctx) == "communication":
+        return ctx if generic else None
+    if CATEGORY_CLASS.get(name_cat, "compute") in _NAME_WINS or name_cat in _NAME_WINS_CATEGORIES:
+        return None
+    if only and name_cat not in only.split(","):
+        return None
+    return ctx
 
 
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
@@ -193,10 +229,13 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     source = np.array([g[1] for g in got], dtype=object)[p_codes]
     if context is not None and len(context):
         ctx = np.asarray(context, dtype=object)
-        keep_name = np.array([CATEGORY_CLASS.get(c, "compute") in _NAME_WINS or c in _NAME_WINS_CATEGORIES
-                              for c in category], dtype=bool)
-        use = (ctx != "") & ~keep_name
-        category = np.where(use, ctx, category)
+        # judged once per distinct (name category, frame decision) pair
+        generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=bool)[n_codes]
+        pairs = list(zip(category.tolist(), ctx.tolist(), generic.tolist()))
+        memo = {k: _context_applies(*k) for k in set(pairs)}
+        got = np.array([memo[k] for k in pairs], dtype=object)
+        use = np.array([g is not None for g in got], dtype=bool)
+        category = np.where(use, got, category)
         source = np.where(use, "context", source)
     return category, source
 

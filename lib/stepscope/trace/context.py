@@ -35,7 +35,8 @@ FRAME_CATS = ("python_function", "cpu_op", "user_annotation")
 
 @dataclass
 class WorkContext:
-    """Per query: the context category ("" for none), the frame that decided it, and the
+    """Per query: the context decision ("" for none; `ContextRule.decision`: the category, and
+    after a `|` the name categories it may override), the frame that decided it, and the
     innermost module (`Qwen2RMSNorm_3`, "" for none)."""
 
     category: np.ndarray
@@ -111,7 +112,7 @@ class _Decider:
         got = self.memo.get(key)
         if got is None:
             got = self.memo[key] = next(
-                (r.category for r in self.rules if r.regex.search(name)
+                (r.decision for r in self.rules if r.regex.search(name)
                  and (r.parent is None or (parent_module and r.parent_regex.search(parent_module)))), "")
         return got
 

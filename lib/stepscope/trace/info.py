@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
+from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -64,17 +65,115 @@ def input_token_shape(path: str | Path) -> tuple[int, int] | None:
     return None
 
 
-def _kind(kinds: dict[str, int], shape: tuple[int, int] | None) -> tuple[str, str]:
-    """The trace's kind and the step kind it is judged on."""
-    for k in ("decode", "training", "prefill", "mixed"):
+# What each kind of trace carries in plain sight. Capture: vLLM's `capture_32_FULL` and
+# SGLang's `capture_32_DECODE` annotations, torch inductor's `CUDAGraphNode.record`, the
+# runtime's stream capture and graph instantiation, and the frames of a capture or compile
+# warm-up (kept by trace.frames). Non-LLM inference: the model classes of its nn.Module
+# frames (diffusers' denoisers and VAEs, vision backbones, text encoders) and a diffusion
+# server's request annotation. An LLM: its decoder layers or a causal-LM head class.
+_CAPTURE_ANN = re.compile(r"^capture_\d+_\w+$|CUDAGraphNode\.record")
+_CAPTURE_CALL = re.compile(r"^(?:cuda|hip)(?:StreamBeginCapture|GraphInstantiate)")
+_CAPTURE_FRAME = re.compile(r"\): (?:_capture_cudagraphs|capture_model|compile_or_warm_up_model|"
+                            r"capture_one_batch_size|capture_begin)$")
+_DIFFUSION_ANN = re.compile(r"^execute_diffusion|^denois", re.I)
+_DIFFUSION_MODULE = re.compile(r"^(?:UNet\d?D\w*|\w*Transformer[23]DModel|AutoencoderKL\w*|VQModel|"
+                               r"UpDecoderBlock2D|ResnetBlock2D|ControlNet\w*)$")
+_DENOISER_MODULE = re.compile(r"^(?:UNet\d?DConditionModel|UNet2DModel|\w*Transformer[23]DModel)$")
+_VISION_MODULE = re.compile(r"^(?:ViT|DeiT|Beit|Swin|ConvNext|ResNet|RegNet|EfficientNet|MobileNet|"
+                            r"CLIPVision|SiglipVision|Dinov2|Owlv2Vision|OwlViTVision|Timesformer|Detr|Yolos)"
+                            r"\w*Model$", re.I)
+_ENCODER_MODULE = re.compile(r"^(?:Bert|Roberta|XLMRoberta|DistilBert|Electra|Albert|Deberta\w*|MPNet|"
+                             r"CLIPText|T5Encoder|UMT5Encoder)\w*(?:Model|Transformer)$")
+_LLM_MODULE = re.compile(r"DecoderLayer$|ForCausalLM$|^GPT2Block$|^GPTNeoXLayer$")
+EVIDENCE_SHOWN = 4
+"""Names listed per kind of evidence (a count says how many there were)."""
+
+
+def _module_classes(ev: pd.DataFrame) -> pd.Series:
+    """How often each nn.Module class ran: `nn.Module: SD3Transformer2DModel_0` counts for
+    `SD3Transformer2DModel` (each forward call is one frame)."""
+    names = ev.loc[ev["cat"] == "python_function", "name"].astype(str)
+    mods = names[names.str.startswith("nn.Module: ")].str.slice(11).str.replace(r"_\d+$", "", regex=True)
+    return mods.value_counts()
+
+
+def _hits(names: pd.Series, pattern: re.Pattern[str], what: str) -> list[str]:
+    """"<what> `<name>` (×n)" for the names matching, most frequent first."""
+    hit = names[names.str.contains(pattern)]
+    counts = hit.value_counts()
+    return [f"{what} `{n}`" + (f" ×{int(c)}" if c > 1 else "") for n, c in counts.head(EVIDENCE_SHOWN).items()]
+
+
+def kind_evidence(ev: pd.DataFrame) -> dict[str, list[str]]:
+    """What one rank's events say about the kind of trace, by kind (`capture`, `diffusion`,
+    `vision`, `encoder`, `llm`): each a list of readable findings, empty kinds left out.
+    `model_passes` (diffusion) counts the denoiser's forward calls: a profiler step of a
+    pipeline holds several passes, not one."""
+    names = ev["name"].astype(str)
+    cat = ev["cat"]
+    ann = names[cat.isin(("user_annotation", "gpu_user_annotation"))]
+    mods = _module_classes(ev)
+    mod_names = pd.Series(mods.index.astype(str), dtype=object)
+
+    def modules(pattern: re.Pattern[str]) -> list[str]:
+        hit = mods[mod_names.str.contains(pattern).to_numpy()] if len(mods) else mods
+        return [f"module `{n}`" + (f" ×{int(c)}" if c > 1 else "") for n, c in hit.head(EVIDENCE_SHOWN).items()]
+
+    out = {
+        "capture": (_hits(ann, _CAPTURE_ANN, "annotation") + _hits(names[cat.isin(LAUNCH_CATS_INFO)], _CAPTURE_CALL,
+                                                                        "runtime call")
+                    + _hits(names[cat == "python_function"], _CAPTURE_FRAME, "frame")),
+        "diffusion": _hits(ann, _DIFFUSION_ANN, "annotation") + modules(_DIFFUSION_MODULE),
+        "vision": modules(_VISION_MODULE),
+        "encoder": modules(_ENCODER_MODULE),
+        "llm": modules(_LLM_MODULE),
+    }
+    out = {k: v for k, v in out.items() if v}
+    den = mods[mod_names.str.contains(_DENOISER_MODULE).to_numpy()] if len(mods) else mods
+    if "diffusion" in out and len(den):
+        out["model_passes"] = [f"{int(den.iloc[0])} forward passes of `{den.index[0]}`"]
+    return out
+
+
+def _passes(evidence: dict[str, list[str]]) -> int | None:
+    p = (evidence.get("model_passes") or [""])[0]
+    m = re.match(r"(\d+) ", p)
+    return int(m.group(1)) if m else None
+
+
+ENGINE_STEP_KINDS = ("decode", "training", "prefill", "mixed")
+NON_LLM_KINDS = ("diffusion", "vision", "encoder")
+"""Inference that is not an LLM's: no decode, no prefill, no speculative what-if."""
+
+
+def _kind(kinds: dict[str, int], shape: tuple[int, int] | None,
+          evidence: dict[str, list[str]] | None = None) -> tuple[str, str]:
+    """The trace's kind and the step kind it is judged on.
+
+    An engine's own step labels win (decode, then training, prefill, mixed). Without them a
+    capture or warm-up trace is a `capture` (its kernels are recorded, not run); then the
+    model classes decide: a diffusion pipeline, an LLM (decode or prefill by the token
+    ids' shape), a vision model, a text encoder. Only an LLM is called decode or prefill."""
+    ev = evidence or {}
+    for k in ENGINE_STEP_KINDS:
         if kinds.get(k):
             return k, k
     n = sum(kinds.values())
-    if kinds.get("profiler_step") and shape is not None:
+    judged = next(iter(kinds)) if n and len(kinds) == 1 else "unknown"
+    if ev.get("capture"):
+        return "capture", judged
+    if ev.get("diffusion"):
+        return "diffusion", judged
+    if kinds.get("profiler_step") and shape is not None and ev.get("llm"):
         return ("decode" if shape[1] == 1 else "prefill"), "profiler_step"
+    if not ev.get("llm"):
+        for k in ("vision", "encoder"):
+            if ev.get(k):
+                return k, judged
     if n == 1:
         return "single_step", next(iter(kinds))
     return "unknown", "unknown"
+
 
 
 def _device_name(r) -> str | None:
@@ -106,7 +205,8 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
     st = ref.steps_tot
     with_work = st[st["n_events"] > 0]
     kinds = {str(k): int(v) for k, v in with_work["kind"].value_counts().items()}
-    kind, judged = _kind(kinds, shape_hint)
+    evidence = dict(ref.meta.get("kind_evidence") or {})
+    kind, judged = _kind(kinds, shape_hint, evidence)
     dec = with_work[with_work["kind"] == "decode"]
     reqs = dec["decode_requests"].to_numpy()
     reqs = reqs[reqs >= 0]
@@ -147,7 +247,29 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "graph_launched_events": n_graph if replay is not None else None,
         "device_events": n_dev if replay is not None else None,
         "low_confidence": n_judged < LOW_CONFIDENCE_STEPS,
+        "kind_evidence": evidence,
+        "model_passes": _passes(evidence) if kind in NON_LLM_KINDS else None,
+        "mixed": mixed_reading(with_work) if kind == "mixed" else None,
     }
+
+
+def mixed_reading(steps: pd.DataFrame) -> dict[str, Any] | None:
+    """A mixed step's own reading, from its annotation: prefill requests and tokens beside
+    decode requests and tokens, medians over the mixed steps (-1 where the annotation does
+    not say). vLLM's `execute_8192_context_9(sq8155...)_generation_37(sq37...)` is 9 prefill
+    requests of 8,155 tokens and 37 decode requests in one step."""
+    m = steps[steps["kind"] == "mixed"]
+    if m.empty:
+        return None
+
+    def med(col: str) -> float | None:
+        v = m[col].to_numpy(float)
+        v = v[v >= 0]
+        return float(np.median(v)) if len(v) else None
+
+    return {"n_steps": int(len(m)), "prefill_requests": med("prefill_requests"),
+            "prefill_tokens": med("prefill_tokens"), "decode_requests": med("decode_requests"),
+            "decode_tokens": med("decode_tokens")}
 
 
 WEIGHT_FORMAT_NAMES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -169,16 +291,25 @@ def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
     Read from names only: a format no kernel names (a bf16 GEMM library kernel running
     dequantized weights) is not seen, and none means "not named", not "bf16"."""
     from stepscope.palette import GEMM_CATEGORIES
+    from stepscope.trace.roofline import kernel_formats
 
     if kernels.empty:
         return []
     gemm = kernels[kernels["category"].isin(GEMM_CATEGORIES)]
     found: dict[str, list[tuple[float, str]]] = {}
+    acts: dict[str, set[str]] = {}
     for name, ms in zip(gemm["name"].astype(str), gemm["sum_ms_per_step"].astype(float)):
-        fmt = next((f for f, pattern in WEIGHT_FORMAT_NAMES if pattern.search(name)), None)
+        # A name that spells its types (TRT-LLM-gen, matmul_ogs) says weights and activations
+        # apart: MxE2m1MxE4m3 is MXFP4 weights, MXFP8 activations, not "fp8".
+        weights, activations = kernel_formats(name)
+        fmt = weights if weights not in (None, "bf16", "fp16") else (
+            None if weights else next((f for f, pattern in WEIGHT_FORMAT_NAMES if pattern.search(name)), None))
         if fmt is not None:
             found.setdefault(fmt, []).append((ms, name))
+            if activations:
+                acts.setdefault(fmt, set()).add(activations)
     out = [{"format": fmt, "n_kernels": len(hits), "ms_per_step": sum(ms for ms, _ in hits),
-            "example_kernel": max(hits)[1]} for fmt, hits in found.items()]
+            "example_kernel": max(hits)[1], "activations": ", ".join(sorted(acts.get(fmt, ()))) or None}
+           for fmt, hits in found.items()]
     return sorted(out, key=lambda r: -r["ms_per_step"])
 

@@ -20,6 +20,7 @@ Method and sources: docs/trace-analysis.md#a-roofline-on-the-trace.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,30 @@ def weight_formats(arch: Any, quantization: str | None = None) -> dict[str, Weig
     elif "w4a16" in q or "int4" in q:
         routed = W4A16_G32
     return {"routed_expert": routed}
+
+
+# TRT-LLM-gen's GEMM names spell the types: `bmm_<output>_<weights><activations>_<accumulator>_...`
+# (`bmm_Bfloat16_MxE2m1MxE4m3_Fp32_...`: MXFP4 weights, MXFP8 activations, bf16 out). An `Mx`
+# prefix is the OCP microscaling block format (one 8-bit power-of-two scale per 32 elements);
+# a bare E2m1 is NVFP4 (an E4m3 scale per 16).
+_TRTLLM_GEN_TYPES = re.compile(r"^bmm_(?:Mx)?[A-Za-z0-9]+?_(?P<w>(?:Mx)?E\dm\d|Bfloat16|Fp16)"
+                               r"(?P<a>(?:Mx)?E\dm\d|Bfloat16|Fp16)_")
+# Triton's matmul_ogs: `_matmul_ogs_<layout>_<output>x<activations>x<weights>_<tile>`.
+_OGS_T = r"(?:bf16|fp16|fp32|mxfp4|mxfp8|nvfp4|fp8|float8e4nv)"
+_OGS_TYPES = re.compile(rf"_matmul_ogs_[A-Z]+_(?P<o>{_OGS_T})x(?P<a>{_OGS_T})x(?P<w>{_OGS_T})_")
+_TYPE_FORMAT = {"mxe2m1": "mxfp4", "e2m1": "nvfp4", "mxe4m3": "mxfp8", "e4m3": "fp8", "mxe5m2": "mxfp8",
+                "e5m2": "fp8", "bfloat16": "bf16", "bf16": "bf16", "fp16": "fp16", "mxfp4": "mxfp4",
+                "mxfp8": "mxfp8", "fp8": "fp8", "float8e4nv": "fp8", "nvfp4": "nvfp4"}
+
+
+def kernel_formats(name: str) -> tuple[str | None, str | None]:
+    """(weights, activations) format a GEMM kernel's name spells out, each None where the name
+    does not say: TRT-LLM-gen's `..._MxE2m1MxE4m3_...` is MXFP4 weights with MXFP8 activations,
+    Triton matmul_ogs' `..._bf16xbf16xmxfp4_...` MXFP4 weights with bf16 activations."""
+    m = _TRTLLM_GEN_TYPES.search(name) or _OGS_TYPES.search(name)
+    if not m:
+        return None, None
+    return _TYPE_FORMAT.get(m.group("w").lower()), _TYPE_FORMAT.get(m.group("a").lower())
 
 
 MODELLED_FORMATS = ("mxfp4", "w4a16", "fp8")
