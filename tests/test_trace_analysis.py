@@ -25,7 +25,7 @@ def analysed(real_traces: Path) -> dict:
     out = {}
     for p in sorted(real_traces.glob("*.json.gz")):
         out[p.name] = analyze_rank(load_rank(p, allow_no_rank=True), rules)
-    assert len(out) == 13  # 11 + the two n-gram speculative-decoding ranks
+    assert len(out) == 18  # 11, the two n-gram ranks, the two c=16 load ranks, three TraceLens excerpts (issue 23)
     return out
 
 
@@ -47,6 +47,10 @@ def test_every_annotated_step_trace_attributes_all_work(analysed):
             # Reported as unattributed, not forced into step 6.
             assert len(un) == 509
             assert set(un["attribution"]) == {"before_capture"}
+        elif name.startswith("tracelens-mi300x-resnet"):
+            # the same on the ResNet DDP rank: 968 device events (5 of them collectives)
+            # launched before ProfilerStep#15's CPU side was recorded
+            assert len(un) == 968 and set(un["attribution"]) == {"before_capture"}
         else:
             assert len(un) == 0, (name, len(un))
 

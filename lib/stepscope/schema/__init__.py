@@ -21,7 +21,8 @@ from stepscope.schema._base import (SCHEMA_VERSION, Artifact, ArtifactError, Rec
 from stepscope.schema.campaign import (CampaignRecord, CampaignRun, ReusedFrom, SpecDecodeCounters,
                                        SpecDecodeWindow)
 from stepscope.schema.capture import CaptureFile, CaptureLatency, CaptureManifest
-from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CollectiveInstanceRow, CollectivesCheck, CrossRankRow,
+from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryLeverRow, CollectiveInstanceRow,
+                                         CollectiveSizeRow, CollectivesCheck, CrossRankRow, ModuleRow,
                                          DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
                                          StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
 from stepscope.schema.deploy import ServerRecord
@@ -30,6 +31,8 @@ from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, 
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmPrediction, GemmRow
 from stepscope.schema.run import RunRecord, StageStatus
 from stepscope.schema.sweep import GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepSummary
+from stepscope.schema.verdict import (BiggestLeverRecord, CaveatRecord, DominantCost, RanksRecord, VerdictFile,
+                                      VerdictSentence)
 from stepscope.schema.writeup import GuardResult, GuardsFile
 
 ARTIFACTS: tuple[Artifact, ...] = (
@@ -107,6 +110,15 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/category_kernels.csv", "05_categorize",
              "per rank and category: its largest kernels over the decode steps", CategoryKernelRow,
              optional=True),
+    Artifact("05_categorize/category_levers.csv", "05_categorize",
+             "per rank and category: its top kernels, its module, and whether it is one lever or a grab-bag",
+             CategoryLeverRow, optional=True),
+    Artifact("05_categorize/modules.csv", "05_categorize",
+             "per rank and module path: device time over the decode steps (empty without module frames)",
+             ModuleRow, optional=True),
+    Artifact("05_categorize/collective_sizes.csv", "05_categorize",
+             "per rank and collective: op, dtype, message size, calls and bandwidth per call",
+             CollectiveSizeRow, optional=True),
     Artifact("05_categorize/timeline_rank0_step.csv", "05_categorize",
              "the work of one representative decode step", TimelineRow),
     Artifact("05_categorize/collective_instances.csv", "05_categorize",
@@ -117,6 +129,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/cache/", "05_categorize", "slim per-rank event tables (Parquet)"),
     Artifact("06_writeup/report.md", "06_writeup", "the report"),
     Artifact("06_writeup/report.html", "06_writeup", "the same as one self-contained HTML file"),
+    Artifact("06_writeup/verdict.json", "06_writeup", "the verdict as data: the headline's sentences with the "
+             "findings they came from, the dominant cost, the biggest lever, the caveat, the ranks analysed",
+             VerdictFile),
     Artifact("06_writeup/guards.json", "06_writeup", "the invariants the verdict rests on, checked before "
              "any sentence: which held, which failed and the claims each withdrew", GuardsFile),
 )
@@ -162,7 +177,9 @@ def check_run_folder(run_dir) -> dict[str, object]:
 
 __all__ = [
     "ARTIFACTS", "ARTIFACT_BY_PATH", "SCHEMA_VERSION", "AmdahlRow", "Artifact", "ArtifactError",
+    "BiggestLeverRecord", "CaveatRecord", "DominantCost", "RanksRecord", "VerdictFile", "VerdictSentence",
     "BurstRow", "CAMPAIGN_ARTIFACTS", "CampaignRecord", "CampaignRun", "CaptureFile", "CaptureLatency", "CaptureManifest", "CategoryKernelRow",
+    "CategoryLeverRow", "CollectiveSizeRow", "ModuleRow",
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",

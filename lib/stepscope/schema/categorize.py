@@ -96,6 +96,8 @@ class RankSummary(Record, kw_only=True):
     """{how a work row found its step: rows}."""
     excluded: dict[str, float] = {}
     """Work left out and why (CPU traces: ops on other threads or outside steps)."""
+    levers: list[CategoryLeverRow] | None = None
+    """This rank's categories as levers (rows of category_levers.csv)."""
     collectives_per_decode_step: dict[str, float | None] = {}
     """{all_reduce, all_gather}: medians over decode steps."""
     step_kinds: dict[str, int] | None = None
@@ -461,6 +463,96 @@ class CategoryKernelRow(Row, kw_only=True):
     decided_by: str | None = None
     """What put it in the category (most of its calls): `name`, `catch-all`, or `inside <op or
     module>` (e.g. `inside nn.Module: Qwen2RMSNorm`), for the kernels a context rule placed."""
+    module: str | None = None
+    """The module path holding most of its time (`Qwen2Model/Qwen2DecoderLayer/Qwen2MLP/Linear#2`,
+    `trace.modules`); empty on traces without module frames."""
+
+
+class CategoryLeverRow(Row, kw_only=True):
+    """Per rank and category over the decode steps (all steps when none is labelled decode):
+    what a fix to the category would be a fix to (`account.category_levers`)."""
+
+    rank: int
+    category: str
+    class_: str = field(name="class")
+    n_steps: int
+    sum_ms_per_step: float
+    """Its kernels' summed durations per step, ms (overlap not removed)."""
+    n_names: int
+    """Distinct kernel (or op) names in it."""
+    top_kernels: str
+    """Its largest kernels (up to `thresholds.LEVER_TOP_KERNELS`), each `name (share of the
+    category's summed time)`, joined by ` | `."""
+    top_share: float
+    """The share of the category's summed time those kernels hold, 0-1."""
+    top_kernel: str
+    top_kernel_share: float
+    module: str | None = None
+    """The module path holding most of the category's time; empty without module frames."""
+    module_share: float | None = None
+    """That module's share of the category's summed time, 0-1."""
+    coherent: bool
+    """False for a grab-bag: at least `LEVER_GRAB_BAG_MIN_NAMES` distinct kernels, the largest
+    `LEVER_TOP_KERNELS` holding under `LEVER_DOMINANT_SHARE` of its time; no one fix reaches it,
+    so it is not named as one lever."""
+    why: str
+    """The reading behind `coherent`, in words."""
+
+
+class ModuleRow(Row, kw_only=True):
+    """Per rank and module path over the decode steps (all steps when none is labelled decode),
+    from the trace's `nn.Module:` frames (`trace.modules`); empty without module frames."""
+
+    rank: int
+    path: str
+    """Module classes from the outermost in, instance numbers dropped (all decoder layers add up
+    in one row); `#k` tells apart a parent's few leaf children of one class by call order
+    (`Qwen2MLP/Linear#0`, `#1`, `#2`: gate, up, down in Hugging Face's Qwen2)."""
+    module: str
+    depth: int
+    n_instances: int
+    """Module instances on this path (24 for a decoder layer of a 24-layer model)."""
+    n_steps: int
+    calls_per_step: float
+    """Kernels launched with this module innermost, per step."""
+    self_ms_per_step: float
+    """Summed durations of those kernels per step, ms."""
+    sum_ms_per_step: float
+    """Summed durations per step of everything under the path, its own included, ms."""
+    share_of_device: float
+    """sum_ms_per_step over the steps' summed device time, 0-1."""
+    top_category: str | None = None
+    top_category_share: float | None = None
+    """The category holding most of the path's summed time, and that share, 0-1."""
+
+
+class CollectiveSizeRow(Row, kw_only=True):
+    """Per rank and collective (the op that issued it, its dtype and message size) over the
+    decode steps (all steps when none is labelled decode): calls and one-rank bandwidth
+    (`collectives.collective_sizes`)."""
+
+    rank: int
+    collective: str
+    """The collective as the trace names it (`allreduce`, `broadcast`, `_allgather_base`): the
+    kernel's `Collective name`, else the issuing `nccl:` / `c10d::` op, else the kernel name's."""
+    category: str
+    dtype: str | None = None
+    """From the kernel name (`..._Sum_bf16...`); None where it does not say (`ncclDevKernel_Generic`)."""
+    nelems: int | None = None
+    """`In msg nelems`; None where the trace does not record it."""
+    bytes: float | None = None
+    """Message size: nelems x element size (an all-gather's output, n x the input)."""
+    group_size: int | None = None
+    """Ranks in the collective: the trace's world size (its process group is not read)."""
+    n_steps: int
+    calls_per_step: float
+    us_per_call_median: float
+    """The kernel's duration, median over calls: on one rank it includes waiting for the others."""
+    algbw_gbps: float | None = None
+    """bytes / us_per_call_median (nccl-tests' algbw), GB/s."""
+    busbw_gbps: float | None = None
+    """algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter, x 1 otherwise
+    (nccl-tests' busbw)."""
 
 
 class StepRow(Row, kw_only=True):

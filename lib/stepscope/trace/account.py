@@ -259,7 +259,7 @@ KERNELS_PER_CATEGORY = 10
 """Names kept per category in category_kernels.csv (the rest are counted in `n_names`)."""
 
 KERNEL_COLUMNS = ["rank", "category", "class", "name", "n_steps", "count", "calls_per_step", "sum_ms_per_step",
-                  "us_per_call", "share_of_category", "n_names", "decided_by"]
+                  "us_per_call", "share_of_category", "n_names", "decided_by", "module"]
 
 
 def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
@@ -281,6 +281,7 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
               .reset_index(name="calls").sort_values("calls", ascending=False, kind="stable")
               .drop_duplicates(["category", "name"]))
     g = g.merge(placed[["category", "name", "decided_by"]], on=["category", "name"], how="left")
+    g = g.merge(_main_module(w, ["category", "name"]), on=["category", "name"], how="left")
     by_cat = g.groupby("category", sort=False, observed=True)
     g["cat_sum"] = by_cat["sum"].transform("sum")
     g["share_of_category"] = g["sum"] / g["cat_sum"]
@@ -293,8 +294,66 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
         "n_steps": n, "count": g["count"].astype(int), "calls_per_step": g["count"] / n,
         "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["count"],
         "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int),
-        "decided_by": g["decided_by"]})
+        "decided_by": g["decided_by"], "module": g["module"]})
     return out[KERNEL_COLUMNS].reset_index(drop=True)
+
+
+def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per `keys` group: the module path (`module_path`, from `modules.module_paths`) that
+    holds most of its summed time, and that share; None where the trace has no module frames."""
+    if "module_path" not in w or not w["module_path"].notna().any():
+        return pd.DataFrame(columns=keys + ["module", "module_share"])
+    by = w.groupby(keys + ["module_path"], sort=False, observed=True)["dur_us"].sum().reset_index()
+    tot = w.groupby(keys, sort=False, observed=True)["dur_us"].sum().rename("tot").reset_index()
+    by = by.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates(keys).merge(tot, on=keys)
+    return pd.DataFrame({**{k: by[k] for k in keys}, "module": by["module_path"],
+                         "module_share": by["dur_us"] / by["tot"]})
+
+
+LEVER_COLUMNS = ["rank", "category", "class", "n_steps", "sum_ms_per_step", "n_names", "top_kernels",
+                 "top_share", "top_kernel", "top_kernel_share", "module", "module_share", "coherent", "why"]
+
+
+def lever_coherent(n_names: int, top_share: float) -> bool:
+    """A category is one lever unless it is a grab-bag: at least LEVER_GRAB_BAG_MIN_NAMES distinct
+    kernels of which the largest LEVER_TOP_KERNELS hold under LEVER_DOMINANT_SHARE of its time."""
+    from stepscope.thresholds import LEVER_DOMINANT_SHARE, LEVER_GRAB_BAG_MIN_NAMES
+
+    return not (n_names >= LEVER_GRAB_BAG_MIN_NAMES and top_share < LEVER_DOMINANT_SHARE)
+
+
+def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFrame:
+    """Per category over the steps `category_kernels` reads: what a fix to it would be a fix
+    to. Its largest kernels with their shares of its summed time (`top_kernels`, `name (share)`
+    joined by ` | `), the module holding most of its time, and whether it is one lever
+    (`coherent`) or a grab-bag of unrelated kernels no one fix reaches (`why` says which)."""
+    from stepscope.thresholds import LEVER_TOP_KERNELS
+
+    dec, _ = select_decode_steps(step_totals)
+    w = work[work["step_id"].isin(dec["step_id"].to_numpy())]
+    if w.empty:
+        return pd.DataFrame(columns=LEVER_COLUMNS)
+    n = len(dec)
+    mod = _main_module(w, ["category"]).set_index("category")
+    rows = []
+    for cat, g in w.groupby("category", sort=False, observed=True):
+        per = g.groupby("name", observed=True)["dur_us"].sum().sort_values(ascending=False, kind="stable")
+        tot = float(per.sum())
+        share = per / tot if tot else per * 0.0
+        top = share.head(LEVER_TOP_KERNELS)
+        ok = lever_coherent(len(per), float(top.sum()))
+        rows.append({"rank": int(step_totals["rank"].iloc[0]), "category": str(cat),
+                     "class": CATEGORY_CLASS.get(cat, "compute"), "n_steps": n, "sum_ms_per_step": tot / 1e3 / n,
+                     "n_names": len(per), "top_kernels": " | ".join(f"{k} ({v:.0%})" for k, v in top.items()),
+                     "top_share": float(top.sum()), "top_kernel": str(top.index[0]),
+                     "top_kernel_share": float(top.iloc[0]),
+                     "module": mod["module"].get(cat) if cat in mod.index else None,
+                     "module_share": float(mod["module_share"][cat]) if cat in mod.index else None,
+                     "coherent": ok,
+                     "why": (f"{len(per)} distinct kernels, the largest {len(top)} holding {top.sum():.0%}"
+                             + ("" if ok else ": a grab-bag, not one lever"))})
+    out = pd.DataFrame(rows, columns=LEVER_COLUMNS)
+    return out.sort_values("sum_ms_per_step", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def _decided_by(work: pd.DataFrame) -> pd.Series:

@@ -56,6 +56,10 @@ class RankResult:
     meta: dict = field(default_factory=dict)
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     """The largest kernels of each category over the decode steps (`account.category_kernels`)."""
+    levers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per category: its top kernels, module and whether it is one lever (`account.category_levers`)."""
+    modules: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Device time per module path over the decode steps (`modules.module_table`)."""
 
 
 @dataclass
@@ -78,6 +82,16 @@ class Analysis:
     @property
     def reference(self) -> RankResult:
         return self.ranks[0]
+
+    @property
+    def modules(self) -> pd.DataFrame:
+        """modules.csv: every rank's time per module path."""
+        return pd.concat([r.modules for r in self.ranks], ignore_index=True) if self.ranks else pd.DataFrame()
+
+    @property
+    def category_levers(self) -> pd.DataFrame:
+        """category_levers.csv: every rank's categories as levers (top kernels, module, coherent)."""
+        return pd.concat([r.levers for r in self.ranks], ignore_index=True) if self.ranks else pd.DataFrame()
 
     def overview(self) -> pd.DataFrame:
         """Decode categories of the reference rank, ms per step, largest first."""
@@ -226,7 +240,19 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
-                      steps_tot=step_tot, meta=meta, kernels=acc.category_kernels(work, step_tot))
+                      steps_tot=step_tot, meta=meta, **_by_module(ev, work, step_tot, rt.rank))
+
+
+def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int) -> dict:
+    """The rank's tables that read the module tree: category_kernels (with each kernel's
+    module), the category levers, and time per module (`trace.modules`)."""
+    from stepscope.trace.modules import module_paths, module_table
+
+    paths = module_paths(ev)
+    work["module_path"] = work["module"].astype(str).map(paths) if paths else None
+    judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
+    return {"kernels": acc.category_kernels(work, step_tot), "levers": acc.category_levers(work, step_tot),
+            "modules": module_table(work, paths, judged, rank)}
 
 
 def _rank_summary(r: RankResult) -> dict:
@@ -269,6 +295,7 @@ def _rank_summary(r: RankResult) -> dict:
         "unattributed_events": int((r.work["step_id"] < 0).sum()),
         "attribution": {str(k): int(v) for k, v in r.work["attribution"].value_counts().items()},
         "excluded": {k: v for k, v in r.info.items() if k != "origin_us"},
+        "levers": _records(r.levers),
         "collectives_per_decode_step": {"all_reduce": obs["all_reduce"]["median"],
                                         "all_gather": obs["all_gather"]["median"]},
     }
@@ -724,6 +751,8 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     schema.write_table(an.cross_rank, out_dir / "cross_rank.csv", schema.CrossRankRow)
     schema.write_table(an.amdahl, out_dir / "amdahl.csv", schema.AmdahlRow)
     schema.write_table(an.category_kernels, out_dir / "category_kernels.csv", schema.CategoryKernelRow)
+    schema.write_table(an.category_levers, out_dir / "category_levers.csv", schema.CategoryLeverRow)
+    schema.write_table(an.modules, out_dir / "modules.csv", schema.ModuleRow)
     schema.write_table(an.timeline, out_dir / "timeline_rank0_step.csv", schema.TimelineRow)
     schema.write_table(an.collective_instances, out_dir / "collective_instances.csv",
                        schema.CollectiveInstanceRow)

@@ -308,6 +308,30 @@ def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12, step_label: str = "
     return fig
 
 
+def plot_module_time(modules: pd.DataFrame, top: int = 15, step_label: str = "decode step") -> Figure:
+    """Horizontal bars: the module paths with the most device work of their own (ms per step,
+    summed kernel durations), coloured by their largest category, with each bar's share of the
+    steps' summed device time. From modules.csv (`trace.modules`)."""
+    from stepscope.trace.modules import leaf_modules
+
+    d = leaf_modules(modules, top).iloc[::-1]
+    fig, ax = new_figure(9.0, max(2.5, 0.34 * len(d) + 1.4))
+    # the last two path parts name the module (`Qwen2MLP/Linear#2`), the rest is its place
+    labels = d["path"].str.split("/").str[-2:].str.join("/")
+    ax.barh(labels, d["self_ms_per_step"], color=[color_for(c) for c in d["top_category"].fillna("other")])
+    total = d["sum_ms_per_step"] / d["share_of_device"].where(d["share_of_device"] > 0)
+    for y, (v, t) in enumerate(zip(d["self_ms_per_step"], total)):
+        pct = f", {100 * v / t:.1f} %" if t and np.isfinite(t) else ""
+        ax.text(v, y, f" {v:.3g} ms{pct}", va="center", fontsize=8)
+    n = int(d["n_steps"].max()) if len(d) else 0
+    ax.set_xlabel(f"device ms per {step_label} launched with the module innermost (summed kernel durations)")
+    ax.set_title(f"Time by module: the {len(d)} paths with the most work of their own\n"
+                 f"({n} {plural(step_label, n)}; all instances of a path summed; colour = its largest category)")
+    ax.set_xlim(0, max(0.01, float(d["self_ms_per_step"].max()) * 1.35) if len(d) else 1.0)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
 # --------------------------------------------------------------------------- stage 05
 
 
@@ -334,6 +358,8 @@ def stage_figures(an) -> dict[str, Figure]:
             plot_step_category_heatmap(step_category_matrix(bars), which=which)
     if len(an.ranks) > 1 and not an.cross_rank.empty:
         figs["05_cross_rank_categories"] = plot_cross_rank(an.cross_rank, step_label=label)
+    if not ref.modules.empty:
+        figs[f"05_module_time_rank{ref.rank}"] = plot_module_time(ref.modules, step_label=label)
     return figs
 
 

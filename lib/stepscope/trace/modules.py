@@ -1,0 +1,139 @@
+"""Time by module: which part of the model each kernel ran for (issue 23, item 6).
+
+A trace captured with stacks carries a `python_function` frame per module call, named
+`nn.Module: <Class>_<n>` (PyTorch profiler, `with_stack` / `with_modules`); `<n>` numbers the
+instances of a class, and each instance sits at one place in the model's tree. The work
+table already names the innermost module around each kernel's launch (`module`, from
+`context.work_context`). Here each module instance gets its *path*: the classes from the
+outermost module in, with an ordinal where a parent calls several children of one class, in
+call order (`Qwen2MLP/Linear#0`, `#1`, `#2`: gate, up and down projections in Hugging Face's
+Qwen2). Paths drop instance numbers, so the 24 decoder layers of a model add up in one row.
+
+`module_table` sums each path's device work over the judged steps (decode steps, else all):
+its own (`self_ms_per_step`: work whose innermost module it is) and everything under it
+(`sum_ms_per_step`), summed durations, overlap not removed, the same reading as
+category_kernels.csv. A trace without module frames (no stacks, or CUDA-graph replay, whose
+kernels were launched outside any frame) gives an empty table, and says so by being empty.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from stepscope.trace.frames import MODULE_PREFIX
+
+MODULE_COLUMNS = ["rank", "path", "module", "depth", "n_instances", "n_steps", "calls_per_step",
+                  "self_ms_per_step", "sum_ms_per_step", "share_of_device", "top_category",
+                  "top_category_share"]
+_INSTANCE = re.compile(r"_\d+$")
+
+
+def module_paths(ev: pd.DataFrame) -> dict[str, str]:
+    """{module instance (`Linear_31`): its path (`Qwen2ForCausalLM/Qwen2Model/.../Qwen2MLP/Linear#2`)}
+    from the nesting of the rank's module frames (the first call of each instance decides)."""
+    fr = ev[(ev["cat"] == "python_function") & ev["name"].astype(str).str.startswith(MODULE_PREFIX)]
+    if fr.empty:
+        return {}
+    fr = fr.assign(end=fr["ts"] + fr["dur"], neg=-fr["dur"]).sort_values(["pid", "tid", "ts", "neg"],
+                                                                       kind="stable")
+    parent: dict[str, str] = {}
+    children: dict[str, list[str]] = {}
+    for _, g in fr.groupby(["pid", "tid"], sort=False):
+        stack: list[tuple[float, str]] = []
+        for name, ts, end in zip(g["name"].astype(str), g["ts"].to_numpy(float), g["end"].to_numpy(float)):
+            inst = name[len(MODULE_PREFIX):]
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            if inst not in parent:
+                up = stack[-1][1] if stack else ""
+                parent[inst] = up
+                children.setdefault(up, []).append(inst)
+            stack.append((end, inst))
+    label = _labels(children)
+    paths: dict[str, str] = {}
+
+    def path(inst: str) -> str:
+        if inst not in paths:
+            up = parent.get(inst, "")
+            paths[inst] = (path(up) + "/" if up else "") + label[inst]
+        return paths[inst]
+
+    for inst in parent:
+        path(inst)
+    return paths
+
+
+ROLE_SIBLINGS_MAX = 8
+"""At most this many leaf siblings of one class are told apart by call order (q/k/v/o, gate/
+up/down); more, or siblings with modules of their own (decoder layers), are repeats of one
+block and share a row."""
+
+
+def _labels(children: dict[str, list[str]]) -> dict[str, str]:
+    """Each instance's class name, with `#k` (call order among its parent's children of the
+    same class) where the parent calls a few leaf modules of that class in different roles."""
+    out: dict[str, str] = {}
+    for kids in children.values():
+        classes = [_INSTANCE.sub("", k) for k in kids]
+        seen: dict[str, int] = {}
+        for k, c in zip(kids, classes):
+            same = [x for x, cx in zip(kids, classes) if cx == c]
+            roles = 1 < len(same) <= ROLE_SIBLINGS_MAX and not any(children.get(x) for x in same)
+            out[k] = f"{c}#{seen.get(c, 0)}" if roles else c
+            seen[c] = seen.get(c, 0) + 1
+    return out
+
+
+def module_table(work: pd.DataFrame, paths: dict[str, str], step_ids: np.ndarray, rank: int) -> pd.DataFrame:
+    """Per module path over the steps `step_ids`: device work per step, its own and inclusive
+    (ms, summed), its share of the steps' summed device time, and its largest category."""
+    w = work[work["step_id"].isin(step_ids)]
+    n = len(step_ids)
+    if not paths or w.empty or not n:
+        return pd.DataFrame(columns=MODULE_COLUMNS)
+    own = w["module"].astype(str).map(paths)
+    w = w.assign(path=own).dropna(subset=["path"])
+    if w.empty:
+        return pd.DataFrame(columns=MODULE_COLUMNS)
+    total_us = float(work.loc[work["step_id"].isin(step_ids), "dur_us"].sum())
+    # every work row counts for its own path and each path above it
+    parts = w["path"].str.split("/")
+    depth = parts.str.len()
+    rows = []
+    for d in range(1, int(depth.max()) + 1):
+        at = depth >= d
+        rows.append(w[at].assign(prefix=parts[at].str[:d].str.join("/"), is_self=(depth[at] == d)))
+    long = pd.concat(rows, ignore_index=True)
+    inst = pd.Series(paths).reset_index().rename(columns={"index": "inst", 0: "prefix"})
+    n_inst = inst.groupby("prefix")["inst"].nunique()
+    long["self_us"] = np.where(long["is_self"], long["dur_us"], 0.0)
+    g = long.groupby("prefix", sort=False)
+    by_cat = long.groupby(["prefix", "category"], sort=False)["dur_us"].sum().reset_index()
+    top = by_cat.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates("prefix").set_index("prefix")
+    out = pd.DataFrame({
+        "calls_per_step": g["is_self"].sum() / n,
+        "self_ms_per_step": g["self_us"].sum() / 1e3 / n,
+        "sum_ms_per_step": g["dur_us"].sum() / 1e3 / n,
+    }).reset_index().rename(columns={"prefix": "path"})
+    out["module"] = out["path"].str.rsplit("/", n=1).str[-1]
+    out["depth"] = out["path"].str.count("/") + 1
+    out["n_instances"] = out["path"].map(n_inst).fillna(0).astype(int)
+    out["n_steps"] = n
+    out["share_of_device"] = out["sum_ms_per_step"] * 1e3 * n / total_us if total_us else 0.0
+    out["top_category"] = out["path"].map(top["category"])
+    out["top_category_share"] = out["path"].map(top["dur_us"]) / (out["sum_ms_per_step"] * 1e3 * n)
+    out["rank"] = rank
+    out = out.sort_values(["sum_ms_per_step", "path"], ascending=[False, True], kind="stable")
+    return out[MODULE_COLUMNS].reset_index(drop=True)
+
+
+def leaf_modules(table: pd.DataFrame, top: int = 15) -> pd.DataFrame:
+    """The `top` paths with the most work of their own (for the figure): where the time is
+    spent, not which containers hold it."""
+    if table.empty:
+        return table
+    t = table[table["self_ms_per_step"] > 0]
+    return t.sort_values("self_ms_per_step", ascending=False, kind="stable").head(top).reset_index(drop=True)
