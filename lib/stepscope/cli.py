@@ -21,6 +21,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from stepscope.runner import run_analyze
 
+    if args.arch_preset:
+        # Refused before anything runs (exit 2, the presets listed): an unknown name used to
+        # run to the end and exit 0 with one line buried in the report.
+        from stepscope.model.arch import get_preset
+
+        get_preset(args.arch_preset)
     code, _ = run_analyze(args.paths, model_config=args.model, tp=args.tp, out=args.out,
                           progress=not args.no_progress, arch_preset=args.arch_preset)
     return code
@@ -108,8 +114,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         check_run_id(args.run_id, "--run-id")
     for f in args.params:
         params = load_params(f)
-        run_dir = run_folder_under(resolve_outputs_dir(params), args.run_id or new_run_id(params),
-                                   "--run-id" if args.run_id else "run.name")
+        given = args.run_id is not None
+        run_dir = run_folder_under(resolve_outputs_dir(params), args.run_id if given else new_run_id(params),
+                                   "--run-id" if given else "run.name")
         check_run_folder_links(run_dir)
         print(f"{f}: ok (the run would write to {run_dir})")
     return 0

@@ -343,7 +343,7 @@ def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_di
     report = run_dir / "06_writeup" / "report.html"
     if report.is_file():
         echo(f"report: {report}")
-        headline = report_headline(report.with_suffix(".md"))
+        headline = verdict_headline(run_dir)
         if headline:
             echo(headline)
     if failed:
@@ -352,9 +352,28 @@ def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_di
     return EXIT_OK, run_dir
 
 
+def verdict_headline(run_dir: Path, width: int = 100) -> str | None:
+    """The run's "In short" (`06_writeup/verdict.json`'s headline sentences), wrapped for a
+    terminal: the conclusion without opening a browser. None when stage 06 wrote no verdict."""
+    import textwrap
+
+    verdict = read_verdict(run_dir)
+    if verdict is None or not verdict.headline:
+        return None
+    text = " ".join(s.text for s in verdict.headline).replace("**", "")
+    return textwrap.fill("in short: " + text, width, subsequent_indent="  ")
+
+
+def read_verdict(run_dir: Path) -> schema.VerdictFile | None:
+    """Stage 06's verdict record, or None when it wrote none (it failed, or did not run)."""
+    path = Path(run_dir) / "06_writeup" / "verdict.json"
+    return schema.read(path, schema.VerdictFile) if path.is_file() else None
+
+
 def report_headline(report_md: Path, width: int = 100) -> str | None:
-    """The report's "In short" paragraph as the report wrote it, wrapped for a terminal (the
-    conclusion without opening a browser); None when the report has none."""
+    """A report's "In short" paragraph as the report wrote it, wrapped for a terminal: the
+    campaign report's, which has no verdict.json (a run's comes from `verdict_headline`);
+    None when the report has none."""
     import textwrap
 
     from stepscope.wording import HEADLINE_MARK
@@ -372,11 +391,13 @@ def _run_folder(params, run_id: str | None, run_dir: str | Path | None, resume: 
     """The run folder (created): `run_dir`, else outputs/<run_id or a new id>; --resume needs one
     that holds a run.json."""
     if run_dir is None:
-        if resume and not run_id:
+        if resume and run_id is None:
             raise StepscopeError("--resume needs --run-id", hint="name the run folder to resume")
-        # one safe path segment, no symlink, inside outputs_dir (`--run-id ..` once wrote into the repo)
-        run_dir = run_folder_under(resolve_outputs_dir(params), run_id or new_run_id(params),
-                                   "--run-id" if run_id else "run.name")
+        # one safe path segment, no symlink, inside outputs_dir (`--run-id ..` once wrote into the
+        # repo); an empty --run-id is refused, not taken for "none given"
+        given = run_id is not None
+        run_dir = run_folder_under(resolve_outputs_dir(params), run_id if given else new_run_id(params),
+                                   "--run-id" if given else "run.name")
     run_dir = Path(run_dir).resolve()
     check_run_folder_links(run_dir)
     if resume and not (run_dir / "run.json").is_file():
@@ -612,27 +633,26 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     return (missing_code or code), run_dir
 
 
-UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
-
-
 def report_unanalysed_ranks(run_dir: Path, tp: int | None, echo: Callable[[str], None]) -> int:
     """Name every trace that was not analysed, with its reason, on the console; return
     EXIT_NO_RANK when none was, EXIT_RANKS_MISSING when fewer than expected were (`tp`,
-    or every file given), else 0."""
-    summary_path = run_dir / "05_categorize" / "summary.json"
-    if not summary_path.is_file():
-        error = (read_json(run_dir / "run.json").get("stages", {}).get("05_categorize") or {}).get("error")
+    or every file given), else 0. Read from stage 06's verdict.json (`ranks`)."""
+    verdict = read_verdict(run_dir)
+    if verdict is None and (run_dir / "05_categorize" / "summary.json").is_file():
+        echo("stage 06 wrote no verdict.json: which ranks were analysed is not said here")
+        return 0  # the failed stage 06 already makes the run exit non-zero
+    ranks = verdict.ranks if verdict is not None else None
+    if ranks is None or (ranks.analysed == 0 and not ranks.not_analysed):
+        stage = schema.read(run_dir / "run.json", schema.RunRecord).stages.get("05_categorize")
+        error = stage.error if stage is not None else None
         echo("no rank was analysed" + (f":\n{_indent(error)}" if error else ""))
         return EXIT_NO_RANK
-    summary = read_json(summary_path)
-    bad = [f for f in summary.get("flags") or [] if f.get("code") in UNANALYSED_FLAGS]
-    n_ok = len(summary.get("ranks") or [])
-    for f in bad:
-        echo("  not analysed: " + (f.get("message") or "").replace("\n", "\n    "))
-    if n_ok == 0:
+    for f in ranks.not_analysed:
+        echo("  not analysed: " + f.message.replace("\n", "\n    "))
+    if ranks.analysed == 0:
         return EXIT_NO_RANK
-    if bad or (tp and n_ok < tp):
-        echo(f"analysed {n_ok} rank(s)" + (f" of the {tp} expected (--tp {tp})" if tp else "")
-             + f"; {len(bad)} trace file(s) could not be analysed")
+    if ranks.not_analysed or (tp and ranks.analysed < tp):
+        echo(f"analysed {ranks.analysed} rank(s)" + (f" of the {tp} expected (--tp {tp})" if tp else "")
+             + f"; {len(ranks.not_analysed)} trace file(s) could not be analysed")
         return EXIT_RANKS_MISSING
     return 0
