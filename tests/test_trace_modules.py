@@ -97,3 +97,18 @@ def test_module_figure_states_unit_count_and_method(hf):
     assert "ms per prefill step" in ax.get_xlabel() and "summed kernel durations" in ax.get_xlabel()
     assert "1 prefill step" in ax.get_title() and "15 paths" in ax.get_title()
     assert ax.get_yticklabels()[-1].get_text() == "Qwen2DecoderLayer/Qwen2Attention"
+
+
+def test_a_stall_is_named_by_the_host_frame_it_lies_in(real_traces: Path, tmp_path: Path):
+    """OWLv2 on H100: four 122-126 ms gaps in the device work, each inside a DataLoader's
+    `__next__` (which covers 99.6 % of the gap; the copies on either side only bound it)."""
+    an = analyze_traces([real_traces / "tracelens-h100-owlv2-dataloader.json.gz"], tmp_path, progress=False,
+                        perfetto=False)
+    nxt = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    gap = an.summary["decode"]["largest_gap"]
+    assert gap["dur_ms"] == pytest.approx(126.054, abs=1e-3) and gap["macro"]
+    assert gap["host_frame"] == nxt and gap["host_call"] is None
+    assert gap["after"] == "memcpy: Memcpy HtoD (Pageable -> Device)"
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert steps["gap_host_frame"].tolist() == [nxt]
+    assert an.period_table().set_index("reading").loc["largest gap: inside host frame", "value"] == nxt

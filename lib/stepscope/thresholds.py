@@ -30,6 +30,21 @@ BETWEEN_STEPS_SHARE = 0.10
 PREDICTION_TOLERANCE = 0.25
 """Trace and micro-benchmark agree when their ratio is within 1 ± this."""
 
+# --- guards: the invariants a verdict rests on (report.guards) ---------------------------
+GUARD_TOLERANCE_REL = 0.01
+"""A share above 100 % or busy above the period by more than this relative margin breaks its
+invariant; within it, rounding of per-step means (each step's own reading is exact)."""
+STEADY_STATE_MAX_X = 50.0
+"""An Amdahl ceiling above this (one lever holding over 98 % of the step) says the trace is no
+steady state of repeated steps (a capture, a warm-up, one stall), not a lever worth 50x."""
+LEVER_GRAB_BAG_MIN_NAMES = 40
+"""A category of at least this many distinct kernel names can be a grab-bag ..."""
+LEVER_DOMINANT_SHARE = 0.5
+"""... and is one when its largest kernels (up to 3, as the report shows them) hold less than
+this share of its summed time: no one piece of work a fix could name."""
+LEVER_TOP_KERNELS = 3
+"""How many of a category's largest kernels the coherence test adds up."""
+
 # --- trace analysis ---------------------------------------------------------------------
 LOW_CONFIDENCE_STEPS = 5
 """Fewer steps than this of the kind a trace is judged on: its per-step figures are flagged
@@ -45,6 +60,10 @@ HOST_BOUND_MICRO_IDLE_SHARE = 0.15
 device waits on launches, so the step is host-bound. Idle in one long gap does not count."""
 STALL_GAP_SHARE = 0.5
 """One gap holding more than this share of a step's idle is a stall to name, not a host-bound step."""
+GAP_FRAME_COVER_SHARE = 0.5
+"""A host frame covering at least this share of a macro gap is what the host was doing during
+it; the innermost such frame names the stall's cause (a DataLoader's `__next__` covered 99.6 %
+of each of OWLv2's 122-126 ms gaps, starting 0.1 ms after the last copy)."""
 HOST_AHEAD_LAUNCH_DELAY_US = 50.0
 """Median launch-to-start delay above this: kernels queue behind each other, so the host runs
 ahead of the device and gaps between kernels are not launch gaps."""
@@ -95,3 +114,13 @@ BUNCHED_TTFT_SHARE = 0.5
 """A batch-1 capture whose median TTFT exceeds this share of its median end-to-end latency
 delivered most tokens in one burst (a starved API process): its client-side TPOT does not
 measure decode, and the campaign does not quote it."""
+
+GPU_THROTTLE_DROP_SHARE = 0.10
+"""A level whose SM clock (NVML) fell more than this share below its own maximum during the
+level ran throttled (power, thermal or an applications-clock cap); boost clocks wander by a
+few percent under load, so a tenth is a throttle, not jitter."""
+
+GPU_MEMORY_FULL_SHARE = 0.98
+"""A GPU whose memory used reached this share of its total was full. vLLM reserves
+`gpu_memory_utilization` (0.9 by default) up front, so a full GPU means another process or an
+allocation outside the server's budget."""

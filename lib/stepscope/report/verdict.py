@@ -21,6 +21,7 @@ import pandas as pd
 from stepscope import schema, wording
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
+from stepscope.report.load import LoadGrowth, load_growth
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
@@ -57,10 +58,25 @@ class TraceIdentity:
     graph_replay: bool | None = None
     weight_formats_named: tuple[dict, ...] = ()
     """`trace_info.weight_formats_named`: formats the GEMM kernels' names state, most time first."""
+    evidence: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """`trace_info.kind_evidence`: (kind, what was found) pairs, the evidence the kind rests on."""
+    model_passes: int | None = None
+    """Non-LLM inference: the denoiser's forward passes in the trace."""
+    mixed: dict | None = None
+    """`trace_info.mixed`: prefill requests and tokens beside decode requests, per mixed step."""
 
     @property
     def has_decode(self) -> bool:
         return self.kind in ("decode", "mixed")
+
+    @property
+    def takes_decode_verdict(self) -> bool:
+        """Only decode steps get the decode verdict's what-if (speculative decoding): a mixed
+        step's GEMMs are a prefill's, and other kinds emit no token per step."""
+        return self.kind == "decode"
+
+    def evidence_for(self, kind: str) -> tuple[str, ...]:
+        return dict(self.evidence).get(kind, ())
 
     @property
     def ranks_missing(self) -> bool:
@@ -323,6 +339,29 @@ class Overlap:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """One invariant a verdict rests on, checked before any sentence is written
+    (`report.guards`): whether it holds, the numbers it was judged on and, when it fails,
+    the claims withdrawn from the verdict because they rest on it."""
+
+    invariant: str
+    """`share_at_most_step`, `busy_at_most_period`, `below_peak`, `clocks_agree`,
+    `classes_add_up`, `communication_has_collectives`, `steady_state`, `lever_coherent`,
+    `kind_takes_verdict`."""
+    holds: bool
+    values: tuple[tuple[str, Any], ...] = ()
+    """(name, value) pairs the check read, units in the names."""
+    withdrawn: tuple[str, ...] = ()
+    """The verdict's claims withdrawn: field names (`levers`, `comm_split`, ...), or
+    `lever:<category>`, `roofline:<category>`, `transfer` for one part of one."""
+    subject: str | None = None
+    """What the check was about when it is one of several (a category)."""
+
+    def value(self, name: str) -> Any:
+        return dict(self.values).get(name)
+
+
+@dataclass(frozen=True)
 class Verdict:
     identity: TraceIdentity
     basis: StepBasis
@@ -342,6 +381,14 @@ class Verdict:
     roofline_reason: str | None = None
     """Why stage 05 computed no roofline row (no architecture, a CPU trace), when it says."""
     plateau: Plateau | None = None
+    load_growth: LoadGrowth | None = None
+    """The step under load either side of the knee (`report.load`), when stage 04 captured load levels."""
+    guards: tuple[Guard, ...] = ()
+    """Every invariant checked, holding or not; the failing ones' claims are already withdrawn."""
+
+    @property
+    def failed_guards(self) -> tuple[Guard, ...]:
+        return tuple(g for g in self.guards if not g.holds)
 
 
 # --------------------------------------------------------------------------- identity
@@ -376,7 +423,11 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
             n_steps=_int(info.get("n_steps")), n_judged_steps=_int(judged),
             low_confidence=bool(info.get("low_confidence", (_int(judged) or 0) < LOW_CONFIDENCE_STEPS)),
             graph_replay=info.get("graph_replay") if isinstance(info.get("graph_replay"), bool) else None,
-            weight_formats_named=tuple(info.get("weight_formats_named") or ()))
+            weight_formats_named=tuple(info.get("weight_formats_named") or ()),
+            evidence=tuple((str(k), tuple(str(x) for x in v)) for k, v in (info.get("kind_evidence") or {}).items()),
+            model_passes=_int(info.get("model_passes")),
+            mixed=({k: (_whole(num(x)) if k != "n_steps" else _int(x)) for k, x in info["mixed"].items()}
+                   if isinstance(info.get("mixed"), dict) else None))
     # An older summary: the kind from the step counts, the rest from the run's own files.
     n_dec = _int(ref.get("n_decode_steps"))
     if n_dec:
@@ -554,7 +605,7 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               largest_gap_ms=gap_ms,
               macro_pct_of_idle=100 * macro / idle_ms if macro is not None and idle_ms > 0 else None,
               gap_before=_known(gap.get("before")), gap_after=_known(gap.get("after")),
-              gap_host_call=_known(gap.get("host_call")),
+              gap_host_call=_known(gap.get("host_frame") or gap.get("host_call")),
               launch_delay_median_us=delay, graph_replay=ident.graph_replay)
     if idle_frac <= DEVICE_BOUND_IDLE_SHARE:
         return Boundness(status="device-bound", **kw)
@@ -694,6 +745,10 @@ def plateau(macro: dict[str, Any] | None) -> Plateau | None:
                    stall_concurrency=_int(macro.get("plateau_stall_concurrency")) if stalled else None)
 
 
+def _load_growth(a: RunArtifacts, macro: dict[str, Any] | None) -> LoadGrowth | None:
+    return load_growth(a.run_dir, _int((macro or {}).get("knee_concurrency")))
+
+
 def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
             amdahl: pd.DataFrame | None, mvt: pd.DataFrame | None,
             macro: dict[str, Any] | None = None) -> Verdict:
@@ -703,13 +758,15 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     comm = communication(decode, amdahl)
     category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident)
     gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
-    return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a, basis),
+    from stepscope.report import guards  # it reads these findings: imported here, not at the top
+
+    return guards.guarded(Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a, basis),
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,
                    between_steps=between, gap_levers=gaps, biggest=biggest(category_levers, between, gaps),
                    agreements=agreements(mvt), roofline=roofline(a, basis, category_levers), roofline_reason=_roofline_reason(a),
-                   plateau=plateau(macro))
+                   plateau=plateau(macro), load_growth=_load_growth(a, macro)), a, totals, decode)
 
 
 BETWEEN_STEPS_LEVER = "time between steps"
@@ -748,3 +805,92 @@ def biggest_lever(v: Verdict) -> tuple[str, float] | None:
 def _roofline_reason(a: RunArtifacts) -> str | None:
     rf = a.trace_summary.roofline if a.trace_summary is not None else None
     return _known(rf.reason) if rf is not None else None
+
+
+# --------------------------------------------------------------------------- the headline
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """One reason to read the verdict with care, and the finding it rests on."""
+
+    code: str
+    """`not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
+    `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`: the order they matter in."""
+    finding: Any
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What the report's "In short" and the terminal's closing lines say, and nothing more: the
+    dominant cost, the biggest lever (its own finding, with the ceiling) and one caveat."""
+
+    dominant: Dominant | None
+    lever: Lever | BetweenSteps | GapLever | None
+    caveat: Caveat | None
+
+
+def caveats(v: Verdict) -> tuple[Caveat, ...]:
+    """Every caveat that applies, the one that matters most first: a trace that is not decode
+    or a withdrawn claim changes what the verdict is; missing ranks or too few steps move every
+    figure; the rest qualify one reading."""
+    i = v.identity
+    found = [Caveat("not_decode", i)] if not i.has_decode else []
+    found += [Caveat("claims_withdrawn", g) for g in v.failed_guards[:1]]
+    found += [Caveat("ranks_missing", i)] if i.ranks_missing else []
+    found += [Caveat("low_confidence", i)] if i.low_confidence and i.n_judged_steps is not None else []
+    found += [Caveat("tpot_gap", v.tpot_gap)] if v.tpot_gap is not None else []
+    found += [Caveat("prediction_disagrees", g) for g in v.agreements if not g.agree][:1]
+    found += [Caveat("overlap", v.overlap)] if v.overlap is not None else []
+    found += [Caveat("plateau_stalls", v.plateau)] if v.plateau is not None and v.plateau.stall_pct is not None else []
+    found += [Caveat("spec_decode", v.spec_decode)] if v.spec_decode is not None else []
+    return tuple(found)
+
+
+def headline_findings(v: Verdict) -> Headline:
+    """The headline's three findings; the biggest lever's is the one `biggest` chose."""
+    kind = v.biggest.kind if v.biggest is not None else None
+    lever: Lever | BetweenSteps | GapLever | None = None
+    if kind == "category" and v.levers:
+        lever = v.levers[0]
+    elif kind == "between steps":
+        lever = v.between_steps
+    elif kind is not None:
+        lever = next((g for g in v.gap_levers if g.kind == kind), None)
+    found = caveats(v)
+    return Headline(dominant=v.dominant, lever=lever, caveat=found[0] if found else None)
+
+
+UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
+"""Stage 05's flags of a trace file that no rank's analysis came from."""
+
+
+def _finding_name(src: tuple[Any, ...]) -> str:
+    """`caveat:<code>` for a caveat's sentence, else the finding's type in snake case."""
+    cav = next((s for s in src if isinstance(s, Caveat)), None)
+    if cav is not None:
+        return f"caveat:{cav.code}"
+    name = type(src[0]).__name__ if src else "none"
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+
+
+def verdict_file(a: RunArtifacts, v: Verdict, headline: list, sentences: list) -> schema.VerdictFile:
+    """`06_writeup/verdict.json`'s record: `headline` and `sentences` are (findings, text)
+    pairs as `report.prose` wrote them from `v`."""
+    h = headline_findings(v)
+    d = h.dominant
+    removable = {Lever: "exposed_ms", BetweenSteps: "gap_ms", GapLever: "idle_ms"}
+    flags = a.trace_summary.flags if a.trace_summary is not None else []
+    return schema.VerdictFile(
+        kind=v.identity.kind, step_label=v.identity.step_label,
+        headline=[schema.VerdictSentence(finding=_finding_name(src), text=t) for src, t in headline],
+        dominant=None if d is None else schema.DominantCost(
+            category=d.category, ms_per_step=d.ms_per_step, share_pct=d.share_pct, step_ms=d.step_ms,
+            denominator=d.denominator, n_steps=d.n_steps),
+        biggest_lever=None if v.biggest is None else schema.BiggestLeverRecord(
+            name=v.biggest.name, kind=v.biggest.kind, ceiling_x=v.biggest.ceiling_x,
+            removable_ms=getattr(h.lever, removable[type(h.lever)]) if type(h.lever) in removable else None),
+        caveat=None if h.caveat is None else schema.CaveatRecord(
+            code=h.caveat.code, text=next((t for src, t in headline if h.caveat in src), "")),
+        ranks=schema.RanksRecord(analysed=len(a.ranks), not_analysed=[f for f in flags if f.code in UNANALYSED_FLAGS]),
+        sentences=[schema.VerdictSentence(finding=_finding_name(src), text=t) for src, t in sentences])

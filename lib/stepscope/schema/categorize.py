@@ -140,6 +140,9 @@ class LargestGap(Record, kw_only=True):
     after: str | None = None
     host_call: str | None = None
     """The host call running during the gap, when the trace shows one."""
+    host_frame: str | None = None
+    """The innermost host frame holding the whole gap, its cause (e.g. a DataLoader's
+    `__next__`); None when no recorded frame holds it."""
     macro: bool | None = None
     """True: at least `thresholds.MACRO_GAP_US` long (a stall); false: a micro gap. Either
     way the gap lies inside the step's work."""
@@ -609,6 +612,8 @@ class StepRow(Row, kw_only=True):
     gap_before: str | None = None
     gap_after: str | None = None
     gap_host_call: str | None = None
+    gap_host_frame: str | None = None
+    """The innermost host frame holding the whole largest gap (a macro gap only)."""
     launch_delay_us: float | None = None
     """Median launch-to-start delay of the step's kernels (GPU traces)."""
 

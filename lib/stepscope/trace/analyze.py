@@ -127,6 +127,7 @@ class Analysis:
                 ("idle_micro_ms (mean per step)", d.get("idle_micro_ms")),
                 ("idle_macro_ms (mean per step)", d.get("idle_macro_ms")),
                 ("largest gap ms", gap.get("dur_ms")), ("largest gap: host call", gap.get("host_call")),
+                ("largest gap: inside host frame", gap.get("host_frame")),
                 ("largest gap: before", gap.get("before")), ("largest gap: after", gap.get("after")),
                 ("launch_delay_us median", (d.get("launch_delay_us") or {}).get("median")),
                 ("launch_delay_us p90", (d.get("launch_delay_us") or {}).get("p90"))]
@@ -226,7 +227,8 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[ev["cat"].isin(LAUNCH_CATS), ["ts", "dur", "name"]]
-    step_tot = step_tot.merge(step_idle(work, step_tot, host), on="step_id", how="left")
+    frames = ev.loc[ev["cat"].isin(("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
+    step_tot = step_tot.merge(step_idle(work, step_tot, host, frames), on="step_id", how="left")
     rank_cats, totals = acc.account_rank(work)
     rank_cats.insert(0, "rank", rt.rank)
     info["origin_us"] = origin

@@ -22,20 +22,33 @@ import pandas as pd
 
 from stepscope.thresholds import MACRO_GAP_US
 
-PERIOD_COLUMNS = ["step_id", "period_us", "between_steps_us", "idle_micro_us", "idle_macro_us",
+PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "idle_micro_us", "idle_macro_us",
                   "largest_gap_us", "largest_gap_start_us", "gap_before", "gap_after", "gap_host_call",
-                  "launch_delay_us"]
+                  "gap_host_frame", "launch_delay_us"]
 NAME_CHARS = 160
 """Kernel names beside a gap are cut to this many characters (templated names run to 1,000+)."""
 
 
-def step_periods(steps: pd.DataFrame) -> np.ndarray:
-    """Start of the next step minus this step's start, in step order (NaN for the last)."""
+def step_periods(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(period, taken from the device) per step, in step order (NaN for the last).
+
+    The period is the start of the next step minus this step's start on the host's
+    annotations, unless that is shorter than the step's own device busy time: a step cannot
+    repeat faster than its device work runs (a DDP trace's host steps of 16.4 ms held 18.7 ms
+    of busy device time). Then the device's step is used, from this step's first device event
+    to the next step's, and the row says so."""
     ts = steps["annotation_ts_us"].to_numpy(float)
     out = np.full(len(ts), np.nan)
+    from_device = np.zeros(len(ts), dtype=bool)
     if len(ts) > 1 and not (steps["source"] == "whole_trace").all():
         out[:-1] = np.diff(ts)
-    return out
+        if "first_start_us" in steps and "busy_us" in steps:
+            dev = np.full(len(ts), np.nan)
+            dev[:-1] = np.diff(steps["first_start_us"].to_numpy(float))
+            busy = steps["busy_us"].to_numpy(float)
+            from_device = np.isfinite(dev) & (dev > 0) & (out < busy)
+            out = np.where(from_device, dev, out)
+    return out, from_device
 
 
 def _gaps_one(w: pd.DataFrame) -> tuple[float, float, float, float, str, str]:
@@ -71,6 +84,27 @@ def host_call_during(host: pd.DataFrame, start: float, end: float) -> str:
     return str(host["name"].iloc[i]) if cover[i] >= 0.5 * (end - start) else ""
 
 
+def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
+                      skip: frozenset[str] = frozenset()) -> str:
+    """The innermost host frame (an annotation, op or kept python frame: `ts`, `dur`, `name`)
+    covering at least GAP_FRAME_COVER_SHARE of the gap [start, end): what the host was doing
+    while the device waited, e.g. `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`.
+    The step's own annotations (`skip`) name no cause. "" when no frame covers it."""
+    from stepscope.thresholds import GAP_FRAME_COVER_SHARE
+
+    if frames is None or not len(frames) or not np.isfinite(start) or end <= start:
+        return ""
+    s = frames["ts"].to_numpy(float)
+    d = frames["dur"].to_numpy(float)
+    names = frames["name"].astype(str).to_numpy()
+    cover = np.minimum(s + d, end) - np.maximum(s, start)
+    ok = (cover >= GAP_FRAME_COVER_SHARE * (end - start)) & ~np.isin(names, list(skip))
+    if not ok.any():
+        return ""
+    i = np.flatnonzero(ok)[np.argmin(d[ok])]
+    return str(names[i])
+
+
 def launch_delays(w: pd.DataFrame) -> np.ndarray:
     """Start of the first kernel of each launch minus the launch call's start (µs)."""
     if "launch_us" not in w or w["launch_us"].isna().all():
@@ -86,10 +120,12 @@ def _launch_delay(w: pd.DataFrame) -> float:
 
 
 def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
-              host: pd.DataFrame | None = None) -> pd.DataFrame:
+              host: pd.DataFrame | None = None, frames: pd.DataFrame | None = None) -> pd.DataFrame:
     """PERIOD_COLUMNS per step of one rank (steps in step order). `host`: the rank's runtime
-    calls (ts, dur, name), to name the host call behind each macro gap."""
-    period = step_periods(steps_tot)
+    calls (ts, dur, name), to name the host call behind each macro gap; `frames`: its host
+    frames (ts, dur, name), to name the one the gap lies inside (`host_frame_around`)."""
+    skip = frozenset(steps_tot["name"].astype(str)) if "name" in steps_tot else frozenset()
+    period, from_device = step_periods(steps_tot)
     span = steps_tot["span_us"].to_numpy(float)
     rows = {}
     att = work[work["step_id"] >= 0].sort_values("start_us", kind="stable")
@@ -101,11 +137,12 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
             sid, (0.0, 0.0, 0.0, np.nan, "", "", np.nan))
         call = host_call_during(host, g0, g0 + largest) if (
             host is not None and largest >= MACRO_GAP_US) else ""
-        out.append({"step_id": sid, "period_us": period[k],
+        frame = host_frame_around(frames, g0, g0 + largest, skip) if largest >= MACRO_GAP_US else ""
+        out.append({"step_id": sid, "period_us": period[k], "period_from_device": bool(from_device[k]),
                     "between_steps_us": period[k] - span[k] if np.isfinite(period[k]) else np.nan,
                     "idle_micro_us": micro, "idle_macro_us": macro, "largest_gap_us": largest,
                     "largest_gap_start_us": g0, "gap_before": before, "gap_after": after,
-                    "gap_host_call": call, "launch_delay_us": delay})
+                    "gap_host_call": call, "gap_host_frame": frame, "launch_delay_us": delay})
     return pd.DataFrame(out, columns=PERIOD_COLUMNS)
 
 
@@ -136,7 +173,13 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
         denominator = "span"
         reason = ("one step only: no next step to measure a period against" if len(judged) <= 1
                   else "no two consecutive steps of this kind")
-    out: dict = {"period_ms": p, "denominator": denominator, "denominator_reason": reason}
+    n_dev = int(steps_tot["period_from_device"].to_numpy(bool)[ok].sum()) if "period_from_device" in steps_tot else 0
+    if n_dev:
+        reason = (f"step start to next step start, same kind of step; in {n_dev} of {p['n']} steps the host's "
+                  f"period was shorter than the device's busy time, so the device's step (first device event "
+                  f"to the next step's) was used")
+    out: dict = {"period_ms": p, "denominator": denominator, "denominator_reason": reason,
+                 "period_from_device_n": n_dev}
     if judged.empty:
         out.update(idle_micro_ms=None, idle_macro_ms=None, largest_gap=None,
                    launch_delay_us={"median": None, "p90": None})
@@ -147,6 +190,7 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
     out["largest_gap"] = ({"dur_ms": float(g["largest_gap_us"] / 1e3), "step": int(g["step_id"]),
                            "before": str(g["gap_before"]), "after": str(g["gap_after"]),
                            "host_call": str(g["gap_host_call"]) or None,
+                           "host_frame": str(g.get("gap_host_frame") or "") or None,
                            "macro": bool(g["largest_gap_us"] >= MACRO_GAP_US)}
                           if g["largest_gap_us"] > 0 else None)
     d = launch_delays(work[work["step_id"].isin(judged["step_id"])])
