@@ -64,3 +64,26 @@ def test_the_figure_has_one_bar_per_level_and_batch_with_its_period(run_dir):
     assert n == 13 and len(periods) == 2
     mixed = load_bars(table, "mixed")
     assert mixed[2] == 7
+
+
+def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, tmp_path):
+    table, summary = rl.read_load(run_dir)
+    # a second level built from the real one: c=4 with half the all-reduce time per step
+    low = table.assign(concurrency=4)
+    low.loc[low["category"] == "all_reduce", "ms_per_step"] *= 0.5
+    (tmp_path / "05_categorize").mkdir()
+    pd.concat([low, table]).to_csv(tmp_path / "05_categorize" / "load_anatomy.csv", index=False)
+    schema.write(tmp_path / "05_categorize" / "load_anatomy.json",
+                 {**schema.to_builtins(summary), "fastest_category": "all_reduce"}, schema.LoadAnatomySummary)
+    g = rl.load_growth(tmp_path, knee_concurrency=8)
+    assert (g.below.concurrency, g.above.concurrency, g.category) == (4, 16, "all_reduce")
+    dec = table[(table["step_kind"] == "decode") & (table["category"] == "all_reduce")]
+    want_hi = float((dec["ms_per_step"] * dec["n_steps"]).sum() / dec["n_steps"].sum())
+    assert g.above.category_ms["all_reduce"] == pytest.approx(want_hi)
+    assert g.below.category_ms["all_reduce"] == pytest.approx(want_hi / 2)
+    p = g.above.period_ms
+    assert g.above.ceiling_x("all_reduce") == pytest.approx(p / (p - want_hi))
+    words = " ".join(rl.growth_sentences(g))
+    assert "either side of the knee at concurrency 8" in words and "**all_reduce**" in words
+    assert f"{want_hi:.3f} ms at c=16" in words
+    assert rl.load_growth(run_dir, None) is None  # one captured level: nothing to compare

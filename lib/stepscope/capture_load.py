@@ -204,7 +204,9 @@ def capture_load_level(server: cl.ServerInfo, capture: CaptureParams, sweep: Swe
         notes.append(f"no trace appeared within capture.load_window_s = {capture.load_window_s:g} s of "
                      f"/start_profile: the engine did not stop after {method} by itself, so /stop_profile "
                      "ended a timed window")
-    window = {**window_client_metrics(run["records"], run["t_open"], run["t_stop"], c),
+    # From the /start_profile request, not its answer: a starved API process can answer after
+    # the engine has already run (and written) the whole bounded window.
+    window = {**window_client_metrics(run["records"], run["t_start"], run["t_stop"], c),
               "window_method": method if run["self_stopped"] else "timed", "start_profile_body": body,
               "load_steps": capture.load_steps, "started_at": run["started_at"],
               "stop_status": run["stop_status"], "notes": notes}

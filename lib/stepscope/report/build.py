@@ -141,10 +141,10 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
     return made
 
 
-def _section_load(a: RunArtifacts, figs: dict[str, str]) -> list[str]:
+def _section_load(a: RunArtifacts, ctx: dict[str, Any], figs: dict[str, str]) -> list[str]:
     """The step under load (report.load), when stage 04 captured load levels; else nothing."""
     fig = _img(figs["load"], "ms per decode step by category against batch size") if "load" in figs else None
-    text = section_load(a.run_dir, a.levels, fig)
+    text = section_load(a.run_dir, a.levels, fig, ctx["verdict"].load_growth)
     return [text] if text else []
 
 
@@ -863,16 +863,17 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
              "stated; units are in every column header.*\n\n[TOC]\n\n")
     sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
                 _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),
-                *_section_load(a, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
+                *_section_load(a, ctx, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
                 _section_caveats(ctx["caveats"]), _section_appendix(a)]
     return "\n".join(sections)
 
 
 def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
                  draw_figures: bool = True) -> dict[str, Path]:
-    """Write `06_writeup/report.md` and `06_writeup/report.html` from the run folder alone.
+    """Write `06_writeup/report.md`, `06_writeup/report.html` and `06_writeup/verdict.json`
+    from the run folder alone.
 
-    Returns {"markdown", "html", "figures" (folder)} plus one entry per figure drawn. Sections
+    Returns {"markdown", "html", "verdict", "figures" (folder)} plus one entry per figure drawn. Sections
     whose artifacts are missing render as a visible "not measured" box. `draw_figures=False`
     renders the text only (stage PNGs are still linked): seconds faster, for re-renders and tests.
     """
@@ -885,12 +886,17 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     out_dir.mkdir(parents=True, exist_ok=True)
     # The invariants the verdict rests on, on disk beside the report that states them.
     schema.write(out_dir / "guards.json", schema.to_builtins(guards.guards_record(ctx["verdict"])), schema.GuardsFile)
+    v = ctx["verdict"]
+    # The findings as data, for the CLI's closing lines and exit code (and whoever reads a run).
+    verdict_path = schema.write(out_dir / "verdict.json", schema.to_builtins(
+        vd.verdict_file(a, v, prose.headline_sentences(v), prose.sentences(v))), schema.VerdictFile)
     md_path = out_dir / "report.md"
     md_path.write_text(text.replace("[TOC]\n\n", ""))
     title = text.splitlines()[0].lstrip("# ").strip()
     html_path = out_dir / "report.html"
     html_path.write_text(markdown_to_html(text, out_dir, title))
-    paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "figures": a.run_dir / "figures"}
+    paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "verdict": verdict_path,
+                              "figures": a.run_dir / "figures"}
     for key, name in ctx["figs"].items():
         paths[f"figure_{key}"] = a.run_dir / "figures" / name
     return paths

@@ -153,7 +153,8 @@ def _fits_table(summary: schema.LoadAnatomySummary) -> str:
                          ("batches", "batch sizes")])
 
 
-def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: str | None = None) -> str:
+def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: str | None = None,
+                 growth: "LoadGrowth | None" = None) -> str:
     """The report's section on the step under load; '' when stage 05 captured no load level."""
     got = read_load(run_dir)
     if got is None:
@@ -178,4 +179,119 @@ def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: st
     text += "\n" + fastest_sentence(summary) + "\n\n" + _fits_table(summary)
     for note in summary.notes:
         text += f"\n*{note}*\n"
+    if growth is not None:
+        text += "\n### The plateau, step by step\n\n" + " ".join(growth_sentences(growth)) + "\n"
     return text
+
+
+LEVER_SHIFT = 2.0
+"""A category's share of the decode period that changes by this factor or more between the
+lowest and the highest captured level is a lever whose size depends on the batch."""
+
+
+@dataclass(frozen=True)
+class LevelAnatomy:
+    """One captured level's decode steps, as the plateau finding reads them."""
+
+    concurrency: int
+    period_ms: float | None
+    category_ms: dict[str, float]
+    """ms per decode step by category, mean over the level's decode steps."""
+    server: dict = field(default_factory=dict)
+    """The sweep level's /metrics at this concurrency (level_server_view)."""
+
+    def ceiling_x(self, category: str) -> float | None:
+        """Amdahl: the decode step's speed-up were this category's time zero (period / rest)."""
+        ms, p = self.category_ms.get(category), self.period_ms
+        return p / (p - ms) if ms is not None and p and p > ms else None
+
+
+@dataclass(frozen=True)
+class LoadGrowth:
+    """What the step does between the levels either side of the knee (or the lowest and highest
+    captured): the category that grows, its ms there, the server's state, the levers' ceilings."""
+
+    category: str | None
+    slope_ms_per_request: float | None
+    slope_se_ms: float | None
+    below: LevelAnatomy
+    above: LevelAnatomy
+    knee_concurrency: int | None
+    shifted_levers: tuple[tuple[str, float, float], ...] = ()
+    """(category, share of the period below, above) for shares that moved by LEVER_SHIFT or more."""
+
+
+def _level_anatomy(run_dir, table: pd.DataFrame, c: int) -> LevelAnatomy:
+    t = table[(table["concurrency"] == c) & (table["step_kind"] == "decode")]
+    n = t.drop_duplicates("decode_requests").set_index("decode_requests")["n_steps"]
+    w = t["decode_requests"].map(n) / n.sum() if len(n) else t["n_steps"]
+    cats = (t["ms_per_step"] * w).groupby(t["category"]).sum().to_dict()
+    g = t.drop_duplicates("decode_requests")
+    period = float((g["period_ms"] * g["n_steps"]).sum() / g["n_steps"].sum()) if len(g) else None
+    return LevelAnatomy(c, period, {k: float(v) for k, v in cats.items()}, level_server_view(run_dir, c))
+
+
+def load_growth(run_dir, knee_concurrency: int | None) -> LoadGrowth | None:
+    """The plateau's reading from the load anatomy; None without two captured decode levels."""
+    got = read_load(run_dir)
+    if got is None:
+        return None
+    table, summary = got
+    levels = sorted(set(table.loc[table["step_kind"] == "decode", "concurrency"].astype(int)))
+    if len(levels) < 2:
+        return None
+    lo, hi = levels[0], levels[-1]
+    if knee_concurrency is not None:
+        lo = max([c for c in levels if c <= knee_concurrency], default=lo)
+        hi = min([c for c in levels if c > lo], default=hi)
+    below, above = _level_anatomy(run_dir, table, lo), _level_anatomy(run_dir, table, hi)
+    fit = next((f for f in summary.fits if f.category == summary.fastest_category), None)
+    shifted = []
+    for cat in sorted(set(below.category_ms) | set(above.category_ms)):
+        a = below.category_ms.get(cat, 0.0) / below.period_ms if below.period_ms else None
+        b = above.category_ms.get(cat, 0.0) / above.period_ms if above.period_ms else None
+        if a and b and max(a, b) / min(a, b) >= LEVER_SHIFT and max(a, b) >= 0.05:
+            shifted.append((cat, a, b))
+    return LoadGrowth(summary.fastest_category, fit.slope_ms_per_request if fit else None,
+                      fit.slope_se_ms if fit else None, below, above, knee_concurrency, tuple(shifted))
+
+
+def growth_sentences(g: LoadGrowth) -> list[str]:
+    """The plateau finding in words, every number from `g`."""
+    lo, hi = g.below, g.above
+    where = (f"either side of the knee at concurrency {g.knee_concurrency}" if g.knee_concurrency is not None
+             else "at the lowest and highest captured levels")
+    out = [f"The decode step's period goes from {lo.period_ms:.2f} ms at c={lo.concurrency} to "
+           f"{hi.period_ms:.2f} ms at c={hi.concurrency} ({where})."]
+    if g.category is not None:
+        out.append(f"The category that grows fastest with the batch is **{g.category}** "
+                   f"({g.slope_ms_per_request:.4f} ± {g.slope_se_ms:.4f} ms per decode request): "
+                   f"{lo.category_ms.get(g.category, 0.0):.3f} ms per step at c={lo.concurrency}, "
+                   f"{hi.category_ms.get(g.category, 0.0):.3f} ms at c={hi.concurrency}; removing it would speed "
+                   f"the step up at most {_x(lo.ceiling_x(g.category))} at c={lo.concurrency} and "
+                   f"{_x(hi.ceiling_x(g.category))} at c={hi.concurrency}.")
+    else:
+        out.append("No category's growth with the batch clears its spread, so none is named as the one "
+                   "that takes the step there.")
+    for c, s in ((lo.concurrency, lo.server), (hi.concurrency, hi.server)):
+        if s:
+            out.append(f"At c={c} the server reported at most {_g(s.get('running_max'))} requests running, "
+                       f"{_g(s.get('waiting_max'))} waiting, KV cache {_pct(s.get('kv_cache_usage_max'))} used, "
+                       f"{_g(s.get('preemptions'))} preemptions.")
+    for cat, a, b in g.shifted_levers:
+        size = "large at the lower level and small at the higher" if a > b else "small at the lower level and large at the higher"
+        out.append(f"{cat} is a lever whose size depends on the batch: {a:.0%} of the period at "
+                   f"c={lo.concurrency}, {b:.0%} at c={hi.concurrency} ({size}).")
+    return out
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.2f}×" if v is not None else "–"
+
+
+def _g(v: float | None) -> str:
+    return f"{v:g}" if v is not None else "–"
+
+
+def _pct(v: float | None) -> str:
+    return f"{100 * v:.1f} %" if v is not None else "–"

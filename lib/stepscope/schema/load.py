@@ -154,7 +154,7 @@ class LoadWindow(Record, kw_only=True):
     start_profile_body: dict = {}
     load_steps: int | None = None
     window_s: float
-    """/start_profile answered to the window's end (the first trace file seen, or the timed stop), s."""
+    """/start_profile sent to the window's end (the first trace file seen, or the timed stop), s."""
     token_chunks: int = 0
     """Token-bearing chunks the client received in the window (merged chunks carry more tokens)."""
     capture_output_tok_s: float | None = None

