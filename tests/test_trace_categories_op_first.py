@@ -134,3 +134,41 @@ def test_miopen_layout_transposes_are_conv(real_traces: Path):
         assert classify_name(name, "kernel", RULES) == "conv", name
     w = _rank(real_traces, RESNET_DDP).work
     assert set(w.loc[w["name"].str.contains("transpose"), "category"]) == {"conv"}
+
+
+def test_collective_sizes_dtypes_and_groups_come_from_the_args(real_traces: Path, tmp_path: Path):
+    """Per collective: its op, the args' dtype, message size, group and process group, and
+    nccl-tests' algbw / busbw from one rank's kernel time (issue 23, item 6)."""
+    import pandas as pd
+
+    from stepscope import schema
+    from stepscope.trace.analyze import analyze_traces
+
+    analyze_traces([real_traces / RESNET_DDP], tmp_path, progress=False, perfetto=False)
+    t = pd.read_csv(tmp_path / "collective_sizes.csv")
+    schema.check_frame(t, schema.CollectiveSizeRow, "collective_sizes.csv")
+    ar = t[t["collective"] == "all_reduce"].set_index("nelems")
+    # DDP's two gradient buckets per step, bf16 from the args (the generic kernel's name says nothing)
+    assert sorted(ar.index) == [2873320, 8816192] and set(ar["dtype"]) == {"bfloat16"}
+    assert set(ar["dtype_source"]) == {"args"} and set(ar["group_size"]) == {8} and set(ar["process_group"]) == {0}
+    big = ar.loc[8816192]
+    assert big["bytes"] == 8816192 * 2 and big["calls_per_step"] == 1.0
+    assert big["algbw_gbps"] == pytest.approx(big["bytes"] / big["us_per_call_median"] / 1e3)
+    assert big["busbw_gbps"] == pytest.approx(big["algbw_gbps"] * 2 * 7 / 8)
+    bc = t[t["collective"] == "broadcast"]
+    assert len(bc) == 2 and set(bc["category"]) == {"other_collective"}
+    assert bc["busbw_gbps"].tolist() == pytest.approx(bc["algbw_gbps"].tolist())
+
+
+def test_a_broadcasts_dtype_is_the_tensors_not_the_kernels(real_traces: Path, tmp_path: Path):
+    """NCCL broadcasts bytes (`ncclKernel_Broadcast_..._int8_t`); the args say the tensor is
+    float: 53,120 elements are 212,480 bytes, not 53,120."""
+    import pandas as pd
+
+    from stepscope.trace.analyze import analyze_traces
+
+    analyze_traces([real_traces / "hta-a100-ddp-nccl.json.gz"], tmp_path, progress=False, perfetto=False)
+    t = pd.read_csv(tmp_path / "collective_sizes.csv")
+    row = t[(t["collective"] == "broadcast") & (t["nelems"] == 53120)].iloc[0]
+    assert (row["dtype"], row["bytes"]) == ("float", 212480.0)
+    assert t.loc[t["collective"] == "all_reduce", "calls_per_step"].sum() == 5.0

@@ -540,13 +540,18 @@ class CollectiveSizeRow(Row, kw_only=True):
     kernel's `Collective name`, else the issuing `nccl:` / `c10d::` op, else the kernel name's."""
     category: str
     dtype: str | None = None
-    """From the kernel name (`..._Sum_bf16...`); None where it does not say (`ncclDevKernel_Generic`)."""
+    """The kernel's `dtype` arg (`float`, `bfloat16`), else its name's (`..._Sum_bf16...`); None
+    where neither says (`ncclDevKernel_Generic` without args)."""
+    dtype_source: str | None = None
+    """`args` or `kernel name`."""
     nelems: int | None = None
     """`In msg nelems`; None where the trace does not record it."""
     bytes: float | None = None
     """Message size: nelems x element size (an all-gather's output, n x the input)."""
     group_size: int | None = None
-    """Ranks in the collective: the trace's world size (its process group is not read)."""
+    """Ranks in the collective: the kernel's `Group size` arg, else the trace's world size."""
+    process_group: str | None = None
+    """The kernel's `Process Group Name` arg; None where the trace does not record it."""
     n_steps: int
     calls_per_step: float
     us_per_call_median: float

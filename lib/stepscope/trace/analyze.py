@@ -60,6 +60,8 @@ class RankResult:
     """Per category: its top kernels, module and whether it is one lever (`account.category_levers`)."""
     modules: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Device time per module path over the decode steps (`modules.module_table`)."""
+    collective_sizes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Collectives by op, dtype and size, with bandwidth per call (`collectives.collective_sizes`)."""
 
 
 @dataclass
@@ -87,6 +89,11 @@ class Analysis:
     def modules(self) -> pd.DataFrame:
         """modules.csv: every rank's time per module path."""
         return pd.concat([r.modules for r in self.ranks], ignore_index=True) if self.ranks else pd.DataFrame()
+
+    @property
+    def collective_sizes(self) -> pd.DataFrame:
+        """collective_sizes.csv: every rank's collectives by op, dtype and message size."""
+        return pd.concat([r.collective_sizes for r in self.ranks], ignore_index=True) if self.ranks else pd.DataFrame()
 
     @property
     def category_levers(self) -> pd.DataFrame:
@@ -242,19 +249,26 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
-                      steps_tot=step_tot, meta=meta, **_by_module(ev, work, step_tot, rt.rank))
+                      steps_tot=step_tot, meta=meta, **_by_module(ev, work, step_tot, rt.rank,
+                                                                  rt.meta.get("world_size"), rt.mode))
 
 
-def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int) -> dict:
-    """The rank's tables that read the module tree: category_kernels (with each kernel's
-    module), the category levers, and time per module (`trace.modules`)."""
+def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int,
+               world: int | None, mode: str) -> dict:
+    """The rank's tables that read the module tree and the kernels' args: category_kernels
+    (with each kernel's module), the category levers, time per module (`trace.modules`), and
+    its collectives' sizes (`collectives.collective_sizes`; GPU traces)."""
     from stepscope.trace.modules import module_paths, module_table
 
     paths = module_paths(ev)
     work["module_path"] = work["module"].astype(str).map(paths) if paths else None
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
+    args = (ev["collective"].astype(object).reindex(work["op_row"]).fillna("").to_numpy()
+            if "collective" in ev else None)
+    sizes = coll.collective_sizes(work, pd.Series(args, index=work.index) if args is not None else None, judged,
+                                  world, rank) if mode == "gpu" else pd.DataFrame(columns=coll.SIZE_COLUMNS)
     return {"kernels": acc.category_kernels(work, step_tot), "levers": acc.category_levers(work, step_tot),
-            "modules": module_table(work, paths, judged, rank)}
+            "modules": module_table(work, paths, judged, rank), "collective_sizes": sizes}
 
 
 def _rank_summary(r: RankResult) -> dict:
@@ -755,6 +769,7 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     schema.write_table(an.category_kernels, out_dir / "category_kernels.csv", schema.CategoryKernelRow)
     schema.write_table(an.category_levers, out_dir / "category_levers.csv", schema.CategoryLeverRow)
     schema.write_table(an.modules, out_dir / "modules.csv", schema.ModuleRow)
+    schema.write_table(an.collective_sizes, out_dir / "collective_sizes.csv", schema.CollectiveSizeRow)
     schema.write_table(an.timeline, out_dir / "timeline_rank0_step.csv", schema.TimelineRow)
     schema.write_table(an.collective_instances, out_dir / "collective_instances.csv",
                        schema.CollectiveInstanceRow)

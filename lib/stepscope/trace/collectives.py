@@ -41,7 +41,10 @@ from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
                 "float": 4, "f32": 4, "fp32": 4, "float32": 4, "double": 8, "f64": 8,
                 "int8_t": 1, "uint8_t": 1, "int8": 1, "uint8": 1, "int32_t": 4, "uint32_t": 4,
-                "int64_t": 8, "uint64_t": 8, "fp8": 1, "f8e4m3": 1, "f8e5m2": 1}
+                "int64_t": 8, "uint64_t": 8, "fp8": 1, "f8e4m3": 1, "f8e5m2": 1,
+                # ATen's scalar type names, as record_param_comms writes them in `dtype`
+                "long": 8, "int": 4, "short": 2, "byte": 1, "char": 1, "bool": 1,
+                "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
 _NCCL_DTYPE = re.compile(r"_(bf16|half|f16|f32|f64|float|double|u?int(?:8|32|64)_t|fp8|f8e4m3|f8e5m2)"
                          r"(?=[_(]|$)", re.I)
 PROLOGUE_GAP_US = 1.0
@@ -280,3 +283,89 @@ def per_step(table: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
         "straggler_rank": g["last_rank"].agg(lambda s: int(s.value_counts().index[0])),
     })
     return out.reset_index()
+
+
+# --------------------------------------------------------------------------- one rank's sizes
+
+SIZE_COLUMNS = ["rank", "collective", "category", "dtype", "dtype_source", "nelems", "bytes", "group_size",
+                "process_group", "n_steps", "calls_per_step", "us_per_call_median", "algbw_gbps", "busbw_gbps"]
+_KERNEL_COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+?)(?:_|\(|$)", re.I)
+_ISSUING_OP = re.compile(r"^(?:nccl:|c10d::|_c10d_functional::|gloo:)(\w+)")
+_CANONICAL = (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+              ("alltoall", "all_to_all"), ("sendrecv", "send_recv"), ("broadcast", "broadcast"),
+              ("send", "send"), ("recv", "recv"), ("barrier", "barrier"), ("reduce", "reduce"))
+
+
+def collective_name(arg: str | None, op_context: str | None, kernel: str) -> str | None:
+    """The collective a kernel runs, op first: its own `Collective name` arg (`allreduce`), else
+    the `nccl:` / `c10d::` op that issued it (`nccl:broadcast`), else its name
+    (`ncclKernel_AllReduce_...`); canonical (`all_reduce`, `broadcast`, `all_gather`), None if
+    none says (a generic kernel launched outside any recorded op)."""
+    m = _ISSUING_OP.match(op_context or "")
+    k = _KERNEL_COLLECTIVE.search(kernel)
+    for raw in (arg, m.group(1) if m else None, k.group(1) if k and k.group(1).lower() != "generic" else None):
+        if raw:
+            token = re.sub(r"[^a-z]", "", raw.lower())
+            return next((c for key, c in _CANONICAL if token.startswith(key) or token == key.replace("_", "")),
+                        token)
+    return None
+
+
+def bus_factor_of(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw by collective: 2(n-1)/n for all-reduce, (n-1)/n for all-gather
+    and reduce-scatter, 1 otherwise (broadcast, send/recv)."""
+    if n <= 1:
+        return 1.0
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    return (n - 1) / n if collective in ("all_gather", "reduce_scatter") else 1.0
+
+
+def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: np.ndarray,
+                     world: int | None, rank: int) -> pd.DataFrame:
+    """One rank's collective kernels over the steps `step_ids`, by collective, dtype and message
+    size: calls per step, the median kernel time and the bandwidth it implies (nccl-tests'
+    algbw and busbw, from one rank's kernel time, which includes waiting for the others; the
+    cross-rank transfer is in collective_instances.csv). `arg_names`: each work row's
+    `collective` column (`parse.collective_args`: Collective name, dtype, Group size, Process
+    Group Name; "" for none). The args' dtype wins over the kernel name's: NCCL moves a
+    broadcast as bytes (`..._Broadcast_..._int8_t`) whatever the tensor's type."""
+    from stepscope.trace.parse import collective_args
+
+    sel = work["collective_call"].to_numpy(bool) & work["step_id"].isin(step_ids).to_numpy()
+    w = work[sel]
+    n = len(step_ids)
+    if w.empty or not n:
+        return pd.DataFrame(columns=SIZE_COLUMNS)
+    raw = arg_names[sel].to_numpy() if arg_names is not None else np.full(len(w), "")
+    memo: dict = {}
+    args = [memo[v] if v in memo else memo.setdefault(v, collective_args(v)) for v in raw]
+    ctx = w["op_context"].astype(str).to_numpy() if "op_context" in w else np.full(len(w), "")
+    names = w["name"].astype(str).to_numpy()
+    coll = [collective_name(a[0], c, k) for a, c, k in zip(args, ctx, names)]
+    kdt = [dtype_from_kernel(x) for x in names]
+    t = pd.DataFrame({"collective": [c or cat for c, cat in zip(coll, w["category"])],
+                      "category": w["category"].to_numpy(),
+                      "dtype": [a[1].lower() or (k or "") for a, k in zip(args, kdt)],
+                      "dtype_source": ["args" if a[1] else ("kernel name" if k else "") for a, k in zip(args, kdt)],
+                      "group_size": [a[2] if a[2] else (world or -1) for a in args],
+                      "process_group": [a[3] for a in args],
+                      "nelems": np.where(w["msg_nelems"].to_numpy() >= 0, w["msg_nelems"].to_numpy(), -1),
+                      "dur_us": w["dur_us"].to_numpy(float)})
+    keys = ["collective", "category", "dtype", "dtype_source", "nelems", "group_size", "process_group"]
+    out = t.groupby(keys, sort=False)["dur_us"].agg(["count", "median"]).reset_index()
+    for c in ("dtype", "dtype_source", "process_group"):
+        out[c] = out[c].replace("", None)
+    ne = out["nelems"].to_numpy()
+    gs = out["group_size"].to_numpy()
+    out["bytes"] = pd.array([_bytes(cat, int(e), dt, max(int(g), 1), None)[0] if e >= 0 else None
+                             for cat, e, dt, g in zip(out["category"], ne, out["dtype"], gs)], dtype="Float64")
+    out["nelems"] = pd.array([int(e) if e >= 0 else None for e in ne], dtype="Int64")
+    out["group_size"] = pd.array([int(g) if g > 0 else None for g in gs], dtype="Int64")
+    alg = [b / us / 1e3 if pd.notna(b) and b and us > 0 else None for b, us in zip(out["bytes"], out["median"])]
+    out["algbw_gbps"] = pd.array(alg, dtype="Float64")
+    out["busbw_gbps"] = pd.array([a * bus_factor_of(c, int(g) if g > 0 else 1) if a else None
+                                  for a, c, g in zip(alg, out["collective"], gs)], dtype="Float64")
+    out = out.assign(rank=rank, n_steps=n, calls_per_step=out["count"] / n, us_per_call_median=out["median"])
+    return out.sort_values(["calls_per_step", "collective"], ascending=[False, True], kind="stable")[
+        SIZE_COLUMNS].reset_index(drop=True)

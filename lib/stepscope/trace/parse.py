@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import re
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -33,14 +33,14 @@ import numpy as np
 
 from stepscope.errors import TraceError
 from stepscope.trace import split
-from stepscope.trace.frames import KEEP_FRAME, keep_frame
+from stepscope.trace.frames import KEEP_FRAME, NAME_CAP_CHARS, keep_frame
 
 if TYPE_CHECKING:
     import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-LOADER_VERSION = 5
+LOADER_VERSION = 7
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
 
 CHUNK_BYTES = 4 << 20
@@ -69,6 +69,18 @@ BAD_DUR_TOLERANCE = 0.001
 """Up to this share of work events may lack a usable duration: they are dropped and
 flagged. Above it the rank is rejected (the trace is damaged, not just ragged)."""
 
+MAX_DUR_US = 1e11
+"""A duration above this (28 hours) is no measurement: the event is dropped like one with a
+negative duration. NaN, Infinity and 1e400 (read as Infinity) are dropped the same way."""
+MAX_TS_US = 1e17
+"""A timestamp outside [0, this) (3,000 years after 1970 in µs) is dropped with its event:
+a negative or absurd ts would stretch the trace's span and every sum over it."""
+# NAME_CAP_CHARS (4096, from frames): names longer than this are cut (their length kept in
+# the name) before any rule sees them: the rules are regexes, and a 100 MB name took minutes.
+# The real traces' longest names are under 2 KB.
+TRAILER_MAX_BYTES = 64 << 20
+"""The most top-level metadata read after traceEvents (and before it, for the header)."""
+
 SLIM_COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "correlation", "external_id",
                 "stream", "collective", "msg_nelems")
 
@@ -79,6 +91,21 @@ class _Args(msgspec.Struct, gc=False):
     stream: int | None = None
     collective: str | None = msgspec.field(default=None, name="Collective name")
     msg_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    dtype: str | None = None
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
+
+
+def _collective_key(a: _Args) -> str:
+    return "\t".join(("" if v is None else str(v)) for v in (a.collective, a.dtype, a.group_size, a.pg_name))
+
+
+def collective_args(value: object) -> tuple[str, str, int | None, str]:
+    """(Collective name, dtype, Group size, Process Group Name) from the slim table's
+    `collective` column ("" and None where the kernel's args lack them)."""
+    parts = (str(value) if isinstance(value, str) else "").split("\t")
+    parts += [""] * (4 - len(parts))
+    return parts[0], parts[1], int(parts[2]) if parts[2].lstrip("-").isdigit() else None, parts[3]
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -182,9 +209,12 @@ class _Collector:
         self.has_device = False
         self.bad_dur: list[str] = []
         self.n_bad_dur = 0
+        self.n_bad_other = 0  # annotations / launches dropped for an unusable ts or dur
+        self.n_capped = 0  # names cut at NAME_CAP_CHARS
+        self.n_huge_ids = 0  # ids outside int64, read as "no id"
 
     def _id(self, v: Any) -> int:
-        if type(v) is int:
+        if type(v) is int and -(1 << 63) <= v < (1 << 63):
             return v
         if v is None:
             return -1
@@ -239,39 +269,29 @@ class _Collector:
     def _columns(self, kept: list, cis: list) -> None:
         if not self.has_device and any(ci < 3 for ci in cis):
             self.seen_device = self.has_device = True
-        # Fast path: every ts/dur present and no negative duration (checked in C).
+        # Fast path: every ts/dur present and in range (checked in C, NaN fails every test).
         try:
             ts_a = array("d", [e.ts for e in kept])
             dur_a = array("d", [e.dur for e in kept])
-            bad = [] if not len(dur_a) or np.frombuffer(dur_a).min() >= 0 else None
-        except TypeError:
+            bad = [] if not len(dur_a) or _in_range(np.frombuffer(ts_a), np.frombuffer(dur_a)).all() else None
+        except (TypeError, OverflowError):
             bad = None
         if bad is None:
-            bad = [i for i, e in enumerate(kept)
-                   if e.ts is None or e.dur is None or e.dur < 0]
+            bad = [i for i, e in enumerate(kept) if not _usable(e.ts, e.dur)]
             ts_a = dur_a = None
         if bad:
-            drop = set()
-            for i in bad:
-                e, ci = kept[i], cis[i]
-                if ci < 3 or ci == _CPU_OP or e.ts is None:
-                    if ci < 3 or ci == _CPU_OP:
-                        self.n_bad_dur += 1
-                        if len(self.bad_dur) < 3:
-                            self.bad_dur.append(f"{KEPT_CATS[ci]} {str(e.name)[:60]!r} ts={e.ts} dur={e.dur}")
-                    drop.add(i)
-                else:
-                    e.dur = 0.0  # an annotation without a duration marks an instant
-            kept = [e for i, e in enumerate(kept) if i not in drop]
-            cis = [c for i, c in enumerate(cis) if i not in drop]
+            kept, cis = self._drop_bad(kept, cis, bad)
         names = self.names
         nm = [e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in kept]
+        if nm and max(map(len, nm)) > NAME_CAP_CHARS:
+            self.n_capped += sum(len(n) > NAME_CAP_CHARS for n in nm)
+            nm = [cap_name(n) for n in nm]
         self.name.extend([names[n] if n in names else names.setdefault(n, len(names)) for n in nm])
         self.cat.extend(cis)
         for dst, vals in ((self.pid, [e.pid for e in kept]), (self.tid, [e.tid for e in kept])):
             try:
                 dst.extend(array("q", vals))  # all-int (the usual case); atomic on failure
-            except TypeError:
+            except (TypeError, OverflowError):
                 dst.extend([self._id(v) for v in vals])
         if ts_a is None or bad:
             ts_a = array("d", [e.ts for e in kept])
@@ -279,14 +299,45 @@ class _Collector:
         self.ts.extend(ts_a)
         self.dur.extend(dur_a)
         args = [e.args or _NO_ARGS for e in kept]
-        self.corr.extend([-1 if a.correlation is None else a.correlation for a in args])
-        self.ext.extend([-1 if a.external_id is None else a.external_id for a in args])
-        self.stream.extend([-1 if a.stream is None else a.stream for a in args])
-        self.nelems.extend([-1 if a.msg_nelems is None else a.msg_nelems for a in args])
+        self._ids_into(self.corr, [-1 if a.correlation is None else a.correlation for a in args])
+        self._ids_into(self.ext, [-1 if a.external_id is None else a.external_id for a in args])
+        self._ids_into(self.stream, [-1 if a.stream is None else a.stream for a in args])
+        self._ids_into(self.nelems, [-1 if a.msg_nelems is None else a.msg_nelems for a in args])
         colls = self.colls
-        self.coll.extend([0 if a.collective is None else
-                          (colls[a.collective] if a.collective in colls
-                           else colls.setdefault(a.collective, len(colls))) for a in args])
+        # A collective kernel's args, as one interned "name<TAB>dtype<TAB>group size<TAB>process
+        # group" string (`collective_args` splits it): few distinct values, one column.
+        keys = [None if a.collective is None else _collective_key(a) for a in args]
+        self.coll.extend([0 if k is None else (colls[k] if k in colls else colls.setdefault(k, len(colls)))
+                          for k in keys])
+
+    def _drop_bad(self, kept: list, cis: list, bad: list[int]) -> tuple[list, list]:
+        """Drop the events without a usable ts/dur, counting them (work events against
+        BAD_DUR_TOLERANCE); an annotation with no duration at all marks an instant."""
+        drop = set()
+        for i in bad:
+            e, ci = kept[i], cis[i]
+            work = ci < 3 or ci == _CPU_OP
+            if not work and e.dur is None and _usable(e.ts, 0.0):
+                e.dur = 0.0
+                continue
+            if work:
+                self.n_bad_dur += 1
+            else:
+                self.n_bad_other += 1
+            if len(self.bad_dur) < 3:
+                self.bad_dur.append(f"{KEPT_CATS[ci]} {str(e.name)[:60]!r} ts={e.ts} dur={e.dur}")
+            drop.add(i)
+        return ([e for i, e in enumerate(kept) if i not in drop],
+                [c for i, c in enumerate(cis) if i not in drop])
+
+    def _ids_into(self, dst: array, vals: list) -> None:
+        """Ids as int64; one outside int64 (a crafted 2**63) reads as no id (-1), counted."""
+        try:
+            dst.extend(array("q", vals))
+        except (TypeError, OverflowError):
+            ok = [v if type(v) is int and -(1 << 63) <= v < (1 << 63) else -1 for v in vals]
+            self.n_huge_ids += sum(1 for v, o in zip(vals, ok) if o == -1 and v != -1)
+            dst.extend(array("q", ok))
 
     def add_untyped(self, items: list) -> None:
         """Slow path for chunks whose field types differ from Kineto's usual ones."""
@@ -299,7 +350,7 @@ class _Collector:
             def _int(v: Any) -> int | None:
                 try:
                     return int(v) if v is not None else None
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     return None
 
             def _float(v: Any) -> float | None:
@@ -307,6 +358,8 @@ class _Collector:
                     return float(v) if v is not None else None
                 except (TypeError, ValueError):
                     return None
+                except OverflowError:  # an integer beyond float: present but unusable
+                    return float("inf")
 
             evs.append(_Event(
                 cat=d.get("cat") if isinstance(d.get("cat"), str) else None,
@@ -317,7 +370,11 @@ class _Collector:
                            stream=_int(args.get("stream")),
                            collective=(str(args["Collective name"])
                                        if "Collective name" in args else None),
-                           msg_nelems=_int(args.get("In msg nelems")))))
+                           msg_nelems=_int(args.get("In msg nelems")),
+                           dtype=str(args["dtype"]) if "dtype" in args else None,
+                           group_size=_int(args.get("Group size")),
+                           pg_name=(str(args["Process Group Name"]) if "Process Group Name" in args
+                                    else None))))
         self.add(evs)
 
     def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
@@ -326,6 +383,8 @@ class _Collector:
         return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
                       n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
+                      counts={"n_bad_other": self.n_bad_other, "n_names_capped": self.n_capped,
+                              "n_huge_ids": self.n_huge_ids},
                       seen_device=self.seen_device, has_device=self.has_device, top=top)
 
 
@@ -357,6 +416,8 @@ class _Share:
     has_device: bool
     top: dict[str, Any] | None
     """The trace's top-level metadata; only share 0 reads the trailer."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """What was dropped or cut on the way (n_bad_other, n_names_capped, n_huge_ids)."""
 
 
 def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
@@ -384,6 +445,7 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
         "n_events_total": sum(sh.n_total for sh in shares),
         "n_bad_dur": sum(sh.n_bad_dur for sh in shares),
         "bad_dur_examples": [x for sh in shares for x in sh.bad_dur][:3],
+        **{k: sum(sh.counts.get(k, 0) for sh in shares) for k in ("n_bad_other", "n_names_capped", "n_huge_ids")},
         "unknown_cats": unknown,
     }
     return ParsedTrace(columns=columns, names=names, collectives=colls,
@@ -401,6 +463,25 @@ def _by_first_use(codes: np.ndarray, table: list[str], keep: int | None = None) 
     return remap[codes], [table[i] for i in used]
 
 
+def _in_range(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per event: ts and dur finite and in range (NaN compares False everywhere)."""
+    return (ts >= 0) & (ts < MAX_TS_US) & (dur >= 0) & (dur <= MAX_DUR_US)
+
+
+def _usable(ts: Any, dur: Any) -> bool:
+    try:
+        return bool(0 <= ts < MAX_TS_US and 0 <= dur <= MAX_DUR_US)
+    except TypeError:  # None, or a value that is no number
+        return False
+
+
+def cap_name(name: str) -> str:
+    """A name cut to NAME_CAP_CHARS for the rules and the tables, saying how long it was."""
+    if len(name) <= NAME_CAP_CHARS:
+        return name
+    return f"{name[:NAME_CAP_CHARS]}…[cut: {len(name):,} chars]"
+
+
 @dataclass
 class ParsedTrace:
     """One trace's kept events as numpy arrays (`cat`, `name`, `collective` as codes).
@@ -415,7 +496,8 @@ class ParsedTrace:
     top: dict[str, Any]
     """The trace's top-level metadata (everything but traceEvents)."""
     stats: dict[str, Any]
-    """cat_counts, n_events_total, n_bad_dur, bad_dur_examples, unknown_cats."""
+    """cat_counts, n_events_total, n_bad_dur, bad_dur_examples, n_bad_other, n_names_capped,
+    n_huge_ids, unknown_cats."""
 
     def frame(self) -> pd.DataFrame:
         import pandas as pd
@@ -552,6 +634,8 @@ def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
         chunk_no = 0
         while True:
             data = _read(stream, path, CHUNK_BYTES)
+            if _blank_after(buf, data):
+                continue  # a whitespace run is never buffered (error offsets then count it out)
             if data:
                 del buf[:pos - 1]
                 consumed += pos - 1
@@ -561,7 +645,13 @@ def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
                     progress(len(data))
             else:
                 eof = True
-            pos, chunk_no = _decode_next(col, buf, pos, chunk_no, share, of, segments, path, consumed)
+            try:
+                pos, chunk_no = _decode_next(col, buf, pos, chunk_no, share, of, segments, path, consumed)
+            except _ArrayEnded as ended:
+                if of > 1:  # only one process reads the trailer: let it read the whole trace
+                    raise split.SplitFailed() from None
+                tail = bytes(buf[ended.at:]) + _read_rest(stream, path, TRAILER_MAX_BYTES)
+                return col.share(segments, _top_metadata(header, tail, path, consumed + ended.at))
             if eof:
                 break
         if share != 0:
@@ -573,6 +663,28 @@ def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
     return col.share(segments, meta)
 
 
+def _blank_after(buf: bytearray, data: bytes) -> bool:
+    """Whether `data` is only JSON whitespace and follows whitespace: then it can be skipped.
+
+    Outside strings whitespace means nothing; inside one, JSON allows only spaces raw, so a
+    skipped run shortens a name of millions of spaces (cut at NAME_CAP_CHARS anyway)."""
+    return (bool(data) and data[0] in _WS and data[-1] in _WS and bool(buf) and buf[-1] in _WS
+            and not data.translate(None, _WS))
+
+
+def _read_rest(stream, path: Path, limit: int) -> bytes:
+    """The rest of the stream (the keys after traceEvents), whitespace runs skipped, at most `limit`."""
+    out = bytearray()
+    while data := _read(stream, path, CHUNK_BYTES):
+        if _blank_after(out, data):
+            continue
+        out += data
+        if len(out) > limit:
+            raise TraceError(f"more than {limit >> 20} MB of metadata after traceEvents", where=str(path),
+                             hint="this is not a Kineto trace, or a crafted one: Kineto writes a few keys there")
+    return bytes(out)
+
+
 def _read_header(stream, path: Path, keep_cpu_ops: bool | None, col: _Collector
                  ) -> tuple[bytearray, int, bytes | None]:
     """(buffer, offset of the first event, the header before traceEvents or None for the
@@ -580,6 +692,8 @@ def _read_header(stream, path: Path, keep_cpu_ops: bool | None, col: _Collector
     buf = bytearray()
     while True:
         data = _read(stream, path, CHUNK_BYTES)
+        if _blank_after(buf, data):
+            continue
         buf += data
         head = buf.lstrip()[:1]
         if head and head not in (b"{", b"["):
@@ -594,7 +708,7 @@ def _read_header(stream, path: Path, keep_cpu_ops: bool | None, col: _Collector
             if keep_cpu_ops is None and _GPU_HEADER_RE.search(header):
                 col.seen_device = True  # i.e. drop cpu_ops from the first event on
             return buf, m.end(), header
-        if not data or len(buf) > (64 << 20):
+        if not data or len(buf) > TRAILER_MAX_BYTES:
             raise TraceError(
                 "no traceEvents array: this JSON is not a Kineto / Chrome trace",
                 where=str(path),
@@ -638,18 +752,58 @@ def _decode_region(col: _Collector, buf: bytearray, pos: int, end: int, in_split
             try:
                 _decode_into(col, region)
                 return True
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 if in_split:
                     raise split.SplitFailed() from None
+                if isinstance(exc, RecursionError):
+                    raise _too_deep(path, consumed + pos, consumed + end) from None
                 m = _BYTE_RE.search(str(exc))
-                at = int(m.group(1)) if m else len(region)
+                at = int(m.group(1)) if m else -1  # no offset: a value refused ("Number out of range")
+                if "trailing characters" in str(exc):
+                    # The events array ended inside this region and top-level keys follow
+                    # it (valid JSON: exporters write keys in either order).
+                    # msgspec's offset is one past the first trailing character.
+                    _decode_into(col, region[:at - 1])
+                    raise _ArrayEnded(pos - 1 + at - 1) from None
                 # An error well before the cut is real damage; one at the cut means the
                 # cut fell inside a nested object.
                 if at < len(region) - 2 or attempts > 20:
-                    raise _malformed(path, consumed + pos + at, exc) from None
+                    _decode_lenient(col, region, path, consumed + pos + max(at, 0), exc)
+                    return True
                 return False
     finally:
         buf[end] = saved
+
+
+class _ArrayEnded(Exception):
+    """traceEvents closed inside a decoded region; `at`: where the rest of the object starts."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(at)
+        self.at = at
+
+
+def _too_deep(path: Path, lo: int, hi: int) -> TraceError:
+    return TraceError(
+        f"JSON nested deeper than the parser's limit in the events between bytes {lo:,} and {hi:,} "
+        "of the decompressed trace (Kineto nests an event 3 levels deep)", where=str(path),
+        hint="the file is crafted or damaged: remove the deeply nested value (usually inside an "
+             "event's args), or capture the trace again")
+
+
+def _decode_lenient(col: _Collector, region, path: Path, offset: int, exc: Exception) -> None:
+    """The region again with Python's json, which reads what msgspec refuses and real exporters
+    write: NaN, Infinity, -Infinity and numbers beyond float (1e400, read as Infinity). Their
+    events are then dropped and counted (`_Collector._drop_bad`), and the rank stays."""
+    import json
+
+    try:
+        items = json.loads(bytes(region))
+    except RecursionError:
+        raise _too_deep(path, offset, offset + len(region)) from None
+    except ValueError:
+        raise _malformed(path, offset, exc) from None
+    col.add_untyped(items if isinstance(items, list) else [])
 
 
 def _decode_last(col: _Collector, rest: bytes, path: Path) -> bytes:
