@@ -269,14 +269,16 @@ async def _profile_call(session: aiohttp.ClientSession, server: cl.ServerInfo, p
 async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler_dir: str | None,
                          body: dict[str, Any] | None) -> dict[str, Any]:
     url = server.url("/v1/completions")
-    async with cl.make_session(server, 1) as session:
+    silence = cl.Silence(capture.silence_timeout_s)  # liveness watchdog: a silent server fails the capture
+    async with cl.make_session(server, 1) as session, silence.watching(server, "the capture"):
         pool = await cl.token_pool(session, server)
         prompts = cl.make_prompts(pool, capture.input_len, capture.warmup_requests + capture.requests, seed=4)
         payloads = [cl.completion_payload(server.served_model, p, capture.output_len) for p in prompts]
         warm = []
         for i, p in enumerate(progress.bar(payloads[: capture.warmup_requests], desc="warm-up", leave=False)):
             warm.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i, warmup=True,
-                                                input_len=capture.input_len))
+                                                input_len=capture.input_len, silence=silence))
+        silence.raise_if_tripped(url)
         if warm and not any(r.success for r in warm):
             raise ServerError(f"every warm-up request failed: {warm[0].error}", where=url,
                               hint="check 00_deploy/server.log")
@@ -294,11 +296,15 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
         try:
             for i, p in enumerate(progress.bar(payloads[capture.warmup_requests:], desc="captured requests", leave=False)):
                 recs.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i,
-                                                    input_len=capture.input_len))
+                                                    input_len=capture.input_len, silence=silence))
         finally:
             t_stop = time.perf_counter()
-            stop_status, stop_text = await _profile_call(session, server, "/stop_profile", None, profiler_dir)
+            if silence.tripped:  # a silent server would hold /stop_profile too: ask briefly
+                stop_status, stop_text = await cl.post_briefly(session, server.url("/stop_profile"), 10.0)
+            else:
+                stop_status, stop_text = await _profile_call(session, server, "/stop_profile", None, profiler_dir)
             stop_s = time.perf_counter() - t_stop
+        silence.raise_if_tripped(url)
         metrics_after = await cl.metrics_text(session, server)
     return {"warm": warm, "records": recs, "before": before, "before_ns": before_ns,
             "metrics": (metrics_before, metrics_after),

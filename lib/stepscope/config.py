@@ -174,6 +174,10 @@ class SweepParams:
     """Unmeasured requests before each level; a closed-loop level sends at least one full
     wave (its concurrency) so each batch size is seen once. 0: no warm-up."""
     request_timeout_s: float = 600.0
+    silence_timeout_s: float = 60.0
+    """Liveness watchdog: no token on any open stream for this long probes /health, says
+    whether the server is alive but not answering, and ends the level with its open requests
+    recorded as timeouts (levels.csv `n_timed_out`)."""
     knee_gain: float = 0.10
     """The knee is the first level beyond which no level adds this much output tok/s per
     doubling of concurrency."""
@@ -258,6 +262,9 @@ class CaptureParams:
     output_len: int = 32
     wait_timeout_s: float = 600.0
     """How long to wait for every rank's trace file to be complete."""
+    silence_timeout_s: float = 60.0
+    """Liveness watchdog: a captured or warm-up request that gets no token for this long probes
+    /health, and the capture fails saying whether the server is alive but not answering."""
     profiler_dir: str | None = None
     """Attach mode: where the server's trace files can be read from here."""
     concurrency: tuple[int, ...] = (1,)
@@ -568,7 +575,7 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "server.startup_timeout_s": _POS,
     "sweep.concurrency": (1, None), "sweep.request_rates": _POS, "sweep.input_len": (1, None),
     "sweep.output_len": (1, None), "sweep.min_requests": (1, None), "sweep.warmup_requests": _NONNEG,
-    "sweep.request_timeout_s": _POS, "sweep.knee_gain": _POS, "sweep.min_level_duration_s": _NONNEG,
+    "sweep.request_timeout_s": _POS, "sweep.silence_timeout_s": _POS, "sweep.knee_gain": _POS, "sweep.min_level_duration_s": _NONNEG,
     **{f"sweep.slo.{k}": _POS for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
     "sweep.slo.min_share": (">0", 1), "sweep.burstiness": _POS,
     "sweep.ramp.start_rps": _POS, "sweep.ramp.end_rps": _POS, "sweep.ramp.n_requests": (2, None),
@@ -582,7 +589,7 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "micro.collectives.burst_count": (1, None), "micro.collectives.burst_batch_sizes": (1, None),
     "micro.collectives.burst_repeats": (1, None), "micro.collectives.timeout_s": _POS,
     "capture.warmup_requests": _NONNEG, "capture.requests": (1, None), "capture.input_len": (1, None),
-    "capture.output_len": (1, None), "capture.wait_timeout_s": _POS,
+    "capture.output_len": (1, None), "capture.wait_timeout_s": _POS, "capture.silence_timeout_s": _POS,
     "capture.concurrency": (1, None), "capture.load_steps": (1, None), "capture.load_delay_steps": _NONNEG,
     "capture.load_window_s": _POS,
     "analysis.tp": (1, None),

@@ -321,3 +321,83 @@ def test_a_bar_on_a_pipe_is_whole_lines_at_the_stated_interval(monkeypatch):
     lines = sink.getvalue().splitlines()
     assert "\r" not in sink.getvalue() and len(lines) == 2, lines  # the start and the end
     assert lines[0].startswith("level c0004:   0%") and "100/100" in lines[1] and "silent 5 s" in lines[1]
+
+
+# ----------------------------------------------------------------- item 6: a silent server
+
+
+@pytest.mark.parametrize("stall_health, state, says", [
+    (False, "alive_not_answering", "server alive but not answering: no token on any of the 2 open stream(s)"),
+    (True, "not_answering", "server not answering /health either: no token on any of the 2 open stream(s)"),
+])
+def test_a_silent_server_ends_the_level_with_its_timeouts_said(tmp_path, stall_health, state, says):
+    """Every stream falls silent after 2 tokens (the fake's stall mode, like a SIGSTOPped or
+    deadlocked server): the watchdog ends the level after sweep.silence_timeout_s, not after
+    request_timeout_s, records the open requests as timeouts and says what /health did."""
+    from stepscope.config import SweepParams
+    from stepscope.sweep.client import SILENCE_ERROR, ServerInfo
+    from stepscope.sweep.run import run_sweep
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    p = SweepParams(concurrency=(2, 4), input_len=4, output_len=6, min_requests=4, warmup_requests=0,
+                    silence_timeout_s=2.0, request_timeout_s=300)
+    t0 = time.monotonic()
+    with FakeServer(FakeBehaviour(stall_after_tokens=2, stall_health=stall_health)) as fake:
+        res = run_sweep(ServerInfo(base_url=fake.base_url, served_model="fake"), p, tmp_path)
+    took_s = time.monotonic() - t0
+    assert took_s < 2.0 + 5.0 + 8.0, took_s  # the timeout, the /health probe, slack on 2 cores
+    row = res.levels.set_index("level").loc["c0002"]
+    assert (row["n_timed_out"], row["silence_health"], row["complete"]) == (2, state, False)
+    assert 2.0 <= row["silent_s"] < 6.0
+    assert list(res.levels["level"]) == ["c0002"]  # the sweep stopped there
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["timed_out_at_level"] == "c0002" and says in summary["died_message"]
+    assert "(timeout 2 s)" in summary["died_message"] and "ended as timeouts" in summary["died_message"]
+    recs = [json.loads(ln) for ln in (tmp_path / "levels" / "c0002.jsonl").read_text().splitlines()]
+    assert sum((r["error"] or "").startswith(SILENCE_ERROR) for r in recs) == 2
+    assert all(len(r["chunk_times_s"]) == 2 for r in recs)  # what came before the silence is kept
+    with pytest.raises(ServerError) as e:
+        res.raise_if_died()
+    assert "kill -CONT" in str(e.value)
+
+
+def test_the_bar_shows_the_silence_while_it_lasts():
+    """The watchdog's running silence reaches the bar, and is cleared when tokens come again."""
+    import asyncio
+
+    from stepscope.sweep.client import Silence
+
+    shown: list[str] = []
+
+    async def go() -> None:
+        s = Silence(timeout_s=3600.0, show=shown.append)
+        s.opened()
+        s.last_heard -= 7.0  # seven seconds without a token
+        s._show(time.perf_counter() - s.last_heard)
+        s.heard(time.perf_counter())
+        s._show(0.0)
+
+    asyncio.run(go())
+    assert shown == ["no token for 7 s (timeout at 3600 s)", ""]
+
+
+def test_a_silent_server_fails_the_capture_saying_so(tmp_path):
+    """The capture's streams fall silent after 2 tokens: stage 04 fails after
+    capture.silence_timeout_s, naming the state, instead of waiting out its 600 s per request."""
+    from stepscope.capture import capture_profile
+    from stepscope.config import CaptureParams
+    from stepscope.sweep.client import ServerInfo
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    pdir = tmp_path / "prof"
+    cap = CaptureParams(warmup_requests=0, requests=2, input_len=4, output_len=6, wait_timeout_s=5,
+                        silence_timeout_s=2.0)
+    t0 = time.monotonic()
+    with FakeServer(FakeBehaviour(stall_after_tokens=2, profiler_dir=str(pdir), tp=1)) as fake:
+        server = ServerInfo(base_url=fake.base_url, served_model="fake", tp=1, profiler_dir=str(pdir))
+        with pytest.raises(ServerError) as e:
+            capture_profile(server, cap, tmp_path / "stage")
+    assert time.monotonic() - t0 < 15.0
+    text = str(e.value)
+    assert "server alive but not answering: no token on any of the 1 open stream(s)" in text, text
+    assert "during the capture (timeout 2 s)" in text and "kill -CONT" in text

@@ -60,6 +60,9 @@ class SweepSummary(Record, kw_only=True):
     died_at_level: str | None = None
     """The level during which the server died; later levels are absent."""
     died_message: str | None = None
+    timed_out_at_level: str | None = None
+    """The level the liveness watchdog ended (no token on any open stream for
+    `sweep.silence_timeout_s`); `died_message` then says whether /health still answered."""
     failures: list[SweepFailure] = []
     """The first 50 failed requests."""
     n_failures: int = 0
@@ -163,6 +166,14 @@ class LevelRow(Row, kw_only=True):
     """0-1."""
     complete: bool | None = None
     """False: the server died during this level."""
+    n_timed_out: int | None = None
+    """Requests (warm-up included) the liveness watchdog ended as timeouts: no token on any open
+    stream for `sweep.silence_timeout_s`."""
+    silent_s: float | None = None
+    """How long every open stream had been silent when the watchdog ended the level, s; empty
+    when it did not."""
+    silence_health: str | None = None
+    """What /health said then: `alive_not_answering` (200) or `not_answering`; empty otherwise."""
     source: str | None = None
     """`stepscope`, or the imported `vllm bench serve` file."""
 

@@ -9,6 +9,7 @@ shifts a timestamp; every SSE event in that read shares the arrival time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -135,6 +136,15 @@ async def post_text(session: aiohttp.ClientSession, url: str, body: dict[str, An
                           hint="is the server from 00_deploy still running?") from None
 
 
+async def post_briefly(session: aiohttp.ClientSession, url: str, timeout_s: float) -> tuple[int, str]:
+    """POST with no body, waiting `timeout_s` at most: (status, text), or (0, why) when no answer
+    came (a call made to a server already found silent, which must not hang as well)."""
+    try:
+        return await post_text(session, url, None, timeout_s=timeout_s)
+    except (ServerError, asyncio.TimeoutError, TimeoutError) as exc:
+        return 0, f"no answer within {timeout_s:g} s ({type(exc).__name__})"
+
+
 async def token_pool(session: aiohttp.ClientSession, server: ServerInfo) -> list[int]:
     """Distinct token IDs of ordinary text: from the server's own `/tokenize`, or, where the
     server has none, from the model's tokenizer when its folder is readable here."""
@@ -244,6 +254,10 @@ HEALTH_PROBE_S = 5.0
 """How long the watchdog's /health probe waits for an answer, s."""
 SHOW_SILENCE_S = 5.0
 """A silence this long shows on the progress bar (seconds silent), s."""
+SILENCE_HINT = ("a stopped or deadlocked server may log nothing: look at its processes' state "
+                "(`ps -o stat,pid,cmd -g <pgid from 00_deploy/server.json>`; T is stopped, `kill -CONT` "
+                "resumes it), their CPU use and `py-spy dump --pid <pid>`; raise silence_timeout_s "
+                "(sweep, capture) if the server is only slow")
 
 
 class Silence:
@@ -280,6 +294,10 @@ class Silence:
     def error(self) -> str:
         return f"{SILENCE_ERROR}: {self.verdict['message']}" if self.verdict else SILENCE_ERROR
 
+    def raise_if_tripped(self, where: str) -> None:
+        if self.verdict is not None:
+            raise ServerError(self.verdict["message"], where=where, hint=SILENCE_HINT)
+
     def timed_out(self, records) -> int:
         """How many of `records` the watchdog ended."""
         return sum(1 for r in records if (r.error or "").startswith(SILENCE_ERROR))
@@ -294,6 +312,17 @@ class Silence:
                 continue
             self.verdict = await self._judge(session, server, what, silent, len(self.open))
             for task in list(self.open):
+                task.cancel()
+
+    @contextlib.asynccontextmanager
+    async def watching(self, server: "ServerInfo", what: str):
+        """The watchdog running (on a session of its own, so that its probe never waits for a
+        load slot) for the duration of the block."""
+        async with make_session(server, 1) as side:
+            task = asyncio.create_task(self.watch(side, server, what))
+            try:
+                yield self
+            finally:
                 task.cancel()
 
     def _show(self, silent_s: float) -> None:
@@ -350,12 +379,16 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
     rec.start_s = time.perf_counter()
     if silence is None:
         return await _stream(session, url, payload, rec, timeout_s, on_first_chunk, None)
+    if silence.tripped:  # the watchdog already ended the level: nothing more is sent
+        rec.error, rec.end_s = silence.error(), rec.start_s
+        return rec
     silence.opened()
     try:
         return await _stream(session, url, payload, rec, timeout_s, on_first_chunk, silence)
     except asyncio.CancelledError:
         if not silence.tripped:
             raise  # an interrupt, not the watchdog
+        asyncio.current_task().uncancel()  # handled: later awaits of this task are not cancelled
         rec.error, rec.success, rec.end_s = silence.error(), False, time.perf_counter()
         return rec
     finally:
