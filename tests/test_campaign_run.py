@@ -149,8 +149,9 @@ def test_an_explicit_collective_world_size_makes_stage_03_independent_of_tp(para
 
 
 @pytest.mark.parametrize("name, variants, reused_by", [
-    ("cpu-campaign", ["tp2", "tp2-ngram", "tp1"], {"tp2-ngram": {"02_gemm_micro", "03_nccl_burst"},
-                                                    "tp1": {"03_nccl_burst"}}),
+    ("cpu-campaign", ["tp2", "tp2-ngram", "tp1", "tp2-shared-prefix", "tp2-load"],
+     {"tp2-ngram": {"02_gemm_micro", "03_nccl_burst"}, "tp1": {"03_nccl_burst"},
+      "tp2-shared-prefix": {"02_gemm_micro", "03_nccl_burst"}, "tp2-load": {"02_gemm_micro", "03_nccl_burst"}}),
     ("kimi-k25-int4-tp8-campaign", ["tp8-custom-ar", "tp8-ngram", "tp8-nccl-ar", "tp8-nccl-ll"],
      {v: {"02_gemm_micro", "03_nccl_burst"} for v in ("tp8-ngram", "tp8-nccl-ar", "tp8-nccl-ll")}),
 ])

@@ -87,3 +87,21 @@ def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, t
     assert "either side of the knee at concurrency 8" in words and "**all_reduce**" in words
     assert f"{want_hi:.3f} ms at c=16" in words
     assert rl.load_growth(run_dir, None) is None  # one captured level: nothing to compare
+
+
+def test_compare_shows_the_anatomy_change_per_captured_concurrency(run_dir, tmp_path):
+    import shutil
+
+    from stepscope.report.compare import load_section
+
+    b = tmp_path / "b"
+    shutil.copytree(run_dir, b)
+    t = pd.read_csv(b / "05_categorize" / "load_anatomy.csv")
+    t.loc[t["category"] == "all_reduce", "ms_per_step"] *= 0.5
+    t.to_csv(b / "05_categorize" / "load_anatomy.csv", index=False)
+    cmp = rl.compare_load(run_dir, b)
+    changed = cmp[cmp["beyond_noise"]]
+    assert list(changed["quantity"]) == ["all_reduce"] and list(changed["concurrency"]) == [16]
+    assert changed["ratio_b_over_a"].iloc[0] == pytest.approx(0.5)
+    assert "## The step under load, per captured concurrency" in load_section(cmp)
+    assert rl.compare_load(run_dir, tmp_path / "no-load") is None and load_section(None) == ""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stepscope.report.load import compare_load
 from stepscope.report import analysis as an
 from stepscope.report import figures as fg
 from stepscope.report import verdict as vd
@@ -287,6 +288,16 @@ def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
             "campaign --repeats N`) give bands that do.\n\n")
 
 
+def load_section(load: pd.DataFrame | None) -> str:
+    """The step under load, A against B per captured concurrency; '' unless both captured load levels."""
+    if load is None or load.empty:
+        return ""
+    return ("## The step under load, per captured concurrency (ms)\n\n"
+            "Each run's load captures (`capture.concurrency`) at the concurrencies both hold: the mean ms per "
+            "decode step of each category and the decode period (stage 05's `load_anatomy.csv`).\n\n"
+            + _fmt_table(load, [("concurrency", "concurrency"), ("quantity", "quantity")]) + "\n")
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Write compare.md and compare.html for baseline A against variant B; return their paths.
 
@@ -301,7 +312,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     out.mkdir(parents=True, exist_ok=True)
     tables = {"headlines": compare_headlines(a, b), "macro": compare_macro(a, b),
               "decode_categories": compare_decode_categories(a, b), "collectives": compare_collectives(a, b),
-              "kernels": compare_kernels(a, b)}
+              "kernels": compare_kernels(a, b), "load": compare_load(a.run_dir, b.run_dir)}
     text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
             f"Differences are B − A; ratios B / A. **Noise criterion** (the regression gate's): a per-category "
             f"time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} standard errors of the difference of "
@@ -317,6 +328,11 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     for key, df in tables.items():
         if key == "kernels":
             continue  # the categories they belong to are listed; the kernels are in their own table
+        if key == "load":
+            if df is not None:
+                changed += [f"{r['quantity']} at c={r['concurrency']} (load capture): {fmt_num(r['a'])} → "
+                            f"{fmt_num(r['b'])} ms" for _, r in df[df["beyond_noise"]].iterrows()]
+            continue
         if key == "macro" and df is not None:
             # Per-level rows would drown the list; count them here, they are all in the table below.
             n_macro_changed = int(df["beyond_noise"].sum())
@@ -351,6 +367,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     text += (_fmt_table(cc, [("collective", "collective")]) if cc is not None
              else missing_box("Collective counts", _lacking(a, b, "trace_summary", "05_categorize/summary.json",
                                                            name_a, name_b))) + "\n"
+    text += load_section(tables["load"])
     text += "## Macro sweep, per level\n\n"
     mc = tables["macro"]
     text += (_fmt_table(mc, [("level", "level"), ("metric", "metric")]) if mc is not None

@@ -295,3 +295,30 @@ def _g(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return f"{100 * v:.1f} %" if v is not None else "–"
+
+
+def compare_load(run_a, run_b) -> pd.DataFrame | None:
+    """Per captured concurrency both runs hold: ms per decode step by category (mean over the
+    level's decode steps) and the decode period, A against B with the noise band of
+    `report.noise.make_delta` (one run per side: the fixed relative band). None unless both
+    runs captured load levels."""
+    got_a, got_b = read_load(run_a), read_load(run_b)
+    if got_a is None or got_b is None:
+        return None
+    ta, tb = got_a[0], got_b[0]
+    both = sorted(set(ta["concurrency"].astype(int)) & set(tb["concurrency"].astype(int)))
+    rows = []
+    for c in both:
+        la_, lb_ = _level_anatomy(run_a, ta, c), _level_anatomy(run_b, tb, c)
+        pairs = {"decode period": (la_.period_ms, lb_.period_ms)}
+        for cat in sorted(set(la_.category_ms) | set(lb_.category_ms)):
+            pairs[cat] = (la_.category_ms.get(cat, 0.0), lb_.category_ms.get(cat, 0.0))
+        for what, (x, y) in pairs.items():
+            d = make_delta("B", "ms_per_decode_step", f"c={c}", [x] if x is not None else [],
+                           [y] if y is not None else [], False)
+            rows.append({"concurrency": c, "quantity": what, "a": x, "b": y,
+                         "diff": y - x if x is not None and y is not None else None,
+                         "ratio_b_over_a": y / x if x and y is not None else None,
+                         "band": d.band, "beyond_noise": d.real})
+    return pd.DataFrame(rows, columns=["concurrency", "quantity", "a", "b", "diff", "ratio_b_over_a", "band",
+                                       "beyond_noise"])
