@@ -288,6 +288,13 @@ def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
             "campaign --repeats N`) give bands that do.\n\n")
 
 
+def _load_changes(load: pd.DataFrame | None) -> list[str]:
+    if load is None:
+        return []
+    return [f"{r['quantity']} at c={r['concurrency']} (load capture): {fmt_num(r['a'])} → {fmt_num(r['b'])} ms"
+            for _, r in load[load["beyond_noise"]].iterrows()]
+
+
 def load_section(load: pd.DataFrame | None) -> str:
     """The step under load, A against B per captured concurrency; '' unless both captured load levels."""
     if load is None or load.empty:
@@ -323,16 +330,11 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
         text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
                  f"per-step figures measure different work; they are set side by side, not compared.\n\n")
     text += _same_setup_note(a, b)
-    changed = []
+    changed = _load_changes(tables["load"])  # the load captures' changes, per concurrency, first
     n_macro_changed = 0
     for key, df in tables.items():
-        if key == "kernels":
-            continue  # the categories they belong to are listed; the kernels are in their own table
-        if key == "load":
-            if df is not None:
-                changed += [f"{r['quantity']} at c={r['concurrency']} (load capture): {fmt_num(r['a'])} → "
-                            f"{fmt_num(r['b'])} ms" for _, r in df[df["beyond_noise"]].iterrows()]
-            continue
+        if key in ("kernels", "load"):
+            continue  # kernels: their categories are listed; load: listed already, per concurrency
         if key == "macro" and df is not None:
             # Per-level rows would drown the list; count them here, they are all in the table below.
             n_macro_changed = int(df["beyond_noise"].sum())
@@ -367,8 +369,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     text += (_fmt_table(cc, [("collective", "collective")]) if cc is not None
              else missing_box("Collective counts", _lacking(a, b, "trace_summary", "05_categorize/summary.json",
                                                            name_a, name_b))) + "\n"
-    text += load_section(tables["load"])
-    text += "## Macro sweep, per level\n\n"
+    text += load_section(tables["load"]) + "## Macro sweep, per level\n\n"
     mc = tables["macro"]
     text += (_fmt_table(mc, [("level", "level"), ("metric", "metric")]) if mc is not None
              else missing_box("Sweep comparison", _lacking(a, b, "levels", "01_macro_sweep/levels.csv",
