@@ -14,8 +14,9 @@ Artifacts in `01_macro_sweep/`:
   concurrency 4), `r2.5` (open loop, 2.5 req/s Poisson).
 - `levels/<level>.meta.json`: level, mode, concurrency, request_rate, n_requests,
   client_cpu_pct, server_metrics (/metrics snapshots: running, waiting, kv_cache_usage
-  0-1, t_s), complete (false: the server died in it), settings. Written last: its presence
-  marks a finished level, which a re-run skips.
+  0-1, t_s), complete (false: the server died in it), settings (the level's identity,
+  `run.level_identity`). Written last: its presence marks a finished level, which a re-run
+  with --resume keeps when the identity matches.
 - `levels/<level>.partial.jsonl`: the measured requests of a level in progress, appended
   as each finishes; replaced by the two files above when the level ends, so only an
   interrupted level (Ctrl-C, a killed kernel) leaves one.
