@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import pandas as pd
 import yaml
 
-from stepscope.report.load import read_load, section_load
+from stepscope.report.load import micro_curve, read_load, section_load
 from stepscope.trace.load_plots import LOAD_FIGURE, plot_load_anatomy
 from stepscope.config import WriteupParams, redact, redact_argv, redact_params_text
 from stepscope.report import analysis as an
@@ -144,7 +144,8 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
 def _section_load(a: RunArtifacts, ctx: dict[str, Any], figs: dict[str, str]) -> list[str]:
     """The step under load (report.load), when stage 04 captured load levels; else nothing."""
     fig = _img(figs["load"], "ms per decode step by category against batch size") if "load" in figs else None
-    text = section_load(a.run_dir, a.levels, fig, ctx["verdict"].load_growth)
+    micro = micro_curve(a.gemm_prediction, a.comm_prediction, a.decode_categories, a.levels)
+    text = section_load(a.run_dir, a.levels, fig, ctx["verdict"].load_growth, micro)
     return [text] if text else []
 
 

@@ -154,7 +154,7 @@ def _fits_table(summary: schema.LoadAnatomySummary) -> str:
 
 
 def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: str | None = None,
-                 growth: "LoadGrowth | None" = None) -> str:
+                 growth: "LoadGrowth | None" = None, micro: list | None = None) -> str:
     """The report's section on the step under load; '' when stage 05 captured no load level."""
     got = read_load(run_dir)
     if got is None:
@@ -181,7 +181,7 @@ def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: st
         text += f"\n*{note}*\n"
     if growth is not None:
         text += "\n### The plateau, step by step\n\n" + " ".join(growth_sentences(growth)) + "\n"
-    return text
+    return text + micro_curve_section(micro or [])
 
 
 LEVER_SHIFT = 2.0
@@ -285,6 +285,10 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
     return out
 
 
+def _whole(v) -> str:
+    return "–" if v is None or pd.isna(v) else str(int(v))
+
+
 def _x(v: float | None) -> str:
     return f"{v:.2f}×" if v is not None else "–"
 
@@ -322,3 +326,92 @@ def compare_load(run_a, run_b) -> pd.DataFrame | None:
                          "band": d.band, "beyond_noise": d.real})
     return pd.DataFrame(rows, columns=["concurrency", "quantity", "a", "b", "diff", "ratio_b_over_a", "band",
                                        "beyond_noise"])
+
+
+# --------------------------------------------------------------------------- micro-predicted curve
+
+SCALED_WITH_BATCH = ("attention", "kv_cache_write")
+"""Categories scaled from the batch-1 trace by the batch (each request reads its own KV cache
+and writes its own new entry; the sweep's context length is the same at every level)."""
+
+
+@dataclass(frozen=True)
+class MicroPoint:
+    """The decode step predicted at one sweep concurrency from the micro-benchmarks, before any
+    load trace: stage 02's GEMM time at that M, stage 03's all-reduces at that M (or at batch 1
+    when the burst was timed there only), attention and KV writes from the batch-1 trace times
+    M, and the rest of the batch-1 period held constant."""
+
+    concurrency: int
+    gemm_ms: float | None
+    comm_ms: float | None
+    comm_from_batch: int | None
+    """The batch the all-reduce burst was timed at (1 when only batch 1 was timed)."""
+    attention_kv_ms: float
+    rest_ms: float
+    step_ms: float | None
+    predicted_tok_s: float | None
+    """concurrency / step: every request in flight decodes one token per step."""
+    measured_tok_s: float | None
+
+
+def _interp(curve: dict[str, float], m: int) -> float | None:
+    import numpy as np
+
+    pts = sorted((int(k), float(v)) for k, v in curve.items() if v is not None)
+    if not pts:
+        return None
+    xs, ys = zip(*pts)
+    return float(np.interp(m, xs, ys))  # clamped at the grid's edges, as stage 02's own sum is
+
+
+def micro_curve(gemm: schema.GemmPrediction | None, comm: schema.CommPrediction | None,
+                decode: pd.DataFrame | None, levels: pd.DataFrame | None) -> list[MicroPoint]:
+    """One MicroPoint per closed-loop sweep level; [] without the batch-1 trace's categories."""
+    from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
+
+    if decode is None or decode.empty or levels is None or "share_of_period" not in decode:
+        return []
+    ms = dict(zip(decode["category"], decode["union_ms_mean"].astype(float)))
+    shares = decode["share_of_period"].astype(float)
+    period = float((decode["union_ms_mean"] / shares)[shares > 0].median()) if (shares > 0).any() else None
+    if not period:
+        return []
+    attn1 = sum(ms.get(c, 0.0) for c in SCALED_WITH_BATCH)
+    replaced = set(SCALED_WITH_BATCH) | GEMM_CATEGORIES | COMMUNICATION_CATEGORIES
+    rest = period - sum(v for c, v in ms.items() if c in replaced)
+    by_batch = {int(k): v.comm_us_per_decode_step for k, v in (comm.by_batch if comm else {}).items()}
+    lv = levels[levels["mode"] == "concurrency"].sort_values("concurrency")
+    out = []
+    for c, tok in zip(lv["concurrency"].astype(int), lv["output_throughput_tok_s"]):
+        g = _interp(gemm.gemm_us_per_decode_step, c) if gemm else None
+        at = max([b for b in by_batch if b <= c], default=None)
+        cm = by_batch[at] / 1e3 if at is not None and by_batch[at] is not None else None
+        step = None if g is None or cm is None else rest + g / 1e3 + cm + attn1 * c
+        out.append(MicroPoint(c, g / 1e3 if g is not None else None, cm, at, attn1 * c, rest, step,
+                              1e3 * c / step if step else None, None if pd.isna(tok) else float(tok)))
+    return out
+
+
+def micro_curve_section(points: list[MicroPoint]) -> str:
+    """The micro-predicted curve beside the measured one, as a table with its method."""
+    from stepscope.report.markdown_util import md_table
+
+    if not points:
+        return ""
+    df = pd.DataFrame([p.__dict__ for p in points])
+    note = ""
+    if any(p.comm_from_batch is not None and p.comm_from_batch < p.concurrency for p in points):
+        note = ("\n*The all-reduce burst was timed at a smaller batch than some levels (`comm from batch`); "
+                "its time is held there, which assumes latency-bound all-reduces (true for small messages, "
+                "not for large ones). Set `micro.collectives.burst_batch_sizes` to the sweep's concurrencies.*\n")
+    return ("\n### Micro-benchmarks against the whole sweep\n\nBefore any load trace: the decode step at each "
+            "sweep concurrency M predicted as stage 02's GEMM time at M + stage 03's all-reduces at M + the "
+            "batch-1 trace's attention and KV writes × M + the rest of the batch-1 period unchanged; "
+            "throughput = M / step.\n\n"
+            + md_table(df.astype({"comm_from_batch": "Int64"}), [("concurrency", "concurrency"), ("gemm_ms", "GEMM (ms)"), ("comm_ms", "all-reduce (ms)"),
+                            ("comm_from_batch", "comm from batch"), ("attention_kv_ms", "attention + KV (ms)"),
+                            ("rest_ms", "rest (ms)"), ("step_ms", "step (ms)"),
+                            ("predicted_tok_s", "micro-predicted (tok/s)"), ("measured_tok_s", "measured (tok/s)")],
+                       formats={"concurrency": _whole, "comm_from_batch": _whole})
+            + note)
