@@ -173,6 +173,28 @@ class Analysis:
         t = k.groupby("category", sort=False).head(per_category)[cols].round(4).reset_index(drop=True)
         return t.assign(name=short_names(t["name"], 90))
 
+    def levers_table(self) -> pd.DataFrame:
+        """The reference rank's categories as levers: top kernels with shares (names cut in the
+        middle for reading), the module holding most of each, and whether it is one lever."""
+        lv = self.reference.levers
+        cols = ["category", "sum_ms_per_step", "n_names", "top_share", "coherent", "module", "top_kernels"]
+        t = lv[cols].round(4).reset_index(drop=True) if len(lv) else pd.DataFrame(columns=cols)
+        return t.assign(top_kernels=short_names(t["top_kernels"].astype(str), 160))
+
+    def modules_table(self, top: int = 20) -> pd.DataFrame:
+        """The reference rank's module paths with the most device time of their own (modules.csv)."""
+        from stepscope.trace.modules import leaf_modules
+
+        cols = ["path", "n_instances", "calls_per_step", "self_ms_per_step", "sum_ms_per_step",
+                "share_of_device", "top_category"]
+        m = leaf_modules(self.reference.modules, top)
+        return m[cols].round(4) if len(m) else pd.DataFrame(columns=cols)
+
+    def collective_sizes_table(self) -> pd.DataFrame:
+        """The reference rank's collectives by op, dtype and size, with bandwidth per call."""
+        c = self.reference.collective_sizes
+        return c.drop(columns=["rank", "n_steps"]).round(3) if len(c) else c
+
     def other_names(self) -> pd.DataFrame:
         """The names that fell into 'other', per rank, with their time."""
         rows = [{"rank": r.rank, **o} for r in self.ranks for o in r.other_top]
@@ -416,12 +438,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     info = trace_info(results, tp, _shape_hint(ref))
     info["weight_formats_named"] = weight_formats_named(ref.kernels)
     weights_q, weights_from = roofline_quantization(quantization, info["weight_formats_named"])
-    flags.extend(_info_flags(info, results))
-    if period.get("period_from_device_n"):
-        flags.append(_flag("period_from_device", "warning",
-                           f"{period['period_from_device_n']} step(s): the host-side period was shorter than "
-                           f"the device's busy time, so the period is the device's step (first device event "
-                           f"of one step to the next); shares and ceilings divide by it"))
+    flags.extend(_info_flags(info, results) + _period_flags(period))
     matched, instances, coll_steps = match_collectives(results, info, arch)
     flags.extend(_matched_flags(matched))
     ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
@@ -704,6 +721,14 @@ def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
     if kinds & {"decode", "prefill", "mixed", "training"} or "profiler_step" not in kinds:
         return None
     return input_token_shape(ref.file)
+
+
+def _period_flags(period: dict) -> list[dict[str, str]]:
+    n = period.get("period_from_device_n")
+    return [_flag("period_from_device", "warning",
+                  f"{n} step(s): the host-side period was shorter than the device's busy time, so the period "
+                  f"is the device's step (first device event of one step to the next); shares and ceilings "
+                  f"divide by it")] if n else []
 
 
 def _info_flags(info: dict, results: list[RankResult]) -> list[dict[str, str]]:
