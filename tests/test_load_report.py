@@ -60,7 +60,7 @@ def test_the_section_renders_from_the_typed_values(run_dir):
 def test_the_figure_has_one_bar_per_level_and_batch_with_its_period(run_dir):
     table, _ = rl.read_load(run_dir)
     bars, periods, n = load_bars(table)
-    assert list(dict.fromkeys(bars["label"])) == ["c=16, batch 14", "c=16, batch 15"]
+    assert list(dict.fromkeys(bars["label"])) == ["c=16, batch 14 (n=4)", "c=16, batch 15 (n=9)"]
     assert n == 13 and len(periods) == 2
     mixed = load_bars(table, "mixed")
     assert mixed[2] == 7

@@ -15,7 +15,7 @@ def load_bars(table: pd.DataFrame, kind: str = "decode") -> tuple[pd.DataFrame, 
     each bar in ms, steps counted) from load_anatomy.csv."""
     t = table[table["step_kind"] == kind].copy()
     t["label"] = ("c=" + t["concurrency"].astype(int).astype(str) + ", batch "
-                  + t["decode_requests"].astype(int).astype(str))
+                  + t["decode_requests"].astype(int).astype(str) + " (n=" + t["n_steps"].astype(int).astype(str) + ")")
     t = t.sort_values(["decode_requests", "concurrency"], kind="stable")
     groups = t.drop_duplicates("label")
     return (t[["label", "category", "ms_per_step"]], groups["period_ms"].astype(float).tolist(),
@@ -28,6 +28,5 @@ def plot_load_anatomy(table: pd.DataFrame, kind: str = "decode") -> Figure:
     bars, periods, n = load_bars(table, kind)
     return plot_category_bars(bars, {"step period (start to next start)": periods},
                               xlabel="captured concurrency, decode requests per step", step_label=f"{kind} step",
-                              title=f"{kind.capitalize()} step anatomy against batch size, {n} steps on the "
-                                    "reference rank\n(bars: each category's busy time per step, mean over the "
-                                    "group's steps, stacked; marks: the group's mean period)")
+                              title=f"{kind.capitalize()} step anatomy against batch size, {n} steps, reference rank\n"
+                                    "(bars: category busy time, group mean, stacked; marks: group mean period)")
