@@ -401,3 +401,67 @@ def test_a_silent_server_fails_the_capture_saying_so(tmp_path):
     text = str(e.value)
     assert "server alive but not answering: no token on any of the 1 open stream(s)" in text, text
     assert "during the capture (timeout 2 s)" in text and "kill -CONT" in text
+
+
+# ----------------------------------------------------------------- item 1: stepscope lab
+
+
+def test_jupyterlab_and_its_kernel_die_with_stepscope_lab(tmp_path):
+    """The real JupyterLab, with a kernel running (Jupyter starts it in a session of its own),
+    then kill -9 of the process that started it: the server and the kernel are gone, the port
+    free. Before, both kept running code for anyone holding the token."""
+    import urllib.request
+
+    port = free_port()
+    sup, pids = _supervisor(tmp_path, f"""\
+        from stepscope.lab import start_lab
+        lab = start_lab(port={port}, log_path="{tmp_path}/lab.log", timeout_s=120)
+        pids = {{"lab": lab.proc.pid, "token": lab.token}}
+        """)
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/kernels", data=b"{}", method="POST",
+                                     headers={"Authorization": f"token {pids['token']}"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 201
+        lab_tree = wait_for(lambda: [p.pid for p in psutil.Process(pids["lab"]).children(recursive=True)
+                                     if "ipykernel" in " ".join(p.cmdline())] or None, "the kernel started",
+                            timeout_s=60)
+        assert os.getsid(lab_tree[0]) != os.getsid(pids["lab"])  # out of the group's reach
+    finally:
+        sup.kill()
+        sup.wait()
+    assert _gone_within([pids["lab"], *lab_tree], 20.0) == []
+    wait_for(lambda: not _listening(port), "the lab's port freed", timeout_s=5)
+
+
+# ----------------------------------------------------------------- item 1, live: the real vLLM CPU server
+
+
+@pytest.mark.slow
+def test_kill_9_of_stepscope_run_leaves_no_vllm_process(tmp_path):
+    """`stepscope run` on the real vLLM CPU server (TP=2: API server, engine core, 2 workers),
+    `kill -9` of the runner once the server is up, as an OOM killer would: within the
+    deadline no process of the server's group, nor any process the run ever had, remains,
+    and the port is free. Before, all four were reparented to PID 1 and kept the port."""
+    from test_fault_matrix import Run, _params
+
+    port = free_port()
+    run = Run(tmp_path, _params(tmp_path, port), "k9", "--stages", "00,01")
+    server_json = run.run_dir / "00_deploy" / "server.json"
+    run.wait_for(server_json.is_file, timeout_s=600)
+    record = run.server()
+    pgid = record["pgid"]
+    wait_for(lambda: len(_group(pgid)) >= 4, "the engine core and both TP workers in the server's group",
+             timeout_s=60)
+    members = _group(pgid)
+    assert record["supervisor"].startswith(f"{run.proc.pid}:") and running(record["watchdog_pid"])
+    run.proc.kill()
+    run.proc.wait()
+    t0 = time.monotonic()
+    assert _gone_within(members + [record["watchdog_pid"]], 40.0) == [], run.text()[-2000:]
+    gone_s = time.monotonic() - t0
+    assert _group(pgid) == [] and run.survivors() == []
+    wait_for(lambda: not _listening(port), "the server's port freed", timeout_s=10)
+    log = (run.run_dir / "00_deploy" / "server.log").read_text(errors="replace")
+    assert f"its supervisor (pid {run.proc.pid}) is gone" in log
+    print(f"kill -9 of the runner: {len(members)} server processes gone {gone_s:.1f} s later")
