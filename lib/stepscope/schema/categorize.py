@@ -481,6 +481,8 @@ class CategoryLeverRow(Row, kw_only=True):
     n_steps: int
     sum_ms_per_step: float
     """Its kernels' summed durations per step, ms (overlap not removed)."""
+    recompute_ms_per_step: float = 0.0
+    """The part of it that activation checkpointing reran in the backward pass, ms."""
     n_names: int
     """Distinct kernel (or op) names in it."""
     top_kernels: str
@@ -522,6 +524,9 @@ class ModuleRow(Row, kw_only=True):
     """Summed durations of those kernels per step, ms."""
     sum_ms_per_step: float
     """Summed durations per step of everything under the path, its own included, ms."""
+    recompute_ms_per_step: float = 0.0
+    """The part of sum_ms_per_step launched inside activation checkpointing's `recompute_fn`
+    (the backward pass rerunning the forward), ms."""
     share_of_device: float
     """sum_ms_per_step over the steps' summed device time, 0-1."""
     top_category: str | None = None

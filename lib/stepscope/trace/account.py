@@ -310,8 +310,9 @@ def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                          "module_share": by["dur_us"] / by["tot"]})
 
 
-LEVER_COLUMNS = ["rank", "category", "class", "n_steps", "sum_ms_per_step", "n_names", "top_kernels",
-                 "top_share", "top_kernel", "top_kernel_share", "module", "module_share", "coherent", "why"]
+LEVER_COLUMNS = ["rank", "category", "class", "n_steps", "sum_ms_per_step", "recompute_ms_per_step", "n_names",
+                 "top_kernels", "top_share", "top_kernel", "top_kernel_share", "module", "module_share", "coherent",
+                 "why"]
 
 
 def lever_coherent(n_names: int, top_share: float) -> bool:
@@ -344,6 +345,8 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
         ok = lever_coherent(len(per), float(top.sum()))
         rows.append({"rank": int(step_totals["rank"].iloc[0]), "category": str(cat),
                      "class": CATEGORY_CLASS.get(cat, "compute"), "n_steps": n, "sum_ms_per_step": tot / 1e3 / n,
+                     "recompute_ms_per_step": (float(g.loc[g["recompute"], "dur_us"].sum()) / 1e3 / n
+                                               if "recompute" in g else 0.0),
                      "n_names": len(per), "top_kernels": " | ".join(f"{k} ({v:.0%})" for k, v in top.items()),
                      "top_share": float(top.sum()), "top_kernel": str(top.index[0]),
                      "top_kernel_share": float(top.iloc[0]),

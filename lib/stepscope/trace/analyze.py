@@ -280,9 +280,10 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
     """The rank's tables that read the module tree and the kernels' args: category_kernels
     (with each kernel's module), the category levers, time per module (`trace.modules`), and
     its collectives' sizes (`collectives.collective_sizes`; GPU traces)."""
-    from stepscope.trace.modules import module_paths, module_table
+    from stepscope.trace.modules import module_paths, module_table, recompute_mask
 
     paths = module_paths(ev)
+    work["recompute"] = recompute_mask(ev, work)
     work["module_path"] = work["module"].astype(str).map(paths) if paths else None
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
     args = (ev["collective"].astype(object).reindex(work["op_row"]).fillna("").to_numpy()

@@ -21,12 +21,21 @@ from __future__ import annotations
 import re
 
 MODULE_PREFIX = "nn.Module: "
+NAME_CAP_CHARS = 4096
+"""Names are cut to this before a rule sees them (re-exported by `parse`, its one home)."""
 
 _FUNCTION_FRAME = re.compile(
     r"execute_model|\): (?:\w*rotary\w*|apply_rotary\w*|rotate_half|\w*_rope\w*|rope_\w*"
     r"|\w*rms_?norm\w*|\w*layer_?norm\w*|compute_logits|\w*lm_head\w*|\w*cross_entropy\w*"
-    r"|\w*_loss\w*|loss\w*)$", re.I)
-"""Python function frames (`file.py(68): apply_rotary_pos_emb`) that name a purpose."""
+    r"|\w*_loss\w*|loss\w*"
+    r"|_capture_cudagraphs|capture_model|compile_or_warm_up_model|capture_one_batch_size|capture_begin"
+    r"|recompute_fn)$", re.I)
+"""Python function frames (`file.py(68): apply_rotary_pos_emb`) that name a purpose; and the
+frames of a CUDA-graph capture or compile warm-up (vLLM's `_capture_cudagraphs`, SGLang's
+`capture_one_batch_size`, torch's `capture_begin`): few, and they say the trace is no
+steady-state step (`trace.info.kind_evidence`); and activation checkpointing's
+`recompute_fn` (`torch/utils/checkpoint.py`), inside which the backward pass reruns a forward
+(`modules.recompute_mask`)."""
 
 _CONTEXT_OP = re.compile(
     r"(?i)norm|rotary|rope|conv|loss|cross_entropy|nll|logits|lm_head"
@@ -38,6 +47,8 @@ def keep_frame(name: object) -> bool:
     """Whether a python frame or (on a GPU trace) a cpu_op is kept as context."""
     if type(name) is not str:
         return False
+    if len(name) > NAME_CAP_CHARS:  # the regexes below backtrack: a 100 MB name took minutes
+        name = name[:NAME_CAP_CHARS]
     return name.startswith(MODULE_PREFIX) or bool(_FUNCTION_FRAME.search(name) or _CONTEXT_OP.search(name))
 
 
@@ -45,6 +56,8 @@ class _Memo(dict):
     """name -> keep_frame(name), computed once per distinct name (names repeat a lot)."""
 
     def __missing__(self, key: str) -> bool:
+        if type(key) is str and len(key) > NAME_CAP_CHARS:
+            return keep_frame(key)  # not kept: a crafted name must not stay in memory
         v = self[key] = keep_frame(key)
         return v
 

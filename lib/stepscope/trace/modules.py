@@ -12,7 +12,8 @@ Qwen2). Paths drop instance numbers, so the 24 decoder layers of a model add up 
 `module_table` sums each path's device work over the judged steps (decode steps, else all):
 its own (`self_ms_per_step`: work whose innermost module it is) and everything under it
 (`sum_ms_per_step`), summed durations, overlap not removed, the same reading as
-category_kernels.csv. A trace without module frames (no stacks, or CUDA-graph replay, whose
+category_kernels.csv; the part of it that activation checkpointing's backward reran
+(`recompute_ms_per_step`, `recompute_mask`) is set apart. A trace without module frames (no stacks, or CUDA-graph replay, whose
 kernels were launched outside any frame) gives an empty table, and says so by being empty.
 """
 
@@ -26,8 +27,8 @@ import pandas as pd
 from stepscope.trace.frames import MODULE_PREFIX
 
 MODULE_COLUMNS = ["rank", "path", "module", "depth", "n_instances", "n_steps", "calls_per_step",
-                  "self_ms_per_step", "sum_ms_per_step", "share_of_device", "top_category",
-                  "top_category_share"]
+                  "self_ms_per_step", "sum_ms_per_step", "recompute_ms_per_step", "share_of_device",
+                  "top_category", "top_category_share"]
 _INSTANCE = re.compile(r"_\d+$")
 
 
@@ -110,6 +111,7 @@ def module_table(work: pd.DataFrame, paths: dict[str, str], step_ids: np.ndarray
     inst = pd.Series(paths).reset_index().rename(columns={"index": "inst", 0: "prefix"})
     n_inst = inst.groupby("prefix")["inst"].nunique()
     long["self_us"] = np.where(long["is_self"], long["dur_us"], 0.0)
+    long["re_us"] = np.where(long["recompute"], long["dur_us"], 0.0) if "recompute" in long else 0.0
     g = long.groupby("prefix", sort=False)
     by_cat = long.groupby(["prefix", "category"], sort=False)["dur_us"].sum().reset_index()
     top = by_cat.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates("prefix").set_index("prefix")
@@ -117,6 +119,7 @@ def module_table(work: pd.DataFrame, paths: dict[str, str], step_ids: np.ndarray
         "calls_per_step": g["is_self"].sum() / n,
         "self_ms_per_step": g["self_us"].sum() / 1e3 / n,
         "sum_ms_per_step": g["dur_us"].sum() / 1e3 / n,
+        "recompute_ms_per_step": g["re_us"].sum() / 1e3 / n,
     }).reset_index().rename(columns={"prefix": "path"})
     out["module"] = out["path"].str.rsplit("/", n=1).str[-1]
     out["depth"] = out["path"].str.count("/") + 1
@@ -137,3 +140,29 @@ def leaf_modules(table: pd.DataFrame, top: int = 15) -> pd.DataFrame:
         return table
     t = table[table["self_ms_per_step"] > 0]
     return t.sort_values("self_ms_per_step", ascending=False, kind="stable").head(top).reset_index(drop=True)
+
+
+RECOMPUTE_FRAME = re.compile(r"checkpoint\.py\(\d+\): recompute_fn$")
+"""Activation checkpointing (non-reentrant, `torch.utils.checkpoint`): the backward pass reruns
+the checkpointed forward inside this frame; what it launches there is recompute."""
+
+
+def recompute_mask(ev: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
+    """Per work row: launched (a kernel) or run (a CPU op) inside a `recompute_fn` frame on its
+    thread, i.e. activation-checkpoint recompute rather than the first forward."""
+    out = np.zeros(len(work), dtype=bool)
+    fr = ev[(ev["cat"] == "python_function") & ev["name"].astype(str).str.contains(RECOMPUTE_FRAME)]
+    if fr.empty or work.empty:
+        return out
+    launches = ev[ev["cat"].isin(("cuda_runtime", "cuda_driver")) & (ev["correlation"] >= 0)]
+    lk = launches.drop_duplicates("correlation").set_index("correlation")[["pid", "tid", "ts"]]
+    corr = work["correlation"].to_numpy()
+    hit = lk.reindex(corr)
+    # GPU work: its launch; CPU work (no correlation): the op itself
+    ops = ev.reindex(work["op_row"].to_numpy())[["pid", "tid", "ts"]].to_numpy()
+    lpid = np.where(corr >= 0, hit["pid"].to_numpy(), ops[:, 0])
+    ltid = np.where(corr >= 0, hit["tid"].to_numpy(), ops[:, 1])
+    lts = np.where(corr >= 0, hit["ts"].to_numpy(float), ops[:, 2].astype(float))
+    for pid, tid, ts, dur in fr[["pid", "tid", "ts", "dur"]].itertuples(index=False):
+        out |= (lpid == pid) & (ltid == tid) & (lts >= ts) & (lts <= ts + dur)
+    return out
