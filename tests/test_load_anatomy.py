@@ -107,3 +107,11 @@ def test_build_sets_the_sweep_and_the_capture_client_beside_the_trace(c16, tmp_p
     assert (lv["measured_output_tok_s"], lv["capture_output_tok_s"]) == (700.0, 671.0)
     schema.convert(summary, schema.LoadAnatomySummary, "load_anatomy.json")
     assert len(table) == len(la.anatomy(c16.steps_tot, c16.step_categories, 16))
+
+
+def test_a_level_that_decodes_a_trickle_is_named(c16):
+    ok = la.build([(16, "c16", c16.steps_tot, c16.step_categories)])[1]
+    assert ok["notes"] == []  # 14.5 of 16 decoded per step
+    # the same steps read as if 64 had been in flight: 14.5 per step is under half of them
+    (note,) = la.build([(64, "c64", c16.steps_tot, c16.step_categories)])[1]["notes"]
+    assert note.startswith("c=64: its steps decoded 14.5 requests on average")

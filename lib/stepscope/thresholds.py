@@ -124,3 +124,19 @@ GPU_MEMORY_FULL_SHARE = 0.98
 """A GPU whose memory used reached this share of its total was full. vLLM reserves
 `gpu_memory_utilization` (0.9 by default) up front, so a full GPU means another process or an
 allocation outside the server's budget."""
+
+LOAD_SLOPE_SIGMAS = 2.0
+"""A category 'grows with the batch' (load anatomy) only when its least-squares slope of ms per
+decode step against decode requests exceeds this many standard errors."""
+
+LOAD_TRICKLE_SHARE = 0.5
+"""A load capture whose steps decode fewer than this share of the requests in flight is named:
+a trickle (a request cap, KV space, a client that cannot keep them in flight), not the batch."""
+
+LOAD_GAP_SHARE = 0.9
+"""Below this busy share of the step period, a load level's gaps between and inside steps are
+named among the reasons the trace's throughput and the sweep's differ."""
+
+LOAD_LEVER_SHIFT = 2.0
+"""A category whose share of the decode period changes by this factor or more between two
+captured levels (and is at least 5 % of one) is a lever whose size depends on the batch."""

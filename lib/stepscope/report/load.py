@@ -14,11 +14,10 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.report.noise import make_delta
+from stepscope.thresholds import LOAD_GAP_SHARE, LOAD_LEVER_SHIFT
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
 
-GAP_SHARE = 0.9
-"""Below this busy share of the period, the gaps between and inside steps are named."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None) -> li
     if lv.n_steps and lv.n_mixed_steps:
         out.append(f"{lv.n_mixed_steps} of the window's {lv.n_steps} steps were mixed (prefill chunks "
                    "beside decodes): a request that ends is replaced, and its prefill shares a step")
-    if lv.busy_share is not None and lv.busy_share < GAP_SHARE:
+    if lv.busy_share is not None and lv.busy_share < LOAD_GAP_SHARE:
         out.append(f"the steps' work covered {lv.busy_share:.0%} of their periods: the rest is gaps between "
                    "and inside steps (host scheduling, the API process)")
     if lv.decode_requests_mean is not None and lv.decode_requests_mean < 0.9 * lv.concurrency:
@@ -184,9 +183,6 @@ def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: st
     return text + micro_curve_section(micro or [])
 
 
-LEVER_SHIFT = 2.0
-"""A category's share of the decode period that changes by this factor or more between the
-lowest and the highest captured level is a lever whose size depends on the batch."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +214,7 @@ class LoadGrowth:
     above: LevelAnatomy
     knee_concurrency: int | None
     shifted_levers: tuple[tuple[str, float, float], ...] = ()
-    """(category, share of the period below, above) for shares that moved by LEVER_SHIFT or more."""
+    """(category, share of the period below, above) for shares that moved by LOAD_LEVER_SHIFT or more."""
 
 
 def _level_anatomy(run_dir, table: pd.DataFrame, c: int) -> LevelAnatomy:
@@ -250,7 +246,7 @@ def load_growth(run_dir, knee_concurrency: int | None) -> LoadGrowth | None:
     for cat in sorted(set(below.category_ms) | set(above.category_ms)):
         a = below.category_ms.get(cat, 0.0) / below.period_ms if below.period_ms else None
         b = above.category_ms.get(cat, 0.0) / above.period_ms if above.period_ms else None
-        if a and b and max(a, b) / min(a, b) >= LEVER_SHIFT and max(a, b) >= 0.05:
+        if a and b and max(a, b) / min(a, b) >= LOAD_LEVER_SHIFT and max(a, b) >= 0.05:
             shifted.append((cat, a, b))
     return LoadGrowth(summary.fastest_category, fit.slope_ms_per_request if fit else None,
                       fit.slope_se_ms if fit else None, below, above, knee_concurrency, tuple(shifted))

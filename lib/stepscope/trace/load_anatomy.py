@@ -24,14 +24,14 @@ import math
 import numpy as np
 import pandas as pd
 
+from stepscope.thresholds import LOAD_SLOPE_SIGMAS, LOAD_TRICKLE_SHARE
+
 LOAD_KINDS = ("decode", "mixed", "prefill")
 """Step kinds the anatomy groups; idle and unlabelled steps are left out."""
 
 ANATOMY_COLUMNS = ["concurrency", "step_kind", "decode_requests", "prefill_tokens", "n_steps", "category",
                    "ms_per_step", "share_of_period", "period_ms", "busy_ms"]
 
-SLOPE_SIGMAS = 2.0
-"""A category 'grows' only when its slope exceeds this many standard errors."""
 
 
 def load_steps(step_totals: pd.DataFrame) -> pd.DataFrame:
@@ -121,10 +121,10 @@ def fit_categories(levels: list[tuple[pd.DataFrame, pd.DataFrame]]) -> list[dict
 
 
 def fastest_growing(fits: list[dict]) -> str | None:
-    """The category with the largest slope that clears SLOPE_SIGMAS standard errors."""
+    """The category with the largest slope that clears LOAD_SLOPE_SIGMAS standard errors."""
     for f in fits:
         b, se = f["slope_ms_per_request"], f["slope_se_ms"]
-        if b is not None and se is not None and b > 0 and b > SLOPE_SIGMAS * se:
+        if b is not None and se is not None and b > 0 and b > LOAD_SLOPE_SIGMAS * se:
             return f["category"]
     return None
 
@@ -198,7 +198,11 @@ def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=Non
         if win is not None and win.is_file():
             lv["capture_output_tok_s"] = json.loads(win.read_text()).get("capture_output_tok_s")
         out_levels.append(lv)
-    notes = []
+    notes = [f"c={lv['concurrency']}: its steps decoded {lv['decode_requests_mean']:.1f} requests on average, under "
+             f"half the {lv['concurrency']} in flight: a trickle, not the batch asked for (a request cap such as "
+             "--max-num-seqs, KV-cache space, or a client that cannot keep them in flight)"
+             for lv in out_levels if lv["decode_requests_mean"] is not None
+             and lv["decode_requests_mean"] < LOAD_TRICKLE_SHARE * lv["concurrency"]]
     if fits and all(f["n_batches"] < 2 for f in fits):
         notes.append("every decode step has the same batch size: no slope can be fitted; capture more "
                      "levels (capture.concurrency)")
