@@ -578,11 +578,14 @@ def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable
         return False
     dead = reap_dead_server(run_dir)
     if dead is not None:
-        echo(f"  the server launched earlier in this run is gone: {dead['reason']}; "
+        # an orphan (its supervisor died, e.g. a kill -9 before this --resume) is still running
+        what = ("the server an earlier process of this run launched was left running"
+                if dead["event"] == "server_orphaned" else "the server launched earlier in this run is gone")
+        echo(f"  {what}: {dead['reason']}; "
              f"stopped {dead['orphans_stopped']} process(es) left in its group; launching a new one "
              f"for {stage_id} (its log continues in {dead.get('log_path')})")
         if record is not None:
-            record.add_event({**dead, "event": "server_relaunch", "before_stage": stage_id})
+            record.add_event({**dead, "event": "server_relaunch", "cause": dead["event"], "before_stage": stage_id})
     _prepare_model(params, echo)
     record = ensure_server(params, run_dir, progress=progress)
     echo(f"  server ready at {record['base_url']} ({record.get('engine')} {record.get('engine_version')})")

@@ -465,3 +465,40 @@ def test_kill_9_of_stepscope_run_leaves_no_vllm_process(tmp_path):
     log = (run.run_dir / "00_deploy" / "server.log").read_text(errors="replace")
     assert f"its supervisor (pid {run.proc.pid}) is gone" in log
     print(f"kill -9 of the runner: {len(members)} server processes gone {gone_s:.1f} s later")
+
+
+def test_resume_after_a_killed_runner_stops_the_orphan_says_so_and_launches_anew(tmp_path):
+    """The runner's own path: a leftover server of a dead supervisor in this run's server.json
+    (the lifeline's watchdog killed too, say by the same OOM kill) is stopped, the console and
+    run.json's events say so, and a fresh server is launched, not the leftover adopted."""
+    from stepscope import runner
+    from test_fault_bugs import _fake_params
+
+    port = free_port()
+    params_file = _fake_params(tmp_path, port)
+    run_dir = tmp_path / "out" / "r"
+    proc, fake = _leftover(tmp_path, port, run_dir)
+    lines: list[str] = []
+
+    class Events:
+        items: list[dict] = []
+
+        def add_event(self, e: dict) -> None:
+            self.items.append(e)
+
+    events = Events()
+    try:
+        started = runner._ensure_server(runner.load_params(params_file), run_dir, False, lines.append,
+                                        events, "01_macro_sweep")
+        new = json.loads((run_dir / "00_deploy" / "server.json").read_text())
+        assert started and new["pid"] != fake["api"] and new["supervisor"].startswith(f"{os.getpid()}:")
+        assert _gone_within([fake["api"], fake["engine"]], 10.0) == []
+        out = "\n".join(lines)
+        assert "the server an earlier process of this run launched was left running: its supervisor" in out
+        assert "it is stopped, not adopted; stopped 2 process(es)" in out
+        assert [(e["event"], e["cause"], e["pid"]) for e in events.items] == [
+            ("server_relaunch", "server_orphaned", fake["api"])]
+    finally:
+        proc.kill()
+        from stepscope.serve import stop_server
+        stop_server(run_dir)

@@ -55,4 +55,6 @@ class RunRecord(Record, kw_only=True):
     events: list[dict[str, Any]] = []
     """What happened outside a stage's notebook, in order. `server_relaunch`: the server this
     run launched was gone (`reason`, `pid`, `pgid`, `orphans_stopped`: processes of its group
-    still running, then stopped) and a new one was launched before `before_stage`."""
+    still running, then stopped) and a new one was launched before `before_stage`; `cause` is
+    `server_died`, or `server_orphaned` when it still ran but its supervisor was gone (a killed
+    `stepscope run` before a `--resume`): stopped, never adopted."""
