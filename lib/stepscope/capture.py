@@ -49,7 +49,7 @@ from stepscope import schema
 from stepscope.config import CaptureParams
 from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
-from stepscope.runfolder import atomic_path
+from stepscope.runfolder import atomic_open, atomic_path
 from stepscope.sweep import client as cl
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 from stepscope.server_metrics import METRICS_SCRAPES, save_scrape
@@ -413,7 +413,7 @@ def resolve_profiler_dir(server: cl.ServerInfo, capture: CaptureParams) -> tuple
 def _write_requests_and_latency(run: dict, capture: CaptureParams, out_dir: Path) -> dict:
     """The capture's raw request records (capture_requests.jsonl) and their client-side latency
     (capture_latency.json); the latency dict."""
-    with open(out_dir / "capture_requests.jsonl", "w") as fh:
+    with atomic_open(out_dir / "capture_requests.jsonl") as fh:  # a full disk names the file
         for r in run["warm"] + run["records"]:
             fh.write(json.dumps(r.to_dict()) + "\n")
     m = level_metrics(run["records"])
@@ -450,7 +450,13 @@ def _await_extra_files(pdir: Path, before: dict, complete: dict, engine: str, gr
 def _copy_captured(pdir: Path, names: list[str], content_ranks: dict, engine: str, out_dir: Path,
                    traces_dir: Path, notes: list[str]) -> list[dict]:
     """Copy each captured file into traces/ with its SHA-256; the manifest's file entries. A
-    trace whose distributedInfo.rank contradicts its name keeps the file's own, with a note."""
+    trace whose distributedInfo.rank contradicts its name keeps the file's own, with a note.
+    What an earlier capture left in traces/ is removed first (copies: the originals stay in the
+    profiler folder): stage 05 reads the whole folder, and two captures' traces mixed there
+    would be analysed as one."""
+    for old in traces_dir.iterdir():
+        if old.is_file() or old.is_symlink():
+            old.unlink()
     files = []
     for name in names:
         pf = classify(name, engine)

@@ -623,13 +623,13 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
 
     params = params_from_dict(data, source="stepscope analyze")
     run_dir = Path(out).resolve() if out else resolve_outputs_dir(params) / new_run_id(params)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    params_file = write_yaml(run_dir / "analyze_params.yaml", data)
     # Both stages in this process: a kernel per notebook cost more than the analysis itself.
     from stepscope.inprocess import execute_notebook_inprocess
 
-    code, run_dir = run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
-                                 progress=progress, echo=echo, notebook_executor=execute_notebook_inprocess)
+    with run_folder_lock(run_dir, say=echo):  # before analyze_params.yaml: a second analyze is refused
+        params_file = write_yaml(run_dir / "analyze_params.yaml", data)
+        code, run_dir = run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
+                                     progress=progress, echo=echo, notebook_executor=execute_notebook_inprocess)
     if code == EXIT_INTERRUPTED:
         return code, run_dir
     missing_code = report_unanalysed_ranks(run_dir, tp, echo)

@@ -360,3 +360,25 @@ def test_a_stage_that_fills_the_disk_fails_with_the_free_space_and_the_run_stops
     assert stage is not None or "run.json keeps its last good record" in out
     assert "03_nccl_burst" not in record["stages"]
     assert _leftovers(small_disk) == []
+
+
+def test_a_second_capture_leaves_only_its_own_traces_where_stage_05_reads(tmp_path):
+    """Stage 04 run again (a --resume after a failed copy, or a re-run): stage 05 reads the
+    whole traces/ folder, so what the earlier capture copied there must not stay beside the new
+    capture's files, to be analysed as one capture."""
+    from stepscope.capture import capture_profile
+    from stepscope.config import CaptureParams
+
+    cap = CaptureParams(warmup_requests=0, requests=1, input_len=2, output_len=3, wait_timeout_s=5)
+    pdir, out = tmp_path / "prof", tmp_path / "04_profiler_capture"
+    pdir.mkdir()
+    with FakeServer(FakeBehaviour(profiler_dir=str(pdir), tp=2, chunk_delay_s=0.002)) as fake:
+        server = ServerInfo(base_url=fake.base_url, served_model="fake", tp=2, profiler_dir=str(pdir))
+        first = capture_profile(server, cap, out)
+        stale = out / "traces" / "rank1.999.pt.trace.json.gz"  # e.g. the copy of an interrupted run
+        stale.write_bytes(b"\x1f\x8b truncated")
+        time.sleep(0.01)  # the fake names traces by time: the second capture's names differ
+        second = capture_profile(server, cap, out)
+    names = {Path(f["path"]).name for f in second.manifest["files"]}
+    assert stale.name not in names and first.manifest["files"]
+    assert {p.name for p in (out / "traces").iterdir()} == names
