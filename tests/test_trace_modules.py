@@ -131,3 +131,15 @@ def test_activation_checkpoint_recompute_is_set_apart(real_traces: Path, tmp_pat
     ckpt = "DistributedDataParallel/ResNet/CheckpointWrapper"
     assert m.loc[ckpt, "recompute_ms_per_step"] == pytest.approx(1.4033, abs=1e-4)
     assert m.loc["DistributedDataParallel/ResNet/Linear", "recompute_ms_per_step"] == 0.0
+
+
+def test_a_vision_models_attention_softmax_is_its_largest_lever(real_traces: Path, tmp_path: Path):
+    """OWLv2's eager attention: by name its softmax (`cunn_SoftMaxForward`) made elementwise
+    the largest category (284 ms of the pass); inside `Owlv2Attention` it is attention, 271 ms,
+    and elementwise falls to 12.5 ms."""
+    an = analyze_traces([real_traces / "tracelens-h100-owlv2-dataloader.json.gz"], tmp_path, progress=False,
+                        perfetto=False)
+    lv = an.category_levers.set_index("category")
+    assert lv.index[0] == "attention" and lv.loc["attention", "sum_ms_per_step"] == pytest.approx(271.380, abs=1e-3)
+    assert lv.loc["attention", "module"].endswith("Owlv2EncoderLayer/Owlv2Attention")
+    assert lv.loc["elementwise", "sum_ms_per_step"] == pytest.approx(12.528, abs=1e-3)
