@@ -290,7 +290,8 @@ def test_setup_comes_from_the_trace_not_the_analysing_machine(tmp_path):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     rows = _setup(md)
     assert rows["Engine"] == "sglang"
-    assert rows["Device"] == "1 × AMD Instinct MI300X (from the trace)"
+    # as many devices as the world size (each worker's trace lists only the one it sees)
+    assert rows["Device"] == "8 × AMD Instinct MI300X (from the trace, world size; its device list shows 1)"
     assert rows["Batch"].startswith("32 requests per step")
     assert rows["Tensor parallel (TP)"] == "8 (from the trace)"
     assert "CPU" not in rows and rows["Analysed on (CPU)"] == "AMD EPYC (the analysing machine)"

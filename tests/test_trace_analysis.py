@@ -25,7 +25,9 @@ def analysed(real_traces: Path) -> dict:
     out = {}
     for p in sorted(real_traces.glob("*.json.gz")):
         out[p.name] = analyze_rank(load_rank(p, allow_no_rank=True), rules)
-    assert len(out) == 18  # 11, the two n-gram ranks, the two c=16 load ranks, three TraceLens excerpts (issue 23)
+    # 11, the two n-gram ranks, the two c=16 load ranks, three TraceLens excerpts (issue 23), the
+    # DataLoader excerpt, and the kinds' eight (issue 23: capture, mixed, extend, non-LLM, HTA rank 3)
+    assert len(out) == 27
     return out
 
 
@@ -38,7 +40,8 @@ def test_other_is_at_most_half_a_percent_on_every_trace(analysed):
 
 def test_every_annotated_step_trace_attributes_all_work(analysed):
     for name, r in analysed.items():
-        assert r.step_source.startswith("annotation:"), name
+        # vLLM's capture warm-up runs no engine step: one whole-trace step, and it is called a capture
+        assert r.step_source.startswith("annotation:") or name == "tracelens-mi300x-vllm-gptoss-capture-full.json.gz", name
         un = r.work[r.work["step_id"] < 0]
         if name.startswith("hf-h100"):
             # 509 kernels (14 ms of backlog the first cudaDeviceSynchronize waits for) were

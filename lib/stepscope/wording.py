@@ -10,7 +10,8 @@ from stepscope.thresholds import STALL_GAP_S
 
 STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
                "mixed": "mixed prefill-and-decode step", "training": "training step",
-               "single_step": "step", "unknown": "step"}
+               "single_step": "step", "unknown": "step", "capture": "step",
+               "diffusion": "pipeline step", "vision": "forward step", "encoder": "forward step"}
 """The name of one step of each trace kind (`trace_info.kind`)."""
 
 

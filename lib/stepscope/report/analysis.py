@@ -47,6 +47,7 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         "steps_used": st.steps_used,
         "source": "05_categorize/summary.json",
         "mode": a.ranks[0].mode if a.ranks else "gpu",
+        "rank": d.rank,
     }
     span, union = out["span_ms"], out["union_ms"]
     out["period_ms"] = num(d.period_ms.mean) if d.period_ms else None

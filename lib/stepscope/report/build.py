@@ -181,7 +181,7 @@ def _device_line(ident: vd.TraceIdentity) -> str | None:
     n, src = ((ident.world_size, "world size") if ident.world_size else
               (ident.tp, f"TP from the {ident.tp_source}") if ident.tp and ident.tp_source != "default" else
               (None, None))
-    node = (f"; the node lists {fmt_num(ident.device_count)}" if ident.device_count and ident.device_count != n
+    node = (f"; its device list shows {fmt_num(ident.device_count)}" if ident.device_count and ident.device_count != n
             else "")
     if n is None:
         return f"{ident.device_name} (from the trace; how many the run used is not said{node})"

@@ -13,7 +13,9 @@ from typing import Any
 from stepscope.report.numbers import fmt_num as f
 from stepscope.wording import plural, work_unit
 from stepscope.wording import short_name as _short
-from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Lever, Overlap,
+from stepscope.report.verdict import Caveat, headline_findings
+from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
+                                      Lever, Overlap,
                                       Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
@@ -25,18 +27,90 @@ def steps(n: int | None, label: str) -> str:
     return f"{f(n)} {plural(label, n)}"
 
 
+KIND_PHRASES = {"prefill": "a prefill trace", "training": "a training trace", "single_step": "a single-step trace",
+                "capture": "a CUDA-graph capture or warm-up trace", "diffusion": "diffusion inference",
+                "vision": "a vision model's inference", "encoder": "an encoder's inference pass"}
+"""What each trace kind is called in a sentence (`trace_info.kind`)."""
+
+
+def _evidence(i: TraceIdentity, kind: str, lead: str = " (") -> str:
+    found = i.evidence_for(kind)
+    return f"{lead}from the trace: {', '.join(found)}" + (")" if lead == " (" else "") if found else ""
+
+
 def identity_sentences(i: TraceIdentity) -> list[str]:
     out = []
-    if not i.has_decode:
+    if i.kind == "capture":
+        out.append(f"This is {KIND_PHRASES['capture']}{_evidence(i, 'capture')}: kernels inside a capture are "
+                   f"recorded, not run, and its gaps are one-off start-up time, so it gets a description, not a "
+                   f"verdict.")
+    elif i.kind == "mixed" and i.mixed:
+        out.append(mixed_sentence(i))
+    elif not i.has_decode:
         n = steps(i.n_judged_steps, i.step_label) if i.n_judged_steps else f"{i.step_label}s"
-        kind = {"prefill": "a prefill trace", "training": "a training trace",
-                "single_step": "a single-step trace"}.get(i.kind, "a trace with no step labelled decode")
-        out.append(f"This is {kind} ({n}), not decode: what follows summarises its steps, with no decode verdict "
-                   f"and no speculative-decoding what-if.")
+        kind = KIND_PHRASES.get(i.kind, "a trace with no step labelled decode")
+        passes = (f"; its {i.step_label} holds {f(i.model_passes)} forward passes of the denoiser, so the figures "
+                  f"describe that step, not one pass" if i.model_passes and i.model_passes > 1 else "")
+        out.append(f"This is {kind} ({n}{_evidence(i, i.kind, '; ')}), not decode{passes}: what follows summarises its "
+                   f"steps, with no decode verdict and no speculative-decoding what-if.")
     if i.low_confidence and i.n_judged_steps is not None:
         out.append(f"Low confidence: only {steps(i.n_judged_steps, i.step_label)} judged, fewer than "
                    f"{f(i.min_steps)}, so one odd step can move every figure below.")
     return out
+
+
+def mixed_sentence(i: TraceIdentity) -> str:
+    """A mixed step's own reading: its prefill beside its decode requests (the annotations)."""
+    m = i.mixed or {}
+    toks = f" of {f(m.get('prefill_tokens'))} tokens" if m.get("prefill_tokens") is not None else ""
+    return (f"The trace holds {steps(m.get('n_steps'), i.step_label)}: each runs {f(m.get('prefill_requests'))} prefill "
+            f"requests{toks} beside {f(m.get('decode_requests'))} decode requests (median, from the step "
+            f"annotations), so its GEMMs do a prefill's work rather than read the weights for a few tokens: what "
+            f"follows describes the mixed step, with no speculative-decoding what-if.")
+
+
+def guard_sentence(g: Guard, step_label: str = "step") -> str:
+    """Why one failed invariant withdrew the claims resting on it: the one wording of each,
+    for the report and for `06_writeup/guards.json`."""
+    v = g.value
+    if g.invariant == "kind_takes_verdict":
+        return ("Withdrawn, as the trace is a capture: the dominant category, the levers and their ceilings, "
+                "boundness and communication (each would describe a steady step this trace does not hold).")
+    if g.invariant == "share_at_most_step":
+        return (f"Withdrawn, as a share passed 100 %: {v('category')} is {f(v('share_pct'))} % of the {step_label}, "
+                f"so the step basis cannot hold the work it divides; the dominant share, boundness and the levers "
+                f"rest on it.")
+    if g.invariant == "busy_at_most_period":
+        return (f"Withdrawn, as busy exceeds the step: the device is busy {f(v('busy_ms'))} ms of a "
+                f"{f(v('step_ms'))} ms {v('denominator') or 'step'}, which cannot be; the dominant share, "
+                f"boundness and the levers rest on that denominator.")
+    if g.invariant == "below_peak":
+        bw = f"{f(v('pct_peak_bw'))} % of peak memory bandwidth" if v("pct_peak_bw") is not None else ""
+        fl = f"{f(v('pct_peak_flops'))} % of peak compute" if v("pct_peak_flops") is not None else ""
+        return (f"Withdrawn, {g.subject}'s roofline: it reads {' and '.join(x for x in (bw, fl) if x)} of the "
+                f"{v('device')}, above the physical peak, so the bytes and FLOPs model does not fit this trace; "
+                f"it is no sign the kernels run at the roofline.")
+    if g.invariant == "clocks_agree":
+        return ("Withdrawn, as the ranks' clocks disagree (stage 05 flagged them): every cross-rank claim, transfer "
+                "against waiting and what a faster collective alone would buy.")
+    if g.invariant == "classes_add_up":
+        return (f"Withdrawn, as the classes do not add up: the categories' exposed times sum to "
+                f"{f(v('exposed_sum_ms'))} ms against {f(v('busy_ms'))} ms busy, so no lever's exposed time is "
+                f"trusted.")
+    if g.invariant == "communication_has_collectives":
+        k = v("kernels") or ()
+        named = f" (its largest: `{_short(k[0])}`)" if k else ""
+        return (f"Withdrawn, the communication claims: {f(v('comm_ms'))} ms per step is filed as communication on "
+                f"one rank with no collective kernel{named}, so it is other work misfiled, not communication.")
+    if g.invariant == "steady_state":
+        return (f"Withdrawn, every lever: the biggest, {v('lever')}, would make a {step_label} {f(v('ceiling_x'))}× "
+                f"faster, above the {f(v('bound_x'))}× a steady state allows: one part holding that much of the step "
+                f"says the trace is no run of repeated steps (a capture, a warm-up, one stall).")
+    if g.invariant == "lever_coherent":
+        return (f"{g.subject} is not named as a lever: its {f(v('n_names'))} distinct kernels are a grab-bag, the "
+                f"largest {f(v('top_kernels'))} holding only {f(v('top_share_pct'))} % of its time (one lever from "
+                f"{f(v('dominant_share_pct'))} %), so no one fix reaches it.")
+    return f"Withdrawn, as the invariant {g.invariant} failed."
 
 
 def spec_decode_sentence(s: SpecDecodeSeen) -> str:
@@ -167,13 +241,6 @@ def tpot_gap_sentence(t: TpotGap) -> str:
             f"{t.denominator} of {f(t.step_ms)} ms, on the host side; no kernel fix reaches it.")
 
 
-def between_steps_headline(b: BetweenSteps, step_label: str) -> str:
-    """The headline's shorter form, said only when the time between steps is the biggest lever."""
-    return (f"The biggest lever lies between steps: {f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the "
-            f"{f(b.period_ms)} ms period) of the engine's host work outside the step; removing it would make a "
-            f"{step_label} at most {f(b.ceiling_x)}× faster, more than any other lever.")
-
-
 def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = False) -> str:
     over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
     lead = "The biggest lever lies between steps: " if biggest else "Between steps, "
@@ -293,6 +360,7 @@ def plateau_stall_clause(p: Plateau) -> str:
 def sentences(v: Verdict) -> list[Sentence]:
     """The verdict, in order, each sentence with the findings it was written from."""
     out: list[Sentence] = [((v.identity,), s) for s in identity_sentences(v.identity)]
+    out += [((g,), guard_sentence(g, v.identity.step_label)) for g in v.failed_guards]
     if v.spec_decode is not None:
         out.append(((v.spec_decode,), spec_decode_sentence(v.spec_decode)))
     if v.dominant is not None:
@@ -312,6 +380,8 @@ def sentences(v: Verdict) -> list[Sentence]:
     in_lever = _lever_at_peak(v)
     out += [((r,), roofline_sentence(r, v.identity.step_label, at_peak=r is not in_lever)) for r in v.roofline]
     out += [((g,), agreement_sentence(g)) for g in v.agreements]
+    if v.plateau is not None:  # the sweep's reading, said once the step's are (no longer in the headline)
+        out.append(((v.plateau,), plateau_sentence(v.plateau)))
     return out
 
 
@@ -346,18 +416,68 @@ def verdict_sentences(v: Verdict) -> list[str]:
 
 
 def headline_sentences(v: Verdict) -> list[Sentence]:
-    """The report's "In short": what the trace is, the dominant category, communication,
-    host or device, the biggest lever (a category, the time between steps or the gaps inside
-    the step, whichever has the highest ceiling), and the sweep's plateau (or that none was
-    reached)."""
-    keep = (TraceIdentity, SpecDecodeSeen, Dominant, Communication, Boundness, Lever, GapLever)
-    between_biggest = v.biggest is not None and v.biggest.kind == "between steps"
-    out = [(src, between_steps_headline(src[0], v.identity.step_label) if isinstance(src[0], BetweenSteps) else s)
-           for src, s in sentences(v)
-           if isinstance(src[0], keep) or (isinstance(src[0], BetweenSteps) and between_biggest)]
-    if v.plateau is not None:
-        out.append(((v.plateau,), plateau_sentence(v.plateau)))
+    """The report's "In short" and the terminal's closing lines: at most three sentences (the
+    dominant cost, the biggest lever with its ceiling, the caveat that matters most:
+    `verdict.headline_findings`), read in ten seconds; the detail stays in the verdict."""
+    h, label = headline_findings(v), v.identity.step_label
+    out: list[Sentence] = []
+    if h.dominant is not None:
+        out.append(((h.dominant,), dominant_headline(h.dominant)))
+    if h.lever is not None:
+        same = isinstance(h.lever, Lever) and h.dominant is not None and h.lever.category == h.dominant.category
+        out.append(((h.lever,), lever_headline(h.lever, label, same_as_dominant=same)))
+    if h.caveat is not None:
+        out.append(((h.caveat.finding, h.caveat), "Caveat: " + caveat_clause(h.caveat, label) + "."))
     return out
+
+
+def dominant_headline(d: Dominant) -> str:
+    share = f", {f(d.share_pct)} % of its {d.denominator}" if d.share_pct is not None and d.denominator else ""
+    return f"{d.category} takes the most time: {f(d.ms_per_step)} ms per {d.step_label}{share}."
+
+
+def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as_dominant: bool = False) -> str:
+    """The biggest lever in one sentence: what it is, the time it removes, its Amdahl ceiling."""
+    if same_as_dominant:
+        return (f"It is also the biggest lever: removing its {f(lv.exposed_ms)} ms of exposed time per step would "
+                f"make a {step_label} at most {f(lv.ceiling_x)}× faster.")
+    if isinstance(lv, Lever):
+        what, removed = lv.category, f"its {f(lv.exposed_ms)} ms of exposed time per step"
+    elif isinstance(lv, BetweenSteps):
+        what, removed = "the time between steps", f"its {f(lv.gap_ms)} ms of host work per step"
+    else:
+        what = (f"the short gaps between {work_unit(lv.cpu)}" if lv.kind == "short gaps"
+                else "the long gaps inside the step")
+        removed = f"their {f(lv.idle_ms)} ms per step"
+    return f"The biggest lever is {what}: removing {removed} would make a {step_label} at most {f(lv.ceiling_x)}× faster."
+
+
+def caveat_clause(c: Caveat, step_label: str) -> str:
+    """The caveat in a few words, from the finding it rests on."""
+    x = c.finding
+    if c.code == "not_decode":
+        return f"this is a {x.kind} trace, not decode, so no decode verdict applies"
+    if c.code == "claims_withdrawn":
+        return f"the claims resting on {x.invariant} are withdrawn (the verdict says why)"
+    if c.code == "ranks_missing":
+        return f"only {f(x.ranks_present)} of {f(x.world_size)} ranks' traces are here, so cross-rank figures are partial"
+    if c.code == "low_confidence":
+        return (f"only {steps(x.n_judged_steps, step_label)} judged, fewer than {f(x.min_steps)}, so one odd step "
+                "moves every figure")
+    if c.code == "tpot_gap":
+        return (f"{f(x.gap_ms)} ms of the {f(x.tpot_ms)} ms TPOT ({f(x.gap_pct)} %) lies outside the device steps, "
+                "where no kernel fix reaches")
+    if c.code == "prediction_disagrees":
+        other = "; the engine ran other collectives than stage 03 timed" if x.same_implementation is False else ""
+        return (f"the micro-benchmarks predict {f(x.predicted_ms)} ms of {x.quantity} per step, the trace shows "
+                f"{f(x.trace_ms)} ms{other}")
+    if c.code == "overlap":
+        return f"kernels overlap, so per-kernel totals overstate the step by {f(x.overstate_pct)} %"
+    if c.code == "plateau_stalls":
+        return (f"server-wide stalls took up to {f(x.stall_pct)} % of a sweep level's time, so the plateau is low "
+                "by up to that")
+    return (f"this run already decodes speculatively ({f(x.n_verify_steps)} of {f(x.n_decode_steps)} decode steps "
+            "verify drafts), so the figures describe that mixture")
 
 
 def headline(v: Verdict) -> list[str]:

@@ -133,7 +133,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "findings they came from, the dominant cost, the biggest lever, the caveat, the ranks analysed",
              VerdictFile),
     Artifact("06_writeup/guards.json", "06_writeup", "the invariants the verdict rests on, checked before "
-             "any sentence: which held, which failed and the claims each withdrew", GuardsFile),
+             "any sentence: which held, which failed and the claims each withdrew (absent in run folders "
+             "of older stepscope)", GuardsFile, optional=True),
 )
 ARTIFACT_BY_PATH = {a.path: a for a in ARTIFACTS}
 

@@ -28,13 +28,18 @@ from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 # are the numbers outside the parentheses, tokens the first number inside.
 _VLLM_STEP = re.compile(r"^execute_(?:(\d+)_)?context_(\d+)\(([^()]*)\)_generation_(\d+)\(([^()]*)\)$")
 _VLLM_NEW = re.compile(r"^execute_new_(\d+)_cached_(\d+)$")
-_SGLANG = re.compile(r"^step\[\s*([A-Za-z_]+)?\s*bs=(\d+)\s*\]$")
+# SGLang: `step[DECODE bs=32]`, and newer releases add fields such as `toks=15360` (tokens
+# in the step): `step[EXTEND bs=15 toks=15360]`.
+_SGLANG = re.compile(r"^step\[\s*([A-Za-z_]+)?\s*bs=(\d+)((?:\s+\w+=\d+)*)\s*\]$")
+_SGLANG_FIELD = re.compile(r"(\w+)=(\d+)")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 _FIRST_INT = re.compile(r"\d+")
 # Names that look like an engine step: one that no form above matches is flagged by name
 # rather than silently dropped to a fallback.
-STEP_LIKE = re.compile(r"^execute_|_context_\d|_generation_\d|^step\[|^ProfilerStep", re.I)
+STEP_LIKE = re.compile(r"^execute_(?!diffusion_)|_context_\d|_generation_\d|^step\[|^ProfilerStep", re.I)
+# (`execute_diffusion_1_256x256` is a diffusion server's request, not an LLM engine step:
+# evidence of the trace's kind, see trace.info.kind_evidence.)
 
 STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "unknown")
 """Per-step `kind`: the engine's label where the annotation says it; `training` for a
@@ -87,11 +92,14 @@ def parse_step_name(name: str) -> dict | None:
     if m:
         mode = (m.group(1) or "").upper()
         bs = int(m.group(2))
+        toks = int(dict(_SGLANG_FIELD.findall(m.group(3) or "")).get("toks", -1))
         label = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill",
                  "MIXED": "mixed", "IDLE": "idle"}.get(mode, "unknown")
         return dict(family="sglang", label=label, prefill_requests=bs if label == "prefill" else 0,
-                    prefill_tokens=-1, decode_requests=bs if label == "decode" else 0,
-                    decode_tokens=bs if label == "decode" else -1, n_requests=bs, n_tokens=-1)
+                    prefill_tokens=toks if label == "prefill" else -1,
+                    decode_requests=bs if label == "decode" else 0,
+                    decode_tokens=bs if label == "decode" else -1, n_requests=bs,
+                    n_tokens=toks)
     m = _PROFILER_STEP.match(name)
     if m:
         return _counts("profiler_step", "unknown", -1, -1, -1, -1, -1)

@@ -1,0 +1,246 @@
+"""Guards: the invariants a verdict rests on, checked before any sentence is written.
+
+`guarded(v, a, totals, decode)` checks each invariant on the findings `report.verdict`
+computed and the tables they came from, and returns the verdict with every claim that
+rests on a failing invariant withdrawn and every check recorded (`Verdict.guards`). The
+report says which invariant failed and why (`report.prose.guard_sentence`, the one place
+they are put in words) and writes the checks to `06_writeup/guards.json`.
+
+The invariants, and the claims each one carries:
+
+- the trace's kind takes a verdict: a CUDA-graph capture or warm-up records its kernels
+  rather than running them, so nothing of a steady step is claimed of it (everything);
+- every share of the step is at most 100 %, and the device is busy at most the period: the
+  denominator holds the work it divides (dominant share, boundness, levers);
+- achieved bandwidth and FLOP/s are at most the device's peaks: above peak, the bytes model
+  does not fit the trace (that roofline row's claim);
+- cross-rank wait and transfer only when the ranks' clocks agree (stage 05's clock flag);
+- the classes add up: the categories' exposed times partition the busy time (levers);
+- communication needs a world over one rank or a collective kernel (communication claims);
+- no Amdahl ceiling above `STEADY_STATE_MAX_X`: one lever that large says the trace is no
+  steady state (levers);
+- a lever is a coherent set of work, not a grab-bag of unrelated kernels (that lever).
+
+Method: docs/verdict.md#guards.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields, replace
+from typing import Any
+
+import pandas as pd
+
+from stepscope import schema
+from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
+from stepscope.report.artifacts import RunArtifacts, num
+from stepscope.report.verdict import Guard, Verdict, biggest
+from stepscope.thresholds import (GUARD_TOLERANCE_REL, LEVER_DOMINANT_SHARE, LEVER_GRAB_BAG_MIN_NAMES,
+                                  LEVER_TOP_KERNELS, READINGS_AGREE_REL, STEADY_STATE_MAX_X)
+
+DENOMINATOR_CLAIMS = ("dominant", "boundness", "levers", "gap_levers", "between_steps", "biggest")
+"""Claims that divide by the step: a denominator that cannot hold the work withdraws them."""
+LEVER_CLAIMS = ("levers", "gap_levers", "between_steps", "biggest")
+COMM_CLAIMS = ("communication", "comm_split")
+KEPT_ALWAYS = ("identity", "basis", "plateau", "guards", "roofline_reason")
+"""What no guard withdraws: what the trace is, the denominator's name, the sweep's plateau."""
+
+COLLECTIVE_NAME = re.compile(
+    r"nccl|rccl|c10d|gloo|shm_|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|"
+    r"cross_device_reduce|custom_?ar|mscclpp|quick_?reduce", re.I)
+"""A kernel or op name that is a collective's. `broadcast` alone is not: ATen's elementwise
+`type_specialized_broadcast_kernel` broadcasts shapes, not between ranks."""
+
+
+def guarded(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None) -> Verdict:
+    """`v` with every invariant checked and the claims of the failing ones withdrawn."""
+    checks = check(v, a, totals, decode)
+    return replace(withdraw(v, checks), guards=checks)
+
+
+def check(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None) -> tuple[Guard, ...]:
+    """Every invariant, in the order the report states them. A capture fails the first and
+    the rest are moot: nothing of a steady step is claimed of it."""
+    kind = _kind_takes_verdict(v)
+    if not kind.holds:
+        return (kind,)
+    out = [kind, _share_at_most_step(decode), _busy_at_most_period(totals),
+           *_below_peak(v), _clocks_agree(v), _classes_add_up(decode, totals),
+           _communication_has_collectives(v, a), _steady_state(v)]
+    out += _levers_coherent(v, a)
+    return tuple(g for g in out if g is not None)
+
+
+def withdraw(v: Verdict, checks: tuple[Guard, ...]) -> Verdict:
+    """`v` without the claims the failing checks withdraw; the biggest lever re-chosen among
+    the levers that remain (a withdrawn lever is never called the biggest)."""
+    gone = {c for g in checks if not g.holds for c in g.withdrawn}
+    if not gone:
+        return v
+    changes: dict[str, Any] = {}
+    for f in fields(v):
+        if f.name in gone and f.name not in KEPT_ALWAYS:
+            changes[f.name] = () if isinstance(getattr(v, f.name), tuple) else None
+    levers = changes.get("levers", v.levers)
+    levers = tuple(lv for lv in levers if f"lever:{lv.category}" not in gone)
+    if "transfer" in gone:
+        levers = tuple(replace(lv, transfer_ms=None, transfer_ceiling_x=None) for lv in levers)
+    changes["levers"] = levers
+    changes["roofline"] = tuple(r for r in changes.get("roofline", v.roofline) if f"roofline:{r.category}" not in gone)
+    if "biggest" not in gone:
+        changes["biggest"] = biggest(levers, changes.get("between_steps", v.between_steps),
+                                     changes.get("gap_levers", v.gap_levers))
+    return replace(v, **changes)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def _kind_takes_verdict(v: Verdict) -> Guard:
+    i = v.identity
+    every = tuple(f.name for f in fields(v) if f.name not in KEPT_ALWAYS)
+    return Guard("kind_takes_verdict", holds=i.kind != "capture",
+                 values=(("kind", i.kind), ("evidence", i.evidence_for("capture"))),
+                 withdrawn=every if i.kind == "capture" else ())
+
+
+def _share_at_most_step(decode: pd.DataFrame | None) -> Guard | None:
+    if decode is None or "share_of_step" not in decode or not len(decode):
+        return None
+    shares = decode["share_of_step"].astype(float)
+    i = int(shares.to_numpy().argmax())
+    top = float(shares.iloc[i])
+    return Guard("share_at_most_step", holds=top <= 1 + GUARD_TOLERANCE_REL,
+                 values=(("category", str(decode["category"].iloc[i])), ("share_pct", 100 * top)),
+                 withdrawn=DENOMINATOR_CLAIMS if top > 1 + GUARD_TOLERANCE_REL else ())
+
+
+def _busy_at_most_period(totals: dict[str, Any]) -> Guard | None:
+    busy, step = num(totals.get("union_ms")), num(totals.get("step_ms"))
+    if busy is None or not step:
+        return None
+    ok = busy <= step * (1 + GUARD_TOLERANCE_REL)
+    return Guard("busy_at_most_period", holds=ok,
+                 values=(("busy_ms", busy), ("step_ms", step), ("denominator", totals.get("step_basis"))),
+                 withdrawn=() if ok else DENOMINATOR_CLAIMS)
+
+
+def _below_peak(v: Verdict) -> list[Guard]:
+    out = []
+    for r in v.roofline:
+        if not r.peak_known:
+            continue
+        over = [(what, p) for what, p in (("bandwidth", r.pct_peak_bw), ("compute", r.pct_peak_flops))
+                if p is not None and p > 100 * (1 + GUARD_TOLERANCE_REL)]
+        out.append(Guard("below_peak", holds=not over, subject=r.category,
+                         values=(("pct_peak_bw", r.pct_peak_bw), ("pct_peak_flops", r.pct_peak_flops),
+                                 ("device", r.device)),
+                         withdrawn=(f"roofline:{r.category}",) if over else ()))
+    return out
+
+
+def _clocks_agree(v: Verdict) -> Guard | None:
+    s = v.comm_split
+    if s is None or s.status != "split":
+        return None
+    return Guard("clocks_agree", holds=not s.clock_flag, values=(("world_size", s.world_size),),
+                 withdrawn=("comm_split", "transfer") if s.clock_flag else ())
+
+
+def _classes_add_up(decode: pd.DataFrame | None, totals: dict[str, Any]) -> Guard | None:
+    busy = num(totals.get("union_ms"))
+    if decode is None or "exposed_ms_mean" not in decode or not busy:
+        return None
+    exposed = float(decode["exposed_ms_mean"].astype(float).sum())
+    ok = abs(exposed - busy) <= READINGS_AGREE_REL * busy
+    return Guard("classes_add_up", holds=ok, values=(("exposed_sum_ms", exposed), ("busy_ms", busy)),
+                 withdrawn=() if ok else LEVER_CLAIMS)
+
+
+def _communication_has_collectives(v: Verdict, a: RunArtifacts) -> Guard | None:
+    c = v.communication
+    if c is None or c.status == "none":
+        return None
+    i = v.identity
+    world = max([w for w in (i.world_size, i.tp if i.tp_source not in (None, "default") else None) if w] or [0])
+    names = _comm_kernel_names(a)
+    collective = [n for n in names if COLLECTIVE_NAME.search(n)]
+    ok = world > 1 or bool(collective) or (not names and not world)
+    comm_levers = tuple(f"lever:{lv.category}" for lv in v.levers if lv.category in COMMUNICATION_CATEGORIES)
+    return Guard("communication_has_collectives", holds=ok,
+                 values=(("world_size", world or None), ("comm_ms", c.comm_ms),
+                         ("kernels", tuple(names[:3])), ("collective_kernels", len(collective))),
+                 withdrawn=() if ok else COMM_CLAIMS + comm_levers)
+
+
+def _comm_kernel_names(a: RunArtifacts) -> list[str]:
+    k = a.category_kernels
+    if k is None or "category" not in k:
+        return []
+    sub = k[k["category"].isin(COMMUNICATION_CATEGORIES)]
+    return [str(n) for n in sub.sort_values("sum_ms_per_step", ascending=False)["name"]]
+
+
+def _steady_state(v: Verdict) -> Guard | None:
+    b = v.biggest
+    if b is None:
+        return None
+    ok = b.ceiling_x <= STEADY_STATE_MAX_X
+    return Guard("steady_state", holds=ok, subject=b.name,
+                 values=(("ceiling_x", b.ceiling_x), ("bound_x", STEADY_STATE_MAX_X), ("lever", b.name)),
+                 withdrawn=() if ok else LEVER_CLAIMS)
+
+
+ONE_OPERATION_CATEGORIES = frozenset(GEMM_CATEGORIES) | {"attention", "conv"}
+"""Categories that are one operation however many kernel names run it (a GEMM's tile and shape
+variants, attention's): one library or kernel fix reaches them all, so their name count says
+nothing about coherence. A catch-all such as elementwise has no such common fix."""
+
+
+def lever_coherence(kernels: pd.DataFrame | None, category: str) -> tuple[bool, int, float] | None:
+    """(coherent, distinct kernel names, share of the category's summed time its largest
+    `LEVER_TOP_KERNELS` kernels hold) of one category, from category_kernels.csv; None when
+    the table does not list it. A grab-bag has at least `LEVER_GRAB_BAG_MIN_NAMES` names and
+    no few of them holding `LEVER_DOMINANT_SHARE` of its time."""
+    if kernels is None or "category" not in kernels:
+        return None
+    k = kernels[kernels["category"] == category]
+    if k.empty:
+        return None
+    n_names = int(k["n_names"].max())
+    top = float(k["share_of_category"].astype(float).nlargest(LEVER_TOP_KERNELS).sum())
+    grab_bag = (category not in ONE_OPERATION_CATEGORIES and n_names >= LEVER_GRAB_BAG_MIN_NAMES
+                and top < LEVER_DOMINANT_SHARE)
+    return not grab_bag, n_names, top
+
+
+def _levers_coherent(v: Verdict, a: RunArtifacts) -> list[Guard]:
+    """The category levers the verdict may name, checked in order until two coherent ones
+    (the best and the next, as the lever sentence names them) are found."""
+    out: list[Guard] = []
+    for lv in v.levers:
+        if sum(g.holds for g in out) >= 2:
+            break
+        c = lever_coherence(a.category_kernels, lv.category)
+        if c is None:
+            continue
+        ok, n_names, top = c
+        out.append(Guard("lever_coherent", holds=ok, subject=lv.category,
+                         values=(("n_names", n_names), ("top_share_pct", 100 * top),
+                                 ("top_kernels", LEVER_TOP_KERNELS), ("dominant_share_pct", 100 * LEVER_DOMINANT_SHARE)),
+                         withdrawn=() if ok else (f"lever:{lv.category}",)))
+    return out
+
+
+def guards_record(v: Verdict) -> schema.GuardsFile:
+    """`06_writeup/guards.json`: every check, and for a failed one why, as the report says it."""
+    from stepscope.report.prose import guard_sentence
+
+    rows = [schema.GuardResult(invariant=g.invariant, holds=g.holds, subject=g.subject,
+                               values={k: (list(x) if isinstance(x, tuple) else x) for k, x in g.values},
+                               withdrawn=list(g.withdrawn),
+                               reason=None if g.holds else guard_sentence(g, v.identity.step_label))
+            for g in v.guards]
+    withdrawn = sorted({c for g in v.failed_guards for c in g.withdrawn})
+    return schema.GuardsFile(kind=v.identity.kind, guards=rows, n_failed=len(v.failed_guards), withdrawn=withdrawn)

@@ -1,0 +1,160 @@
+"""Guards before any claim (issue 23): each invariant on a real trace that breaks it or keeps it,
+the claims it withdraws, the sentence that says why, and `06_writeup/guards.json`."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from stepscope import schema
+from stepscope.cli import main
+from stepscope.report import guards
+from stepscope.report.artifacts import load_run_artifacts
+from stepscope.report.build import build_report, report_context, writeup_params_from
+from stepscope.trace import analyze_traces
+
+
+def _run(tmp_path: Path, traces: list[Path], **kw) -> Path:
+    run = tmp_path / "run"
+    analyze_traces(traces, run / "05_categorize", progress=False, perfetto=False, **kw)
+    return run
+
+
+def _report(run: Path):
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    g = schema.read(run / "06_writeup" / "guards.json", schema.GuardsFile)
+    return md, ctx, g, a
+
+
+def _failed(g: schema.GuardsFile) -> dict[str, schema.GuardResult]:
+    return {(r.invariant + (f":{r.subject}" if r.subject else "")): r for r in g.guards if not r.holds}
+
+
+def test_capture_gets_a_description_not_a_verdict(tmp_path, real_traces):
+    # SGLang's batch-32 capture: the verdict once said "the biggest single lever is elementwise ...
+    # at most 9,464x faster".
+    md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-sglang-qwen3-8b-capture.json.gz"]))
+    v = ctx["verdict"]
+    assert v.identity.kind == "capture" and list(_failed(g)) == ["kind_takes_verdict"]
+    assert v.dominant is None and v.levers == () and v.biggest is None and v.boundness is None
+    assert "9,464" not in md and "biggest single lever" not in md
+    assert "> **Verdict withheld.** This is a CUDA-graph capture" in md
+    assert "`capture_32_DECODE` ×2" in md and "Not projected: this is a CUDA-graph capture" in md
+
+
+def test_mixed_step_gets_its_reading_and_no_whatif(tmp_path, real_traces):
+    # vLLM piecewise: 9 prefills (8,155 tokens) beside 37 decodes once got a what-if at batch 1.
+    md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-vllm-gptoss-mixed-piecewise.json.gz"]))
+    assert ctx["whatif"] is None and g.n_failed == 0
+    assert "each runs 9 prefill requests of 8,155 tokens beside 37 decode requests" in md
+    assert "Not projected: this is a mixed trace" in md and "Projected from the measured decode step" not in md
+
+
+def test_denominator_holds_the_work_on_the_ddp_trace(tmp_path, real_traces):
+    # ResNet DDP: host period 16.4 ms, busy 18.7 ms; the ceiling read 3.54x instead of about 2.6x.
+    md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-resnet-ddp-rank0.json.gz"]))
+    v, dec = ctx["verdict"], ctx["decode"]
+    busy = next(r for r in g.guards if r.invariant == "busy_at_most_period")
+    assert busy.holds and busy.values["busy_ms"] <= busy.values["step_ms"]
+    assert (dec["share_of_step"] <= 1).all() and v.basis.denominator == "period"
+    assert 2.55 < v.biggest.ceiling_x < 2.7 and v.biggest.name == "all_reduce"
+
+
+def test_a_grab_bag_is_not_the_lever(tmp_path, real_traces):
+    # HTA's rank 3 of 8: elementwise, 78 kernel names with no dominant one, was "the biggest single
+    # lever"; and the tables said "rank 0 unless stated" though rank 3 was the only one.
+    md, ctx, g, a = _report(_run(tmp_path, [real_traces / "hta-rank3-of-8-sendrecv-training.json.gz"]))
+    v = ctx["verdict"]
+    bag = _failed(g)["lever_coherent:elementwise"]
+    assert bag.values["n_names"] == 78 and bag.values["top_share_pct"] < 50
+    assert bag.withdrawn == ["lever:elementwise"] and "elementwise" not in [lv.category for lv in v.levers]
+    assert v.biggest.name != "elementwise" and "The biggest single lever is elementwise" not in md
+    assert "elementwise is not named as a lever: its 78 distinct kernels are a grab-bag" in md
+    assert "rank 3, the only one here" in md and "rank 0" not in md
+    assert guards.lever_coherence(a.category_kernels, "elementwise")[0] is False
+
+
+def test_roofline_above_peak_is_withdrawn_not_at_the_roofline(tmp_path, real_traces):
+    # The gpt-oss decode step against a peak of 500 GB/s: its GEMMs read above that peak, which
+    # says the bytes model does not fit, not that the kernels are "already at the roofline".
+    from stepscope.model.arch import get_preset
+
+    run = _run(tmp_path, [real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"],
+               arch=get_preset("gpt-oss-20b"), peaks={"name": "a 500 GB/s device", "peak_mem_bw_gbps": 500.0})
+    md, ctx, g, _ = _report(run)
+    over = {k: r for k, r in _failed(g).items() if k.startswith("below_peak:")}
+    assert over and all(r.values["pct_peak_bw"] > 100 for r in over.values())
+    cats = {r.subject for r in over.values()}
+    assert not cats & {r.category for r in ctx["verdict"].roofline}
+    assert "already run at the roofline" not in md
+    for c in cats:
+        assert f"Withdrawn, {c}'s roofline" in md
+
+
+def test_cross_rank_claims_need_clocks_that_agree(tmp_path, real_traces):
+    # Two real CPU ranks whose clocks agree; the same verdict with stage 05's clock flag raised
+    # loses its transfer/wait split and the transfer ceiling of every lever.
+    run = _run(tmp_path, [real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)])
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    v = ctx["verdict"]
+    assert v.comm_split is not None and v.comm_split.status == "split"
+    flagged = replace(v, comm_split=replace(v.comm_split, clock_flag=True), guards=())
+    checks = guards.check(flagged, a, ctx["totals"], ctx["decode"])
+    clock = next(c for c in checks if c.invariant == "clocks_agree")
+    assert not clock.holds
+    out = guards.withdraw(flagged, checks)
+    assert out.comm_split is None and all(lv.transfer_ms is None for lv in out.levers)
+
+
+def test_communication_on_one_rank_needs_a_collective_kernel(tmp_path, real_traces):
+    # ATen's type_specialized_broadcast_kernel filed as a collective on a one-GPU trace gave
+    # "Communication is exposed: 0.605 of its 0.605 ms". World size 1 and no collective kernel.
+    run = _run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    v = ctx["verdict"]
+    from stepscope.report.verdict import Communication
+
+    misfiled = replace(v, communication=Communication(status="exposed", comm_ms=0.605, exposed_ms=0.605,
+                                                      exposed_pct=100.0), guards=())
+    a.category_kernels = pd.concat([a.category_kernels, pd.DataFrame([{
+        "category": "other_collective", "name": "void at::native::type_specialized_broadcast_kernel<...>",
+        "sum_ms_per_step": 0.605, "share_of_category": 1.0, "n_names": 1}])], ignore_index=True)
+    g = next(c for c in guards.check(misfiled, a, ctx["totals"], ctx["decode"])
+             if c.invariant == "communication_has_collectives")
+    assert not g.holds and g.value("world_size") == 1 and g.value("collective_kernels") == 0
+    assert guards.withdraw(misfiled, (g,)).communication is None
+    # a real collective's name passes, world size 1 or not
+    assert guards.COLLECTIVE_NAME.search("ncclDevKernel_AllReduce_Sum_bf16_RING_LL")
+    assert not guards.COLLECTIVE_NAME.search("type_specialized_broadcast_kernel")
+
+
+def test_guards_json_records_every_check(tmp_path, real_traces):
+    run = _run(tmp_path, [real_traces / "tracelens-mi300x-sglang-qwen3-8b-capture.json.gz"])
+    build_report(run, draw_figures=False)
+    d = json.loads((run / "06_writeup" / "guards.json").read_text())
+    assert d["kind"] == "capture" and d["n_failed"] == 1 and "levers" in d["withdrawn"]
+    assert d["guards"][0]["reason"].startswith("Withdrawn, as the trace is a capture")
+
+
+def test_setup_counts_the_devices_the_run_used(tmp_path, real_traces):
+    # One MI300X of an eight-GPU node: the trace's deviceProperties list 8, its world size is 1.
+    md, ctx, _, _ = _report(_run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"]))
+    line = next(ln for ln in md.splitlines() if ln.startswith("| Device |"))
+    assert "1 × AMD Instinct MI300X (from the trace, world size" in line and "8 ×" not in line
+    assert re.search(r"device-time sum \(every kernel's, memcpy's and memset's duration", md)
+
+
+def test_unknown_arch_preset_exits_2_and_lists_the_presets(tmp_path, real_traces, capsys):
+    code = main(["analyze", str(real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"), "--arch-preset",
+                 "qwen9", "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown architecture preset 'qwen9'" in err and "qwen3-8b" in err
+    assert not (tmp_path / "out").exists()

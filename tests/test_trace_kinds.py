@@ -1,0 +1,86 @@
+"""The trace's kind from evidence in the trace (issue 23, item 2): capture, mixed, SGLang's
+extend step, non-LLM inference, and the denominator a host-side period cannot supply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.trace.analyze import analyze_traces
+from stepscope.trace.steps import parse_step_name, unknown_step_names
+
+
+def _info(real_traces: Path, name: str, tmp_path: Path) -> dict:
+    an = analyze_traces([real_traces / name], tmp_path, progress=False, perfetto=False)
+    return an.summary["trace_info"] | {"_flags": [f["code"] for f in an.flags], "_summary": an.summary}
+
+
+@pytest.mark.parametrize("name,kind,evidence_kind,must_list", [
+    # SGLang's capture of batch 32: once judged as one step with a 9,464x ceiling.
+    ("tracelens-mi300x-sglang-qwen3-8b-capture.json.gz", "capture", "capture",
+     ["annotation `capture_32_DECODE` ×2", "runtime call `hipStreamBeginCapture`"]),
+    # vLLM's FULL-graph capture and compile warm-up: the frames name it.
+    ("tracelens-mi300x-vllm-gptoss-capture-full.json.gz", "capture", "capture",
+     ["annotation `capture_32_FULL` ×2", "frame `vllm/v1/worker/gpu_model_runner.py(5467): _capture_cudagraphs`",
+      "frame `vllm/v1/worker/gpu_worker.py(522): compile_or_warm_up_model`"]),
+    # Stable Diffusion 3.5: text encoders and a denoiser in one profiler step, not a prefill.
+    ("tracelens-mi300x-xdit-sd3.5-two-passes.json.gz", "diffusion", "diffusion",
+     ["annotation `execute_diffusion_1_256x256`", "module `SD3Transformer2DModel` ×2"]),
+    ("tracelens-h100-vit-image-classifier.json.gz", "vision", "vision", ["module `ViTModel`"]),
+    # BERT's token ids [1, 141] once made it "a prefill trace" with batch 1 "from the input shapes".
+    ("tracelens-h100-bert-small-encoder.json.gz", "encoder", "encoder", ["module `BertModel`"]),
+    # The HF Qwen chat model stays a prefill: a decoder-only LM on [16, 559] token ids.
+    ("hf-h100-qwen1.5-0.5b-eager.json.gz", "prefill", "llm", ["module `Qwen2DecoderLayer` ×24"]),
+])
+def test_kind_comes_from_evidence_listed_in_trace_info(real_traces, tmp_path, name, kind, evidence_kind, must_list):
+    info = _info(real_traces, name, tmp_path)
+    assert info["kind"] == kind
+    for item in must_list:
+        assert item in info["kind_evidence"][evidence_kind]
+
+
+def test_non_llm_inference_takes_no_batch_from_token_ids(real_traces, tmp_path):
+    # The text encoder's [1, 77] token ids are no batch of requests.
+    info = _info(real_traces, "tracelens-mi300x-xdit-sd3.5-two-passes.json.gz", tmp_path)
+    assert info["batch_size"] is None and info["batch_source"] is None
+    # one profiler step holding two passes of the denoiser (the excerpt keeps 2 of 4)
+    assert info["step_kinds"] == {"profiler_step": 1} and info["model_passes"] == 2
+    assert "unknown_step_annotation" not in info["_flags"]
+    enc = _info(real_traces, "tracelens-h100-bert-small-encoder.json.gz", tmp_path / "bert")
+    # the shape is kept as read, but names no batch of requests
+    assert enc["batch_size"] is None and enc["input_shape"] == [1, 141]
+
+
+def test_mixed_step_has_its_own_reading(real_traces, tmp_path):
+    info = _info(real_traces, "tracelens-mi300x-vllm-gptoss-mixed-piecewise.json.gz", tmp_path)
+    assert (info["kind"], info["judged_kind"]) == ("mixed", "mixed")
+    assert info["mixed"] == {"n_steps": 1, "prefill_requests": 9.0, "prefill_tokens": 8155.0,
+                             "decode_requests": 37.0, "decode_tokens": 37.0}
+    assert info["batch_size"] is None  # no decode step: the what-if's batch is not invented
+
+
+def test_sglang_extend_step_with_token_count_is_parsed(real_traces, tmp_path):
+    p = parse_step_name("step[EXTEND bs=15 toks=15360]")
+    assert (p["label"], p["prefill_requests"], p["prefill_tokens"], p["n_tokens"]) == ("prefill", 15, 15360, 15360)
+    assert parse_step_name("step[DECODE bs=32]")["decode_requests"] == 32
+    assert unknown_step_names(["step[EXTEND bs=15 toks=15360]", "execute_diffusion_1_256x256"]) == []
+    info = _info(real_traces, "tracelens-mi300x-sglang-qwen3-8b-extend.json.gz", tmp_path)
+    assert info["kind"] == "prefill" and info["engine"] == "sglang"
+    assert "unknown_step_annotation" not in info["_flags"]
+
+
+def test_period_is_at_least_the_device_step(real_traces, tmp_path):
+    # ResNet DDP on MI300X: the host's steps came 16.4 ms apart while the device was busy
+    # 18.7 ms per step, so busy exceeded the period and the shares summed past 100 %.
+    an = analyze_traces([real_traces / "tracelens-mi300x-resnet-ddp-rank0.json.gz"], tmp_path,
+                        progress=False, perfetto=False)
+    st = an.ranks[0].steps_tot
+    host = st["annotation_ts_us"].diff().shift(-1)
+    fixed = st[st["period_from_device"]]
+    assert len(fixed) == 2 and (host[fixed.index] < fixed["busy_us"]).all()
+    assert (fixed["period_us"] == st["first_start_us"].diff().shift(-1)[fixed.index]).all()
+    d = an.summary["decode"]
+    assert d["period_from_device_n"] == 2 and 18.9 < d["period_ms"]["mean"] < 19.1
+    assert d["steps"]["union_ms"]["mean"] <= d["period_ms"]["mean"]
+    assert "period_from_device" in [f["code"] for f in an.flags]
