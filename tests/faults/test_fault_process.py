@@ -502,3 +502,31 @@ def test_resume_after_a_killed_runner_stops_the_orphan_says_so_and_launches_anew
         proc.kill()
         from stepscope.serve import stop_server
         stop_server(run_dir)
+
+
+@pytest.mark.slow
+def test_a_sigstopped_vllm_server_is_named_within_the_silence_timeout(tmp_path):
+    """SIGSTOP the real API server mid-sweep: stage 01 ends the level after
+    sweep.silence_timeout_s (5 s here) with "server not answering /health either", records the
+    timeouts, and the run still stops the (stopped) server's group on the way out."""
+    from test_fault_matrix import Run, _params
+
+    sweep = ("{concurrency: [2, 4], input_len: 16, output_len: 64, min_requests: 40, warmup_requests: 1, "
+             "silence_timeout_s: 5}")
+    run = Run(tmp_path, _params(tmp_path, free_port(), sweep=sweep), "stop", "--stages", "00,01")
+    level = run.run_dir / "01_macro_sweep" / "levels" / "c0002.partial.jsonl"
+    run.wait_for(lambda: level.is_file() and level.stat().st_size > 0, timeout_s=600)
+    record = run.server()
+    os.kill(record["pid"], signal.SIGSTOP)
+    t0 = time.monotonic()
+    code = run.finish(timeout_s=300)
+    out = run.text()
+    assert code == 1, out[-3000:]
+    summary = json.loads((run.run_dir / "01_macro_sweep" / "summary.json").read_text())
+    assert summary["timed_out_at_level"] == "c0002", summary
+    assert "server not answering /health either" in summary["died_message"]
+    assert "server not answering /health either" in out and "kill -CONT" in out
+    levels = (run.run_dir / "01_macro_sweep" / "levels.csv").read_text()
+    assert "not_answering" in levels
+    assert _group(record["pgid"]) == [] and run.survivors() == []
+    print(f"SIGSTOP to exit: {time.monotonic() - t0:.1f} s")
