@@ -38,8 +38,10 @@ __all__ = [
 def ensure_server(params, run_dir, progress: bool = True) -> dict:
     """Reuse the run's live server, else launch (launch mode) or attach (attach mode).
 
-    A server launched here runs detached in its own process group; whoever asked
-    for it stops it with `stop_server(run_dir)` (the runner does so at the end).
+    A server launched here runs in its own process group; whoever asked for it stops it
+    with `stop_server(run_dir)` (the runner does so at the end), and it dies with the process
+    that launched it if that one dies first (`stepscope.lifeline`). A leftover of a dead
+    supervisor is stopped, never adopted (`launch.is_leftover`).
     """
     record = running_server(run_dir)
     if record is not None:
