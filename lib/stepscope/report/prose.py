@@ -357,10 +357,17 @@ def plateau_stall_clause(p: Plateau) -> str:
             f"time from the knee on (at concurrency {f(p.stall_concurrency)}), so it is low by up to that share")
 
 
+LEVER_GUARDS = ("lever_coherent", "steady_state", "below_peak")
+"""Guards whose withdrawal the verdict states beside the levers rather than before it all."""
+
+
 def sentences(v: Verdict) -> list[Sentence]:
     """The verdict, in order, each sentence with the findings it was written from."""
     out: list[Sentence] = [((v.identity,), s) for s in identity_sentences(v.identity)]
-    out += [((g,), guard_sentence(g, v.identity.step_label)) for g in v.failed_guards]
+    # A withdrawn lever or roofline reading is said where the levers are; the rest up front,
+    # since every finding after it rests on them.
+    at_levers = [g for g in v.failed_guards if g.invariant in LEVER_GUARDS]
+    out += [((g,), guard_sentence(g, v.identity.step_label)) for g in v.failed_guards if g not in at_levers]
     if v.spec_decode is not None:
         out.append(((v.spec_decode,), spec_decode_sentence(v.spec_decode)))
     if v.dominant is not None:
@@ -376,6 +383,7 @@ def sentences(v: Verdict) -> list[Sentence]:
         out.append(((v.overlap,), overlap_sentence(v.overlap)))
     if v.tpot_gap is not None:
         out.append(((v.tpot_gap,), tpot_gap_sentence(v.tpot_gap)))
+    out += [((g,), guard_sentence(g, v.identity.step_label)) for g in at_levers]
     out += _lever_sentences(v)
     in_lever = _lever_at_peak(v)
     out += [((r,), roofline_sentence(r, v.identity.step_label, at_peak=r is not in_lever)) for r in v.roofline]
