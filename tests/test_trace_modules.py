@@ -143,3 +143,17 @@ def test_a_vision_models_attention_softmax_is_its_largest_lever(real_traces: Pat
     assert lv.index[0] == "attention" and lv.loc["attention", "sum_ms_per_step"] == pytest.approx(271.380, abs=1e-3)
     assert lv.loc["attention", "module"].endswith("Owlv2EncoderLayer/Owlv2Attention")
     assert lv.loc["elementwise", "sum_ms_per_step"] == pytest.approx(12.528, abs=1e-3)
+
+
+def test_the_reports_kernel_table_names_each_kernels_module(hf):
+    """One cuBLAS kernel serves every Linear of the model: the module that holds most of its
+    time is shown with that share, so a reader does not take it for the kernel's only home."""
+    from stepscope.report.build import _category_kernels
+
+    an, out = hf
+    k = pd.read_csv(out / "category_kernels.csv")
+    gemm = k[k["category"] == "dense_gemm"].iloc[0]
+    assert gemm["module"] == f"{MLP}/Linear#0" and gemm["module_share"] == pytest.approx(0.229, abs=5e-4)
+    text = _category_kernels(k, pd.read_csv(out / "decode_categories.csv"), {"mode": "gpu"})
+    assert "| module |" in text and "Qwen2MLP/Linear#0 (22.9 %)" in text
+    assert "Qwen2DecoderLayer/Qwen2RMSNorm#0 (49.0 %)" in text

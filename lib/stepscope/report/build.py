@@ -257,6 +257,38 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     return text
 
 
+def _goodput_columns(lv) -> list[tuple[str, str]]:
+    """Goodput beside throughput, and the share within the SLO, where the sweep set one."""
+    if "goodput_tok_s" not in lv or not lv["goodput_tok_s"].notna().any():
+        return []
+    lv["slo_met_pct"] = 100 * lv["slo_met_share"].astype(float)
+    return [("goodput_tok_s", "goodput tok/s"), ("goodput_rps", "goodput req/s"), ("slo_met_pct", "within SLO %")]
+
+
+def _slo_paragraph(slo) -> str:
+    """The SLO and its boundary level in words, from summary.json's `slo` (SloSummary)."""
+    if slo is None:
+        return ""
+    bounds = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {fmt_num(v)} ms" for k, v in slo.bounds_ms.items())
+    text = (f"Under the SLO ({bounds} per request; goodput counts the requests that met every bound, as "
+            f"`vllm bench serve --goodput` does) ")
+    said = []
+    for mode, b in (("concurrency", slo.concurrency), ("request rate", slo.rate)):
+        if b is None:
+            continue
+        unit = "" if mode == "concurrency" else " req/s"
+        if b.boundary_level is None:
+            said.append(f"no {mode} level had {fmt_num(100 * slo.min_share)} % of its requests within it, not even "
+                        f"the lowest ({b.first_miss_level})")
+            continue
+        where = ("the highest level measured, so the boundary lies above it" if b.first_miss_level is None
+                 else f"the next level, {b.first_miss_level} ({mode} {fmt_num(b.first_miss_load)}{unit}), missed it")
+        said.append(f"the SLO-boundary level is **{b.boundary_level}** ({mode} {fmt_num(b.boundary_load)}{unit}): "
+                    f"at least {fmt_num(100 * slo.min_share)} % of its requests met the SLO, with "
+                    f"**{fmt_num(b.goodput_tok_s)} goodput tok/s** of {fmt_num(b.output_tok_s)} output tok/s; {where}")
+    return text + "; ".join(said) + ".\n\n" if said else ""
+
+
 def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     text = "## 2. Macro results: throughput and latency under load\n\n"
     if a.levels is None:
@@ -285,6 +317,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
                           f"section 4 is the engine's own clock)")
     if parts:
         text += "In this sweep " + "; ".join(parts) + ".\n\n"
+    text += _slo_paragraph(a.sweep_summary.slo if a.sweep_summary is not None else None)
     lv = a.levels.copy()
     sort_cols = [c for c in ("mode", "concurrency", "request_rate") if c in lv]
     lv = lv.sort_values(sort_cols) if sort_cols else lv
@@ -299,6 +332,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     text += md_table(lv, [("mode", "mode"), ("concurrency", "concurrency"), ("request_rate", "rate (req/s)"),
                           ("done_failed", "done / failed"),
                           ("output_throughput_tok_s", "output tok/s"), ("total_throughput_tok_s", "total tok/s"),
+                          *_goodput_columns(lv),
                           ("ttft_ms_median", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"),
                           ("tpot_ms_median", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
                           ("itl_ms_median", "ITL p50"), ("e2el_ms_median", "E2EL p50"),
@@ -482,13 +516,20 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
     k["of"] = k["n_names"].map(lambda n: f"of {fmt_num(int(n))}")
     if "decided_by" in k:  # older tables lack it
         k["decided_by"] = k["decided_by"].map(lambda d: d if pd.isna(d) else short_name(str(d), 50))
+    # the module path each ran in (traces with module frames): its last two parts name it
+    mod = [("module", "module")] if "module" in k and k["module"].notna().any() else []
+    if mod:
+        share = k["module_share"] if "module_share" in k else pd.Series(1.0, index=k.index)
+        k["module"] = [m if pd.isna(m) else "/".join(str(m).split("/")[-2:])
+                       + (f" ({fmt_num(100 * float(x))} %)" if pd.notna(x) and float(x) < 0.995 else "")
+                       for m, x in zip(k["module"], share)]
     return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms per step over the same steps; "
             f"% of the category's summed time; up to {fmt_num(KERNELS_SHOWN)} per category here, long names cut in "
             f"the middle; more, in full, in `05_categorize/category_kernels.csv`):\n\n"
             + md_table(k, [("category", "category"), ("name", what[:-1]), ("of", "names in category"),
                            ("sum_ms_per_step", "summed ms/step"), ("share_pct", "% of category"),
                            ("calls_per_step", "calls/step"), ("us_per_call", "µs/call"),
-                           ("decided_by", "placed by")]))
+                           ("decided_by", "placed by"), *mod]))
 
 
 def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:

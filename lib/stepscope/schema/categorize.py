@@ -469,6 +469,9 @@ class CategoryKernelRow(Row, kw_only=True):
     module: str | None = None
     """The module path holding most of its time (`Qwen2Model/Qwen2DecoderLayer/Qwen2MLP/Linear#2`,
     `trace.modules`); empty on traces without module frames."""
+    module_share: float | None = None
+    """That module's share of the kernel's summed time, 0-1 (one cuBLAS kernel serving every
+    Linear of a model has a small one)."""
 
 
 class CategoryLeverRow(Row, kw_only=True):

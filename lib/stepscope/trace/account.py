@@ -259,7 +259,7 @@ KERNELS_PER_CATEGORY = 10
 """Names kept per category in category_kernels.csv (the rest are counted in `n_names`)."""
 
 KERNEL_COLUMNS = ["rank", "category", "class", "name", "n_steps", "count", "calls_per_step", "sum_ms_per_step",
-                  "us_per_call", "share_of_category", "n_names", "decided_by", "module"]
+                  "us_per_call", "share_of_category", "n_names", "decided_by", "module", "module_share"]
 
 
 def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
@@ -294,7 +294,7 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
         "n_steps": n, "count": g["count"].astype(int), "calls_per_step": g["count"] / n,
         "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["count"],
         "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int),
-        "decided_by": g["decided_by"], "module": g["module"]})
+        "decided_by": g["decided_by"], "module": g["module"], "module_share": g["module_share"]})
     return out[KERNEL_COLUMNS].reset_index(drop=True)
 
 
