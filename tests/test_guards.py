@@ -158,3 +158,19 @@ def test_unknown_arch_preset_exits_2_and_lists_the_presets(tmp_path, real_traces
     err = capsys.readouterr().err
     assert code == 2 and "unknown architecture preset 'qwen9'" in err and "qwen3-8b" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_no_speculative_baseline_for_a_step_that_is_not_decode(tmp_path, real_traces):
+    # The campaign reads its baseline through spec_baseline directly: the mixed step's what-if
+    # ran at batch 1 with constant GEMM time before.
+    from stepscope.report import whatif
+
+    for name in ("tracelens-mi300x-vllm-gptoss-mixed-piecewise.json.gz", "tracelens-mi300x-sglang-qwen3-8b-capture.json.gz"):
+        run = _run(tmp_path / name, [real_traces / name])
+        a = load_run_artifacts(run)
+        ctx = report_context(a, writeup_params_from(a))
+        assert whatif.spec_baseline(a, ctx["totals"], ctx["decode"]) is None, name
+    run = _run(tmp_path / "dec", [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    assert whatif.spec_baseline(a, ctx["totals"], ctx["decode"]) is not None

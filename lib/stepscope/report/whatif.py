@@ -207,7 +207,15 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
     The step is the period when stage 05 gives it (what TPOT measures), else the capture
     TPOT, else the span. Parts are the categories' exposed times (they add up to the busy
     time) and the rest of the step, which no part of the model changes.
+
+    Only a decode trace has one: a mixed step's GEMMs do a prefill's work, which the model's
+    constant GEMM time (decode reads the weights once per step) does not describe, and a
+    capture, prefill, training or non-LLM trace emits no token per step (`trace_info.kind`;
+    older summaries without it are read as before).
     """
+    info = a.trace_summary.trace_info if a.trace_summary is not None else None
+    if info is not None and info.kind not in (None, "decode"):
+        return None
     step, basis = totals.get("period_ms"), "period"
     if not step:
         step, basis = totals.get("tpot_capture_ms"), "capture TPOT"
