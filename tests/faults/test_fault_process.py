@@ -193,8 +193,8 @@ def test_the_next_launch_on_the_port_stops_a_leftover_and_says_so(tmp_path, caps
     old_run = tmp_path / "out" / "old"
     port = free_port()
     proc, fake = _leftover(tmp_path, port, old_run)
-    params = params_from_dict({"run": {"name": "t"}, "server": {"port": port}}, source="t")
     try:
+        params = params_from_dict({"run": {"name": "t"}, "server": {"port": port}}, source="t")
         said = check_launch_preconditions(params, tmp_path / "out" / "new")
         assert said is not None and f"port {port} was held by a server left behind" in said
         assert f"run folder {old_run}" in said and f"stopped its process group {fake['api']} (2 process(es))" in said
