@@ -174,3 +174,26 @@ def test_no_speculative_baseline_for_a_step_that_is_not_decode(tmp_path, real_tr
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
     assert whatif.spec_baseline(a, ctx["totals"], ctx["decode"]) is not None
+
+
+TRACES_WITH_A_CEILING_ABOVE_BOUND: frozenset[str] = frozenset()
+"""None so far: each trace here is a run of steps or called a capture."""
+
+
+def test_guards_are_the_first_test_of_every_trace(tmp_path, real_traces):
+    # Each trace file alone, as `stepscope analyze` would read it: no share past 100 %, busy
+    # within the period, no verdict for a capture, no grab-bag called the biggest lever.
+    for p in sorted(real_traces.glob("*.json.gz")):
+        run = _run(tmp_path / p.name, [p])
+        md, ctx, g, _ = _report(run)
+        v, failed = ctx["verdict"], _failed(g)
+        assert "share_at_most_step" not in failed and "busy_at_most_period" not in failed, (p.name, list(failed))
+        if ctx["decode"] is not None and "share_of_step" in ctx["decode"]:
+            assert (ctx["decode"]["share_of_step"] <= 1.01).all(), p.name
+        if v.identity.kind == "capture":
+            assert v.biggest is None and v.dominant is None and "biggest single lever" not in md, p.name
+        bags = {r.subject for r in g.guards if r.invariant == "lever_coherent" and not r.holds}
+        assert v.biggest is None or v.biggest.name not in bags, p.name
+        assert ("steady_state" in failed) == (p.name in TRACES_WITH_A_CEILING_ABOVE_BOUND), p.name
+        if not v.identity.takes_decode_verdict:
+            assert ctx["whatif"] is None, p.name
