@@ -127,3 +127,69 @@ def test_finish_writes_goodput_columns_and_the_boundary(tmp_path):
     s = schema.read(tmp_path / "summary.json", schema.SweepSummary)
     assert s.slo.concurrency.boundary_level == "c0002" and s.slo.concurrency.first_miss_level == "c0004"
     assert s.slo.bounds_ms == {"tpot_ms": 50.0}
+
+
+def test_per_gpu_chart_divides_by_tp_and_marks_the_slo_and_the_knee():
+    from stepscope.sweep.goodput import per_gpu_points
+    from stepscope.sweep.plots import plot_per_gpu_vs_per_user
+
+    lv = _levels({1: 1.0, 2: 1.0, 4: 0.5}).assign(n_completed=32, tpot_ms_median=[10.0, 20.0, 50.0])
+    pts = per_gpu_points(lv, tp=2)
+    assert pts["tok_s_per_gpu"].tolist() == [5.0, 10.0, 20.0]  # 10 C tok/s over 2 GPUs
+    assert pts["tok_s_per_user"].tolist() == [100.0, 50.0, 20.0]
+    assert pts["goodput_tok_s_per_gpu"].tolist() == [5.0, 10.0, 10.0]
+    summary = {"knee_concurrency": 4, "slo": slo_summary(lv, SloParams(tpot_ms=25.0))}
+    ax = plot_per_gpu_vs_per_user(pts, 2, summary).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "SLO TPOT <= 25 ms: 40.0 tok/s per user" in labels
+    assert "SLO boundary: C=2" in labels and "knee: C=4" in labels
+    assert "TP=2" in ax.get_ylabel() and "3 levels, 32-32 completed requests each" in ax.get_title()
+
+
+def _run_with_slo(path, share_of_level):
+    """A synthetic run whose levels met `sweep.slo` (TPOT 50 ms) for share_of_level(i, n) of requests."""
+    import json
+
+    from stepscope.testing.synthetic import make_synthetic_run, set_level_columns
+
+    run = make_synthetic_run(path)
+    lv = pd.read_csv(run / "01_macro_sweep" / "levels.csv")
+    shares = np.array([share_of_level(i, len(lv)) for i in range(len(lv))])
+    set_level_columns(run, slo_met_share=list(shares), goodput_tok_s=list(lv["output_throughput_tok_s"] * shares),
+                      goodput_rps=[1.0] * len(lv))
+    lv = pd.read_csv(run / "01_macro_sweep" / "levels.csv")
+    summary_path = run / "01_macro_sweep" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["slo"] = slo_summary(lv, SloParams(tpot_ms=50.0))
+    summary_path.write_text(json.dumps(summary))
+    return run, lv
+
+
+def test_the_report_names_the_slo_boundary_and_shows_goodput_beside_throughput(tmp_path):
+    from stepscope.report import build_report
+
+    run, lv = _run_with_slo(tmp_path / "run", lambda i, n: 1.0 if i < n - 2 else 0.5)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    n = len(lv)
+    assert f"the SLO-boundary level is **{lv.iloc[n - 3]['level']}**" in md
+    assert "TPOT ≤ 50 ms per request" in md and f"the next level, {lv.iloc[n - 2]['level']} (concurrency" in md
+    header = next(line for line in md.splitlines() if line.startswith("| mode") and "goodput tok/s" in line)
+    assert header.index("output tok/s") < header.index("goodput tok/s") < header.index("TTFT p50")
+
+
+def test_compare_shows_goodput_and_refuses_it_under_different_slos(tmp_path):
+    import json
+
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.compare import compare_macro
+
+    run_a, lv = _run_with_slo(tmp_path / "a", lambda i, n: 1.0)
+    run_b, _ = _run_with_slo(tmp_path / "b", lambda i, n: 0.5)
+    rows = compare_macro(load_run_artifacts(run_a), load_run_artifacts(run_b))
+    g = rows[rows["metric"] == "goodput_tok_s"]
+    assert len(g) == len(lv) and g["beyond_noise"].all() and g["not_comparable"].isna().all()
+    s = json.loads((run_b / "01_macro_sweep" / "summary.json").read_text())
+    s["slo"]["bounds_ms"] = {"tpot_ms": 80.0}
+    (run_b / "01_macro_sweep" / "summary.json").write_text(json.dumps(s))
+    g = compare_macro(load_run_artifacts(run_a), load_run_artifacts(run_b)).query("metric == 'goodput_tok_s'")
+    assert g["not_comparable"].str.contains("SLOs differ").all() and not g["beyond_noise"].any()

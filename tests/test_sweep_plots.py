@@ -24,7 +24,8 @@ def test_figures_show_knee_and_save(tmp_path):
     assert "knee: C=4" in labels and any("client may be" in t for t in labels)
     assert list(ax.lines[0].get_ydata()) == [100.0, 190.0, 300.0, 310.0]
     paths = save_figures(figs, tmp_path)
-    assert sorted(p.name for p in paths) == sorted(v for k, v in FIGURE_NAMES.items() if k not in ("capture", "by_source", "distribution"))
+    assert sorted(p.name for p in paths) == sorted(v for k, v in FIGURE_NAMES.items()
+                                                   if k not in ("capture", "by_source", "distribution"))
     assert all(p.stat().st_size > 1000 for p in paths)
 
 

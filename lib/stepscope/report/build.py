@@ -269,7 +269,7 @@ def _slo_paragraph(slo) -> str:
     """The SLO and its boundary level in words, from summary.json's `slo` (SloSummary)."""
     if slo is None:
         return ""
-    bounds = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {fmt_num(v)} ms" for k, v in slo.bounds_ms.items())
+    bounds = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.bounds_ms.items())
     text = (f"Under the SLO ({bounds} per request; goodput counts the requests that met every bound, as "
             f"`vllm bench serve --goodput` does) ")
     said = []
@@ -277,14 +277,15 @@ def _slo_paragraph(slo) -> str:
         if b is None:
             continue
         unit = "" if mode == "concurrency" else " req/s"
+        load = (lambda x: fmt_num(int(x))) if mode == "concurrency" else (lambda x: f"{x:g}")
         if b.boundary_level is None:
-            said.append(f"no {mode} level had {fmt_num(100 * slo.min_share)} % of its requests within it, not even "
+            said.append(f"no {mode} level had {100 * slo.min_share:g} % of its requests within it, not even "
                         f"the lowest ({b.first_miss_level})")
             continue
         where = ("the highest level measured, so the boundary lies above it" if b.first_miss_level is None
-                 else f"the next level, {b.first_miss_level} ({mode} {fmt_num(b.first_miss_load)}{unit}), missed it")
-        said.append(f"the SLO-boundary level is **{b.boundary_level}** ({mode} {fmt_num(b.boundary_load)}{unit}): "
-                    f"at least {fmt_num(100 * slo.min_share)} % of its requests met the SLO, with "
+                 else f"the next level, {b.first_miss_level} ({mode} {load(b.first_miss_load)}{unit}), missed it")
+        said.append(f"the SLO-boundary level is **{b.boundary_level}** ({mode} {load(b.boundary_load)}{unit}): "
+                    f"at least {100 * slo.min_share:g} % of its requests met the SLO, with "
                     f"**{fmt_num(b.goodput_tok_s)} goodput tok/s** of {fmt_num(b.output_tok_s)} output tok/s; {where}")
     return text + "; ".join(said) + ".\n\n" if said else ""
 

@@ -37,7 +37,8 @@ from stepscope.wording import capture_delivery
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
 
-MACRO_METRICS = ("output_throughput_tok_s", "total_throughput_tok_s", "request_throughput_rps",
+MACRO_METRICS = ("output_throughput_tok_s", "goodput_tok_s", "total_throughput_tok_s", "request_throughput_rps",
+                 "goodput_rps",
                  "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median",
                  "e2el_ms_median")
 
@@ -80,14 +81,24 @@ def compare_macro(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
                 df[share] = np.nan
     rows = []
     merged = la.merge(lb, on=keys, how="outer", suffixes=("_a", "_b"))
+    other_slo = _other_slo(a, b)
     for _, r in merged.iterrows():
         stalled, bunched = _stalled(r), _bunched(r)
         for m in MACRO_METRICS:
+            if m.startswith("goodput") and pd.isna(r.get(f"{m}_a")) and pd.isna(r.get(f"{m}_b")):
+                continue  # neither run set an SLO
             if f"{m}_a" in merged or f"{m}_b" in merged:
-                why = stalled or (bunched if m in DELIVERY_METRICS else None)
+                why = stalled or (bunched if m in DELIVERY_METRICS else None) or (other_slo if m.startswith("goodput") else None)
                 rows.append({"level": _level_label(r, keys), "metric": m, "a": r.get(f"{m}_a"),
                              "b": r.get(f"{m}_b"), "not_comparable": why})
     return _with_diff(pd.DataFrame(rows)) if rows else None
+
+
+def _other_slo(a: RunArtifacts, b: RunArtifacts) -> str | None:
+    """Why goodput is not compared: the two runs counted it under different SLOs."""
+    sa, sb = ((x.sweep_summary.slo.bounds_ms if x.sweep_summary is not None and x.sweep_summary.slo else None)
+              for x in (a, b))
+    return None if sa == sb else f"the runs' SLOs differ (A {sa or 'none'}, B {sb or 'none'})"
 
 
 DELIVERY_METRICS = frozenset({"ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median"})

@@ -1,7 +1,7 @@
 """Open-loop arrival times: gamma-distributed gaps with a burstiness factor, and rate ramps.
 
 Both follow `vllm bench serve` (`get_request` and `_get_current_request_rate` in
-vllm/benchmarks/serve.py; docs/methods.md#arrival-shaping):
+vllm/benchmarks/serve.py; docs/workloads.md#arrival-shaping):
 
 - Request i waits a gap drawn from Gamma(shape = burstiness, scale = 1 / (rate_i x burstiness)):
   mean 1 / rate_i whatever the burstiness, coefficient of variation 1 / sqrt(burstiness).

@@ -34,8 +34,10 @@ def slo_bounds(slo: Any) -> dict[str, float]:
     """{ttft_ms: bound, ...} for the bounds set in `slo` (SloParams, a mapping, or None)."""
     if slo is None:
         return {}
-    get = slo.get if isinstance(slo, Mapping) else (lambda k: getattr(slo, k, None))
-    return {k: float(get(k)) for k in SLO_KEYS if get(k) is not None}
+    if not isinstance(slo, Mapping):  # SloParams
+        slo = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "itl_ms": slo.itl_ms, "e2el_ms": slo.e2el_ms,
+               "min_share": slo.min_share}
+    return {k: float(slo[k]) for k in SLO_KEYS if slo.get(k) is not None}
 
 
 def request_latencies(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.DataFrame:
@@ -82,7 +84,8 @@ def goodput_metrics(records: Iterable[RequestRecord | Mapping[str, Any]], slo: A
 
 def _load_axis(levels: pd.DataFrame, mode: str) -> tuple[pd.DataFrame, str]:
     key = "concurrency" if mode == "concurrency" else "request_rate"
-    lv = levels[(levels["mode"] == mode) & levels["complete"].astype(bool) & (levels["n_requests"] > 0)]
+    complete = levels["complete"].astype(bool) if "complete" in levels else True  # older tables lack it
+    lv = levels[(levels["mode"] == mode) & complete]
     return lv.dropna(subset=["slo_met_share"]).sort_values(key), key
 
 
@@ -151,3 +154,18 @@ def slo_flags(summary: Mapping[str, Any] | None) -> list[str]:
             flags.append(f"SLO: {', '.join(b['passes_above_miss'])} met the SLO again above the first miss "
                          f"({b['first_miss_level']}); the boundary stays below the miss")
     return flags
+
+
+def per_gpu_points(levels: pd.DataFrame, tp: int) -> pd.DataFrame:
+    """The capacity planner's chart, one row per completed closed-loop level: output tok/s per
+    GPU (output throughput / TP) against tok/s per user (1000 / median TPOT in ms), and goodput
+    tok/s per GPU where an SLO was set. Columns: level, concurrency, n_completed,
+    tok_s_per_gpu, tok_s_per_user, goodput_tok_s_per_gpu."""
+    c = levels[(levels["mode"] == "concurrency") & (levels["n_completed"] > 0)].sort_values("concurrency")
+    tpot = pd.to_numeric(c["tpot_ms_median"], errors="coerce")
+    good = pd.to_numeric(c["goodput_tok_s"], errors="coerce") if "goodput_tok_s" in c else np.nan
+    return pd.DataFrame({"level": c["level"] if "level" in c else c["concurrency"].map(lambda x: f"c{int(x):04d}"),
+                         "concurrency": c["concurrency"], "n_completed": c["n_completed"],
+                         "tok_s_per_gpu": pd.to_numeric(c["output_throughput_tok_s"]) / max(1, int(tp)),
+                         "tok_s_per_user": 1000.0 / tpot.where(tpot > 0),
+                         "goodput_tok_s_per_gpu": good / max(1, int(tp))}).reset_index(drop=True)

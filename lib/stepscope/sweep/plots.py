@@ -18,6 +18,7 @@ FIGURE_NAMES = {
     "capture": "capture_batch1_latency_per_request.png",
     "by_source": "sweep_output_tok_s_vs_concurrency_by_source.png",
     "distribution": "sweep_tpot_itl_distribution_by_concurrency.png",
+    "per_gpu": "sweep_tok_s_per_gpu_vs_tok_s_per_user.png",
 }
 
 
@@ -113,6 +114,40 @@ def plot_latency_vs_throughput(levels: pd.DataFrame) -> Figure:
     return fig
 
 
+def plot_per_gpu_vs_per_user(points: pd.DataFrame, tp: int, summary: dict[str, Any] | None = None) -> Figure:
+    """Output tok/s per GPU against tok/s per user (interactivity), one point per level
+    (`goodput.per_gpu_points`), with goodput per GPU beside it, the TPOT bound of the SLO as a
+    line, and the knee and the SLO-boundary level marked."""
+    s = summary or {}
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    ax.plot(points["tok_s_per_user"], points["tok_s_per_gpu"], "o-", label="output tok/s per GPU")
+    if points["goodput_tok_s_per_gpu"].notna().any():
+        ax.plot(points["tok_s_per_user"], points["goodput_tok_s_per_gpu"], "v:", color="tab:green",
+                label="goodput tok/s per GPU (requests within the SLO)")
+    for _, r in points.iterrows():
+        ax.annotate(f"C={int(r['concurrency'])}", (r["tok_s_per_user"], r["tok_s_per_gpu"]),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    slo = s.get("slo") or {}
+    bound = (slo.get("bounds_ms") or {}).get("tpot_ms")
+    if bound:
+        ax.axvline(1000.0 / bound, color="tab:purple", ls="--", lw=1,
+                   label=f"SLO TPOT <= {bound:g} ms: {1000.0 / bound:,.1f} tok/s per user")
+    for key, marker, color, what in (("knee", "D", "tab:red", "knee"), ("slo", "*", "tab:purple", "SLO boundary")):
+        c = s.get("knee_concurrency") if key == "knee" else ((slo.get("concurrency") or {}).get("boundary_load"))
+        hit = points[points["concurrency"] == c] if c is not None else points.iloc[0:0]
+        if len(hit):
+            ax.scatter(hit["tok_s_per_user"], hit["tok_s_per_gpu"], s=140, marker=marker, facecolors="none",
+                       edgecolors=color, zorder=3, label=f"{what}: C={int(c)}")
+    ax.set_xlabel("tok/s per user (1000 / median TPOT in ms)")
+    ax.set_ylabel(f"output tok/s per GPU (throughput / TP={tp})")
+    share = f", SLO met by >= {100 * slo['min_share']:g} % of requests" if slo.get("min_share") else ""
+    ax.set_title(f"Throughput per GPU vs interactivity ({_count_note(points)}{share})", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def plot_throughput_by_source(levels: pd.DataFrame) -> Figure:
     """Output tok/s against concurrency, one line per source (this sweep, imported results)."""
     c = _closed(levels)
@@ -129,11 +164,14 @@ def comparison_figures(levels: pd.DataFrame, imported: pd.DataFrame) -> dict[str
     return {FIGURE_NAMES["by_source"]: plot_throughput_by_source(pd.concat([levels, imported], ignore_index=True))}
 
 
-def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None) -> dict[str, Figure]:
+def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None, tp: int = 1) -> dict[str, Figure]:
+    from stepscope.sweep.goodput import per_gpu_points
+
     return {
         FIGURE_NAMES["throughput"]: plot_throughput_vs_concurrency(levels, summary),
         FIGURE_NAMES["latency"]: plot_latency_vs_concurrency(levels),
         FIGURE_NAMES["curve"]: plot_latency_vs_throughput(levels),
+        FIGURE_NAMES["per_gpu"]: plot_per_gpu_vs_per_user(per_gpu_points(levels, tp), tp, summary),
     }
 
 

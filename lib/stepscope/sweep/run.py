@@ -109,6 +109,9 @@ class SweepResult:
                 "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_p99",
                 "littles_concurrency", "peak_output_tok_s_1s", "client_cpu_pct", "server_running_max",
                 "server_waiting_max", "kv_cache_usage_max"]
+        # goodput beside throughput, and the workload's reading, only where measured
+        cols[4:4] = [c for c in ("goodput_tok_s", "slo_met_share", "prefix_cache_hit_rate")
+                     if c in self.levels and self.levels[c].notna().any()]
         return self.levels[cols].set_index("level").round(2)
 
     def raise_if_died(self) -> None:
