@@ -265,3 +265,25 @@ def test_stage_04s_own_scrapes_give_the_counters_over_the_profiled_requests(tmp_
             assert w.window == "profiled requests" and w.spec_decode.drafts == 0.0
         # the scrapes around the stage are kept either way
         assert (run_dir / "campaign_metrics" / "04_profiler_capture.after.prom").read_text() == after
+
+
+def test_a_secret_in_a_variants_params_reaches_no_file_of_the_campaign(tmp_path, monkeypatch):
+    """The server a variant launches gets its literal --api-key; no file under outputs/ holds it."""
+    import stepscope.runner as runner
+
+    secret = "sk-campaign-literal-0123456789"
+    f = tmp_path / "camp.yaml"
+    f.write_text(PARAMS.format(out=tmp_path / "out").replace(
+        "tp: 1}}", f"tp: 1, extra_args: [--api-key, {secret}]}}}}"))
+    launched_with: list[list[str]] = []
+    monkeypatch.setattr(runner, "_ensure_server",
+                        lambda params, *a, **k: launched_with.append(list(params.server.extra_args)) or False)
+    code, cdir = run_campaign(f, campaign_id="c1", executor=Recorder(), scraper=lambda d: None,
+                              report=False, progress=False, echo=lambda s: None)
+    assert code == 0
+    assert ["--api-key", secret] in launched_with
+    leaked = [p for p in cdir.rglob("*") if p.is_file() and secret in p.read_text(errors="replace")]
+    assert leaked == []
+    assert "--api-key" in (cdir / "tp1" / "variant_params.yaml").read_text()
+    private = Path(read_json(cdir / "tp1" / "run.json")["params_file"])
+    assert not private.exists()  # the private copy is gone with the run

@@ -4,6 +4,7 @@ the stage notebooks here are small stand-ins written into tmp_path."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import nbformat
@@ -187,3 +188,12 @@ def test_an_unreadable_run_json_is_kept_aside_or_named(stand_ins, tmp_path):
     assert code == 0
     assert (run_dir / "run.json.unreadable").read_text() == '{"stages": {"02_gemm'
     assert json.loads((run_dir / "run.json").read_text())["stages"]["02_gemm_micro"]["status"] == "ok"
+
+
+def test_a_secret_on_the_command_line_stays_out_of_run_json(stand_ins, monkeypatch):
+    params = stand_ins({})
+    monkeypatch.setattr(sys, "argv", ["stepscope", "run", str(params), "--api-key", "sk-argv-0123456789"])
+    _, run_dir = run_pipeline(params, run_id="r-argv", stages="02", progress=False, echo=lambda s: None)
+    text = (run_dir / "run.json").read_text()
+    assert "sk-argv-0123456789" not in text
+    assert json.loads(text)["argv"][-2:] == ["--api-key", "***redacted***"]

@@ -18,7 +18,10 @@ first unfinished stage (the runner's own `--resume`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import tempfile
 import shutil
 import time
 from datetime import datetime, timezone
@@ -176,20 +179,39 @@ def _stage_status(run_dir: Path) -> dict[str, dict]:
     return (read_json(p).get("stages") or {}) if p.is_file() else {}
 
 
+@contextlib.contextmanager
+def _variant_params_file(run: PlannedRun):
+    """The params file a variant runs from. The run folder's `variant_params.yaml` is the
+    redacted copy a reader sees; params that hold a secret (a literal `--api-key` in
+    extra_args, a token in `server.env`) reach the runner through a private temporary file
+    (mode 0600, outside outputs/), removed when the run ends."""
+    shown = write_yaml(run.run_dir / "variant_params.yaml", redact(run.params_dict))
+    if redact(run.params_dict) == run.params_dict:
+        yield shown
+        return
+    fd, private = tempfile.mkstemp(prefix="stepscope-params-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(run.params_dict, f, sort_keys=False)
+        yield Path(private)
+    finally:
+        Path(private).unlink(missing_ok=True)
+
+
 def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, executor: Executor,
              progress: bool, echo: Callable[[str], None], stages: Sequence[str] | None = None) -> int:
     """One run of the campaign: its stages with unchanged inputs copied from an earlier run,
     the rest run (resumed where it stopped); with `stages`, exactly those run again."""
     entry = record.run(run.key)
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    params_file = write_yaml(run.run_dir / "variant_params.yaml", run.params_dict)
     if stages is None:
         _reuse_stages(run, plan, record, echo)
     record.save()
     t0 = time.monotonic()
-    code, _ = run_pipeline(params_file, run_dir=run.run_dir, stages=stages, progress=progress,
-                           resume=stages is None and (run.run_dir / "run.json").is_file(),
-                           notebook_executor=executor, echo=echo)
+    with _variant_params_file(run) as params_file:
+        code, _ = run_pipeline(params_file, run_dir=run.run_dir, stages=stages, progress=progress,
+                               resume=stages is None and (run.run_dir / "run.json").is_file(),
+                               notebook_executor=executor, echo=echo)
     if stages is not None:
         for stage in select_stages(list(stages)):
             entry["reused"].pop(stage.id, None)  # measured again, by this run
