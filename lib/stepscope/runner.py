@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from stepscope import schema
-from stepscope.config import Params, load_params, params_to_dict, redact
+from stepscope.config import Params, load_params, params_to_dict, redact, redact_argv
 from stepscope.errors import StepscopeError
 from stepscope.runfolder import (
     NOTEBOOKS_DIR,
@@ -165,7 +165,7 @@ class _RunRecord:
             "created_at": previous.get("created_at") or _now(),
             "updated_at": _now(),
             "params_file": str(params_file),
-            "argv": argv,
+            "argv": redact_argv(list(argv)),  # `--api-key X` on the command line stays out
             **provenance(),
             "params": redact(params_to_dict(params)),
             "stages": previous.get("stages", {}),
