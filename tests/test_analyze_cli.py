@@ -51,7 +51,8 @@ def test_analyze_prints_the_reports_headline(real_traces, tmp_path, capsys):
     printed = capsys.readouterr().out
     said = next(ln for ln in (out / "06_writeup" / "report.md").read_text().splitlines()
                 if ln.startswith("> **In short:** "))
-    assert "in short: Low confidence: only 1 decode step judged" in printed
+    # the dominant cost first, the caveat that matters most (one step judged) last
+    assert "in short: fused_moe takes the most time" in printed and "Caveat: only 1 decode step judged" in printed
     assert " ".join(printed[printed.index("in short: "):].split()) == " ".join(
         ("in short: " + said.removeprefix("> **In short:** ").replace("**", "")).split())
 

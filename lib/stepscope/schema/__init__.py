@@ -130,8 +130,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("06_writeup/report.md", "06_writeup", "the report"),
     Artifact("06_writeup/report.html", "06_writeup", "the same as one self-contained HTML file"),
     Artifact("06_writeup/verdict.json", "06_writeup", "the verdict as data: the headline's sentences with the "
-             "findings they came from, the dominant cost, the biggest lever, the caveat, the ranks analysed",
-             VerdictFile),
+             "findings they came from, the dominant cost, the biggest lever, the caveat, the ranks analysed "
+             "(absent in run folders of older stepscope)", VerdictFile, optional=True),
     Artifact("06_writeup/guards.json", "06_writeup", "the invariants the verdict rests on, checked before "
              "any sentence: which held, which failed and the claims each withdrew (absent in run folders "
              "of older stepscope)", GuardsFile, optional=True),

@@ -1,0 +1,122 @@
+"""`06_writeup/verdict.json` on the real traces in tests/data/traces: the headline a person
+reads in ten seconds (at most three sentences, about 60 words, each from one finding), and
+the CLI's closing lines and `analyze` exit codes read from it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from stepscope import runner, schema
+from stepscope.report import build_report, prose
+from stepscope.report.artifacts import load_run_artifacts
+from stepscope.report.build import report_context, writeup_params_from
+from stepscope.report.numbers import fmt_num
+from stepscope.report.verdict import caveats, headline_findings
+
+HEADLINE_WORDS = 60
+REAL = {  # trace files, and the caveat the headline must say (None: none applies)
+    "vllm-cpu-tp2": (["vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz", "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"],
+                     None),
+    "vllm-cpu-tp1": (["vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz"], None),
+    "vllm-mi300x-gptoss": (["vllm-mi300x-gptoss-decode-fullgraph.json.gz"], "low_confidence"),
+    "sglang-mi300x": (["sglang-mi300x-qwen3-8b-decode.json.gz"], "low_confidence"),
+    "hf-h100-eager": (["hf-h100-qwen1.5-0.5b-eager.json.gz"], "not_decode"),
+    "a100-ddp": (["hta-a100-ddp-nccl.json.gz"], "not_decode"),
+}
+
+
+def _run(tmp_path: Path, files: list[str], real_traces: Path) -> Path:
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces([real_traces / f for f in files], run / "05_categorize", progress=False, perfetto=False)
+    return run
+
+
+def _in_short(md: str) -> str:
+    return re.search(r"^> \*\*In short:\*\* (.*)$", md, re.M).group(1)
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_the_headline_is_three_sentences_from_three_findings(tmp_path, real_traces, name):
+    files, caveat = REAL[name]
+    run = _run(tmp_path, files, real_traces)
+    paths = build_report(run, draw_figures=False)
+    record = schema.read(paths["verdict"], schema.VerdictFile)
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    h = headline_findings(v)
+    text = " ".join(s.text for s in record.headline)
+    assert text == _in_short(paths["markdown"].read_text())  # the report and the file say the same
+    assert len(record.headline) <= 3 and len(text.split()) <= HEADLINE_WORDS, text
+    # Each sentence from its finding, in order: the dominant cost, the biggest lever, one caveat.
+    dominant, lever, *rest = record.headline
+    assert dominant.finding == "dominant" and dominant.text.startswith(h.dominant.category + " takes the most time")
+    assert record.dominant.category == h.dominant.category == v.dominant.category
+    assert lever.finding in ("lever", "between_steps", "gap_lever")
+    assert f"at most {fmt_num(v.biggest.ceiling_x)}× faster" in lever.text
+    assert record.biggest_lever.ceiling_x == v.biggest.ceiling_x and record.biggest_lever.name == v.biggest.name
+    assert [s.finding for s in rest] == ([f"caveat:{caveat}"] if caveat else [])
+    assert (record.caveat.code if record.caveat else None) == caveat
+    if caveat:
+        assert caveats(v)[0].code == caveat and record.caveat.text == rest[0].text
+    # The detail stays in the verdict section, which verdict.json carries whole.
+    assert [s.text for s in record.sentences] == [t for _, t in prose.sentences(v)]
+    assert record.ranks.analysed == len(a.ranks) and record.ranks.not_analysed == []
+
+
+def test_the_cli_closing_lines_are_the_verdict_headline(tmp_path, real_traces):
+    run = _run(tmp_path, REAL["vllm-mi300x-gptoss"][0], real_traces)
+    build_report(run, draw_figures=False)
+    printed = runner.verdict_headline(run)
+    record = json.loads((run / "06_writeup" / "verdict.json").read_text())
+    assert printed.startswith("in short: ") and all(len(ln) <= 100 for ln in printed.splitlines())
+    assert " ".join(printed.split()) == " ".join(("in short: " + " ".join(s["text"] for s in record["headline"])).split())
+    # the file, not the markdown: a report edited by hand does not change what the terminal says
+    md = run / "06_writeup" / "report.md"
+    md.write_text(md.read_text().replace("> **In short:** ", "> **In short:** edited. "))
+    assert runner.verdict_headline(run) == printed
+    assert runner.verdict_headline(tmp_path / "none") is None
+
+
+def _verdict(run: Path, analysed: int, not_analysed: list[dict]) -> None:
+    schema.write(run / "06_writeup" / "verdict.json",
+                 {"kind": "decode", "step_label": "decode step", "headline": [],
+                  "ranks": {"analysed": analysed, "not_analysed": not_analysed}}, schema.VerdictFile)
+
+
+def test_analyze_exit_codes_come_from_the_verdict(tmp_path):
+    run = tmp_path / "run"
+    (run / "05_categorize").mkdir(parents=True)
+    # stage 05's summary says two ranks; the verdict, which the exit code reads, one and a bad file
+    (run / "05_categorize" / "summary.json").write_text(json.dumps({"ranks": [{}, {}], "flags": []}))
+    bad = {"code": "rank_unreadable", "severity": "error", "message": "rank1.json.gz: not gzip"}
+    _verdict(run, 1, [bad])
+    lines: list[str] = []
+    assert runner.report_unanalysed_ranks(run, 2, lines.append) == runner.EXIT_RANKS_MISSING
+    assert lines == ["  not analysed: rank1.json.gz: not gzip",
+                     "analysed 1 rank(s) of the 2 expected (--tp 2); 1 trace file(s) could not be analysed"]
+    _verdict(run, 2, [])
+    assert runner.report_unanalysed_ranks(run, 2, lines.append) == 0
+    _verdict(run, 0, [bad])
+    assert runner.report_unanalysed_ranks(run, None, lines.append) == runner.EXIT_NO_RANK
+
+
+def test_without_a_verdict_the_exit_code_says_so(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    schema.write(run / "run.json", {"run_id": "run", "stages": {"05_categorize": {"status": "failed",
+                                                                                 "error": "no traces"}}},
+                 schema.RunRecord)
+    lines: list[str] = []
+    assert runner.report_unanalysed_ranks(run, None, lines.append) == runner.EXIT_NO_RANK
+    assert lines == ["no rank was analysed:\n    no traces"]
+    (run / "05_categorize").mkdir()
+    (run / "05_categorize" / "summary.json").write_text("{}")  # stage 05 ran, stage 06 failed
+    lines.clear()
+    assert runner.report_unanalysed_ranks(run, None, lines.append) == 0
+    assert "no verdict.json" in lines[0]
