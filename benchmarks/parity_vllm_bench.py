@@ -30,7 +30,11 @@ METRICS = (("output tok/s", "output_throughput_tok_s", "output_throughput"),
            ("TTFT median ms", "ttft_ms_median", "median_ttft_ms"),
            ("TPOT median ms", "tpot_ms_median", "median_tpot_ms"),
            ("ITL median ms", "itl_ms_median", "median_itl_ms"),
-           ("E2EL median ms", "e2el_ms_median", "median_e2el_ms"))
+           ("E2EL median ms", "e2el_ms_median", "median_e2el_ms"),
+           ("goodput req/s", "goodput_rps", "request_goodput"))
+"""stepscope's levels.csv column and vLLM's result key for each quantity compared. Goodput is
+counted under the same SLO on both sides (`--goodput-tpot-ms`: vLLM `--goodput tpot:X`,
+stepscope `sweep.slo.tpot_ms`)."""
 
 
 def launch_server(work: Path, port: int):
@@ -50,12 +54,13 @@ def launch_server(work: Path, port: int):
     return proc, handle, model
 
 
-def stepscope_round(server, work: Path, c: int, n: int, in_len: int, out_len: int, seed: int) -> dict:
-    from stepscope.config import SweepParams
+def stepscope_round(server, work: Path, c: int, n: int, in_len: int, out_len: int, seed: int,
+                    tpot_ms: float = 50.0) -> dict:
+    from stepscope.config import SloParams, SweepParams
     from stepscope.sweep import run_sweep
 
     sp = SweepParams(concurrency=(c,), input_len=in_len, output_len=out_len, min_requests=n,
-                     warmup_requests=c, prompt_mode="random_text")
+                     warmup_requests=c, prompt_mode="random_text", slo=SloParams(tpot_ms=tpot_ms))
     res = run_sweep(server, sp, work / f"stepscope-c{c}-s{seed}", resume=False, seed=seed)
     row = res.levels.iloc[0]
     assert int(row["n_completed"]) == n, res.failures.head()
@@ -63,7 +68,7 @@ def stepscope_round(server, work: Path, c: int, n: int, in_len: int, out_len: in
 
 
 def vllm_round(base_url: str, served: str, model: Path, c: int, n: int, in_len: int, out_len: int,
-               seed: int) -> dict:
+               seed: int, tpot_ms: float = 50.0) -> dict:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -75,7 +80,7 @@ def vllm_round(base_url: str, served: str, model: Path, c: int, n: int, in_len: 
         "--random-input-len", str(in_len), "--random-output-len", str(out_len),
         "--num-prompts", str(n), "--max-concurrency", str(c), "--num-warmups", str(c),
         "--ignore-eos", "--temperature", "0", "--seed", str(seed), "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el"])
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--goodput", f"tpot:{tpot_ms:g}"])
     out = main(args)
     assert int(out["completed"]) == n, out.get("errors")
     return {key: float(out[vkey]) for _, key, vkey in METRICS}
@@ -94,7 +99,7 @@ def table(results: dict, concs: list[int]) -> tuple[str, int, int]:
         for label, key, _ in METRICS:
             s = [r[key] for r in results[("stepscope", c)]]
             v = [r[key] for r in results[("vllm", c)]]
-            ratio = statistics.median(s) / statistics.median(v)
+            ratio = statistics.median(s) / statistics.median(v) if statistics.median(v) else float("nan")
             sp = max(spread(s), spread(v))
             ok = abs(ratio - 1.0) <= sp
             n_in += ok
@@ -113,6 +118,7 @@ def main_cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--port", type=int, default=0, help="0: a free port")
+    ap.add_argument("--goodput-tpot-ms", type=float, default=50.0, help="the TPOT bound both tools count goodput under")
     a = ap.parse_args(argv)
     if not a.port:
         import socket
@@ -133,9 +139,10 @@ def main_cli(argv: list[str] | None = None) -> int:
 
             def one(tool: str, c: int, n: int, seed: int) -> dict:
                 if tool == "stepscope":
-                    return stepscope_round(server, work, c, n, a.input_len, a.output_len, seed=seed)
+                    return stepscope_round(server, work, c, n, a.input_len, a.output_len, seed=seed,
+                                           tpot_ms=a.goodput_tpot_ms)
                 return vllm_round(handle.base_url, handle.served_model, model, c, n, a.input_len, a.output_len,
-                                  seed=seed)
+                                  seed=seed, tpot_ms=a.goodput_tpot_ms)
 
             # The server's first batches at each size compile and warm caches: one unrecorded pass
             # per concurrency, so round 1 does not measure start-up for whichever tool goes first.

@@ -22,21 +22,27 @@ Artifacts in `01_macro_sweep/`:
   interrupted level (Ctrl-C, a killed kernel) leaves one.
 - `levels.csv`: one row per level: level, mode, concurrency, request_rate, n_requests,
   n_completed, n_failed, duration_s, request_throughput_rps, output_throughput_tok_s,
-  total_throughput_tok_s, {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99},
+  total_throughput_tok_s, goodput_rps, goodput_tok_s, slo_met_share and
+  slo_{ttft,tpot,itl,e2el}_share (under `sweep.slo`; `stepscope.sweep.goodput`),
+  {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99},
   littles_concurrency, peak_output_tok_s_1s, bunched_chunk_share (inter-chunk gaps under
   0.05 ms), merged_token_share (output tokens that arrived in another token's chunk),
   stall_count, stall_total_s, stall_max_s, stall_share (server-wide stalls: every stream
   in flight silent at once for over `thresholds.STALL_GAP_S`; `stepscope.sweep.stalls`),
-  client_cpu_pct, client_bound,
+  input_tokens_{p50,p90}, output_tokens_{p50,p90}, prefix_cache_hit_rate
+  (`stepscope.sweep.workloads`), gpu_sm_clock_drop_share, gpu_memory_used_share_max,
+  gpu_power_w_max (NVML; `stepscope.sweep.gpu_telemetry`), client_cpu_pct, client_bound,
   server_running_max, server_waiting_max, kv_cache_usage_max (0-1), complete, source.
 - `imported_vllm_bench.csv`: the `sweep.import_results` files in the levels.csv columns
   (only when some are listed).
 - `summary.json`: knee_concurrency, plateau_output_tok_s, knee_gain, gains_per_doubling
   {C: gain}, c1_ttft_ms_median, c1_tpot_ms_median, n_levels, died_at_level,
   died_message, failures [{level, request_id, http_status, error}] (first 50),
-  n_failures, flags [str].
+  n_failures, flags [str], slo {bounds_ms, min_share, concurrency/rate: the SLO-boundary level}.
+- `gpu_telemetry.csv` (every GPU's clocks, power, temperature, memory and utilisation about
+  every 0.5 s of each level, where NVML is present) and `gpu_telemetry.json` (available, or why not).
 - Figures: sweep_output_tok_s_vs_concurrency.png, sweep_latency_vs_concurrency.png,
-  sweep_latency_vs_throughput.png.
+  sweep_latency_vs_throughput.png, sweep_tok_s_per_gpu_vs_tok_s_per_user.png.
 """
 
 _EXPORTS = {"ServerInfo": "client", "load_server": "client", "SweepResult": "run", "finish": "run",
