@@ -154,3 +154,22 @@ def test_live_shared_prefix_is_served_by_the_prefix_cache(live_vllm_server, tmp_
     # one before that is cached would miss too, hence the margin
     assert hit["prefix_cache_hit_rate"] == pytest.approx(64 / 96 * 14 / 16, abs=0.05)
     assert miss["prefix_cache_hit_rate"] < 0.05
+
+
+def test_the_report_shows_length_spreads_and_the_prefix_cache_only_where_they_say_something(tmp_path):
+    from stepscope.report import build_report
+    from stepscope.testing.synthetic import make_synthetic_run, set_level_columns
+
+    plain = make_synthetic_run(tmp_path / "plain")
+    n = len(pd.read_csv(plain / "01_macro_sweep" / "levels.csv"))
+    set_level_columns(plain, input_tokens_p50=[32] * n, input_tokens_p90=[32] * n, prefix_cache_hit_rate=[0.0] * n)
+    md = build_report(plain, draw_figures=False)["markdown"].read_text()
+    assert "prefix cache hit %" not in md and "input tok p50" not in md
+    wl = make_synthetic_run(tmp_path / "wl")
+    set_level_columns(wl, input_tokens_p50=[40] * n, input_tokens_p90=[150] * n, prefix_cache_hit_rate=[0.583] * n)
+    md = build_report(wl, draw_figures=False)["markdown"].read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| mode"))
+    assert "input tok p50" in header and "input tok p90" in header and "prefix cache hit %" in header
+    assert "output tok p50" not in header
+    row = next(line for line in md.splitlines() if line.startswith("| concurrency"))
+    assert "| 58.3 |" in row

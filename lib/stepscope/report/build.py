@@ -265,6 +265,20 @@ def _goodput_columns(lv) -> list[tuple[str, str]]:
     return [("goodput_tok_s", "goodput tok/s"), ("goodput_rps", "goodput req/s"), ("slo_met_pct", "within SLO %")]
 
 
+def _workload_columns(lv) -> list[tuple[str, str]]:
+    """Prompt and output length spreads where lengths vary (file workloads), and the prefix
+    cache's hit rate where the server served any prompt from it."""
+    cols = []
+    for kind in ("input", "output"):
+        p50, p90 = f"{kind}_tokens_p50", f"{kind}_tokens_p90"
+        if p90 in lv and (lv[p90].astype(float) > lv[p50].astype(float)).any():
+            cols += [(p50, f"{kind} tok p50"), (p90, f"{kind} tok p90")]
+    if "prefix_cache_hit_rate" in lv and (lv["prefix_cache_hit_rate"].astype(float) > 0).any():
+        lv["prefix_hit_pct"] = 100 * lv["prefix_cache_hit_rate"].astype(float)
+        cols.append(("prefix_hit_pct", "prefix cache hit %"))
+    return cols
+
+
 def _slo_paragraph(slo) -> str:
     """The SLO and its boundary level in words, from summary.json's `slo` (SloSummary)."""
     if slo is None:
@@ -338,6 +352,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
                           ("tpot_ms_median", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
                           ("itl_ms_median", "ITL p50"), ("e2el_ms_median", "E2EL p50"),
                           ("littles_concurrency", "Little's L"), ("peak_output_tok_s_1s", "peak 1 s tok/s"),
+                          *_workload_columns(lv),
                           ("client_cpu_pct", "client CPU %"), ("client_bound", "client-bound?"),
                           ("bunched_pct", "chunks bunched %"), ("stall_pct", "stalled % of level")])
     if "bunched_pct" in lv or "stall_pct" in lv:
