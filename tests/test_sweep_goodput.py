@@ -193,3 +193,10 @@ def test_compare_shows_goodput_and_refuses_it_under_different_slos(tmp_path):
     (run_b / "01_macro_sweep" / "summary.json").write_text(json.dumps(s))
     g = compare_macro(load_run_artifacts(run_a), load_run_artifacts(run_b)).query("metric == 'goodput_tok_s'")
     assert g["not_comparable"].str.contains("SLOs differ").all() and not g["beyond_noise"].any()
+
+
+def test_compare_names_a_ramp_level_by_its_name():
+    from stepscope.report.compare import _level_label
+
+    r = pd.Series({"mode": "ramp", "concurrency": "nan", "request_rate": "nan", "level_a": "ramp-lin-1-8"})
+    assert _level_label(r, ["mode", "concurrency", "request_rate"]) == "ramp-lin-1-8"

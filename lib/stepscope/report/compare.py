@@ -126,6 +126,8 @@ def _stalled(r: pd.Series) -> str | None:
 
 def _level_label(r: pd.Series, keys: list[str]) -> str:
     rate = r.get("request_rate")
+    if str(r.get("mode")) == "ramp":  # neither one concurrency nor one rate: its level name says it
+        return str(r.get("level_a") if pd.notna(r.get("level_a")) else r.get("level_b"))
     if str(r.get("mode", "concurrency")).startswith("conc") or rate in (None, "inf", "nan"):
         return f"c={r.get('concurrency')}".replace(".0", "")
     return f"rate={rate} req/s"
