@@ -66,3 +66,120 @@ def test_ctrl_c_in_analyze_exits_130_at_once_and_writes_no_report(tmp_path: Path
     assert "KeyboardInterrupt" not in text and "FAILED" not in text, text
     nb = json.loads((out / "notebooks" / "05_categorize.ipynb").read_text())
     assert any(c.get("metadata", {}).get("papermill", {}).get("status") == "interrupted" for c in nb["cells"])
+
+
+# --------------------------------------------------------------------------- hostile traces
+
+_HEAD = ('{"deviceProperties": [{"id": 0, "name": "NVIDIA H100"}], "distributedInfo": {"rank": 0}, '
+         '"traceEvents": [')
+
+
+def _ev(name: str = "ampere_sgemm_128x64_nn", ts: object = 10.0, dur: object = 2.0,
+        args: str = '{"correlation": 1, "stream": 7}', cat: str = "kernel") -> str:
+    return ('{"ph": "X", "cat": "%s", "name": "%s", "pid": 0, "tid": 7, "ts": %s, "dur": %s, "args": %s}'
+            % (cat, name, ts, dur, args))
+
+
+_BASE = [_ev(ts=10 + i * 5) for i in range(2000)]
+"""2,000 kernels of 2 µs: one hostile event among them stays under BAD_DUR_TOLERANCE."""
+
+
+def _write(path: Path, *parts: bytes | str) -> Path:
+    """A .json.gz written piece by piece, so a large hostile run is never held whole."""
+    import zlib
+
+    c = zlib.compressobj(1, zlib.DEFLATED, 31)
+    with open(path, "wb") as fh:
+        for p in parts:
+            fh.write(c.compress(p.encode() if isinstance(p, str) else p))
+        fh.write(c.flush())
+    return path
+
+
+def _with(one: str) -> str:
+    return _HEAD + ",".join(_BASE[:10] + [one] + _BASE[10:]) + "]}"
+
+
+@pytest.mark.parametrize("dur,ts", [("NaN", 10.0), ("Infinity", 10.0), ("-Infinity", 10.0), ("1e400", 10.0),
+                                    ("1e308", 10.0), (2.0, -5.0), (2.0, "1e300"), (2.0, "NaN")])
+def test_unusable_dur_or_ts_drops_the_event_and_keeps_the_rank(tmp_path: Path, dur, ts):
+    from stepscope.trace.load import load_rank
+
+    rt = load_rank(_write(tmp_path / "rank0.json.gz", _with(_ev(ts=ts, dur=dur))))
+    assert len(rt.events) == 2000
+    assert rt.events["dur"].sum() == 4000.0  # the 2,000 good kernels, nothing else
+    assert [f["code"] for f in rt.flags] == ["bad_durations"]
+    assert "dropped 1 work events" in rt.flags[0]["message"]
+
+
+def test_keys_after_trace_events_are_read(tmp_path: Path):
+    from stepscope.trace.load import load_rank
+
+    tail = '], "deviceProperties2": [{"a": 1}, {"b": 2}], "traceName": "x", "meta": {"y": [1, 2]}}'
+    rt = load_rank(_write(tmp_path / "rank0.json.gz", _HEAD + ",".join(_BASE) + tail))
+    assert len(rt.events) == 2000 and rt.flags == []
+    assert rt.meta["device_name"] == "NVIDIA H100"
+
+
+def test_deep_nesting_is_a_named_error(tmp_path: Path):
+    from stepscope.errors import TraceError
+    from stepscope.trace.load import load_rank
+
+    deep = '{"x": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    p = _write(tmp_path / "rank0.json.gz", _with(_ev(args=deep)))
+    with pytest.raises(TraceError, match="nested deeper than the parser's limit") as err:
+        load_rank(p)
+    assert str(p) in str(err.value) and "bug" not in str(err.value)
+
+
+@pytest.mark.parametrize("big", [2 ** 63, 2 ** 64, 10 ** 30])
+def test_an_id_beyond_int64_reads_as_no_id(tmp_path: Path, big: int):
+    from stepscope.trace.load import load_rank
+
+    rt = load_rank(_write(tmp_path / "rank0.json.gz", _with(_ev(args='{"correlation": %d}' % big))))
+    assert len(rt.events) == 2001
+    assert (rt.events["correlation"] == -1).sum() == 1
+    assert [f["code"] for f in rt.flags] == ["ids_out_of_range"]
+
+
+def test_a_huge_name_is_cut_flagged_and_fast(tmp_path: Path):
+    from stepscope.trace.analyze import analyze_rank
+    from stepscope.trace.categorize import make_rules
+    from stepscope.trace.load import NAME_CAP_CHARS, load_rank
+
+    mb = 20  # a 1 MB name took 10.7 s in the rules before the cut
+    p = _write(tmp_path / "rank0.json.gz", _HEAD + ",".join(_BASE) + ',{"ph": "X", "cat": "kernel", "name": "',
+               *([b"a" * (1 << 20)] * mb), '", "pid": 0, "tid": 7, "ts": 20.0, "dur": 1.0},',
+               '{"ph": "X", "cat": "python_function", "name": "x.py(1): ', *([b"b" * (1 << 20)] * mb),
+               '", "pid": 0, "tid": 8, "ts": 20.0, "dur": 1.0}]}')
+    t0 = time.monotonic()
+    rt = load_rank(p)
+    analyze_rank(rt, make_rules())
+    took = time.monotonic() - t0
+    names = rt.events["name"].astype(str)
+    assert names.str.len().max() < NAME_CAP_CHARS + 40
+    assert f"{mb << 20:,} chars" in names[names.str.startswith("aaaa")].iloc[0]
+    assert [f["code"] for f in rt.flags] == ["names_capped"]
+    assert took < 10.0, f"{took:.1f} s"
+
+
+_RSS_CHILD = r"""
+import resource, sys
+from stepscope.trace.parse import parse_trace
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+p = parse_trace(sys.argv[1])
+print(len(p.columns["ts"]), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+"""
+
+
+def test_a_whitespace_run_is_not_buffered(tmp_path: Path):
+    mb = 300  # a 4.3 GB run cost 4.3 GB of RSS before
+    p = _write(tmp_path / "rank0.json.gz", _HEAD + ",".join(_BASE[:10]) + ",", *([b" \n" * (1 << 19)] * mb),
+               ",".join(_BASE[10:]) + "]}")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib")}
+    got = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(p)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr
+    rows, grew_mb = map(int, got.stdout.split())
+    assert rows == 2000
+    assert grew_mb < 60, f"parsing grew RSS by {grew_mb} MB over a {mb} MB whitespace run"

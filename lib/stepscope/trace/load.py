@@ -27,7 +27,7 @@ from stepscope.trace import split
 from stepscope.trace.cache import cache_key, cache_read, cache_write
 from stepscope.trace.parse import (ANNOTATION_CATS, BAD_DUR_TOLERANCE, CAT_ALIASES, CHUNK_BYTES,
                                    DEVICE_CATS, IGNORED_CATS, KEPT_CATS, KNOWN_CATS, LAUNCH_CATS,
-                                   LOADER_VERSION, SLIM_COLUMNS, ParsedTrace, parse_trace,
+                                   LOADER_VERSION, NAME_CAP_CHARS, SLIM_COLUMNS, ParsedTrace, parse_trace,
                                    read_trace)
 from stepscope.trace.split import MAX_SPLIT, SPLIT_MIN_JSON_BYTES, usable_cores
 
@@ -174,18 +174,37 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
         ex = "; ".join(meta.get("bad_dur_examples") or [])
         if bad > BAD_DUR_TOLERANCE * (n_work + bad):
             raise TraceError(
-                f"{bad} of {n_work + bad} work events have a missing or negative duration "
-                f"(e.g. {ex})", where=str(path),
+                f"{bad} of {n_work + bad} work events have a missing or negative duration, or a "
+                f"non-finite or out-of-range duration or timestamp (e.g. {ex})", where=str(path),
                 hint="the trace is damaged (profiler buffer overflow?); capture again")
         flags.append(_flag("bad_durations", "warning",
-                           f"rank {rank}: dropped {bad} work events with a missing or negative "
-                           f"duration (e.g. {ex})"))
+                           f"rank {rank}: dropped {bad} work events with a missing or negative duration, or a "
+                           f"non-finite or out-of-range duration or timestamp (e.g. {ex})"))
+    flags.extend(_dropped_or_cut_flags(rank, meta))
     if unknown:
         listing = ", ".join(f"{c!r} ({n})" for c, n in sorted(unknown.items()))
         flags.append(_flag("unknown_event_category", "warning",
                            f"rank {rank}: ignored events of unknown category {listing}"))
     meta["mode"] = "gpu" if n_dev else "cpu"
     return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
+
+
+def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[dict[str, str]]:
+    """Flags for what the parser dropped or cut besides work events (`parse._Collector`)."""
+    out = []
+    if n := int(meta.get("n_bad_other") or 0):
+        out.append(_flag("bad_timestamps", "warning",
+                         f"rank {rank}: dropped {n} annotation or launch events with a non-finite, negative "
+                         f"or out-of-range timestamp or duration (limits: parse.MAX_TS_US, MAX_DUR_US)"))
+    if n := int(meta.get("n_names_capped") or 0):
+        out.append(_flag("names_capped", "warning",
+                         f"rank {rank}: {n} event names longer than {NAME_CAP_CHARS:,} characters were cut "
+                         "to that length before the name rules saw them (the names say how long they were)"))
+    if n := int(meta.get("n_huge_ids") or 0):
+        out.append(_flag("ids_out_of_range", "warning",
+                         f"rank {rank}: {n} ids (correlation, External id, stream) outside 64-bit integers "
+                         "were read as no id, so those events are matched by time instead"))
+    return out
 
 
 # --------------------------------------------------------------------------- many ranks
