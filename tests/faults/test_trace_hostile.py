@@ -183,3 +183,13 @@ def test_a_whitespace_run_is_not_buffered(tmp_path: Path):
     rows, grew_mb = map(int, got.stdout.split())
     assert rows == 2000
     assert grew_mb < 60, f"parsing grew RSS by {grew_mb} MB over a {mb} MB whitespace run"
+
+
+def test_the_json_size_comes_from_the_gzip_trailer_not_a_ratio(tmp_path: Path):
+    from stepscope.trace.split import json_size_estimate
+
+    # 24 MB of repeated events compresses ~45x: the old 12x rule said a quarter of the JSON.
+    text = _HEAD + ",".join(_BASE * 80) + "]}"
+    p = _write(tmp_path / "rank0.json.gz", text)
+    assert p.stat().st_size * 30 < len(text)
+    assert json_size_estimate(p) == len(text)

@@ -231,9 +231,9 @@ def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -
     """Processes for loading: at most the usable cores, and as many as the memory budget allows.
 
     Parsing a trace peaks at about 0.25x its JSON size above the interpreter's imports
-    (measured by benchmarks/trace_load.py: 0.23x on a 264 MB trace), and gzip traces are
-    ~10x smaller than their JSON; 0.4x plus 64 MB per rank leaves headroom.
-    """
+    (measured by benchmarks/trace_load.py: 0.23x on a 264 MB trace; the JSON size is read
+    from the gzip trailer, `split.json_size_estimate`); 0.4x plus 64 MB per rank leaves headroom.
+    A kernel-dense trace needs more (issue 26: benchmarks/trace_load.py --kernels)."""
     if memory_budget_bytes is None:
         try:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
