@@ -1,6 +1,6 @@
 """Trace loading speed and memory: stepscope's loader vs gzip alone, json.loads and HTA.
 
-    .venv/bin/python benchmarks/trace_load.py [--mb 260] [--source NAME] [--keep DIR]
+    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000] [--source NAME] [--keep DIR]
 
 Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
 (timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so
@@ -110,6 +110,60 @@ def build(source: Path, mb: int, out_dir: Path) -> tuple[Path, int, int]:
     return gz, json_bytes, n
 
 
+KERNEL_NAMES = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float>>",
+    "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x3_tn",
+    "void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+    "triton_poi_fused_add_mul_rsqrt_0",
+    "void vllm::rms_norm_kernel<c10::BFloat16, 8, 3>",
+)
+"""A decode step's kernels, cycled: a GEMM, attention, a collective, a norm, elementwise work."""
+
+
+def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500) -> tuple[Path, int, int]:
+    """A GPU trace of `n_kernels` tiny kernel events (~120 bytes of JSON each, as a CUDA-graph
+    decode writes them), `per_step` kernels inside each annotated decode step; gzipped.
+
+    The CPU-op-heavy replica above holds few device events per byte; this one is the
+    loader's worst case per byte (issue 26: 10 M such events are 1.2 GB of JSON)."""
+    from isal import igzip
+
+    gz = out_dir / "rank0.pt.trace.json.gz"
+    header = ('{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", '
+              '"totalGlobalMem": 85031714816}], "distributedInfo": {"backend": "nccl", "rank": 0, '
+              '"world_size": 1}, "traceEvents": [\n')
+    # Each step: its annotation, one cudaGraphLaunch inside it, and the graph's kernels,
+    # which carry the launch's correlation id (as a graph-captured decode writes them).
+    step = '{"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", ' \
+           '"pid": 100, "tid": 100, "ts": %.3f, "dur": %.3f},\n' \
+           '{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 100, "tid": 100, ' \
+           '"ts": %.3f, "dur": 20.0, "args": {"correlation": %d}},\n'
+    kern = '{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": 7, "ts": %.3f, "dur": %.3f, ' \
+           '"args": {"correlation": %d, "stream": 7}}'
+    json_bytes = n = 0
+    ts = 1_000_000.0
+    with igzip.open(gz, "wb", compresslevel=1) as fh:
+        fh.write(header.encode())
+        json_bytes += len(header)
+        done = 0
+        while done < n_kernels:
+            k = min(per_step, n_kernels - done)
+            corr = done // per_step + 1
+            parts = [step % (ts, k * 2.5 + 30.0, ts + 1.0, corr)]
+            parts += [kern % (KERNEL_NAMES[i % len(KERNEL_NAMES)], ts + 25.0 + i * 2.5, 2.0 + (i % 7) * 0.05,
+                              corr) + (",\n" if done + i + 1 < n_kernels else "\n") for i in range(k)]
+            chunk = "".join(parts).encode()
+            fh.write(chunk)
+            json_bytes += len(chunk)
+            n += k + 2
+            done += k
+            ts += k * 2.5 + 50.0
+        fh.write(b"]}\n")
+        json_bytes += 3
+    return gz, json_bytes, n
+
+
 def run(kind: str, path: Path, extra_path: str | None = None) -> dict | None:
     py = sys.executable
     env = dict(os.environ)
@@ -124,6 +178,8 @@ def run(kind: str, path: Path, extra_path: str | None = None) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=260)
+    ap.add_argument("--kernels", type=int, default=None,
+                    help="instead of --mb: a kernel-dense trace of this many tiny kernel events (build_kernel_dense)")
     ap.add_argument("--source", default="hf-h100-qwen1.5-0.5b-eager.json.gz",
                     help="trace in tests/data/traces whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
@@ -142,7 +198,8 @@ def main() -> None:
         info = json.loads((tmp / "built.json").read_text())
         json_bytes, n = info["json_bytes"], info["n"]
     else:
-        gz, json_bytes, n = build(SHARED / args.source, args.mb, tmp)
+        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp) if args.kernels
+                             else build(SHARED / args.source, args.mb, tmp))
         if args.keep is not None:
             (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
     print(f"built {gz} : {json_bytes / 2**20:.0f} MB JSON, {gz.stat().st_size / 2**20:.0f} MB gz, "
@@ -179,6 +236,8 @@ def main() -> None:
         print(f"  stepscope time / gzip time      = {s['s'] / g['s']:.2f}  (<= 2.0)")
         print(f"  stepscope peak RSS / JSON size  = {s['peak_rss_mb'] / json_mb:.2f}  (<= 0.5)"
               f"  (interpreter + numpy/msgspec/isal imports: {s['import_rss_mb']:.0f} MB)")
+        above = (s["peak_rss_mb"] - s["import_rss_mb"]) * 2**20
+        print(f"  bytes per kept event above the imports = {above / max(s['n'], 1):.0f}  ({s['n']:,} kept events)")
     d = res.get("stepscope_df")
     if d and "error" not in d:
         print(f"  with the DataFrame, pandas loaded: peak RSS / JSON size = {d['peak_rss_mb'] / json_mb:.2f}, "
