@@ -759,6 +759,8 @@ def _decode_region(col: _Collector, buf: bytearray, pos: int, end: int, in_split
                     raise _too_deep(path, consumed + pos, consumed + end) from None
                 m = _BYTE_RE.search(str(exc))
                 at = int(m.group(1)) if m else -1  # no offset: a value refused ("Number out of range")
+                if not m and "truncated" in str(exc):
+                    at = len(region)  # the region ends inside an event: the cut fell in a nested object
                 if "trailing characters" in str(exc):
                     # The events array ended inside this region and top-level keys follow
                     # it (valid JSON: exporters write keys in either order).
