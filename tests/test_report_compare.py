@@ -11,6 +11,7 @@ import pytest
 from stepscope.report import compare_runs
 from stepscope.testing.synthetic import make_synthetic_run, set_level_columns
 from stepscope.report.compare import NOISE_REL
+from stepscope.wording import not_compared_words
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +138,18 @@ def test_latencies_of_a_level_delivered_in_bursts_are_not_compared(tmp_path):
     b = set_level_columns(make_synthetic_run(tmp_path / "b", scale=0.8), bunched_chunk_share=[0.97, 0.1, 0.1, 0.1])
     out = compare_runs(a, b, tmp_path / "out")
     m = pd.read_csv(out["csv_macro"]).set_index(["level", "metric"])
+    # (finding, sentence) from the one renderer; until 2026-12-01 compare had a wording of its own
+    # ("B delivered in bursts (chunks bunched)") beside the gate's, which these lines pinned.
+    bunched = not_compared_words("bunched", [("B", 0.97)], "c=1")
     for metric in ("ttft_ms_median", "tpot_ms_median", "itl_ms_median"):
-        assert m.loc[("c=1", metric), "not_comparable"] == "B delivered in bursts (chunks bunched)"
+        assert (m.loc[("c=1", metric), "reason"], m.loc[("c=1", metric), "not_comparable"]) == ("bunched", bunched)
         assert not m.loc[("c=1", metric), "beyond_noise"]
     assert m.loc[("c=1", "output_throughput_tok_s"), "beyond_noise"]
     assert m.loc[("c=2", "ttft_ms_median"), "beyond_noise"] and pd.isna(m.loc[("c=2", "ttft_ms_median"), "not_comparable"])
     md = out["markdown"].read_text()
-    assert "| c=1 | ttft_ms_median |" in md and "| not compared: B delivered in bursts (chunks bunched) |" in md
+    assert "| c=1 | ttft_ms_median |" in md and f"| not compared: {bunched} |" in md
     h = pd.read_csv(out["csv_headlines"]).set_index("metric")
-    assert (h.loc["c1_tpot_ms_median", "not_comparable"] == h.loc["c1_ttft_ms_median", "not_comparable"]
-            == "B delivered in bursts (chunks bunched)")
+    assert h.loc["c1_tpot_ms_median", "not_comparable"] == h.loc["c1_ttft_ms_median", "not_comparable"] == bunched
     assert not h.loc["c1_tpot_ms_median", "beyond_noise"] and h.loc["decode union_ms", "beyond_noise"]
 
 
@@ -156,8 +159,9 @@ def test_readings_of_a_stalled_level_are_not_compared(tmp_path):
     a = make_synthetic_run(tmp_path / "a")
     b = set_level_columns(make_synthetic_run(tmp_path / "b", scale=0.8), stall_share=[0.82, 0.0, 0.0, 0.0])
     m = pd.read_csv(compare_runs(a, b, tmp_path / "out")["csv_macro"]).set_index(["level", "metric"])
+    stalled = not_compared_words("stalled", [("B", 0.82)], "c=1")  # (finding, sentence), as above
     for metric in ("output_throughput_tok_s", "ttft_ms_median", "tpot_ms_median"):
-        assert m.loc[("c=1", metric), "not_comparable"] == "B (82 %) lost that share of the level to server-wide stalls"
+        assert (m.loc[("c=1", metric), "reason"], m.loc[("c=1", metric), "not_comparable"]) == ("stalled", stalled)
         assert not m.loc[("c=1", metric), "beyond_noise"]
     assert m.loc[("c=2", "output_throughput_tok_s"), "beyond_noise"]
     assert pd.isna(m.loc[("c=2", "output_throughput_tok_s"), "not_comparable"])
@@ -165,7 +169,7 @@ def test_readings_of_a_stalled_level_are_not_compared(tmp_path):
     # two plateaus are not compared either.
     set_level_columns(b, stall_share=[0.0, 0.0, 0.0, 0.82])
     h = pd.read_csv(compare_runs(a, b, tmp_path / "out2")["csv_headlines"]).set_index("metric")
-    assert h.loc["plateau_output_tok_s", "not_comparable"] == "B (82 %) lost that share of the level to server-wide stalls"
+    assert h.loc["plateau_output_tok_s", "not_comparable"] == not_compared_words("stalled", [("B", 0.82)], "plateau")
     assert not h.loc["plateau_output_tok_s", "beyond_noise"]
 
 

@@ -3,8 +3,10 @@ figure's title never calls a training step a decode step while the sentence besi
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Sequence
+import re
+from typing import Any, Sequence
 
 from stepscope.thresholds import STALL_GAP_S
 
@@ -88,8 +90,7 @@ def capture_delivery(lat) -> str:
     """Why a capture's client-side TPOT measures delivery, not decode (`CaptureLatency.
     tpot_is_delivery`), with the figures that show it: the one wording for stage 05's flag, the
     report, `compare` and the campaign."""
-    from stepscope.report.numbers import fmt_num as f
-
+    f = fmt_num
     parts = []
     if lat.bunched():
         share = "" if lat.bunched_chunk_share is None else \
@@ -101,3 +102,64 @@ def capture_delivery(lat) -> str:
                      f"capture, in silences of over {f(STALL_GAP_S)} s that its mean TPOT carries and the engine's "
                      "steps may not")
     return "; and ".join(parts)
+
+
+# The one number formatter: every number a sentence or table prints goes through `fmt_num`,
+# so a test can format a structured value the same way and find it in the text.
+NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+"""A number as `fmt_num` writes it (thousands separators, optional decimals)."""
+
+
+def fmt_num(v: Any, digits: int = 3) -> str:
+    """Human number: integers with separators, floats to about `digits` significant figures."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int,)) and not isinstance(v, bool):
+        return f"{v:,}"
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        s = str(v)
+        return "–" if s.lower() in ("nan", "none", "") else s
+    if math.isnan(f):
+        return "–"
+    if math.isinf(f):
+        return "∞"
+    a = abs(f)
+    if a >= 10 ** digits:
+        return f"{f:,.0f}"
+    if a == 0:
+        return "0"
+    decimals = max(0, digits - 1 - int(math.floor(math.log10(a))))
+    return f"{f:,.{decimals}f}"
+
+
+def _runs_possessive(runs: Sequence[tuple[str, float]]) -> tuple[str, str]:
+    """("B's", "82 %") or ("A's and B's", "82 % and 60 %") for the runs a comparison rule caught."""
+    who = " and ".join(f"{name}'s" for name, _ in runs)
+    return who, " and ".join(f"{100 * share:.0f} %" for _, share in runs)
+
+
+def not_compared_words(code: str, runs: Sequence[tuple[str, float]], where: str) -> str:
+    """Why a delta is not judged (`report.deltas` reason `code`), for the runs beyond its rule,
+    each with its share: the one wording of `compare`, the gate and the campaign."""
+    who, shares = _runs_possessive(runs)
+    if code == "stalled":
+        level = f"level {where}" if where.startswith(("c=", "rate=")) else f"{where} level"
+        return (f"{who} {level} lost {shares} of its time to server-wide stalls: its readings are low or late by "
+                "up to that share")
+    if code == "bunched":
+        return f"{who} chunks at {where} arrived bunched ({shares}): its TPOT and TTFT measure delivery"
+    raise ValueError(f"not_compared_words: unknown reason code {code!r} (known: stalled, bunched)")
+
+
+def slo_differs_words(slo_a: object, slo_b: object) -> str:
+    """Why goodput is not compared: the two runs counted it under different SLOs."""
+    return f"the runs' SLOs differ (A {slo_a or 'none'}, B {slo_b or 'none'})"
+
+
+def capture_not_compared_words(name: str, lat) -> str:
+    """Why a run's capture TPOT is not compared (it measures delivery), with `capture_delivery`'s figures."""
+    return f"{name}'s capture TPOT measures delivery, not decode: {capture_delivery(lat)}"

@@ -17,8 +17,7 @@ A delta is real only when |delta| exceeds its band.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,11 @@ from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
 from stepscope.report.analysis import capture_tpot_is_delivery
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
+from stepscope.report.deltas import run_deltas
 from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_se  # noqa: F401  (the campaign's API)
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.report.verdict import Verdict, amdahl_x, biggest_lever
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, STALLED_LEVEL_SHARE
 from stepscope.wording import capture_delivery
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
@@ -146,59 +145,6 @@ def levels_table(runs: list[VariantRun]) -> pd.DataFrame | None:
     return out
 
 
-DELIVERY_COLUMNS = frozenset({"tpot_ms_median", "ttft_ms_median"})
-"""Sweep readings that measure delivery, not the server's work, when a level's chunks arrive bunched."""
-
-
-def _bunched_level(variant: str, runs: list[VariantRun], conc: int) -> str | None:
-    """Why a variant's level at `conc` measures delivery (its chunks bunched, the sweep's flag), or None."""
-    worst = max(_level_shares(runs, conc, "bunched_chunk_share"), default=None)
-    if worst is not None and worst > BUNCHED_FLAG_SHARE:
-        return f"{variant}'s chunks at c={conc} arrived bunched ({100 * worst:.0f} %): its TPOT and TTFT measure delivery"
-    return None
-
-
-def _stalled_level(variant: str, runs: list[VariantRun], conc: int) -> str | None:
-    """Why a variant's level at `conc` is not compared: server-wide stalls took more than
-    STALLED_LEVEL_SHARE of its time in some run (its throughput then reads low by up to that
-    share, and its latencies carry the pauses), or None."""
-    worst = max(_level_shares(runs, conc, "stall_share"), default=None)
-    if worst is not None and worst > STALLED_LEVEL_SHARE:
-        return (f"{variant}'s level c={conc} lost {100 * worst:.0f} % of its time to server-wide stalls: "
-                "its readings are low or late by up to that share")
-    return None
-
-
-def _stall_delta(v: str, conc: int, base: list[VariantRun], runs: list[VariantRun]) -> list[Delta]:
-    """The level's share of time lost to server-wide stalls (%), as a quantity of its own: a
-    stalled level's other readings are not compared, so stalls that came with the variant must
-    show here, or a server that pauses would hide its own regression. Band: the threshold
-    itself, in percentage points; empty when a run folder predates the stall columns."""
-    b = [100 * x for x in _level_shares(base, conc, "stall_share")]
-    w = [100 * x for x in _level_shares(runs, conc, "stall_share")]
-    if not b or not w:
-        return []
-    return [Delta(v, "stall_pct", f"c={conc}", _mean(b), _mean(w), 100 * STALLED_LEVEL_SHARE,
-                  f"fixed {100 * STALLED_LEVEL_SHARE:g} points (STALLED_LEVEL_SHARE)", False)]
-
-
-def _level_shares(runs: list[VariantRun], conc: int, col: str) -> list[float]:
-    """A share column's finite values at `conc`, one per run that has it (older folders lack it)."""
-    return [x for x in _level_values(runs, conc, col) if math.isfinite(x)]
-
-
-def _level_values(runs: list[VariantRun], conc: int, col: str) -> list[float]:
-    vals = []
-    for r in runs:
-        lv = r.artifacts.levels
-        if lv is None or col not in lv or "concurrency" not in lv:
-            continue
-        sel = lv[lv["concurrency"] == conc]
-        if len(sel):
-            vals.append(float(sel[col].iloc[0]))
-    return vals
-
-
 def category_values(runs: list[VariantRun]) -> dict[str, list[tuple[float, float | None]]]:
     """Per category: (ms per step mean, its standard error) for each run."""
     out: dict[str, list[tuple[float, float | None]]] = {}
@@ -250,41 +196,22 @@ def category_table(c: Campaign) -> pd.DataFrame:
 # --------------------------------------------------------------------------- deltas
 
 
+CAMPAIGN_METRICS = frozenset({*MACRO_COLUMNS, "stall_pct", "tpot_capture_ms", "decode_step_ms",
+                              "category_ms_per_step"})
+"""The engine's quantities the campaign tabulates (`report.deltas.run_deltas` computes more)."""
+
+
 def deltas(c: Campaign) -> list[Delta]:
-    """Every compared quantity of every variant against the baseline, with its band."""
-    base = c.runs.get(c.baseline) or []
+    """Every compared quantity of every variant against the baseline, with its band: the one
+    engine's (`report.deltas`), which `compare` and the gate render too."""
+    base = [r.artifacts for r in c.runs.get(c.baseline) or []]
     out: list[Delta] = []
-    if not base:
-        return out
-    bcats = category_values(base)
     for v in c.variants:
         runs = c.runs.get(v) or []
-        if v == c.baseline or not runs:
+        if v == c.baseline or not runs or not base:
             continue
-        bl, vl = levels_table(base), levels_table(runs)
-        if bl is not None and vl is not None:
-            for conc in sorted(set(bl["concurrency"]) & set(vl["concurrency"])):
-                stalled = _stalled_level(c.baseline, base, conc) or _stalled_level(v, runs, conc)
-                bunched = _bunched_level(c.baseline, base, conc) or _bunched_level(v, runs, conc)
-                for col in MACRO_COLUMNS:
-                    d = make_delta(v, col, f"c={conc}", _level_values(base, conc, col),
-                                   _level_values(runs, conc, col), col == "output_throughput_tok_s")
-                    why = stalled or (bunched if col in DELIVERY_COLUMNS else None)
-                    out.append(replace(d, not_comparable=why) if why else d)
-                out.extend(_stall_delta(v, conc, base, runs))
-        d = make_delta(v, "tpot_capture_ms", "capture (batch 1)", [capture_tpot(r) for r in base],
-                       [capture_tpot(r) for r in runs], False)
-        why = next(((x, w) for x, rs in ((c.baseline, base), (v, runs)) for r in rs
-                    if (w := capture_delivery_why(r))), None)
-        out.append(replace(d, not_comparable=f"{why[0]}'s capture TPOT measures delivery, not decode: {why[1]}"
-                           if why else None))
-        out.append(make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base],
-                              [step_ms(r) for r in runs], False))
-        vcats = category_values(runs)
-        for cat in sorted(set(bcats) | set(vcats)):
-            b, w = bcats.get(cat, [(0.0, 0.0)]), vcats.get(cat, [(0.0, 0.0)])
-            se = (b[0][1], w[0][1]) if len(b) == 1 and len(w) == 1 else (None, None)
-            out.append(make_delta(v, "category_ms_per_step", cat, [x for x, _ in b], [x for x, _ in w], False, se))
+        out += [d for d in run_deltas(v, base, [r.artifacts for r in runs], base_name=c.baseline)
+                if d.metric in CAMPAIGN_METRICS]
     return out
 
 
@@ -292,6 +219,7 @@ def deltas_frame(ds: list[Delta]) -> pd.DataFrame:
     return pd.DataFrame([{"variant": d.variant, "metric": d.metric, "where": d.where, "baseline": d.baseline,
                           "value": d.value, "delta": d.delta, "ratio": d.ratio, "band": d.band,
                           "band_source": d.band_source, "real": d.real, "better": d.better,
+                          "judgement": d.judgement, "reason": d.reason, "unit": d.unit,
                           "not_comparable": d.not_comparable} for d in ds])
 
 

@@ -3,17 +3,19 @@
 A regression is a delta (B against A) outside its noise band, in the bad direction: output
 throughput down, or TPOT, TTFT, the decode step, a category's time per step or a level's
 share of time lost to server-wide stalls up (a stalled level's other readings are not
-compared, so the stalls themselves are). Bands
-come from `stepscope.campaign.analysis` (step-to-step spread where the artifacts carry one,
-else the fixed relative band), so the gate and the campaign report judge alike.
+compared, so the stalls themselves are). The deltas, their bands and the rules that stop a
+reading from being judged come from the one engine, `stepscope.report.deltas`, which
+`compare`'s tables and the campaign report render too: the three judge alike by construction.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stepscope.campaign.analysis import Delta, deltas, pair
-from stepscope.report.numbers import fmt_num as f
+from stepscope.report.artifacts import load_run_artifacts
+from stepscope.report.deltas import run_deltas
+from stepscope.report.noise import Delta
+from stepscope.wording import fmt_num as f
 
 METRIC_WORDS = {"output_throughput_tok_s": "output throughput (tok/s)", "tpot_ms_median": "TPOT median (ms)",
                 "ttft_ms_median": "TTFT median (ms)", "tpot_capture_ms": "batch-1 TPOT during capture (ms)",
@@ -22,8 +24,9 @@ METRIC_WORDS = {"output_throughput_tok_s": "output throughput (tok/s)", "tpot_ms
 
 
 def regressions(run_a: str | Path, run_b: str | Path) -> list[Delta]:
-    """Every quantity that got worse from A to B beyond its noise band."""
-    return [d for d in deltas(pair(Path(run_a), Path(run_b))) if d.better is False]
+    """Every gated quantity (`METRIC_WORDS`) that got worse from A to B beyond its noise band."""
+    ds = run_deltas("B", [load_run_artifacts(Path(run_a))], [load_run_artifacts(Path(run_b))], base_name="A")
+    return [d for d in ds if d.metric in METRIC_WORDS and d.judgement == "worse"]
 
 
 def regression_message(d: Delta) -> str:

@@ -12,6 +12,10 @@ few-percent run-to-run scatter of a serving benchmark. The table beside the gate
 therefore agree. (Until 2026-12-01 a category had to move by more than the step-to-step
 spread itself, so an all-reduce 3.4x slower over 183 steps read "within noise" while the
 gate failed on it.)
+
+Every judgement comes from the one engine, `report.deltas.run_deltas`, which the gate and the
+campaign render too; this module only lays its deltas out as tables (kernels and collectives,
+which the engine does not carry, keep the fixed band here).
 """
 
 from __future__ import annotations
@@ -28,20 +32,14 @@ from stepscope.report import analysis as an
 from stepscope.report import figures as fg
 from stepscope.report import verdict as vd
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
-from stepscope.report.noise import make_delta, step_spread_se
+from stepscope.report.deltas import MACRO_METRICS, bunched_reason, run_deltas, same_setup, stalled_reason
+from stepscope.report.noise import Delta
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
-from stepscope.thresholds import BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, STALLED_LEVEL_SHARE
+from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS
 from stepscope.trace.account import KERNELS_PER_CATEGORY
-from stepscope.wording import capture_delivery
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
-
-MACRO_METRICS = ("output_throughput_tok_s", "goodput_tok_s", "total_throughput_tok_s", "request_throughput_rps",
-                 "goodput_rps",
-                 "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median",
-                 "e2el_ms_median")
-
 
 def _diff_ratio(df: pd.DataFrame) -> pd.DataFrame:
     """`df` (columns a, b) with B − A and B / A."""
@@ -54,8 +52,9 @@ def _diff_ratio(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _with_diff(df: pd.DataFrame) -> pd.DataFrame:
-    """B − A, B / A and the beyond-noise flag of a single number without a spread: |B/A − 1| >
-    NOISE_REL (make_delta's fixed band, in ratio form)."""
+    """B − A, B / A and the beyond-noise flag of a single number without a spread, for the rows
+    the engine does not carry (kernels, collectives): |B/A − 1| > NOISE_REL, make_delta's fixed
+    band in ratio form."""
     df = _diff_ratio(df)
     a, b = pd.to_numeric(df["a"], errors="coerce"), pd.to_numeric(df["b"], errors="coerce")
     beyond = (df["ratio_b_over_a"] - 1.0).abs() > NOISE_REL
@@ -67,117 +66,85 @@ def _with_diff(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def compare_macro(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
-    """Per sweep level and metric: A, B, difference, ratio, beyond-noise flag."""
+def _delta_rows(ds: list[Delta], label: str) -> pd.DataFrame:
+    """The engine's deltas as compare's table: B − A, B / A, band and judgement as the engine made them."""
+    rows = [{label: d.where if label == "level" else d.metric, "metric": d.metric, "a": d.baseline, "b": d.value,
+             "not_comparable": d.not_comparable, "reason": d.reason, "unit": d.unit, "band": d.band,
+             "band_from": d.band_source, "beyond_noise": d.real, "judgement": d.judgement} for d in ds]
+    return _diff_ratio(pd.DataFrame(rows))
+
+
+def compare_deltas(a: RunArtifacts, b: RunArtifacts) -> list[Delta]:
+    """The one engine's deltas of B against A (`report.deltas.run_deltas`)."""
+    return run_deltas("B", [a], [b], base_name="A")
+
+
+def compare_macro(a: RunArtifacts, b: RunArtifacts, ds: list[Delta] | None = None) -> pd.DataFrame | None:
+    """Per sweep level and metric: A, B, difference, ratio, beyond-noise flag (the engine's)."""
     if a.levels is None or b.levels is None:
         return None
-    keys = [k for k in ("mode", "concurrency", "request_rate") if k in a.levels and k in b.levels]
-    la, lb = a.levels.copy(), b.levels.copy()
-    for df in (la, lb):
-        for k in keys:
-            df[k] = df[k].astype(str)
-        for share in ("bunched_chunk_share", "stall_share"):
-            if share not in df:  # older folders: both sides get the column, so it is suffixed
-                df[share] = np.nan
-    rows = []
-    merged = la.merge(lb, on=keys, how="outer", suffixes=("_a", "_b"))
-    other_slo = _other_slo(a, b)
-    for _, r in merged.iterrows():
-        stalled, bunched = _stalled(r), _bunched(r)
-        for m in MACRO_METRICS:
-            if m.startswith("goodput") and pd.isna(r.get(f"{m}_a")) and pd.isna(r.get(f"{m}_b")):
-                continue  # neither run set an SLO
-            if f"{m}_a" in merged or f"{m}_b" in merged:
-                why = stalled or (bunched if m in DELIVERY_METRICS else None) or (other_slo if m.startswith("goodput") else None)
-                rows.append({"level": _level_label(r, keys), "metric": m, "a": r.get(f"{m}_a"),
-                             "b": r.get(f"{m}_b"), "not_comparable": why})
-    return _with_diff(pd.DataFrame(rows)) if rows else None
+    ds = compare_deltas(a, b) if ds is None else ds
+    level = [d for d in ds if d.metric in MACRO_METRICS or d.metric == "stall_pct"]
+    return _delta_rows(level, "level") if level else None
 
 
-def _other_slo(a: RunArtifacts, b: RunArtifacts) -> str | None:
-    """Why goodput is not compared: the two runs counted it under different SLOs."""
-    sa, sb = ((x.sweep_summary.slo.bounds_ms if x.sweep_summary is not None and x.sweep_summary.slo else None)
-              for x in (a, b))
-    return None if sa == sb else f"the runs' SLOs differ (A {sa or 'none'}, B {sb or 'none'})"
+HEADLINE_TOTALS = {"kernel_sum_ms": "decode kernel_sum_ms", "union_ms": "decode union_ms",
+                   "span_ms": "decode span_ms", "tpot_capture_ms": "decode tpot_capture_ms"}
+"""The engine's step deltas the headline table shows, under their row names."""
 
 
-DELIVERY_METRICS = frozenset({"ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median"})
-"""Per-token latencies that measure delivery, not decode, at a level whose chunks arrived bunched."""
-
-
-def _runs_above(r: pd.Series, share: str, limit: float) -> list[tuple[str, float]]:
-    """("A" or "B", value) for each run of a merged row whose `share` column exceeds `limit`."""
-    return [(run, float(r[col])) for run, col in (("A", f"{share}_a"), ("B", f"{share}_b"))
-            if pd.notna(r.get(col)) and float(r[col]) > limit]
-
-
-def _bunched(r: pd.Series) -> str | None:
-    """Why a merged level's latencies are not compared: a run's chunks bunched beyond the sweep's flag."""
-    runs = [run for run, _ in _runs_above(r, "bunched_chunk_share", BUNCHED_FLAG_SHARE)]
-    return f"{' and '.join(runs)} delivered in bursts (chunks bunched)" if runs else None
-
-
-def _stalled(r: pd.Series) -> str | None:
-    """Why none of a merged level's readings are compared: server-wide stalls took more than
-    STALLED_LEVEL_SHARE of a run's level (its throughput reads low, its latencies carry the pauses)."""
-    runs = [f"{run} ({100 * x:.0f} %)" for run, x in _runs_above(r, "stall_share", STALLED_LEVEL_SHARE)]
-    return f"{' and '.join(runs)} lost that share of the level to server-wide stalls" if runs else None
-
-
-def _level_label(r: pd.Series, keys: list[str]) -> str:
-    rate = r.get("request_rate")
-    if str(r.get("mode")) == "ramp":  # neither one concurrency nor one rate: its level name says it
-        return str(r.get("level_a") if pd.notna(r.get("level_a")) else r.get("level_b"))
-    if str(r.get("mode", "concurrency")).startswith("conc") or rate in (None, "inf", "nan"):
-        return f"c={r.get('concurrency')}".replace(".0", "")
-    return f"rate={rate} req/s"
-
-
-def compare_headlines(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame:
+def compare_headlines(a: RunArtifacts, b: RunArtifacts, ds: list[Delta] | None = None) -> pd.DataFrame:
+    """The sweep's headline numbers (knee, plateau, batch 1), judged by the engine's rules, and
+    the engine's deltas of the decode step's totals and the capture TPOT."""
     ha, hb = an.macro_headlines(a), an.macro_headlines(b)
-    ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
-    c1 = _bunched(pd.Series({"bunched_chunk_share_a": ha.get("c1_bunched_share"),
-                             "bunched_chunk_share_b": hb.get("c1_bunched_share")}))
-    capture = "; ".join(f"{name}'s capture TPOT measures delivery, not decode: {capture_delivery(x.capture_latency)}"
-                        for name, x in (("A", a), ("B", b)) if an.capture_tpot_is_delivery(x)) or None
-    plateau = _stalled(pd.Series({"stall_share_a": ha.get("plateau_stall_share"),
-                                  "stall_share_b": hb.get("plateau_stall_share")}))
+    c1 = bunched_reason([("A", _finite(ha.get("c1_bunched_share"))), ("B", _finite(hb.get("c1_bunched_share")))], "c=1")
+    plateau = stalled_reason([("A", _finite(ha.get("plateau_stall_share"))),
+                              ("B", _finite(hb.get("plateau_stall_share")))], "plateau")
     rows = [{"metric": k, "a": num(ha.get(k)), "b": num(hb.get(k)),
              "not_comparable": c1 if k.startswith("c1_") else plateau}
             for k in ("knee_concurrency", "plateau_output_tok_s", "c1_tpot_ms_median", "c1_ttft_ms_median")]
-    rows += [{"metric": f"decode {k}", "a": ta.get(k), "b": tb.get(k),
-              "not_comparable": capture if k == "tpot_capture_ms" else None}
-             for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms")]
-    df = pd.DataFrame(rows)
+    df = _with_diff(pd.DataFrame(rows))
     df = df[df["a"].notna() | df["b"].notna()]
-    return _with_diff(df)
+    ds = compare_deltas(a, b) if ds is None else ds
+    totals = _delta_rows([d for d in ds if d.metric in HEADLINE_TOTALS and (d.baseline, d.value) != (None, None)],
+                         "metric")
+    if len(totals):
+        totals["metric"] = totals["metric"].map(HEADLINE_TOTALS)
+        totals = totals.set_index("metric").loc[[m for m in HEADLINE_TOTALS.values() if m in set(totals["metric"])]]
+        df = pd.concat([df, totals.reset_index()], ignore_index=True)
+    return df.reset_index(drop=True)
 
 
-def compare_decode_categories(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
-    """Per category: ms per decode step (mean) in A and B, judged with the regression gate's
-    band (`report.noise.make_delta`: the step-to-step spread's standard error of each mean)."""
+def _finite(x) -> list[float]:
+    x = num(x)
+    return [float(x)] if x is not None and math.isfinite(x) else []
+
+
+def compare_decode_categories(a: RunArtifacts, b: RunArtifacts, ds: list[Delta] | None = None) -> pd.DataFrame | None:
+    """Per category: ms per decode step (mean) in A and B, judged by the engine (the regression
+    gate's band, `report.noise.make_delta`: the step-to-step spread's standard error of each mean)."""
     ta, tb = an.decode_step_totals(a), an.decode_step_totals(b)
     da, db = an.decode_category_table(a, ta), an.decode_category_table(b, tb)
     if da is None or db is None:
         return None
-
-    def prep(d: pd.DataFrame, n_steps) -> pd.DataFrame:
-        out = d[["category", "ms_per_step_mean"]].copy()
-        out["se"] = [step_spread_se(num(m), num(p), int(n_steps) if n_steps else None)
-                     for m, p in zip(d["ms_per_step_median"], d["ms_per_step_p90"])]
-        out["calls"] = d["calls_per_step"]
-        return out
-
-    m = prep(da, ta.get("n_decode_steps")).merge(prep(db, tb.get("n_decode_steps")), on="category", how="outer",
-                                                 suffixes=("_a", "_b"))
-    m = _diff_ratio(m.rename(columns={"ms_per_step_mean_a": "a", "ms_per_step_mean_b": "b"}))
-    # A category one run lacks is 0 ms there, known exactly (as in the campaign's deltas).
-    deltas = [make_delta("B", "category_ms_per_step", c, [0.0 if pd.isna(x) else x], [0.0 if pd.isna(y) else y],
-                         False, (0.0 if pd.isna(x) else num(sa), 0.0 if pd.isna(y) else num(sb)))
-              for c, x, y, sa, sb in zip(m["category"], m["a"], m["b"], m["se_a"], m["se_b"])]
-    m["band"], m["band_from"] = [d.band for d in deltas], [d.band_source for d in deltas]
-    m["beyond_noise"] = [d.real for d in deltas]
+    ds = compare_deltas(a, b) if ds is None else ds
+    judged = {d.where: d for d in ds if d.metric == "category_ms_per_step"}
+    calls = da[["category", "calls_per_step"]].merge(db[["category", "calls_per_step"]], on="category", how="outer",
+                                                       suffixes=("_a", "_b"))
+    m = _diff_ratio(calls.assign(a=calls["category"].map(lambda c: _present(da, c)),
+                                 b=calls["category"].map(lambda c: _present(db, c))))
+    m = m.rename(columns={"calls_per_step_a": "calls_a", "calls_per_step_b": "calls_b"})
+    m["band"] = [judged[c].band for c in m["category"]]
+    m["band_from"] = [judged[c].band_source for c in m["category"]]
+    m["beyond_noise"] = [judged[c].real for c in m["category"]]
+    m["judgement"] = [judged[c].judgement for c in m["category"]]
     return m.sort_values("category", key=lambda s: s.map(category_sort_key)).reset_index(drop=True)
+
+
+def _present(d: pd.DataFrame, cat: str) -> float | None:
+    """A category's mean ms per step in one run, None where it did not run (the table shows '–')."""
+    sel = d.loc[d["category"] == cat, "ms_per_step_mean"]
+    return float(sel.iloc[0]) if len(sel) else None
 
 
 KERNEL_CATEGORIES_COMPARED = 4
@@ -282,18 +249,11 @@ def _lacking(a: RunArtifacts, b: RunArtifacts, attr: str, file: str, name_a: str
     return [f"{file} (missing in {' and '.join(missing) or 'neither run, but unreadable'})"]
 
 
-def _engine(x: RunArtifacts) -> str | None:
-    if x.server is None:
-        return None
-    return f"{x.server.engine} {x.server.engine_version or '(version unknown)'}"
-
-
 def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
-    """An A/A comparison calibrates the bands: with the same params on the same engine, whatever
-    comes out 'changed' is run-to-run variation that one run's step spread does not cover."""
-    engine = _engine(a)
-    setup_a, setup_b = ({k: v for k, v in (x.params or {}).items() if k != "run"} for x in (a, b))
-    if not setup_a or setup_a != setup_b or engine is None or engine != _engine(b):
+    """An A/A comparison calibrates the bands (`report.deltas.same_setup`): with the same params on
+    the same engine, whatever comes out 'changed' is run-to-run variation one run's spread misses."""
+    engine = same_setup(a, b)
+    if engine is None:
         return ""  # the run section only names the run and where it is written
     return (f"> **A and B ran identical params on the same engine ({engine}).** If nothing else changed "
             "between them, every change listed below is run-to-run variation on this machine, which the bands "
@@ -318,31 +278,9 @@ def load_section(load: pd.DataFrame | None) -> str:
             + _fmt_table(load, [("concurrency", "concurrency"), ("quantity", "quantity")]) + "\n")
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Write compare.md and compare.html for baseline A against variant B; return their paths.
-
-    `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
-    """
-    a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
-    ident_a, ident_b = vd.trace_identity(a), vd.trace_identity(b)
-    kind_a, kind_b, step = ident_a.kind, ident_b.kind, ident_a.step_label
-    name_a = a.run.run_id if a.run is not None else a.run_dir.name
-    name_b = b.run.run_id if b.run is not None else b.run_dir.name
-    out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
-    out.mkdir(parents=True, exist_ok=True)
-    tables = {"headlines": compare_headlines(a, b), "macro": compare_macro(a, b),
-              "decode_categories": compare_decode_categories(a, b), "collectives": compare_collectives(a, b),
-              "kernels": compare_kernels(a, b), "load": compare_load(a.run_dir, b.run_dir)}
-    text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
-            f"Differences are B − A; ratios B / A. **Noise criterion** (the regression gate's): a per-category "
-            f"time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} standard errors of the difference of "
-            f"the two means (each from its step-to-step spread, (p90 − median)/1.28 over √steps); a single number "
-            f"without a spread when |B/A − 1| > {100 * NOISE_REL:g} %. Each row states its band. Quantities present "
-            f"in one run only are flagged.\n\n")
-    if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
-        text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
-                 f"per-step figures measure different work; they are set side by side, not compared.\n\n")
-    text += _same_setup_note(a, b)
+def _changes(tables: dict[str, pd.DataFrame | None]) -> list[str]:
+    """The bullet list of changes beyond noise: load captures per concurrency first, then each
+    table's rows the engine judged changed; the macro sweep's per-level rows only counted."""
     changed = _load_changes(tables["load"])  # the load captures' changes, per concurrency, first
     n_macro_changed = 0
     for key, df in tables.items():
@@ -362,6 +300,36 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     if n_macro_changed:
         changed.append(f"macro sweep: {n_macro_changed} of {len(tables['macro'])} per-level metrics "
                        f"(see the last table)")
+    return changed
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Write compare.md and compare.html for baseline A against variant B; return their paths.
+
+    `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
+    """
+    a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
+    ident_a, ident_b = vd.trace_identity(a), vd.trace_identity(b)
+    kind_a, kind_b, step = ident_a.kind, ident_b.kind, ident_a.step_label
+    name_a = a.run.run_id if a.run is not None else a.run_dir.name
+    name_b = b.run.run_id if b.run is not None else b.run_dir.name
+    out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    ds = compare_deltas(a, b)  # the one engine's judgements, which every table below renders
+    tables = {"headlines": compare_headlines(a, b, ds), "macro": compare_macro(a, b, ds),
+              "decode_categories": compare_decode_categories(a, b, ds), "collectives": compare_collectives(a, b),
+              "kernels": compare_kernels(a, b), "load": compare_load(a.run_dir, b.run_dir)}
+    text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
+            f"Differences are B − A; ratios B / A. **Noise criterion** (the regression gate's): a per-category "
+            f"time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} standard errors of the difference of "
+            f"the two means (each from its step-to-step spread, (p90 − median)/1.28 over √steps); a single number "
+            f"without a spread when |B/A − 1| > {100 * NOISE_REL:g} %. Each row states its band. Quantities present "
+            f"in one run only are flagged.\n\n")
+    if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
+        text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
+                 f"per-step figures measure different work; they are set side by side, not compared.\n\n")
+    text += _same_setup_note(a, b)
+    changed = _changes(tables)
     text += "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changed) if changed
                                              else "None: every compared quantity is within noise.") + "\n\n"
     text += "## Headline numbers\n\n" + _fmt_table(tables["headlines"], [("metric", "metric")]) + "\n"

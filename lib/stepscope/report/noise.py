@@ -36,7 +36,11 @@ class Delta:
     higher_is_better: bool
     not_comparable: str | None = None
     """Why the two readings do not measure the same thing (a run's tokens arrived in bursts, so
-    its TPOT and TTFT measure delivery): then no change is claimed either way."""
+    its TPOT and TTFT measure delivery): then no change is claimed either way. Rendered from
+    `reason` by `stepscope.wording`."""
+    reason: str | None = None
+    """The code behind `not_comparable` (`report.deltas.REASONS`), what a consumer tests on."""
+    unit: str = ""
 
     @property
     def delta(self) -> float | None:
@@ -63,6 +67,18 @@ class Delta:
         if not self.real or self.delta is None:
             return None
         return (self.delta > 0) == self.higher_is_better
+
+    @property
+    def judgement(self) -> str:
+        """One code for the verdict on this delta: `not_comparable`, `one_side_only`,
+        `within_noise`, `better` or `worse`; every consumer renders this one."""
+        if self.not_comparable is not None:
+            return "not_comparable"
+        if (self.baseline is None) != (self.value is None):
+            return "one_side_only"
+        if not self.real or self.better is None:
+            return "within_noise"
+        return "better" if self.better else "worse"
 
 
 def mean_of(xs: list[float | None]) -> float | None:
