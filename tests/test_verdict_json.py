@@ -114,7 +114,8 @@ def test_without_a_verdict_the_exit_code_says_so(tmp_path):
                  schema.RunRecord)
     lines: list[str] = []
     assert runner.report_unanalysed_ranks(run, None, lines.append) == runner.EXIT_NO_RANK
-    assert lines == ["no rank was analysed:\n    no traces"]
+    # stage 05's FAILED line printed "no traces" already (runner._run_stage): it is not repeated
+    assert lines == ["no rank was analysed: stage 05_categorize failed (its error is above)"]
     (run / "05_categorize").mkdir()
     (run / "05_categorize" / "summary.json").write_text("{}")  # stage 05 ran, stage 06 failed
     lines.clear()

@@ -647,8 +647,9 @@ def report_unanalysed_ranks(run_dir: Path, tp: int | None, echo: Callable[[str],
     ranks = verdict.ranks if verdict is not None else None
     if ranks is None or (ranks.analysed == 0 and not ranks.not_analysed):
         stage = schema.read(run_dir / "run.json", schema.RunRecord).stages.get("05_categorize")
-        error = stage.error if stage is not None else None
-        echo("no rank was analysed" + (f":\n{_indent(error)}" if error else ""))
+        failed = stage is not None and stage.status == "failed" and stage.error
+        # the stage's FAILED line already printed its error: say where it is, not the error again
+        echo("no rank was analysed" + (": stage 05_categorize failed (its error is above)" if failed else ""))
         return EXIT_NO_RANK
     for f in ranks.not_analysed:
         echo("  not analysed: " + f.message.replace("\n", "\n    "))

@@ -129,8 +129,8 @@ Artifacts in `05_categorize/`
     `collective_calls` [{`name`, `calls_table`, `calls_trace_in_steps`}] (CPU layout), `flag`]}.
   - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
     rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
-    unknown_event_category, other_share_high, unattributed, step_fallback, collectives_mismatch,
-    text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
+    unknown_event_category, other_share_high, unattributed, no_launch_events, step_fallback,
+    collectives_mismatch, text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
     sglang_stage_split, unknown_step_annotation, tp_disagreement, low_confidence,
     ranks_missing, clock_disagreement, collective_count_mismatch, period_tpot_mismatch.
 - `decode_categories.csv` (all ranks, decode steps; all steps when none is labelled decode):

@@ -172,7 +172,7 @@ def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame
     att = work[work["step_id"] >= 0]
     cat_tab, tot = _account(att, "step_id") if len(att) else (
         pd.DataFrame(columns=["step_id", "category", "class", "count", "sum_us", "union_us",
-                              "exposed_us"]), pd.DataFrame(columns=["step_id"]))
+                              "exposed_us"]), pd.DataFrame(columns=["step_id", "first_start_us"]))
     cat_tab.insert(0, "rank", rank)
     meta = steps[["step_id", "name", "source", "label", "kind", "n_requests", "n_tokens",
                   "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
@@ -182,8 +182,9 @@ def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame
                  "memory_exposed_us", "idle_us", "all_reduce_calls", "all_gather_calls",
                  "other_collective_calls"]
     for c in zero_cols:
-        if c in tot:
-            tot[c] = tot[c].fillna(0)
+        # no work tied to any step (kernels with no launch to correlate, issue 26): every step
+        # has zero work, read as such downstream, rather than the step columns missing
+        tot[c] = tot[c].fillna(0) if c in tot else 0.0
     for c in ("n_events", "all_reduce_calls", "all_gather_calls", "other_collective_calls"):
         if c in tot:
             tot[c] = tot[c].astype(np.int64)

@@ -13,7 +13,7 @@ from stepscope import schema
 from stepscope.errors import StageInputMissing, TraceError
 from stepscope.trace import account as acc
 from stepscope.trace import collectives as coll
-from stepscope.thresholds import OTHER_SHARE_LIMIT, TPOT_GAP_SHARE
+from stepscope.thresholds import OTHER_SHARE_LIMIT
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
@@ -21,6 +21,7 @@ from stepscope.trace.info import detect_engine, input_token_shape, kind_evidence
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.wording import capture_delivery, short_names, work_unit
 from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
+from stepscope.trace.tpot import tpot_against_step
 
 
 EXPOSED_NOTE = (
@@ -550,6 +551,11 @@ def _rank_flags(ranks_summary: list[dict]) -> list[dict[str, str]]:
                                f"rank {rs['rank']}: {rs['unattributed_events']} work events belong "
                                f"to no recorded step ({why}; before_capture = launched before the "
                                "capture's CPU side began, i.e. in an unrecorded earlier step)"))
+        if rs["attribution"].get("work_time", 0) and rs["excluded"].get("n_launch_missing") == rs["n_device_events"]:
+            flags.append(_flag("no_launch_events", "info",
+                               f"rank {rs['rank']}: no device event has its launch in the trace (no runtime "
+                               f"events): {rs['attribution']['work_time']} are placed in steps by their own "
+                               "start time, which assumes the host and device clocks agree"))
         if rs["step_source"] != "annotation:vllm" and rs["step_source"].startswith(("graph", "exec",
                                                                                       "whole")):
             flags.append(_flag("step_fallback", "info",
@@ -625,8 +631,9 @@ def _tpot_flags(times: dict, cpu: bool) -> list[dict[str, str]]:
                                f"ms) exceeds the mean TPOT measured during capture "
                                f"({times['tpot_capture_ms']:.3f} ms): {unit} overlap; read the union "
                                "and span instead"))
-        gap = 1.0 - times["span_ms"]["mean"] / times["tpot_capture_ms"]
-        if gap > TPOT_GAP_SHARE:
+        j = tpot_against_step(times["tpot_capture_ms"], None, times["span_ms"]["mean"])  # against the span
+        if j is not None and j.code == "tpot_above":
+            gap = j.gap_share
             flags.append(_flag("span_below_tpot", "info",
                                f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
                                f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
@@ -701,14 +708,15 @@ def _device(ref: RankResult, peaks: dict[str, Any] | None) -> dict[str, Any]:
 
 def _period_vs_tpot(times: dict) -> list[dict[str, str]]:
     """The server's decode period and the client's TPOT measure the same thing; say when
-    they disagree by more than TPOT_GAP_SHARE, and what each direction means."""
+    they disagree by more than TPOT_GAP_SHARE (`trace.tpot`), and what each direction means."""
     period = (times.get("period_ms") or {}).get("mean")
     tpot = times.get("tpot_capture_ms")
-    if not period or not tpot or abs(period - tpot) <= TPOT_GAP_SHARE * tpot:
+    j = tpot_against_step(tpot, period)  # the one judgement (trace.tpot); the flag reads the period only
+    if j is None or j.code == "agree":
         return []
     why = ("tokens reached the client in bursts (a starved API process or network), so the "
            "client's decode time is short and its TTFT long; the period is the server's reading"
-           if tpot < period else
+           if j.code == "tpot_below" else
            "time between a token leaving the engine and reaching the client (detokenizing, "
            "streaming) that no step accounts for")
     return [_flag("period_tpot_mismatch", "warning",

@@ -331,7 +331,9 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         # Correlation ids grow monotonically: a kernel whose id is below every launch on
         # record was launched before the CPU side of the capture began (the previous,
         # unrecorded step). It stays unattributed rather than inflate the first step.
-        first_corr = launches["correlation"].min() if len(launches) else np.inf
+        # With no launch on record at all (a kernel-only export) no id can be dated so: every
+        # kernel goes by its own time, as said above, not to "before the capture".
+        first_corr = launches["correlation"].min() if len(launches) else -np.inf
         early = ~has & (corr >= 0) & (corr < first_corr)
         how[early] = "before_capture"
         for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
