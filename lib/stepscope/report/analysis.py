@@ -18,7 +18,8 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.markdown_util import code_name
 from stepscope.report.numbers import fmt_num as _fmt
-from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL, TPOT_GAP_SHARE
+from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
+from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
 from stepscope.wording import work_unit
 
 
@@ -137,41 +138,41 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
                    + (f" over {_fmt(n)} intervals" if n else "") + f"), against a span of {_fmt(sp)} ms: "
                    f"{_fmt(max(period - sp, 0.0))} ms per step pass with no {work} of the step. Shares and "
                    f"Amdahl ceilings divide by the period, because it is what TPOT measures.")
-    if tpot is not None and period is not None and tpot > 0:
-        # The two readings of the same thing: they should agree, and a disagreement is flagged.
-        diff = period - tpot
-        if abs(diff) <= TPOT_GAP_SHARE * tpot:
-            out.append(f"The period ({_fmt(period)} ms) and the TPOT the client measured during capture "
-                       f"({_fmt(tpot)} ms) agree within {_fmt(100 * abs(diff) / tpot, 2)} %.")
-        elif diff > 0:
-            out.append(f"**The period ({_fmt(period)} ms) and the client's TPOT ({_fmt(tpot)} ms) disagree** by "
-                       f"{_fmt(100 * diff / tpot, 2)} % of TPOT. One known cause of a TPOT below the period: when the "
-                       f"server delivers output in bursts, the first chunk carries several tokens, TTFT absorbs "
-                       f"their decode time and (E2EL − TTFT)/(tokens − 1) shrinks (the sweep flags such bursts). "
-                       f"The period is the engine's own clock; shares and ceilings use it.")
-        else:
-            out.append(f"**The period ({_fmt(period)} ms) and the client's TPOT ({_fmt(tpot)} ms) disagree**: "
-                       f"TPOT is {_fmt(100 * -diff / tpot, 2)} % above the period, so time per token is spent "
-                       f"outside the steps the trace recorded (scheduling between requests, streaming, "
-                       f"detokenization).")
-    elif tpot is not None and sp is not None and tpot > 0:
-        gap = tpot - sp
-        if abs(gap) <= TPOT_GAP_SHARE * tpot:
-            out.append(f"The TPOT measured by the client during capture ({_fmt(tpot)} ms) matches the span "
-                       f"({_fmt(sp)} ms) within {_fmt(100 * abs(gap) / tpot, 2)} %: the device steps account "
-                       f"for the time per token.")
-        elif gap > 0:
-            out.append(f"The TPOT measured during capture ({_fmt(tpot)} ms) is {_fmt(gap)} ms above the span "
-                       f"({_fmt(100 * gap / tpot, 2)} % of TPOT): that time is spent between device steps, "
-                       f"in the scheduler, host-side sampling, detokenization or streaming.")
-        else:
-            out.append(f"The span per step ({_fmt(sp)} ms) exceeds the TPOT measured during capture "
-                       f"({_fmt(tpot)} ms) by {_fmt(-gap)} ms: steps overlap in time (asynchronous "
-                       f"scheduling) or the client's TPOT averages in faster tokens.")
+    j = tpot_against_step(tpot, period, sp)  # the one judgement, which stage 05's flag and the verdict read
+    if j is not None:
+        out.append(_tpot_sentence(j))
     elif tpot is not None and tpot > 0 and s is not None and sp is None:
         out.append(f"The capture's TPOT is {_fmt(tpot)} ms against {_fmt(s)} ms of summed {one} time per step; "
                    f"without a span the gap cannot be split into overlap and idle time.")
     return out
+
+
+def _tpot_sentence(j: TpotAgainstStep) -> str:
+    """The reconciliation's sentence for the TPOT judgement (`trace.tpot`), by reference and code."""
+    tpot, step, pct = _fmt(j.tpot_ms), _fmt(j.step_ms), _fmt(100 * j.gap_share, 2)
+    if j.reference == "period":
+        if j.code == "agree":
+            return (f"The period ({step} ms) and the TPOT the client measured during capture ({tpot} ms) agree "
+                    f"within {pct} %.")
+        if j.code == "tpot_below":
+            return (f"**The period ({step} ms) and the client's TPOT ({tpot} ms) disagree** by {pct} % of TPOT. One "
+                    f"known cause of a TPOT below the period: when the server delivers output in bursts, the first "
+                    f"chunk carries several tokens, TTFT absorbs their decode time and (E2EL − TTFT)/(tokens − 1) "
+                    f"shrinks (the sweep flags such bursts). The period is the engine's own clock; shares and "
+                    f"ceilings use it.")
+        return (f"**The period ({step} ms) and the client's TPOT ({tpot} ms) disagree**: TPOT is {pct} % above the "
+                f"period, so time per token is spent outside the steps the trace recorded (scheduling between "
+                f"requests, streaming, detokenization).")
+    if j.code == "agree":
+        return (f"The TPOT measured by the client during capture ({tpot} ms) matches the span ({step} ms) within "
+                f"{pct} %: the device steps account for the time per token.")
+    if j.code == "tpot_above":
+        return (f"The TPOT measured during capture ({tpot} ms) is {_fmt(j.gap_ms)} ms above the span ({pct} % of "
+                f"TPOT): that time is spent between device steps, in the scheduler, host-side sampling, "
+                f"detokenization or streaming.")
+    return (f"The span per step ({step} ms) exceeds the TPOT measured during capture ({tpot} ms) by "
+            f"{_fmt(-j.gap_ms)} ms: steps overlap in time (asynchronous scheduling) or the client's TPOT averages "
+            f"in faster tokens.")
 
 
 # --------------------------------------------------------------------------- cross-checks

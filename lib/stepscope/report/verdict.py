@@ -22,6 +22,7 @@ from stepscope import schema, wording
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.load import LoadGrowth, load_growth
+from stepscope.trace.tpot import tpot_against_step
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
@@ -629,13 +630,11 @@ def overlap(totals: dict[str, Any]) -> Overlap | None:
 
 def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
     """TPOT against the device step: only for decode, and only when the gap is worth saying."""
-    tpot = totals.get("tpot_capture_ms")
-    ref_name = "period" if totals.get("period_ms") else "span"
-    ref = totals.get("period_ms") or totals.get("span_ms")
-    if not ident.has_decode or not tpot or not ref or (tpot - ref) <= TPOT_GAP_SHARE * tpot:
+    j = tpot_against_step(totals.get("tpot_capture_ms"), totals.get("period_ms"), totals.get("span_ms"))
+    if not ident.has_decode or j is None or j.code != "tpot_above":  # the one judgement (trace.tpot)
         return None
-    return TpotGap(tpot_ms=tpot, step_ms=ref, denominator=ref_name, gap_ms=tpot - ref,
-                   gap_pct=100 * (tpot - ref) / tpot)
+    return TpotGap(tpot_ms=j.tpot_ms, step_ms=j.step_ms, denominator=j.reference, gap_ms=j.gap_ms,
+                   gap_pct=100 * j.gap_share)
 
 
 def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps | None:
