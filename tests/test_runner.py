@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from stepscope import runfolder, runner
+from stepscope import runfolder
 from stepscope.errors import StepscopeError
 from stepscope.runner import run_pipeline, select_stages
 
@@ -51,7 +51,6 @@ def stand_ins(tmp_path, monkeypatch):
         nbdir = tmp_path / "nbs"
         _stand_in_notebooks(nbdir, failing)
         monkeypatch.setattr(runfolder, "NOTEBOOKS_DIR", nbdir)
-        monkeypatch.setattr(runner, "NOTEBOOKS_DIR", nbdir)
         params = tmp_path / "p.yaml"
         # No model on disk: the deploy stage fails before any server starts.
         params.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\n"
@@ -93,7 +92,7 @@ def test_resume_skips_finished_stages(stand_ins, tmp_path):
     done = tmp_path / "out" / "r2" / "02_gemm_micro" / "done.txt"
     done.write_text("from the first run")
     _stand_in_notebooks(tmp_path / "nbs2", {})
-    runfolder.NOTEBOOKS_DIR = runner.NOTEBOOKS_DIR = tmp_path / "nbs2"  # restored by monkeypatch
+    runfolder.NOTEBOOKS_DIR = tmp_path / "nbs2"  # restored by monkeypatch
     lines: list[str] = []
     code, run_dir = run_pipeline(params, run_id="r2", stages="02,03", resume=True, progress=False,
                                  echo=lines.append)

@@ -242,18 +242,3 @@ def execute_notebook(input_path: Path, output_path: Path, parameters: dict, cwd:
                                       traceback=out.error["traceback"])
     return nb
 
-
-def execute_notebook_inprocess(stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
-    """The runner's notebook executor for the analysis stages (see the module docstring);
-    falls back to a kernel when this process already runs an IPython shell."""
-    from stepscope.runfolder import NOTEBOOKS_DIR
-
-    if shell() is None:
-        from stepscope.runner import execute_notebook as with_kernel
-
-        return with_kernel(stage, params_file, run_dir, progress)
-    out_nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
-    out_nb.parent.mkdir(parents=True, exist_ok=True)
-    execute_notebook(stage.notebook, out_nb, {"params_file": str(params_file), "run_dir": str(run_dir)},
-                     cwd=NOTEBOOKS_DIR)
-    return out_nb

@@ -30,8 +30,6 @@ from stepscope import schema
 from stepscope.config import Params, load_params, params_to_dict, redact, redact_argv
 from stepscope.errors import StepscopeError
 from stepscope.runfolder import (
-    NOTEBOOKS_DIR,
-    batch_run_environment,
     REPO_ROOT,
     STAGES,
     Stage,
@@ -45,6 +43,8 @@ from stepscope.runfolder import (
     run_folder_under,
     write_yaml,
 )
+from stepscope.execute import in_process
+from stepscope.execute import with_kernel as execute_notebook
 from stepscope.stages import param_inputs
 
 log = logging.getLogger(__name__)
@@ -236,25 +236,6 @@ class _RunRecord:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def execute_notebook(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
-    """Run one stage's notebook with papermill; returns the executed notebook's path."""
-    import papermill as pm
-
-    out_nb = run_dir / "notebooks" / f"{stage.id}.ipynb"
-    out_nb.parent.mkdir(parents=True, exist_ok=True)
-    with batch_run_environment():  # the kernel knows it runs in batch: no widgets (runfolder.BATCH_RUN_ENV)
-        pm.execute_notebook(
-            str(stage.notebook), str(out_nb),
-            parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
-            kernel_name="python3", cwd=str(NOTEBOOKS_DIR), progress_bar=progress,
-            log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
-            # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
-            # loopback) are noise in every stage's output; errors still come through.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        )
-    return out_nb
 
 
 def _error_text(exc: BaseException) -> str:
@@ -623,13 +604,11 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
 
     params = params_from_dict(data, source="stepscope analyze")
     run_dir = Path(out).resolve() if out else resolve_outputs_dir(params) / new_run_id(params)
-    # Both stages in this process: a kernel per notebook cost more than the analysis itself.
-    from stepscope.inprocess import execute_notebook_inprocess
-
+    # Both stages in this process (execute.in_process): a kernel per notebook cost more than the analysis.
     with run_folder_lock(run_dir, say=echo):  # before analyze_params.yaml: a second analyze is refused
         params_file = write_yaml(run_dir / "analyze_params.yaml", data)
         code, run_dir = run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
-                                     progress=progress, echo=echo, notebook_executor=execute_notebook_inprocess)
+                                     progress=progress, echo=echo, notebook_executor=in_process)
     if code == EXIT_INTERRUPTED:
         return code, run_dir
     missing_code = report_unanalysed_ranks(run_dir, tp, echo)

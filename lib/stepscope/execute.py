@@ -1,0 +1,47 @@
+"""The one way a stage's notebook is executed: `with_kernel` (papermill and a Jupyter kernel,
+isolated) or `in_process` (`stepscope.inprocess`: no kernel, for the analysis stages).
+
+Both take (stage, params file, run folder, progress) and return the executed notebook's path,
+so the runner takes either as its `notebook_executor`. They live here, below the runner and
+above `inprocess`, so that neither of those imports the other (`tests/test_import_cycles.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stepscope import runfolder
+from stepscope.stages import Stage
+
+
+def with_kernel(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
+    """Run one stage's notebook with papermill; returns the executed notebook's path."""
+    import papermill as pm
+
+    out_nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
+    out_nb.parent.mkdir(parents=True, exist_ok=True)
+    with runfolder.batch_run_environment():  # the kernel knows it runs in batch: no widgets (runfolder.BATCH_RUN_ENV)
+        pm.execute_notebook(
+            str(stage.notebook), str(out_nb),
+            parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
+            kernel_name="python3", cwd=str(runfolder.NOTEBOOKS_DIR), progress_bar=progress,
+            log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
+            # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
+            # loopback) are noise in every stage's output; errors still come through.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        )
+    return out_nb
+
+
+def in_process(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
+    """The analysis stages' executor (see `stepscope.inprocess`); falls back to a kernel when
+    this process already runs an IPython shell (a notebook calling `analyze`)."""
+    from stepscope import inprocess
+
+    if inprocess.shell() is None:
+        return with_kernel(stage, params_file, run_dir, progress)
+    out_nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
+    out_nb.parent.mkdir(parents=True, exist_ok=True)
+    inprocess.execute_notebook(stage.notebook, out_nb, {"params_file": str(params_file), "run_dir": str(run_dir)},
+                               cwd=runfolder.NOTEBOOKS_DIR)
+    return out_nb
