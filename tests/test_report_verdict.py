@@ -88,8 +88,9 @@ def test_no_sentence_claims_what_the_data_contradicts(tmp_path, case):
     knee = sweep["knee_concurrency"]
     assert ("the plateau is" in said) == (knee is not None)
     assert ("No plateau was reached" in said) == (knee is None)
-    if knee is None:
-        assert "**no plateau was reached**" in md and "the plateau is **" not in md
+    # Section 2 says the verdict's own plateau finding in the renderer's sentence (until 2026-12-01
+    # build.py had a second wording of it, with its own arithmetic).
+    assert prose.plateau_sentence(v.plateau) in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
     # exposed communication only at or above the threshold
     assert ("Communication is exposed" in said) == (exposed_frac >= COMM_EXPOSED_SHARE)
     # host-bound only where short gaps carry it
@@ -193,11 +194,12 @@ def test_low_confidence_under_five_steps(tmp_path):
 
 def test_no_plateau_claimed_without_a_knee(tmp_path):
     # The CPU demo's sweep: knee null and a "no knee" flag, throughput still doubling.
-    _, md, _ = _build(tmp_path, "np", plateau=False)
+    _, md, v = _build(tmp_path, "np", plateau=False)
     macro = md.split("## 2.", 1)[1].split("## 3.", 1)[0]
     assert "plateau is" not in macro
-    assert "**no plateau was reached**: output tok/s still grew by at least 10.0 % per doubling" in macro
-    assert "up to 640 output tok/s at concurrency 8" in macro
+    # (finding, sentence): the verdict's plateau, in the renderer's one sentence
+    assert (v.plateau.reached, v.plateau.knee_gain_pct, v.plateau.best_concurrency) == (False, 10.0, 8)
+    assert prose.plateau_sentence(v.plateau) in macro
     assert "so the sweep stopped short of saturation." in _quote(md, "Verdict.")
 
 
@@ -218,7 +220,7 @@ def test_no_plateau_read_from_stalled_levels_says_so(tmp_path):
             "concurrency 4): each level is low by up to its own share, so the growth between levels may be the "
             "stalls', not the server's (longer levels, sweep.min_level_duration_s, make one stall weigh less)")
     assert f"(640 output tok/s), {tail}." in _quote(md, "Verdict.")
-    assert f"up to 640 output tok/s at concurrency 8, {tail}" in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
+    assert f"{prose.plateau_sentence(v.plateau)}" in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
     assert "stopped short of saturation" not in md
 
 
@@ -241,7 +243,7 @@ def test_plateau_read_from_stalled_levels_says_so(tmp_path):
     clause = ("but server-wide stalls (every stream silent at once) took up to 44.8 % of a level's time from the "
               "knee on (at concurrency 8), so it is low by up to that share")
     assert f"the plateau is 300 output tok/s, {clause}." in _quote(md, "Verdict.")
-    assert f"the plateau is **300 output tok/s**, {clause}" in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
+    assert prose.plateau_sentence(v.plateau) in md.split("## 2.", 1)[1].split("## 3.", 1)[0]
     # Stalls only below the knee, or within the noise, leave the plateau as stated.
     lv["stall_share"] = [0.4, 0.3, 0.04, 0.0]
     lv.to_csv(levels, index=False)

@@ -311,17 +311,12 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     h = macro
     plateau = vd.plateau(h)
     parts = []
-    if h.get("knee_concurrency") is not None:
-        parts.append(f"the knee (beyond it, doubling concurrency adds < {fmt_num(100 * h['knee_gain'])} % output tok/s) "
-                     f"is at **concurrency {fmt_num(h['knee_concurrency'])}**")
-    if h.get("knee_concurrency") is not None and h.get("plateau_output_tok_s") is not None:
-        parts.append(f"the plateau is **{fmt_num(h['plateau_output_tok_s'])} output tok/s**"
-                     + prose.plateau_stall_clause(plateau))
-    elif h.get("best_output_tok_s") is not None:
-        parts.append(f"**no plateau was reached**: output tok/s still grew by at least {fmt_num(100 * h['knee_gain'])} % "
-                     f"per doubling of concurrency, up to {fmt_num(h['best_output_tok_s'])} output tok/s at "
-                     f"concurrency {fmt_num(h['best_concurrency'])}"
-                     + (prose.no_plateau_tail(plateau) if plateau.stall_pct is not None else ""))
+    if plateau is not None:  # the verdict's own sentence (prose.plateau_sentence), not a second wording
+        text += prose.plateau_sentence(plateau)
+        if plateau.reached and plateau.knee_gain_pct is not None:
+            text += (f" The knee is the level beyond which doubling concurrency adds less than "
+                     f"{fmt_num(plateau.knee_gain_pct)} % output tok/s.")
+        text += "\n\n"
     if h.get("c1_tpot_ms_median") is not None:
         parts.append(f"at concurrency 1 the median TPOT is **{fmt_num(h['c1_tpot_ms_median'])} ms** and the "
                      f"median TTFT **{fmt_num(h['c1_ttft_ms_median'])} ms**")
