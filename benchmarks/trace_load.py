@@ -40,6 +40,12 @@ elif kind == "stepscope_df":
     from stepscope.trace.load import read_trace
 elif kind == "hta":
     from hta.trace_analysis import TraceAnalysis
+elif kind == "analysis":
+    # Stage 05 on this one trace, as `stepscope analyze` runs it (pandas and the analysis
+    # imported first: their RSS is counted in the peak, not in the time).
+    import tempfile
+    from pathlib import Path
+    from stepscope.trace.analyze import analyze_traces
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 if kind == "gzip":
@@ -58,6 +64,10 @@ elif kind == "stepscope":
 elif kind == "stepscope_df":
     df, meta = read_trace(path)
     n = len(df)
+elif kind == "analysis":
+    with tempfile.TemporaryDirectory() as out:
+        an = analyze_traces(Path(path), Path(out), perfetto=False, progress=False)
+    n = sum(r["n_device_events"] for r in an.summary["ranks"])
 elif kind == "hta":
     import os
     ta = TraceAnalysis(trace_dir=os.path.dirname(path))
@@ -66,7 +76,8 @@ dt = time.perf_counter() - t
 # HTA may parse in a worker process: count the larger of this process and its children.
 peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"kind": kind, "s": dt, "peak_rss_mb": peak / 1024, "import_rss_mb": base / 1024, "n": n}))
+print(json.dumps({"kind": kind, "s": dt, "peak_rss_mb": peak / 1024, "import_rss_mb": base / 1024, "n": n,
+                  "self_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -175,6 +186,20 @@ def run(kind: str, path: Path, extra_path: str | None = None) -> dict | None:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def report_analysis(r: dict, json_bytes: int) -> None:
+    """The full analysis's time and peak RSS against the issue 26 target (<= 0.5x the JSON)."""
+    if "error" in r:
+        print(f"analysis failed: {r['error']}")
+        return
+    peak = r["peak_rss_mb"] * 2**20
+    print(f"analysis     {r['s']:7.2f} s   peak RSS {r['peak_rss_mb']:7.0f} MB (largest of the process and its "
+          f"parse children; the process alone {r['self_peak_rss_mb']:.0f} MB; after imports {r['import_rss_mb']:.0f} MB)"
+          f"   device events {r['n']:,}")
+    print(f"  peak RSS / JSON size  = {peak / json_bytes:.2f}  (<= 0.5)")
+    print(f"  peak RSS per device event = {peak / max(r['n'], 1):.0f} bytes; above the imports "
+          f"{(r['peak_rss_mb'] - r['import_rss_mb']) * 2**20 / max(r['n'], 1):.0f} bytes")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=260)
@@ -188,6 +213,9 @@ def main() -> None:
                     help="alternating runs of gzip and stepscope; the fastest of each is kept")
     ap.add_argument("--hta-path", default=None,
                     help="folder with HTA installed (pip --target), added to PYTHONPATH for its row only")
+    ap.add_argument("--analysis", action="store_true",
+                    help="run only the full stage-05 analysis (analyze_traces) and print its peak RSS per JSON "
+                         "byte and per device event")
     args = ap.parse_args()
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -204,6 +232,9 @@ def main() -> None:
             (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
     print(f"built {gz} : {json_bytes / 2**20:.0f} MB JSON, {gz.stat().st_size / 2**20:.0f} MB gz, "
           f"{n:,} events ({time.perf_counter() - t:.0f} s)")
+    if args.analysis:
+        report_analysis(run("analysis", gz), json_bytes)
+        return
     hta_path = args.hta_path or os.environ.get("STEPSCOPE_HTA_PATH")
     probe = subprocess.run([sys.executable, "-c", "import hta"], capture_output=True,
                            env={**os.environ, "PYTHONPATH": hta_path or ""})

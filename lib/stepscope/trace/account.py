@@ -13,6 +13,8 @@ communication overlaps; a compute category's exposed time is its union. So, exac
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -360,13 +362,20 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
     return out.sort_values("sum_ms_per_step", ascending=False, kind="stable").reset_index(drop=True)
 
 
+_INSTANCE_NO = re.compile(r"_\d+$")
+
+
 def _decided_by(work: pd.DataFrame) -> pd.Series:
     """What put each kernel in its category: `name` (a name rule), `catch-all`, or the op or
     module it ran inside, without its instance number (`nn.Module: Qwen2RMSNorm`)."""
-    source = work["category_source"].astype(str) if "category_source" in work else pd.Series("name", work.index)
-    context = (work["op_context"].astype(str).str.replace(r"_\d+$", "", regex=True) if "op_context" in work
-               else pd.Series("", work.index))
-    return source.where(source != "context", "inside " + context).str.replace("catch_all", "catch-all")
+    source = work["category_source"] if "category_source" in work else pd.Series("name", work.index)
+    context = work["op_context"] if "op_context" in work else pd.Series("", work.index)
+    # Judged once per distinct (source, frame) pair and mapped back by code: a new str per
+    # row was most of stage 05's peak on a kernel-dense trace (issue 26).
+    codes, pairs = pd.MultiIndex.from_arrays([source.to_numpy(object), context.to_numpy(object)]).factorize()
+    label = [("inside " + _INSTANCE_NO.sub("", str(c)) if s == "context" else str(s)).replace("catch_all", "catch-all")
+             for s, c in pairs]
+    return pd.Series(np.array(label, dtype=object)[codes], index=work.index)
 
 
 def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:

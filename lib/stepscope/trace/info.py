@@ -109,8 +109,10 @@ def kind_evidence(ev: pd.DataFrame) -> dict[str, list[str]]:
     `vision`, `encoder`, `llm`): each a list of readable findings, empty kinds left out.
     `model_passes` (diffusion) counts the denoiser's forward calls: a profiler step of a
     pipeline holds several passes, not one."""
-    names = ev["name"].astype(str)
-    cat = ev["cat"]
+    # only the host rows are read: a device-dense trace's kernel names are not copied
+    host = ~ev["cat"].isin(("kernel", "gpu_memcpy", "gpu_memset")).to_numpy()
+    names = ev["name"][host].astype(str)
+    cat = ev["cat"][host]
     ann = names[cat.isin(("user_annotation", "gpu_user_annotation"))]
     mods = _module_classes(ev)
     mod_names = pd.Series(mods.index.astype(str), dtype=object)

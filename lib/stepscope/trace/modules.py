@@ -35,7 +35,8 @@ _INSTANCE = re.compile(r"_\d+$")
 def module_paths(ev: pd.DataFrame) -> dict[str, str]:
     """{module instance (`Linear_31`): its path (`Qwen2ForCausalLM/Qwen2Model/.../Qwen2MLP/Linear#2`)}
     from the nesting of the rank's module frames (the first call of each instance decides)."""
-    fr = ev[(ev["cat"] == "python_function") & ev["name"].astype(str).str.startswith(MODULE_PREFIX)]
+    # .str on the name column as it is (Categorical): judged once per distinct name, no copy per row
+    fr = ev[(ev["cat"] == "python_function") & ev["name"].str.startswith(MODULE_PREFIX)]
     if fr.empty:
         return {}
     fr = fr.assign(end=fr["ts"] + fr["dur"], neg=-fr["dur"]).sort_values(["pid", "tid", "ts", "neg"],
@@ -151,7 +152,7 @@ def recompute_mask(ev: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
     """Per work row: launched (a kernel) or run (a CPU op) inside a `recompute_fn` frame on its
     thread, i.e. activation-checkpoint recompute rather than the first forward."""
     out = np.zeros(len(work), dtype=bool)
-    fr = ev[(ev["cat"] == "python_function") & ev["name"].astype(str).str.contains(RECOMPUTE_FRAME)]
+    fr = ev[(ev["cat"] == "python_function") & ev["name"].str.contains(RECOMPUTE_FRAME)]
     if fr.empty or work.empty:
         return out
     launches = ev[ev["cat"].isin(("cuda_runtime", "cuda_driver")) & (ev["correlation"] >= 0)]

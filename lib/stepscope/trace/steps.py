@@ -122,8 +122,7 @@ _TRAINING_KERNEL = re.compile(r"wgrad|dgrad|multi_tensor_apply_kernel.*Adam", re
 
 def looks_like_training(ev: pd.DataFrame) -> bool:
     """Whether one rank's events show backward passes or optimizer steps."""
-    names = ev["name"].astype(str)
-    cat = ev["cat"]
+    names, cat = ev["name"], ev["cat"]  # .str on the Categorical: once per distinct name
     ann = names[cat.isin(("user_annotation", "gpu_user_annotation", "cpu_op"))]
     if ann.str.contains(_TRAINING_ANN).any():
         return True
@@ -173,7 +172,7 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
                     rows.append(_unknown_step(str(g["name"].iloc[i]), pid, tid, start, end - start))
     if source is None:
         frames = ev[(ev["cat"] == "python_function")
-                    & ev["name"].astype(str).str.contains("execute_model", regex=False)]
+                    & ev["name"].str.contains("execute_model", regex=False)]
         if len(frames):
             source = "execute_model_frames"
             for r in frames.sort_values("ts").itertuples(index=False):
@@ -287,6 +286,16 @@ def _nelems(ev: pd.DataFrame) -> np.ndarray:
     return pd.to_numeric(ev["msg_nelems"], errors="coerce").fillna(-1).to_numpy(np.int64)
 
 
+def text_codes(values: pd.Series | np.ndarray) -> pd.Categorical:
+    """A per-event text column as codes into its distinct values, sorted (so a groupby or a
+    sort orders it as it orders the text). A kernel-dense trace repeats a few hundred names
+    over millions of rows: a str object per row was most of stage 05's peak (issue 26)."""
+    if isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype):
+        c = values.array.remove_unused_categories()
+        return c.reorder_categories(sorted(c.categories))
+    return pd.Categorical(np.asarray(values, dtype=object))
+
+
 def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
     """One row per kernel / memcpy / memset, attributed through its launch (see build_work)."""
     dev = ev[ev["cat"].isin(DEVICE_CATS)]
@@ -301,7 +310,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     graph = np.zeros(len(dev), dtype=bool)
     if has.any():
         sub = lk.loc[corr[has]]
-        graph[has] = sub["name"].astype(str).str.match(_GRAPH_LAUNCH).to_numpy()
+        graph[has] = sub["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool)  # per distinct name, not per row
         lpid[has] = sub["pid"].to_numpy()
         ltid[has] = sub["tid"].to_numpy()
         lts[has] = sub["ts"].to_numpy()
@@ -347,17 +356,16 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
             how[rows[ok]] = method
     ctx = launch_context(ev, lpid, ltid, lts)
     cats, source = categorize_work(dev["name"], dev["cat"], rules, ctx.category)
-    names = dev["name"].astype(str).to_numpy()
     work = pd.DataFrame({
-        "rank": rank, "step_id": step, "attribution": how, "category": cats,
-        "name": names,
+        "rank": rank, "step_id": step, "attribution": text_codes(how), "category": text_codes(cats),
+        "name": text_codes(dev["name"]),
         "stream": np.where(dev["stream"].to_numpy() >= 0, dev["stream"].to_numpy(),
                            dev["tid"].to_numpy()),
         "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
         "dur_us": dev["dur"].to_numpy(), "is_call": True,
         "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
-        "msg_nelems": _nelems(dev), "category_source": source, "op_context": ctx.frame,
-        "module": ctx.module, "graph_launch": graph,
+        "msg_nelems": _nelems(dev), "category_source": text_codes(source), "op_context": text_codes(ctx.frame),
+        "module": text_codes(ctx.module), "graph_launch": graph,
     })
     info["n_launch_missing"] = int((~has).sum())
     return work
@@ -421,7 +429,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         work = _gpu_work(ev, steps, rules, rank, info)
     else:
         work = _cpu_work(ev, steps, rules, rank, info)
-    work["class"] = class_of(work["category"])
+    work["class"] = text_codes(class_of(work["category"]))
     coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()
     if mode == "cpu":
         # Count each collective once: at its entry op (see _C10D_CALL), not its
