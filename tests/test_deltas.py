@@ -75,3 +75,27 @@ def test_an_a_a_pair_is_named_once(pair_dirs):
     # Same params on the same engine in the synthetic pair too; a params change breaks it.
     b.params = {**(b.params or {}), "model": {"name": "other"}}
     assert same_setup(a, b) is None
+
+
+def test_compare_sets_the_verdicts_side_by_side_from_verdict_json(tmp_path):
+    import json
+
+    from stepscope.report import build_report
+    from stepscope.report.deltas import verdict_changes
+
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b", scale=0.8)
+    md = compare_runs(a, b, tmp_path / "out0")["markdown"].read_text()
+    assert "06_writeup/verdict.json (missing in A `" in md  # before stage 06, the file it needs is named
+    for run in (a, b):
+        build_report(run, draw_figures=False)
+    va, vb = load_run_artifacts(a).verdict, load_run_artifacts(b).verdict
+    assert va is not None and va.dominant.category == vb.dominant.category and verdict_changes(va, vb) == []
+    p = b / "06_writeup" / "verdict.json"
+    rec = json.loads(p.read_text())
+    rec["dominant"]["category"] = "attention"  # as if B's step were dominated by another category
+    p.write_text(json.dumps(rec))
+    vb = load_run_artifacts(b).verdict
+    assert verdict_changes(va, vb) == [("dominant", va.dominant.category, "attention")]
+    md = compare_runs(a, b, tmp_path / "out1")["markdown"].read_text()
+    assert f"Changed: dominant: {va.dominant.category} → attention." in md
+    assert f"| dominant | {va.dominant.category} | attention |" in md

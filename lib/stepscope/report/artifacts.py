@@ -49,6 +49,8 @@ class RunArtifacts:
     server: schema.ServerRecord | None = None
     levels: pd.DataFrame | None = None
     sweep_summary: schema.SweepSummary | None = None
+    verdict: schema.VerdictFile | None = None
+    """Stage 06's findings (`06_writeup/verdict.json`), what `compare` sets side by side."""
     gemm: pd.DataFrame | None = None
     gemm_prediction: schema.GemmPrediction | None = None
     collectives: pd.DataFrame | None = None
@@ -84,7 +86,7 @@ class RunArtifacts:
     @property
     def decode(self) -> schema.DecodeSummary:
         """Stage 05's decode summary (empty when stage 05 did not run)."""
-        return self.trace_summary.decode if self.trace_summary is not None else schema.DecodeSummary()
+        return self.trace_summary.decode if self.trace_summary is not None else schema.DecodeSummary.empty()
 
     @property
     def ranks(self) -> list[schema.RankSummary]:
@@ -116,6 +118,7 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.server = _json(a, "00_deploy/server.json")
     a.levels = _csv(a, "01_macro_sweep/levels.csv")
     a.sweep_summary = _json(a, "01_macro_sweep/summary.json")
+    a.verdict = _json(a, "06_writeup/verdict.json")
     a.gemm = _csv(a, "02_gemm_micro/gemm.csv")
     a.gemm_prediction = _json(a, "02_gemm_micro/prediction.json")
     a.collectives = _csv(a, "03_nccl_burst/collectives.csv")

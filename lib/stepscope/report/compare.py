@@ -32,7 +32,8 @@ from stepscope.report import analysis as an
 from stepscope.report import figures as fg
 from stepscope.report import verdict as vd
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
-from stepscope.report.deltas import MACRO_METRICS, bunched_reason, run_deltas, same_setup, stalled_reason
+from stepscope.report.deltas import (MACRO_METRICS, VERDICT_FIELDS, bunched_reason, run_deltas, same_setup,
+                                     stalled_reason, verdict_changes, verdict_fields)
 from stepscope.report.noise import Delta
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
@@ -303,6 +304,22 @@ def _changes(tables: dict[str, pd.DataFrame | None]) -> list[str]:
     return changed
 
 
+def verdict_section(a: RunArtifacts, b: RunArtifacts, name_a: str, name_b: str) -> str:
+    """Each run's findings from its `06_writeup/verdict.json`, side by side, with the named ones
+    that changed (`report.deltas.verdict_changes`)."""
+    text = "## The verdicts, A against B\n\n"
+    if a.verdict is None or b.verdict is None:
+        return text + missing_box("Verdict comparison", _lacking(a, b, "verdict", "06_writeup/verdict.json",
+                                                                 name_a, name_b)) + "\n"
+    fa, fb = verdict_fields(a.verdict), verdict_fields(b.verdict)
+    rows = pd.DataFrame([{"finding": k, "a": fa[k], "b": fb[k]} for k in VERDICT_FIELDS])
+    changes = verdict_changes(a.verdict, b.verdict)
+    said = ("; ".join(f"{k}: {fmt_num(x)} → {fmt_num(y)}" for k, x, y in changes) if changes
+            else "the same dominant cost, biggest lever and caveat")
+    return (text + f"Read from each run's `06_writeup/verdict.json` (stage 06). Changed: {said}.\n\n"
+            + md_table(rows, [("finding", "finding"), ("a", "A"), ("b", "B")]) + "\n")
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Write compare.md and compare.html for baseline A against variant B; return their paths.
 
@@ -332,6 +349,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     changed = _changes(tables)
     text += "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changed) if changed
                                              else "None: every compared quantity is within noise.") + "\n\n"
+    text += verdict_section(a, b, name_a, name_b)
     text += "## Headline numbers\n\n" + _fmt_table(tables["headlines"], [("metric", "metric")]) + "\n"
     text += f"## Per-category time per {step} (ms)\n\n"
     dc = tables["decode_categories"]

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from stepscope import schema
 from stepscope.report import analysis as an
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.noise import Delta, make_delta, mean_of, step_spread_se
@@ -191,3 +192,24 @@ def same_setup(a: RunArtifacts, b: RunArtifacts) -> str | None:
     if not setup_a or setup_a != setup_b or engine is None or engine != _engine(b):
         return None
     return engine
+
+
+VERDICT_FIELDS = ("dominant", "dominant_share_pct", "biggest_lever", "biggest_lever_x", "caveat")
+"""The findings of `06_writeup/verdict.json` a comparison sets side by side."""
+
+
+def verdict_fields(v: schema.VerdictFile | None) -> dict[str, object]:
+    """The compared findings of one run's verdict.json (every value None without the file)."""
+    if v is None:
+        return dict.fromkeys(VERDICT_FIELDS)
+    d, lever = v.dominant, v.biggest_lever
+    return {"dominant": d.category if d else None, "dominant_share_pct": d.share_pct if d else None,
+            "biggest_lever": lever.name if lever else None, "biggest_lever_x": lever.ceiling_x if lever else None,
+            "caveat": v.caveat.code if v.caveat else None}
+
+
+def verdict_changes(a: schema.VerdictFile | None, b: schema.VerdictFile | None) -> list[tuple[str, object, object]]:
+    """The named findings that differ between two verdicts: (field, A, B). Shares and ceilings
+    are numbers with no band here, so only the named findings count as a change."""
+    fa, fb = verdict_fields(a), verdict_fields(b)
+    return [(k, fa[k], fb[k]) for k in ("dominant", "biggest_lever", "caveat") if fa[k] != fb[k]]
