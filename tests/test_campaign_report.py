@@ -361,3 +361,25 @@ def test_a_stalled_level_is_shown_and_not_compared(campaign, tmp_path):
     conc = int(lv["concurrency"].iloc[-1])
     assert (f"| not compared: spec's level c={conc} lost 82 % of its time to server-wide stalls: its readings are "
             "low or late by up to that share |") in md
+
+
+def test_the_verdict_in_words_is_read_from_each_runs_verdict_json(campaign, tmp_path):
+    # A run whose stage 06 wrote verdict.json is quoted from it (what its own report said), not
+    # re-rendered by the campaign; a run without one is rendered alike.
+    import shutil
+
+    from stepscope.report import build_report
+
+    d, _, _, _ = campaign
+    d2 = tmp_path / "camp-2"
+    shutil.copytree(d, d2)
+    build_report(d2 / "spec", draw_figures=False)
+    p = d2 / "spec" / "06_writeup" / "verdict.json"
+    rec = json.loads(p.read_text())
+    rec["sentences"] = [{"finding": "dominant", "text": "As the spec run's own report said it."}]
+    p.write_text(json.dumps(rec))
+    md = build_campaign_report(d2)["markdown"].read_text()
+    spec = md.split("<summary>spec: the verdict in words</summary>", 1)[1].split("</details>", 1)[0]
+    assert spec.strip() == "As the spec run's own report said it."
+    tp2 = md.split("<summary>tp2: the verdict in words</summary>", 1)[1].split("</details>", 1)[0]
+    assert "As the spec run's own report said it." not in tp2 and tp2.strip()

@@ -159,7 +159,10 @@ def _verdicts(c: ca.Campaign) -> str:
                                    else "the same verdict as the baseline") + ".\n")
     text += "\n"
     for v in digests:
-        sents = verdict_sentences(c.runs[v][0].ctx["verdict"])
+        r = c.runs[v][0]
+        # The run's own words where its stage 06 wrote them (verdict.json), else rendered here alike.
+        sents = [x.text for x in r.artifacts.verdict.sentences] if r.artifacts.verdict is not None \
+            else verdict_sentences(r.ctx["verdict"])
         if sents:
             text += f"<details><summary>{v}: the verdict in words</summary>\n\n" + " ".join(sents) + "\n\n</details>\n\n"
     return text
