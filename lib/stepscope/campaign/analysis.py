@@ -17,7 +17,7 @@ A delta is real only when |delta| exceeds its band.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
 from stepscope.report.analysis import capture_tpot_is_delivery
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
-from stepscope.report.deltas import run_deltas
+from stepscope.report.deltas import changed_findings, run_deltas
 from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_se  # noqa: F401  (the campaign's API)
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
@@ -252,9 +252,7 @@ def digest(variant: str, v: Verdict) -> VerdictDigest:
 
 def verdict_changes(base: VerdictDigest, other: VerdictDigest) -> list[tuple[str, Any, Any]]:
     """The verdict fields that differ: (field, baseline value, variant value)."""
-    return [(k, getattr(base, k), getattr(other, k))
-            for k in ("dominant", "communication", "bound", "top_lever")
-            if getattr(base, k) != getattr(other, k)]
+    return changed_findings(asdict(base), asdict(other), ("dominant", "communication", "bound", "top_lever"))
 
 
 # --------------------------------------------------------------------------- predictions

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -211,5 +211,11 @@ def verdict_fields(v: schema.VerdictFile | None) -> dict[str, object]:
 def verdict_changes(a: schema.VerdictFile | None, b: schema.VerdictFile | None) -> list[tuple[str, object, object]]:
     """The named findings that differ between two verdicts: (field, A, B). Shares and ceilings
     are numbers with no band here, so only the named findings count as a change."""
-    fa, fb = verdict_fields(a), verdict_fields(b)
-    return [(k, fa[k], fb[k]) for k in ("dominant", "biggest_lever", "caveat") if fa[k] != fb[k]]
+    return changed_findings(verdict_fields(a), verdict_fields(b), ("dominant", "biggest_lever", "caveat"))
+
+
+def changed_findings(fa: Mapping[str, object], fb: Mapping[str, object],
+                     names: Sequence[str]) -> list[tuple[str, object, object]]:
+    """(name, A, B) for each named finding that differs: the one rule of a changed verdict,
+    for compare's verdict.json fields and the campaign's digests alike."""
+    return [(k, fa.get(k), fb.get(k)) for k in names if fa.get(k) != fb.get(k)]
