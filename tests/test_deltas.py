@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from stepscope.campaign import analysis as ca
-from stepscope.campaign.gate import METRIC_WORDS, regressions
+from stepscope.campaign.gate import GATED, regressions
 from stepscope.report import compare_runs
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.deltas import run_deltas, same_setup
@@ -49,7 +49,7 @@ def test_compare_gate_and_campaign_give_one_judgement(pair_dirs, tmp_path):
         assert (bool(r["beyond_noise"]), r["judgement"]) == (d.real, d.judgement), key
         why = r.get("not_comparable")
         assert (None if pd.isna(why) else why) == d.not_comparable, key
-    assert gate == {k for k, d in campaign.items() if d.judgement == "worse" and d.metric in METRIC_WORDS}
+    assert gate == {k for k, d in campaign.items() if d.judgement == "worse" and d.metric in GATED}
     # The rules fired as built: c=1's latencies bunched, all of c=8 stalled, its stall share a regression.
     assert campaign[("tpot_ms_median", "c=1")].reason == "bunched"
     assert campaign[("output_throughput_tok_s", "c=8")].not_comparable == not_compared_words(

@@ -163,3 +163,15 @@ def slo_differs_words(slo_a: object, slo_b: object) -> str:
 def capture_not_compared_words(name: str, lat) -> str:
     """Why a run's capture TPOT is not compared (it measures delivery), with `capture_delivery`'s figures."""
     return f"{name}'s capture TPOT measures delivery, not decode: {capture_delivery(lat)}"
+
+
+QUANTITY_WORDS = {"output_throughput_tok_s": "output throughput (tok/s)", "tpot_ms_median": "TPOT median (ms)",
+                  "ttft_ms_median": "TTFT median (ms)", "tpot_capture_ms": "batch-1 TPOT during capture (ms)",
+                  "decode_step_ms": "decode step time (ms)", "category_ms_per_step": "time per decode step (ms)",
+                  "stall_pct": "share of the level lost to server-wide stalls (%)"}
+"""A compared quantity's name in a sentence, with its unit (`report.deltas` metric codes)."""
+
+
+def quantity_words(metric: str) -> str:
+    """The words for a compared quantity (`QUANTITY_WORDS`), else its code as it stands."""
+    return QUANTITY_WORDS.get(metric, metric)

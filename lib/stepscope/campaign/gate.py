@@ -16,21 +16,21 @@ from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.deltas import run_deltas
 from stepscope.report.noise import Delta
 from stepscope.wording import fmt_num as f
+from stepscope.wording import quantity_words
 
-METRIC_WORDS = {"output_throughput_tok_s": "output throughput (tok/s)", "tpot_ms_median": "TPOT median (ms)",
-                "ttft_ms_median": "TTFT median (ms)", "tpot_capture_ms": "batch-1 TPOT during capture (ms)",
-                "decode_step_ms": "decode step time (ms)", "category_ms_per_step": "time per decode step (ms)",
-                "stall_pct": "share of the level lost to server-wide stalls (%)"}
+GATED = frozenset({"output_throughput_tok_s", "tpot_ms_median", "ttft_ms_median", "tpot_capture_ms", "decode_step_ms",
+                   "category_ms_per_step", "stall_pct"})
+"""The engine's quantities the gate fails on (`report.deltas.run_deltas` computes more)."""
 
 
 def regressions(run_a: str | Path, run_b: str | Path) -> list[Delta]:
-    """Every gated quantity (`METRIC_WORDS`) that got worse from A to B beyond its noise band."""
+    """Every gated quantity (`GATED`) that got worse from A to B beyond its noise band."""
     ds = run_deltas("B", [load_run_artifacts(Path(run_a))], [load_run_artifacts(Path(run_b))], base_name="A")
-    return [d for d in ds if d.metric in METRIC_WORDS and d.judgement == "worse"]
+    return [d for d in ds if d.metric in GATED and d.judgement == "worse"]
 
 
 def regression_message(d: Delta) -> str:
-    what = METRIC_WORDS.get(d.metric, d.metric)
+    what = quantity_words(d.metric)
     where = f"{d.where} " if d.metric == "category_ms_per_step" else ""
     at = "" if d.metric == "category_ms_per_step" else f" at {d.where}"
     return (f"regression: {where}{what}{at}: A {f(d.baseline)} → B {f(d.value)} "
