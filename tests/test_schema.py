@@ -51,8 +51,13 @@ def test_stage05_cpu_tp2_values_through_the_schema(stage05_outputs):
     assert [r.rank for r in s.ranks] == [0, 1]
     assert all(r.mode == "cpu" for r in s.ranks)
     assert s.ranks[0].collectives_per_decode_step == {"all_reduce": 5.0, "all_gather": 1.0}
-    assert s.collectives_check.observed["all_reduce"]["median"] == 5.0
+    assert s.collectives_check.observed.all_reduce.median == 5.0
+    assert s.collectives_check.observed.per_step() == {"all_reduce": 5.0, "all_gather": 1.0, "other_collective": 0.0}
     assert s.collectives_check.tp == 2
+    m = s.collectives_matched
+    assert m.ranks_present == [0, 1] and m.world_size == 2
+    assert m.by_category and all(isinstance(c, schema.CollectiveCategoryStats) for c in m.by_category.values())
+    assert set(m.reconcile) == {"0", "1"} and all(isinstance(r, schema.RankReconcile) for r in m.reconcile.values())
     assert s.decode.steps.n_steps == 10
     assert s.decode.steps.union_ms.mean <= s.decode.steps.kernel_sum_ms.mean + 1e-12
 

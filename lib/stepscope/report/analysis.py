@@ -192,10 +192,10 @@ def transfer_readings(a: RunArtifacts) -> pd.DataFrame | None:
     rows = []
     for _, r in cr.iterrows():
         m, est = cm.by_category.get(str(r["category"])), num(r["transfer_ms_est"])
-        matched = num(m.get("transfer_ms_per_step")) if m else None
+        matched = num(m.transfer_ms_per_step) if m else None
         if est is None or matched is None:
             continue
-        n, n_asym = int(m.get("n_instances") or 0), int(m.get("n_asymmetric") or 0)
+        n, n_asym = m.n_instances, m.n_asymmetric
         rel = abs(est - matched) / max(est, matched) if max(est, matched) > 0 else 0.0
         rows.append({"category": str(r["category"]), "transfer_ms_est": est, "transfer_ms_matched": matched,
                      "n_instances": n, "n_asymmetric": n_asym, "rel_diff": rel,
@@ -269,8 +269,8 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
     trace_gemm = _category_ms(dec, GEMM_CATEGORIES)
     if pred_gemm is not None or trace_gemm is not None:
         gp = a.gemm_prediction
-        cfg = gp.config if gp is not None else {}
-        how = (" ".join(str(cfg[k]) for k in ("backend", "dtype", "mode") if cfg.get(k))
+        cfg = gp.config if gp is not None else None
+        how = (" ".join(str(v) for v in ((cfg.backend, cfg.dtype, cfg.mode) if cfg else ()) if v)
                or (gp.method if gp is not None and gp.method else "n/a"))
         gemm = largest_kernel(a.category_kernels, GEMM_CATEGORIES)
         rows.append({"quantity": "GEMM time per decode step (batch 1)", "trace_ms_per_step": trace_gemm,

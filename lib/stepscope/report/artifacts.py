@@ -223,18 +223,9 @@ def num(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def collective_counts(d: dict | None) -> dict[str, float | None]:
-    """{collective: median count per step} from collectives_check's `expected` (flat counts)
-    or `observed` ({median, min, max} per collective); other keys are metadata."""
-    if not d:
-        return {}
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out[k] = num(v.get("median"))
-        elif k in ("all_reduce", "all_gather", "other_collective"):
-            out[k] = num(v)
-    return out
+def collective_counts(d: schema.ObservedCollectives | schema.ExpectedCollectives | None) -> dict[str, float | None]:
+    """{collective: calls per step} of collectives_check's `expected` or `observed` (medians)."""
+    return {k: num(v) for k, v in d.per_step().items()} if d is not None else {}
 
 
 def words(v: Any) -> str:

@@ -191,14 +191,9 @@ def _device_line(ident: vd.TraceIdentity) -> str | None:
 def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     run, server, params = a.run, a.server, a.params or {}
     hw_p = params.get("hardware") or {}
-    hw_r = run.hardware if run is not None else {}
-    gpus = hw_r.get("gpus")
-    gpu_txt = None
-    if isinstance(gpus, list) and gpus:
-        names = sorted({str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus})
-        gpu_txt = f"{len(gpus)} × {', '.join(names)}"
-    elif gpus:
-        gpu_txt = str(gpus)
+    hw_r = run.hardware if run is not None else schema.HostHardware()
+    gpus = hw_r.gpus  # nvidia-smi's line per GPU (schema.versions upgrades older records)
+    gpu_txt = f"{len(gpus)} × {', '.join(sorted(set(gpus)))}" if gpus else None
     model = params.get("model") or {}
     # The engine the trace shows, else the one the run served; never params' default.
     engine = ident.engine or (server.engine if server else None) or (a.manifest.engine if a.manifest else None)
@@ -227,7 +222,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
          if ident.n_judged_steps is not None else ident.kind),
         ("Device", device),
         ("Hardware", hw_p.get("name")),
-        ("CPU" if captured_here else "Analysed on (CPU)", hw_r.get("cpu")),
+        ("CPU" if captured_here else "Analysed on (CPU)", hw_r.cpu),
         ("Accelerators" if captured_here else "Analysed on (accelerators)", gpu_txt),
         ("Interconnect", hw_p.get("interconnect")),
         ("Engine", f"{engine} {version or ''}".strip() if engine else "unknown (neither the trace nor the run says)"),
@@ -639,7 +634,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
             rows = [{"collective": k, "expected": exp.get(k), "observed (median per step)": obs.get(k)}
                     for k in dict.fromkeys(list(exp) + list(obs))
                     if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
-            n = cc.observed.get("n_steps")
+            n = cc.observed.n_steps
             label = ctx["verdict"].identity.step_label
             text += (f"Counted on rank {cc.rank if cc.rank is not None else 0}" + (f" over {prose.steps(n, label)}" if n else "")
                      + (f", TP={cc.tp}" if cc.tp else "") + ":\n\n")
@@ -650,7 +645,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                 text += md_table(df)
             else:
                 text += "No collective ran in these steps.\n"
-        reasoning = (cc.expected or {}).get("reasoning")
+        reasoning = cc.expected.reasoning if cc.expected is not None else None
         if reasoning:
             text += f"\nExpected from the architecture: {words(reasoning)}\n"
         expl = words(cc.explanation)
@@ -676,15 +671,10 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     if tt:
         text += ("The text table's `Self CUDA time total` against the trace's summed kernel time (a difference "
                  "above 1 % is flagged; a CPU op's CUDA time is never added as kernel time):\n\n")
-        df = pd.DataFrame(tt)
-        if "file" in df:
-            df["file"] = df["file"].map(lambda f: Path(str(f)).name)
-        if "rel_diff" in df:
-            df["diff_pct"] = 100 * pd.to_numeric(df["rel_diff"], errors="coerce")
-        df["remark"] = [
-            (r.get("flag") or {}).get("message") if isinstance(r.get("flag"), dict)
-            else (r.get("error") or r.get("note") or ("within 1 %" if pd.notna(r.get("rel_diff")) else ""))
-            for r in tt]
+        df = pd.DataFrame([{"file": Path(c.file).name, "rank": c.rank, "layout": c.layout,
+                            "self_cuda_total_us": c.self_cuda_total_us, "trace_kernel_sum_us": c.trace_kernel_sum_us,
+                            "diff_pct": None if c.rel_diff is None else 100 * c.rel_diff,
+                            "self_cpu_total_us": c.self_cpu_total_us, "remark": c.remark()} for c in tt])
         cols = [("file", "file"), ("rank", "rank"), ("layout", "layout"),
                 ("self_cuda_total_us", "Self CUDA total µs"), ("trace_kernel_sum_us", "trace kernel sum µs"),
                 ("diff_pct", "difference %"), ("self_cpu_total_us", "Self CPU total µs"), ("remark", "remark")]

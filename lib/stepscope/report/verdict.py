@@ -664,7 +664,8 @@ def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None
             continue
         lever = Lever(category=str(r["category"]), exposed_ms=float(r["exposed_ms_per_step"]),
                       ceiling_x=float(r["max_speedup"]), step_ms=basis.step_ms, denominator=basis.denominator)
-        transfer = num((by_cat.get(lever.category) or {}).get("transfer_ms_per_step"))
+        stats = by_cat.get(lever.category)
+        transfer = num(stats.transfer_ms_per_step) if stats is not None else None
         if transfer is not None:
             cut = min(lever.exposed_ms, transfer)
             lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=amdahl_x(basis.step_ms, cut))

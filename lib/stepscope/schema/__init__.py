@@ -16,20 +16,23 @@ or `_s`; shares are 0-1 unless the key says `pct`.
 from __future__ import annotations
 
 from stepscope.schema._base import (SCHEMA_VERSION, Artifact, ArtifactError, Record, Row, check_frame,
-                                    columns, convert, read, required_columns, to_builtins, validate,
-                                    write, write_table)
+                                    columns, convert, read, read_if_present, required_columns, to_builtins,
+                                    update, validate, write, write_table)
 from stepscope.schema.campaign import (CampaignRecord, CampaignRun, ReusedFrom, SpecDecodeCounters,
                                        SpecDecodeWindow)
-from stepscope.schema.capture import CaptureFile, CaptureLatency, CaptureManifest
-from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryLeverRow, CollectiveInstanceRow,
-                                         CollectiveSizeRow, CollectivesCheck, CrossRankRow, ModuleRow,
+from stepscope.schema.capture import CaptureFile, CaptureLatency, CaptureManifest, StartProfileBody
+from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryLeverRow, ClockFlag,
+                                         CollectiveCategoryStats, CollectiveInstanceRow, CollectivesMatched,
+                                         CollectiveSizeRow, CollectivesCheck, CrossRankRow, ExpectedCollectives,
+                                         ModuleRow, NamedTime, ObservedCollectives, Percentiles, RankReconcile,
+                                         TextTableCheck,
                                          DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
                                          StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
-from stepscope.schema.deploy import ServerRecord
+from stepscope.schema.deploy import ModelCard, ModelsResponse, ServerRecord
 from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel, LoadWindow, ServerMetricsInfo,
                                    ServerMetricsRow)
-from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmPrediction, GemmRow
-from stepscope.schema.run import RunRecord, StageStatus
+from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmConfig, GemmPrediction, GemmRow
+from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
 from stepscope.schema.sweep import GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepSummary
 from stepscope.schema.verdict import (BiggestLeverRecord, CaveatRecord, DominantCost, RanksRecord, VerdictFile,
                                       VerdictSentence)
@@ -186,5 +189,8 @@ __all__ = [
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
-    "required_columns", "to_builtins", "validate", "write", "write_table",
+    "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
+    "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",
+    "ModelCard", "ModelsResponse", "NamedTime", "ObservedCollectives", "Percentiles", "RankReconcile", "RunEvent",
+    "StartProfileBody", "TextTableCheck",
 ]

@@ -38,6 +38,10 @@ class Row(Record):
 
 T = TypeVar("T", bound=Record)
 
+Setting = str | int | float | bool | list[str] | None
+"""One value of an open set of named settings (a server's profiler flags, a guard's inputs):
+named by the writer, never a nested record."""
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -97,13 +101,37 @@ def validate(obj: Any, typ: type[T], where: str) -> dict:
 
 
 def read(path: str | Path, typ: type[T]) -> T:
-    """A JSON artifact as its Struct. Raises ArtifactError (bad JSON or schema) or OSError."""
+    """A JSON artifact as its Struct: the one reader of run-folder JSON. A file of a run folder
+    written with an older schema version is upgraded first (`schema.versions`), so readers see
+    one shape. Raises ArtifactError (bad JSON or schema) or OSError."""
+    from stepscope.schema import versions
+
     path = Path(path)
     try:
         obj = json.loads(path.read_text())
     except ValueError as exc:
         raise ArtifactError(f"not readable as JSON ({exc})", where=str(path)) from None
+    if typ.__name__ in versions.UPGRADES:
+        version = obj.get("schema_version", 1) if typ.__name__ == "RunRecord" and isinstance(obj, dict) \
+            else versions.run_folder_version(path)
+        obj = versions.upgrade(obj, typ.__name__, version, SCHEMA_VERSION)
     return convert(obj, typ, str(path))
+
+
+def read_if_present(path: str | Path, typ: type[T]) -> T | None:
+    """`read`, or None when the file is not there."""
+    path = Path(path)
+    return read(path, typ) if path.is_file() else None
+
+
+def update(path: str | Path, typ: type[Record], **changes) -> Path:
+    """Set top-level keys of a JSON artifact, keeping every other key as written (a newer
+    writer's keys this version does not know included), and write it back checked."""
+    path = Path(path)
+    read(path, typ)  # the file as it is must match before it is changed
+    obj = json.loads(path.read_text())
+    obj.update(changes)
+    return write(path, obj, typ)
 
 
 def write(path: str | Path, obj: Any, typ: type[Record]) -> Path:

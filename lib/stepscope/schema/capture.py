@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from stepscope.schema._base import Record
+from stepscope.schema._base import Record, Setting
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_TTFT_SHARE, STALLED_LEVEL_SHARE
 
 
@@ -18,6 +16,17 @@ class CaptureFile(Record, kw_only=True):
     """`trace`, `frontend_trace`, `profiler_table` or `frontend_table`."""
 
 
+class StartProfileBody(Record, kw_only=True):
+    """The JSON body of SGLang's `POST /start_profile` (vLLM takes none)."""
+
+    num_steps: int
+    """Engine steps to record before it stops by itself."""
+    activities: list[str] = []
+    with_stack: bool = False
+    record_shapes: bool = False
+    output_dir: str | None = None
+
+
 class CaptureManifest(Record, kw_only=True):
     engine: str | None = None
     engine_version: str | None = None
@@ -25,9 +34,9 @@ class CaptureManifest(Record, kw_only=True):
     profiler_dir: str | None = None
     profiler_dir_source: str | None = None
     """Where `profiler_dir` came from (server.json, params)."""
-    profiler_settings: dict[str, Any] = {}
+    profiler_settings: dict[str, Setting] = {}
     """with_stack, record_shapes, ... as the server was configured."""
-    start_profile_body: Any = None
+    start_profile_body: StartProfileBody | None = None
     tp: int | None = None
     ranks_expected: list[int] = []
     ranks_found: list[int] = []

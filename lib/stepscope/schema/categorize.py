@@ -2,12 +2,11 @@
 (`stepscope.trace`). All times are µs unless the key says `_ms`.
 
 Keys added with schema version 2 (trace_info, class totals, period, idle split, matched
-collectives, roofline) are optional: runs written before them lack them.
+collectives, roofline) are required and may be null; runs written before them read with
+them null (`schema.versions`, the one versioned reader).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from msgspec import field
 
@@ -102,14 +101,14 @@ class RankSummary(Record, kw_only=True):
     """{all_reduce, all_gather}: medians over decode steps."""
     step_kinds: dict[str, int] | None = None
     """{step kind: count}."""
-    class_totals_us: ClassTotals | None = None
+    class_totals_us: ClassTotals | None
     """Whole-trace class totals; they add up to busy_us exactly, unlike per-category exposed times."""
     catch_all_share: float | None = None
     """Share of kernel time in `unattributed_elementwise`: matched only by a catch-all rule
     (a library kernel whose op no name rule or enclosing frame tells); `other_share` is what
     no rule matched at all."""
-    catch_all_top_names: list[Any] | None = None
-    """Its largest names: [{`name`, `sum_us`, `count`}]."""
+    catch_all_top_names: list[NamedTime] | None = None
+    """Its largest names."""
 
 
 class StepTimes(Record, kw_only=True):
@@ -179,19 +178,19 @@ class DecodeSummary(Record, kw_only=True):
     """The reference rank's rows of decode_categories.csv."""
     amdahl: list[AmdahlRow] = []
     """The reference rank's rows of amdahl.csv."""
-    period_ms: PeriodStat | None = None
+    period_ms: PeriodStat | None
     """Step start to next step start, over decode steps followed by a decode step."""
-    denominator: str | None = None
+    denominator: str | None
     """`period` (shares and Amdahl ceilings divide by it) or `span` (one step only; see
     `denominator_reason`)."""
     denominator_reason: str | None = None
     period_from_device_n: int = 0
     """Steps of the period whose host-side period was shorter than their device busy time,
     measured on the device instead (stage 05 flags `period_from_device`)."""
-    idle_micro_ms: float | None = None
+    idle_micro_ms: float | None
     """Mean per step: gaps between work inside a step, each shorter than
     `thresholds.MACRO_GAP_US`."""
-    idle_macro_ms: float | None = None
+    idle_macro_ms: float | None
     """Mean per step: gaps inside a step of at least `thresholds.MACRO_GAP_US` (stalls).
     micro + macro = span - busy; the time between steps is period - span."""
     largest_gap: LargestGap | None = None
@@ -201,18 +200,53 @@ class DecodeSummary(Record, kw_only=True):
     spec_decode: SpecDecodeSteps | None = None
     """Verify steps under speculative decoding (null when no step scored a draft)."""
 
+    @classmethod
+    def empty(cls) -> DecodeSummary:
+        """The summary of a run whose stage 05 did not run: nothing measured."""
+        return cls(period_ms=None, denominator=None, idle_micro_ms=None, idle_macro_ms=None)
+
+
+class ObservedCollectives(Record, kw_only=True):
+    """Collective calls per step on the reference rank, over the steps used."""
+
+    steps_used: str | None = None
+    """`decode`, or what was used when no step is labelled decode."""
+    n_steps: int = 0
+    all_reduce: CountStat = field(default_factory=CountStat)
+    all_gather: CountStat = field(default_factory=CountStat)
+    other_collective: CountStat = field(default_factory=CountStat)
+
+    def per_step(self) -> dict[str, float | None]:
+        """{collective: median calls per step}."""
+        return {"all_reduce": self.all_reduce.median, "all_gather": self.all_gather.median,
+                "other_collective": self.other_collective.median}
+
+
+class ExpectedCollectives(Record, kw_only=True):
+    """Collective calls per decode step the architecture implies (`stepscope.model`)."""
+
+    all_reduce: int
+    all_gather: int
+    reasoning: str | None = None
+    """How the counts follow from the architecture, in a sentence."""
+
+    def per_step(self) -> dict[str, float | None]:
+        """{collective: calls per decode step}."""
+        return {"all_reduce": float(self.all_reduce), "all_gather": float(self.all_gather)}
+
 
 class CollectivesCheck(Record, kw_only=True):
-    observed: dict[str, Any] = {}
-    """{steps_used, n_steps, all_reduce/all_gather/other_collective: {median, min, max}}."""
-    expected: dict[str, Any] | None = None
-    """{all_reduce, all_gather, reasoning} from the architecture; null without one."""
+    observed: ObservedCollectives = field(default_factory=ObservedCollectives)
+    expected: ExpectedCollectives | None = None
+    """Null without an architecture or a TP size."""
     match: bool | None = None
     explanation: list[str] = []
     """Sentences: why the counts differ, or what was not checked."""
     rank: int | None = None
     tp: int | None = None
     """The TP size the expectation used."""
+    tp_source: str | None = None
+    """`params`, `trace` or `default`."""
 
 
 class WeightFormatNamed(Record, kw_only=True):
@@ -256,7 +290,8 @@ class TraceInfo(Record, kw_only=True):
     batch_size: float | None = None
     """Requests per decode step from the annotations, median; null when unknown."""
     batch_source: str | None = None
-    input_shape: Any = None
+    input_shape: list[int] | None = None
+    """(batch, sequence) of the model's input when the trace's shapes say it, else null."""
     world_size: int | None = None
     """From `distributedInfo`."""
     ranks_present: list[int] = []
@@ -293,11 +328,56 @@ class TraceInfo(Record, kw_only=True):
     """A mixed trace's own reading (prefill beside decode), from the step annotations."""
 
 
+class Percentiles(Record, kw_only=True):
+    p50: float | None = None
+    p90: float | None = None
+
+
+class ClockFlag(Record, kw_only=True):
+    """Ranks whose matched collectives end, median, further than `CLOCK_SKEW_LIMIT_US` from the
+    reference rank's: their clocks disagree, so cross-rank waits are not trusted."""
+
+    ranks: list[int]
+    median_end_offset_us: dict[str, float]
+    """{rank: median end offset from the reference rank}, every non-reference rank."""
+
+
+class CollectiveCategoryStats(Record, kw_only=True):
+    """One collective category's matched instances in the judged steps."""
+
+    n_instances: int
+    n_asymmetric: int = 0
+    """Instances where a rank ended before the last arrived (no transfer time)."""
+    skew_us: Percentiles = field(default_factory=Percentiles)
+    transfer_us: Percentiles = field(default_factory=Percentiles)
+    transfer_ms_per_step: float | None = None
+    wait_ms_per_step_by_rank: dict[str, float] = {}
+    after_last_arrival_ms_per_step_by_rank: dict[str, float] = {}
+    straggler_rank: int | None = None
+    bytes_p50: float | None = None
+    busbw_gbps_p50: float | None = None
+
+
+class RankReconcile(Record, kw_only=True):
+    """One rank's matched collective time against its accounted collective time, ms per step."""
+
+    matched_ms: float
+    accounted_ms: float | None = None
+    rel_diff: float | None = None
+    agree: bool | None = None
+    """Within `READINGS_AGREE_REL`; null when there is no accounted time."""
+    inside_idle_ms: float | None = None
+    """Inside the instances, per step: time with no recorded op."""
+    inside_other_ms: float | None = None
+    """Inside the instances, per step: other categories' work on the same stream or thread."""
+
+
 class CollectivesMatched(Record, kw_only=True):
     """Collectives matched across ranks (instances in collective_instances.csv)."""
 
     world_size: int | None = None
-    ranks_present: list[int] | int | None = None
+    ranks_present: list[int] = []
+    """The ranks whose traces are here."""
     complete: bool | None = None
     """Every rank of the world present, at least two."""
     reason: str | None = None
@@ -320,22 +400,22 @@ class CollectivesMatched(Record, kw_only=True):
     """Per rank: its own end minus the last arrival (its completion; 0 if it left first)."""
     matched_ms_per_step_by_rank: dict[str, float | None] | None = None
     """Per rank: wait + after, exactly its arrival-to-end time in the matched collectives."""
-    reconcile: dict[str, dict[str, Any]] | None = None
+    reconcile: dict[str, RankReconcile] | None = None
     """Per rank {matched_ms, accounted_ms, rel_diff, agree, inside_idle_ms, inside_other_ms}: the
     matched time against the collective categories' time in the accounting; disagreement beyond
     READINGS_AGREE_REL is flagged. The difference lies inside the instances: time with no recorded
     op (`inside_idle_ms`) and other categories' work (`inside_other_ms`), ms per step."""
-    skew_us: dict[str, float | None] | None = None
-    """{p50, p90}: spread of the ranks' start times per instance."""
-    transfer_us: dict[str, float | None] | None = None
+    skew_us: Percentiles | None = None
+    """Spread of the ranks' start times per instance."""
+    transfer_us: Percentiles | None = None
     straggler_rank: int | None = None
     straggler_share: float | None = None
-    busbw_gbps: dict[str, float | None] | None = None
-    clock_flag: Any = None
-    """{ranks, median_end_offset_us} when the ranks' clocks disagree, else null."""
-    count_mismatch: Any = None
-    """When ranks issued different counts."""
-    by_category: dict[str, dict[str, Any]] | None = None
+    busbw_gbps: Percentiles | None = None
+    clock_flag: ClockFlag | None = None
+    """When the ranks' clocks disagree, else null."""
+    count_mismatch: dict[str, dict[str, int]] | None = None
+    """{category: {rank: calls}} for the categories where ranks issued different counts."""
+    by_category: dict[str, CollectiveCategoryStats] | None = None
 
 
 class RooflineDevice(Record, kw_only=True):
@@ -387,30 +467,65 @@ class Flag(Record, kw_only=True):
     message: str
 
 
+class CollectiveCalls(Record, kw_only=True):
+    name: str
+    calls_table: int
+    """Calls the text table counts (the whole capture)."""
+    calls_trace_in_steps: int
+    """Calls the trace holds inside its steps."""
+
+
+class TextTableCheck(Record, kw_only=True):
+    """One `profiler_out` text table against the trace (`trace.text_table`)."""
+
+    file: str
+    rank: int | None = None
+    rows: int | None = None
+    layout: str | None = None
+    """`gpu` or `cpu`."""
+    self_cpu_total_us: float | None = None
+    self_cuda_total_us: float | None = None
+    """The footer's totals."""
+    trace_kernel_sum_us: float | None = None
+    rel_diff: float | None = None
+    """(trace kernel sum - Self CUDA total) / Self CUDA total; flagged above 1 %."""
+    flag: Flag | None = None
+    note: str | None = None
+    error: str | None = None
+    """Why the table could not be read."""
+    collective_calls: list[CollectiveCalls] = []
+
+    def remark(self) -> str:
+        """What the report says beside the row."""
+        if self.flag is not None:
+            return self.flag.message
+        return self.error or self.note or ("within 1 %" if self.rel_diff is not None else "")
+
+
 class TraceSummary(Record, kw_only=True):
     """Stage 05's summary: what other tools and CI checks read. All times are µs unless the
     key says `_ms`."""
 
     ranks: list[RankSummary]
     """One entry per rank."""
-    decode: DecodeSummary = field(default_factory=DecodeSummary)
+    decode: DecodeSummary
     """The decode summary on the reference rank."""
     collectives_check: CollectivesCheck = field(default_factory=CollectivesCheck)
     """Observed against expected collectives per decode step (2L+1 all-reduces and 1
     all-gather for vLLM at TP>1)."""
     cross_rank: list[CrossRankRow] = []
     """Rows of cross_rank.csv."""
-    text_table_check: list[dict[str, Any]] = []
+    text_table_check: list[TextTableCheck] = []
     """The `profiler_out` tables against the trace (flagged above 1 %)."""
     flags: list[Flag] = []
     """Data-quality flags."""
-    trace_info: TraceInfo | None = None
+    trace_info: TraceInfo | None
     """What the traces are."""
     notes: dict[str, str] = {}
     """{key: what it means, in one sentence}, e.g. `exposed_us`."""
-    collectives_matched: CollectivesMatched | None = None
+    collectives_matched: CollectivesMatched | None
     """Collectives matched across ranks."""
-    roofline: Roofline | None = None
+    roofline: Roofline | None
 
 
 # --------------------------------------------------------------------------- tables

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from stepscope.schema._base import Record
+
+
+class ModelCard(Record, kw_only=True):
+    """One model of the server's `/v1/models` answer (OpenAI's list format)."""
+
+    id: str
+    root: str | None = None
+    """vLLM: the model's path or hub name as the server loaded it."""
+    max_model_len: int | None = None
+    owned_by: str | None = None
+
+
+class ModelsResponse(Record, kw_only=True):
+    object: str | None = None
+    data: list[ModelCard] = []
+
+    def root(self) -> str | None:
+        """The first model's root (where the server loaded it from), else None."""
+        return self.data[0].root if self.data else None
 
 
 class ServerRecord(Record, kw_only=True):
@@ -17,7 +34,7 @@ class ServerRecord(Record, kw_only=True):
     served_model: str | None = None
     """The model name requests use."""
     engine_version: str | None = None
-    models_response: dict[str, Any] | None = None
+    models_response: ModelsResponse | None = None
     """The server's `/v1/models` answer."""
     argv: list[str] = []
     """The server's command line, secrets redacted (launch mode)."""

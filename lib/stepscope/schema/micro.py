@@ -3,7 +3,7 @@ own shapes (`stepscope.micro`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from msgspec import field
 
 from stepscope.schema._base import Record, Row
 
@@ -61,6 +61,17 @@ class GemmPresetPrediction(Record, kw_only=True):
     clamped_shapes: list[str] = []
 
 
+class GemmConfig(Record, kw_only=True):
+    """The measured rows a prediction reads (`micro.gemm.choose_prediction_config`)."""
+
+    backend: str | None = None
+    """`torch` (the served model's GEMMs as torch.matmul)."""
+    dtype: str | None = None
+    mode: str | None = None
+    routed_backend: list[str] | None = None
+    """[backend, dtype] of the routed experts' rows, when they differ."""
+
+
 class GemmPrediction(Record, kw_only=True):
     model: str | None = None
     """The served model; null when it was not timed (see `notes`)."""
@@ -77,8 +88,8 @@ class GemmPrediction(Record, kw_only=True):
     """Shapes with no measured row (left out of the sum)."""
     clamped_shapes: list[str] = []
     """Shapes whose M lies outside the timed grid (time clamped to its edge)."""
-    config: dict[str, Any] = {}
-    """{backend, dtype, mode, routed_backend}: which measured rows stand for the served model."""
+    config: GemmConfig = field(default_factory=GemmConfig)
+    """Which measured rows stand for the served model."""
     presets: list[GemmPresetPrediction] = []
     """The same for each `micro.gemm.presets` architecture."""
     device: str | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from msgspec import field
 
 from stepscope.schema._base import Record
 
@@ -24,6 +24,37 @@ class StageStatus(Record, kw_only=True):
     `stepscope.stages.STAGES` declares them. `--resume` runs the stage again when one differs."""
 
 
+class HostHardware(Record, kw_only=True):
+    """The machine the run ran on (`runner.hardware_summary`)."""
+
+    machine: str | None = None
+    """`platform.machine()`, e.g. `x86_64`."""
+    cpu_count: int | None = None
+    cpu: str | None = None
+    """/proc/cpuinfo's model name."""
+    memory_gib: float | None = None
+    gpus: list[str] = []
+    """nvidia-smi's `name, memory.total, driver_version` line per GPU; empty without nvidia-smi."""
+
+
+class RunEvent(Record, kw_only=True):
+    """Something that happened outside a stage's notebook (`serve.launch.reap_dead_server`)."""
+
+    event: str
+    """`server_relaunch`."""
+    cause: str | None = None
+    """`server_died`, or `server_orphaned` when it still ran but its supervisor was gone."""
+    at: str | None = None
+    """ISO 8601, UTC."""
+    pid: int | None = None
+    pgid: int | None = None
+    reason: str | None = None
+    orphans_stopped: int | None = None
+    """Processes of its group still running, then stopped."""
+    log_path: str | None = None
+    before_stage: str | None = None
+
+
 class RunRecord(Record, kw_only=True):
     run_id: str
     """The run folder's name."""
@@ -42,17 +73,17 @@ class RunRecord(Record, kw_only=True):
     """Uncommitted changes to tracked files when the run started."""
     packages: dict[str, str] = {}
     """{distribution: version} of the packages that shape the numbers."""
-    hardware: dict[str, Any] = {}
-    """`machine`, `cpu_count`, `cpu`, `memory_gib`, and `gpus` (nvidia-smi lines) when present."""
+    hardware: HostHardware = field(default_factory=HostHardware)
     python: str | None = None
-    params: dict[str, Any] | None = None
-    """The validated params with every default filled in, secrets redacted."""
+    params: dict[str, dict[str, object]] | None = None
+    """The validated params with every default filled in, secrets redacted, by section; their
+    keys and types are `stepscope.config.Params`'s, which `config.params_from_dict` checks."""
     stages: dict[str, StageStatus] = {}
     """{stage id: status}, in the order the stages ran."""
     resume: bool = False
     """The latest `stepscope run` on this folder was given --resume: only then may a stage keep
     data measured earlier (stage 01's finished levels) instead of measuring it again."""
-    events: list[dict[str, Any]] = []
+    events: list[RunEvent] = []
     """What happened outside a stage's notebook, in order. `server_relaunch`: the server this
     run launched was gone (`reason`, `pid`, `pgid`, `orphans_stopped`: processes of its group
     still running, then stopped) and a new one was launched before `before_stage`; `cause` is

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from stepscope.schema._base import Record
+from stepscope.schema._base import Record, Setting
 
 
 class GuardResult(Record, kw_only=True):
@@ -17,7 +15,7 @@ class GuardResult(Record, kw_only=True):
     holds: bool
     subject: str | None = None
     """What the check was about when it is one of several (a category)."""
-    values: dict[str, Any] = {}
+    values: dict[str, Setting] = {}
     """The numbers it was judged on, units in the names (`busy_ms`, `share_pct`)."""
     withdrawn: list[str] = []
     """Claims withdrawn because it failed: verdict fields (`levers`, `comm_split`, ...) or

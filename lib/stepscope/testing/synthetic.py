@@ -39,7 +39,7 @@ def make_synthetic_run(run_dir: str | Path, *, stages: tuple[str, ...] = ALL_STA
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "figures").mkdir(exist_ok=True)
-    _write_run(run_dir, stages)
+    _write_run(run_dir, stages, schema.SCHEMA_VERSION if contract_keys else 1)
     writers = {"00_deploy": lambda: _write_deploy(run_dir),
                "01_macro_sweep": lambda: _write_sweep(run_dir, scale, plateau),
                "02_gemm_micro": lambda: _write_gemm(run_dir, scale),
@@ -65,8 +65,8 @@ def set_level_columns(run_dir: str | Path, **columns: list) -> Path:
     return Path(run_dir)
 
 
-def _write_run(run_dir: Path, stages: tuple[str, ...]) -> None:
-    """run.json and params.yaml."""
+def _write_run(run_dir: Path, stages: tuple[str, ...], schema_version: int) -> None:
+    """run.json (as `schema_version` wrote it) and params.yaml."""
     params = {
         "run": {"name": "synthetic"},
         "model": {"served_name": "synthetic-moe", "quantization": "W4A16 g32 (synthetic)"},
@@ -78,7 +78,7 @@ def _write_run(run_dir: Path, stages: tuple[str, ...]) -> None:
     status = {s: {"status": "ok", "duration_s": 12.5, "error": None,
                   "notebook": f"notebooks/{s}.ipynb"} for s in ALL_STAGES if s in stages}
     schema.write(run_dir / "run.json", {
-        "run_id": run_dir.name, "schema_version": schema.SCHEMA_VERSION, "created_at": "2026-11-29T10:00:00Z", "git_commit": "abc1234",
+        "run_id": run_dir.name, "schema_version": schema_version, "created_at": "2026-11-29T10:00:00Z", "git_commit": "abc1234",
         "git_dirty": False, "packages": {"vllm": "0.13.0", "torch": "2.9.0"},
         "hardware": {"cpu": "Synthetic CPU 64 cores", "gpus": ["synthetic GPU 96 GB"] * 8},
         "params": params, "argv": ["stepscope", "run", "params/synthetic.yaml"],
@@ -216,7 +216,12 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     if contract_keys:
         _add_contract_keys(summary, kind=kind, n_judged=n_judged, n_dec=n_dec, union=union, span=span,
                            launch_bound=launch_bound, stall=stall, ranks_missing=ranks_missing, s=s)
-    schema.write(d / "summary.json", summary, schema.TraceSummary)
+    if contract_keys:
+        schema.write(d / "summary.json", summary, schema.TraceSummary)
+    else:  # as a stage 05 of schema version 1 wrote it, unchecked: schema.versions reads it
+        from stepscope.runfolder import write_json
+
+        write_json(d / "summary.json", summary)
     _write_timeline(d, s, launch_bound)
     schema.write_table(pd.DataFrame([{"rank": r, "category": c, "class": k, "count": n * 160, "sum_us": ms * 160e3,
                    "union_us": ms * 160e3, "exposed_us": e * 160e3} for r in range(8)
@@ -274,7 +279,7 @@ def _summary(cats: list, dec: pd.DataFrame, xr: list[dict], amdahl: pd.DataFrame
                                           {"name": "bar", "sum_us": 5.0, "count": 3}],
                       "n_steps": 165, "n_decode_steps": n_dec, "unattributed_events": 0 if r else 12,
                       "step_kinds": {kind: n_judged} if kind != "decode" else {"prefill": 10, "decode": n_dec},
-                      "step_source": "annotation:vllm",
+                      "step_source": "annotation:vllm", "class_totals_us": None,
                       "collectives_per_decode_step": {"all_reduce": 123.0, "all_gather": 1.0}})
     return {
         "ranks": ranks,
@@ -352,9 +357,9 @@ def _add_contract_keys(summary: dict, *, kind: str, n_judged: int, n_dec: int, u
     dec["launch_delay_us"] = {"median": 8.0, "p90": 20.0}
     ar = 5.5 * s
     summary["collectives_matched"] = {
-        "world_size": 8, "ranks_present": 2 if ranks_missing else 8, "complete": not ranks_missing,
+        "world_size": 8, "ranks_present": list(range(2 if ranks_missing else 8)), "complete": not ranks_missing,
         "n_instances": 123 * n_judged, "transfer_ms_per_step": 0.6 * ar, "wait_ms_per_step": 0.4 * ar,
-        "skew_us": {"p50": 9.0, "p90": 31.0}, "straggler_rank": 5, "clock_flag": False}
+        "skew_us": {"p50": 9.0, "p90": 31.0}, "straggler_rank": 5, "clock_flag": None}
     rows = []
     for cat, gb, ms in (("quant_gemm", 3.6, 4.0 * s), ("fused_moe", 0.9, 1.0 * s)):
         gbps = gb / (ms / 1e3)
