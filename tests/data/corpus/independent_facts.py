@@ -21,7 +21,7 @@ import sys
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 # at the name's start or as the kernel's own name: template arguments such as `..._broadcast_...` are no collective
 COLL_KERNEL = re.compile(r"^(nccl|rccl)|all_?reduce_kernel|cross_device_reduce|all_gather_kernel", re.I)
-COLL_OP = re.compile(r"^(c10d::\w+|nccl:\w+|record_param_comms|gloo:\w+)")
+COLL_OP = re.compile(r"^(c10d::\w+|nccl:\w+|record_param_comms|gloo:\w+|_C::shm_\w+)")
 STEP_ANN = re.compile(r"^(ProfilerStep#\d+|execute_\w*|step\[\w+.*\])")
 KIND_WORDS = {
     # running a compiled graph (`## Call CompiledFxGraph ... ##`) is no capture; recording one is
@@ -46,7 +46,7 @@ def collectives_per_step(ev: list[dict]) -> list[dict]:
     steps = sorted((e for e in ev if e.get("cat") == "user_annotation" and STEP_ANN.match(e["name"])
                     and not e["name"].startswith("step[")), key=lambda e: float(e["ts"]))
     ops = [e for e in ev if e.get("cat") in ("cpu_op", "user_annotation")
-           and re.match(r"^(nccl|gloo):\w+", str(e.get("name", "")))]
+           and re.match(r"^((nccl|gloo):\w+|_C::shm_\w+)", str(e.get("name", "")))]
     out = []
     for st in steps:
         t0, t1 = float(st["ts"]), float(st["ts"]) + float(st.get("dur", 0))
@@ -78,7 +78,7 @@ def facts(path: str) -> dict:
         "device_events": len(dev), "kernels": len(kernels),
         "device_sum_ms": round(sum(float(e.get("dur", 0)) for e in dev) / 1000, 3),
         "device_span_ms": round(span_us / 1000, 3),
-        "profiler_steps": len(steps), "engine_step_annotations": dict(engine.most_common(5)),
+        "profiler_steps": len(steps), "engine_step_annotations": dict(engine), "engine_steps": sum(engine.values()),
         "collective_kernels": dict(coll_k), "collective_ops": dict(coll_op),
         "collective_ops_per_step": collectives_per_step(ev),
         "top_kernels_ms": {k: round(v / 1000, 3) for k, v in by_name.most_common(5)},
