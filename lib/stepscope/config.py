@@ -128,6 +128,19 @@ class SloParams:
 
 
 @dataclass(frozen=True)
+class SloSearchParams:
+    """After the planned levels, bisect between the SLO-boundary level and the first level that
+    missed, on concurrency (closed loop) or request rate (open loop), measuring each midpoint as
+    one more real level (docs/methods.md#the-slo-search)."""
+
+    max_extra_levels: int = 3
+    """Extra levels the search may measure, over both load modes together (concurrency first)."""
+    min_rate_step_share: float = 0.05
+    """Open loop: stop when the miss's rate is within this share above the boundary's; closed
+    loop stops when the two concurrencies are adjacent integers."""
+
+
+@dataclass(frozen=True)
 class RampParams:
     """A request-rate ramp for one extra open-loop level, as `vllm bench serve --ramp-up-strategy`:
     request i of n is sent at rate start + (end - start) i/(n-1) (linear) or
@@ -194,6 +207,8 @@ class SweepParams:
     a level. 0: request count only."""
     slo: SloParams | None = None
     """Per-request latency bounds: each level's goodput and the SLO-boundary level."""
+    slo_search: SloSearchParams | None = None
+    """Refine the SLO boundary by bisection with a bounded number of extra levels; needs `sweep.slo`."""
     burstiness: float = 1.0
     """Open-loop gaps are gamma-distributed with this shape (vLLM `--burstiness`): 1 is Poisson,
     below 1 burstier, above 1 more even; the mean rate is unchanged."""
@@ -297,6 +312,9 @@ class AnalysisParams:
     """Category rules tried before the built-in ones."""
     tp: int | None = None
     """Defaults to server.tp."""
+    memory_budget_gb: float | None = None
+    """Stage 05 stops before parsing when its estimated peak is over this (GB); default 0.8x the
+    memory available when it starts."""
 
 
 @dataclass(frozen=True)
@@ -578,6 +596,7 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "sweep.request_timeout_s": _POS, "sweep.silence_timeout_s": _POS, "sweep.knee_gain": _POS, "sweep.min_level_duration_s": _NONNEG,
     **{f"sweep.slo.{k}": _POS for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
     "sweep.slo.min_share": (">0", 1), "sweep.burstiness": _POS,
+    "sweep.slo_search.max_extra_levels": (1, 20), "sweep.slo_search.min_rate_step_share": (">0", 1),
     "sweep.ramp.start_rps": _POS, "sweep.ramp.end_rps": _POS, "sweep.ramp.n_requests": (2, None),
     "sweep.workload.max_input_len": (1, None), "sweep.workload.hash_block_tokens": (1, None),
     "sweep.workload.num_prefixes": (1, None), "sweep.workload.prefix_len": (1, None),
@@ -592,7 +611,7 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "capture.output_len": (1, None), "capture.wait_timeout_s": _POS, "capture.silence_timeout_s": _POS,
     "capture.concurrency": (1, None), "capture.load_steps": (1, None), "capture.load_delay_steps": _NONNEG,
     "capture.load_window_s": _POS,
-    "analysis.tp": (1, None),
+    "analysis.tp": (1, None), "analysis.memory_budget_gb": _POS,
     "writeup.acceptance_lengths": (1, None), "writeup.draft_cost_fractions": _NONNEG,
     "writeup.verify_extra_tokens": _NONNEG,
     "hardware.gpu_count": (1, None), "hardware.peak_mem_bw_gbps": _POS, "hardware.peak_tflops": _POS,
@@ -628,6 +647,9 @@ def _check_sweep_workload(sw: "SweepParams", source: str) -> None:
     """The SLO, its search and the workload sources: keys that only make sense together."""
     if sw.slo is not None and all(getattr(sw.slo, k) is None for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")):
         raise _fail(source, "sweep.slo", "sets no bound", "give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms")
+    if sw.slo_search is not None and sw.slo is None:
+        raise _fail(source, "sweep.slo_search", "needs sweep.slo: the search refines the SLO boundary",
+                    "set sweep.slo (e.g. tpot_ms: 50) or remove sweep.slo_search")
     if sw.prompt_mode in ("sharegpt", "mooncake") and not sw.workload.path:
         raise _fail(source, "sweep.workload.path", f"is needed by prompt_mode {sw.prompt_mode}",
                     "e.g. params/workloads/sharegpt_sample.json or params/workloads/mooncake_sample.jsonl")

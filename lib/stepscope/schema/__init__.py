@@ -33,7 +33,7 @@ from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, 
                                    ServerMetricsRow)
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmConfig, GemmPrediction, GemmRow
 from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
-from stepscope.schema.sweep import GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepSummary
+from stepscope.schema.sweep import GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepPlan, SweepSummary
 from stepscope.schema.verdict import (BiggestLeverRecord, CaveatRecord, DominantCost, RanksRecord, VerdictFile,
                                       VerdictSentence)
 from stepscope.schema.writeup import GuardResult, GuardsFile
@@ -60,6 +60,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "one row per imported result", LevelRow, optional=True),
     Artifact("01_macro_sweep/summary.json", "01_macro_sweep", "knee, plateau, batch-1 latency, "
              "failures, flags", SweepSummary),
+    Artifact("01_macro_sweep/plan.json", "01_macro_sweep", "the levels this sweep measures: the planned "
+             "ones, then each SLO-search level, written before it is measured (--resume keeps only "
+             "these)", SweepPlan, optional=True),
     Artifact("01_macro_sweep/gpu_telemetry.csv", "01_macro_sweep", "every GPU's clocks, power, "
              "temperature, memory and utilisation about every 0.5 s during each level (NVML; only where "
              "it is present)", GpuTelemetryRow, optional=True),
@@ -89,9 +92,14 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("04_profiler_capture/metrics.<before|after>.prom", "04_profiler_capture",
              "the server's /metrics just before /start_profile and just after /stop_profile: its "
              "counters over exactly the profiled requests", optional=True),
+    Artifact("04_profiler_capture/gpu_telemetry.csv", "04_profiler_capture", "every GPU's clocks, power, "
+             "temperature, memory and utilisation about every 0.5 s from /start_profile to /stop_profile "
+             "(NVML; only where it is present)", GpuTelemetryRow, optional=True),
+    Artifact("04_profiler_capture/gpu_telemetry.json", "04_profiler_capture", "whether GPU telemetry was "
+             "recorded during the capture, and why not", GpuTelemetryInfo, optional=True),
     Artifact("04_profiler_capture/c<C>/", "04_profiler_capture", "a load capture at concurrency C "
              "(`capture.concurrency`): `traces/`, `manifest.json`, `capture_requests.jsonl`, "
-             "`server_metrics.csv`", optional=True),
+             "`server_metrics.csv`, `gpu_telemetry.csv`/`.json` (as the batch-1 capture's)", optional=True),
     Artifact("04_profiler_capture/c<C>/load_window.json", "04_profiler_capture", "how the load level's "
              "window was bounded, and the client's tokens over exactly it", LoadWindow, optional=True),
     Artifact("05_categorize/load_anatomy.csv", "05_categorize", "per captured concurrency, step kind, "
@@ -187,7 +195,7 @@ __all__ = [
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
-    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepSummary",
+    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepPlan", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
     "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",

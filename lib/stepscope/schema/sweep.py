@@ -42,6 +42,52 @@ class SloSummary(Record, kw_only=True):
     rate: SloBoundary | None = None
 
 
+class SloSearchMode(Record, kw_only=True):
+    """The SLO search along one load mode: the bracket the planned levels left, and what the
+    extra levels made of it."""
+
+    planned_boundary_load: float | None = None
+    """The boundary's concurrency or req/s among the planned levels alone."""
+    planned_first_miss_load: float | None = None
+    boundary_load: float | None = None
+    """The refined boundary, over planned and search levels (as `slo.<mode>.boundary_load`)."""
+    first_miss_load: float | None = None
+    levels: list[str] = []
+    """The extra levels measured along this mode, in the order the bisection chose them."""
+    stopped: str = ""
+    """Why the search stopped here, in words (adjacent concurrencies, rates within
+    `min_rate_step_share`, the `max_extra_levels` budget, no bracket to refine)."""
+
+
+class SloSearchSummary(Record, kw_only=True):
+    """`sweep.slo_search`: bisection between the SLO-boundary level and the first miss."""
+
+    max_extra_levels: int = 3
+    levels: list[str] = []
+    """Every extra level, in the order measured (also `slo_search` true in levels.csv)."""
+    reused: list[str] = []
+    """Those kept from an earlier run under --resume (same identity), not measured again."""
+    concurrency: SloSearchMode | None = None
+    rate: SloSearchMode | None = None
+
+
+class PlannedLevel(Record, kw_only=True):
+    name: str
+    mode: str
+    concurrency: int | None = None
+    request_rate: float | None = None
+    n_requests: int = 0
+    slo_search: bool = False
+    """An extra level the SLO search chose (written here before it is measured)."""
+
+
+class SweepPlan(Record, kw_only=True):
+    """`01_macro_sweep/plan.json`: the levels this sweep measures, planned ones first, then the
+    SLO search's as it chooses them; --resume keeps only levels listed here (same identity)."""
+
+    levels: list[PlannedLevel] = []
+
+
 class SweepSummary(Record, kw_only=True):
     knee_concurrency: int | None = None
     """The first level beyond which no level adds `knee_gain` output tok/s per doubling of
@@ -73,6 +119,8 @@ class SweepSummary(Record, kw_only=True):
     with the same settings and server), not measured this time; the console names them."""
     slo: SloSummary | None = None
     """Goodput's SLO and the SLO-boundary level per load mode; null when `sweep.slo` is unset."""
+    slo_search: SloSearchSummary | None = None
+    """The SLO search's extra levels and the bracket it refined; null when `sweep.slo_search` is unset."""
 
 
 class LevelRow(Row, kw_only=True):
@@ -176,16 +224,20 @@ class LevelRow(Row, kw_only=True):
     """What /health said then: `alive_not_answering` (200) or `not_answering`; empty otherwise."""
     source: str | None = None
     """`stepscope`, or the imported `vllm bench serve` file."""
+    slo_search: bool | None = None
+    """True: an extra level the SLO search chose by bisection (`sweep.slo_search`), not planned."""
 
 
 class GpuTelemetryRow(Row, kw_only=True):
-    """One NVML reading of one GPU during a sweep level (`stepscope.sweep.gpu_telemetry`)."""
+    """One NVML reading of one GPU during a sweep level or a profiled capture window
+    (`stepscope.sweep.gpu_telemetry`)."""
 
     level: str
+    """The sweep level (`c0004`), or `capture` / `capture-c0004` for stage 04's windows."""
     gpu: int
     """NVML device index."""
     t_s: float
-    """Seconds since the level's measurement began."""
+    """Seconds since the level's measurement (or the capture's window) began."""
     sm_clock_mhz: float | None = None
     mem_clock_mhz: float | None = None
     power_w: float | None = None

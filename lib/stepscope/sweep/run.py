@@ -27,12 +27,14 @@ from stepscope import server_metrics as sm
 from stepscope.config import SweepParams
 from stepscope.errors import ServerError
 from stepscope.runfolder import atomic_open, read_json, write_json
+from stepscope.schema.sweep import SweepPlan
 from stepscope.sweep import client as cl
 from stepscope.thresholds import BUNCHED_FLAG_SHARE
 from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
 from stepscope.sweep.goodput import GOODPUT_COLUMNS, goodput_metrics, slo_flags, slo_summary
 from stepscope.sweep.stalls import stall_metrics
 from stepscope.sweep import gpu_telemetry
+from stepscope.sweep import slo_search as ss
 from stepscope.sweep import workloads as wl
 from stepscope.thresholds import STALL_GAP_S
 
@@ -56,7 +58,7 @@ LEVEL_COLUMNS = [
     "n_timed_out", "silent_s", "silence_health",
     *wl.WORKLOAD_COLUMNS, *gpu_telemetry.LEVEL_COLUMNS,
     "client_cpu_pct", "client_bound",
-    "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source",
+    "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source", "slo_search",
 ]
 
 
@@ -79,13 +81,19 @@ class Level:
         return f"r{self.request_rate:g}"
 
 
+def level_at(mode: str, load: float, params: SweepParams) -> Level:
+    """One closed-loop level (`load` = concurrency C: max(4 C, min_requests) requests) or
+    open-loop one (`load` = req/s: max(4 x ceil(rate), min_requests, rate x min_level_duration_s))."""
+    if mode == "concurrency":
+        return Level("concurrency", int(load), None, max(4 * int(load), params.min_requests))
+    return Level("rate", None, load, max(4 * math.ceil(load), params.min_requests,
+                                         math.ceil(load * params.min_level_duration_s)))
+
+
 def plan_levels(params: SweepParams) -> list[Level]:
-    """Closed-loop levels take max(4 C, min_requests) requests; open-loop levels take
-    max(4 x ceil(rate), min_requests)."""
-    levels = [Level("concurrency", c, None, max(4 * c, params.min_requests)) for c in params.concurrency]
-    levels += [Level("rate", None, r, max(4 * math.ceil(r), params.min_requests,
-                                         math.ceil(r * params.min_level_duration_s)))
-               for r in params.request_rates]
+    """The planned levels: every concurrency, every rate (`level_at`), then the ramp."""
+    levels = [level_at("concurrency", c, params) for c in params.concurrency]
+    levels += [level_at("rate", r, params) for r in params.request_rates]
     if params.ramp is not None:  # vLLM's --ramp-up-strategy, as one more open-loop level
         r = params.ramp
         levels.append(Level("ramp", None, None, r.n_requests,
@@ -147,6 +155,38 @@ def level_identity(level: Level, params: SweepParams, server: cl.ServerInfo, see
 
 
 LEVEL_FILE_SUFFIXES = (".meta.json", ".jsonl", ".partial.jsonl")
+PLAN_FILE = "plan.json"
+
+
+def write_plan(out_dir: Path, planned: list[Level], search: list[Level]) -> None:
+    """plan.json (schema.SweepPlan): the planned levels, then the SLO search's. The search adds
+    each of its levels here before measuring it, so a --resume after any point keeps it."""
+    rows = [{"name": lv.name, "mode": lv.mode, "concurrency": lv.concurrency, "request_rate": lv.request_rate,
+             "n_requests": lv.n_requests, "slo_search": lv in search} for lv in [*planned, *search]]
+    schema.write(out_dir / PLAN_FILE, {"levels": rows}, SweepPlan)
+
+
+def recorded_search_levels(out_dir: Path) -> list[Level]:
+    """The SLO search's levels in an earlier run's plan.json, in the order it chose them."""
+    path = out_dir / PLAN_FILE
+    if not path.is_file():
+        return []
+    plan = schema.read(path, SweepPlan)
+    return [Level(p.mode, p.concurrency, p.request_rate, p.n_requests) for p in plan.levels if p.slo_search]
+
+
+def _finished_same(d: Path, name: str, identity: dict[str, Any]) -> bool:
+    """A finished level on disk whose recorded settings are `identity`."""
+    meta = d / f"{name}.meta.json"
+    if not meta.is_file():
+        return False
+    old = read_json(meta)
+    return old.get("settings") == identity and bool(old.get("complete")) and (d / f"{name}.jsonl").is_file()
+
+
+def remove_level(out_dir: Path, name: str) -> None:
+    for sfx in LEVEL_FILE_SUFFIXES:
+        (levels_dir(out_dir) / f"{name}{sfx}").unlink(missing_ok=True)
 
 
 def keep_or_clear_levels(out_dir: Path, identities: dict[str, dict[str, Any]], resume: bool) -> list[str]:
@@ -154,13 +194,7 @@ def keep_or_clear_levels(out_dir: Path, identities: dict[str, dict[str, Any]], r
     identity), in plan order; every other level's files are removed, so that nothing measured
     under other settings (or not planned now) reaches levels.csv as if it were fresh."""
     d = levels_dir(out_dir)
-    kept = []
-    for name, identity in identities.items():
-        meta = d / f"{name}.meta.json"
-        if resume and meta.is_file():
-            old = read_json(meta)
-            if old.get("settings") == identity and old.get("complete") and (d / f"{name}.jsonl").is_file():
-                kept.append(name)
+    kept = [name for name, identity in identities.items() if resume and _finished_same(d, name, identity)]
     for f in d.iterdir():
         name = next((f.name[: -len(sfx)] for sfx in LEVEL_FILE_SUFFIXES if f.name.endswith(sfx)), None)
         if name is not None and name not in kept:
@@ -212,7 +246,8 @@ def level_row(meta: dict[str, Any], records: list[RequestRecord], slo: Any = Non
            "kv_cache_usage_max": smax("kv_cache_usage"), "complete": bool(meta.get("complete", True)),
            "source": meta.get("source", "stepscope"), "n_timed_out": int(meta.get("n_timed_out") or 0),
            "silent_s": (meta.get("silence") or {}).get("silent_s"),
-           "silence_health": (meta.get("silence") or {}).get("state")}
+           "silence_health": (meta.get("silence") or {}).get("state"),
+           "slo_search": bool(meta.get("slo_search", False))}
     return row
 
 
@@ -436,52 +471,134 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
               resume: bool = False, seed: int = 0) -> SweepResult:
     """Measure every level of `params` against `server` and write the stage's artifacts.
 
-    Writes levels/<level>.jsonl + .meta.json as each level ends, then levels.csv and
-    summary.json. If the server dies the sweep stops at that level; what was measured
+    Writes plan.json, then levels/<level>.jsonl + .meta.json as each level ends, then levels.csv
+    and summary.json. If the server dies the sweep stops at that level; what was measured
     stays, and `summary.json` names the level (call `raise_if_died` after showing it).
     Only with `resume` are finished levels of the same identity (`level_identity`) kept instead
     of measured; summary.json's `reused_levels` names them. Without it every level is measured.
+    With `sweep.slo_search`, the search's extra levels follow the planned ones (`_search`); the
+    ones an earlier run's plan.json records count as planned for --resume, under the same rules.
     """
     out_dir = Path(out_dir)
-    messages: list[str] = []
-    died: tuple[str, str] | None = None
-    pool: list[int] | None = None
-    tokenizer = None
     plan = plan_levels(params)
     identities = {lv.name: level_identity(lv, params, server, seed + i) for i, lv in enumerate(plan)}
-    reused = keep_or_clear_levels(out_dir, identities, resume)
+    recorded = recorded_search_levels(out_dir) if resume and params.slo_search is not None else []
+    for k, lv in enumerate(recorded):  # the seeds the search gave them (search_seed)
+        identities.setdefault(lv.name, level_identity(lv, params, server, seed + len(plan) + k))
+    m = _Measurer(server, params, out_dir, keep_or_clear_levels(out_dir, identities, resume))
+    write_plan(out_dir, plan, [lv for lv in recorded if lv.name in m.reused and lv.name not in
+                               {p.name for p in plan}])
+    died = None
     for i, level in enumerate(progress.bar(plan, desc="sweep levels")):
-        settings = identities[level.name]
-        if level.name in reused:
-            messages.append(f"level {level.name}: already measured with the same settings and server, kept (--resume)")
-            continue
-        if pool is None:
-            pool = cl.run_sync(_tokens(server))
-            tokenizer = cl.local_tokenizer(server) if params.prompt_mode in ("random_text", "sharegpt") else None
+        died = m.measure(level, identities[level.name], seed + i)
+        if died:
+            break
+    search = None
+    if died is None and params.slo_search is not None:
+        search, died = _search(m, plan, recorded, seed)
+    return finish(out_dir, params.knee_gain, died=died, messages=m.messages, slo=params.slo,
+                  reused=m.reused, search=search)
+
+
+@dataclass
+class _Measurer:
+    """Measures one level at a time for run_sweep, the token pool and tokenizer fetched once."""
+
+    server: cl.ServerInfo
+    params: SweepParams
+    out_dir: Path
+    reused: list[str]
+    messages: list[str] = field(default_factory=list)
+    n_done: int = 0
+    pool: list[int] | None = None
+    tokenizer: Any = None
+
+    def measure(self, level: Level, settings: dict[str, Any], seed: int,
+                search: bool = False) -> tuple[str, str] | None:
+        """Measure `level` unless --resume kept it; (level, message) when the server died there."""
+        params, out_dir = self.params, self.out_dir
+        if level.name in self.reused:
+            self.messages.append(f"level {level.name}: already measured with the same settings and server, "
+                                 "kept (--resume)")
+            self.n_done += 1
+            return None
+        if self.pool is None:
+            self.pool = cl.run_sync(_tokens(self.server))
+            self.tokenizer = (cl.local_tokenizer(self.server)
+                              if params.prompt_mode in ("random_text", "sharegpt") else None)
         partial = partial_path(out_dir, level)
         try:
-            records, meta = cl.run_sync(_run_level(server, level, params, pool, seed + i, partial, tokenizer))
+            records, meta = cl.run_sync(_run_level(self.server, level, params, self.pool, seed, partial,
+                                                   self.tokenizer))
         except (KeyboardInterrupt, asyncio.CancelledError):
             n_kept = len(partial.read_text().splitlines()) if partial.is_file() else 0
-            finish(out_dir, params.knee_gain, messages=messages, slo=params.slo, reused=reused)
+            finish(out_dir, params.knee_gain, messages=self.messages, slo=params.slo, reused=self.reused)
             progress.write(f"sweep interrupted during level {level.name}: its {n_kept} finished requests are "
-                       f"in {partial}; the {i} earlier level(s) are complete and in levels.csv. "
-                       "Run again with --resume to keep them and measure the rest.", file=sys.stderr)
+                           f"in {partial}; the {self.n_done} earlier level(s) are complete and in levels.csv. "
+                           "Run again with --resume to keep them and measure the rest.", file=sys.stderr)
             raise
-        meta["settings"] = settings
+        meta["settings"], meta["slo_search"] = settings, search
         write_level(out_dir, level, records, meta)
-        if not meta["complete"]:
-            n_fail = sum(1 for r in records if not r.success and not r.warmup)
-            died = (level.name, f"the server stopped answering during level {level.name} "
-                                f"({level.mode} {level.concurrency or level.request_rate}); "
-                                f"{n_fail} requests failed there; the sweep stopped, "
+        i, self.n_done = self.n_done, self.n_done + 1
+        if meta["complete"]:
+            return None
+        n_fail = sum(1 for r in records if not r.success and not r.warmup)
+        died = (level.name, f"the server stopped answering during level {level.name} "
+                            f"({level.mode} {level.concurrency or level.request_rate}); "
+                            f"{n_fail} requests failed there; the sweep stopped, "
+                            f"{i} earlier level(s) are kept")
+        if meta.get("silence"):  # the liveness watchdog ended it: say what it found
+            died = (level.name, f"level {level.name}: {meta['silence']['message']}; the sweep stopped, "
                                 f"{i} earlier level(s) are kept")
-            if meta.get("silence"):  # the liveness watchdog ended it: say what it found
-                died = (level.name, f"level {level.name}: {meta['silence']['message']}; the sweep stopped, "
-                                    f"{i} earlier level(s) are kept")
-            messages.append(died[1])
-            break
-    return finish(out_dir, params.knee_gain, died=died, messages=messages, slo=params.slo, reused=reused)
+        self.messages.append(died[1])
+        return died
+
+
+def _search(m: _Measurer, plan: list[Level], recorded: list[Level],
+            seed: int) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """The SLO search after the planned levels (`stepscope.sweep.slo_search`): each bisection
+    step reads only the planned levels and the search's own earlier ones (a kept level the
+    search has not reached yet must not steer it), records its level in plan.json, then measures
+    it (or keeps it under --resume, same identity). Returns summary.json's `slo_search`."""
+    p, out_dir, budget = m.params, m.out_dir, m.params.slo_search.max_extra_levels
+    planned = {lv.name for lv in plan}
+    chosen: list[Level] = []
+    stopped: dict[str, str] = {}
+    died = None
+    for mode in ss.SEARCH_MODES:
+        while died is None:
+            table = levels_table(out_dir, p.slo)
+            view = table[table["level"].isin(planned | {c.name for c in chosen})]
+            if not (view["mode"] == mode).any():
+                break
+            load, why = ss.next_load(view, p.slo, p.slo_search, mode)
+            if load is not None and len(chosen) >= budget:
+                load, why = None, f"its budget of {budget} extra level(s) (sweep.slo_search.max_extra_levels) was spent"
+            if load is None:
+                stopped[mode] = why
+                break
+            lv, k = level_at(mode, load, p), len(chosen)
+            settings = level_identity(lv, p, m.server, seed + len(plan) + k)
+            if lv.name in m.reused and not _finished_same(levels_dir(out_dir), lv.name, settings):
+                m.reused.remove(lv.name)  # kept for another step of an earlier search: not this one
+                remove_level(out_dir, lv.name)
+            chosen.append(lv)
+            write_plan(out_dir, plan, chosen + [r for r in recorded if r.name in m.reused and r not in chosen])
+            died = m.measure(lv, settings, seed + len(plan) + k, search=True)
+    names = [c.name for c in chosen]
+    for r in recorded:  # an earlier search's level this one did not choose is not part of the plan
+        if r.name not in names and r.name not in planned:
+            remove_level(out_dir, r.name)
+            if r.name in m.reused:
+                m.reused.remove(r.name)
+    write_plan(out_dir, plan, chosen)
+    table = levels_table(out_dir, p.slo)
+    out: dict[str, Any] = {"max_extra_levels": budget, "levels": names,
+                           "reused": [n for n in names if n in m.reused]}
+    for mode, why in stopped.items():
+        out[mode] = ss.mode_summary(table[table["level"].isin(planned)], table, p.slo,
+                                    [c.name for c in chosen if c.mode == mode], why, mode)
+    return out, died
 
 
 async def _tokens(server: cl.ServerInfo) -> list[int]:
@@ -491,7 +608,7 @@ async def _tokens(server: cl.ServerInfo) -> list[int]:
 
 def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | None = None,
            messages: list[str] | None = None, slo: Any = None,
-           reused: list[str] | None = None) -> SweepResult:
+           reused: list[str] | None = None, search: dict[str, Any] | None = None) -> SweepResult:
     """Tables from what is on disk: levels.csv, failures and summary.json (with goodput and
     the SLO-boundary level when `slo` sets a bound)."""
     out_dir = Path(out_dir)
@@ -514,6 +631,7 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
     summary["flags"] += slo_flags(summary["slo"]) + gpu_telemetry.level_flags(levels)
     gpu_telemetry.write_artifacts(out_dir, [read_json(p) for p in sorted(levels_dir(out_dir).glob("*.meta.json"))])
     summary["reused_levels"] = list(reused or [])
+    summary["slo_search"] = search
     write_server_metrics(out_dir)
     schema.write_table(levels, out_dir / "levels.csv", schema.LevelRow)
     schema.write(out_dir / "summary.json", summary, schema.SweepSummary)

@@ -26,6 +26,9 @@ from aiohttp import web
 class FakeBehaviour:
     chunk_delay_s: float = 0.0
     """Pause between chunks; 0 streams as fast as the loop allows."""
+    chunk_delay_per_stream_s: float = 0.0
+    """Added to the pause between chunks for every stream open at that moment, so TPOT grows
+    with concurrency like a batched server's (a known SLO boundary for the SLO search's tests)."""
     first_chunk_delay_s: float = 0.0
     tokens_per_chunk: int = 1
     events_per_write: int = 1
@@ -83,6 +86,8 @@ class FakeServer:
     _resume: asyncio.Event | None = None
     _stalling: int = 0
     """Streams silent now (stall_after_tokens)."""
+    _streaming: int = 0
+    """Streams open now (chunk_delay_per_stream_s)."""
 
     @property
     def base_url(self) -> str:
@@ -219,6 +224,15 @@ class FakeServer:
         await resp.prepare(request)
         if b.first_chunk_delay_s:
             await asyncio.sleep(b.first_chunk_delay_s)
+        self._streaming += 1
+        try:
+            return await self._stream(request, resp, body, n, max_tokens, prompt_tokens)
+        finally:
+            self._streaming -= 1
+
+    async def _stream(self, request: web.Request, resp: web.StreamResponse, body: dict, n: int,
+                      max_tokens: int, prompt_tokens: int) -> web.StreamResponse:
+        b = self.behaviour
         sent = 0
         i = 0
         pending: list[bytes] = []
@@ -248,8 +262,9 @@ class FakeServer:
                     await self._resume.wait()
                 finally:
                     self._stalling -= 1
-            if b.chunk_delay_s:
-                await asyncio.sleep(b.chunk_delay_s)
+            delay_s = b.chunk_delay_s + b.chunk_delay_per_stream_s * self._streaming
+            if delay_s:
+                await asyncio.sleep(delay_s)
         usage = {"id": f"cmpl-{n}", "choices": [], "usage": {
             "prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}}
         await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")

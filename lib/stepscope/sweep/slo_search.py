@@ -1,0 +1,91 @@
+"""The SLO search (params `sweep.slo_search`): refine the SLO boundary by bisection.
+
+The planned levels leave a bracket: the SLO-boundary level (the highest, counted up from the
+lowest, at which `sweep.slo.min_share` of requests met every bound) and the first level above
+it that missed (`goodput.slo_boundary`). The search measures the bracket's midpoint as one more
+level, takes the new boundary over every level measured, and repeats, until the two ends are
+adjacent concurrencies (closed loop), the miss's rate is within `min_rate_step_share` of the
+boundary's (open loop), or `max_extra_levels` extra levels have been measured (both modes
+together, concurrency first).
+
+Everything here is pure: `sweep.run` measures the levels it returns and records them in
+`plan.json` before measuring, so that --resume treats them as planned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from stepscope.sweep.goodput import slo_bounds, slo_boundary
+
+SEARCH_MODES = ("concurrency", "rate")
+"""The load modes the search bisects on, in the order it spends its budget."""
+
+
+def bracket(levels: pd.DataFrame, slo: Any, mode: str) -> tuple[float | None, float | None]:
+    """(boundary load, first-miss load) of `mode` over `levels`; either is None where the
+    levels leave no such level (nothing passed, or nothing missed)."""
+    if not slo_bounds(slo) or not len(levels):
+        return None, None
+    b = slo_boundary(levels, float(slo.min_share), mode)
+    return b["boundary_load"], b["first_miss_load"]
+
+
+def midpoint(mode: str, lo: float | None, hi: float | None,
+             min_rate_step_share: float) -> tuple[float | None, str]:
+    """The next load to measure between `lo` (met the SLO) and `hi` (missed), or (None, why not).
+    Concurrency bisects on integers (floor of the mean); a rate is rounded to 3 decimals, so its
+    level name (`r2.75`) stays short."""
+    if lo is None and hi is None:
+        return None, "no level of this mode has an SLO reading"
+    if lo is None:
+        return None, "even the lowest level missed the SLO: nothing below it to bisect (lower the load)"
+    if hi is None:
+        return None, "every level met the SLO: the boundary is above the highest level (extend the sweep)"
+    if mode == "concurrency":
+        a, b = int(lo), int(hi)
+        if b - a < 2:
+            return None, f"the boundary C={a} and the first miss C={b} are adjacent concurrencies"
+        return float((a + b) // 2), ""
+    if hi - lo <= min_rate_step_share * lo:
+        return None, (f"the first miss ({hi:g} req/s) is within {100 * min_rate_step_share:g} % of the "
+                      f"boundary ({lo:g} req/s)")
+    return round((lo + hi) / 2, 3), ""
+
+
+def next_load(levels: pd.DataFrame, slo: Any, search: Any, mode: str) -> tuple[float | None, str]:
+    """The search's next load along `mode` given every level measured so far (SloSearchParams
+    `search`), or (None, why it stops there)."""
+    lo, hi = bracket(levels, slo, mode)
+    return midpoint(mode, lo, hi, float(search.min_rate_step_share))
+
+
+def mode_summary(planned: pd.DataFrame, levels: pd.DataFrame, slo: Any, chosen: list[str],
+                 stopped: str, mode: str) -> dict[str, Any]:
+    """summary.json's `slo_search.<mode>` (SloSearchMode): the bracket the planned levels left,
+    the refined one over every level, the extra levels and why the search stopped."""
+    p_lo, p_hi = bracket(planned, slo, mode)
+    lo, hi = bracket(levels, slo, mode)
+    return {"planned_boundary_load": p_lo, "planned_first_miss_load": p_hi, "boundary_load": lo,
+            "first_miss_load": hi, "levels": list(chosen), "stopped": stopped}
+
+
+def search_sentence(search: Any, mode: str) -> str:
+    """The SLO paragraph's clause on the search along `mode` (SloSearchSummary), or '' without one."""
+    m = getattr(search, mode, None) if search is not None else None
+    if m is None:
+        return ""
+    unit = "C=" if mode == "concurrency" else ""
+    suffix = "" if mode == "concurrency" else " req/s"
+
+    def load(x: float | None) -> str:
+        return "none" if x is None else (f"{unit}{int(x)}" if mode == "concurrency" else f"{x:g}{suffix}")
+
+    if not m.levels:
+        return (f"the SLO search measured no extra {mode} level "
+                f"(between {load(m.planned_boundary_load)} and {load(m.planned_first_miss_load)}: {m.stopped})")
+    return (f"the SLO search narrowed the {mode} bracket from {load(m.planned_boundary_load)}–"
+            f"{load(m.planned_first_miss_load)} to {load(m.boundary_load)}–{load(m.first_miss_load)} with "
+            f"{len(m.levels)} extra level(s) ({', '.join(m.levels)}), then stopped: {m.stopped}")
