@@ -231,10 +231,12 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
         ctx = np.asarray(context, dtype=object)
         # judged once per distinct (name category, frame decision) pair
         generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=bool)[n_codes]
-        pairs = list(zip(category.tolist(), ctx.tolist(), generic.tolist()))
-        memo = {k: _context_applies(*k) for k in set(pairs)}
-        got = np.array([memo[k] for k in pairs], dtype=object)
-        use = np.array([g is not None for g in got], dtype=bool)
+        # by code, not a tuple per event: a kernel-dense trace has millions of events and a
+        # few hundred distinct triples (issue 26)
+        k_codes, k_u = pd.MultiIndex.from_arrays([category, ctx, generic]).factorize()
+        decided = [_context_applies(*k) for k in k_u]
+        got = np.array(decided, dtype=object)[k_codes]
+        use = np.array([d is not None for d in decided], dtype=bool)[k_codes]
         category = np.where(use, got, category)
         source = np.where(use, "context", source)
     return category, source

@@ -309,11 +309,13 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     lts = np.full(len(dev), np.nan)
     graph = np.zeros(len(dev), dtype=bool)
     if has.any():
-        sub = lk.loc[corr[has]]
-        graph[has] = sub["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool)  # per distinct name, not per row
-        lpid[has] = sub["pid"].to_numpy()
-        ltid[has] = sub["tid"].to_numpy()
-        lts[has] = sub["ts"].to_numpy()
+        # Column by column at each kernel's launch position: a frame of every launch column per
+        # kernel (and a name match per row) was a large part of stage 05's peak (issue 26).
+        at = lk.index.get_indexer(corr[has])
+        graph[has] = lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool)[at]
+        lpid[has] = lk["pid"].to_numpy()[at]
+        ltid[has] = lk["tid"].to_numpy()[at]
+        lts[has] = lk["ts"].to_numpy()[at]
     step = np.full(len(dev), -1, dtype=np.int64)
     how = np.full(len(dev), "none", dtype=object)
     if steps["pid"].eq(-1).all():  # whole-trace step
