@@ -28,7 +28,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
         get_preset(args.arch_preset)
     code, _ = run_analyze(args.paths, model_config=args.model, tp=args.tp, out=args.out,
-                          progress=not args.no_progress, arch_preset=args.arch_preset)
+                          progress=not args.no_progress, arch_preset=args.arch_preset,
+                          memory_budget_gb=args.memory_budget_gb)
     return code
 
 
@@ -142,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "kimi-k2.5): the collectives cross-check and the roofline on the trace")
     a.add_argument("--tp", type=int, help="tensor-parallel size of the captured run")
     a.add_argument("--out", help="output folder (default outputs/analyze-<timestamp>)")
+    a.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="stop before parsing when the analysis's estimated peak is over this many GB "
+                        "(default: 0.8x the available memory; exit code 5)")
     a.add_argument("--no-progress", action="store_true")
     a.set_defaults(func=_cmd_analyze)
 

@@ -38,7 +38,6 @@ from stepscope.runfolder import (
     DiskFull,
     check_run_folder_links,
     disk_full,
-    read_json,
     run_folder_lock,
     run_folder_under,
     write_yaml,
@@ -58,6 +57,9 @@ EXIT_RANKS_MISSING = 3
 """`analyze`: fewer ranks were analysed than expected (some trace unreadable)."""
 EXIT_NO_RANK = 4
 """`analyze`: not one rank could be analysed."""
+EXIT_OVER_BUDGET = 5
+"""`analyze`: the traces' estimated analysis peak is over the memory budget; nothing was parsed
+(raise it with --memory-budget-gb; `run` says so as stage 05's error)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C or SIGTERM: the server was stopped, finished stages are kept."""
 
@@ -162,41 +164,37 @@ class _RunRecord:
         self.data = {
             "run_id": run_dir.name,
             "schema_version": schema.SCHEMA_VERSION,
-            "created_at": previous.get("created_at") or _now(),
+            "created_at": (previous.created_at if previous else None) or _now(),
             "updated_at": _now(),
             "params_file": str(params_file),
             "argv": redact_argv(list(argv)),  # `--api-key X` on the command line stays out
             **provenance(),
             "params": redact(params_to_dict(params)),
-            "stages": previous.get("stages", {}),
+            "stages": schema.to_builtins(previous.stages) if previous else {},
             "resume": resume,
         }
         self.unsaved: DiskFull | None = None
-        if previous.get("events"):
-            self.data["events"] = previous["events"]
+        if previous is not None and previous.events:
+            self.data["events"] = schema.to_builtins(previous.events)
         self.save()
 
-    def _previous(self, resume: bool) -> dict:
-        """The run.json already here, {} when there is none. One that cannot be read stops a
+    def _previous(self, resume: bool) -> schema.RunRecord | None:
+        """The run.json already here, None when there is none. One that cannot be read stops a
         --resume with its name; otherwise it is kept aside as run.json.unreadable, not lost."""
-        if not self.path.is_file():
-            return {}
         try:
-            previous = read_json(self.path)
-            if not isinstance(previous, dict):
-                raise ValueError("not a JSON object")
-            return previous
-        except ValueError as exc:
+            return schema.read_if_present(self.path, schema.RunRecord)
+        except schema.ArtifactError as exc:
             if resume:
                 raise StepscopeError(f"run.json cannot be read: {exc}", where=str(self.path),
                                      hint="drop --resume to start the run's record afresh") from None
             aside = self.path.with_name("run.json.unreadable")
             os.replace(self.path, aside)
             log.warning("%s could not be read (%s); kept as %s, a new record starts", self.path, exc, aside)
-            return {}
+            return None
 
-    def stage(self, stage_id: str) -> dict:
-        return self.data["stages"].get(stage_id, {})
+    def stage(self, stage_id: str) -> schema.StageStatus | None:
+        entry = self.data["stages"].get(stage_id)
+        return schema.convert(entry, schema.StageStatus, str(self.path)) if entry else None
 
     def set_stage(self, result: StageResult, inputs: dict[str, str] | None = None) -> None:
         entry = {"status": result.status, "duration_s": round(result.duration_s, 2),
@@ -281,8 +279,9 @@ def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_di
     try:
         for stage in selected:
             inputs = input_fingerprints(stage, params, run_dir)
-            if resume and record.stage(stage.id).get("status") == "ok":
-                changed = _changed_inputs(stage, record.stage(stage.id), inputs)
+            done = record.stage(stage.id)
+            if resume and done is not None and done.status == "ok":
+                changed = _changed_inputs(stage, done, inputs)
                 if not changed:
                     echo(f"  {stage.id}: done earlier, skipped (--resume)")
                     continue
@@ -443,11 +442,11 @@ def reuse_lines(stage: Stage, run_dir: Path) -> list[str]:
     --resume only): stage 01's levels, from its summary.json."""
     if stage.id != "01_macro_sweep":
         return []
-    path = run_dir / stage.id / "summary.json"
     try:
-        reused = read_json(path).get("reused_levels") or []
-    except (OSError, ValueError):
-        return []
+        summary = schema.read_if_present(run_dir / stage.id / "summary.json", schema.SweepSummary)
+    except schema.ArtifactError:
+        return []  # stage 01's own check names a bad summary; this line only tells what was kept
+    reused = summary.reused_levels if summary is not None else []
     if not reused:
         return []
     return [f"  {stage.id}: kept {len(reused)} level(s) measured earlier (--resume): {', '.join(reused)}"]
@@ -511,15 +510,15 @@ def _folder_digest(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _changed_inputs(stage: Stage, previous: dict, now: dict[str, str]) -> list[str]:
+def _changed_inputs(stage: Stage, previous: schema.StageStatus, now: dict[str, str]) -> list[str]:
     """Inputs whose fingerprint differs from the one recorded when the stage last ran.
 
     A record from before fingerprints existed counts as unchanged (the old behaviour). An input
     the record does not name (its entry in `stepscope.stages` has grown, or the record is from
     before per-key fingerprints) counts as changed, except for a stage on the server: a
     bookkeeping change is no reason for a model load that can take half an hour."""
-    before = previous.get("inputs_fingerprint")
-    if not isinstance(before, dict):
+    before = previous.inputs_fingerprint
+    if before is None:
         return []
     return [k for k in now if before.get(k) != now[k] and (k in before or not stage.uses_server)]
 
@@ -530,8 +529,10 @@ def _blocked_by(stage: Stage, results: dict[str, StageResult], record: _RunRecor
         if need in results:
             if results[need].status != "ok":
                 return need
-        elif record.stage(need).get("status") not in ("ok", None):
-            return need
+        else:
+            earlier = record.stage(need)
+            if earlier is not None and earlier.status != "ok":
+                return need
     return None
 
 
@@ -574,7 +575,8 @@ def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable
 
 
 def analyze_params(trace_paths: Sequence[str | Path], *, model_config: str | None, tp: int | None,
-                   name: str = "analyze", arch_preset: str | None = None) -> dict:
+                   name: str = "analyze", arch_preset: str | None = None,
+                   memory_budget_gb: float | None = None) -> dict:
     """The params of an offline analysis: only stages 05 and 06, on given traces."""
     data: dict = {"run": {"name": name},
                   "analysis": {"trace_paths": [str(Path(p).resolve()) for p in trace_paths]}}
@@ -585,13 +587,17 @@ def analyze_params(trace_paths: Sequence[str | Path], *, model_config: str | Non
     if tp:
         data["analysis"]["tp"] = tp
         data["server"] = {"tp": tp}
+    if memory_budget_gb is not None:
+        data["analysis"]["memory_budget_gb"] = memory_budget_gb
     return data
 
 
 def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None = None,
                 tp: int | None = None, out: str | Path | None = None, progress: bool = True,
-                echo: Callable[[str], None] = print, arch_preset: str | None = None) -> tuple[int, Path]:
-    """`stepscope analyze`: categorization and writeup on traces captured elsewhere."""
+                echo: Callable[[str], None] = print, arch_preset: str | None = None,
+                memory_budget_gb: float | None = None) -> tuple[int, Path]:
+    """`stepscope analyze`: categorization and writeup on traces captured elsewhere. Over the
+    memory budget (trace.budget) it returns EXIT_OVER_BUDGET before any stage runs."""
     missing = [str(p) for p in trace_paths if not Path(p).exists()]
     if missing:
         raise StepscopeError("trace path not found: " + ", ".join(missing),
@@ -599,11 +605,19 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     if model_config and not Path(model_config).is_file():
         raise StepscopeError("model config not found", where=str(model_config),
                              hint="pass the model's config.json")
-    data = analyze_params(trace_paths, model_config=model_config, tp=tp, arch_preset=arch_preset)
+    data = analyze_params(trace_paths, model_config=model_config, tp=tp, arch_preset=arch_preset,
+                          memory_budget_gb=memory_budget_gb)
     from stepscope.config import params_from_dict
+    from stepscope.trace.analyze import resolve_trace_paths
+    from stepscope.trace.budget import MemoryBudgetExceeded, require_budget
 
     params = params_from_dict(data, source="stepscope analyze")
     run_dir = Path(out).resolve() if out else resolve_outputs_dir(params) / new_run_id(params)
+    try:  # refused here, in a second and with its own exit code, rather than as a failed stage
+        require_budget(resolve_trace_paths(trace_paths)[0], params.analysis.memory_budget_gb)
+    except MemoryBudgetExceeded as exc:
+        echo(f"error: {exc}")
+        return EXIT_OVER_BUDGET, run_dir
     # Both stages in this process (execute.in_process): a kernel per notebook cost more than the analysis.
     with run_folder_lock(run_dir, say=echo):  # before analyze_params.yaml: a second analyze is refused
         params_file = write_yaml(run_dir / "analyze_params.yaml", data)

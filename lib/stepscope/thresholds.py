@@ -140,3 +140,8 @@ named among the reasons the trace's throughput and the sweep's differ."""
 LOAD_LEVER_SHIFT = 2.0
 """A category whose share of the decode period changes by this factor or more between two
 captured levels (and is at least 5 % of one) is a lever whose size depends on the batch."""
+
+# --- stage 05 memory budget -------------------------------------------------------------
+MEMORY_BUDGET_AVAILABLE_SHARE = 0.8
+"""Without analysis.memory_budget_gb, stage 05 may use this share of the memory available
+when it starts (trace.budget): the rest is left to the OS and whatever else runs."""

@@ -76,3 +76,56 @@ def test_a_rank_refused_by_stage_05_is_named_once(tmp_path: Path):
     assert p.returncode == EXIT_NO_RANK, out
     assert out.count("nested deeper than the parser's limit") == 1, out
     assert "no rank was analysed: stage 05_categorize failed (its error is above)" in out
+
+
+# --------------------------------------------------------------------------- memory budget
+
+
+def test_the_estimate_reads_the_json_size_from_the_gzip_trailer():
+    from stepscope.trace.budget import IMPORTS_BYTES, PEAK_BYTES_PER_JSON_BYTE, check_budget
+
+    json_bytes = len(gzip.decompress(FULLGRAPH.read_bytes()))
+    c = check_budget([FULLGRAPH, FULLGRAPH], 1.0)
+    assert c.json_bytes == 2 * json_bytes  # every rank is loaded before the first is analysed
+    assert c.estimate_bytes == int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * 2 * json_bytes)
+    assert c.budget_bytes == 2**30 and not c.over
+
+
+def test_over_budget_the_stage_stops_before_parsing_with_the_numbers(tmp_path: Path, monkeypatch):
+    from stepscope.trace import load
+    from stepscope.trace.budget import MemoryBudgetExceeded
+
+    def no_parse(*a, **k):
+        raise AssertionError("a trace was loaded over budget")
+
+    monkeypatch.setattr("stepscope.trace.analyze.load_ranks", no_parse)
+    assert load.load_ranks is not no_parse
+    with pytest.raises(MemoryBudgetExceeded) as err:
+        analyze_traces(FULLGRAPH, tmp_path / "out", memory_budget_gb=0.1, progress=False)
+    msg = str(err.value)
+    assert str(FULLGRAPH) in msg
+    assert "peak at about 0.25 GB" in msg and "memory budget of 0.10 GB (analysis.memory_budget_gb)" in msg
+    assert "--memory-budget-gb" in msg and "nothing was parsed" in msg
+
+
+def test_analyze_over_budget_exits_5_naming_file_estimate_and_budget(tmp_path: Path):
+    from stepscope.runner import EXIT_OVER_BUDGET
+
+    out = tmp_path / "out"
+    p = _cli("analyze", str(FULLGRAPH), "--out", str(out), "--no-progress", "--memory-budget-gb", "0.05")
+    text = p.stdout + p.stderr
+    assert p.returncode == EXIT_OVER_BUDGET == 5, text
+    assert str(FULLGRAPH) in text and "over the memory budget of 0.05 GB" in text
+    assert text.count("would peak at about") == 1
+    assert not (out / "05_categorize").exists()  # refused before stage 05 started
+    # a budget that fits analyses as before
+    ok = _cli("analyze", str(FULLGRAPH), "--out", str(tmp_path / "ok"), "--no-progress", "--memory-budget-gb", "4")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_a_budget_of_zero_is_refused_by_the_params_check(tmp_path: Path):
+    from stepscope.config import params_from_dict
+    from stepscope.errors import ParamsError
+
+    with pytest.raises(ParamsError, match="analysis.memory_budget_gb.*greater than 0"):
+        params_from_dict({"run": {"name": "t"}, "analysis": {"memory_budget_gb": 0}}, source="test")

@@ -14,6 +14,7 @@ from stepscope.errors import StageInputMissing, TraceError
 from stepscope.trace import account as acc
 from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT
+from stepscope.trace.budget import require_budget
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
@@ -404,9 +405,9 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                    tp: int | None = None, extra_rules=(), tpot_ms: float | None = None,
                    progress: bool = True, cache_dir: Path | None = None,
                    perfetto: bool = True, quantization: str | None = None,
-                   micro_gemm: pd.DataFrame | None = None,
-                   peaks: dict[str, Any] | None = None,
-                   input_flags: Iterable[dict[str, str]] = ()) -> Analysis:
+                   micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
+                   input_flags: Iterable[dict[str, str]] = (), memory_budget_gb: float | None = None
+                   ) -> Analysis:
     """Load, categorize, attribute and account every rank trace; write the artifacts.
 
     `paths`: trace files and/or folders (profiler_out*.txt tables found there are used as a
@@ -418,13 +419,13 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     roofline; `micro_gemm` (stage 02's gemm.csv) is set beside it; `peaks` (params
     `hardware`: name, peak_mem_bw_gbps, peak_tflops) overrides the device table.
     `input_flags`: flags raised on the stage's inputs (the capture's TPOT), kept in the summary.
+    Over `memory_budget_gb` (None: a share of free memory), budget.MemoryBudgetExceeded, unparsed.
     """
     from stepscope.trace.text_table import check_text_tables
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results, flags, tables = _load_and_analyse(paths, out_dir, extra_rules, progress,
-                                               Path(cache_dir) if cache_dir is not None else out_dir / "cache")
+    results, flags, tables = _load_and_analyse(paths, out_dir, extra_rules, progress, memory_budget_gb, cache_dir)
     modes = {r.mode for r in results}
     if len(modes) > 1:
         flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
@@ -482,15 +483,19 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     return an
 
 
-def _load_and_analyse(paths: list[Path] | Path, out_dir: Path, extra_rules, progress: bool, cache_dir: Path
+def _load_and_analyse(paths: list[Path] | Path, out_dir: Path, extra_rules, progress: bool,
+                      memory_budget_gb: float | None, cache_dir: Path | None
                       ) -> tuple[list[RankResult], list[dict[str, str]], list[Path]]:
     """(analysed ranks, flags so far, profiler_out tables found); a TraceError naming the
-    files when none can be read or analysed."""
+    files when none can be read or analysed. The Parquet cache: `cache_dir`, else out_dir/cache."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
     traces, tables = resolve_trace_paths(paths)
     if not traces:
         raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
             paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
-    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress)
+    budget = require_budget(traces, memory_budget_gb)
+    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
+                               memory_budget_bytes=budget.budget_bytes)
     if not loaded:
         raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
                          where=str(out_dir), hint="see the messages above for each file")
@@ -844,7 +849,8 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
                         quantization=params.model.quantization,
                         micro_gemm=pd.read_csv(micro) if micro.is_file() else None,
                         peaks={"name": hw.name, "peak_mem_bw_gbps": hw.peak_mem_bw_gbps,
-                               "peak_tflops": hw.peak_tflops})
+                               "peak_tflops": hw.peak_tflops},
+                        memory_budget_gb=params.analysis.memory_budget_gb)
     if arch is None:
         an.summary["collectives_check"]["explanation"].append(f"architecture: {why}")
         schema.write(Path(out_dir) / "summary.json", an.summary, schema.TraceSummary)
