@@ -13,8 +13,11 @@ import pytest
 from stepscope import schema
 from stepscope.config import params_from_dict
 from stepscope.errors import ParamsError
+from stepscope.report.build import _slo_paragraph
 from stepscope.schema.sweep import SweepPlan
 from stepscope.sweep import slo_search as ss
+from stepscope.sweep.goodput import per_gpu_points
+from stepscope.sweep.plots import plot_per_gpu_vs_per_user
 from stepscope.sweep.client import ServerInfo
 from stepscope.sweep.run import run_sweep
 from stepscope.testing.fake_server import FakeBehaviour, FakeServer
@@ -69,6 +72,15 @@ def test_the_search_refines_the_boundary_with_real_levels_on_disk(tmp_path):
     saved = schema.read(tmp_path / "summary.json", schema.SweepSummary)
     assert saved.slo_search.concurrency.boundary_load == 5
     assert pd.read_csv(tmp_path / "levels.csv")["slo_search"].sum() == 2
+    # the report's SLO sentence and the per-GPU chart say the same, from the saved summary
+    text = _slo_paragraph(saved.slo, saved.slo_search)
+    assert "the SLO-boundary level is **c0005** (concurrency 5)" in text
+    assert "narrowed it from C=4–C=8 to C=5–C=6 with 2 extra levels, c0006, c0005, then stopped" in text
+    pts = per_gpu_points(res.levels, tp=1)
+    assert pts.loc[pts["slo_search"], "concurrency"].tolist() == [5, 6]
+    fig = plot_per_gpu_vs_per_user(pts, 1, res.summary)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "SLO-search level (2 of 6, by bisection)" in labels and "SLO boundary: C=5" in labels
 
 
 def test_the_extra_levels_stay_within_their_bound(tmp_path):

@@ -274,15 +274,33 @@ def _workload_columns(lv) -> list[tuple[str, str]]:
     return cols
 
 
-def _slo_paragraph(slo) -> str:
-    """The SLO and its boundary level in words, from summary.json's `slo` (SloSummary)."""
+def _slo_search_clause(search, mode: str) -> str:
+    """What the SLO search (summary.json `slo_search`, SloSearchSummary) did along `mode`, as a
+    clause of the SLO paragraph; '' where it did not run there."""
+    m = getattr(search, mode, None) if search is not None else None
+    if m is None:
+        return ""
+
+    def load(x):
+        return "none" if x is None else (f"C={int(x)}" if mode == "concurrency" else f"{x:g} req/s")
+    if not m.levels:
+        return (f" (the SLO search added no level between {load(m.planned_boundary_load)} and "
+                f"{load(m.planned_first_miss_load)}: {m.stopped})")
+    return (f" (the SLO search narrowed it from {load(m.planned_boundary_load)}–{load(m.planned_first_miss_load)} "
+            f"to {load(m.boundary_load)}–{load(m.first_miss_load)} with {len(m.levels)} extra {plural('level', len(m.levels))}, "
+            f"{', '.join(m.levels)}, then stopped: {m.stopped})")
+
+
+def _slo_paragraph(slo, search=None) -> str:
+    """The SLO and its boundary level in words, from summary.json's `slo` (SloSummary), with
+    what the SLO search did (`slo_search`, SloSearchSummary) where it ran."""
     if slo is None:
         return ""
     bounds = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.bounds_ms.items())
     text = (f"Under the SLO ({bounds} per request; goodput counts the requests that met every bound, as "
             f"`vllm bench serve --goodput` does) ")
     said = []
-    for mode, b in (("concurrency", slo.concurrency), ("request rate", slo.rate)):
+    for mode, b, key in (("concurrency", slo.concurrency, "concurrency"), ("request rate", slo.rate, "rate")):
         if b is None:
             continue
         unit = "" if mode == "concurrency" else " req/s"
@@ -295,7 +313,8 @@ def _slo_paragraph(slo) -> str:
                  else f"the next level, {b.first_miss_level} ({mode} {load(b.first_miss_load)}{unit}), missed it")
         said.append(f"the SLO-boundary level is **{b.boundary_level}** ({mode} {load(b.boundary_load)}{unit}): "
                     f"at least {100 * slo.min_share:g} % of its requests met the SLO, with "
-                    f"**{fmt_num(b.goodput_tok_s)} goodput tok/s** of {fmt_num(b.output_tok_s)} output tok/s; {where}")
+                    f"**{fmt_num(b.goodput_tok_s)} goodput tok/s** of {fmt_num(b.output_tok_s)} output tok/s; {where}"
+                    + _slo_search_clause(search, key))
     return text + "; ".join(said) + ".\n\n" if said else ""
 
 
@@ -322,7 +341,8 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
                           f"section 4 is the engine's own clock)")
     if parts:
         text += "In this sweep " + "; ".join(parts) + ".\n\n"
-    text += _slo_paragraph(a.sweep_summary.slo if a.sweep_summary is not None else None)
+    text += (_slo_paragraph(a.sweep_summary.slo, a.sweep_summary.slo_search) if a.sweep_summary is not None
+             else "")
     lv = a.levels.copy()
     sort_cols = [c for c in ("mode", "concurrency", "request_rate") if c in lv]
     lv = lv.sort_values(sort_cols) if sort_cols else lv

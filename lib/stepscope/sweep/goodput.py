@@ -160,7 +160,7 @@ def per_gpu_points(levels: pd.DataFrame, tp: int) -> pd.DataFrame:
     """The capacity planner's chart, one row per completed closed-loop level: output tok/s per
     GPU (output throughput / TP) against tok/s per user (1000 / median TPOT in ms), and goodput
     tok/s per GPU where an SLO was set. Columns: level, concurrency, n_completed,
-    tok_s_per_gpu, tok_s_per_user, goodput_tok_s_per_gpu."""
+    tok_s_per_gpu, tok_s_per_user, goodput_tok_s_per_gpu, slo_search (an SLO-search level)."""
     c = levels[(levels["mode"] == "concurrency") & (levels["n_completed"] > 0)].sort_values("concurrency")
     tpot = pd.to_numeric(c["tpot_ms_median"], errors="coerce")
     good = pd.to_numeric(c["goodput_tok_s"], errors="coerce") if "goodput_tok_s" in c else np.nan
@@ -168,4 +168,6 @@ def per_gpu_points(levels: pd.DataFrame, tp: int) -> pd.DataFrame:
                          "concurrency": c["concurrency"], "n_completed": c["n_completed"],
                          "tok_s_per_gpu": pd.to_numeric(c["output_throughput_tok_s"]) / max(1, int(tp)),
                          "tok_s_per_user": 1000.0 / tpot.where(tpot > 0),
-                         "goodput_tok_s_per_gpu": good / max(1, int(tp))}).reset_index(drop=True)
+                         "goodput_tok_s_per_gpu": good / max(1, int(tp)),
+                         "slo_search": (c["slo_search"].fillna(False).astype(bool) if "slo_search" in c
+                                        else False)}).reset_index(drop=True)

@@ -127,6 +127,11 @@ def plot_per_gpu_vs_per_user(points: pd.DataFrame, tp: int, summary: dict[str, A
     for _, r in points.iterrows():
         ax.annotate(f"C={int(r['concurrency'])}", (r["tok_s_per_user"], r["tok_s_per_gpu"]),
                     textcoords="offset points", xytext=(4, 4), fontsize=7)
+    searched = points[points["slo_search"].astype(bool)] if "slo_search" in points else points.iloc[0:0]
+    if len(searched):  # the SLO search's extra levels, told apart from the planned ones
+        ax.scatter(searched["tok_s_per_user"], searched["tok_s_per_gpu"], s=70, marker="s", facecolors="none",
+                   edgecolors="tab:orange", zorder=3,
+                   label=f"SLO-search level ({len(searched)} of {len(points)}, by bisection)")
     slo = s.get("slo") or {}
     bound = (slo.get("bounds_ms") or {}).get("tpot_ms")
     if bound:

@@ -71,21 +71,3 @@ def mode_summary(planned: pd.DataFrame, levels: pd.DataFrame, slo: Any, chosen: 
     return {"planned_boundary_load": p_lo, "planned_first_miss_load": p_hi, "boundary_load": lo,
             "first_miss_load": hi, "levels": list(chosen), "stopped": stopped}
 
-
-def search_sentence(search: Any, mode: str) -> str:
-    """The SLO paragraph's clause on the search along `mode` (SloSearchSummary), or '' without one."""
-    m = getattr(search, mode, None) if search is not None else None
-    if m is None:
-        return ""
-    unit = "C=" if mode == "concurrency" else ""
-    suffix = "" if mode == "concurrency" else " req/s"
-
-    def load(x: float | None) -> str:
-        return "none" if x is None else (f"{unit}{int(x)}" if mode == "concurrency" else f"{x:g}{suffix}")
-
-    if not m.levels:
-        return (f"the SLO search measured no extra {mode} level "
-                f"(between {load(m.planned_boundary_load)} and {load(m.planned_first_miss_load)}: {m.stopped})")
-    return (f"the SLO search narrowed the {mode} bracket from {load(m.planned_boundary_load)}–"
-            f"{load(m.planned_first_miss_load)} to {load(m.boundary_load)}–{load(m.first_miss_load)} with "
-            f"{len(m.levels)} extra level(s) ({', '.join(m.levels)}), then stopped: {m.stopped}")
