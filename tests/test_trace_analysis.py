@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.trace.account import grouped_union, union_length
+from stepscope.trace.account import account_rank, grouped_union, union_length
 from stepscope.trace.analyze import analyze_rank, analyze_traces, collectives_check
 from stepscope.trace.categorize import classify_name, make_rules
 from stepscope.trace.load import load_rank
@@ -267,6 +267,19 @@ def test_exposed_time_by_class_priority(tmp_path: Path):
     t = r.totals
     assert (t["busy_us"], t["span_us"], t["kernel_sum_us"]) == (30.0, 30.0, 34.0)
     assert r.steps_tot.iloc[0]["label"] == "decode" and r.steps_tot.iloc[0]["n_events"] == 3
+
+
+def test_exposed_times_partition_busy_when_one_class_overlaps_itself():
+    # two compute streams overlap 5 us, two collectives overlap 5 us: each category's own exposed
+    # time counts the shared stretch, so unsplit they summed to 40 of 30 us busy (133 %)
+    work = pd.DataFrame({"category": ["dense_gemm", "elementwise", "all_reduce", "all_gather"],
+                         "start_us": [0.0, 5.0, 20.0, 25.0], "end_us": [10.0, 15.0, 30.0, 35.0]})
+    work = work.assign(dur_us=work["end_us"] - work["start_us"], is_call=True, collective_call=True)
+    cats, tot = account_rank(work)
+    x = cats.set_index("category")["exposed_us"]
+    assert tot["busy_us"] == 30.0 and x.sum() == 30.0
+    assert (x["dense_gemm"], x["elementwise"], x["all_reduce"], x["all_gather"]) == (7.5, 7.5, 7.5, 7.5)
+    assert cats.set_index("category")["union_us"].sum() == 40.0  # unions still overlap, as they should
 
 
 def test_collectives_check_explains_mismatch():
