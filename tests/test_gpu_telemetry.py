@@ -79,3 +79,75 @@ def test_nvml_samples_every_gpu_about_every_half_second():
     assert (t["sm_clock_mhz"] > 0).all() and (t["memory_total_mib"] > t["memory_used_mib"]).all()
     assert t["power_w"].between(1, 2000).all() and t["temperature_c"].between(0, 110).all()
     assert 0.4 < t.groupby("gpu")["t_s"].diff().dropna().median() < 0.7
+
+
+def _no_pynvml(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *a, **kw):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+
+
+def test_the_capture_records_why_there_is_no_telemetry_and_nothing_else_changes(tmp_path, monkeypatch):
+    """Stage 04 samples the profiled window (batch 1 and a load level c<C>/); without NVML its
+    gpu_telemetry.json says why, no csv is written, and the capture is whole."""
+    from stepscope.capture import capture_profile
+    from stepscope.capture_load import capture_load_level
+    from stepscope.config import CaptureParams, SweepParams
+    from stepscope.sweep.client import ServerInfo
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    _no_pynvml(monkeypatch)
+    pdir, stage = tmp_path / "prof", tmp_path / "04_profiler_capture"
+    pdir.mkdir()
+    cap = CaptureParams(warmup_requests=0, requests=2, input_len=4, output_len=4, wait_timeout_s=5,
+                        load_window_s=0.3)
+    sweep = SweepParams(input_len=4, output_len=40, warmup_requests=0)
+    with FakeServer(FakeBehaviour(profiler_dir=str(pdir), tp=1, chunk_delay_s=0.01)) as fake:
+        server = ServerInfo(base_url=fake.base_url, served_model="fake", engine="vllm", tp=1,
+                            engine_version="0.32.0", profiler_dir=str(pdir))
+        res = capture_profile(server, cap, stage)
+        window = capture_load_level(server, cap, sweep, 2, stage)
+    assert res.manifest["ranks_found"] == [0] and window["concurrency"] == 2
+    for where in (stage, stage / "c2"):
+        info = schema.read(where / "gpu_telemetry.json", schema.GpuTelemetryInfo)
+        assert (info.available, info.n_samples, info.n_gpus) == (False, 0, 0)
+        assert "nvidia-ml-py" in info.reason
+        assert not (where / "gpu_telemetry.csv").exists()
+    assert (stage / "c2" / "manifest.json").is_file() and (stage / "capture_latency.json").is_file()
+
+
+def test_a_capture_with_samples_writes_them_as_a_typed_table(tmp_path, monkeypatch):
+    """The same path with NVML's readings stood in by rows (a GPU cannot run here): the
+    capture's window becomes gpu_telemetry.csv under the stage's folder."""
+    got = {"available": True, "reason": None, "rows": _rows("capture", 0, [1980, 1975, 1980])}
+
+    class _Sampler:  # a fake, named as one: what Sampler returns on a GPU box
+        def __init__(self, level, enabled=True):
+            self.level = level
+
+        def stop(self):
+            return {**got, "rows": [{**r, "level": self.level} for r in got["rows"]]}
+
+    monkeypatch.setattr(gt, "Sampler", _Sampler)
+    from stepscope.capture import capture_profile
+    from stepscope.config import CaptureParams
+    from stepscope.sweep.client import ServerInfo
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    pdir = tmp_path / "prof"
+    pdir.mkdir()
+    with FakeServer(FakeBehaviour(profiler_dir=str(pdir), tp=1)) as fake:
+        capture_profile(ServerInfo(base_url=fake.base_url, served_model="fake", engine="vllm", tp=1,
+                                   engine_version="0.32.0", profiler_dir=str(pdir)),
+                        CaptureParams(warmup_requests=0, requests=1, input_len=2, output_len=2, wait_timeout_s=5),
+                        tmp_path / "stage")
+    t = schema.check_frame(pd.read_csv(tmp_path / "stage" / "gpu_telemetry.csv"), schema.GpuTelemetryRow, "csv")
+    assert list(t["level"]) == ["capture"] * 3 and list(t["sm_clock_mhz"]) == [1980, 1975, 1980]
+    assert schema.read(tmp_path / "stage" / "gpu_telemetry.json", schema.GpuTelemetryInfo).n_gpus == 1

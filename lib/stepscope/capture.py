@@ -23,6 +23,9 @@ Artifacts in `04_profiler_capture/`:
   its TPOT measures delivery, not decode: the notebook says so, and stage 05 does not set it
   beside the trace's step readings.
 - `capture_requests.jsonl`: the raw request records behind those numbers.
+- `gpu_telemetry.csv` / `gpu_telemetry.json`: every GPU's clocks, power, temperature, memory
+  and utilisation about every 0.5 s from /start_profile to /stop_profile (NVML, as the sweep's
+  `stepscope.sweep.gpu_telemetry`); without NVML only the json, saying why not.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from stepscope.errors import ServerError, StepscopeError
 from stepscope.filenames import ProfilerFile, parse_name
 from stepscope.runfolder import atomic_open, atomic_path
 from stepscope.sweep import client as cl
+from stepscope.sweep import gpu_telemetry
 from stepscope.sweep.metrics import RequestRecord, level_metrics, request_table
 from stepscope.server_metrics import METRICS_SCRAPES, save_scrape
 from stepscope.thresholds import STALL_GAP_S
@@ -293,6 +297,7 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
             raise CaptureError(f"/start_profile answered HTTP {status}: {text[:300]}", where=server.url("/start_profile"),
                                hint="see the server log; a capture may already be running (POST /stop_profile)")
         recs: list[RequestRecord] = []
+        gpu = gpu_telemetry.Sampler("capture")  # NVML through the profiled window, when present
         try:
             for i, p in enumerate(progress.bar(payloads[capture.warmup_requests:], desc="captured requests", leave=False)):
                 recs.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i,
@@ -304,12 +309,14 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
             else:
                 stop_status, stop_text = await _profile_call(session, server, "/stop_profile", None, profiler_dir)
             stop_s = time.perf_counter() - t_stop
+            gpu_samples = gpu.stop()
         silence.raise_if_tripped(url)
         metrics_after = await cl.metrics_text(session, server)
     return {"warm": warm, "records": recs, "before": before, "before_ns": before_ns,
             "metrics": (metrics_before, metrics_after),
             "started_at": started_at, "stopped_at": datetime.now(timezone.utc).isoformat(),
-            "stop_status": stop_status, "stop_text": stop_text[:300], "stop_profile_s": stop_s}
+            "stop_status": stop_status, "stop_text": stop_text[:300], "stop_profile_s": stop_s,
+            "gpu_samples": gpu_samples}
 
 
 def _write_metrics(scrapes: tuple[str | None, str | None], out_dir: Path) -> None:
@@ -488,6 +495,7 @@ def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str 
     run = cl.run_sync(_capture_async(server, capture, pdir_s, body))
     latency = _write_requests_and_latency(run, capture, out_dir)  # measured results hit disk before the wait
     _write_metrics(run["metrics"], out_dir)
+    gpu_telemetry.write_artifacts(out_dir, [{"gpu_samples": run["gpu_samples"]}])
 
     notes: list[str] = []
     if run["stop_status"] != 200:

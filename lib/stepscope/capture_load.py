@@ -14,7 +14,8 @@ For each `capture.concurrency` level C > 1 (batch 1 is `stepscope.capture`, unch
 
 `c<C>/` holds `traces/`, `manifest.json`, `load_window.json` (the client's requests and
 tokens over exactly the profiled window), `capture_requests.jsonl` and `server_metrics.csv`
-(the /metrics scrapes during the level). Attach mode works the same way when
+(the /metrics scrapes during the level), and `gpu_telemetry.csv`/`.json` (NVML over the profiled
+window, as the sweep's; only the json, saying why not, without NVML). Attach mode works the same way when
 `capture.profiler_dir` shows the server's traces here.
 """
 
@@ -36,6 +37,7 @@ from stepscope.capture import (CaptureError, _await_extra_files, _copy_captured,
                                check_writable, classify, resolve_profiler_dir, wait_for_traces)
 from stepscope.config import CaptureParams, SweepParams
 from stepscope.sweep import client as cl
+from stepscope.sweep import gpu_telemetry
 
 METRICS_INTERVAL_S = 1.0
 """/metrics scrapes during a load level: a window of a few steps lasts seconds here."""
@@ -133,15 +135,20 @@ async def _window(load: _Load, side, server, pdir: Path, body: dict, capture: Ca
                            hint="see the server log; a capture may already be running (POST /stop_profile)")
     t_open = time.perf_counter()
     self_stopped = False
-    while time.perf_counter() - t_open < capture.load_window_s:
-        if _new_traces(pdir, before, server.engine):
-            self_stopped = True
-            break
-        await asyncio.sleep(0.1)
-    t_stop = time.perf_counter()
-    stop_status, stop_text = await _profile_call(side, server, "/stop_profile", None, str(pdir))
+    gpu = gpu_telemetry.Sampler(f"capture-c{load.c:04d}", enabled=load.sweep.gpu_telemetry)
+    try:
+        while time.perf_counter() - t_open < capture.load_window_s:
+            if _new_traces(pdir, before, server.engine):
+                self_stopped = True
+                break
+            await asyncio.sleep(0.1)
+        t_stop = time.perf_counter()
+        stop_status, stop_text = await _profile_call(side, server, "/stop_profile", None, str(pdir))
+    finally:
+        gpu_samples = gpu.stop()
     return {"before": before, "started_at": started_at, "t_start": t_start, "t_open": t_open, "t_stop": t_stop,
-            "self_stopped": self_stopped, "stop_status": stop_status, "stop_text": stop_text[:300]}
+            "self_stopped": self_stopped, "stop_status": stop_status, "stop_text": stop_text[:300],
+            "gpu_samples": gpu_samples}
 
 
 async def _level_async(server: cl.ServerInfo, capture: CaptureParams, sweep: SweepParams, c: int,
@@ -199,6 +206,7 @@ def capture_load_level(server: cl.ServerInfo, capture: CaptureParams, sweep: Swe
     schema.write_table(pd.DataFrame(run["metrics_rows"], columns=[*schema.columns(schema.ServerMetricsRow),
                                                                    "scrape_bytes"]),
                        out_dir / "server_metrics.csv", schema.ServerMetricsRow)
+    gpu_telemetry.write_artifacts(out_dir, [{"gpu_samples": run["gpu_samples"]}])
     notes: list[str] = []
     if not run["self_stopped"]:
         notes.append(f"no trace appeared within capture.load_window_s = {capture.load_window_s:g} s of "

@@ -17,10 +17,16 @@ class CaptureFile(Record, kw_only=True):
 
 
 class StartProfileBody(Record, kw_only=True):
-    """The JSON body of SGLang's `POST /start_profile` (vLLM takes none)."""
+    """The JSON body of `POST /start_profile`: SGLang's (`num_steps`, ...), or vLLM's bounded
+    window of a load capture (`delay_iterations`, `max_iterations`); vLLM's batch-1 capture
+    sends none."""
 
-    num_steps: int
-    """Engine steps to record before it stops by itself."""
+    num_steps: int | None = None
+    """SGLang: engine steps to record before it stops by itself."""
+    delay_iterations: int | None = None
+    """vLLM (load capture): engine steps to skip before recording."""
+    max_iterations: int | None = None
+    """vLLM (load capture): engine steps to record before it stops by itself."""
     activities: list[str] = []
     with_stack: bool = False
     record_shapes: bool = False

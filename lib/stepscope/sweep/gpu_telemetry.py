@@ -5,7 +5,8 @@ used and utilisation every `SAMPLE_PERIOD_S` while a level measures. The rows tr
 level's meta file (`gpu_samples`) and become `01_macro_sweep/gpu_telemetry.csv`; without
 NVML, or with no GPU, the meta says why and `gpu_telemetry.json` records "not available"
 with that reason; nothing else changes. A throttled SM clock or a full GPU memory, each
-judged against `stepscope.thresholds`, is a flag on the level.
+judged against `stepscope.thresholds`, is a flag on the level. Stage 04 samples its profiled
+windows the same way (`04_profiler_capture/gpu_telemetry.csv`, and `c<C>/` per load capture).
 """
 
 from __future__ import annotations
