@@ -121,12 +121,14 @@ def test_keys_after_trace_events_are_read(tmp_path: Path):
     assert rt.meta["device_name"] == "NVIDIA H100"
 
 
-def test_deep_nesting_is_a_named_error(tmp_path: Path):
+@pytest.mark.parametrize("where", ["among the events", "the last event"])
+def test_deep_nesting_is_a_named_error(tmp_path: Path, where: str):
     from stepscope.errors import TraceError
     from stepscope.trace.load import load_rank
 
-    deep = '{"x": ' + "[" * 200_000 + "]" * 200_000 + "}"
-    p = _write(tmp_path / "rank0.json.gz", _with(_ev(args=deep)))
+    deep = _ev(args='{"x": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    body = _with(deep) if where == "among the events" else _HEAD + ",".join(_BASE + [deep]) + "]}"
+    p = _write(tmp_path / "rank0.json.gz", body)
     with pytest.raises(TraceError, match="nested deeper than the parser's limit") as err:
         load_rank(p)
     assert str(p) in str(err.value) and "bug" not in str(err.value)

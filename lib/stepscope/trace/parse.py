@@ -786,9 +786,11 @@ class _ArrayEnded(Exception):
 
 
 def _too_deep(path: Path, lo: int, hi: int) -> TraceError:
+    where = (f"in the events between bytes {lo:,} and {hi:,} of the decompressed trace" if lo >= 0
+             else "in the last events of traceEvents")
     return TraceError(
-        f"JSON nested deeper than the parser's limit in the events between bytes {lo:,} and {hi:,} "
-        "of the decompressed trace (Kineto nests an event 3 levels deep)", where=str(path),
+        f"JSON nested deeper than the parser's limit {where} (Kineto nests an event 3 levels deep)",
+        where=str(path),
         hint="the file is crafted or damaged: remove the deeply nested value (usually inside an "
              "event's args), or capture the trace again")
 
@@ -825,6 +827,8 @@ def _decode_last(col: _Collector, rest: bytes, path: Path) -> bytes:
             _decode_into(col, b"[" + rest[:idx + 1])
         except msgspec.DecodeError:
             continue
+        except RecursionError:
+            raise _too_deep(path, -1, -1) from None
         return rest[idx + 1:]
 
 
