@@ -64,6 +64,9 @@ def test_the_search_refines_the_boundary_with_real_levels_on_disk(tmp_path):
     assert (c["planned_boundary_load"], c["planned_first_miss_load"]) == (4, 8)
     assert (c["boundary_load"], c["first_miss_load"]) == (5, 6) and "adjacent" in c["stopped"]
     assert res.summary["slo"]["concurrency"]["boundary_level"] == "c0005"
+    assert res.messages[-1].startswith("SLO search (concurrency): 2 extra level(s) c0006, c0005; boundary 5, "
+                                       "first miss 6; stopped: the boundary C=5")
+    assert res.overview()["slo_search"].sum() == 2
     for name in ("c0005", "c0006"):  # real levels: raw records and a finished meta file
         assert (tmp_path / "levels" / f"{name}.jsonl").is_file()
         assert json.loads((tmp_path / "levels" / f"{name}.meta.json").read_text())["slo_search"] is True
@@ -121,3 +124,21 @@ def test_slo_search_without_an_slo_is_refused_naming_the_key():
     with pytest.raises(ParamsError) as e:
         params_from_dict({"run": {"name": "t"}, "sweep": {"slo_search": {"max_extra_levels": 2}}})
     assert "sweep.slo_search" in str(e.value) and "sweep.slo" in str(e.value)
+
+
+def test_an_open_loop_sweep_bisects_on_request_rate():
+    slo = _params().slo
+    search = _params(slo_search={"max_extra_levels": 3, "min_rate_step_share": 0.1}).slo_search
+    levels = pd.DataFrame({"level": ["r1", "r2", "r4", "c0001"], "mode": ["rate", "rate", "rate", "concurrency"],
+                           "request_rate": [1.0, 2.0, 4.0, None], "concurrency": [None, None, None, 1.0],
+                           "slo_met_share": [1.0, 0.8, 0.1, 1.0], "complete": [True] * 4})
+    assert ss.next_load(levels, slo, search, "rate") == (3.0, "")  # 2 meets (0.8 >= 0.5), 4 misses
+    closer = pd.concat([levels, pd.DataFrame({"level": ["r3", "r2.5"], "mode": ["rate", "rate"],
+                                              "request_rate": [3.0, 2.5], "slo_met_share": [0.2, 0.6],
+                                              "complete": [True, True]})], ignore_index=True)
+    load, why = ss.next_load(closer, slo, search, "rate")  # 2.5 meets, 3 misses: 20 % apart
+    assert load == 2.75
+    closest = pd.concat([closer, pd.DataFrame({"level": ["r2.75"], "mode": ["rate"], "request_rate": [2.75],
+                                               "slo_met_share": [0.9], "complete": [True]})], ignore_index=True)
+    load, why = ss.next_load(closest, slo, search, "rate")
+    assert load is None and "within 10 %" in why

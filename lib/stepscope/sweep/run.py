@@ -120,6 +120,8 @@ class SweepResult:
         # goodput beside throughput, and the workload's reading, only where measured
         cols[4:4] = [c for c in ("goodput_tok_s", "slo_met_share", "prefix_cache_hit_rate")
                      if c in self.levels and self.levels[c].notna().any()]
+        if "slo_search" in self.levels and self.levels["slo_search"].fillna(False).astype(bool).any():
+            cols.insert(1, "slo_search")  # which rows the SLO search added
         return self.levels[cols].set_index("level").round(2)
 
     def raise_if_died(self) -> None:
@@ -598,6 +600,10 @@ def _search(m: _Measurer, plan: list[Level], recorded: list[Level],
     for mode, why in stopped.items():
         out[mode] = ss.mode_summary(table[table["level"].isin(planned)], table, p.slo,
                                     [c.name for c in chosen if c.mode == mode], why, mode)
+        got, g = out[mode], (lambda x: "none" if x is None else f"{x:g}")
+        m.messages.append(f"SLO search ({mode}): {len(got['levels'])} extra level(s) {', '.join(got['levels'])}; "
+                          f"boundary {g(got['boundary_load'])}, first miss {g(got['first_miss_load'])}; "
+                          f"stopped: {why}")
     return out, died
 
 
