@@ -77,7 +77,8 @@ def test_a_grab_bag_is_not_the_lever(tmp_path, real_traces):
     assert v.biggest.name != "elementwise" and "The biggest single lever is elementwise" not in md
     assert "elementwise is not named as a lever: its 78 distinct kernels are a grab-bag" in md
     assert "rank 3, the only one here" in md and "rank 0" not in md
-    assert guards.lever_coherence(a.category_kernels, "elementwise")[0] is False
+    lever = next(r for _, r in a.category_levers.iterrows() if r["category"] == "elementwise")
+    assert not lever["coherent"] and bag.values["module"] is None
 
 
 def test_roofline_above_peak_is_withdrawn_not_at_the_roofline(tmp_path, real_traces):
@@ -197,3 +198,63 @@ def test_guards_are_the_first_test_of_every_trace(tmp_path, real_traces):
         assert ("steady_state" in failed) == (p.name in TRACES_WITH_A_CEILING_ABOVE_BOUND), p.name
         if not v.identity.takes_decode_verdict:
             assert ctx["whatif"] is None, p.name
+
+
+def test_the_guard_reads_stage_05s_mark_not_its_own_copy(tmp_path, real_traces):
+    # One home for the grab-bag test (trace.account.lever_coherent): the guard withdraws the lever
+    # stage 05 marked incoherent, and only it. Flip the mark on disk and the guard follows it.
+    run = _run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
+    a = load_run_artifacts(run)
+    ctx = report_context(a, writeup_params_from(a))
+    v = ctx["verdict"]
+    best = v.levers[0]
+    assert best.category == "dense_gemm" and best.coherent is True and best.n_names == 5
+    p = run / "05_categorize" / "category_levers.csv"
+    lv = pd.read_csv(p)
+    lv.loc[lv["category"] == "dense_gemm", "coherent"] = False
+    lv.to_csv(p, index=False)
+    a2 = load_run_artifacts(run)
+    ctx2 = report_context(a2, writeup_params_from(a2))
+    v2 = ctx2["verdict"]
+    bag = next(g for g in v2.guards if g.invariant == "lever_coherent" and g.subject == "dense_gemm")
+    assert not bag.holds and bag.withdrawn == ("lever:dense_gemm",)
+    assert "dense_gemm" not in [x.category for x in v2.levers] and v2.biggest.name != "dense_gemm"
+
+
+def test_one_operation_is_one_lever_in_stage_05_too(tmp_path, real_traces):
+    # HTA's rank 3: dense_gemm runs 64 GEMM names, its largest 3 holding 19 %. Stage 05 called it a
+    # grab-bag while the report's own copy of the test exempted GEMMs: two homes that disagreed.
+    run = _run(tmp_path, [real_traces / "hta-rank3-of-8-sendrecv-training.json.gz"])
+    lv = pd.read_csv(run / "05_categorize" / "category_levers.csv").set_index("category")
+    assert lv.loc["dense_gemm", "n_names"] == 64 and lv.loc["dense_gemm", "top_share"] < 0.2
+    assert bool(lv.loc["dense_gemm", "coherent"]) and "one operation" in lv.loc["dense_gemm", "why"]
+    assert not bool(lv.loc["elementwise", "coherent"])
+
+
+def test_many_kernels_inside_one_module_are_one_lever():
+    from stepscope.trace.account import lever_coherent
+
+    assert not lever_coherent("elementwise", 78, 0.26)
+    assert not lever_coherent("elementwise", 78, 0.26, module_share=0.49)
+    assert lever_coherent("elementwise", 78, 0.26, module_share=0.5)
+    assert lever_coherent("attention", 78, 0.26) and lever_coherent("elementwise", 39, 0.1)
+
+
+def test_the_lever_sentence_names_its_kernels_and_module(tmp_path, real_traces):
+    # HF Qwen1.5 eager: dense_gemm is one cuBLAS kernel; rotary's 11 names run 99.7 % inside
+    # Qwen2Attention, so a fix to it is a fix to that module.
+    from stepscope.report.numbers import fmt_num
+    from stepscope.report.prose import lever_sentence, lever_what_clause
+
+    md, ctx, _, _ = _report(_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"]))
+    v = ctx["verdict"]
+    best, rot = v.levers[0], next(lv for lv in v.levers if lv.category == "rotary")
+    assert best.category == "dense_gemm" and best.n_names == 1 and best.module_share_pct < 50
+    txt = lever_sentence(v.levers, v.identity.step_label)
+    assert "; its one kernel is `sm90_xmma_gemm_bf16bf16_bf16f32_f32" in txt and "runs inside" not in txt
+    assert txt.split("; next is")[0] in md
+    assert rot.n_names == 11 and rot.module == "Qwen2Model/Qwen2DecoderLayer/Qwen2Attention"
+    clause = lever_what_clause(rot)
+    assert clause.startswith("99.7 % of it runs inside `Qwen2Model/Qwen2DecoderLayer/Qwen2Attention`, and of its "
+                             "11 kernels, `void at::native::elem")
+    assert clause.endswith(f" hold {fmt_num(rot.top_share_pct)} % of its time") and len(rot.top_kernels) == 3

@@ -67,6 +67,9 @@ class RunArtifacts:
     """amdahl.csv rows of the reference rank."""
     category_kernels: pd.DataFrame | None = None
     """category_kernels.csv rows of the reference rank (absent in run folders of older stepscope)."""
+    category_levers: pd.DataFrame | None = None
+    """category_levers.csv rows of the reference rank: stage 05's reading of each category as a
+    lever (top kernels, module, `coherent`); absent in run folders of older stepscope."""
     rank_categories: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
     cross_rank: pd.DataFrame | None = None
@@ -133,6 +136,7 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.decode_categories = _reference_rank(a.decode_categories_all, ref)
     a.amdahl = _reference_rank(_csv(a, "05_categorize/amdahl.csv"), ref)
     a.category_kernels = _reference_rank(_csv(a, "05_categorize/category_kernels.csv"), ref)
+    a.category_levers = _reference_rank(_csv(a, "05_categorize/category_levers.csv"), ref)
     a.rank_categories = _csv(a, "05_categorize/rank_categories.csv")
     a.steps = _csv(a, "05_categorize/steps.csv")
     a.cross_rank = _csv(a, "05_categorize/cross_rank.csv")

@@ -17,9 +17,11 @@ The invariants, and the claims each one carries:
 - cross-rank wait and transfer only when the ranks' clocks agree (stage 05's clock flag);
 - the classes add up: the categories' exposed times partition the busy time (levers);
 - communication needs a world over one rank or a collective kernel (communication claims);
-- no Amdahl ceiling above `STEADY_STATE_MAX_X`: one lever that large says the trace is no
-  steady state (levers);
-- a lever is a coherent set of work, not a grab-bag of unrelated kernels (that lever).
+- no Amdahl ceiling above `STEADY_STATE_MAX_X`, and no one gap over
+  `STEADY_STATE_MAX_STALL_SHARE` of the step: one lever that large, or a step that is mostly one
+  host stall, says the trace is no steady state (levers);
+- a lever is a coherent set of work, not a grab-bag of unrelated kernels (that lever): stage
+  05's `coherent` mark in category_levers.csv, read here, judged there.
 
 Method: docs/verdict.md#guards.
 """
@@ -33,11 +35,11 @@ from typing import Any
 import pandas as pd
 
 from stepscope import schema
-from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
+from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.verdict import Guard, Verdict, biggest
-from stepscope.thresholds import (GUARD_TOLERANCE_REL, LEVER_DOMINANT_SHARE, LEVER_GRAB_BAG_MIN_NAMES,
-                                  LEVER_TOP_KERNELS, READINGS_AGREE_REL, STEADY_STATE_MAX_X)
+from stepscope.thresholds import (GUARD_TOLERANCE_REL, LEVER_DOMINANT_SHARE, LEVER_TOP_KERNELS,
+                                  READINGS_AGREE_REL, STEADY_STATE_MAX_STALL_SHARE, STEADY_STATE_MAX_X)
 
 DENOMINATOR_CLAIMS = ("dominant", "boundness", "levers", "gap_levers", "between_steps", "biggest")
 """Claims that divide by the step: a denominator that cannot hold the work withdraws them."""
@@ -68,7 +70,7 @@ def check(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFr
     out = [kind, _share_at_most_step(decode), _busy_at_most_period(totals),
            *_below_peak(v), _clocks_agree(v), _classes_add_up(decode, totals),
            _communication_has_collectives(v, a), _steady_state(v)]
-    out += _levers_coherent(v, a)
+    out += _levers_coherent(v)
     return tuple(g for g in out if g is not None)
 
 
@@ -186,49 +188,35 @@ def _steady_state(v: Verdict) -> Guard | None:
     b = v.biggest
     if b is None:
         return None
-    ok = b.ceiling_x <= STEADY_STATE_MAX_X
+    bd = v.boundness
+    gap, step = (bd.largest_gap_ms, bd.step_ms) if bd is not None else (None, None)
+    stall_share = gap / step if gap is not None and step else None
+    stalled = stall_share is not None and stall_share > STEADY_STATE_MAX_STALL_SHARE
+    ok = b.ceiling_x <= STEADY_STATE_MAX_X and not stalled
     return Guard("steady_state", holds=ok, subject=b.name,
-                 values=(("ceiling_x", b.ceiling_x), ("bound_x", STEADY_STATE_MAX_X), ("lever", b.name)),
+                 values=(("ceiling_x", b.ceiling_x), ("bound_x", STEADY_STATE_MAX_X), ("lever", b.name),
+                         ("largest_gap_ms", gap), ("step_ms", step),
+                         ("stall_pct", None if stall_share is None else 100 * stall_share),
+                         ("stall_bound_pct", 100 * STEADY_STATE_MAX_STALL_SHARE)),
                  withdrawn=() if ok else LEVER_CLAIMS)
 
 
-ONE_OPERATION_CATEGORIES = frozenset(GEMM_CATEGORIES) | {"attention", "conv"}
-"""Categories that are one operation however many kernel names run it (a GEMM's tile and shape
-variants, attention's): one library or kernel fix reaches them all, so their name count says
-nothing about coherence. A catch-all such as elementwise has no such common fix."""
-
-
-def lever_coherence(kernels: pd.DataFrame | None, category: str) -> tuple[bool, int, float] | None:
-    """(coherent, distinct kernel names, share of the category's summed time its largest
-    `LEVER_TOP_KERNELS` kernels hold) of one category, from category_kernels.csv; None when
-    the table does not list it. A grab-bag has at least `LEVER_GRAB_BAG_MIN_NAMES` names and
-    no few of them holding `LEVER_DOMINANT_SHARE` of its time."""
-    if kernels is None or "category" not in kernels:
-        return None
-    k = kernels[kernels["category"] == category]
-    if k.empty:
-        return None
-    n_names = int(k["n_names"].max())
-    top = float(k["share_of_category"].astype(float).nlargest(LEVER_TOP_KERNELS).sum())
-    grab_bag = (category not in ONE_OPERATION_CATEGORIES and n_names >= LEVER_GRAB_BAG_MIN_NAMES
-                and top < LEVER_DOMINANT_SHARE)
-    return not grab_bag, n_names, top
-
-
-def _levers_coherent(v: Verdict, a: RunArtifacts) -> list[Guard]:
+def _levers_coherent(v: Verdict) -> list[Guard]:
     """The category levers the verdict may name, checked in order until two coherent ones
-    (the best and the next, as the lever sentence names them) are found."""
+    (the best and the next, as the lever sentence names them) are found. Coherence is stage
+    05's mark (`trace.account.lever_coherent`, category_levers.csv), read here, not judged
+    again; a lever without it (an older run folder) is not checked."""
     out: list[Guard] = []
     for lv in v.levers:
         if sum(g.holds for g in out) >= 2:
             break
-        c = lever_coherence(a.category_kernels, lv.category)
-        if c is None:
+        if lv.coherent is None:
             continue
-        ok, n_names, top = c
+        ok = lv.coherent
         out.append(Guard("lever_coherent", holds=ok, subject=lv.category,
-                         values=(("n_names", n_names), ("top_share_pct", 100 * top),
-                                 ("top_kernels", LEVER_TOP_KERNELS), ("dominant_share_pct", 100 * LEVER_DOMINANT_SHARE)),
+                         values=(("n_names", lv.n_names), ("top_share_pct", lv.top_share_pct),
+                                 ("top_kernels", LEVER_TOP_KERNELS), ("dominant_share_pct", 100 * LEVER_DOMINANT_SHARE),
+                                 ("module", lv.module), ("module_share_pct", lv.module_share_pct)),
                          withdrawn=() if ok else (f"lever:{lv.category}",)))
     return out
 

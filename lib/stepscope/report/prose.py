@@ -102,6 +102,11 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
         named = f" (its largest: `{_short(k[0])}`)" if k else ""
         return (f"Withdrawn, the communication claims: {f(v('comm_ms'))} ms per step is filed as communication on "
                 f"one rank with no collective kernel{named}, so it is other work misfiled, not communication.")
+    if g.invariant == "steady_state" and (v("stall_pct") or 0) > v("stall_bound_pct"):
+        return (f"Withdrawn, every lever: one gap of {f(v('largest_gap_ms'))} ms holds {f(v('stall_pct'))} % of a "
+                f"{f(v('step_ms'))} ms {step_label}, over the {f(v('stall_bound_pct'))} % a steady state allows: the "
+                f"step is mostly one host stall, so no ceiling computed on it is a lever; remove the stall and "
+                f"profile again.")
     if g.invariant == "steady_state":
         return (f"Withdrawn, every lever: the biggest, {v('lever')}, would make a {step_label} {f(v('ceiling_x'))}× "
                 f"faster, above the {f(v('bound_x'))}× a steady state allows: one part holding that much of the step "
@@ -269,6 +274,9 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
     txt = (f"{lead} {best.category}: removing all of its exposed time "
            f"({f(best.exposed_ms)} ms per step) would make a {step_label} at most {f(best.ceiling_x)}× faster "
            f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
+    what = lever_what_clause(best)
+    if what:
+        txt += "; " + what
     if at_peak is not None and at_peak.at_peak_ms is not None:
         txt += "; " + _at_peak_clause(at_peak, step_label)
     if best.transfer_ms is not None and best.transfer_ms < best.exposed_ms:
@@ -282,6 +290,24 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
     if len(levers) > 1:
         txt += f"; next is {levers[1].category} at {f(levers[1].ceiling_x)}×"
     return txt + "."
+
+
+def lever_what_clause(lv: Lever) -> str:
+    """What a fix to the lever would be a fix to, from stage 05's reading: the module holding
+    most of its time where one does (LEVER_DOMINANT_SHARE), and its largest kernels with the
+    share of its time they hold. Empty where stage 05 wrote no category_levers.csv."""
+    from stepscope.thresholds import LEVER_DOMINANT_SHARE
+
+    parts = []
+    if lv.module and lv.module_share_pct is not None and lv.module_share_pct >= 100 * LEVER_DOMINANT_SHARE:
+        parts.append(f"{f(lv.module_share_pct)} % of it runs inside `{lv.module}`")
+    names = [f"`{_short(n, 60)}`" for n in lv.top_kernels]
+    if len(names) == 1 and lv.n_names == 1:
+        parts.append(f"its one kernel is {names[0]}")
+    elif names and lv.top_share_pct is not None:
+        listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+        parts.append(f"of its {f(lv.n_names)} kernels, {listed} hold {f(lv.top_share_pct)} % of its time")
+    return ", and ".join(parts)
 
 
 def agreement_sentence(g: Agreement) -> str:

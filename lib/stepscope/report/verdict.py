@@ -13,6 +13,7 @@ what it could not decide instead of guessing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -233,6 +234,18 @@ class Lever:
     transfer_ceiling_x: float | None = None
     """Amdahl of a faster collective: the exposed time cut by at most `transfer_ms`. Ranks
     waiting for each other keep waiting however fast the transfer."""
+    coherent: bool | None = None
+    """Stage 05's mark (category_levers.csv): False for a grab-bag no one fix reaches; None
+    where the run folder has no category_levers.csv (older stepscope)."""
+    n_names: int | None = None
+    top_kernels: tuple[str, ...] = ()
+    """Its largest kernels (up to LEVER_TOP_KERNELS), largest first."""
+    top_share_pct: float | None = None
+    """The share of the category's summed time those kernels hold, %."""
+    module: str | None = None
+    """The module path holding most of its time, where the trace has module frames."""
+    module_share_pct: float | None = None
+    """That module's share of the category's summed time, %."""
 
 
 @dataclass(frozen=True)
@@ -669,8 +682,35 @@ def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None
         if transfer is not None:
             cut = min(lever.exposed_ms, transfer)
             lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=amdahl_x(basis.step_ms, cut))
-        out.append(lever)
+        out.append(_with_stage05_reading(lever, a.category_levers if a is not None else None))
     return tuple(out)
+
+
+def _with_stage05_reading(lever: Lever, table: pd.DataFrame | None) -> Lever:
+    """`lever` with stage 05's reading of its category (category_levers.csv): its coherence
+    mark, its largest kernels and the module holding most of its time. Judged there, not here."""
+    if table is None or "category" not in table:
+        return lever
+    rows = table[table["category"] == lever.category]
+    if rows.empty:
+        return lever
+    r = rows.iloc[0]
+    module, top, mod = r.get("module"), num(r.get("top_share")), num(r.get("module_share"))
+    return replace(lever, coherent=bool(r["coherent"]), n_names=int(r["n_names"]),
+                   top_kernels=tuple(_split_top_kernels(r.get("top_kernels"))),
+                   top_share_pct=None if top is None else 100 * top,
+                   module=str(module) if isinstance(module, str) and module else None,
+                   module_share_pct=None if mod is None else 100 * mod)
+
+
+_TOP_KERNEL_SHARE = re.compile(r" \(\d+(?:\.\d+)?%\)$")
+
+
+def _split_top_kernels(cell: Any) -> list[str]:
+    """category_levers.csv's `top_kernels` cell (`name (share%)` joined by ` | `) as names."""
+    if not isinstance(cell, str) or not cell:
+        return []
+    return [_TOP_KERNEL_SHARE.sub("", part) for part in cell.split(" | ")]
 
 
 def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:

@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
 
 
@@ -340,11 +341,22 @@ LEVER_COLUMNS = ["rank", "category", "class", "n_steps", "sum_ms_per_step", "rec
                  "why"]
 
 
-def lever_coherent(n_names: int, top_share: float) -> bool:
+ONE_OPERATION_CATEGORIES = frozenset(GEMM_CATEGORIES) | {"attention", "conv"}
+"""Categories that are one operation however many kernel names run it (a GEMM's tile and shape
+variants, attention's): one library or kernel fix reaches them all, so their name count says
+nothing about coherence. A catch-all such as elementwise has no such common fix."""
+
+
+def lever_coherent(category: str, n_names: int, top_share: float, module_share: float | None = None) -> bool:
     """A category is one lever unless it is a grab-bag: at least LEVER_GRAB_BAG_MIN_NAMES distinct
-    kernels of which the largest LEVER_TOP_KERNELS hold under LEVER_DOMINANT_SHARE of its time."""
+    kernels of which the largest LEVER_TOP_KERNELS hold under LEVER_DOMINANT_SHARE of its time, and
+    no one module holding that share either (many kernels inside one module are one fix: that
+    module's). A category that is one operation (ONE_OPERATION_CATEGORIES) is always one lever.
+    The one home of the test: the report's guard reads its `coherent` column."""
     from stepscope.thresholds import LEVER_DOMINANT_SHARE, LEVER_GRAB_BAG_MIN_NAMES
 
+    if category in ONE_OPERATION_CATEGORIES or (module_share is not None and module_share >= LEVER_DOMINANT_SHARE):
+        return True
     return not (n_names >= LEVER_GRAB_BAG_MIN_NAMES and top_share < LEVER_DOMINANT_SHARE)
 
 
@@ -367,7 +379,8 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
         tot = float(per.sum())
         share = per / tot if tot else per * 0.0
         top = share.head(LEVER_TOP_KERNELS)
-        ok = lever_coherent(len(per), float(top.sum()))
+        module_share = float(mod["module_share"][cat]) if cat in mod.index else None
+        ok = lever_coherent(str(cat), len(per), float(top.sum()), module_share)
         rows.append({"rank": int(step_totals["rank"].iloc[0]), "category": str(cat),
                      "class": CATEGORY_CLASS.get(cat, "compute"), "n_steps": n, "sum_ms_per_step": tot / 1e3 / n,
                      "recompute_ms_per_step": (float(g.loc[g["recompute"], "dur_us"].sum()) / 1e3 / n
@@ -376,12 +389,25 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
                      "top_share": float(top.sum()), "top_kernel": str(top.index[0]),
                      "top_kernel_share": float(top.iloc[0]),
                      "module": mod["module"].get(cat) if cat in mod.index else None,
-                     "module_share": float(mod["module_share"][cat]) if cat in mod.index else None,
-                     "coherent": ok,
-                     "why": (f"{len(per)} distinct kernels, the largest {len(top)} holding {top.sum():.0%}"
-                             + ("" if ok else ": a grab-bag, not one lever"))})
+                     "module_share": module_share, "coherent": ok,
+                     "why": _lever_why(str(cat), len(per), float(top.sum()), len(top), ok, module_share)})
     out = pd.DataFrame(rows, columns=LEVER_COLUMNS)
     return out.sort_values("sum_ms_per_step", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _lever_why(category: str, n_names: int, top_share: float, n_top: int, ok: bool,
+               module_share: float | None) -> str:
+    """The reading behind `coherent`, said the way the test decided it."""
+    from stepscope.thresholds import LEVER_DOMINANT_SHARE
+
+    txt = f"{n_names} distinct kernels, the largest {n_top} holding {top_share:.0%}"
+    if not ok:
+        return txt + ": a grab-bag, not one lever"
+    if category in ONE_OPERATION_CATEGORIES:
+        return txt + ": one operation, whatever kernels run it"
+    if module_share is not None and module_share >= LEVER_DOMINANT_SHARE:
+        return txt + f"; one module holds {module_share:.0%}: a lever as that module"
+    return txt
 
 
 _INSTANCE_NO = re.compile(r"_\d+$")
