@@ -9,6 +9,7 @@ import pytest
 
 from stepscope.errors import StepscopeError
 from stepscope.report import build_report
+from stepscope.report.numbers import fmt_num
 from stepscope.report.whatif import Part, SpecBaseline, predict_spec_decode_tpot
 from stepscope.testing.synthetic import make_synthetic_run
 
@@ -132,3 +133,45 @@ def test_a_rows_defaults_name_the_parts_and_keep_the_batch_in_full():
                        "fused_moe: default: ×1, no GEMM prediction from stage 02", "lm_head: default: ×1, no GEMM"))
     assert said == "batch: default 1 request per step (the trace gave no batch); fused_moe, lm_head (below)"
     assert _defaulted(("k = 3 drafted tokens per step",)) == "no default used"
+
+
+def test_under_load_the_whatif_uses_the_batch_it_was_measured_at(tmp_path, real_traces):
+    # Issue 22: the batch-1 capture's what-if said nothing of the plateau's batch. The real c=16
+    # CPU load trace decodes 14-15 requests per step; its level is projected at that batch.
+    from stepscope import schema
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.build import report_context, writeup_params_from
+    from stepscope.report.whatif import load_baselines, whatif_table
+    from stepscope.trace import load_anatomy as la
+    from stepscope.trace.analyze import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces(sorted(real_traces.glob("vllm-cpu-tinyllama-tp2-rank*.pt.trace.json.gz")), run / "05_categorize",
+                   progress=False, perfetto=False)
+    r = analyze_traces(sorted(real_traces.glob("vllm-cpu-tinyllama-tp2-c16-rank*.pt.trace.json.gz")),
+                       tmp_path / "scratch", progress=False, perfetto=False).reference
+    table, summary = la.build([(16, "04_profiler_capture/c16/traces", r.steps_tot, r.step_categories)], run, rank=0)
+    schema.write_table(table, run / "05_categorize" / "load_anatomy.csv", schema.LoadAnatomyRow)
+    schema.write(run / "05_categorize" / "load_anatomy.json", summary, schema.LoadAnatomySummary)
+
+    a = load_run_artifacts(run)
+    (base,) = load_baselines(a, table)
+    dec = table[table["step_kind"] == "decode"].drop_duplicates("decode_requests")
+    want = float((dec["decode_requests"] * dec["n_steps"]).sum() / dec["n_steps"].sum())
+    assert base.concurrency == 16 and base.batch == pytest.approx(want) and 13 < base.batch <= 16
+    assert base.step_ms == pytest.approx(float((dec["period_ms"] * dec["n_steps"]).sum() / dec["n_steps"].sum()))
+    assert sum(p.ms for p in base.parts) >= base.step_ms - 1e-9
+    p = predict_spec_decode_tpot(base, 2.0, 0.1 * base.step_ms, draft_tokens=2)
+    assert p.batch == base.batch
+    assert f"batch: {fmt_num(base.batch)} decode requests per step, as measured in the c=16 load trace" in p.assumptions
+
+    ctx = report_context(a, writeup_params_from(a))
+    one = ctx["whatif_predictions"][0]
+    assert one.batch == 1 and [b.batch for b, _ in ctx["whatif_load"]] == [base.batch]
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    sec = md.split("### Under load: at the batch each level was measured at", 1)[1].split("## 8.", 1)[0]
+    wp = writeup_params_from(a)
+    preds = whatif_table(base, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
+    best = max(preds, key=lambda x: x.speedup)
+    assert f"| 16 | {fmt_num(base.batch)} | {fmt_num(base.step_ms)} | {fmt_num(best.speedup)} |" in sec
+    assert f"At c=16 ({fmt_num(base.batch)} decode requests per step, measured) the best case" in sec

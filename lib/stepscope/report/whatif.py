@@ -67,6 +67,9 @@ class SpecBaseline:
     """Stage 03: one all-reduce's µs at a message size in bytes."""
     allreduce_bytes_per_token: float | None = None
     """Message bytes of one all-reduce per token scored (hidden x dtype size)."""
+    concurrency: int | None = None
+    """The load level whose trace gave the step (stage 04's c<C> capture); None for the batch-1
+    capture. Its `batch` is then the decode requests per step that trace measured."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,9 @@ def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, d
     if batch is None:
         batch = 1
         assumptions.append("batch: default 1 request per step (the trace gave no batch)")
+    elif baseline.concurrency is not None:
+        assumptions.append(f"batch: {fmt_num(batch)} decode requests per step, as measured in the "
+                           f"c={baseline.concurrency} load trace")
     assumptions.append(f"k = {k} drafted tokens per step" + ("" if draft_tokens is not None else
                                                               " (default: ceil(acceptance))"))
     parts = []
@@ -228,6 +234,15 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
              for _, r in decode.iterrows() if num(r[col])]
     rest = step - sum(p.ms for p in parts)
     parts.append(Part(name="idle and between steps", ms=max(rest, 0.0), law="unchanged"))
+    gemm_curve, ar_curve, per_tok = _micro_curves(a)
+    return SpecBaseline(step_ms=float(step), step_basis=basis, parts=tuple(parts), batch=batch,
+                        gemm_us_by_tokens=gemm_curve, allreduce_us_by_bytes=ar_curve,
+                        allreduce_bytes_per_token=per_tok)
+
+
+def _micro_curves(a: RunArtifacts) -> tuple[dict[int, float] | None, dict[int, float] | None, float | None]:
+    """Stage 02's GEMM µs per step by M, stage 03's all-reduce µs by message bytes, and the
+    all-reduce's bytes per token; each None where its stage left nothing."""
     gemm = a.gemm_prediction.gemm_us_per_decode_step if a.gemm_prediction is not None else {}
     gemm_curve = {int(float(k)): float(v) for k, v in gemm.items() if num(v)}
     ar_curve, per_tok = None, None
@@ -241,9 +256,38 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
     if a.comm_prediction is not None and a.comm_prediction.size_bytes:
         # stage 03 sizes one all-reduce at batch 1: [1 token, hidden] x dtype bytes
         per_tok = float(a.comm_prediction.size_bytes)
-    return SpecBaseline(step_ms=float(step), step_basis=basis, parts=tuple(parts), batch=batch,
-                        gemm_us_by_tokens=gemm_curve or None, allreduce_us_by_bytes=ar_curve,
-                        allreduce_bytes_per_token=per_tok)
+    return gemm_curve or None, ar_curve, per_tok
+
+
+def load_baselines(a: RunArtifacts, table: pd.DataFrame | None) -> list[SpecBaseline]:
+    """One baseline per captured load level above batch 1 (load_anatomy.csv), each at the
+    batch its own trace measured: the decode steps' decode requests, mean over the level's
+    decode steps; its step the decode steps' mean period, its parts their categories' ms per
+    step (interval unions, so parts that overlap are each counted: an upper bound) and the
+    rest of the period. Mixed and prefill steps are left out: the model is of a decode step."""
+    if table is None or not len(table):
+        return []
+    dec = table[(table["step_kind"] == "decode") & (table["concurrency"] > 1)]
+    gemm_curve, ar_curve, per_tok = _micro_curves(a)
+    out = []
+    for c, t in dec.groupby("concurrency", sort=True):
+        groups = t.drop_duplicates("decode_requests")
+        n = groups["n_steps"].astype(float)
+        periods = groups["period_ms"].astype(float)
+        if not n.sum() or periods.isna().all():
+            continue
+        ok = periods.notna()
+        step = float((periods[ok] * n[ok]).sum() / n[ok].sum())
+        batch = float((groups["decode_requests"].astype(float) * n).sum() / n.sum())
+        weight = t["decode_requests"].map(dict(zip(groups["decode_requests"], n / n.sum())))
+        by_cat = (t["ms_per_step"].astype(float) * weight).groupby(t["category"]).sum()
+        parts = [Part(name=str(k), ms=float(v), law=_law(str(k))) for k, v in by_cat.items() if v > 0]
+        parts.sort(key=lambda p: -p.ms)
+        parts.append(Part(name="idle and between steps", ms=max(step - sum(p.ms for p in parts), 0.0), law="unchanged"))
+        out.append(SpecBaseline(step_ms=step, step_basis="period", parts=tuple(parts), batch=batch,
+                                gemm_us_by_tokens=gemm_curve, allreduce_us_by_bytes=ar_curve,
+                                allreduce_bytes_per_token=per_tok, concurrency=int(c)))
+    return out
 
 
 def whatif_table(baseline: SpecBaseline, acceptance_lengths: tuple[float, ...],
