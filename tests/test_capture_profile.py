@@ -188,9 +188,10 @@ def test_profiler_settings_come_from_the_server_argv(tmp_path):
     (tmp_path / "00_deploy").mkdir()
     sj = tmp_path / "00_deploy" / "server.json"
     cfg = {"profiler": "torch", "torch_profiler_dir": "/p", "torch_profiler_with_stack": False}
-    sj.write_text(json.dumps({"argv": ["python", "-m", "x", "--profiler-config", json.dumps(cfg)]}))
+    record = {"mode": "launch", "engine": "vllm", "base_url": "http://127.0.0.1:1"}
+    sj.write_text(json.dumps({**record, "argv": ["python", "-m", "x", "--profiler-config", json.dumps(cfg)]}))
     assert profiler_settings(tmp_path, params) == {"source": "server argv --profiler-config", **cfg}
-    sj.write_text(json.dumps({"argv": [], "mode": "attach"}))
+    sj.write_text(json.dumps({**record, "argv": [], "mode": "attach"}))
     got = profiler_settings(tmp_path, params)
     assert got["with_stack"] is True and got["source"].startswith("params")
 

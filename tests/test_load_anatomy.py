@@ -100,7 +100,8 @@ def test_build_sets_the_sweep_and_the_capture_client_beside_the_trace(c16, tmp_p
                  ).to_csv(tmp_path / "01_macro_sweep" / "levels.csv", index=False)
     (tmp_path / "04_profiler_capture" / "c16").mkdir(parents=True)
     (tmp_path / "04_profiler_capture" / "c16" / "load_window.json").write_text(
-        json.dumps({"capture_output_tok_s": 671.0}))
+        json.dumps({"concurrency": 16, "window_method": "max_iterations", "window_s": 2.0,
+                    "capture_output_tok_s": 671.0}))
     table, summary = la.build([(16, "04_profiler_capture/c16/traces", c16.steps_tot, c16.step_categories)],
                               tmp_path, rank=0)
     (lv,) = summary["levels"]

@@ -162,7 +162,7 @@ def test_likely_cause_patterns(tmp_path):
 def test_stop_server_ignores_attached(tmp_path):
     d = tmp_path / "00_deploy"
     d.mkdir()
-    (d / "server.json").write_text(json.dumps({"mode": "attach", "base_url": "http://x"}))
+    (d / "server.json").write_text(json.dumps({"mode": "attach", "engine": "vllm", "base_url": "http://x"}))
     assert stop_server(tmp_path) is False
 
 

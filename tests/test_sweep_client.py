@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from stepscope.config import SweepParams
+from stepscope.schema import ArtifactError
 from stepscope.errors import ServerError, StageInputMissing
 from stepscope.sweep.client import ServerInfo, load_server, parse_prometheus_gauges
 from stepscope.testing.fake_server import FakeBehaviour, FakeServer
@@ -202,10 +203,14 @@ def test_load_server_errors(tmp_path):
         load_server(tmp_path)
     (tmp_path / "00_deploy").mkdir()
     (tmp_path / "00_deploy" / "server.json").write_text(json.dumps({"base_url": "http://x"}))
+    with pytest.raises(ArtifactError, match="server.json.*missing required field `mode`"):
+        load_server(tmp_path)
+    record = {"mode": "attach", "engine": "vllm", "base_url": "http://x"}
+    (tmp_path / "00_deploy" / "server.json").write_text(json.dumps(record))
     with pytest.raises(StageInputMissing, match="served_model"):
         load_server(tmp_path)
     (tmp_path / "00_deploy" / "server.json").write_text(json.dumps(
-        {"base_url": "http://x", "served_model": "m", "tp": 2, "api_key_env": "SS_TEST_KEY"}))
+        {**record, "served_model": "m", "tp": 2, "api_key_env": "SS_TEST_KEY"}))
     s = load_server(tmp_path)
     assert s.tp == 2 and s.headers == {}
     import os

@@ -382,9 +382,8 @@ def profiler_settings(run_dir: str | Path, params=None) -> dict[str, Any]:
     """The profiler settings the server really runs with: its `--profiler-config` from
     00_deploy/server.json's argv (vLLM), else its SGLANG_TORCH_PROFILER_DIR, else what params
     asked for (attach mode: the server's real flags are unknown here, and the result says so)."""
-    path = Path(run_dir) / "00_deploy" / "server.json"
-    d = json.loads(path.read_text()) if path.is_file() else {}
-    argv = d.get("argv") or []
+    d = schema.read_if_present(Path(run_dir) / "00_deploy" / "server.json", schema.ServerRecord)
+    argv = d.argv if d is not None else []
     for i, arg in enumerate(argv):
         value = None
         if arg == "--profiler-config" and i + 1 < len(argv):
@@ -396,7 +395,7 @@ def profiler_settings(run_dir: str | Path, params=None) -> dict[str, Any]:
                 return {"source": "server argv --profiler-config", **json.loads(value)}
             except json.JSONDecodeError:
                 return {"source": "server argv --profiler-config", "raw": value}
-    env = d.get("env") or {}
+    env = d.env if d is not None else {}
     if env.get("SGLANG_TORCH_PROFILER_DIR"):
         return {"source": "server env", "SGLANG_TORCH_PROFILER_DIR": env["SGLANG_TORCH_PROFILER_DIR"]}
     from stepscope.config import params_to_dict

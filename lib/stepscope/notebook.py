@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from stepscope import schema
 from stepscope.config import REDACTED, Params, load_params
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, params_snapshot_path, read_json, stage_dir
+from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, params_snapshot_path, stage_dir
 
 DEMO_PARAMS = REPO_ROOT / "params" / "cpu-demo.yaml"
 
@@ -53,8 +54,8 @@ def params_file_of(run_dir: str | Path) -> Path:
     snapshot = params_snapshot_path(run_dir)
     if snapshot.is_file():
         return snapshot
-    record = Path(run_dir) / "run.json"
-    recorded = read_json(record).get("params_file") if record.is_file() else None
+    record = schema.read_if_present(Path(run_dir) / "run.json", schema.RunRecord)
+    recorded = record.params_file if record is not None else None
     for candidate in ((Path(recorded), REPO_ROOT / recorded) if recorded else ()):
         if candidate.is_file():
             return candidate.resolve()
@@ -79,8 +80,8 @@ def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> t
 def resuming(run_dir: str | Path) -> bool:
     """Whether the run's latest `stepscope run` was given --resume (run.json's `resume`): only
     then may a stage keep data measured earlier. A notebook run by hand measures afresh."""
-    record = Path(run_dir) / "run.json"
-    return bool(read_json(record).get("resume")) if record.is_file() else False
+    record = schema.read_if_present(Path(run_dir) / "run.json", schema.RunRecord)
+    return record is not None and record.resume
 
 
 def show_figures(figures: dict, run_dir: str | Path) -> list[Path]:

@@ -197,11 +197,10 @@ class _RunRecord:
         return schema.convert(entry, schema.StageStatus, str(self.path)) if entry else None
 
     def set_stage(self, result: StageResult, inputs: dict[str, str] | None = None) -> None:
-        entry = {"status": result.status, "duration_s": round(result.duration_s, 2),
-                 "error": result.error, "notebook": result.notebook, "finished_at": _now()}
-        if inputs is not None:
-            entry["inputs_fingerprint"] = inputs
-        self.data["stages"][result.stage_id] = entry
+        entry = schema.StageStatus(status=result.status, duration_s=round(result.duration_s, 2), error=result.error,
+                                   notebook=result.notebook, finished_at=_now(), inputs_fingerprint=inputs)
+        # every key written, as a record read back writes it: a stage kept from before reads the same
+        self.data["stages"][result.stage_id] = schema.to_builtins(entry)
         self.save()
 
     def add_event(self, event: dict) -> None:

@@ -36,7 +36,7 @@ from stepscope.campaign.plan import REUSABLE_STAGES, CampaignPlan, PlannedRun, p
     stage_fingerprint
 from stepscope.config import load_params, redact
 from stepscope.errors import ParamsError, StepscopeError
-from stepscope.runfolder import STAGE_BY_ID, STAGES, Stage, read_json, write_json, write_yaml
+from stepscope.runfolder import STAGE_BY_ID, STAGES, Stage, write_yaml
 from stepscope.runner import execute_notebook, report_headline, resolve_outputs_dir, run_pipeline, select_stages
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,9 @@ def scrape_run_server(run_dir: Path) -> str | None:
     from stepscope.serve import running_server
 
     record = running_server(run_dir)
-    if not record or not record.get("base_url"):
+    if record is None or not record.base_url:
         return None
-    return scrape(record["base_url"])
+    return scrape(record.base_url)
 
 
 def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
@@ -153,18 +153,21 @@ def copy_stage(src_run: Path, dst_run: Path, stage_id: str, source_key: str) -> 
             shutil.copy2(fig, dst_run / "figures" / fig.name)
     schema.write(dst / "reused_from.json", {"run": source_key, "path": str(src_run)}, schema.ReusedFrom)
     run_json = dst_run / "run.json"
-    data = read_json(run_json) if run_json.is_file() else {"run_id": dst_run.name, "stages": {}}
-    data.setdefault("stages", {})[stage_id] = {
-        "status": "ok", "duration_s": 0.0, "error": None, "finished_at": _now(),
-        "notebook": str(dst_run / "notebooks" / f"{stage_id}.ipynb"), "reused_from": source_key}
-    write_json(run_json, data)
+    status = schema.StageStatus(status="ok", duration_s=0.0, finished_at=_now(), reused_from=source_key,
+                                notebook=str(dst_run / "notebooks" / f"{stage_id}.ipynb"))
+    stages = schema.to_builtins({**_stage_status(dst_run), stage_id: status})
+    if run_json.is_file():
+        schema.update(run_json, schema.RunRecord, stages=stages)
+    else:
+        schema.write(run_json, {"run_id": dst_run.name, "schema_version": schema.SCHEMA_VERSION, "stages": stages},
+                     schema.RunRecord)
 
 
 def _reuse_stages(run: PlannedRun, plan: CampaignPlan, record: CampaignState, echo: Callable[[str], None]) -> None:
     """Copy each not-yet-finished stage whose inputs an earlier run measured already."""
     entry, done = record.run(run.key), _stage_status(run.run_dir)
     for stage_id in (s.id for s in REUSABLE_STAGES):
-        if done.get(stage_id, {}).get("status") == "ok":
+        if stage_id in done and done[stage_id].status == "ok":
             continue
         src = reuse_source(run, stage_id, record.measured())
         if src is not None:
@@ -174,9 +177,9 @@ def _reuse_stages(run: PlannedRun, plan: CampaignPlan, record: CampaignState, ec
             echo(f"  {stage_id}: same inputs as {src}, reused")
 
 
-def _stage_status(run_dir: Path) -> dict[str, dict]:
-    p = run_dir / "run.json"
-    return (read_json(p).get("stages") or {}) if p.is_file() else {}
+def _stage_status(run_dir: Path) -> dict[str, schema.StageStatus]:
+    record = schema.read_if_present(run_dir / "run.json", schema.RunRecord)
+    return record.stages if record is not None else {}
 
 
 @contextlib.contextmanager
@@ -217,8 +220,8 @@ def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, exec
             entry["reused"].pop(stage.id, None)  # measured again, by this run
     stages = _stage_status(run.run_dir)
     for stage_id in (s.id for s in REUSABLE_STAGES):
-        st = stages.get(stage_id, {})
-        if st.get("status") == "ok" and not st.get("reused_from"):
+        st = stages.get(stage_id)
+        if st is not None and st.status == "ok" and not st.reused_from:
             entry["measured"][stage_id] = stage_fingerprint(run.params, stage_id)
     entry["status"] = "ok" if code == 0 else "failed"
     entry["exit_code"] = code
@@ -229,7 +232,7 @@ def _run_one(run: PlannedRun, plan: CampaignPlan, record: CampaignState, *, exec
 
 def _finished(run: PlannedRun) -> bool:
     stages = _stage_status(run.run_dir)
-    return all(stages.get(s.id, {}).get("status") == "ok" for s in STAGES)
+    return all(s.id in stages and stages[s.id].status == "ok" for s in STAGES)
 
 
 def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, resume: bool = False,

@@ -5,6 +5,7 @@ the load captures (`04_profiler_capture/c<C>/`) and the step anatomy against bat
 from __future__ import annotations
 
 from stepscope.schema._base import Record, Row
+from stepscope.schema.capture import StartProfileBody
 
 
 class ServerMetricsRow(Row, kw_only=True):
@@ -151,7 +152,7 @@ class LoadWindow(Record, kw_only=True):
     window_method: str
     """`max_iterations` (vLLM stopped by itself after `load_steps` steps), `num_steps` (SGLang's
     own stop), or `timed` (no trace appeared within `capture.load_window_s`: /stop_profile ended it)."""
-    start_profile_body: dict = {}
+    start_profile_body: StartProfileBody | None = None
     load_steps: int | None = None
     window_s: float
     """/start_profile sent to the window's end (the first trace file seen, or the timed stop), s."""

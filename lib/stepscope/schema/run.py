@@ -18,6 +18,8 @@ class StageStatus(Record, kw_only=True):
     """The executed (or partial) notebook."""
     finished_at: str | None = None
     """ISO 8601, UTC."""
+    reused_from: str | None = None
+    """A campaign copied this stage from the run it names (its inputs were the same), not run."""
     inputs_fingerprint: dict[str, str] | None = None
     """{input: short hash} of what the stage read when it last finished ok: `params:<path>` per
     params path it reads and each run-folder file or folder it reads, as its entry in
@@ -75,7 +77,7 @@ class RunRecord(Record, kw_only=True):
     """{distribution: version} of the packages that shape the numbers."""
     hardware: HostHardware = field(default_factory=HostHardware)
     python: str | None = None
-    params: dict[str, dict[str, object]] | None = None
+    params: dict[str, dict[str, object] | None] | None = None
     """The validated params with every default filled in, secrets redacted, by section; their
     keys and types are `stepscope.config.Params`'s, which `config.params_from_dict` checks."""
     stages: dict[str, StageStatus] = {}

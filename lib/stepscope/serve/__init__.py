@@ -13,6 +13,7 @@ Public API (the runner, notebooks and other stages use only these):
 Artifacts in `00_deploy/`: `server.json` (argv and env redacted), `server.log`.
 """
 
+from stepscope import schema
 from stepscope.serve.launch import (
     ServerHandle,
     ServerProcess,
@@ -45,7 +46,7 @@ def ensure_server(params, run_dir, progress: bool = True) -> dict:
     """
     record = running_server(run_dir)
     if record is not None:
-        return record
+        return schema.to_builtins(record)  # the notebook shows the record as launch() hands it over
     if params.server.mode == "attach":
         return attach(params, run_dir).to_json()
     _, handle = launch(params, run_dir, progress=progress)

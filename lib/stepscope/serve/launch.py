@@ -31,7 +31,7 @@ from stepscope import lifeline, schema
 from stepscope.progress import bar as progress_bar
 from stepscope.config import Params, redact, redact_argv
 from stepscope.errors import ServerError
-from stepscope.runfolder import REPO_ROOT, read_json, stage_dir, write_json
+from stepscope.runfolder import REPO_ROOT, stage_dir
 
 SERVER_JSON = "server.json"
 SERVER_LOG = "server.log"
@@ -474,11 +474,15 @@ def server_json_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "00_deploy" / SERVER_JSON
 
 
-def read_server(run_dir: str | Path) -> dict:
+def read_server(run_dir: str | Path) -> schema.ServerRecord:
     """The run's server record; a clear error when stage 00 has not run."""
     from stepscope.runfolder import require_artifact
 
-    return read_json(require_artifact(run_dir, "00_deploy", SERVER_JSON))
+    return schema.read(require_artifact(run_dir, "00_deploy", SERVER_JSON), schema.ServerRecord)
+
+
+def _now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def check_launch_preconditions(params: Params, run_dir: str | Path) -> str | None:
@@ -545,7 +549,7 @@ def stop_leftover_holder(pid: int, port: int) -> str | None:
     if lifeline.stamp_alive(stamp) is not False:
         return None  # not ours, or its supervisor still runs it
     run_dir = env.get(lifeline.RUN_DIR_ENV)
-    n = len(server_group_members({"pgid": pgid}))
+    n = len(server_group_members(pgid))
     stop_process_group(pgid, grace_s=10.0)
     said = (f"port {port} was held by a server left behind by a stepscope run whose supervisor "
             f"(pid {stamp.partition(':')[0]}) is gone (run folder {run_dir}): stopped its process "
@@ -560,13 +564,11 @@ def stop_leftover_holder(pid: int, port: int) -> str | None:
 def _mark_stopped(path: Path, pgid: int, reason: str) -> None:
     """Record in a run's server.json that its server was stopped (when that record is it)."""
     try:
-        record = read_json(path)
+        record = schema.read(path, schema.ServerRecord)
     except Exception:  # noqa: BLE001 - a folder that is gone or unreadable keeps nothing to mark
         return
-    if record.get("pgid") == pgid and not record.get("stopped_at"):
-        record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        record["stop_reason"] = reason
-        write_json(path, record)
+    if record.pgid == pgid and not record.stopped_at:
+        schema.update(path, schema.ServerRecord, stopped_at=_now_utc(), stop_reason=reason)
 
 
 def _port_freed(host: str, port: int, timeout_s: float = 10.0) -> bool:
@@ -661,37 +663,31 @@ def refuse_answer(base_url: str, path: str, status: int, body: object, api_key_e
                                        else "check server.url and the server's settings"))
 
 
-def running_server(run_dir: str | Path) -> dict | None:
+def running_server(run_dir: str | Path) -> schema.ServerRecord | None:
     """server.json of this run if that server still answers /health, else None."""
-    p = server_json_path(run_dir)
-    if not p.is_file():
-        return None
-    record = read_json(p)
-    if is_leftover(record):
+    record = schema.read_if_present(server_json_path(run_dir), schema.ServerRecord)
+    if record is None or is_leftover(record):
         return None  # never adopted: reap_dead_server stops it and says so
-    return record if is_healthy(record.get("base_url", ""), timeout_s=2.0) else None
+    return record if is_healthy(record.base_url, timeout_s=2.0) else None
 
 
-def is_leftover(record: dict) -> bool:
+def is_leftover(record: schema.ServerRecord) -> bool:
     """A server this run launched, not stopped, whose supervisor process is gone."""
-    return (record.get("mode") == "launch" and not record.get("stopped_at")
-            and lifeline.stamp_alive(record.get("supervisor")) is False)
+    return (record.mode == "launch" and not record.stopped_at
+            and lifeline.stamp_alive(record.supervisor) is False)
 
 
 def stop_server(run_dir: str | Path) -> bool:
     """Stop the server this run launched (never an attached one). True if one was stopped."""
     p = server_json_path(run_dir)
-    if not p.is_file():
-        return False
-    record = read_json(p)
-    if record.get("mode") != "launch" or not record.get("pgid"):
+    record = schema.read_if_present(p, schema.ServerRecord)
+    if record is None or record.mode != "launch" or not record.pgid:
         return False
     try:
-        stopped = bool(server_group_members(record)) and stop_process_group(int(record["pgid"]))
+        stopped = bool(server_group_members(record.pgid, record.create_time)) and stop_process_group(record.pgid)
     finally:
-        lifeline.release(record["pgid"])
-        record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        write_json(p, record)
+        lifeline.release(record.pgid)
+        schema.update(p, schema.ServerRecord, stopped_at=_now_utc())
     return stopped
 
 
@@ -704,21 +700,19 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-def server_group_members(record: dict) -> list[int]:
+def server_group_members(pgid: int | None, born: float | None = None) -> list[int]:
     """Live (non-zombie) processes of a launched server's process group.
 
-    Only processes started no earlier than the recorded leader count, so a pid the system
-    has since recycled for someone else's group is never touched."""
+    Only processes started no earlier than the leader (`born`, server.json's `create_time`)
+    count, so a pid the system has since recycled for someone else's group is never touched."""
     import psutil
 
-    pgid = record.get("pgid")
     if not pgid:
         return []
     try:
         os.waitpid(int(pgid), os.WNOHANG)  # reap our own dead leader, if it is our child
     except (ChildProcessError, OSError):
         pass
-    born = record.get("create_time")
     members = []
     for proc in psutil.process_iter(["pid", "status", "create_time"]):
         try:
@@ -740,23 +734,22 @@ def reap_dead_server(run_dir: str | Path) -> dict | None:
     the API server; its engine core and TP workers sit in the same group and outlive it
     (reparented to PID 1) unless the whole group is stopped."""
     p = server_json_path(run_dir)
-    if not p.is_file():
+    record = schema.read_if_present(p, schema.ServerRecord)
+    if record is None or record.mode != "launch" or not record.pgid or record.stopped_at:
         return None
-    record = read_json(p)
-    if record.get("mode") != "launch" or not record.get("pgid") or record.get("stopped_at"):
-        return None
-    pid = int(record.get("pid") or record["pgid"])
-    members = server_group_members(record)
+    pgid = record.pgid
+    pid = record.pid or pgid
+    members = server_group_members(pgid, record.create_time)
     leader_alive = pid in members
     orphaned = is_leftover(record) and bool(members)
     # A live leader that fails /health may only be slow (a starved API process): look again.
     if leader_alive and not orphaned:
         for _ in range(5):
-            if is_healthy(record.get("base_url", ""), timeout_s=2.0):
+            if is_healthy(record.base_url, timeout_s=2.0):
                 return None
             time.sleep(1.0)
     if orphaned:
-        supervisor = str(record.get("supervisor")).partition(":")[0]
+        supervisor = str(record.supervisor).partition(":")[0]
         reason = (f"its supervisor (pid {supervisor}) is gone and left it running, owned by nobody; "
                   "it is stopped, not adopted")
     else:
@@ -764,11 +757,9 @@ def reap_dead_server(run_dir: str | Path) -> dict | None:
                   else "its API server (pid %d) has exited" % pid)
     left = members if orphaned else [m for m in members if m != pid]
     if members:
-        stop_process_group(int(record["pgid"]), grace_s=10.0)
-    lifeline.release(record["pgid"])
-    record["stopped_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record["stop_reason"] = reason
-    write_json(p, record)
-    return {"event": "server_orphaned" if orphaned else "server_died", "at": record["stopped_at"], "pid": pid,
-            "pgid": int(record["pgid"]), "reason": reason, "orphans_stopped": len(left),
-            "log_path": record.get("log_path")}
+        stop_process_group(pgid, grace_s=10.0)
+    lifeline.release(pgid)
+    at = _now_utc()
+    schema.update(p, schema.ServerRecord, stopped_at=at, stop_reason=reason)
+    return {"event": "server_orphaned" if orphaned else "server_died", "at": at, "pid": pid,
+            "pgid": pgid, "reason": reason, "orphans_stopped": len(left), "log_path": record.log_path}

@@ -21,8 +21,8 @@ import aiohttp
 import msgspec
 import numpy as np
 
+from stepscope import schema
 from stepscope.errors import ServerError, StageInputMissing
-from stepscope.runfolder import read_json
 from stepscope.sweep.arrivals import arrival_offsets_s
 from stepscope.sweep.metrics import RequestRecord
 
@@ -66,28 +66,20 @@ def load_server(run_dir: str | Path) -> ServerInfo:
         raise StageInputMissing(
             "needs 00_deploy/server.json, which is not there", where=str(path),
             hint=f"run the deploy stage first: stepscope run <params> --run-id {Path(run_dir).name} --stages 00")
-    d = read_json(path)
-    missing = [k for k in ("base_url", "served_model") if not d.get(k)]
+    d = schema.read(path, schema.ServerRecord)
+    missing = [k for k in ("base_url", "served_model") if not getattr(d, k)]
     if missing:
         raise StageInputMissing(f"server.json lacks {', '.join(missing)}", where=str(path),
                                 hint="re-run the deploy stage (00) to rewrite it")
     return ServerInfo(
-        base_url=d["base_url"], served_model=d["served_model"], engine=d.get("engine") or "vllm",
-        engine_version=d.get("engine_version"), profiler_dir=d.get("profiler_dir"),
-        tp=int(d.get("tp") or 1), api_key_env=d.get("api_key_env"),
-        model_path=_model_root(d.get("models_response")),
-        launch={k: d.get(k) for k in SERVER_IDENTITY_KEYS})
+        base_url=d.base_url, served_model=d.served_model, engine=d.engine or "vllm",
+        engine_version=d.engine_version, profiler_dir=d.profiler_dir, tp=d.tp or 1, api_key_env=d.api_key_env,
+        model_path=d.models_response.root() if d.models_response is not None else None,
+        launch={k: schema.to_builtins(getattr(d, k)) for k in SERVER_IDENTITY_KEYS})
 
 
 SERVER_IDENTITY_KEYS = ("mode", "engine", "engine_version", "base_url", "served_model", "tp", "argv", "env")
 """The server.json fields that change what a load level measures (not pid, pgid, times)."""
-
-
-def _model_root(models_response: Any) -> str | None:
-    try:
-        return models_response["data"][0].get("root")
-    except (TypeError, KeyError, IndexError, AttributeError):
-        return None
 
 
 def make_session(server: ServerInfo, limit: int) -> aiohttp.ClientSession:

@@ -24,6 +24,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from stepscope import schema
 from stepscope.thresholds import LOAD_SLOPE_SIGMAS, LOAD_TRICKLE_SHARE
 
 LOAD_KINDS = ("decode", "mixed", "prefill")
@@ -183,7 +184,6 @@ def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=Non
     """(load_anatomy.csv, load_anatomy.json) from (concurrency, trace folder, step_totals,
     step_categories) of each captured level, batch 1 included; the sweep's and the capture
     client's throughput set beside the trace's where the run folder has them."""
-    import json
     from pathlib import Path
 
     table = pd.concat([anatomy(st, sc, c) for c, _, st, sc in levels], ignore_index=True) \
@@ -196,7 +196,7 @@ def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=Non
         lv["measured_output_tok_s"] = measured.get(c)
         win = Path(run_dir) / "04_profiler_capture" / f"c{c}" / "load_window.json" if run_dir else None
         if win is not None and win.is_file():
-            lv["capture_output_tok_s"] = json.loads(win.read_text()).get("capture_output_tok_s")
+            lv["capture_output_tok_s"] = schema.read(win, schema.LoadWindow).capture_output_tok_s
         out_levels.append(lv)
     notes = [f"c={lv['concurrency']}: its steps decoded {lv['decode_requests_mean']:.1f} requests on average, under "
              f"half the {lv['concurrency']} in flight: a trickle, not the batch asked for (a request cap such as "
@@ -211,14 +211,14 @@ def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=Non
 
 
 def read_outputs(out_dir) -> tuple[pd.DataFrame, dict] | None:
-    """Stage 05's load_anatomy.csv and .json (as builtins), or None when it wrote none."""
-    import json
+    """Stage 05's load_anatomy.csv and .json (read through its schema, as builtins), or None
+    when it wrote none."""
     from pathlib import Path
 
     csv, js = Path(out_dir) / "load_anatomy.csv", Path(out_dir) / "load_anatomy.json"
     if not (csv.is_file() and js.is_file()):
         return None
-    return pd.read_csv(csv), json.loads(js.read_text())
+    return pd.read_csv(csv), schema.to_builtins(schema.read(js, schema.LoadAnatomySummary))
 
 
 def levels_table(summary: dict) -> pd.DataFrame:
