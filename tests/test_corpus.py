@@ -49,8 +49,6 @@ KNOWN_FAILING: dict[tuple[str, str], str] = {
     ("hta-sampled-ranks-0-1", "collectives"): ("all-reduce and all-gather run as SendRecv kernels and are named by the kernel "
                                                "(other_collective x5 per step), not by the enclosing nccl:all_reduce / "
                                                "nccl:_all_gather_base op (item 3)"),
-    ("sglang-mi300x-qwen3-8b-decode", "may_not_say"): ("a 45.3x ceiling from 463 ms of idle inside one decode step of 9.8 ms "
-                                                       "device time: the steady-state guard does not fire"),
 }
 
 

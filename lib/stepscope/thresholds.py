@@ -37,6 +37,10 @@ invariant; within it, rounding of per-step means (each step's own reading is exa
 STEADY_STATE_MAX_X = 50.0
 """An Amdahl ceiling above this (one lever holding over 98 % of the step) says the trace is no
 steady state of repeated steps (a capture, a warm-up, one stall), not a lever worth 50x."""
+STEADY_STATE_MAX_STALL_SHARE = 0.5
+"""One gap inside a judged step longer than this share of the step says the step is mostly one
+host stall, not a steady state, whatever ceiling removing it gives (SGLang decode: one 463 ms gap
+in a 474 ms step, 45.3x, under STEADY_STATE_MAX_X)."""
 LEVER_GRAB_BAG_MIN_NAMES = 40
 """A category of at least this many distinct kernel names can be a grab-bag ..."""
 LEVER_DOMINANT_SHARE = 0.5

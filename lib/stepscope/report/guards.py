@@ -188,17 +188,21 @@ def _steady_state(v: Verdict) -> Guard | None:
     b = v.biggest
     if b is None:
         return None
-    bd = v.boundness
-    gap, step = (bd.largest_gap_ms, bd.step_ms) if bd is not None else (None, None)
-    stall_share = gap / step if gap is not None and step else None
+    # long gaps as a per-step mean: one long gap in one step of many is no stalled steady state
+    long = next((g for g in v.gap_levers if g.kind == "long gaps"), None)
+    stall_share = long.idle_ms / long.step_ms if long is not None and long.step_ms else None
     stalled = stall_share is not None and stall_share > STEADY_STATE_MAX_STALL_SHARE
-    ok = b.ceiling_x <= STEADY_STATE_MAX_X and not stalled
-    return Guard("steady_state", holds=ok, subject=b.name,
+    ok = b.ceiling_x <= STEADY_STATE_MAX_X
+    # a step that is mostly stall: the stall is no lever (its ceiling is the stall's size), the
+    # categories' own ceilings still stand
+    withdrawn = LEVER_CLAIMS if not ok else ("gap_levers",) if stalled else ()
+    return Guard("steady_state", holds=ok and not stalled, subject=b.name,
                  values=(("ceiling_x", b.ceiling_x), ("bound_x", STEADY_STATE_MAX_X), ("lever", b.name),
-                         ("largest_gap_ms", gap), ("step_ms", step),
+                         ("long_gaps_ms", None if long is None else long.idle_ms),
+                         ("step_ms", None if long is None else long.step_ms),
                          ("stall_pct", None if stall_share is None else 100 * stall_share),
                          ("stall_bound_pct", 100 * STEADY_STATE_MAX_STALL_SHARE)),
-                 withdrawn=() if ok else LEVER_CLAIMS)
+                 withdrawn=withdrawn)
 
 
 def _levers_coherent(v: Verdict) -> list[Guard]:

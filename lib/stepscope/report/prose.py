@@ -102,11 +102,11 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
         named = f" (its largest: `{_short(k[0])}`)" if k else ""
         return (f"Withdrawn, the communication claims: {f(v('comm_ms'))} ms per step is filed as communication on "
                 f"one rank with no collective kernel{named}, so it is other work misfiled, not communication.")
-    if g.invariant == "steady_state" and (v("stall_pct") or 0) > v("stall_bound_pct"):
-        return (f"Withdrawn, every lever: one gap of {f(v('largest_gap_ms'))} ms holds {f(v('stall_pct'))} % of a "
-                f"{f(v('step_ms'))} ms {step_label}, over the {f(v('stall_bound_pct'))} % a steady state allows: the "
-                f"step is mostly one host stall, so no ceiling computed on it is a lever; remove the stall and "
-                f"profile again.")
+    if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
+        return (f"The gaps inside the step are not offered as a lever: its long gaps hold "
+                f"{f(v('stall_pct'))} % of the {step_label} ({f(v('long_gaps_ms'))} of {f(v('step_ms'))} ms), over the "
+                f"{f(v('stall_bound_pct'))} % a steady state allows: the step is mostly host stall, so remove the "
+                f"stall and profile again before reading any ceiling.")
     if g.invariant == "steady_state":
         return (f"Withdrawn, every lever: the biggest, {v('lever')}, would make a {step_label} {f(v('ceiling_x'))}× "
                 f"faster, above the {f(v('bound_x'))}× a steady state allows: one part holding that much of the step "
