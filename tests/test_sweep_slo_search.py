@@ -106,6 +106,13 @@ def test_resume_keeps_the_search_levels_and_a_changed_identity_clears_them(tmp_p
         assert set(again.summary["reused_levels"]) == {"c0001", "c0002", "c0004", "c0005", "c0006", "c0008"}
         assert again.summary["slo_search"]["reused"] == ["c0006", "c0005"]
         assert again.summary["slo_search"]["concurrency"]["boundary_load"] == 5
+        # a looser SLO, same identity: the bisection replays 6 (kept, now meeting it), goes on to 7,
+        # and the earlier search's 5, which it no longer reaches, leaves the folder and the plan
+        looser = _sweep(fake, _params(slo={"tpot_ms": 100, "min_share": 0.5}), tmp_path, resume=True)
+        assert looser.summary["slo_search"]["levels"] == ["c0006", "c0007"]
+        assert looser.summary["slo_search"]["reused"] == ["c0006"]
+        assert not (tmp_path / "levels" / "c0005.meta.json").exists() and "c0005" not in set(looser.levels["level"])
+        assert "c0005" not in [p.name for p in schema.read(tmp_path / "plan.json", SweepPlan).levels]
         changed = _sweep(fake, _params(input_len=9), tmp_path, resume=True)  # another identity
     assert changed.summary["reused_levels"] == [] and changed.summary["slo_search"]["reused"] == []
     meta = json.loads((tmp_path / "levels" / "c0006.meta.json").read_text())
