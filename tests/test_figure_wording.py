@@ -9,7 +9,7 @@ from stepscope.report import build_report
 from stepscope.runfolder import save_figures
 from stepscope.trace import analyze_traces
 from stepscope.trace.plots import stage_figures
-from stepscope.wording import plural, step_label
+from stepscope.wording import plural, step_label, with_article
 
 
 def _texts(fig) -> str:
@@ -51,3 +51,9 @@ def test_step_label_and_plural():
     assert step_label("profiler_step") == "step"  # not a kind: a plain step
     assert plural("decode step", 1) == "decode step" and plural("decode step", 3) == "decode steps"
     assert plural("step", None) == "steps"
+
+
+def test_with_article():
+    # the BERT encoder's caveat read "this is a encoder trace"
+    assert [with_article(k) for k in ("encoder", "unknown", "vision", "diffusion")] == \
+        ["an encoder", "an unknown", "a vision", "a diffusion"]

@@ -22,6 +22,11 @@ def step_label(kind: str | None) -> str:
     return STEP_LABELS.get(kind or "unknown", "step")
 
 
+def with_article(word: str) -> str:
+    """`word` after its indefinite article, by its first letter ("an encoder", "an unknown", "a vision")."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def plural(noun: str, n: float | None) -> str:
     """The noun as counted: "1 decode step", "3 decode steps" (n None counts as many)."""
     return noun if n == 1 else noun + "s"

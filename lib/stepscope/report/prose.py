@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
-from stepscope.wording import plural, work_unit
+from stepscope.wording import plural, with_article, work_unit
 from stepscope.wording import short_name as _short
 from stepscope.report.verdict import Caveat, headline_findings
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
@@ -490,7 +490,7 @@ def caveat_clause(c: Caveat, step_label: str) -> str:
     """The caveat in a few words, from the finding it rests on."""
     x = c.finding
     if c.code == "not_decode":
-        return f"this is a {x.kind} trace, not decode, so no decode verdict applies"
+        return f"this is {with_article(x.kind)} trace, not decode, so no decode verdict applies"
     if c.code == "claims_withdrawn":
         return f"the claims resting on {x.invariant} are withdrawn (the verdict says why)"
     if c.code == "ranks_missing":
