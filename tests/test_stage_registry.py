@@ -34,7 +34,7 @@ TP2 = [str(TRACES / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz") for r in
 # Notebook calls that hand `params` over whole, each run under the recorder below.
 RECORDED_CALLS = {"00_deploy": {"ensure_server"}, "02_gemm_micro": {"plan_targets", "run_stage"},
                   "03_nccl_burst": {"plan_collectives", "run_stage"}, "04_profiler_capture": {"profiler_settings"},
-                  "05_categorize": {"run_stage"}}
+                  "05_categorize": {"run_stage", "stage_inputs"}}  # run_stage reads through stage_inputs
 
 
 def _params(over: dict | None = None):

@@ -13,6 +13,11 @@ Public functions (what the CLI, the runner and notebook 06 call):
 - `step_explorer(run_dir, extra_rules=())` returns an ipywidgets explorer (rank, step,
   category -> table + timeline); its first render reads saved artifacts only.
 - `report_markdown_for_notebook(md_path, run_dir)` rewrites figure links for display in a notebook.
+- `stepscope.report.findings.verdict(run_dir) -> Findings`: the verdict as tables before it is
+  rendered (notebook 06): shown, the findings one per sentence; `get_findings()`,
+  `get_levers()`, `get_guards()`, `get_finding(name)`; `with_thresholds(NAME=value)` judges
+  again with other thresholds and `changed(other)` lists what it would say differently. Not
+  exported here by that name: `stepscope.report.verdict` is the findings' module.
 
 How the report thinks (docs/verdict.md): `report.verdict.verdict(...)` returns typed findings
 (trace identity, step basis, dominant category, communication, transfer vs waiting, host or
@@ -47,6 +52,7 @@ timeline_rank0_step.csv}. The report's own tables name stage 05's per-step busy 
 from stepscope.report.build import build_report, report_markdown_for_notebook
 from stepscope.report.compare import compare_runs
 from stepscope.report.explorer import step_explorer
+from stepscope.report.findings import Findings
 
-__all__ = ["build_report", "compare_runs", "report_markdown_for_notebook",
+__all__ = ["Findings", "build_report", "compare_runs", "report_markdown_for_notebook",
            "step_explorer"]

@@ -408,7 +408,8 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                    micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
                    input_flags: Iterable[dict[str, str]] = (), memory_budget_gb: float | None = None
                    ) -> Analysis:
-    """Load, categorize, attribute and account every rank trace; write the artifacts.
+    """Load, categorize, attribute and account every rank trace; write the artifacts: the
+    three steps `load_traces`, `analyse` and `write_artifacts` in one call.
 
     `paths`: trace files and/or folders (profiler_out*.txt tables found there are used as a
     cross-check). `arch`: a `stepscope.model` architecture for the collectives check.
@@ -421,11 +422,65 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
     `input_flags`: flags raised on the stage's inputs (the capture's TPOT), kept in the summary.
     Over `memory_budget_gb` (None: a share of free memory), budget.MemoryBudgetExceeded, unparsed.
     """
-    from stepscope.trace.text_table import check_text_tables
+    loaded = load_traces(paths, out_dir, progress=progress, memory_budget_gb=memory_budget_gb, cache_dir=cache_dir)
+    an = analyse(loaded, arch=arch, tp=tp, extra_rules=extra_rules, tpot_ms=tpot_ms, progress=progress,
+                 quantization=quantization, micro_gemm=micro_gemm, peaks=peaks, input_flags=input_flags)
+    write_artifacts(an, out_dir, perfetto=perfetto)
+    return an
 
+
+@dataclass
+class LoadedTraces:
+    """Stage 05's first step: the rank traces read (events, not yet categorized), the flags
+    reading raised, and the profiler's text tables found beside them."""
+
+    traces: list[RankTrace]
+    flags: list[dict[str, str]]
+    tables: list[Path]
+    where: str
+    """What was read (for errors)."""
+
+    def table(self) -> pd.DataFrame:
+        """One row per rank read: its file and event count."""
+        return pd.DataFrame([{"rank": t.rank, "path": str(t.path), "mode": t.mode, "events": len(t.events)}
+                             for t in self.traces])
+
+
+def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = True,
+                memory_budget_gb: float | None = None, cache_dir: Path | None = None) -> LoadedTraces:
+    """Read every rank trace under `paths` (the Parquet cache: `cache_dir`, else out_dir/cache);
+    a TraceError naming the files when none can be read."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results, flags, tables = _load_and_analyse(paths, out_dir, extra_rules, progress, memory_budget_gb, cache_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
+    traces, tables = resolve_trace_paths(paths)
+    if not traces:
+        raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
+            paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
+    budget = require_budget(traces, memory_budget_gb)
+    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
+                               memory_budget_bytes=budget.budget_bytes)
+    if not loaded:
+        raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
+                         where=str(out_dir), hint="see the messages above for each file")
+    return LoadedTraces(loaded, flags, tables, str(out_dir))
+
+
+def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, extra_rules=(),
+            tpot_ms: float | None = None, progress: bool = True, quantization: str | None = None,
+            micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
+            input_flags: Iterable[dict[str, str]] = ()) -> Analysis:
+    """Stage 05's second step: categorize, attribute and account the loaded ranks, and read
+    them together (kind, collectives, roofline, cross-rank). Writes nothing (`write_artifacts`).
+    The arguments are `analyze_traces`'s."""
+    from stepscope.trace.text_table import check_text_tables
+
+    flags = list(loaded.flags)
+    results = _analyse_ranks(loaded.traces, make_rules(extra_rules), flags, progress)
+    if not results:
+        raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
+                         where=loaded.where)
+    tables = loaded.tables
     modes = {r.mode for r in results}
     if len(modes) > 1:
         flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
@@ -479,31 +534,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                   steps=steps_all, collective_instances=instances, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
                   timeline=timeline, text_tables=tt_df,
                   category_kernels=pd.concat([r.kernels for r in results], ignore_index=True))
-    write_artifacts(an, out_dir, perfetto=perfetto)
     return an
-
-
-def _load_and_analyse(paths: list[Path] | Path, out_dir: Path, extra_rules, progress: bool,
-                      memory_budget_gb: float | None, cache_dir: Path | None
-                      ) -> tuple[list[RankResult], list[dict[str, str]], list[Path]]:
-    """(analysed ranks, flags so far, profiler_out tables found); a TraceError naming the
-    files when none can be read or analysed. The Parquet cache: `cache_dir`, else out_dir/cache."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
-    traces, tables = resolve_trace_paths(paths)
-    if not traces:
-        raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
-            paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
-    budget = require_budget(traces, memory_budget_gb)
-    loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
-                               memory_budget_bytes=budget.budget_bytes)
-    if not loaded:
-        raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
-                         where=str(out_dir), hint="see the messages above for each file")
-    results = _analyse_ranks(loaded, make_rules(extra_rules), flags, progress)
-    if not results:
-        raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
-                         where=str(out_dir))
-    return results, flags, tables
 
 
 def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[dict[str, str]]) -> dict:
@@ -829,32 +860,76 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
 # --------------------------------------------------------------------------- run folder
 
 
-def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: bool = True) -> Analysis:
-    """Stage 05 in one call: inputs from the run folder / params, architecture, TP, analysis.
+@dataclass
+class StageInputs:
+    """What stage 05 reads besides the traces, from the run folder and its params: the TPOT
+    measured during capture, the architecture, the TP, stage 02's table and the device peaks."""
 
-    Raises StageInputMissing when there are no traces to analyse.
-    """
+    paths: list[Path]
+    tpot_ms: float | None
+    input_flags: list[dict[str, str]]
+    arch: Any
+    arch_missing: str | None
+    """Why no architecture was read (said in the collectives check), else None."""
+    tp: int | None
+    extra_rules: Any
+    quantization: str | None
+    micro_gemm: pd.DataFrame | None
+    peaks: dict[str, Any]
+    memory_budget_gb: float | None
+
+    def analysis_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments `analyse` takes from these inputs."""
+        return dict(arch=self.arch, tp=self.tp, extra_rules=self.extra_rules, tpot_ms=self.tpot_ms,
+                    quantization=self.quantization, micro_gemm=self.micro_gemm, peaks=self.peaks,
+                    input_flags=self.input_flags)
+
+
+def stage_inputs(params, run_dir: str | Path) -> StageInputs:
+    """Stage 05's inputs for a run folder; StageInputMissing when there are no traces."""
     paths = trace_inputs_for_run(run_dir, params)
     tpot, tpot_flag = capture_tpot(run_dir)
     arch, why = load_arch_for(params)
     # server.tp is the truth only for a server this run deployed or attached to; otherwise
     # (stepscope analyze) TP comes from the traces' world size unless analysis.tp says.
     deployed = (Path(run_dir) / "00_deploy").is_dir()
-    tp = params.analysis.tp or (params.server.tp if deployed else None)
     micro = Path(run_dir) / "02_gemm_micro" / "gemm.csv"
     hw = params.hardware
-    an = analyze_traces(paths, Path(out_dir), arch=arch, tp=tp,
-                        extra_rules=params.analysis.extra_rules, tpot_ms=tpot, progress=progress,
-                        input_flags=[tpot_flag] if tpot_flag else [],
-                        quantization=params.model.quantization,
-                        micro_gemm=pd.read_csv(micro) if micro.is_file() else None,
-                        peaks={"name": hw.name, "peak_mem_bw_gbps": hw.peak_mem_bw_gbps,
-                               "peak_tflops": hw.peak_tflops},
-                        memory_budget_gb=params.analysis.memory_budget_gb)
-    if arch is None:
-        an.summary["collectives_check"]["explanation"].append(f"architecture: {why}")
-        schema.write(Path(out_dir) / "summary.json", an.summary, schema.TraceSummary)
-    write_load_anatomy(run_dir, Path(out_dir), an, arch=arch, tp=tp)
+    return StageInputs(paths=paths, tpot_ms=tpot, input_flags=[tpot_flag] if tpot_flag else [], arch=arch,
+                       arch_missing=why, tp=params.analysis.tp or (params.server.tp if deployed else None),
+                       extra_rules=params.analysis.extra_rules, quantization=params.model.quantization,
+                       micro_gemm=pd.read_csv(micro) if micro.is_file() else None,
+                       peaks={"name": hw.name, "peak_mem_bw_gbps": hw.peak_mem_bw_gbps, "peak_tflops": hw.peak_tflops},
+                       memory_budget_gb=params.analysis.memory_budget_gb)
+
+
+def analyse_stage(loaded: LoadedTraces, inputs: StageInputs, *, progress: bool = True) -> Analysis:
+    """`analyse` with the stage's inputs; a missing architecture is said in the collectives check."""
+    an = analyse(loaded, progress=progress, **inputs.analysis_kwargs())
+    if inputs.arch is None:
+        an.summary["collectives_check"]["explanation"].append(f"architecture: {inputs.arch_missing}")
+    return an
+
+
+def write_stage(an: Analysis, inputs: StageInputs, run_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Stage 05's third step: the artifacts, then each load level's analysis and the load
+    anatomy (`write_load_anatomy`). Returns the files written, relative to out_dir."""
+    out_dir = Path(out_dir)
+    write_artifacts(an, out_dir)
+    write_load_anatomy(run_dir, out_dir, an, arch=inputs.arch, tp=inputs.tp)
+    return sorted(p.relative_to(out_dir) for p in out_dir.rglob("*") if p.is_file() and "cache" not in p.parts)
+
+
+def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: bool = True) -> Analysis:
+    """Stage 05 in one call, its three steps as notebook 05 shows them: `stage_inputs` and
+    `load_traces` (load), `analyse_stage` (analyse), `write_stage` (write).
+
+    Raises StageInputMissing when there are no traces to analyse.
+    """
+    inputs = stage_inputs(params, run_dir)
+    loaded = load_traces(inputs.paths, Path(out_dir), progress=progress, memory_budget_gb=inputs.memory_budget_gb)
+    an = analyse_stage(loaded, inputs, progress=progress)
+    write_stage(an, inputs, run_dir, out_dir)
     return an
 
 
