@@ -83,10 +83,10 @@ def cmd_gemm(out: Path) -> int:
     n, name = _device()
     t0 = time.perf_counter()
     res = gemm.run_stage(_params(n, name), out / "02_gemm_micro", progress=False)
-    t = res["table"]
+    t = res.table
     _write_json(out / "02_gemm_micro" / "check.json", {
         "wall_s": time.perf_counter() - t0, "rows": len(t), "status": t["status"].value_counts().to_dict(),
-        "peak_mem_bw_gbps": res["peak_mem_bw_gbps"], "peak_source": res["peak_source"]})
+        "peak_mem_bw_gbps": res.peak_mem_bw_gbps, "peak_source": res.peak_source})
     return 0 if (t["status"] != "failed").all() else 1
 
 
@@ -96,11 +96,11 @@ def cmd_nccl(out: Path) -> int:
     n, name = _device()
     t0 = time.perf_counter()
     res = collectives.run_stage(_params(n, name), out / "03_nccl_burst", progress=False)
-    b = res["burst"]
+    b = res.burst
     _write_json(out / "03_nccl_burst" / "check.json", {
         "wall_s": time.perf_counter() - t0, "world_size": n,
         "burst_status": b["status"].value_counts().to_dict() if len(b) else {},
-        "notes": res["prediction"].get("notes", [])})
+        "notes": res.prediction.notes})
     return 0 if (b["status"] != "failed").all() else 1
 
 

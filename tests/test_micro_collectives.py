@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from stepscope import schema
 from stepscope.config import params_from_dict
 from stepscope.micro import collectives as coll
 
@@ -158,8 +159,9 @@ def test_real_two_rank_gloo_burst(tmp_path):
     graph = burst[burst["mode"] == "cuda_graph"].iloc[0]
     assert graph.status == "skipped" and "NCCL" in graph.reason
     pred = coll.build_prediction(burst, table, plan)
-    assert pred["comm_us_per_decode_step"] == pytest.approx(5 * eager.per_op_us)
-    assert pred["mode"] == "eager" and pred["size_bytes"] == 256 and pred["all_gather_us"] > 0
+    assert isinstance(pred, schema.CommPrediction)  # typed, as prediction.json is read back
+    assert pred.comm_us_per_decode_step == pytest.approx(5 * eager.per_op_us)
+    assert pred.mode == "eager" and pred.size_bytes == 256 and pred.all_gather_us > 0
     text = coll.describe_prediction(pred)
     assert "K 5" in text and "eager" in text
 
@@ -185,6 +187,7 @@ def test_a_rank_that_hangs_is_ended_by_the_timeout_and_named(tmp_path):
 def test_world_size_one_writes_empty_tables_and_says_so(tmp_path):
     p = demo_params(world_size=1)
     out = coll.run_stage(p, tmp_path, progress=False)
-    assert out["prediction"]["comm_us_per_decode_step"] == 0.0
-    assert "no collectives" in out["prediction"]["notes"][0]
+    assert isinstance(out, coll.CollectiveStage) and out.prediction.comm_us_per_decode_step == 0.0
+    assert "no collectives" in out.prediction.notes[0]
+    assert schema.read(tmp_path / "prediction.json", schema.CommPrediction) == out.prediction
     assert (tmp_path / "collectives.csv").read_text().startswith("source,op,")

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from stepscope import schema
 from stepscope.config import params_from_dict
 from stepscope.micro import gemm, marlin
 from stepscope.model import distinct_experts, gemm_shapes, load_architecture
@@ -121,11 +122,12 @@ def test_build_prediction_picks_served_model_and_reports_presets():
     table = pd.concat([_synthetic_table(dataclass_replace_m(t), lambda m, n, k: 5.0) for t in targets])
     table["dtype"] = "float32"
     pred = gemm.build_prediction(table, targets, p)
-    assert pred["model"] == "tiny" and pred["tp"] == 2
-    assert pred["gemm_us_per_decode_step"]["1"] == pytest.approx(5.0 * 9)  # 2 layers x 4 GEMMs + lm_head
-    assert pred["presets"][0]["model"] == "kimi-k2.5 (preset)"
+    assert isinstance(pred, schema.GemmPrediction)  # typed, as prediction.json is read back
+    assert pred.model == "tiny" and pred.tp == 2
+    assert pred.gemm_us_per_decode_step["1"] == pytest.approx(5.0 * 9)  # 2 layers x 4 GEMMs + lm_head
+    assert pred.presets[0].model == "kimi-k2.5 (preset)"
     # per GPU at TP=2: (qkv 128x128 + o 128x64 + gate_up 256x128 + down 128x128) x 2 layers + lm_head 256x128, fp32
-    assert pred["weight_bytes_per_decode_step"]["1"] == 4 * (2 * (16384 + 8192 + 32768 + 16384) + 256 * 128)
+    assert pred.weight_bytes_per_decode_step["1"] == 4 * (2 * (16384 + 8192 + 32768 + 16384) + 256 * 128)
     rows = gemm.prediction_table(pred)
     assert set(rows.model) == {"tiny", "kimi-k2.5 (preset)"}
     tiny = rows[rows.model == "tiny"].iloc[0]

@@ -1,10 +1,11 @@
 """Stages 02 and 03: GEMM and collective micro-benchmarks at the model's own shapes.
 
 Stage 02 (`stepscope.micro.gemm`)
-    run_stage(params, out_dir) -> {targets, grid, table, prediction, peak_mem_bw_gbps, ...}
+    run_stage(params, out_dir) -> GemmStage (targets, grid, table, prediction: schema.GemmPrediction,
+    peak_mem_bw_gbps, peak_source, notes, device)
     building blocks: plan_targets(params), gemm_grid(targets, dtypes, backends),
     run_gemm_grid(grid, warmup=, repeats=, threads=, peak_bw_gbps=, csv_path=),
-    build_prediction(table, targets, params), prediction_table(pred), summary_table(table),
+    build_prediction(table, targets, params) -> schema.GemmPrediction, prediction_table(pred), summary_table(table),
     plot_roofline(table, peak_bw_gbps=, peak_tflops=) -> Figure.
 
     02_gemm_micro/gemm.csv, one row per (model, shape, m, dtype, backend, mode):
@@ -23,7 +24,8 @@ Stage 02 (`stepscope.micro.gemm`)
     Figure: figures/gemm_roofline.png.
 
 Stage 03 (`stepscope.micro.collectives`)
-    run_stage(params, out_dir) -> {plan, collectives, burst, prediction}
+    run_stage(params, out_dir) -> CollectiveStage (plan, collectives, burst,
+    prediction: schema.CommPrediction)
     building blocks: plan_collectives(params), run_collectives(plan, work_dir),
     collective_table(results), burst_table(results, plan), build_prediction(burst, coll, plan),
     plot_latency_vs_size(coll, burst) -> Figure; formulas busbw_factor/algbw_gbps/busbw_gbps;

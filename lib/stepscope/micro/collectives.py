@@ -325,9 +325,9 @@ def burst_table(results: list[dict], plan: CollectivePlan | None = None) -> pd.D
     return pd.DataFrame(rows, columns=BURST_COLUMNS).sort_values(["batch_m", "mode"], ignore_index=True)
 
 
-def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: CollectivePlan) -> dict:
-    """prediction.json: comm_us_per_decode_step = K × per-op time of the batch-1 burst,
-    CUDA-graph mode when measured (that is how vLLM replays decode), else eager."""
+def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: CollectivePlan) -> schema.CommPrediction:
+    """prediction.json as its typed record: comm_us_per_decode_step = K × per-op time of the
+    batch-1 burst, CUDA-graph mode when measured (that is how vLLM replays decode), else eager."""
     ok = burst[burst["status"] == "ok"]
     out: dict[str, Any] = {"model": plan.model, "k": plan.burst_k, "k_source": plan.k_source,
                            "backend": plan.backend, "world_size": plan.world_size, "dtype": plan.dtype,
@@ -357,7 +357,7 @@ def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: Colle
         out["all_gather_size_bytes"] = int(ag["size_bytes"].iloc[0])
     if out["comm_us_per_decode_step"] is None:
         out["notes"].append("no burst measured; no prediction")
-    return out
+    return schema.convert(out, schema.CommPrediction, "03_nccl_burst/prediction.json")
 
 
 # --------------------------------------------------------------------------- nccl-tests import
@@ -554,24 +554,39 @@ def describe_plan(plan: CollectivePlan) -> str:
             + ("".join(f"\n{n}" for n in plan.notes)))
 
 
-def describe_prediction(pred: dict) -> str:
+def describe_prediction(pred: schema.CommPrediction) -> str:
     """The prediction in one sentence: count, total, per-op time and mode together."""
-    if not pred.get("per_op_us"):
-        return "no communication predicted: " + "; ".join(pred.get("notes") or ["nothing measured"])
-    text = (f"predicted communication per decode step: {pred['comm_us_per_decode_step']:.1f} us = "
-            f"K {pred['k']} x {pred['per_op_us']:.1f} us per all-reduce of {pred['size_bytes']} B "
-            f"({pred['mode']} burst, {pred['backend']}, world size {pred['world_size']}); K from {pred['k_source']}")
-    if pred.get("eager_per_op_us_same_size"):
-        text += (f". The same all-reduce timed alone (eager loop): {pred['eager_per_op_us_same_size']:.1f} us "
-                 f"(burst/eager = {pred['burst_over_eager_per_op']:.2f})")
-    if pred.get("all_gather_us"):
-        text += f". Plus one logits all-gather ({pred['all_gather_size_bytes']} B): {pred['all_gather_us']:.1f} us"
-    return text + "".join(f"\n{n}" for n in pred.get("notes") or [])
+    if not pred.per_op_us:
+        return "no communication predicted: " + "; ".join(pred.notes or ["nothing measured"])
+    text = (f"predicted communication per decode step: {pred.comm_us_per_decode_step:.1f} us = "
+            f"K {pred.k} x {pred.per_op_us:.1f} us per all-reduce of {pred.size_bytes} B "
+            f"({pred.mode} burst, {pred.backend}, world size {pred.world_size}); K from {pred.k_source}")
+    if pred.eager_per_op_us_same_size:
+        text += (f". The same all-reduce timed alone (eager loop): {pred.eager_per_op_us_same_size:.1f} us "
+                 f"(burst/eager = {pred.burst_over_eager_per_op:.2f})")
+    if pred.all_gather_us:
+        text += f". Plus one logits all-gather ({pred.all_gather_size_bytes} B): {pred.all_gather_us:.1f} us"
+    return text + "".join(f"\n{n}" for n in pred.notes)
 
 
-def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
+@dataclass(frozen=True)
+class CollectiveStage:
+    """What stage 03 measured and predicted, as it wrote it (collectives.csv, burst.csv,
+    prediction.json)."""
+
+    plan: CollectivePlan
+    collectives: pd.DataFrame
+    """collectives.csv: one row per op and message size, µs and GB/s (`schema.CollectiveRow`)."""
+    burst: pd.DataFrame
+    """burst.csv: the K-all-reduce bursts per batch and mode, µs (`schema.BurstRow`)."""
+    prediction: schema.CommPrediction
+
+
+def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> CollectiveStage:
     """Stage 03 end to end: plan, run the ranks (raw per-rank JSON under ranks/), write
     collectives.csv (with any imported nccl-tests rows), burst.csv and prediction.json."""
+    import msgspec
+
     from stepscope.runfolder import REPO_ROOT
 
     out_dir = Path(out_dir)
@@ -583,20 +598,20 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
     if plan.world_size < 2:
         coll = pd.DataFrame(columns=COLLECTIVE_COLUMNS)
         burst = pd.DataFrame(columns=BURST_COLUMNS)
-        prediction = {"model": plan.model, "k": 0, "comm_us_per_decode_step": 0.0, "per_op_us": None,
-                      "size_bytes": None, "mode": None, "backend": plan.backend, "world_size": plan.world_size,
-                      "notes": [f"world size {plan.world_size}: no collectives at TP=1, nothing measured"]}
+        prediction = schema.CommPrediction(
+            model=plan.model, k=0, comm_us_per_decode_step=0.0, backend=plan.backend, world_size=plan.world_size,
+            notes=[f"world size {plan.world_size}: no collectives at TP=1, nothing measured"])
     else:
         results = run_collectives(plan, out_dir / "ranks", progress=progress)
         coll = collective_table(results)
         burst = burst_table(results, plan)
         prediction = build_prediction(burst, coll, plan)
     # Collective speed is a property of the link as much as of the GPUs: record which link.
-    prediction["interconnect"] = params.hardware.interconnect
-    prediction["hardware"] = params.hardware.name
+    prediction = msgspec.structs.replace(prediction, interconnect=params.hardware.interconnect,
+                                         hardware=params.hardware.name)
     if imported:
         coll = pd.concat([coll] + imported, ignore_index=True)
     schema.write_table(coll, out_dir / "collectives.csv", schema.CollectiveRow)
     schema.write_table(burst, out_dir / "burst.csv", schema.BurstRow)
-    schema.write(out_dir / "prediction.json", prediction, schema.CommPrediction)
-    return dict(plan=plan, collectives=coll, burst=burst, prediction=prediction)
+    schema.write(out_dir / "prediction.json", schema.to_builtins(prediction), schema.CommPrediction)
+    return CollectiveStage(plan=plan, collectives=coll, burst=burst, prediction=prediction)

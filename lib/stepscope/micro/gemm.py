@@ -370,9 +370,9 @@ def choose_prediction_config(table: pd.DataFrame, params) -> dict:
     return dict(backend="torch", dtype=dtype, mode=mode, routed_backend=routed)
 
 
-def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> dict:
-    """prediction.json: {model, tp, method, gemm_us_per_decode_step: {"<M>": us}, ...} for
-    the served model, with each preset's prediction under `presets`."""
+def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> schema.GemmPrediction:
+    """prediction.json as its typed record: model, tp, method, gemm_us_per_decode_step
+    ({"<M>": µs}), ... for the served model, with each preset's prediction under `presets`."""
     cfg = choose_prediction_config(table, params)
     method = (f"sum over the model's GEMMs of calls per decode step x median time "
               f"({cfg['backend']} {cfg['dtype']}, {cfg['mode']}"
@@ -401,7 +401,7 @@ def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> 
             result["presets"].append(entry)
     if result["model"] is None:
         result["notes"].append("the served model was not timed; no prediction for it")
-    return result
+    return schema.convert(result, schema.GemmPrediction, "02_gemm_micro/prediction.json")
 
 
 # --------------------------------------------------------------------------- tables and plots
@@ -416,13 +416,12 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.astype({c: "Int64" for c in ("m", "n", "k", "batch")})
 
 
-def describe_run(stage: dict) -> str:
+def describe_run(stage: GemmStage) -> str:
     """How stage 02 timed, against which peak, in one paragraph."""
-    t = stage["table"]
-    peak = (f"{stage['peak_mem_bw_gbps']:.0f} GB/s" if stage["peak_mem_bw_gbps"] else "none") + \
-        f" ({stage['peak_source']})"
+    t = stage.table
+    peak = (f"{stage.peak_mem_bw_gbps:.0f} GB/s" if stage.peak_mem_bw_gbps else "none") + f" ({stage.peak_source})"
     counts = t["status"].value_counts().to_dict()
-    return (f"{stage['device']}: {stage['prediction']['timing']}. Peak memory bandwidth: {peak}. "
+    return (f"{stage.device}: {stage.prediction.timing}. Peak memory bandwidth: {peak}. "
             f"Rows: {counts}. Times are medians over n_repeats samples; spread is p10..p90.")
 
 
@@ -488,15 +487,15 @@ def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, pea
 # --------------------------------------------------------------------------- the stage
 
 
-def prediction_table(prediction: dict) -> pd.DataFrame:
+def prediction_table(prediction: schema.GemmPrediction) -> pd.DataFrame:
     """prediction.json as rows: model, tp, m, gemm_us_per_decode_step, gemm_calls_per_decode_step,
     weight_bytes_per_decode_step and the weight-streaming rate that time implies (GB/s)."""
     rows = []
-    for e in ([prediction] if prediction.get("model") else []) + list(prediction.get("presets", [])):
-        for m, us in e["gemm_us_per_decode_step"].items():
-            wb = e.get("weight_bytes_per_decode_step", {}).get(m)
-            rows.append(dict(model=e["model"], tp=e["tp"], m=int(m), gemm_us_per_decode_step=us,
-                             gemm_calls_per_decode_step=e.get("gemm_calls_per_decode_step", {}).get(m),
+    for e in ([prediction] if prediction.model else []) + list(prediction.presets):
+        for m, us in e.gemm_us_per_decode_step.items():
+            wb = e.weight_bytes_per_decode_step.get(m)
+            rows.append(dict(model=e.model, tp=e.tp, m=int(m), gemm_us_per_decode_step=us,
+                             gemm_calls_per_decode_step=e.gemm_calls_per_decode_step.get(m),
                              weight_bytes_per_decode_step=wb,
                              implied_weight_gbps=(wb / us / 1e3) if wb and us else np.nan))
     return pd.DataFrame(rows, columns=["model", "tp", "m", "gemm_us_per_decode_step", "gemm_calls_per_decode_step",
@@ -514,9 +513,27 @@ def describe_plan(targets: list[GemmTarget], grid: pd.DataFrame, notes: list[str
     return "\n".join(lines + notes) or "nothing to time"
 
 
-def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
+@dataclass(frozen=True)
+class GemmStage:
+    """What stage 02 measured and predicted, as it wrote it (gemm.csv, prediction.json)."""
+
+    targets: list[GemmTarget]
+    grid: pd.DataFrame
+    """The cases planned (`gemm_grid`)."""
+    table: pd.DataFrame
+    """gemm.csv: one row per case and mode, times in µs (`schema.GemmRow`)."""
+    prediction: schema.GemmPrediction
+    peak_mem_bw_gbps: float | None
+    peak_source: str
+    notes: list[str]
+    device: str
+    """`cuda` or `cpu`."""
+
+
+def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> GemmStage:
     """Stage 02 end to end: plan, time (rows appended to gemm.csv as measured), predict
-    (prediction.json). Returns targets, grid, table, prediction, peak and notes."""
+    (prediction.json)."""
+    import msgspec
     import torch
 
     from stepscope.micro.timing import peak_mem_bw_gbps
@@ -531,15 +548,15 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> dict:
                           device=device, csv_path=out_dir / "gemm.csv", progress=progress,
                           graph_calls=g.graph_calls)
     prediction = build_prediction(table, targets, params)
-    prediction.update(device=device, peak_mem_bw_gbps=peak, peak_source=peak_source,
-                      timing=("CUDA graph of %d calls, CUDA events, hot and cold" % g.graph_calls
-                              if device == "cuda" else
-                              f"perf_counter, warm-up {g.warmup}, {g.repeats} samples, "
-                              f"{g.threads or torch.get_num_threads()} torch thread(s), one weight (hot)"))
-    prediction["notes"] = list(notes) + prediction["notes"]
+    prediction = msgspec.structs.replace(
+        prediction, device=device, peak_mem_bw_gbps=peak, peak_source=peak_source,
+        timing=("CUDA graph of %d calls, CUDA events, hot and cold" % g.graph_calls if device == "cuda" else
+                f"perf_counter, warm-up {g.warmup}, {g.repeats} samples, "
+                f"{g.threads or torch.get_num_threads()} torch thread(s), one weight (hot)"),
+        notes=list(notes) + prediction.notes)
     schema.check_frame(table, schema.GemmRow, str(out_dir / "gemm.csv"))
     log.info("stage 02: %d GEMM points timed, %d skipped or failed", int((table["status"] == "ok").sum()),
              int((table["status"] != "ok").sum()))
-    schema.write(out_dir / "prediction.json", prediction, schema.GemmPrediction)
-    return dict(targets=targets, grid=grid, table=table, prediction=prediction, peak_mem_bw_gbps=peak,
-                peak_source=peak_source, notes=notes, device=device)
+    schema.write(out_dir / "prediction.json", schema.to_builtins(prediction), schema.GemmPrediction)
+    return GemmStage(targets=targets, grid=grid, table=table, prediction=prediction, peak_mem_bw_gbps=peak,
+                     peak_source=peak_source, notes=notes, device=device)
