@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stepscope import runner
+from stepscope import schema, runner
 from stepscope.config import deep_merge, iter_leaf_keys, params_from_dict
 from stepscope.stages import STAGE_BY_ID, STAGES, WHOLE_PARAMS, covers
 
@@ -258,7 +258,8 @@ def _reruns(run: Path, before, after, record_of=None) -> list[str]:
     out = []
     for s in STAGES:
         rec = record_of(s) if record_of else {"inputs_fingerprint": runner.input_fingerprints(s, before, run)}
-        if runner._changed_inputs(s, rec, runner.input_fingerprints(s, after, run)):
+        status = schema.StageStatus(status="ok", inputs_fingerprint=rec.get("inputs_fingerprint"))
+        if runner._changed_inputs(s, status, runner.input_fingerprints(s, after, run)):
             out.append(s.number)
     return out
 

@@ -39,7 +39,6 @@ def notebooks(tmp_path, monkeypatch):
     def use(bodies: dict[str, str], name: str = "nbs") -> None:
         folder = stand_in_notebooks(tmp_path / name, bodies)
         monkeypatch.setattr(runfolder, "NOTEBOOKS_DIR", folder)
-        monkeypatch.setattr(runner, "NOTEBOOKS_DIR", folder)
     return use
 
 
