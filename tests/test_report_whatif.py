@@ -175,3 +175,5 @@ def test_under_load_the_whatif_uses_the_batch_it_was_measured_at(tmp_path, real_
     best = max(preds, key=lambda x: x.speedup)
     assert f"| 16 | {fmt_num(base.batch)} | {fmt_num(base.step_ms)} | {fmt_num(best.speedup)} |" in sec
     assert f"At c=16 ({fmt_num(base.batch)} decode requests per step, measured) the best case" in sec
+    row = next(ln for ln in sec.splitlines() if ln.startswith("| 16 |"))
+    assert "dense_gemm" in row and "all_reduce" in row  # no stage 02/03 here: their x1 is said, per level

@@ -819,8 +819,10 @@ def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
     for base, preds in levels:
         best = max(preds, key=lambda p: p.speedup)
         worst = min(preds, key=lambda p: p.speedup)
+        assumed = [x.split(":", 1)[0] for x in best.assumptions if not x.startswith(("k = ", "batch:"))]
         rows.append({"concurrency": base.concurrency, "batch": base.batch, "step_ms": base.step_ms,
-                     "best": best.speedup, "best_tpot": best.tpot_ms, "worst": worst.speedup})
+                     "best": best.speedup, "best_tpot": best.tpot_ms, "worst": worst.speedup,
+                     "assumed": ", ".join(assumed) or "no default used"})
     text = ("\n### Under load: at the batch each level was measured at\n\nEach captured load level's own decode "
             "step (its mean period over the level's decode steps, its categories' ms per step from "
             "`load_anatomy.csv`) projected at **the batch that trace measured** (decode requests per step, mean "
@@ -829,7 +831,8 @@ def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
             f"batch-1 row is the best case above ({fmt_num(batch1.speedup)}× at batch {fmt_num(batch1.batch)}).\n\n")
     text += md_table(pd.DataFrame(rows), [
         ("concurrency", "concurrency"), ("batch", "batch (measured)"), ("step_ms", "measured step ms"),
-        ("best", "best speed-up"), ("best_tpot", "best TPOT ms"), ("worst", "worst speed-up")],
+        ("best", "best speed-up"), ("best_tpot", "best TPOT ms"), ("worst", "worst speed-up"),
+        ("assumed", "assumed by default (×1: no stage 02 or 03 curve)")],
         formats={"concurrency": lambda v: f"{int(v)}"})
     top = max(rows, key=lambda r: r["concurrency"])
     verb = "still gains" if top["best"] > 1 else "loses"
