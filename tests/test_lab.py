@@ -69,7 +69,7 @@ def demo(tmp_path) -> Path:
     for stamp in ("20260101-090000", "20260102-080000"):
         run = tmp_path / "outputs" / f"cpu-demo-{stamp}"
         run.mkdir(parents=True)
-        (run / "run.json").write_text(json.dumps({"params_file": str(params)}))
+        (run / "run.json").write_text(json.dumps({"run_id": run.name, "params_file": str(params)}))
     (tmp_path / "outputs" / "cpu-demo-20260103-000000").mkdir()  # no run.json: not a run
     return params
 
@@ -86,9 +86,9 @@ def test_injected_parameters_pass_through(demo, tmp_path):
 
 
 def test_params_file_falls_back_to_the_runs_snapshot(tmp_path):
-    (tmp_path / "run.json").write_text(json.dumps({"params_file": "/gone/params.yaml"}))
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": tmp_path.name, "params_file": "/gone/params.yaml"}))
     assert params_file_of(tmp_path) == tmp_path / "params.yaml"
-    (tmp_path / "run.json").write_text(json.dumps({"params_file": "params/cpu-demo.yaml"}))
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": tmp_path.name, "params_file": "params/cpu-demo.yaml"}))
     assert params_file_of(tmp_path) == REPO_ROOT / "params" / "cpu-demo.yaml"  # relative: from the repo
 
 

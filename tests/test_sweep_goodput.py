@@ -196,7 +196,7 @@ def test_compare_shows_goodput_and_refuses_it_under_different_slos(tmp_path):
 
 
 def test_compare_names_a_ramp_level_by_its_name():
-    from stepscope.report.compare import _level_label
+    from stepscope.report.deltas import level_label
 
-    r = pd.Series({"mode": "ramp", "concurrency": "nan", "request_rate": "nan", "level_a": "ramp-lin-1-8"})
-    assert _level_label(r, ["mode", "concurrency", "request_rate"]) == "ramp-lin-1-8"
+    r = pd.Series({"mode": "ramp", "concurrency": float("nan"), "request_rate": float("nan"), "level": "ramp-lin-1-8"})
+    assert level_label(r) == "ramp-lin-1-8"

@@ -110,7 +110,8 @@ def _slo(a: RunArtifacts):
 def _level_deltas(v: str, base_name: str, base: Sequence[RunArtifacts], var: Sequence[RunArtifacts]) -> list[Delta]:
     bl, vl = _levels_by_label(base), _levels_by_label(var)
     labels = list(dict.fromkeys([k for lv in bl + vl for k in lv]))
-    slos = {_slo(a) for a in [*base, *var]}
+    slos = {repr(sorted(b.items())) if isinstance(b, dict) else repr(b)  # bounds are dicts: unhashable
+            for b in (_slo(a) for a in [*base, *var])}
     other_slo = slo_differs_words(_slo(base[0]), _slo(var[0])) if len(slos) > 1 else None
     out: list[Delta] = []
     for label in labels:
