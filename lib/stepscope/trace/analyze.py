@@ -27,8 +27,9 @@ from stepscope.trace.tpot import tpot_against_step
 
 EXPOSED_NOTE = (
     "A category's exposed_us is the part of its union that no higher-priority class covers "
-    "(compute, then communication, then memory). Compute categories can overlap each other "
-    "(kernels on several streams), so per-category exposed times can sum to more than busy_us. "
+    "(compute, then communication, then memory). Where categories of one class overlap each "
+    "other (kernels on several streams), their shared time is split between them in proportion "
+    "to each one's own exposed time, so per-category exposed times add up to busy_us. "
     "The class totals in class_totals_us are exact: compute_us + comm_exposed_us + "
     "memory_exposed_us == busy_us.")
 
