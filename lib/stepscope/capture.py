@@ -279,9 +279,10 @@ async def _capture_async(server: cl.ServerInfo, capture: CaptureParams, profiler
         prompts = cl.make_prompts(pool, capture.input_len, capture.warmup_requests + capture.requests, seed=4)
         payloads = [cl.completion_payload(server.served_model, p, capture.output_len) for p in prompts]
         warm = []
-        for i, p in enumerate(progress.bar(payloads[: capture.warmup_requests], desc="warm-up", leave=False)):
-            warm.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i, warmup=True,
-                                                input_len=capture.input_len, silence=silence))
+        with silence.warming_up():
+            for i, p in enumerate(progress.bar(payloads[: capture.warmup_requests], desc="warm-up", leave=False)):
+                warm.append(await cl.stream_request(session, url, p, timeout_s=600, request_id=i, warmup=True,
+                                                    input_len=capture.input_len, silence=silence))
         silence.raise_if_tripped(url)
         if warm and not any(r.success for r in warm):
             raise ServerError(f"every warm-up request failed: {warm[0].error}", where=url,

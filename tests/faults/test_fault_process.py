@@ -530,3 +530,44 @@ def test_a_sigstopped_vllm_server_is_named_within_the_silence_timeout(tmp_path):
     assert "not_answering" in levels
     assert _group(record["pgid"]) == [] and run.survivors() == []
     print(f"SIGSTOP to exit: {time.monotonic() - t0:.1f} s")
+
+
+def test_a_cold_servers_slow_warm_up_is_not_a_silence(tmp_path, monkeypatch):
+    """The first requests on a cold server pay its one-off costs before any token (over 5 s on
+    the 2-core CPU demo): a silence_timeout_s meant for the measured requests must not end the
+    level in its warm-up. The warm-up gets WARMUP_SILENCE_MIN_S; the measured requests keep
+    the configured limit."""
+    from stepscope.config import SweepParams
+    from stepscope.sweep import client as cl
+    from stepscope.sweep.run import run_sweep
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    monkeypatch.setattr(cl, "WARMUP_SILENCE_MIN_S", 5.0)  # seconds, not a minute, in a test
+    p = SweepParams(concurrency=(2,), input_len=4, output_len=4, min_requests=4, warmup_requests=2,
+                    silence_timeout_s=1.0, request_timeout_s=60)
+    with FakeServer(FakeBehaviour(cold_requests=2, cold_delay_s=2.5)) as fake:
+        res = run_sweep(cl.ServerInfo(base_url=fake.base_url, served_model="fake"), p, tmp_path)
+    row = res.levels.set_index("level").loc["c0002"]
+    assert row["n_requests"] >= 4 and row["n_completed"] == row["n_requests"]
+    assert (row["n_timed_out"], bool(row["complete"])) == (0, True)
+    assert res.summary.get("died_message") is None
+
+
+def test_a_level_ended_in_its_warm_up_is_a_row_not_a_keyerror(tmp_path, monkeypatch):
+    """A silent server during the warm-up ends the level before any measured request: the
+    sweep still finishes its tables (a row with no requests, the silence said), instead of a
+    KeyError from an empty request table (CI, stage 01 of the SIGSTOP fault test)."""
+    from stepscope.config import SweepParams
+    from stepscope.sweep import client as cl
+    from stepscope.sweep.run import run_sweep
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    p = SweepParams(concurrency=(2, 4), input_len=4, output_len=6, min_requests=4, warmup_requests=2,
+                    silence_timeout_s=1.0, request_timeout_s=60)
+    monkeypatch.setattr(cl, "WARMUP_SILENCE_MIN_S", 1.0)
+    with FakeServer(FakeBehaviour(stall_after_tokens=2)) as fake:
+        res = run_sweep(cl.ServerInfo(base_url=fake.base_url, served_model="fake"), p, tmp_path)
+    row = res.levels.set_index("level").loc["c0002"]
+    assert (row["n_requests"], row["n_completed"], row["n_timed_out"]) == (0, 0, 2)
+    assert row["silence_health"] == "alive_not_answering"
+    assert "server alive but not answering" in res.summary["died_message"]

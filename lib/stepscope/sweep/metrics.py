@@ -130,10 +130,14 @@ def request_table(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.Da
             "tpot_ms": tpot * 1e3,
             "e2el_ms": e2el * 1e3,
         })
-    return pd.DataFrame(rows, columns=[
+    table = pd.DataFrame(rows, columns=[
         "request_id", "success", "error", "input_tokens", "output_tokens",
         "output_tokens_from_usage", "n_chunks", "start_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms",
     ])
+    # Typed even when empty (a level the watchdog ended in its warm-up): an empty object
+    # column used as a mask selects columns, not rows, and every reader then missed its keys.
+    return table.astype({"success": bool, "output_tokens_from_usage": bool,
+                         "output_tokens": "int64", "input_tokens": "int64"})
 
 
 

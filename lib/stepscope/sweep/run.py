@@ -392,9 +392,10 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
         watchdog = asyncio.create_task(silence.watch(side, server, f"level {level.name}"))
         warm: list[RequestRecord] = []
         if n_warm:
-            warm = await cl.closed_loop(session, url, payloads[:n_warm], concurrency=limit,
-                                        timeout_s=params.request_timeout_s,
-                                        input_len=params.input_len, warmup=True, silence=silence)
+            with silence.warming_up():
+                warm = await cl.closed_loop(session, url, payloads[:n_warm], concurrency=limit,
+                                            timeout_s=params.request_timeout_s,
+                                            input_len=params.input_len, warmup=True, silence=silence)
         rows: list[dict[str, Any]] = []  # server_metrics.csv: every scrape, all its series
         t_level = time.perf_counter()
         await _scrape(side, server, rows, snaps, level.name, t_level)

@@ -30,6 +30,10 @@ class FakeBehaviour:
     """Added to the pause between chunks for every stream open at that moment, so TPOT grows
     with concurrency like a batched server's (a known SLO boundary for the SLO search's tests)."""
     first_chunk_delay_s: float = 0.0
+    cold_requests: int = 0
+    """The first this many requests wait `cold_delay_s` before their first token, after the
+    response headers (a cold server's first forward passes)."""
+    cold_delay_s: float = 0.0
     tokens_per_chunk: int = 1
     events_per_write: int = 1
     """SSE events batched into one socket write: >1 makes the fake cheaper than any client,
@@ -224,6 +228,8 @@ class FakeServer:
         await resp.prepare(request)
         if b.first_chunk_delay_s:
             await asyncio.sleep(b.first_chunk_delay_s)
+        if n <= b.cold_requests:
+            await asyncio.sleep(b.cold_delay_s)
         self._streaming += 1
         try:
             return await self._stream(request, resp, body, n, max_tokens, prompt_tokens)
