@@ -75,3 +75,21 @@ def test_each_notebook_starts_with_a_fresh_namespace(tmp_path):
     execute_notebook(second, tmp_path / "b.out.ipynb", {})
     out = json.loads((tmp_path / "b.out.ipynb").read_text())["cells"][1]["outputs"]
     assert out == [{"output_type": "stream", "name": "stdout", "text": "False\n"}]
+
+
+def test_an_interrupt_is_recorded_without_formatting_a_stack(tmp_path):
+    """Ctrl-C inside a cell: the notebook says where it stopped and the executor raises
+    KeyboardInterrupt at once. IPython's formatted stack would read and parse the source of
+    every frame (1.5 s in a Ctrl-C of `analyze`), so none is formatted for an interrupt."""
+    src = _nb(tmp_path / "in.ipynb", ("code", "a = 1", ["parameters"]),
+              ("code", "def deep(n):\n    return deep(n - 1) if n else (_ for _ in ()).throw(KeyboardInterrupt)\n"
+                       "deep(20)", []),
+              ("code", "never = True", []))
+    out = tmp_path / "out.ipynb"
+    with pytest.raises(KeyboardInterrupt):
+        execute_notebook(src, out, {"a": 2})
+    cells = [c for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"]
+    assert [c["metadata"]["papermill"]["status"] for c in cells] == ["completed", "completed", "interrupted",
+                                                                    "pending"]
+    assert cells[2]["outputs"][-1] == {"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "",
+                                       "traceback": []}

@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -118,6 +119,15 @@ def shell():
 
         def enable_gui(self, gui=None):
             pass  # figures are shown as saved PNGs; there is no GUI loop to run
+
+        def showtraceback(self, exc_tuple=None, *args, **kwargs):
+            etype, evalue, _ = exc_tuple or sys.exc_info()
+            if etype is not None and issubclass(etype, KeyboardInterrupt):
+                # No stack for an interrupt: IPython reads and parses every frame's source file
+                # to format one (1.5 s of a Ctrl-C in `analyze`), while the user waits.
+                self.stepscope_sink.fail(etype.__name__, str(evalue), [])
+                return
+            super().showtraceback(exc_tuple, *args, **kwargs)
 
         def _showtraceback(self, etype, evalue, stb):
             self.stepscope_sink.fail(etype.__name__, str(evalue), list(stb))

@@ -68,6 +68,33 @@ def test_ctrl_c_in_analyze_exits_130_at_once_and_writes_no_report(tmp_path: Path
     assert any(c.get("metadata", {}).get("papermill", {}).get("status") == "interrupted" for c in nb["cells"])
 
 
+def test_an_interrupted_stepscope_exits_without_waiting_on_its_children(tmp_path: Path):
+    """After an interrupt is recorded, `stepscope` leaves at once: the interpreter's own exit
+    would join every child and pool thread, and a parse worker forked just before the Ctrl-C
+    (idle, waiting for a task) held the exit for ever. Here a child that would sleep a minute
+    stands in for it: the program exits 130 within seconds and the child is gone."""
+    import psutil
+
+    pid_file = tmp_path / "child.pid"
+    script = f"""
+import multiprocessing, os, time
+from pathlib import Path
+import stepscope.cli as cli
+child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+child.start()
+Path({str(pid_file)!r}).write_text(str(child.pid))
+cli.main = lambda argv=None: 130
+cli.console()
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib")}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == EXIT_INTERRUPTED, proc.stderr
+    assert time.monotonic() - t0 < 20.0
+    child = int(pid_file.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
 # --------------------------------------------------------------------------- hostile traces
 
 _HEAD = ('{"deviceProperties": [{"id": 0, "name": "NVIDIA H100"}], "distributedInfo": {"rank": 0}, '

@@ -298,8 +298,8 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
         # their own copies (each would cost ~40 MB of private memory).
         ctx = mp.get_context("fork") if hasattr(os, "fork") else None
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futs = {pool.submit(_parse_worker, p, per_trace): p for p in todo}
-            try:
+            try:  # the submits too: an interrupt between them must not leave a worker waiting
+                futs = {pool.submit(_parse_worker, p, per_trace): p for p in todo}
                 for fut in as_completed(futs):
                     finish(futs[fut], *fut.result())
             except BaseException:  # Ctrl-C: do not wait for the other ranks' parses

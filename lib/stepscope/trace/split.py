@@ -90,8 +90,9 @@ def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu
         logger.info("%s: cannot fork parsing processes (%s); parsing in one", path, exc)
         return None
     with pool:
-        futs = [pool.submit(parse_share, path, i, n, keep_cpu_ops, None) for i in range(1, n)]
-        try:
+        futs = []
+        try:  # the submits too: a Ctrl-C between two of them left an idle worker, and the exit hung on it
+            futs += [pool.submit(parse_share, path, i, n, keep_cpu_ops, None) for i in range(1, n)]
             shares = [parse_share(path, 0, n, keep_cpu_ops, progress)]
             shares += [f.result() for f in futs]
         except SplitFailed:
