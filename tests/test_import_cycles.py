@@ -12,9 +12,6 @@ import grimp
 LIB = Path(__file__).resolve().parents[1] / "lib"
 
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"stepscope.runfolder", "stepscope.stages"}):
-        "Stage.notebook reads runfolder.NOTEBOOKS_DIR at call time, so the tests can point it at "
-        "stand-in notebooks; runfolder re-exports the registry",
     frozenset({"stepscope.report.verdict", "stepscope.report.guards", "stepscope.report.prose"}):
         "the verdict calls the guards at its end and the guards render their reason with prose; "
         "issue 23's guard work owns these modules",

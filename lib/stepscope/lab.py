@@ -31,7 +31,7 @@ from pathlib import Path
 
 from stepscope import lifeline
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 LOOPBACK = "127.0.0.1"
 LAB_SETTINGS_DIR = Path(__file__).parent / "lab_settings"

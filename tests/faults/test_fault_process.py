@@ -26,7 +26,7 @@ import pytest
 from faultkit import fake_pids, running, write_fake_server
 from stepscope import lifeline
 from stepscope.errors import ServerError
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 from conftest import free_port, wait_for
 

@@ -31,7 +31,8 @@ from stepscope import lifeline, schema
 from stepscope.progress import bar as progress_bar
 from stepscope.config import Params, redact, redact_argv
 from stepscope.errors import ServerError
-from stepscope.runfolder import REPO_ROOT, stage_dir
+from stepscope.paths import REPO_ROOT
+from stepscope.runfolder import stage_dir
 
 SERVER_JSON = "server.json"
 SERVER_LOG = "server.log"
