@@ -27,6 +27,9 @@ SUPERVISOR_ENV = "STEPSCOPE_SUPERVISOR"
 process left behind by a supervisor that is gone can be told from anyone else's."""
 RUN_DIR_ENV = "STEPSCOPE_RUN_DIR"
 """Set beside SUPERVISOR_ENV for a run's server: the run folder that launched it."""
+RELEASED = b"r"
+"""Written on the pipe by `Lifeline.release` before it closes it (`lifeline_watchdog.RELEASED`
+is the same byte: the watchdog imports nothing of stepscope)."""
 
 _HELD: dict[int, "Lifeline"] = {}
 """Open lifelines by guarded pgid. Held here, not only by their callers: a lifeline dropped
@@ -40,9 +43,16 @@ class Lifeline:
     write_fd: int
 
     def release(self) -> None:
-        """The group was stopped on purpose: close the pipe, and let the watchdog exit."""
+        """The group was stopped on purpose: say so on the pipe, close it, and let the
+        watchdog exit."""
         _HELD.pop(self.pgid, None)
         if self.write_fd >= 0:
+            # End-of-file alone would read as "the supervisor died"; the byte before it tells
+            # the watchdog this stop was meant: it stops, and notes, only what the stop missed.
+            try:
+                os.write(self.write_fd, RELEASED)
+            except OSError:
+                pass  # the watchdog already left (its group had died): nothing to tell
             os.close(self.write_fd)
             self.write_fd = -1
         try:

@@ -106,6 +106,18 @@ def test_a_stop_on_purpose_lets_the_watchdog_go_quietly(tmp_path):
     assert not (tmp_path / "log").exists()  # nothing to say: the group was stopped before
 
 
+def test_a_release_that_left_part_of_the_group_running_stops_that_part_and_says_so(tmp_path):
+    """Release says "stopped on purpose" on the pipe; the watchdog still stops what that stop
+    missed, and its note says it was a release, not a dead supervisor."""
+    leader = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    line = lifeline.guard(leader.pid, grace_s=1.0, log_path=tmp_path / "log")
+    line.release()  # the group was not stopped first
+    assert leader.wait(timeout=5) == -signal.SIGTERM and line.watchdog.returncode == 0
+    log = (tmp_path / "log").read_text()
+    assert f"its supervisor (pid {os.getpid()}) stopped it on purpose, but some of it still ran: " \
+           f"stopped the server's process group {leader.pid} (1 process(es))" in log
+
+
 def _fake_command_body(tmp_path: Path, port: int) -> str:
     fake = write_fake_server(tmp_path)
     return f"""\
