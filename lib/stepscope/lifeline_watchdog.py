@@ -121,10 +121,12 @@ def _note(log: str | None, text: str) -> None:
 
 
 def watch(fd: int, pgid: int, leader: int, supervisor: int, grace_s: float, log: str | None, what: str) -> int:
+    released = False
     while True:
         ready, _, _ = select.select([fd], [], [], POLL_S)
         data = os.read(fd, 4096) if ready else None
         if data and RELEASED in data:
+            released = True
             why = f"its supervisor (pid {supervisor}) stopped it on purpose, but some of it still ran"
             break
         if data == b"":
@@ -135,10 +137,14 @@ def watch(fd: int, pgid: int, leader: int, supervisor: int, grace_s: float, log:
             break
         if not _members(pgid):
             return 0  # stopped on purpose, or died: nothing left to guard
-    if not _members(pgid) and not _descendants(leader):
-        return 0  # the usual end of a release: the supervisor stopped all of it, and let go
+    if released and not _members(pgid) and not _descendants(leader):
+        return 0  # the usual end: the supervisor stopped all of it, and let go
     n = stop_everything(pgid, leader, grace_s)
-    _note(log, f"{why}: stopped the {what}'s process group {pgid} ({n} process(es))")
+    # The leader is sent SIGTERM by the kernel when the supervisor dies (`lifeline.spawn`), so
+    # the group may be gone before this looks: still say why it ended, in its log.
+    _note(log, f"{why}: stopped the {what}'s process group {pgid} ({n} process(es))" if n else
+          f"{why}: the {what}'s process group {pgid} had already ended "
+          "(on its parent-death signal, or on its own)")
     return 0
 
 
