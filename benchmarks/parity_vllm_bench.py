@@ -39,7 +39,7 @@ stepscope `sweep.slo.tpot_ms`)."""
 
 def launch_server(work: Path, port: int):
     from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
-    from stepscope.runfolder import REPO_ROOT
+    from stepscope.paths import REPO_ROOT
     from stepscope.serve import create_tiny_model, launch, tiny_model_exists
     from stepscope.serve.launch import resolve_model_path
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 
 TRACE_DATA = Path(__file__).resolve().parent / "data" / "traces"

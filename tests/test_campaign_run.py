@@ -239,7 +239,7 @@ def test_stage_04s_own_scrapes_give_the_counters_over_the_profiled_requests(tmp_
     from stepscope import schema
     from stepscope.campaign.run import metrics_executor
     from stepscope.server_metrics import METRICS_SCRAPES
-    from stepscope.runfolder import STAGES
+    from stepscope.stages import STAGES
 
     m = repo_root / "tests" / "data" / "metrics" / "vllm-cpu-tinyllama-tp2-ngram"
     before, after = m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text()

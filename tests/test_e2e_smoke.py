@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepscope import schema
-from stepscope.runfolder import STAGES
+from stepscope.stages import STAGES
 from stepscope.runner import run_pipeline
 
 

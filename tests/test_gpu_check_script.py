@@ -11,7 +11,7 @@ import pytest
 
 from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
 from stepscope.micro import collectives, gemm
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import gpu_check  # noqa: E402

@@ -15,7 +15,8 @@ from stepscope.cli import build_parser, main
 from stepscope.errors import StepscopeError
 from stepscope.lab import LOOPBACK, is_loopback, lab_argv, lab_env, lab_root
 from stepscope.notebook import NoRunYet, default_run, newest_run, params_file_of
-from stepscope.runfolder import REPO_ROOT, STAGES
+from stepscope.paths import REPO_ROOT
+from stepscope.stages import STAGES
 
 
 def test_lab_opens_the_workbook_or_a_runs_executed_notebooks(tmp_path):

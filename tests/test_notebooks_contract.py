@@ -9,7 +9,8 @@ import nbformat
 import pytest
 
 from stepscope.config import iter_leaf_keys
-from stepscope.runfolder import REPO_ROOT, STAGES
+from stepscope.paths import REPO_ROOT
+from stepscope.stages import STAGES
 
 NOTEBOOKS = [s.notebook for s in STAGES]
 

@@ -137,7 +137,7 @@ def test_the_runners_papermill_kernel_builds_no_widget(tmp_path):
     cell holds the note, not a widget view."""
     import json
 
-    from stepscope.runfolder import STAGE_BY_ID
+    from stepscope.stages import STAGE_BY_ID
     from stepscope.runner import execute_notebook
 
     run = make_synthetic_run(tmp_path / "run")

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from stepscope.testing.synthetic import make_synthetic_run
-from stepscope.runfolder import NOTEBOOKS_DIR, REPO_ROOT
+from stepscope.paths import NOTEBOOKS_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

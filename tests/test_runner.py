@@ -10,9 +10,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from stepscope import runfolder
+from stepscope import paths
 from stepscope.errors import StepscopeError
 from stepscope.runner import run_pipeline, select_stages
+from stepscope.stages import STAGES
 
 
 def test_select_stages_by_number_id_and_name():
@@ -30,7 +31,7 @@ def test_unknown_stage_is_named():
 def _stand_in_notebooks(folder: Path, failing: dict[str, str]) -> None:
     """One notebook per stage: writes <stage>/done.txt, or raises the given error."""
     folder.mkdir()
-    for stage in runfolder.STAGES:
+    for stage in STAGES:
         params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""')
         params.metadata["tags"] = ["parameters"]
         if stage.id in failing:
@@ -50,7 +51,7 @@ def stand_ins(tmp_path, monkeypatch):
     def make(failing: dict[str, str]) -> Path:
         nbdir = tmp_path / "nbs"
         _stand_in_notebooks(nbdir, failing)
-        monkeypatch.setattr(runfolder, "NOTEBOOKS_DIR", nbdir)
+        monkeypatch.setattr(paths, "NOTEBOOKS_DIR", nbdir)
         params = tmp_path / "p.yaml"
         # No model on disk: the deploy stage fails before any server starts.
         params.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\n"
@@ -92,7 +93,7 @@ def test_resume_skips_finished_stages(stand_ins, tmp_path):
     done = tmp_path / "out" / "r2" / "02_gemm_micro" / "done.txt"
     done.write_text("from the first run")
     _stand_in_notebooks(tmp_path / "nbs2", {})
-    runfolder.NOTEBOOKS_DIR = tmp_path / "nbs2"  # restored by monkeypatch
+    paths.NOTEBOOKS_DIR = tmp_path / "nbs2"  # restored by monkeypatch
     lines: list[str] = []
     code, run_dir = run_pipeline(params, run_id="r2", stages="02,03", resume=True, progress=False,
                                  echo=lines.append)
@@ -130,7 +131,7 @@ def test_cli_prints_message_without_traceback(tmp_path, capsys):
 def test_analysis_stages_give_each_cell_a_time_limit_and_server_stages_none(tmp_path, monkeypatch):
     import papermill
 
-    from stepscope.runfolder import ANALYSIS_CELL_TIMEOUT_S, STAGE_BY_ID
+    from stepscope.stages import ANALYSIS_CELL_TIMEOUT_S, STAGE_BY_ID
     from stepscope.runner import execute_notebook
 
     seen: dict[str, object] = {}

@@ -17,7 +17,7 @@ import argparse
 import pytest
 
 from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 from stepscope.serve.launch import build_server_command
 
 SGLANG_REPO = "sgl-project/sglang"

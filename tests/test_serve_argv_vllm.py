@@ -14,7 +14,7 @@ import json
 import pytest
 
 from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 from stepscope.serve.launch import build_server_command
 
 KIMI = REPO_ROOT / "params" / "kimi-k25-int4-tp8-pcie.yaml"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepscope import runfolder
+from stepscope import paths, runfolder
 from stepscope.stages import Stage
 
 
@@ -24,7 +24,7 @@ def with_kernel(stage: Stage, params_file: Path, run_dir: Path, progress: bool) 
         pm.execute_notebook(
             str(stage.notebook), str(out_nb),
             parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
-            kernel_name="python3", cwd=str(runfolder.NOTEBOOKS_DIR), progress_bar=progress,
+            kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR), progress_bar=progress,
             log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
             # The kernel's start-up warnings (e.g. "running over TCP without encryption" on
             # loopback) are noise in every stage's output; errors still come through.
@@ -43,5 +43,5 @@ def in_process(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -
     out_nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
     out_nb.parent.mkdir(parents=True, exist_ok=True)
     inprocess.execute_notebook(stage.notebook, out_nb, {"params_file": str(params_file), "run_dir": str(run_dir)},
-                               cwd=runfolder.NOTEBOOKS_DIR)
+                               cwd=paths.NOTEBOOKS_DIR)
     return out_nb

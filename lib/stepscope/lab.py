@@ -8,7 +8,8 @@ one papermill's kernels use, and the news feed and update check stay off (these 
 reach no internet, and the workbook should not phone home): `lab_settings/overrides.json`
 sets their defaults to "never", so JupyterLab does not ask about news either.
 
-JupyterLab dies with `stepscope lab`, however that dies: a lifeline watchdog
+JupyterLab dies with `stepscope lab`, however that dies: it is started by `lifeline.spawn`
+(on Linux the kernel sends it SIGTERM when its parent dies) and a lifeline watchdog
 (`stepscope.lifeline`) stops it and its kernels (which Jupyter starts in sessions of their
 own) when the `stepscope lab` process is gone, `kill -9` included. A server left running
 would keep executing code for anyone holding the token.
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from stepscope import lifeline
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 LOOPBACK = "127.0.0.1"
 LAB_SETTINGS_DIR = Path(__file__).parent / "lab_settings"
@@ -143,9 +144,8 @@ def start_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int 
     token = secrets.token_urlsafe(24)
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen(lab_argv(root, host, port), cwd=root, env=lab_env(token, env),
-                                stdout=log, stderr=subprocess.STDOUT if log_path else None,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = lifeline.spawn(lab_argv(root, host, port), cwd=root, env=lab_env(token, env),
+                              stdout=log, stderr=subprocess.STDOUT if log_path else None, stdin=subprocess.DEVNULL)
     finally:
         if log_path:
             log.close()

@@ -11,15 +11,25 @@ in case a forked child of the supervisor inherited the write end.
 
 The stepscope server and `stepscope lab`'s JupyterLab use it. A stop on purpose stops the
 group first and then `release()`s the lifeline, which lets the watchdog go quietly.
+
+The watchdog starts a few milliseconds after the process it guards; a supervisor killed in
+between would leave that process with no one to stop it. So `spawn` also asks the kernel,
+on Linux, to send the new process SIGTERM when its parent dies (`PR_SET_PDEATHSIG`): that
+covers the gap, and the watchdog covers the rest (the children, which do not inherit the
+signal, and the processes that left the group).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 WATCHDOG_SCRIPT = Path(__file__).with_name("lifeline_watchdog.py")
 SUPERVISOR_ENV = "STEPSCOPE_SUPERVISOR"
@@ -27,6 +37,14 @@ SUPERVISOR_ENV = "STEPSCOPE_SUPERVISOR"
 process left behind by a supervisor that is gone can be told from anyone else's."""
 RUN_DIR_ENV = "STEPSCOPE_RUN_DIR"
 """Set beside SUPERVISOR_ENV for a run's server: the run folder that launched it."""
+RELEASED = b"r"
+"""Written on the pipe by `Lifeline.release` before it closes it (`lifeline_watchdog.RELEASED`
+is the same byte: the watchdog imports nothing of stepscope)."""
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+"""What a spawned leader gets when its parent dies. Not SIGKILL: the leader then stops its own
+children (vLLM its engine and workers, JupyterLab its kernels), and while it does, the
+watchdog can still find the ones that left the group by walking down from it."""
+_PR_SET_PDEATHSIG = 1
 
 _HELD: dict[int, "Lifeline"] = {}
 """Open lifelines by guarded pgid. Held here, not only by their callers: a lifeline dropped
@@ -40,9 +58,16 @@ class Lifeline:
     write_fd: int
 
     def release(self) -> None:
-        """The group was stopped on purpose: close the pipe, and let the watchdog exit."""
+        """The group was stopped on purpose: say so on the pipe, close it, and let the
+        watchdog exit."""
         _HELD.pop(self.pgid, None)
         if self.write_fd >= 0:
+            # End-of-file alone would read as "the supervisor died"; the byte before it tells
+            # the watchdog this stop was meant: it stops, and notes, only what the stop missed.
+            try:
+                os.write(self.write_fd, RELEASED)
+            except OSError:
+                pass  # the watchdog already left (its group had died): nothing to tell
             os.close(self.write_fd)
             self.write_fd = -1
         try:
@@ -80,6 +105,41 @@ def stamp_alive(stamp: str | None) -> bool | None:
     if now_born is None:
         return False
     return not born or abs(now_born - born) < 1.0
+
+
+def spawn(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
+    """Start `argv` as the leader of a new session and process group that is sent
+    PARENT_DEATH_SIGNAL when this process dies (Linux; elsewhere only the watchdog guards
+    it). The caller then `guard`s the group."""
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=parent_death_signal(), **popen_kwargs)
+
+
+def parent_death_signal(sig: int = PARENT_DEATH_SIGNAL) -> Callable[[], None] | None:
+    """A `preexec_fn` that arms the kernel's parent-death signal in the child; None where
+    there is none to arm (not Linux, no libc) or it would fire too early.
+
+    The signal fires when the *thread* that forked the child ends, not the process: from a
+    thread other than the main one, a server would die with that thread. There it is not
+    armed, and the watchdog alone guards the child."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child should only call it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    # Built here: between fork and exec the child does as little as it can (other threads'
+    # locks are frozen in it). prctl is variadic; the kernel reads unsigned longs.
+    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(sig), ctypes.c_ulong(0), ctypes.c_ulong(0),
+            ctypes.c_ulong(0))
+
+    def arm() -> None:
+        prctl(*args)  # a refusal (a seccomp filter) leaves the watchdog alone to guard the child
+        # A parent that died between the fork and the line above sends no signal: go now.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 def guard(pgid: int, *, leader: int | None = None, log_path: str | Path | None = None,

@@ -5,8 +5,10 @@ run` process, a notebook kernel, `stepscope lab`). The kernel closes that write 
 the supervisor dies, however it dies (`kill -9` and the OOM killer included), and the
 read then returns end-of-file. The watchdog then stops the process group it guards, and
 every process below its leader that left the group (Jupyter starts each kernel in a
-session of its own): SIGTERM, `--grace-s` to finish, then SIGKILL. It also gives up the
-watch on its own when the group is gone (stopped on purpose, or died).
+session of its own): SIGTERM, `--grace-s` to finish, then SIGKILL. A stop on purpose is
+said on the pipe (RELEASED) before it closes, and the watchdog then exits quietly (stopping,
+and noting, only what that stop missed); it also gives up the watch on its own when the
+group is gone (stopped on purpose, or died).
 
 Standard library only, and run isolated (`-I`), so that starting it costs milliseconds and
 no import from the workbook can fail inside it.
@@ -24,6 +26,9 @@ from datetime import datetime, timezone
 
 POLL_S = 1.0
 """How often the group's liveness and the supervisor's pid are looked at between reads."""
+RELEASED = b"r"
+"""What `stepscope.lifeline.Lifeline.release` writes before it closes the pipe: the group was
+stopped on purpose. End-of-file without it means the supervisor died."""
 
 
 def _members(pgid: int) -> set[int]:
@@ -116,9 +121,15 @@ def _note(log: str | None, text: str) -> None:
 
 
 def watch(fd: int, pgid: int, leader: int, supervisor: int, grace_s: float, log: str | None, what: str) -> int:
+    released = False
     while True:
         ready, _, _ = select.select([fd], [], [], POLL_S)
-        if ready and os.read(fd, 4096) == b"":
+        data = os.read(fd, 4096) if ready else None
+        if data and RELEASED in data:
+            released = True
+            why = f"its supervisor (pid {supervisor}) stopped it on purpose, but some of it still ran"
+            break
+        if data == b"":
             why = f"its supervisor (pid {supervisor}) is gone (lifeline closed)"
             break
         if os.getppid() != supervisor:
@@ -126,10 +137,14 @@ def watch(fd: int, pgid: int, leader: int, supervisor: int, grace_s: float, log:
             break
         if not _members(pgid):
             return 0  # stopped on purpose, or died: nothing left to guard
-    if not _members(pgid) and not _descendants(leader):
-        return 0  # the supervisor stopped it before it went
+    if released and not _members(pgid) and not _descendants(leader):
+        return 0  # the usual end: the supervisor stopped all of it, and let go
     n = stop_everything(pgid, leader, grace_s)
-    _note(log, f"{why}: stopped the {what}'s process group {pgid} ({n} process(es))")
+    # The leader is sent SIGTERM by the kernel when the supervisor dies (`lifeline.spawn`), so
+    # the group may be gone before this looks: still say why it ended, in its log.
+    _note(log, f"{why}: stopped the {what}'s process group {pgid} ({n} process(es))" if n else
+          f"{why}: the {what}'s process group {pgid} had already ended "
+          "(on its parent-death signal, or on its own)")
     return 0
 
 

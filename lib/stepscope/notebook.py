@@ -8,7 +8,9 @@ from pathlib import Path
 from stepscope import schema
 from stepscope.config import REDACTED, Params, load_params
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT, STAGE_BY_ID, params_snapshot_path, stage_dir
+from stepscope.paths import REPO_ROOT
+from stepscope.runfolder import params_snapshot_path, stage_dir
+from stepscope.stages import STAGE_BY_ID
 
 DEMO_PARAMS = REPO_ROOT / "params" / "cpu-demo.yaml"
 

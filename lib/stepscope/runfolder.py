@@ -29,13 +29,8 @@ from typing import IO, Any, Callable, Iterator
 import yaml
 
 from stepscope.errors import StageInputMissing, StepscopeError
-# The stages, what each reads and writes: declared once, in stepscope.stages (re-exported here).
-from stepscope.stages import ANALYSIS_CELL_TIMEOUT_S, STAGE_BY_ID, STAGES, Stage  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
 
 def stage_dir(run_dir: str | Path, stage_id: str) -> Path:

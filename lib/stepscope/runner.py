@@ -29,10 +29,8 @@ from typing import Callable, Sequence
 from stepscope import schema
 from stepscope.config import Params, load_params, params_to_dict, redact, redact_argv
 from stepscope.errors import StepscopeError
+from stepscope.paths import REPO_ROOT
 from stepscope.runfolder import (
-    REPO_ROOT,
-    STAGES,
-    Stage,
     params_snapshot_path,
     short_hash,
     DiskFull,
@@ -44,7 +42,7 @@ from stepscope.runfolder import (
 )
 from stepscope.execute import in_process
 from stepscope.execute import with_kernel as execute_notebook
-from stepscope.stages import param_inputs
+from stepscope.stages import STAGES, Stage, param_inputs
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from stepscope import paths
+
 ANALYSIS_CELL_TIMEOUT_S = 3600.0
 """An hour for one cell of stage 05 or 06: eight 80 MB rank traces load in minutes."""
 
@@ -67,9 +69,7 @@ class Stage:
 
     @property
     def notebook(self) -> Path:
-        from stepscope import runfolder  # read at call time: tests point it at stand-in notebooks
-
-        return runfolder.NOTEBOOKS_DIR / f"{self.id}.ipynb"
+        return paths.NOTEBOOKS_DIR / f"{self.id}.ipynb"  # read at call time: tests point it at stand-ins
 
     @property
     def number(self) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import psutil
 
-from stepscope import runfolder
+from stepscope.stages import STAGES
 
 FAKE_SERVER = textwrap.dedent('''\
     #!{python}
@@ -94,7 +94,7 @@ def leftover_processes(root_pid: int | None = None, pgids: tuple[int, ...] = (),
 def stand_in_notebooks(folder: Path, bodies: dict[str, str]) -> Path:
     """One tiny notebook per stage; `bodies` replaces the default ('write <stage>/done.txt')."""
     folder.mkdir(parents=True, exist_ok=True)
-    for stage in runfolder.STAGES:
+    for stage in STAGES:
         params = nbformat.v4.new_code_cell('params_file = ""\nrun_dir = ""')
         params.metadata["tags"] = ["parameters"]
         body = bodies.get(stage.id) or (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from faultkit import descendants, fake_pids, leftover_processes, running, stage_status, stand_in_notebooks, write_fake_server
-from stepscope import runfolder, runner
+from stepscope import paths, runner
 from stepscope.cli import main
 from stepscope.runner import run_pipeline
 from stepscope.stages import STAGE_BY_ID
@@ -27,7 +27,7 @@ from conftest import free_port, wait_for
 def notebooks(tmp_path, monkeypatch):
     def use(bodies: dict[str, str], name: str = "nbs") -> None:
         folder = stand_in_notebooks(tmp_path / name, bodies)
-        monkeypatch.setattr(runfolder, "NOTEBOOKS_DIR", folder)
+        monkeypatch.setattr(paths, "NOTEBOOKS_DIR", folder)
     return use
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from faultkit import leftover_processes, stage_status
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 from conftest import free_port
 

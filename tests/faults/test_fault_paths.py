@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from faultkit import stand_in_notebooks, write_fake_server
-from stepscope import runfolder, runner
+from stepscope import paths, runfolder, runner
 from stepscope.cli import main
 from stepscope.config import SweepParams
 from stepscope.errors import StepscopeError
@@ -38,7 +38,7 @@ from conftest import free_port
 def notebooks(tmp_path, monkeypatch):
     def use(bodies: dict[str, str], name: str = "nbs") -> None:
         folder = stand_in_notebooks(tmp_path / name, bodies)
-        monkeypatch.setattr(runfolder, "NOTEBOOKS_DIR", folder)
+        monkeypatch.setattr(paths, "NOTEBOOKS_DIR", folder)
     return use
 
 

@@ -9,6 +9,7 @@ the real vLLM CPU server (run them under `flock /tmp/stepscope-live.lock`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import pytest
 from faultkit import fake_pids, running, write_fake_server
 from stepscope import lifeline
 from stepscope.errors import ServerError
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 from conftest import free_port, wait_for
 
@@ -95,6 +97,43 @@ def test_a_kill_9_of_the_supervisor_stops_the_group_and_a_grandchild_in_its_own_
     assert "its supervisor (pid %d) is gone" % sup.pid in (tmp_path / "log").read_text()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_spawned_leader_dies_with_its_parent_before_any_watchdog_is_up(tmp_path):
+    """The gap before the watchdog: a supervisor killed right after `lifeline.spawn`, with no
+    watchdog started at all. The kernel's parent-death signal ends the spawned leader; a
+    plain child in a session of its own, started beside it, outlives the supervisor (what
+    the server did in that gap before)."""
+    sup, pids = _supervisor(tmp_path, """\
+        import subprocess
+        from stepscope import lifeline
+        spawned = lifeline.spawn(["sleep", "600"])
+        plain = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        pids = {"spawned": spawned.pid, "plain": plain.pid}
+        """)
+    try:
+        assert running(pids["spawned"]) and os.getsid(pids["spawned"]) == pids["spawned"]
+        sup.kill()
+        sup.wait()
+        assert _gone_within([pids["spawned"]], 5.0) == []
+        assert running(pids["plain"])
+    finally:
+        sup.kill()
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_no_parent_death_signal_from_a_thread_that_may_end_before_the_process():
+    """The signal fires when the forking thread ends: from any thread but the main one the
+    server would die with it, so only the watchdog guards what such a thread starts."""
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(lifeline.parent_death_signal()))
+    t.start()
+    t.join()
+    assert seen == [None]
+    assert callable(lifeline.parent_death_signal()) is sys.platform.startswith("linux")
+
+
 def test_a_stop_on_purpose_lets_the_watchdog_go_quietly(tmp_path):
     leader = subprocess.Popen(["sleep", "600"], start_new_session=True)
     line = lifeline.guard(leader.pid, grace_s=1.0, log_path=tmp_path / "log")
@@ -104,6 +143,18 @@ def test_a_stop_on_purpose_lets_the_watchdog_go_quietly(tmp_path):
     line.release()
     assert line.watchdog.returncode == 0 and lifeline.held(leader.pid) is None
     assert not (tmp_path / "log").exists()  # nothing to say: the group was stopped before
+
+
+def test_a_release_that_left_part_of_the_group_running_stops_that_part_and_says_so(tmp_path):
+    """Release says "stopped on purpose" on the pipe; the watchdog still stops what that stop
+    missed, and its note says it was a release, not a dead supervisor."""
+    leader = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    line = lifeline.guard(leader.pid, grace_s=1.0, log_path=tmp_path / "log")
+    line.release()  # the group was not stopped first
+    assert leader.wait(timeout=5) == -signal.SIGTERM and line.watchdog.returncode == 0
+    log = (tmp_path / "log").read_text()
+    assert f"its supervisor (pid {os.getpid()}) stopped it on purpose, but some of it still ran: " \
+           f"stopped the server's process group {leader.pid} (1 process(es))" in log
 
 
 def _fake_command_body(tmp_path: Path, port: int) -> str:
@@ -133,7 +184,8 @@ def test_a_launched_server_dies_with_its_supervisor(tmp_path):
     assert _gone_within([fake["api"], fake["engine"], pids["watchdog"]], 15.0) == []
     wait_for(lambda: not _listening(port), "the port freed", timeout_s=5)
     log = (tmp_path / "run" / "00_deploy" / "server.log").read_text()
-    assert f"its supervisor (pid {sup.pid}) is gone" in log and "stopped the server's process group" in log
+    # the watchdog stopped the group, or (the leader gone first on its parent-death signal) says it had ended
+    assert f"its supervisor (pid {sup.pid}) is gone" in log and f"the server's process group {pids['pgid']}" in log
 
 
 def _listening(port: int) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 from stepscope.runner import EXIT_NO_RANK
 from stepscope.trace.analyze import analyze_traces
 

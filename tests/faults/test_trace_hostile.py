@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 from stepscope.runner import EXIT_INTERRUPTED
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
 from stepscope.micro import collectives as coll
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 
 KIMI = REPO_ROOT / "params" / "kimi-k25-int4-tp8-pcie.yaml"
 MAX_GPUS = 8

@@ -36,8 +36,9 @@ from stepscope.campaign.plan import REUSABLE_STAGES, CampaignPlan, PlannedRun, p
     stage_fingerprint
 from stepscope.config import load_params, redact
 from stepscope.errors import ParamsError, StepscopeError
-from stepscope.runfolder import STAGE_BY_ID, STAGES, Stage, write_yaml
+from stepscope.runfolder import write_yaml
 from stepscope.runner import execute_notebook, report_headline, resolve_outputs_dir, run_pipeline, select_stages
+from stepscope.stages import STAGE_BY_ID, STAGES, Stage
 
 log = logging.getLogger(__name__)
 

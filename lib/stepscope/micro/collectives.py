@@ -587,7 +587,7 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> Collecti
     collectives.csv (with any imported nccl-tests rows), burst.csv and prediction.json."""
     import msgspec
 
-    from stepscope.runfolder import REPO_ROOT
+    from stepscope.paths import REPO_ROOT
 
     out_dir = Path(out_dir)
     plan = plan_collectives(params)

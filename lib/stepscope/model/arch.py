@@ -237,7 +237,7 @@ def architecture_from_config(cfg: Mapping[str, Any], source: str = "<config>") -
 def architecture_from_params(params) -> Architecture:
     """The served model's architecture: model.config_json, else <model.path>/config.json,
     else model.arch_preset, else model.tiny's values. Relative paths are from the repository root."""
-    from stepscope.runfolder import REPO_ROOT
+    from stepscope.paths import REPO_ROOT
 
     m = params.model
 

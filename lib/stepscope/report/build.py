@@ -931,7 +931,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
     macro = an.macro_headlines(a)
     ctx: dict[str, Any] = {"totals": totals, "decode": decode, "amdahl": amdahl, "mvt": mvt, "macro": macro,
                            "whatif": None, "whatif_base_ms": None}
-    ctx["verdict"] = vd.verdict(a, totals, decode, amdahl, mvt, macro)
+    ctx["verdict"] = guards.guarded(vd.verdict(a, totals, decode, amdahl, mvt, macro), a, totals, decode)
     ident = ctx["verdict"].identity
     baseline = wi.spec_baseline(a, totals, decode, batch=ident.batch_size) if ident.takes_decode_verdict else None
     if baseline is not None:

@@ -37,6 +37,7 @@ import pandas as pd
 from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
+from stepscope.report.prose import guard_sentence
 from stepscope.report.verdict import Guard, Verdict, biggest
 from stepscope.thresholds import (GUARD_TOLERANCE_REL, LEVER_DOMINANT_SHARE, LEVER_TOP_KERNELS,
                                   READINGS_AGREE_REL, STEADY_STATE_MAX_STALL_SHARE, STEADY_STATE_MAX_X)
@@ -227,8 +228,6 @@ def _levers_coherent(v: Verdict) -> list[Guard]:
 
 def guards_record(v: Verdict) -> schema.GuardsFile:
     """`06_writeup/guards.json`: every check, and for a failed one why, as the report says it."""
-    from stepscope.report.prose import guard_sentence
-
     rows = [schema.GuardResult(invariant=g.invariant, holds=g.holds, subject=g.subject,
                                values={k: (list(x) if isinstance(x, tuple) else x) for k, x in g.values},
                                withdrawn=list(g.withdrawn),

@@ -792,21 +792,22 @@ def _load_growth(a: RunArtifacts, macro: dict[str, Any] | None) -> LoadGrowth | 
 def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
             amdahl: pd.DataFrame | None, mvt: pd.DataFrame | None,
             macro: dict[str, Any] | None = None) -> Verdict:
-    """Every finding of the report, typed; `report.prose.verdict_sentences` writes them out."""
+    """Every finding of the report, typed, before the guards: `report.guards.guarded` then
+    withdraws what a failing invariant does not support (the guards read these findings, so
+    they sit above this module; `report.build.report_context` applies them), and
+    `report.prose.verdict_sentences` writes out what is left."""
     ident = trace_identity(a)
     basis = step_basis(totals)
     comm = communication(decode, amdahl)
     category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident)
     gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
-    from stepscope.report import guards  # it reads these findings: imported here, not at the top
-
-    return guards.guarded(Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a, basis),
+    return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a, basis),
                    dominant=dominant(decode, basis, ident), communication=comm,
                    comm_split=comm_split(a, ident, comm), boundness=boundness(a, totals, basis, ident),
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,
                    between_steps=between, gap_levers=gaps, biggest=biggest(category_levers, between, gaps),
                    agreements=agreements(mvt), roofline=roofline(a, basis, category_levers), roofline_reason=_roofline_reason(a),
-                   plateau=plateau(macro), load_growth=_load_growth(a, macro)), a, totals, decode)
+                   plateau=plateau(macro), load_growth=_load_growth(a, macro))
 
 
 BETWEEN_STEPS_LEVER = "time between steps"

@@ -5,7 +5,9 @@ that needs it and stops it at the end; notebooks find it through
 `00_deploy/server.json`. The server runs in its own process group so that
 stopping it (on exit, failure or Ctrl-C) leaves no orphaned workers behind, and a
 lifeline watchdog (`stepscope.lifeline`) stops that group when the process that launched
-it dies without stopping it (`kill -9`, the OOM killer). A leftover server of a dead
+it dies without stopping it (`kill -9`, the OOM killer); on Linux the kernel also sends the
+server SIGTERM then (`lifeline.spawn`), which covers the milliseconds before the watchdog
+is up. A leftover server of a dead
 supervisor is stopped, and said so, before anything would adopt it.
 """
 
@@ -31,7 +33,8 @@ from stepscope import lifeline, schema
 from stepscope.progress import bar as progress_bar
 from stepscope.config import Params, redact, redact_argv
 from stepscope.errors import ServerError
-from stepscope.runfolder import REPO_ROOT, stage_dir
+from stepscope.paths import REPO_ROOT
+from stepscope.runfolder import stage_dir
 
 SERVER_JSON = "server.json"
 SERVER_LOG = "server.log"
@@ -262,9 +265,8 @@ class ServerProcess:
         secrets = secret_values(self.command)
         # Servers echo their arguments (vLLM logs every non-default one, `api_key` included):
         # when a secret is in argv or env, the log goes through a filter that blanks it.
-        self.proc = subprocess.Popen(self.command.argv, stdout=subprocess.PIPE if secrets else log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     cwd=REPO_ROOT, start_new_session=True)
+        self.proc = lifeline.spawn(self.command.argv, stdout=subprocess.PIPE if secrets else log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
         try:
             self.lifeline = lifeline.guard(self.proc.pid, log_path=self.log_path, what="server")
         except BaseException:

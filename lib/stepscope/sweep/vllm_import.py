@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from stepscope.errors import StepscopeError
-from stepscope.runfolder import REPO_ROOT
+from stepscope.paths import REPO_ROOT
 from stepscope.sweep.metrics import RequestRecord, level_metrics
 from stepscope.sweep.run import LEVEL_COLUMNS
 

@@ -962,7 +962,7 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:
     `params.analysis.trace_paths` wins (relative paths from the repository root); else
     the run's 04_profiler_capture/traces/. Raises StageInputMissing when neither exists.
     """
-    from stepscope.runfolder import REPO_ROOT
+    from stepscope.paths import REPO_ROOT
 
     run_dir = Path(run_dir)
     given = tuple(getattr(getattr(params, "analysis", None), "trace_paths", ()) or ())
