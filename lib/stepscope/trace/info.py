@@ -21,6 +21,7 @@ import pandas as pd
 
 from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
+from stepscope.trace.steps import WHOLE_TRACE
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -241,7 +242,9 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "tp": tp,
         "tp_source": source,
         "tp_disagreement": bool(tp_params and world and int(tp_params) != int(world)),
-        "n_steps": int(len(st)),
+        # A trace with no step marker is read whole, as one window: it holds no steps to count.
+        "n_steps": None if ref.step_source == WHOLE_TRACE else int(len(st)),
+        "step_source": ref.step_source,
         "n_decode_steps": int(kinds.get("decode", 0)),
         "step_kinds": kinds,
         "judged_kind": judged,

@@ -41,6 +41,10 @@ STEP_LIKE = re.compile(r"^execute_(?!diffusion_)|_context_\d|_generation_\d|^ste
 # (`execute_diffusion_1_256x256` is a diffusion server's request, not an LLM engine step:
 # evidence of the trace's kind, see trace.info.kind_evidence.)
 
+WHOLE_TRACE = "whole_trace"
+"""The step source of a trace with no step marker (no engine or profiler step annotation, no
+graph launch, no `execute_model` frame): its one row is the whole trace, one window, not a step."""
+
 STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "unknown")
 """Per-step `kind`: the engine's label where the annotation says it; `training` for a
 `ProfilerStep` of a trace that runs backward or an optimizer; `profiler_step` for
@@ -178,7 +182,7 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
             for r in frames.sort_values("ts").itertuples(index=False):
                 rows.append(_unknown_step(str(r.name), r.pid, r.tid, r.ts, r.dur))
     if source is None:
-        source = "whole_trace"
+        source = WHOLE_TRACE
         rows.append(_unknown_step("whole trace", -1, -1, t0, t1 - t0))
     steps = pd.DataFrame(rows)
     steps.insert(0, "step_id", np.arange(len(steps), dtype=np.int64))
@@ -320,7 +324,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     how = np.full(len(dev), "none", dtype=object)
     if steps["pid"].eq(-1).all():  # whole-trace step
         step[:] = 0
-        how[:] = "whole_trace"
+        how[:] = WHOLE_TRACE
     else:
         st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
         idx = np.flatnonzero(has)
@@ -388,7 +392,7 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     src = ops.loc[pieces["row"].to_numpy()]
     if threads is None:
         step = np.zeros(len(pieces), dtype=np.int64)
-        how = np.full(len(pieces), "whole_trace", dtype=object)
+        how = np.full(len(pieces), WHOLE_TRACE, dtype=object)
     else:
         # An op belongs to the step enclosing its start on its own thread.
         step = _enclosing(steps, src["pid"].to_numpy(), src["tid"].to_numpy(),
