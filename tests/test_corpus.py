@@ -31,11 +31,7 @@ CHECKS = ("kind", "n_steps", "world_size", "rank_shown", "device_events", "devic
 SUM_TOL_MS = 0.01
 SHARE_TOL = 1e-4  # 0.01 %: the SGLang extend step's exposed times sum to 100.001 % of busy, float noise
 
-SINGLE_STEP = "reads kind single_step"
 KNOWN_FAILING: dict[tuple[str, str], str] = {
-    ("hta-alexnet-benchmark", "kind"): f"an AlexNet benchmark (cuDNN convolutions, no module frames) {SINGLE_STEP}, not vision",
-    ("tracelens-h100-owlv2-dataloader", "kind"): f"OWLv2's Owlv2* module frames are no vision evidence: it {SINGLE_STEP}",
-    ("tracelens-mi210-gpu-only", "kind"): f"a kernel-only trace gets no kind from its backward kernels: it {SINGLE_STEP}",
     ("hta-cpu-only", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted: no collective without a kernel",
     ("hta-no-distributed-info", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted",
     ("hta-sampled-ranks-0-1", "collectives"): ("all-reduce and all-gather run as SendRecv kernels and are named by the kernel "

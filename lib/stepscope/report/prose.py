@@ -60,7 +60,9 @@ def identity_sentences(i: TraceIdentity) -> list[str]:
         kind = KIND_PHRASES.get(i.kind, "a trace with no step labelled decode")
         passes = (f"; its {i.step_label} holds {f(i.model_passes)} forward passes of the denoiser, so the figures "
                   f"describe that step, not one pass" if i.model_passes and i.model_passes > 1 else "")
-        out.append(f"This is {kind} ({n}{_evidence(i, i.kind, '; ')}), not decode{passes}: what follows summarises its "
+        # steps labelled training say the kind themselves: the evidence is listed where it alone decided
+        found = "" if i.kind == "training" and i.n_judged_steps else _evidence(i, i.kind, "; ")
+        out.append(f"This is {kind} ({n}{found}), not decode{passes}: what follows summarises its "
                    f"steps, with no decode verdict and no speculative-decoding what-if.")
     if i.low_confidence and i.n_judged_steps is not None:
         out.append(f"Low confidence: only {steps(i.n_judged_steps, i.step_label)} judged, fewer than "

@@ -119,18 +119,20 @@ _FAMILY_ORDER = ("vllm", "sglang", "profiler_step")
 
 # What only training does: autograd's backward, an optimizer step, weight/data-gradient
 # kernels, Adam's multi-tensor kernels. One of these marks every ProfilerStep `training`.
-_TRAINING_ANN = re.compile(r"autograd::engine::evaluate_function|^Optimizer\.(?:step|zero_grad)|"
-                           r"^## (?:backward|optimizer) ##")
-_TRAINING_KERNEL = re.compile(r"wgrad|dgrad|multi_tensor_apply_kernel.*Adam", re.I)
+TRAINING_ANN = re.compile(r"autograd::engine::evaluate_function|^Optimizer\.(?:step|zero_grad)|"
+                          r"^## (?:backward|optimizer) ##")
+# Kernels: cuDNN's and CUTLASS's weight/data-gradient GEMMs, MIOpen's implicit-GEMM backward
+# convolutions (`igemm_bwd_...` data, `igemm_wrw_...` weights), ATen's `..._backward_kernel`s.
+TRAINING_KERNEL = re.compile(r"wgrad|dgrad|igemm_(?:bwd|wrw)_|backward|multi_tensor_apply_kernel.*Adam", re.I)
 
 
 def looks_like_training(ev: pd.DataFrame) -> bool:
     """Whether one rank's events show backward passes or optimizer steps."""
     names, cat = ev["name"], ev["cat"]  # .str on the Categorical: once per distinct name
     ann = names[cat.isin(("user_annotation", "gpu_user_annotation", "cpu_op"))]
-    if ann.str.contains(_TRAINING_ANN).any():
+    if ann.str.contains(TRAINING_ANN).any():
         return True
-    return bool(names[cat == "kernel"].str.contains(_TRAINING_KERNEL).any())
+    return bool(names[cat == "kernel"].str.contains(TRAINING_KERNEL).any())
 
 
 def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
