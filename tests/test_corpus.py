@@ -34,9 +34,6 @@ SHARE_TOL = 1e-4  # 0.01 %: the SGLang extend step's exposed times sum to 100.00
 KNOWN_FAILING: dict[tuple[str, str], str] = {
     ("hta-cpu-only", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted: no collective without a kernel",
     ("hta-no-distributed-info", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted",
-    ("hta-sampled-ranks-0-1", "collectives"): ("all-reduce and all-gather run as SendRecv kernels and are named by the kernel "
-                                               "(other_collective x5 per step), not by the enclosing nccl:all_reduce / "
-                                               "nccl:_all_gather_base op (item 3)"),
 }
 
 
