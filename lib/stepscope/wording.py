@@ -36,6 +36,11 @@ def per_step(label: str = "step", named: bool = False) -> str:
     return f"per {label}" if named else "per step"
 
 
+def in_steps(label: str = "step") -> str:
+    """Where something ran or did not: "in these steps", or "in the window" for a trace read whole."""
+    return "in the window" if label == WINDOW else "in these steps"
+
+
 def per_step_header(unit: str, label: str = "step") -> str:
     """A column header for a quantity per step: "ms/step"; "ms in window" when `label` is
     `WINDOW`."""

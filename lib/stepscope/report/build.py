@@ -28,8 +28,8 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import (HEADLINE_MARK, WINDOW, capture_delivery, per_step, per_step_header, plural, short_name,
-                               work_unit)
+from stepscope.wording import (HEADLINE_MARK, WINDOW, capture_delivery, in_steps, per_step, per_step_header, plural,
+                               short_name, work_unit)
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -676,7 +676,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                                for e, o in zip(df["expected"], df[seen])]
                 text += md_table(df)
             else:
-                text += f"No collective ran {'in the window' if label == WINDOW else 'in these steps'}.\n"
+                text += f"No collective ran {in_steps(label)}.\n"
         reasoning = cc.expected.reasoning if cc.expected is not None else None
         if reasoning:
             text += f"\nExpected from the architecture: {words(reasoning)}\n"

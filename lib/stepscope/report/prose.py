@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
-from stepscope.wording import WINDOW, per_step, plural, with_article, work_unit
+from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
 from stepscope.wording import short_name as _short
 from stepscope.report.verdict import Caveat, headline_findings
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
@@ -154,7 +154,8 @@ def dominant_sentence(d: Dominant) -> str:
 def communication_sentence(c: Communication, step_label: str = "step") -> str:
     per = per_step(step_label)
     if c.status == "none":
-        return f"No collective ran {'in the window' if step_label == WINDOW else 'in these steps'} (one rank, or no tensor parallelism), so communication plays no part."
+        return (f"No collective ran {in_steps(step_label)} (one rank, or no tensor parallelism), so communication "
+                "plays no part.")
     if c.status == "unknown":
         return (f"Communication takes {f(c.comm_ms)} ms {per}; how much of it is hidden under compute was "
                 f"not measured.")
