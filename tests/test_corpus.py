@@ -31,25 +31,7 @@ CHECKS = ("kind", "n_steps", "world_size", "rank_shown", "device_events", "devic
 SUM_TOL_MS = 0.01
 SHARE_TOL = 1e-4  # 0.01 %: the SGLang extend step's exposed times sum to 100.001 % of busy, float noise
 
-NO_MARKER = "a trace without a step marker is counted as one step (n_steps 1), and its figures read 'per step'"
-SINGLE_STEP = "reads kind single_step"
-KNOWN_FAILING: dict[tuple[str, str], str] = {
-    ("hta-alexnet-benchmark", "kind"): f"an AlexNet benchmark (cuDNN convolutions, no module frames) {SINGLE_STEP}, not vision",
-    ("hta-alexnet-benchmark", "n_steps"): NO_MARKER,
-    ("tracelens-h100-owlv2-dataloader", "kind"): f"OWLv2's Owlv2* module frames are no vision evidence: it {SINGLE_STEP}",
-    ("tracelens-mi210-gpu-only", "kind"): f"a kernel-only trace gets no kind from its backward kernels: it {SINGLE_STEP}",
-    ("tracelens-mi210-gpu-only", "n_steps"): NO_MARKER,
-    ("tracelens-mi210-gpu-only", "may_not_say"): NO_MARKER,
-    ("tracelens-torch-compile-triton", "n_steps"): NO_MARKER,
-    ("tracelens-torch-compile-triton", "may_not_say"): NO_MARKER,
-    ("tracelens-mi300x-vllm-gptoss-capture-full", "n_steps"): NO_MARKER,
-    ("tracelens-mi300x-vllm-gptoss-capture-piecewise", "n_steps"): NO_MARKER,
-    ("hta-cpu-only", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted: no collective without a kernel",
-    ("hta-no-distributed-info", "collectives"): "its 6 nccl:all_to_all host ops in the step are not counted",
-    ("hta-sampled-ranks-0-1", "collectives"): ("all-reduce and all-gather run as SendRecv kernels and are named by the kernel "
-                                               "(other_collective x5 per step), not by the enclosing nccl:all_reduce / "
-                                               "nccl:_all_gather_base op (item 3)"),
-}
+KNOWN_FAILING: dict[tuple[str, str], str] = {}
 
 
 @cache

@@ -137,6 +137,18 @@ def test_communication_on_one_rank_needs_a_collective_kernel(tmp_path, real_trac
     assert not guards.COLLECTIVE_NAME.search("type_specialized_broadcast_kernel")
 
 
+def test_a_cpu_only_nccl_job_keeps_its_communication(tmp_path, real_traces):
+    # HTA's CPU-only export: its six nccl:all_to_all calls run inside record_param_comms, c10d's
+    # own op. It once read "filed as communication ... with no collective kernel", withdrawn.
+    md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "hta-cpu-only.json.gz"]))
+    comm = next(r for r in g.guards if r.invariant == "communication_has_collectives")
+    assert comm.holds and comm.values["collective_kernels"] == 1
+    said = md.split("> **Verdict.** ", 1)[1]
+    assert "Communication is exposed: 1.87 of its 1.87 ms per step" in said
+    # one rank and no world size: no "1 of – ranks", the split is simply not measured
+    assert "of – ranks" not in md and "Whether that time is transfer or ranks waiting" in said
+
+
 def test_guards_json_records_every_check(tmp_path, real_traces):
     run = _run(tmp_path, [real_traces / "tracelens-mi300x-sglang-qwen3-8b-capture.json.gz"])
     build_report(run, draw_figures=False)

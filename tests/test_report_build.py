@@ -265,3 +265,21 @@ def test_the_tpot_reading_is_listed_for_decode_traces_only(tmp_path, real_traces
     analyze_traces([real_traces / trace], run / "05_categorize", progress=False, perfetto=False)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert ("| TPOT measured by the client during capture | – |" in md) is tpot_row
+
+
+def test_a_trace_without_a_step_marker_is_reported_as_one_window(tmp_path, real_traces):
+    # The MI210 kernel-only trace has no step marker: it once read "2.44 ms per step" of "1 step".
+    from stepscope.trace import analyze_traces
+
+    run = tmp_path / "run"
+    analyze_traces([real_traces.parent / "corpus" / "tracelens-mi210-gpu-only.json.gz"], run / "05_categorize",
+                   progress=False, perfetto=False)
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "per step" not in md and "ms/step" not in md
+    assert "| Trace | training (no step marker: read whole, as one window) |" in md
+    assert "conv takes the most time: 2.44 ms in the window" in md
+    assert "| category | class | ms in window mean |" in md
+    assert "### Collectives in the window" in md
+    assert "step annotation (host-side" not in md  # a window has no step annotation to read
+    assert ("This is a training trace (from the trace: kernel `batch_norm_backward_kernel` ×20" in md
+            and "the whole trace was read as one window" in md)

@@ -167,3 +167,37 @@ def test_covered_time_inside_windows_is_exact():
     assert covered_length(starts, ends, np.array([1.0, 5.5]), np.array([5.5, 11.0])) == 5.0
     assert covered_length(starts, ends, np.array([-5.0]), np.array([-1.0])) == 0.0
     assert covered_length(starts, ends, np.array([0.0]), np.array([20.0])) == 7.0
+
+
+def test_cpu_only_nccl_job_counts_each_nccl_annotation_once(real_traces: Path, tmp_path: Path):
+    # HTA's CPU-only export of an NCCL job: no kernel and no c10d:: op, but ProcessGroupNCCL's
+    # six `nccl:all_to_all` annotations in the step, each inside a `record_param_comms` op.
+    an = analyze_traces([real_traces / "hta-cpu-only.json.gz"], tmp_path, progress=False, perfetto=False)
+    w = an.ranks[0].work
+    calls = w[w["collective_call"]]
+    assert len(calls) == 6 and set(calls["name"]) == {"record_param_comms"}
+    assert set(calls["category"].astype(str)) == {"other_collective"}
+    assert an.summary["collectives_check"]["observed"]["other_collective"]["median"] == 6
+    # the six shorter record_param_comms ops after the calls (their waits) are no calls
+    rpc = w[(w["name"] == "record_param_comms") & w["is_call"]]
+    assert len(rpc) == 6
+
+
+
+def test_an_nccl_annotation_names_its_call_unless_a_c10d_op_counts_it():
+    import numpy as np
+
+    from stepscope.trace.steps import _annotated_cpu_calls
+
+    # thread 1: c10d::allreduce_ > record_param_comms > nccl:all_reduce (the c10d op counts it);
+    # thread 2: record_param_comms > nccl:all_reduce, no c10d op (the annotation counts it)
+    ev = pd.DataFrame({"cat": ["cpu_op", "cpu_op", "user_annotation", "cpu_op", "user_annotation"],
+                       "name": ["c10d::allreduce_", "record_param_comms", "nccl:all_reduce",
+                                "record_param_comms", "nccl:all_reduce"],
+                       "pid": 1, "tid": [1, 1, 1, 2, 2], "ts": [0.0, 1.0, 2.0, 0.0, 1.0],
+                       "dur": [10.0, 8.0, 5.0, 8.0, 5.0]})
+    work = pd.DataFrame({"op_row": [0, 1, 3], "class": "communication", "is_call": True,
+                         "category": ["all_reduce", "other_collective", "other_collective"]})
+    coll = _annotated_cpu_calls(ev, work, np.array([True, False, False]))
+    assert coll.tolist() == [True, False, True]
+    assert work["category"].tolist() == ["all_reduce", "other_collective", "all_reduce"]

@@ -82,6 +82,17 @@ def test_communication_keeps_its_name_inside_any_frame(real_traces: Path):
     assert set(nccl["category_source"]) == {"name"}
 
 
+def test_sendrecv_kernels_are_named_by_the_collective_that_issued_them(real_traces: Path):
+    # The sampled 128-rank trace runs its all-reduces and all-gathers as ncclKernel_SendRecv
+    # too: once 10 other_collective kernels, "0 all_reduce per step".
+    w = _work(real_traces, "hta-sampled-rank-0.json.gz")
+    sr = w[w["name"].str.startswith("ncclKernel_SendRecv")]
+    assert sr["category"].astype(str).value_counts().to_dict() == {"all_reduce": 4, "other_collective": 4,
+                                                                   "all_gather": 2}
+    assert set(sr["category_source"]) == {"context"}
+    assert set(sr.loc[sr["category"] == "all_gather", "op_context"]) == {"nccl:_all_gather_base"}
+
+
 def test_inference_foreach_copy_is_not_an_optimizer(real_traces: Path):
     # SGLang copies its graph inputs with aten::_foreach_copy_: not an optimizer step.
     w = _work(real_traces, "sglang-mi300x-qwen3-8b-decode.json.gz")

@@ -40,6 +40,42 @@ def test_kind_comes_from_evidence_listed_in_trace_info(real_traces, tmp_path, na
         assert item in info["kind_evidence"][evidence_kind]
 
 
+CORPUS = Path(__file__).parent / "data" / "corpus"
+
+
+@pytest.mark.parametrize("path,kind,evidence_kind,evidence", [
+    # OWLv2: its head class names the task, though no backbone class ends in "Model"
+    ("traces/tracelens-h100-owlv2-dataloader.json.gz", "vision", "vision", ["module `Owlv2ForObjectDetection` ×5"]),
+    # AlexNet without module frames: its 2-D convolutions beside the pooling kernels
+    ("corpus/hta-alexnet-benchmark.json.gz", "vision", "vision",
+     ["op `aten::conv2d` ×10", "kernel `max_pool_forward_nchw` ×6", "kernel `adaptive_average_pool` ×2"]),
+    # a kernel-only MI210 trace (no cpu_op, no annotation): its backward kernels, by base name
+    ("corpus/tracelens-mi210-gpu-only.json.gz", "training", "training",
+     ["kernel `batch_norm_backward_kernel` ×20"]),
+])
+def test_kind_without_engine_steps_comes_from_modules_ops_or_kernels(tmp_path, path, kind, evidence_kind, evidence):
+    info = _info(CORPUS.parent, path, tmp_path)
+    assert info["kind"] == kind
+    assert info["kind_evidence"][evidence_kind][:len(evidence)] == evidence
+
+
+def test_igemm_backward_kernels_are_training_evidence(tmp_path):
+    info = _info(CORPUS, "tracelens-mi210-gpu-only.json.gz", tmp_path)
+    listed = info["kind_evidence"]["training"]
+    assert len(listed) == 4 and listed[1].startswith("kernel `igemm_wrw_gtcx2_nhwc_bf16") and listed[1].endswith("×10")
+    assert "vision" not in info["kind_evidence"]  # no conv2d op: a kernel-only trace's convolutions are no CNN claim
+
+
+def test_no_step_marker_reads_one_window(tmp_path):
+    # torch.compile's one call: no step marker, so no step is counted; stage 05 says it read a window
+    info = _info(CORPUS, "tracelens-torch-compile-triton.json.gz", tmp_path)
+    assert (info["n_steps"], info["step_source"], info["kind"]) == (None, "whole_trace", "single_step")
+    flags = {f["code"]: f["message"] for f in info["_summary"]["flags"]}
+    assert "low_confidence" not in flags and "step_fallback" not in flags
+    assert "the whole trace is read as one window" in flags["no_step_marker"]
+    assert info["_summary"]["decode"]["denominator_reason"].startswith("no step marker")
+
+
 def test_non_llm_inference_takes_no_batch_from_token_ids(real_traces, tmp_path):
     # The text encoder's [1, 77] token ids are no batch of requests.
     info = _info(real_traces, "tracelens-mi300x-xdit-sd3.5-two-passes.json.gz", tmp_path)

@@ -17,9 +17,35 @@ STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
 """The name of one step of each trace kind (`trace_info.kind`)."""
 
 
-def step_label(kind: str | None) -> str:
-    """"decode step" for a decode trace, "training step" for a training trace, else "step"."""
-    return STEP_LABELS.get(kind or "unknown", "step")
+WINDOW = "window"
+"""What a trace with no step marker (stage 05's `whole_trace` steps) is read as: its whole span, one
+window. Its figures are the window's, never "per step"."""
+
+
+def step_label(kind: str | None, window: bool = False) -> str:
+    """"decode step" for a decode trace, "training step" for a training trace, else "step";
+    "window" for a trace read whole, whatever its kind."""
+    return WINDOW if window else STEP_LABELS.get(kind or "unknown", "step")
+
+
+def per_step(label: str = "step", named: bool = False) -> str:
+    """How a figure over steps is read: "per step" ("per decode step", `named`), or "in the
+    window" when `label` is `WINDOW` (a trace with no step marker holds one window, not steps)."""
+    if label == WINDOW:
+        return "in the window"
+    return f"per {label}" if named else "per step"
+
+
+def in_steps(label: str = "step") -> str:
+    """Where something ran or did not: "in these steps", or "in the window" for a trace read whole."""
+    return "in the window" if label == WINDOW else "in these steps"
+
+
+def per_step_header(unit: str, label: str = "step") -> str:
+    """A column header for a quantity per step: "ms/step"; "ms in window" when `label` is
+    `WINDOW`."""
+    return f"{unit} in window" if label == WINDOW else f"{unit}/step"
+
 
 
 def with_article(word: str) -> str:

@@ -20,7 +20,7 @@ from stepscope.report.markdown_util import code_name
 from stepscope.report.numbers import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import work_unit
+from stepscope.wording import WINDOW, per_step, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -109,8 +109,9 @@ def device_word(totals: dict[str, Any]) -> str:
     return "CPU worker" if totals.get("mode") == "cpu" else "device"
 
 
-def reconciliation(totals: dict[str, Any]) -> list[str]:
-    """Sentences relating kernel sum, union, span and capture TPOT (all per decode step)."""
+def reconciliation(totals: dict[str, Any], step_label: str = "step") -> list[str]:
+    """Sentences relating kernel sum, union, span and capture TPOT (all per decode step, or over
+    the window of a trace read whole: `step_label` `WINDOW`)."""
     s, u, sp, tpot = (totals.get(k) for k in ("kernel_sum_ms", "union_ms", "span_ms", "tpot_capture_ms"))
     out: list[str] = []
     unit = work_unit(totals.get("mode") == "cpu")
@@ -120,7 +121,8 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
         if overlap > 0.005 * u:
             out.append(f"{unit.capitalize()} overlap: the summed {one} time ({_fmt(s)} ms) exceeds the time the "
                        f"{device_word(totals)} was busy ({_fmt(u)} ms) by {_fmt(overlap)} ms "
-                       f"({_fmt(100 * overlap / u, 2)} %), so adding up {one} durations overstates the step.")
+                       f"({_fmt(100 * overlap / u, 2)} %), so adding up {one} durations overstates the "
+                       f"{'window' if step_label == WINDOW else 'step'}.")
         else:
             out.append(f"{unit.capitalize()} barely overlap: summed {one} time ({_fmt(s)} ms) and busy time "
                        f"({_fmt(u)} ms) agree.")
@@ -129,7 +131,7 @@ def reconciliation(totals: dict[str, Any]) -> list[str]:
         gaps = ("gaps between ops where the worker runs Python, scheduling or synchronisation instead of "
                 "counted work" if totals.get("mode") == "cpu" else
                 "gaps between kernels where the device waits for the host to launch work or for data")
-        out.append(f"Within a step's span of {_fmt(sp)} ms the {device_word(totals)} is busy {_fmt(u)} ms and idle "
+        out.append(f"Within {'the window' if step_label == WINDOW else 'a step'}'s span of {_fmt(sp)} ms the {device_word(totals)} is busy {_fmt(u)} ms and idle "
                    f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): {gaps}.")
     period = totals.get("period_ms")
     if period is not None and sp is not None and period > 0:
@@ -362,6 +364,8 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any],
 
 def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
     out: list[str] = []
+    window = step_label == WINDOW
+    per = per_step(step_label, named=True)
     ranks = a.ranks
     if ranks:
         r = max(ranks, key=lambda x: x.other_share)
@@ -382,9 +386,12 @@ def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
             out.append(f"{sum(n for _, n in unattr)} device events were not attributed to any step "
                        f"(ranks {', '.join(str(r) for r, _ in unattr)}); they are left out of per-step figures.")
         else:
-            out.append("Every device event was attributed to a step on every rank.")
+            out.append(f"Every device event was attributed to {'the window' if window else 'a step'} on every rank.")
         sources = sorted({x.step_source for x in ranks if x.step_source})
-        if sources:
+        if window:
+            out.append(f"No step boundaries: the trace has no step marker, so it was read whole, as one window "
+                       f"({', '.join(sources)}); its figures are the window's, not a step's.")
+        elif sources:
             exact = all(s.startswith("annotation") for s in sources)
             out.append(f"Step boundaries come from: {', '.join(sources)}"
                        + (" (exact: the engine annotates each step)." if exact else
@@ -393,10 +400,10 @@ def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
         cc = a.trace_summary.collectives_check
         exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)
         if cc.match is False:
-            out.append(f"Collectives per {step_label} do not match the architecture: expected "
+            out.append(f"Collectives {per} do not match the architecture: expected "
                        f"{_kv(exp)}, observed {_kv(obs)}. {words(cc.explanation)}".strip())
         elif not exp:
-            out.append(f"Collectives per {step_label} were not checked against the architecture: "
+            out.append(f"Collectives {per} were not checked against the architecture: "
                        f"{words(cc.explanation) or 'no expectation given'}")
         out += [f"[05 {f.severity}] {f.code}: {f.message}" for f in a.trace_summary.flags]
     return out

@@ -28,7 +28,8 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import HEADLINE_MARK, capture_delivery, plural, short_name, work_unit
+from stepscope.wording import (HEADLINE_MARK, WINDOW, capture_delivery, in_steps, per_step, per_step_header, plural,
+                               short_name, work_unit)
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -218,7 +219,8 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     pairs = [
         ("Run", f"`{run.run_id if run else a.run_dir.name}`"),
         ("Date", (run.created_at if run else None) or (server.started_at if server else None)),
-        ("Trace", f"{ident.kind} ({ident.step_label}s: {fmt_num(ident.n_judged_steps)})"
+        ("Trace", f"{ident.kind} (no step marker: read whole, as one window)" if ident.step_label == WINDOW else
+         f"{ident.kind} ({ident.step_label}s: {fmt_num(ident.n_judged_steps)})"
          if ident.n_judged_steps is not None else ident.kind),
         ("Device", device),
         ("Hardware", hw_p.get("name")),
@@ -466,7 +468,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                                                                  "05_categorize/decode_categories.csv"],
                                   _why(a, "05_categorize"))
     text += _category_table(decode, totals, ident)
-    text += _category_kernels(a.category_kernels, decode, totals)
+    text += _category_kernels(a.category_kernels, decode, totals, ident.step_label)
     text += _step_readings(totals, ident)
     text += _breakdown_figures(a, figs, ident.step_label)
     return text + _across_ranks(a, ctx["verdict"].comm_split)
@@ -503,29 +505,33 @@ def _rank_shown(totals: dict, ident: vd.TraceIdentity) -> str:
 
 
 def _category_table(decode: pd.DataFrame, totals: dict, ident: vd.TraceIdentity) -> str:
-    n = ident.n_judged_steps
-    text = (f"Per category, over {prose.steps(n, ident.step_label) if n else 'all ' + ident.step_label + 's'} ({_rank_shown(totals, ident)}; ms per "
-            f"step from exact per-step sums; % of step against the {totals.get('step_basis') or 'step'} of "
+    n, label = ident.n_judged_steps, ident.step_label
+    ms = per_step_header("ms", label)
+    over = prose.steps(n, label) if n or label == WINDOW else f"all {label}s"
+    share_of = label if label == WINDOW else "step"  # "% of step", "% of window"
+    text = (f"Per category, over {over} ({_rank_shown(totals, ident)}; ms {per_step(label)} from exact "
+            f"{'' if label == WINDOW else 'per-step '}sums; % of {share_of} against the {totals.get('step_basis') or 'step'} of "
             f"{fmt_num(totals.get('step_ms'))} ms"
             + (f"; the period is not used: {totals['basis_reason']}" if totals.get("basis_reason") else "")
             + "):\n\n")
     d = decode.copy()
     if "share_of_step" in d:
         d["share_pct"] = 100 * d["share_of_step"].astype(float)
-    text += ("*ms/step* is the category's busy time (the union of its kernels, so its own overlaps count once); "
+    text += (f"*{ms}* is the category's busy time (the union of its kernels, so its own overlaps count once); "
              "*summed* adds every kernel's duration; *exposed* is the part no higher-priority work covers "
              "(compute, then communication, then memory).\n\n")
-    return text + md_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", "ms/step mean"),
-                               ("ms_per_step_median", "ms/step median"), ("ms_per_step_p90", "ms/step p90"),
-                               ("sum_ms_mean", "summed ms/step"), ("exposed_ms_mean", "exposed ms/step"),
-                               ("share_pct", "% of step"), ("calls_per_step", "calls/step"), ("us_per_call", "µs/call")])
+    return text + md_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", f"{ms} mean"),
+                               ("ms_per_step_median", f"{ms} median"), ("ms_per_step_p90", f"{ms} p90"),
+                               ("sum_ms_mean", f"summed {ms}"), ("exposed_ms_mean", f"exposed {ms}"),
+                               ("share_pct", f"% of {share_of}"),
+                               ("calls_per_step", per_step_header("calls", label)), ("us_per_call", "µs/call")])
 
 
 KERNEL_CATEGORIES_SHOWN = 3
 KERNELS_SHOWN = 3
 
 
-def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals: dict) -> str:
+def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals: dict, label: str = "step") -> str:
     """The largest kernels (ops on a CPU trace) of the largest categories: what a fix would touch."""
     if kernels is None or "category" not in decode:
         return ""
@@ -549,12 +555,13 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
         k["module"] = [m if pd.isna(m) else "/".join(str(m).split("/")[-2:])
                        + (f" ({fmt_num(100 * float(x))} %)" if pd.notna(x) and float(x) < 0.995 else "")
                        for m, x in zip(k["module"], share)]
-    return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms per step over the same steps; "
+    over = "in the window" if label == WINDOW else "per step over the same steps"
+    return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms {over}; "
             f"% of the category's summed time; up to {fmt_num(KERNELS_SHOWN)} per category here, long names cut in "
             f"the middle; more, in full, in `05_categorize/category_kernels.csv`):\n\n"
             + md_table(k, [("category", "category"), ("name", what[:-1]), ("of", "names in category"),
-                           ("sum_ms_per_step", "summed ms/step"), ("share_pct", "% of category"),
-                           ("calls_per_step", "calls/step"), ("us_per_call", "µs/call"),
+                           ("sum_ms_per_step", f"summed {per_step_header('ms', label)}"), ("share_pct", "% of category"),
+                           ("calls_per_step", per_step_header("calls", label)), ("us_per_call", "µs/call"),
                            ("decided_by", "placed by"), *mod]))
 
 
@@ -562,19 +569,22 @@ def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
     """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled.
     A decode trace keeps its TPOT row when nothing measured it ("–" says so); other traces have
     no tokens per step to time, so none."""
-    text = f"\nThe same step read several ways (ms per {ident.step_label}):\n\n"
+    label = ident.step_label
+    window = label == WINDOW  # the whole trace: no step annotation, no next step
+    text = f"\nThe same {'window' if window else 'step'} read several ways (ms {per_step(label)}):\n\n"
     cpu, dev = totals.get("mode") == "cpu", an.device_word(totals)
     rows = [("op sum (every op's self time added up)" if cpu else
              "device-time sum (every kernel's, memcpy's and memset's duration added up)",
              totals.get("kernel_sum_ms")),
             (f"union (time the {dev} was busy)", totals.get("union_ms")),
-            (f"span (first to last {'op' if cpu else 'device event'} of the step)", totals.get("span_ms")),
+            (f"span (first to last {'op' if cpu else 'device event'} of the {'window' if window else 'step'})",
+             totals.get("span_ms")),
             ("period (start of one step to the start of the next)", totals.get("period_ms")),
-            ("step annotation (host-side duration of the engine step)", totals.get("annotation_ms")),
+            ("step annotation (host-side duration of the engine step)", None if window else totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
     text += kv_table([(k, v) for k, v in rows if v is not None or ("TPOT" in k and ident.has_decode)],
-                     ("reading (mean)", "ms per step"))
-    rec = an.reconciliation(totals)
+                     ("reading (mean)", f"ms {per_step(label)}"))
+    rec = an.reconciliation(totals, label)
     return text + ("\n" + "\n".join(f"- {s}" for s in rec) + "\n" if rec else "")
 
 
@@ -645,26 +655,28 @@ def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
 
 
 def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
-    text = f"## 5. Cross-checks\n\n### Collectives per {ctx['verdict'].identity.step_label}\n\n"
+    label = ctx["verdict"].identity.step_label
+    text = f"## 5. Cross-checks\n\n### Collectives {per_step(label) if label == WINDOW else 'per ' + label}\n\n"
     ts = a.trace_summary
     if ts is not None:
         cc = ts.collectives_check
         exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)
         if exp or obs:
-            rows = [{"collective": k, "expected": exp.get(k), "observed (median per step)": obs.get(k)}
+            seen = "observed (in the window)" if label == WINDOW else "observed (median per step)"
+            rows = [{"collective": k, "expected": exp.get(k), seen: obs.get(k)}
                     for k in dict.fromkeys(list(exp) + list(obs))
                     if exp.get(k) is not None or obs.get(k)]  # an absent kind nobody expected says nothing
             n = cc.observed.n_steps
-            label = ctx["verdict"].identity.step_label
-            text += (f"Counted on rank {cc.rank if cc.rank is not None else 0}" + (f" over {prose.steps(n, label)}" if n else "")
+            text += (f"Counted on rank {cc.rank if cc.rank is not None else 0}"
+                     + (f" over {prose.steps(n, label)}" if n or label == WINDOW else "")
                      + (f", TP={cc.tp}" if cc.tp else "") + ":\n\n")
             if rows:
                 df = pd.DataFrame(rows)
                 df["match"] = ["–" if e is None or o is None else ("yes" if e == o else "**no**")
-                               for e, o in zip(df["expected"], df["observed (median per step)"])]
+                               for e, o in zip(df["expected"], df[seen])]
                 text += md_table(df)
             else:
-                text += "No collective ran in these steps.\n"
+                text += f"No collective ran {in_steps(label)}.\n"
         reasoning = cc.expected.reasoning if cc.expected is not None else None
         if reasoning:
             text += f"\nExpected from the architecture: {words(reasoning)}\n"
@@ -722,7 +734,8 @@ def _section_verdict(ctx: dict) -> str:
                  f"({v.basis.denominator} / ({v.basis.denominator} − exposed time); exposed = time no "
                  f"higher-priority work covers: compute, then communication, then memory):\n\n")
         for lv in v.levers:
-            text += (f"- Removing all exposed **{lv.category}** ({fmt_num(lv.exposed_ms)} ms/step) "
+            text += (f"- Removing all exposed **{lv.category}** ({fmt_num(lv.exposed_ms)} "
+                     f"{per_step_header('ms', v.identity.step_label)}) "
                      f"would make a {v.identity.step_label} at most **{fmt_num(lv.ceiling_x)}×** faster.\n")
         if "amdahl" in ctx["figs"]:
             text += "\n" + _img(ctx["figs"]["amdahl"], "Amdahl ceiling per category")
@@ -731,7 +744,7 @@ def _section_verdict(ctx: dict) -> str:
     if v.roofline:
         text += "\nOn-trace roofline of the GEMM categories (stage 05; % of the device's peak):\n\n"
         text += md_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
-                         [("category", "category"), ("time_ms_per_step", "ms/step"),
+                         [("category", "category"), ("time_ms_per_step", per_step_header("ms", v.identity.step_label)),
                           ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
                           ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
                           ("micro_gbps", "stage 02 GB/s"), ("micro_vs_trace", "trace / stage 02"),
@@ -957,7 +970,8 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
     short = prose.headline(ctx["verdict"])
     if short:
         head += HEADLINE_MARK + " ".join(short) + "\n\n"
-    head += (f"*Written by stepscope from the run folder's artifacts alone. Times are per {step} unless "
+    times = "for the whole trace, read as one window," if step == WINDOW else f"per {step}"
+    head += (f"*Written by stepscope from the run folder's artifacts alone. Times are {times} unless "
              "stated; units are in every column header.*\n\n[TOC]\n\n")
     sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
                 _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),

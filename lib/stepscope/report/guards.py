@@ -51,9 +51,10 @@ KEPT_ALWAYS = ("identity", "basis", "plateau", "guards", "roofline_reason")
 
 COLLECTIVE_NAME = re.compile(
     r"nccl|rccl|c10d|gloo|shm_|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|"
-    r"cross_device_reduce|custom_?ar|mscclpp|quick_?reduce", re.I)
-"""A kernel or op name that is a collective's. `broadcast` alone is not: ATen's elementwise
-`type_specialized_broadcast_kernel` broadcasts shapes, not between ranks."""
+    r"cross_device_reduce|custom_?ar|mscclpp|quick_?reduce|record_param_comms", re.I)
+"""A kernel or op name that is a collective's (`record_param_comms`: the op c10d records around
+each collective call, all a CPU-only export of an NCCL job shows of it). `broadcast` alone is
+not: ATen's elementwise `type_specialized_broadcast_kernel` broadcasts shapes, not between ranks."""
 
 
 def guarded(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None) -> Verdict:

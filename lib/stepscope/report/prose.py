@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
-from stepscope.wording import plural, with_article, work_unit
+from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
 from stepscope.wording import short_name as _short
 from stepscope.report.verdict import Caveat, headline_findings
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
@@ -23,7 +23,10 @@ Sentence = tuple[tuple[Any, ...], str]
 
 
 def steps(n: int | None, label: str) -> str:
-    """"1 decode step", "155 decode steps"."""
+    """"1 decode step", "155 decode steps"; for a trace read whole (`label` `WINDOW`) "the whole
+    trace, one window" (it holds no steps to count)."""
+    if label == WINDOW:
+        return "the whole trace, one window"
     return f"{f(n)} {plural(label, n)}"
 
 
@@ -46,12 +49,20 @@ def identity_sentences(i: TraceIdentity) -> list[str]:
                    f"verdict.")
     elif i.kind == "mixed" and i.mixed:
         out.append(mixed_sentence(i))
+    elif not i.has_decode and i.step_label == WINDOW:
+        kind = "a trace" if i.kind in ("single_step", "unknown") else KIND_PHRASES.get(i.kind, "a trace")
+        out.append(f"This is {kind}{_evidence(i, i.kind)} with no step marker (no engine or ProfilerStep "
+                   f"annotation, graph launch or execute_model frame): the whole trace was read as one window, so "
+                   f"every figure below is that window's, not a step's, with no decode verdict and no "
+                   f"speculative-decoding what-if.")
     elif not i.has_decode:
         n = steps(i.n_judged_steps, i.step_label) if i.n_judged_steps else f"{i.step_label}s"
         kind = KIND_PHRASES.get(i.kind, "a trace with no step labelled decode")
         passes = (f"; its {i.step_label} holds {f(i.model_passes)} forward passes of the denoiser, so the figures "
                   f"describe that step, not one pass" if i.model_passes and i.model_passes > 1 else "")
-        out.append(f"This is {kind} ({n}{_evidence(i, i.kind, '; ')}), not decode{passes}: what follows summarises its "
+        # steps labelled training say the kind themselves: the evidence is listed where it alone decided
+        found = "" if i.kind == "training" and i.n_judged_steps else _evidence(i, i.kind, "; ")
+        out.append(f"This is {kind} ({n}{found}), not decode{passes}: what follows summarises its "
                    f"steps, with no decode verdict and no speculative-decoding what-if.")
     if i.low_confidence and i.n_judged_steps is not None:
         out.append(f"Low confidence: only {steps(i.n_judged_steps, i.step_label)} judged, fewer than "
@@ -100,7 +111,7 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
     if g.invariant == "communication_has_collectives":
         k = v("kernels") or ()
         named = f" (its largest: `{_short(k[0])}`)" if k else ""
-        return (f"Withdrawn, the communication claims: {f(v('comm_ms'))} ms per step is filed as communication on "
+        return (f"Withdrawn, the communication claims: {f(v('comm_ms'))} ms {per_step(step_label)} is filed as communication on "
                 f"one rank with no collective kernel{named}, so it is other work misfiled, not communication.")
     if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
         return (f"The gaps inside the step are not offered as a lever: its long gaps hold "
@@ -137,27 +148,30 @@ def dominant_sentence(d: Dominant) -> str:
     over = f" over {steps(d.n_steps, d.step_label)}" if d.n_steps else ""
     share = (f", {f(d.share_pct)} % of a {f(d.step_ms)} ms {d.step_label} ({d.denominator})"
              if d.share_pct is not None and d.step_ms else "")
-    return f"{d.category} is the largest category{over}: {f(d.ms_per_step)} ms per step{share}."
+    return f"{d.category} is the largest category{over}: {f(d.ms_per_step)} ms {per_step(d.step_label)}{share}."
 
 
-def communication_sentence(c: Communication) -> str:
+def communication_sentence(c: Communication, step_label: str = "step") -> str:
+    per = per_step(step_label)
     if c.status == "none":
-        return "No collective ran in these steps (one rank, or no tensor parallelism), so communication plays no part."
+        return (f"No collective ran {in_steps(step_label)} (one rank, or no tensor parallelism), so communication "
+                "plays no part.")
     if c.status == "unknown":
-        return (f"Communication takes {f(c.comm_ms)} ms per step; how much of it is hidden under compute was "
+        return (f"Communication takes {f(c.comm_ms)} ms {per}; how much of it is hidden under compute was "
                 f"not measured.")
     if c.status == "exposed":
-        return (f"Communication is exposed: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms per step "
+        return (f"Communication is exposed: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms {per} "
                 f"({f(c.exposed_pct)} %; exposed from {f(c.exposed_threshold_pct)} %) runs with no compute alongside.")
     if c.status == "hidden":
         return (f"Communication is mostly hidden under compute: only {f(c.exposed_ms)} of its {f(c.comm_ms)} ms "
-                f"per step ({f(c.exposed_pct)} %; hidden up to {f(c.hidden_threshold_pct)} %) is exposed, so faster "
+                f"{per} ({f(c.exposed_pct)} %; hidden up to {f(c.hidden_threshold_pct)} %) is exposed, so faster "
                 f"collectives would buy little.")
-    return (f"Communication is partly hidden: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms per step "
+    return (f"Communication is partly hidden: {f(c.exposed_ms)} of its {f(c.comm_ms)} ms {per} "
             f"({f(c.exposed_pct)} %) is exposed.")
 
 
-def comm_split_sentences(s: CommSplit) -> list[str]:
+def comm_split_sentences(s: CommSplit, step_label: str = "step") -> list[str]:
+    per = per_step(step_label)
     if s.status == "ranks missing":
         return [f"Only {f(s.ranks_present)} of {f(s.world_size)} ranks' traces are here, so no cross-rank claim "
                 f"is made: transfer and waiting cannot be told apart."]
@@ -166,7 +180,7 @@ def comm_split_sentences(s: CommSplit) -> list[str]:
                 "analysis did not match collectives across ranks."]
     out = []
     if s.transfer_ms is not None:
-        out.append(f"Communication costs {f(s.transfer_ms)} ms per step in transfer (from the last rank's "
+        out.append(f"Communication costs {f(s.transfer_ms)} ms {per} in transfer (from the last rank's "
                    f"arrival to completion, over {f(s.n_instances)} matched collectives): faster or fewer "
                    f"collectives (fusion, a custom all-reduce, a faster link) shorten that part.")
     if s.wait_ms is not None:
@@ -175,18 +189,19 @@ def comm_split_sentences(s: CommSplit) -> list[str]:
         skew = f"; p90 arrival skew{of} {f(s.skew_p90_us)} µs{who}" if s.skew_p90_us is not None else ""
         spread = (f", from {f(s.least_wait_ms)} ms on rank {f(s.least_wait_rank)} to {f(s.most_wait_ms)} ms on rank "
                   f"{f(s.most_wait_rank)}" if s.least_wait_rank is not None else "")
-        out.append(f"Ranks wait {f(s.wait_ms)} ms per step for each other (mean over ranks{spread}{skew}): evening out the ranks' work "
+        out.append(f"Ranks wait {f(s.wait_ms)} ms {per} for each other (mean over ranks{spread}{skew}): evening out the ranks' work "
                    f"and host jitter before each collective shortens that part; a faster collective does not.")
     if s.clock_flag:
         out.append("The ranks' clocks disagree (stage 05 flagged them), so the skew above is approximate.")
     return out
 
 
-def boundness_sentence(b: Boundness) -> str:
+def boundness_sentence(b: Boundness, step_label: str = "step") -> str:
+    each = "the window" if step_label == WINDOW else "each step"
     dev, basis = b.device_word, f"{b.denominator} {f(b.step_ms)} ms, busy {f(b.busy_ms)} ms"
     unit = work_unit(b.cpu)
     if b.status == "device-bound":
-        return (f"The {dev} is busy {f(b.busy_pct)} % of each step ({basis}, idle {f(b.idle_pct)} %; "
+        return (f"The {dev} is busy {f(b.busy_pct)} % of {each} ({basis}, idle {f(b.idle_pct)} %; "
                 f"device-bound up to {f(b.device_bound_pct)} % idle), so the step is bound by the work itself, "
                 f"not by launch gaps.")
     if b.status == "host-bound":
@@ -199,7 +214,7 @@ def boundness_sentence(b: Boundness) -> str:
             fix = "CUDA graphs, fewer launches or a faster host come before faster kernels"
         delay = (f"; kernels start {f(b.launch_delay_median_us)} µs after their launch (median), so the queue "
                  f"runs dry" if b.launch_delay_median_us is not None and not b.cpu else "")
-        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
+        return (f"The {dev} idles {f(b.idle_pct)} % of {each} ({basis}), {f(b.micro_idle_pct)} % in short "
                 f"gaps between {unit} (host-bound from {f(b.micro_threshold_pct)} %){delay}: the step is "
                 f"host-bound, so {fix}.")
     if b.status == "stall":
@@ -207,19 +222,19 @@ def boundness_sentence(b: Boundness) -> str:
                  else "")
         if b.gap_host_call:
             where += f", while the host was in `{_short(b.gap_host_call)}`"
-        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but gaps of {f(b.macro_gap_ms)} ms "
+        return (f"The {dev} idles {f(b.idle_pct)} % of {each} ({basis}), but gaps of {f(b.macro_gap_ms)} ms "
                 f"or more hold {f(b.macro_pct_of_idle)} % of that idle (the longest, {f(b.largest_gap_ms)} ms"
                 f"{where}), while short gaps between {unit} are only {f(b.micro_idle_pct)} %: a stall to "
                 f"remove, not a host-bound step; faster {unit} or launches would not touch it.")
     if b.status == "host-ahead gaps":
-        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), {f(b.micro_idle_pct)} % in short "
+        return (f"The {dev} idles {f(b.idle_pct)} % of {each} ({basis}), {f(b.micro_idle_pct)} % in short "
                 f"gaps, yet kernels start {f(b.launch_delay_median_us)} µs after their launch (median, above "
                 f"{f(b.host_ahead_us)} µs): the host runs ahead, so the gaps are waits inside the device work "
                 f"(synchronisation, dependencies), not launch overhead.")
     if b.status == "undetermined":
-        return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}), but idle was not split into short "
+        return (f"The {dev} idles {f(b.idle_pct)} % of {each} ({basis}), but idle was not split into short "
                 f"gaps between {unit} and long stalls, so host-bound cannot be told from one stall.")
-    return (f"The {dev} idles {f(b.idle_pct)} % of each step ({basis}){_idle_split(b)}: gaps matter, but the "
+    return (f"The {dev} idles {f(b.idle_pct)} % of {each} ({basis}){_idle_split(b)}: gaps matter, but the "
             f"work itself dominates.")
 
 
@@ -249,7 +264,7 @@ def tpot_gap_sentence(t: TpotGap) -> str:
 def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = False) -> str:
     over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
     lead = "The biggest lever lies between steps: " if biggest else "Between steps, "
-    return (f"{lead}{f(b.gap_ms)} ms per step ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
+    return (f"{lead}{f(b.gap_ms)} ms {per_step(step_label)} ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
             f"pass with none of the steps' recorded work running: the engine's host work outside the step "
             f"(scheduling, input preparation, output processing), which no kernel or collective fix reaches. "
             f"Removing it would make a {step_label} at most {f(b.ceiling_x)}× faster (period / span of "
@@ -260,7 +275,7 @@ def gap_lever_sentence(g: GapLever, step_label: str) -> str:
     """Said only of the biggest lever: the idle inside the step that beats every category."""
     what = (f"the short gaps between {work_unit(g.cpu)} (each under {f(g.macro_gap_ms)} ms)" if g.kind == "short gaps"
             else f"the long gaps inside the step (each {f(g.macro_gap_ms)} ms or more)")
-    return (f"The biggest lever is {what}: removing their {f(g.idle_ms)} ms per step would make a {step_label} "
+    return (f"The biggest lever is {what}: removing their {f(g.idle_ms)} ms {per_step(step_label)} would make a {step_label} "
             f"at most {f(g.ceiling_x)}× faster (Amdahl, on the {g.denominator} of {f(g.step_ms)} ms), more than "
             f"any category.")
 
@@ -272,7 +287,7 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
     best = levers[0]
     lead = "Among the categories, the biggest lever is" if among_categories else "The biggest single lever is"
     txt = (f"{lead} {best.category}: removing all of its exposed time "
-           f"({f(best.exposed_ms)} ms per step) would make a {step_label} at most {f(best.ceiling_x)}× faster "
+           f"({f(best.exposed_ms)} ms {per_step(step_label)}) would make a {step_label} at most {f(best.ceiling_x)}× faster "
            f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
     what = lever_what_clause(best)
     if what:
@@ -280,11 +295,11 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
     if at_peak is not None and at_peak.at_peak_ms is not None:
         txt += "; " + _at_peak_clause(at_peak, step_label)
     if best.transfer_ms is not None and best.transfer_ms < best.exposed_ms:
-        txt += (f"; of it, {f(best.transfer_ms)} ms per step is transfer (last arrival to completion) and the rest is "
+        txt += (f"; of it, {f(best.transfer_ms)} ms {per_step(step_label)} is transfer (last arrival to completion) and the rest is "
                 f"time the ranks wait for each other, so a faster {best.category} alone makes a {step_label} at most "
                 f"{f(best.transfer_ceiling_x)}× faster")
     elif best.transfer_ms is not None:
-        txt += (f"; its matched calls spend {f(best.transfer_ms)} ms per step from the last rank's arrival to "
+        txt += (f"; its matched calls spend {f(best.transfer_ms)} ms {per_step(step_label)} from the last rank's arrival to "
                 f"completion, all of its exposed time: transfer, not ranks waiting, so a faster {best.category} "
                 f"reaches it")
     if len(levers) > 1:
@@ -347,9 +362,9 @@ def roofline_sentence(r: RooflineFinding, step_label: str = "step", at_peak: boo
 
 def _at_peak_clause(r: RooflineFinding, step_label: str = "step") -> str:
     if r.at_peak_ms >= r.time_ms_per_step:
-        return (f"its kernels already run at the roofline (its bytes and FLOPs need {f(r.at_peak_ms)} ms per step at "
+        return (f"its kernels already run at the roofline (its bytes and FLOPs need {f(r.at_peak_ms)} ms {per_step(step_label)} at "
                 f"the device's peaks), so only less work (fewer bytes moved: lower precision, fusion) shortens it")
-    return (f"at the device's peaks its bytes and FLOPs would still need {f(r.at_peak_ms)} ms per step, so faster "
+    return (f"at the device's peaks its bytes and FLOPs would still need {f(r.at_peak_ms)} ms {per_step(step_label)}, so faster "
             f"kernels alone make a {step_label} at most {f(r.at_peak_ceiling_x)}× faster (Amdahl, on the "
             f"{r.denominator} of {f(r.step_ms)} ms)")
 
@@ -399,12 +414,12 @@ def sentences(v: Verdict) -> list[Sentence]:
     if v.dominant is not None:
         out.append(((v.dominant,), dominant_sentence(v.dominant)))
     if v.communication is not None:
-        out.append(((v.communication,), communication_sentence(v.communication)))
+        out.append(((v.communication,), communication_sentence(v.communication, v.identity.step_label)))
     # A split of hidden communication would advertise a lever the step cannot feel.
     if v.comm_split is not None and v.communication is not None and v.communication.status != "hidden":
-        out += [((v.comm_split,), s) for s in comm_split_sentences(v.comm_split)]
+        out += [((v.comm_split,), s) for s in comm_split_sentences(v.comm_split, v.identity.step_label)]
     if v.boundness is not None:
-        out.append(((v.boundness,), boundness_sentence(v.boundness)))
+        out.append(((v.boundness,), boundness_sentence(v.boundness, v.identity.step_label)))
     if v.overlap is not None:
         out.append(((v.overlap,), overlap_sentence(v.overlap)))
     if v.tpot_gap is not None:
@@ -467,30 +482,34 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
 
 def dominant_headline(d: Dominant) -> str:
     share = f", {f(d.share_pct)} % of its {d.denominator}" if d.share_pct is not None and d.denominator else ""
-    return f"{d.category} takes the most time: {f(d.ms_per_step)} ms per {d.step_label}{share}."
+    return f"{d.category} takes the most time: {f(d.ms_per_step)} ms {per_step(d.step_label, named=True)}{share}."
 
 
 def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as_dominant: bool = False) -> str:
     """The biggest lever in one sentence: what it is, the time it removes, its Amdahl ceiling."""
     if same_as_dominant:
-        return (f"It is also the biggest lever: removing its {f(lv.exposed_ms)} ms of exposed time per step would "
+        return (f"It is also the biggest lever: removing its {f(lv.exposed_ms)} ms of exposed time {per_step(step_label)} would "
                 f"make a {step_label} at most {f(lv.ceiling_x)}× faster.")
     if isinstance(lv, Lever):
-        what, removed = lv.category, f"its {f(lv.exposed_ms)} ms of exposed time per step"
+        what, removed = lv.category, f"its {f(lv.exposed_ms)} ms of exposed time {per_step(step_label)}"
     elif isinstance(lv, BetweenSteps):
-        what, removed = "the time between steps", f"its {f(lv.gap_ms)} ms of host work per step"
+        what, removed = "the time between steps", f"its {f(lv.gap_ms)} ms of host work {per_step(step_label)}"
     else:
         what = (f"the short gaps between {work_unit(lv.cpu)}" if lv.kind == "short gaps"
                 else "the long gaps inside the step")
-        removed = f"their {f(lv.idle_ms)} ms per step"
+        removed = f"their {f(lv.idle_ms)} ms {per_step(step_label)}"
     return f"The biggest lever is {what}: removing {removed} would make a {step_label} at most {f(lv.ceiling_x)}× faster."
 
 
 def caveat_clause(c: Caveat, step_label: str) -> str:
     """The caveat in a few words, from the finding it rests on."""
     x = c.finding
+    if c.code == "not_decode" and step_label == WINDOW and x.kind in ("single_step", "unknown"):
+        return ("the trace has no step marker, so its figures describe the whole trace, one window, and no decode "
+                "verdict applies")
     if c.code == "not_decode":
-        return f"this is {with_article(x.kind)} trace, not decode, so no decode verdict applies"
+        whole = " read whole (no step marker)" if step_label == WINDOW else ""
+        return f"this is {with_article(x.kind)} trace{whole}, not decode, so no decode verdict applies"
     if c.code == "claims_withdrawn":
         return f"the claims resting on {x.invariant} are withdrawn (the verdict says why)"
     if c.code == "ranks_missing":

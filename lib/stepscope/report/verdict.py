@@ -24,6 +24,7 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.load import LoadGrowth, load_growth
 from stepscope.trace.tpot import tpot_against_step
+from stepscope.trace.steps import WHOLE_TRACE
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
@@ -419,14 +420,18 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
     if info is not None:
         kind = str(info.get("kind") or "unknown")
         step_kinds = info.get("step_kinds") if isinstance(info.get("step_kinds"), dict) else {}
-        if info.get("judged_kind") in step_kinds:
+        # no step marker: stage 05 read the trace whole, one window with no steps to count
+        window = info.get("step_source") == WHOLE_TRACE
+        if window:
+            judged = None
+        elif info.get("judged_kind") in step_kinds:
             judged = step_kinds[info["judged_kind"]]
         else:
             judged = info.get("n_decode_steps") if kind in ("decode", "mixed") else info.get("n_steps")
         present = _count(info.get("ranks_present"))
         tp = _int(info.get("tp")) or params_tp
         return TraceIdentity(
-            kind=kind, step_label=wording.step_label(kind), source="trace_info",
+            kind=kind, step_label=wording.step_label(kind, window), source="trace_info",
             engine=_known(info.get("engine")), device_name=_known(info.get("device_name")),
             device_count=_int(info.get("device_count")), batch_size=_whole(num(info.get("batch_size"))),
             batch_source=_known(info.get("batch_source")),
@@ -580,6 +585,8 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
         status = "ranks missing" if ident.ranks_missing else "not matched"
         return CommSplit(status=status, world_size=ident.world_size, ranks_present=ident.ranks_present)
     ws, present = _int(cm.get("world_size")), _count(cm.get("ranks_present"))
+    if ws is None and not cm.get("complete"):  # no world size said: "1 of – ranks" would be no count
+        return CommSplit(status="not matched", ranks_present=present)
     if not cm.get("complete", ws is not None and present is not None and present >= ws):
         return CommSplit(status="ranks missing", world_size=ws, ranks_present=present)
     cat, per = _waitiest_category(cm)

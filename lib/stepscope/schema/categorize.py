@@ -300,6 +300,11 @@ class TraceInfo(Record, kw_only=True):
     """`params`, `trace` or `default`."""
     tp_disagreement: bool | None = None
     n_steps: int | None = None
+    """Steps of the reference rank; null when the trace has no step marker (`step_source`
+    `whole_trace`): it is read whole, as one window, and holds no steps to count."""
+    step_source: str | None = None
+    """Where the reference rank's steps came from (`annotation:vllm`, `graph_launches`,
+    `whole_trace`, ...), as in its rank summary."""
     n_decode_steps: int | None = None
     step_kinds: dict[str, int] = {}
     judged_kind: str | None = None

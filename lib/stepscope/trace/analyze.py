@@ -21,7 +21,7 @@ from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
 from stepscope.wording import capture_delivery, short_names, work_unit
-from stepscope.trace.steps import build_work, find_steps, spec_decode_steps, unknown_step_names
+from stepscope.trace.steps import WHOLE_TRACE, build_work, find_steps, spec_decode_steps, unknown_step_names
 from stepscope.trace.tpot import tpot_against_step
 
 
@@ -593,8 +593,12 @@ def _rank_flags(ranks_summary: list[dict]) -> list[dict[str, str]]:
                                f"rank {rs['rank']}: no device event has its launch in the trace (no runtime "
                                f"events): {rs['attribution']['work_time']} are placed in steps by their own "
                                "start time, which assumes the host and device clocks agree"))
-        if rs["step_source"] != "annotation:vllm" and rs["step_source"].startswith(("graph", "exec",
-                                                                                      "whole")):
+        if rs["step_source"] == WHOLE_TRACE:
+            flags.append(_flag("no_step_marker", "warning",
+                               f"rank {rs['rank']}: no step marker (no engine or ProfilerStep annotation, graph "
+                               "launch or execute_model frame): the whole trace is read as one window, and its "
+                               "figures describe that window, not a step"))
+        elif rs["step_source"].startswith(("graph", "exec")):
             flags.append(_flag("step_fallback", "info",
                                f"rank {rs['rank']}: no step annotations; steps from "
                                f"{rs['step_source']}"))
@@ -795,7 +799,7 @@ def _info_flags(info: dict, results: list[RankResult]) -> list[dict[str, str]]:
         out.append(_flag("tp_disagreement", "warning",
                          f"TP from params is {info['tp']}, but the traces' distributedInfo."
                          f"world_size is {info['world_size']}; the params value is used"))
-    if info["low_confidence"]:
+    if info["low_confidence"] and info["n_steps"] is not None:  # a window: no_step_marker says it
         out.append(_flag("low_confidence", "warning",
                          f"only {info['step_kinds'].get(info['judged_kind'], 0)} "
                          f"{info['judged_kind']} step(s) with work (under 5): per-step figures "

