@@ -121,3 +121,20 @@ def test_without_a_verdict_the_exit_code_says_so(tmp_path):
     lines.clear()
     assert runner.report_unanalysed_ranks(run, None, lines.append) == 0
     assert "no verdict.json" in lines[0]
+
+
+def test_a_lever_that_buys_little_and_a_host_stall_are_said_plainly(tmp_path, real_traces):
+    """SGLang's decode step is 97.8 % one host stall: its gap levers are withdrawn and the
+    largest category would make it 1.01x faster. The headline said "It is also the biggest
+    lever ... 1.01x" and "the claims resting on steady_state are withdrawn" (an internal name);
+    it now says no lever is worth naming, and what the stall is, from the guard's values."""
+    run = _run(tmp_path, REAL["sglang-mi300x"][0], real_traces)
+    record = schema.read(build_report(run, draw_figures=False)["verdict"], schema.VerdictFile)
+    pairs = [(s.finding, s.text) for s in record.headline]
+    assert pairs[1:] == [
+        ("lever", "No lever is worth naming: the biggest, dense_gemm, would make a decode step at most 1.01× faster."),
+        ("caveat:claims_withdrawn", "Caveat: the decode step is mostly host stall (97.8 % in long gaps), so its gaps "
+                                    "are no lever: remove the stall and profile again."),
+    ]
+    assert record.biggest_lever.name == "dense_gemm" and record.biggest_lever.ceiling_x < 1.05
+    assert "steady_state" not in " ".join(t for _, t in pairs)

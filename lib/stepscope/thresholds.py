@@ -48,6 +48,10 @@ LEVER_DOMINANT_SHARE = 0.5
 this share of its summed time: no one piece of work a fix could name."""
 LEVER_TOP_KERNELS = 3
 """How many of a category's largest kernels the coherence test adds up."""
+LEVER_MIN_X = 1.05
+"""A biggest lever whose Amdahl ceiling is under this buys under 5 % of the step: the headline
+says no lever is worth naming rather than call it the biggest (a training step that idles 98 %
+in a host stall, whose largest category would make it 1.00x faster)."""
 
 # --- trace analysis ---------------------------------------------------------------------
 LOW_CONFIDENCE_STEPS = 5

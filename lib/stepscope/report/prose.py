@@ -129,6 +129,29 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
     return f"Withdrawn, as the invariant {g.invariant} failed."
 
 
+def guard_clause(g: Guard, step_label: str = "step") -> str:
+    """A failed invariant in a few words, for the headline's caveat (`guard_sentence` has
+    the whole of it): what the trace is, and what is withdrawn for it."""
+    v = g.value
+    if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
+        return (f"the {step_label} is mostly host stall ({f(v('stall_pct'))} % in long gaps), so its gaps are no "
+                f"lever: remove the stall and profile again")
+    clauses = {
+        "kind_takes_verdict": "the trace is a capture, so no lever or ceiling is given",
+        "share_at_most_step": f"a share passed 100 % of the {step_label}, so the shares and levers are withdrawn",
+        "busy_at_most_period": f"the device is busy longer than the {step_label}, so the shares and levers are withdrawn",
+        "below_peak": f"{g.subject}'s roofline reads above the device's peak, so it is withdrawn",
+        "clocks_agree": "the ranks' clocks disagree, so the cross-rank claims are withdrawn",
+        "classes_add_up": "the categories' exposed times do not add up to busy, so no lever is trusted",
+        "communication_has_collectives": "work filed as communication has no collective kernel, so the communication "
+                                         "claims are withdrawn",
+        "steady_state": (f"one part would make the {step_label} {f(v('ceiling_x'))}× faster, more than a steady state "
+                         "allows, so no lever is named"),
+        "lever_coherent": f"{g.subject} is a grab-bag of {f(v('n_names'))} kernels, not one lever",
+    }
+    return clauses.get(g.invariant, f"the invariant {g.invariant} failed, so the claims resting on it are withdrawn")
+
+
 def spec_decode_sentence(s: SpecDecodeSeen) -> str:
     scored = (f", scoring {f(s.scored_tokens_per_verify_step)} tokens each" if s.scored_tokens_per_verify_step
               is not None else "")
@@ -474,7 +497,7 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
         out.append(((h.dominant,), dominant_headline(h.dominant)))
     if h.lever is not None:
         same = isinstance(h.lever, Lever) and h.dominant is not None and h.lever.category == h.dominant.category
-        out.append(((h.lever,), lever_headline(h.lever, label, same_as_dominant=same)))
+        out.append(((h.lever,), lever_headline(h.lever, label, same_as_dominant=same, buys_little=h.lever_buys_little)))
     if h.caveat is not None:
         out.append(((h.caveat.finding, h.caveat), "Caveat: " + caveat_clause(h.caveat, label) + "."))
     return out
@@ -485,8 +508,14 @@ def dominant_headline(d: Dominant) -> str:
     return f"{d.category} takes the most time: {f(d.ms_per_step)} ms {per_step(d.step_label, named=True)}{share}."
 
 
-def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as_dominant: bool = False) -> str:
+def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as_dominant: bool = False,
+                   buys_little: bool = False) -> str:
     """The biggest lever in one sentence: what it is, the time it removes, its Amdahl ceiling."""
+    if buys_little:
+        what = lv.category if isinstance(lv, Lever) else "the time between steps" if isinstance(lv, BetweenSteps) \
+            else f"the {lv.kind}"
+        return (f"No lever is worth naming: the biggest, {what}, would make a {step_label} at most "
+                f"{f(lv.ceiling_x)}× faster.")
     if same_as_dominant:
         return (f"It is also the biggest lever: removing its {f(lv.exposed_ms)} ms of exposed time {per_step(step_label)} would "
                 f"make a {step_label} at most {f(lv.ceiling_x)}× faster.")
@@ -511,7 +540,7 @@ def caveat_clause(c: Caveat, step_label: str) -> str:
         whole = " read whole (no step marker)" if step_label == WINDOW else ""
         return f"this is {with_article(x.kind)} trace{whole}, not decode, so no decode verdict applies"
     if c.code == "claims_withdrawn":
-        return f"the claims resting on {x.invariant} are withdrawn (the verdict says why)"
+        return guard_clause(x, step_label)
     if c.code == "ranks_missing":
         return f"only {f(x.ranks_present)} of {f(x.world_size)} ranks' traces are here, so cross-rank figures are partial"
     if c.code == "low_confidence":

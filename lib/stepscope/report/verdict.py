@@ -25,7 +25,7 @@ from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.load import LoadGrowth, load_growth
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.steps import WHOLE_TRACE
-from stepscope.thresholds import (BETWEEN_STEPS_SHARE, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
+from stepscope.thresholds import (BETWEEN_STEPS_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
                                   STALLED_LEVEL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
@@ -876,6 +876,8 @@ class Headline:
     dominant: Dominant | None
     lever: Lever | BetweenSteps | GapLever | None
     caveat: Caveat | None
+    lever_buys_little: bool = False
+    """The lever's ceiling is under LEVER_MIN_X: said as no lever worth naming."""
 
 
 def caveats(v: Verdict) -> tuple[Caveat, ...]:
@@ -906,7 +908,8 @@ def headline_findings(v: Verdict) -> Headline:
     elif kind is not None:
         lever = next((g for g in v.gap_levers if g.kind == kind), None)
     found = caveats(v)
-    return Headline(dominant=v.dominant, lever=lever, caveat=found[0] if found else None)
+    return Headline(dominant=v.dominant, lever=lever, caveat=found[0] if found else None,
+                    lever_buys_little=lever is not None and v.biggest.ceiling_x < LEVER_MIN_X)
 
 
 UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
