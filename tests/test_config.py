@@ -178,6 +178,18 @@ def test_readme_params_table_matches_schema(repo_root):
         "README params table is stale: regenerate it with `python -m stepscope.config README.md`"
 
 
+def test_the_documented_command_rewrites_the_table_with_its_docs(repo_root, tmp_path):
+    """Run as `python -m`, the module is __main__: the docs must still be found (they once were not)."""
+    import subprocess
+    import sys
+
+    readme = tmp_path / "README.md"
+    readme.write_text((repo_root / "README.md").read_text())
+    subprocess.run([sys.executable, "-m", "stepscope.config", str(readme)], check=True, timeout=120)
+    assert readme.read_text() == (repo_root / "README.md").read_text()
+    assert "| `run.name` | a string | `required` | Run-id prefix;" in readme.read_text()
+
+
 # --------------------------------------------------------------------------- campaign variants
 
 _CAMPAIGN = """run: {name: c}

@@ -972,4 +972,8 @@ def update_readme_params_table(readme: str | Path) -> None:
 if __name__ == "__main__":
     import sys
 
-    update_readme_params_table(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    # The module imported by name: run as __main__, its classes would not be found under
+    # stepscope.config, where stepscope.fielddocs reads their field docs.
+    from stepscope.config import update_readme_params_table as _update
+
+    _update(sys.argv[1] if len(sys.argv) > 1 else "README.md")
