@@ -178,6 +178,18 @@ def test_readme_params_table_matches_schema(repo_root):
         "README params table is stale: regenerate it with `python -m stepscope.config README.md`"
 
 
+def test_the_documented_command_rewrites_the_table_with_its_docs(repo_root, tmp_path):
+    """Run as `python -m`, the module is __main__: the docs must still be found (they once were not)."""
+    import subprocess
+    import sys
+
+    readme = tmp_path / "README.md"
+    readme.write_text((repo_root / "README.md").read_text())
+    subprocess.run([sys.executable, "-m", "stepscope.config", str(readme)], check=True, timeout=120)
+    assert readme.read_text() == (repo_root / "README.md").read_text()
+    assert "| `run.name` | a string | `required` | Run-id prefix;" in readme.read_text()
+
+
 # --------------------------------------------------------------------------- campaign variants
 
 _CAMPAIGN = """run: {name: c}
@@ -222,3 +234,32 @@ def test_bad_variant_override_names_variant_and_key_path(tmp_path, override, pat
 def test_variant_names_must_be_unique_and_folder_safe(tmp_path):
     assert "used twice" in _error(tmp_path, _CAMPAIGN + "    - name: tp2\n")
     assert "cannot name a folder" in _error(tmp_path, _CAMPAIGN + "    - name: a/b\n")
+
+
+# --------------------------------------------------------------------------- msgspec decoding
+
+
+def test_what_the_hand_written_coercer_accepted_msgspec_accepts_too():
+    """msgspec is strict; the two leniencies params files rely on are kept: an integer
+    written as a float, and numbers in server.env (a variable's value is text)."""
+    p = params_from_dict({"run": {"name": "x"}, "server": {"port": 8001.0, "env": {"SPACE": 4, "R": 2.5, 3: "x"}},
+                          "sweep": {"concurrency": [1.0, 2]}})
+    assert p.server.port == 8001 and isinstance(p.server.port, int)
+    assert p.server.env == {"SPACE": "4", "R": "2.5", "3": "x"}
+    assert p.sweep.concurrency == (1, 2) and all(isinstance(c, int) for c in p.sweep.concurrency)
+
+
+def test_a_fractional_integer_and_a_yaml_set_are_still_refused(tmp_path):
+    assert "server.port: expected an integer, got 8001.5" in _error(tmp_path, "run: {name: x}\nserver: {port: 8001.5}\n")
+    msg = _error(tmp_path, "run: {name: x}\nsweep: {concurrency: !!set {1: null}}\n")
+    assert "sweep.concurrency: expected a list of an integer, got {1}" in msg
+
+
+def test_errors_inside_list_items_and_sections_keep_their_key_paths(tmp_path):
+    msg = _error(tmp_path, "run: {name: x}\nanalysis: {extra_rules: [{category: a}]}\n")
+    assert "analysis.extra_rules[0].pattern: missing required value (a string)" in msg
+    assert "add 'pattern:' under 'analysis.extra_rules[0]'" in msg
+    msg = _error(tmp_path, "run: {name: x}\nmodel: {tiny: 5}\n")
+    assert "model.tiny: expected a mapping (section), got int 5" in msg
+    msg = _error(tmp_path, _CAMPAIGN + "    - name: bad\n      description: 5\n")
+    assert "campaign.variants[1:bad].description: expected a string, got 5" in msg

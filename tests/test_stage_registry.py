@@ -20,6 +20,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 
@@ -44,22 +45,22 @@ def _params(over: dict | None = None):
 # --------------------------------------------------------------------------- the recorder
 
 _RECORDING: dict[type, type] = {}
+_RECORDED_AS: dict[int, tuple[str, set[str], object]] = {}
+"""id of a recording instance -> (its dotted prefix, the set its reads go to, the instance itself,
+held so that its id is never reused). A copy made by msgspec.structs.replace is not in it."""
 
 
 def _recording_class(cls: type) -> type:
-    """A subclass of a params dataclass whose field reads are logged: isinstance, fields()
-    and asdict() still work on it, so the stage code runs unchanged."""
+    """A subclass of a params Struct whose field reads are logged: isinstance and
+    msgspec.structs.fields still work on it, so the stage code runs unchanged."""
     if cls not in _RECORDING:
-        names = frozenset(f.name for f in dataclasses.fields(cls))
+        names = frozenset(cls.__struct_fields__)
 
         def __getattribute__(self, name):
             value = object.__getattribute__(self, name)
-            if name in names:
-                try:
-                    prefix, seen = object.__getattribute__(self, "_recorded_as")
-                except AttributeError:  # a copy made by dataclasses.replace: not recorded
-                    return value
-                if not dataclasses.is_dataclass(value):
+            if name in names and id(self) in _RECORDED_AS:
+                prefix, seen, _ = _RECORDED_AS[id(self)]
+                if not isinstance(value, msgspec.Struct):
                     seen.add(prefix + name)
             return value
 
@@ -69,14 +70,33 @@ def _recording_class(cls: type) -> type:
 
 def recording(obj, seen: set[str], prefix: str = ""):
     """`obj` (Params) rebuilt so that every leaf read adds its dotted path to `seen`."""
-    new = object.__new__(_recording_class(type(obj)))
-    for f in dataclasses.fields(obj):
-        v = object.__getattribute__(obj, f.name)
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            v = recording(v, seen, f"{prefix}{f.name}.")
-        object.__setattr__(new, f.name, v)
-    object.__setattr__(new, "_recorded_as", (prefix, seen))
+    values = {}
+    for name in obj.__struct_fields__:
+        v = getattr(obj, name)
+        values[name] = recording(v, seen, f"{prefix}{name}.") if isinstance(v, msgspec.Struct) else v
+    new = _recording_class(type(obj))(**values)
+    _RECORDED_AS[id(new)] = (prefix, seen, new)
     return new
+
+
+def _read_whole(obj) -> None:
+    """Log every leaf of a recording section: msgspec reads a Struct's fields in C, past
+    `__getattribute__`, so a section it flattens would otherwise look unread."""
+    if id(obj) in _RECORDED_AS:
+        for name in obj.__struct_fields__:
+            _read_whole(getattr(obj, name))
+
+
+@pytest.fixture(autouse=True)
+def _sections_flattened_by_msgspec_are_read_whole(monkeypatch):
+    for owner, name in ((msgspec, "to_builtins"), (msgspec.structs, "asdict")):
+        real = getattr(owner, name)
+
+        def logged(obj, *args, _real=real, **kwargs):
+            _read_whole(obj)
+            return _real(obj, *args, **kwargs)
+
+        monkeypatch.setattr(owner, name, logged)
 
 
 def test_the_recorder_logs_leaf_paths_and_a_section_handed_on_whole():
@@ -85,7 +105,7 @@ def test_the_recorder_logs_leaf_paths_and_a_section_handed_on_whole():
     hw = p.hardware
     assert hw.peak_mem_bw_gbps == _params().hardware.peak_mem_bw_gbps
     assert seen == {"hardware.peak_mem_bw_gbps"}
-    dataclasses.asdict(p.micro)  # a section handed over whole is read whole
+    msgspec.structs.asdict(p.micro)  # a section handed over whole is read whole
     assert "micro.gemm.m_values" in seen and "micro.collectives.world_size" in seen
 
 

@@ -1,33 +1,37 @@
-"""Campaign parameters: YAML in, typed frozen dataclasses out.
+"""Campaign parameters: YAML in, typed frozen msgspec Structs out.
 
 Validation happens before anything runs. Every error names the file, the key
 path, what was expected and, for an unknown key, the nearest valid key.
 
-Each pipeline section owns one dataclass here. To add a parameter, add a field
+Each pipeline section owns one Struct here. To add a parameter, add a field
 with a default to its section; the validator, the docs table in the README and
 the notebook contract test pick it up from the type hints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
+import msgspec
 import yaml
+from msgspec import field
 
 from stepscope.errors import ParamsError
 
 # --------------------------------------------------------------------------- schema
 
 
-@dataclass(frozen=True)
-class RunParams:
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Every params section: frozen once read, and a key it does not know is refused (with
+    the nearest valid key as a hint), as a typo must not silently take the default."""
+
+
+class RunParams(_Section):
     """How a run is named and where it goes."""
 
     name: str
@@ -36,8 +40,7 @@ class RunParams:
     """Relative paths are resolved from the repository root, not the caller's cwd."""
 
 
-@dataclass(frozen=True)
-class TinyModelParams:
+class TinyModelParams(_Section):
     """A randomly initialised Llama-style model made locally (nothing downloaded)."""
 
     layers: int = 2
@@ -51,8 +54,7 @@ class TinyModelParams:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class ModelParams:
+class ModelParams(_Section):
     path: str | None = None
     """Local model folder (launch mode). Relative paths are from the repository root."""
     served_name: str | None = None
@@ -67,8 +69,7 @@ class ModelParams:
     """If set, the runner creates this tiny model at `path` when it is missing."""
 
 
-@dataclass(frozen=True)
-class ProfilerParams:
+class ProfilerParams(_Section):
     enabled: bool = True
     """Start the server with the torch profiler configured (needed by stage 04)."""
     dir: str | None = None
@@ -80,8 +81,7 @@ class ProfilerParams:
     use_gzip: bool = True
 
 
-@dataclass(frozen=True)
-class ServerParams:
+class ServerParams(_Section):
     mode: Literal["launch", "attach"] = "launch"
     """`launch`: start the server from these params; `attach`: use one already running at `url`."""
     engine: Literal["vllm", "sglang"] = "vllm"
@@ -110,8 +110,7 @@ class ServerParams:
     profiler: ProfilerParams = field(default_factory=ProfilerParams)
 
 
-@dataclass(frozen=True)
-class SloParams:
+class SloParams(_Section):
     """Per-request latency bounds (ms), any subset. A request meets the SLO when it completed
     and every bound set here holds (vLLM's goodput definition; docs/methods.md#goodput-and-slos)."""
 
@@ -127,8 +126,7 @@ class SloParams:
     late request in 16 is 94 %); raise it with sweep.min_requests of several hundred."""
 
 
-@dataclass(frozen=True)
-class SloSearchParams:
+class SloSearchParams(_Section):
     """After the planned levels, bisect between the SLO-boundary level and the first level that
     missed, on concurrency (closed loop) or request rate (open loop), measuring each midpoint as
     one more real level (docs/methods.md#the-slo-search)."""
@@ -140,8 +138,7 @@ class SloSearchParams:
     loop stops when the two concurrencies are adjacent integers."""
 
 
-@dataclass(frozen=True)
-class RampParams:
+class RampParams(_Section):
     """A request-rate ramp for one extra open-loop level, as `vllm bench serve --ramp-up-strategy`:
     request i of n is sent at rate start + (end - start) i/(n-1) (linear) or
     start (end/start)^(i/(n-1)) (exponential)."""
@@ -152,8 +149,7 @@ class RampParams:
     n_requests: int = 32
 
 
-@dataclass(frozen=True)
-class WorkloadParams:
+class WorkloadParams(_Section):
     """Where `sweep.prompt_mode` sharegpt, mooncake and shared_prefix take their requests
     (file formats: docs/workloads.md)."""
 
@@ -174,8 +170,7 @@ class WorkloadParams:
     """shared_prefix: tokens per prefix; the suffix is sweep.input_len - prefix_len tokens."""
 
 
-@dataclass(frozen=True)
-class SweepParams:
+class SweepParams(_Section):
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     request_rates: tuple[float, ...] = ()
     """Optional open-loop sweep (requests/s, Poisson arrivals)."""
@@ -220,8 +215,7 @@ class SweepParams:
     0.5 s during each level into gpu_telemetry.csv; without NVML or a GPU, a 'not available' record."""
 
 
-@dataclass(frozen=True)
-class GemmMicroParams:
+class GemmMicroParams(_Section):
     m_values: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     dtypes: tuple[str, ...] = ("bfloat16",)
     backends: tuple[str, ...] = ("torch", "marlin")
@@ -240,8 +234,7 @@ class GemmMicroParams:
     """GPU only: GEMM calls captured in one CUDA graph (per-call time = replay time / calls)."""
 
 
-@dataclass(frozen=True)
-class CollectiveMicroParams:
+class CollectiveMicroParams(_Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     world_size: int | None = None
     """Defaults to server.tp."""
@@ -262,14 +255,12 @@ class CollectiveMicroParams:
     """nccl-tests results measured elsewhere (stdout text or `-J` JSON), shown beside ours."""
 
 
-@dataclass(frozen=True)
-class MicroParams:
+class MicroParams(_Section):
     gemm: GemmMicroParams = field(default_factory=GemmMicroParams)
     collectives: CollectiveMicroParams = field(default_factory=CollectiveMicroParams)
 
 
-@dataclass(frozen=True)
-class CaptureParams:
+class CaptureParams(_Section):
     warmup_requests: int = 3
     requests: int = 5
     """Sequential batch-1 requests while the profiler runs (the campaign used 5 x 32)."""
@@ -295,8 +286,7 @@ class CaptureParams:
     does not stop by itself after `load_steps`, and the longest the load is held waiting."""
 
 
-@dataclass(frozen=True)
-class RuleParams:
+class RuleParams(_Section):
     category: str
     pattern: str
     """Python regex, searched in the event name."""
@@ -304,8 +294,7 @@ class RuleParams:
     """Optional event-category filter, e.g. `kernel` or `cpu_op`."""
 
 
-@dataclass(frozen=True)
-class AnalysisParams:
+class AnalysisParams(_Section):
     trace_paths: tuple[str, ...] = ()
     """Traces captured elsewhere; empty means stage 04's traces."""
     extra_rules: tuple[RuleParams, ...] = ()
@@ -317,8 +306,7 @@ class AnalysisParams:
     memory available when it starts."""
 
 
-@dataclass(frozen=True)
-class WriteupParams:
+class WriteupParams(_Section):
     acceptance_lengths: tuple[float, ...] = (1.5, 2.0, 3.0)
     """What-if: mean tokens accepted per step with speculative decoding."""
     draft_cost_fractions: tuple[float, ...] = (0.05, 0.1, 0.2)
@@ -330,8 +318,7 @@ class WriteupParams:
     """Report title; defaults to one naming the run."""
 
 
-@dataclass(frozen=True)
-class HardwareParams:
+class HardwareParams(_Section):
     name: str | None = None
     gpu_count: int | None = None
     peak_mem_bw_gbps: float | None = None
@@ -351,8 +338,7 @@ class Overrides(dict):
 VARIANT_FORBIDDEN = ("run", "campaign")
 
 
-@dataclass(frozen=True)
-class VariantParams:
+class VariantParams(_Section):
     name: str
     """Folder name of the variant's run under the campaign folder; letters, digits, `-`, `_`, `.`."""
     overrides: Overrides = field(default_factory=Overrides)
@@ -361,8 +347,7 @@ class VariantParams:
     """One line for the campaign report, e.g. `n-gram speculative decoding, k=3`."""
 
 
-@dataclass(frozen=True)
-class CampaignParams:
+class CampaignParams(_Section):
     baseline: str = "baseline"
     """Name of the baseline variant: the params file's own settings, unchanged."""
     variants: tuple[VariantParams, ...] = ()
@@ -371,8 +356,7 @@ class CampaignParams:
     """Runs of each variant, interleaved (all variants once, then again); `--repeats` overrides."""
 
 
-@dataclass(frozen=True)
-class Params:
+class Params(_Section):
     run: RunParams
     model: ModelParams = field(default_factory=ModelParams)
     server: ServerParams = field(default_factory=ServerParams)
@@ -419,7 +403,9 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 def params_from_dict(data: Any, source: str = "<params>") -> Params:
-    params = _build(Params, data, key_path="", source=source)
+    params = _convert(Params, data, "", source)
+    _check_ranges(params, source)
+    _check_campaign(params.campaign, source)
     _check_run_section(params.run, source)
     _check_cross_fields(params, source)
     return params
@@ -470,14 +456,17 @@ def deep_merge(base: Any, over: Mapping[str, Any]) -> dict:
 
 
 def params_to_dict(params: Any) -> Any:
-    """Plain dict/list form of a params object (tuples become lists), for YAML/JSON."""
-    if dataclasses.is_dataclass(params):
-        return {f.name: params_to_dict(getattr(params, f.name)) for f in dataclasses.fields(params)}
-    if isinstance(params, (list, tuple)):
-        return [params_to_dict(v) for v in params]
-    if isinstance(params, dict):
-        return {k: params_to_dict(v) for k, v in params.items()}
-    return params
+    """Plain dict/list form of a params object, for YAML/JSON and for the fingerprints that
+    `--resume` compares: fields in declaration order, tuples as lists (msgspec keeps tuples)."""
+    return _lists(msgspec.to_builtins(params))
+
+
+def _lists(obj: Any) -> Any:
+    if isinstance(obj, (list, tuple)):
+        return [_lists(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _lists(v) for k, v in obj.items()}
+    return obj
 
 
 # Key names that hold secrets. `token` and `auth` must stand as their own word so that
@@ -569,10 +558,9 @@ def redact_params_text(text: str) -> str:
 def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
     """Every leaf key path of the schema (`server.profiler.with_stack`, ...)."""
     keys: list[str] = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         path = f"{prefix}{f.name}"
-        inner = _dataclass_in(hints[f.name])
+        inner = _struct_in(f.type)
         if inner is not None and inner not in _LIST_SECTIONS:
             keys.extend(iter_leaf_keys(inner, path + "."))
         else:
@@ -666,15 +654,35 @@ _LIST_SECTIONS = (RuleParams, VariantParams)
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 _FLOAT_LIKE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+# msgspec's error: "<what> - at `$.sweep.concurrency[1]`", or "... - at `key` in `$.server`"
+# for a mapping key that is not a string, or no location at the top level.
+_MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.S)
+_MSGSPEC_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+_ABSENT = object()
 
 
-def _dataclass_in(tp: Any) -> type | None:
-    if dataclasses.is_dataclass(tp):
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+def _struct_in(tp: Any) -> type | None:
+    """The section a field holds: itself, or beside null."""
+    if _is_struct(tp):
         return tp
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
+    return next((a for a in typing.get_args(tp) if _is_struct(a)), None)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(cls)}
+
+
+def _without_null(tp: Any) -> Any:
+    """`X | None` is X where a value is given (a null never fails); other unions stay."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
 
 
 def _type_name(tp: Any) -> str:
@@ -689,7 +697,7 @@ def _type_name(tp: Any) -> str:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return "a mapping of strings"
-    if dataclasses.is_dataclass(tp):
+    if _is_struct(tp):
         return "a mapping (section)"
     if tp is Overrides:
         return "a mapping shaped like the params file"
@@ -700,110 +708,176 @@ def _fail(source: str, key_path: str, message: str, hint: str | None = None) -> 
     return ParamsError(message, where=f"{source}: {key_path or '<top level>'}", hint=hint)
 
 
-def _build(cls: type, data: Any, key_path: str, source: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise _fail(source, key_path, f"expected a mapping (section), got {type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(fields)}"
-            raise _fail(source, _join(key_path, str(key)), "unknown key", hint)
-    values = {}
-    for name, f in fields.items():
-        sub = _join(key_path, name)
-        if name in data:
-            values[name] = _coerce(hints[name], data[name], sub, source)
-            _check_range(sub, values[name], source)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise _fail(source, sub, f"missing required value ({_type_name(hints[name])})",
-                        f"add '{name}:' under '{key_path or 'the top level'}'")
-    return cls(**values)
-
-
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
-
-
-def _coerce(tp: Any, value: Any, key_path: str, source: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, key_path, source)
-            except ParamsError as exc:
-                errors.append(exc)
-        if len(errors) == 1:
-            raise errors[0]
-        raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        if value in args:
-            return value
-        near = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-        raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}",
-                    f"did you mean '{near[0]}'?" if near else None)
-    if dataclasses.is_dataclass(tp):
-        built = _build(tp, value, key_path, source)
-        if tp is VariantParams and not _VARIANT_NAME.match(built.name):
-            raise _fail(source, f"{key_path}.name", f"variant name {built.name!r} cannot name a folder",
-                        "use letters, digits, '-', '_' or '.', e.g. spec-ngram")
-        if tp is CampaignParams:
-            _check_variant_names(built, key_path, source)
-        return built
-    if tp is Overrides:
-        return _check_overrides(Params, value, key_path, source)
-    if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}",
-                        f"write it as a YAML list, e.g. [{value!r}]")
-        return tuple(_coerce(args[0], v, _item_path(key_path, i, v), source) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise _fail(source, key_path, f"expected {_type_name(tp)}, got {value!r}")
-        out = {}
-        for k, v in value.items():
-            if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
-                raise _fail(source, f"{key_path}.{k}", f"expected a string, got {v!r}",
-                            "quote the value, e.g. \"1\"")
-            out[str(k)] = str(v)
-        return out
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _fail(source, key_path, f"expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise _fail(source, key_path, f"expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_LIKE.match(value.strip()):
-            # PyYAML (YAML 1.1) reads 1e-3 as the *string* "1e-3"; refuse it rather than guess.
-            raise _fail(source, key_path, f"expected a number, got the string {value!r}",
-                        f"YAML reads {value} as text; write it with a dot and a signed exponent, "
-                        f"e.g. {float(value):.1e}".replace("e-0", "e-").replace("e+0", "e+"))
-        raise _fail(source, key_path, f"expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _fail(source, key_path, f"expected a string, got {value!r}", "quote the value")
-    raise _fail(source, key_path, f"unsupported schema type {tp!r}")  # pragma: no cover
 
 
 def _item_path(key_path: str, i: int, value: Any) -> str:
     """`campaign.variants[1:spec-ngram]`: list items that carry a name are named in errors."""
     name = value.get("name") if isinstance(value, Mapping) else None
     return f"{key_path}[{i}:{name}]" if isinstance(name, str) else f"{key_path}[{i}]"
+
+
+def _dec_hook(tp: type, value: Any) -> Any:
+    """msgspec builds every type but `Overrides`, whose keys `_check_overrides` checks."""
+    if tp is Overrides and isinstance(value, Mapping):
+        return Overrides(value)
+    raise TypeError(f"expected {_type_name(tp)}")
+
+
+def _convert(tp: Any, data: Any, key_path: str, source: str) -> Any:
+    """`data` as `tp`, decoded by msgspec as strictly as YAML allows, with two exceptions kept
+    from the hand-written coercer this replaced: an integer written as `8.0`, and numbers in a
+    mapping of strings (`server.env: {VLLM_CPU_KVCACHE_SPACE: 4}`), which become strings. Each
+    is repaired in a copy and the conversion retried; any other error becomes a ParamsError
+    in this module's words (`_explain`)."""
+    for _ in range(10_000):  # each repair fixes at least one value
+        try:
+            out = msgspec.convert(data, tp, strict=True, dec_hook=_dec_hook)
+        except msgspec.ValidationError as exc:
+            data = _repaired_or_raise(tp, data, str(exc), key_path, source)
+            continue
+        for path in _set_paths(data):
+            at_tp, value, _, where = _locate(tp, data, path, key_path)
+            if at_tp is not Any:
+                raise _mismatch(_without_null(at_tp), value, where, source)
+        return out
+    raise _fail(source, key_path, "could not be read")  # pragma: no cover - a repair always fixes one
+
+
+def _set_paths(data: Any, path: str = "") -> Iterator[str]:
+    """Where `data` holds a set (YAML `!!set`), in msgspec's path form. msgspec takes a set for
+    a list, but a set has no order, so a list key refuses one (an override's raw value
+    is checked when its leaf is)."""
+    if isinstance(data, (set, frozenset)):
+        yield path
+    elif isinstance(data, Mapping):
+        for k, v in data.items():
+            yield from _set_paths(v, f"{path}.{k}")
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            yield from _set_paths(v, f"{path}[{i}]")
+
+
+def _locate(tp: Any, data: Any, path: str, key_path: str) -> tuple[Any, Any, list, str]:
+    """Follow msgspec's `path` (`.name`, `[3]`, `[...]` for a dict value) through the types and
+    the data: (type there, value there, steps taken, our key path). A dict value's step stops
+    at the dict, whose key msgspec does not say."""
+    value, steps = data, []
+    for name, index in _MSGSPEC_STEP.findall(path):
+        tp = _without_null(tp)
+        if index == "...":
+            break
+        steps.append(int(index) if index else name)
+        if index:
+            item = value[int(index)] if isinstance(value, (list, tuple)) and int(index) < len(value) else _ABSENT
+            args = typing.get_args(tp)
+            tp, key_path = args[0] if args else Any, _item_path(key_path, int(index), item)
+        else:
+            item = value.get(name, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+            tp, key_path = _field_types(tp).get(name, Any) if _is_struct(tp) else Any, _join(key_path, name)
+        value = item
+    return tp, value, steps, key_path
+
+
+def _repaired_or_raise(tp: Any, data: Any, error: str, key_path: str, source: str) -> Any:
+    m = _MSGSPEC_ERROR.match(error)
+    what, path = m.group("what"), m.group("path") or ""
+    at_tp, value, steps, where = _locate(tp, data, path, key_path)
+    at_tp = _without_null(at_tp)
+    if typing.get_origin(at_tp) is dict and isinstance(value, Mapping):
+        return _with(data, steps, _env_strings(value, where, source))
+    if at_tp is int and isinstance(value, float) and value.is_integer():
+        return _with(data, steps, int(value))
+    raise _explain(at_tp, value, what, m.group("key") is not None, where, source)
+
+
+def _with(data: Any, steps: list, new: Any) -> Any:
+    """A copy of `data` with the value at `steps` replaced; the input stays as it was read."""
+    if not steps:
+        return new
+    head, rest = steps[0], steps[1:]
+    if isinstance(data, Mapping):
+        return {**data, head: _with(data[head], rest, new)}
+    items = list(data)
+    items[head] = _with(items[head], rest, new)
+    return items
+
+
+def _env_strings(env: Mapping, key_path: str, source: str) -> dict[str, str]:
+    """A mapping of strings (`server.env`): numbers become strings; what is not a scalar, or
+    is a YAML bool or null (which a variable cannot hold unquoted), is refused."""
+    out = {}
+    for k, v in env.items():
+        if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+            raise _fail(source, f"{key_path}.{k}", f"expected a string, got {v!r}", "quote the value, e.g. \"1\"")
+        out[str(k)] = str(v)
+    return out
+
+
+def _explain(tp: Any, value: Any, what: str, bad_key: bool, key_path: str, source: str) -> ParamsError:
+    """A msgspec error at `key_path` as this module words it: an unknown key with the
+    nearest valid one, a missing value with where to add it, else what was expected."""
+    if what.startswith("Object contains unknown field") or (bad_key and _is_struct(tp)):
+        key = what.split("`")[1] if not bad_key else next(str(k) for k in value if not isinstance(k, str))
+        fields = list(_field_types(tp))
+        near = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
+        hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(fields)}"
+        return _fail(source, _join(key_path, key), "unknown key", hint)
+    if what.startswith("Object missing required field") and _is_struct(tp):
+        name = what.split("`")[1]
+        return _fail(source, _join(key_path, name), f"missing required value ({_type_name(_field_types(tp)[name])})",
+                     f"add '{name}:' under '{key_path or 'the top level'}'")
+    if value is _ABSENT:  # pragma: no cover - msgspec names a place the data does not have
+        return _fail(source, key_path, what)
+    return _mismatch(tp, value, key_path, source)
+
+
+def _mismatch(tp: Any, value: Any, key_path: str, source: str) -> ParamsError:
+    """`value` is not a `tp`: say what was expected, with a hint where one helps."""
+    origin, got = typing.get_origin(tp), f"got {value!r}"
+    hint = None
+    if origin is Literal:
+        near = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], n=1)
+        hint = f"did you mean '{near[0]}'?" if near else None
+    elif origin in (tuple, list):
+        hint = f"write it as a YAML list, e.g. [{value!r}]"
+    elif _is_struct(tp):
+        got = f"got {type(value).__name__} {value!r}"
+    elif tp is Overrides:
+        hint = "e.g. overrides: {server: {tp: 1}}"
+    elif tp is str:
+        hint = "quote the value"
+    elif tp is float and isinstance(value, str) and _FLOAT_LIKE.match(value.strip()):
+        # PyYAML (YAML 1.1) reads 1e-3 as the *string* "1e-3"; refuse it rather than guess.
+        got = f"got the string {value!r}"
+        hint = (f"YAML reads {value} as text; write it with a dot and a signed exponent, "
+                f"e.g. {float(value):.1e}".replace("e-0", "e-").replace("e+0", "e+"))
+    return _fail(source, key_path, f"expected {_type_name(tp)}, {got}", hint)
+
+
+def _check_ranges(params: Params, source: str) -> None:
+    """Every key of `LIMITS`, in the order the schema lists them."""
+    for key in iter_leaf_keys():
+        if key in LIMITS:
+            value: Any = params
+            for name in key.split("."):
+                value = getattr(value, name) if value is not None else None
+            _check_range(key, value, source)
+
+
+def _check_campaign(c: CampaignParams | None, source: str) -> None:
+    """What the types cannot say about a campaign: each variant's overrides key by key, its
+    name as a folder name, and names used once."""
+    if c is None:
+        return
+    for i, v in enumerate(c.variants):
+        item = f"campaign.variants[{i}:{v.name}]"
+        _check_overrides(Params, v.overrides, f"{item}.overrides", source)
+        if not _VARIANT_NAME.match(v.name):
+            raise _fail(source, f"{item}.name", f"variant name {v.name!r} cannot name a folder",
+                        "use letters, digits, '-', '_' or '.', e.g. spec-ngram")
+    _check_variant_names(c, "campaign", source)
 
 
 def _check_variant_names(c: CampaignParams, key_path: str, source: str) -> None:
@@ -818,30 +892,25 @@ def _check_variant_names(c: CampaignParams, key_path: str, source: str) -> None:
         raise _fail(source, f"{key_path}.repeats", f"expected at least 1 run per variant, got {c.repeats}")
 
 
-def _check_overrides(cls: type, value: Any, key_path: str, source: str) -> Overrides:
+def _check_overrides(cls: type, value: Any, key_path: str, source: str) -> None:
     """Check a variant's overrides key by key against the schema; leaves are type-checked."""
     if not isinstance(value, Mapping):
-        raise _fail(source, key_path, f"expected a mapping shaped like the params file, got {value!r}",
-                    "e.g. overrides: {server: {tp: 1}}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    out = Overrides()
+        raise _mismatch(Overrides, value, key_path, source)
+    types_ = _field_types(cls)
     for key, sub in value.items():
         path = _join(key_path, str(key))
         if cls is Params and key in VARIANT_FORBIDDEN:
             raise _fail(source, path, f"a variant cannot override '{key}'",
                         "the campaign names every variant's run itself; move this key to the baseline")
-        if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(sorted(fields))}"
+        if key not in types_:
+            near = difflib.get_close_matches(str(key), list(types_), n=1, cutoff=0.5)
+            hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(sorted(types_))}"
             raise _fail(source, path, "unknown key", hint)
-        inner = _dataclass_in(hints[key])
+        inner = _struct_in(types_[key])
         if inner is not None and inner not in _LIST_SECTIONS and isinstance(sub, Mapping):
-            out[key] = _check_overrides(inner, sub, path, source)
+            _check_overrides(inner, sub, path, source)
         else:
-            _coerce(hints[key], sub, path, source)
-            out[key] = sub
-    return out
+            _convert(types_[key], sub, path, source)
 
 
 def variant_params_dict(base: Mapping[str, Any], variant: VariantParams | None) -> dict:
@@ -858,41 +927,26 @@ def variant_params_dict(base: Mapping[str, Any], variant: VariantParams | None) 
 def schema_reference() -> list[tuple[str, str, str, str]]:
     """(key path, type, default, doc) for every leaf key: the README's params table.
 
-    Docs are the string literals written under each field in this file, read with
-    `ast` so the table and the schema cannot drift apart.
+    Docs are the string literals written under each field in this file, read by
+    `stepscope.fielddocs` so the table and the schema cannot drift apart.
     """
-    import ast
-    import inspect
-
-    docs: dict[tuple[str, str], str] = {}
-    tree = ast.parse(inspect.getsource(inspect.getmodule(Params)))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            body = node.body
-            for i, stmt in enumerate(body[:-1]):
-                nxt = body[i + 1]
-                if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                        and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                        and isinstance(nxt.value.value, str)):
-                    docs[(node.name, stmt.target.id)] = " ".join(nxt.value.value.split())
+    from stepscope.fielddocs import field_doc
 
     rows: list[tuple[str, str, str, str]] = []
 
     def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            inner = _dataclass_in(hints[f.name])
+        for f in msgspec.structs.fields(cls):
+            inner = _struct_in(f.type)
             if inner is not None and inner not in _LIST_SECTIONS:
                 walk(inner, f"{prefix}{f.name}.")
                 continue
-            if f.default is not dataclasses.MISSING:
+            if f.default is not msgspec.NODEFAULT:
                 default = repr(params_to_dict(f.default))
-            elif f.default_factory is not dataclasses.MISSING:
+            elif f.default_factory is not msgspec.NODEFAULT:
                 default = repr(params_to_dict(f.default_factory()))
             else:
                 default = "required"
-            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), default,
-                         docs.get((cls.__name__, f.name), "")))
+            rows.append((f"{prefix}{f.name}", _type_name(f.type), default, field_doc(cls, f.name)))
 
     walk(Params, "")
     return rows
@@ -905,17 +959,21 @@ def schema_reference_markdown() -> str:
     return "\n".join(lines)
 
 
+PARAMS_TABLE_MARKERS = ("<!-- PARAMS-TABLE:BEGIN -->\n", "<!-- PARAMS-TABLE:END -->")
+
+
 def update_readme_params_table(readme: str | Path) -> None:
     """Rewrite the README's params table from the schema (`python -m stepscope.config README.md`)."""
-    readme = Path(readme)
-    text = readme.read_text()
-    begin, end = "<!-- PARAMS-TABLE:BEGIN -->\n", "<!-- PARAMS-TABLE:END -->"
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(head + begin + schema_reference_markdown() + "\n" + end + tail)
+    from stepscope.fielddocs import rewrite_between
+
+    rewrite_between(readme, PARAMS_TABLE_MARKERS, schema_reference_markdown())
 
 
 if __name__ == "__main__":
     import sys
 
-    update_readme_params_table(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    # The module imported by name: run as __main__, its classes would not be found under
+    # stepscope.config, where stepscope.fielddocs reads their field docs.
+    from stepscope.config import update_readme_params_table as _update
+
+    _update(sys.argv[1] if len(sys.argv) > 1 else "README.md")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+
+import msgspec
 
 from stepscope import schema
 from stepscope.config import REDACTED, Params, load_params
@@ -75,7 +76,7 @@ def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> t
     params = load_params(params_file)
     env = {k: v for k, v in params.server.env.items() if v != REDACTED}
     if env != params.server.env:
-        params = dataclasses.replace(params, server=dataclasses.replace(params.server, env=env))
+        params = msgspec.structs.replace(params, server=msgspec.structs.replace(params.server, env=env))
     return params, stage_dir(run_dir, stage_id)
 
 

@@ -406,10 +406,13 @@ def require_artifact(run_dir: str | Path, stage_id: str, name: str) -> Path:
 def _json_default(obj: Any) -> Any:
     import dataclasses
 
+    import msgspec
     import numpy as np
 
     if dataclasses.is_dataclass(obj):
         return dataclasses.asdict(obj)
+    if isinstance(obj, msgspec.Struct):  # params sections and schema records
+        return msgspec.to_builtins(obj)
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import msgspec
 import pandas as pd
 import yaml
 
@@ -42,7 +43,7 @@ def writeup_params_from(a: RunArtifacts, override: WriteupParams | None = None) 
         return override
     raw = (a.params or {}).get("writeup") or {}
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(WriteupParams):
+    for f in msgspec.structs.fields(WriteupParams):
         if isinstance(raw, dict) and raw.get(f.name) is not None:
             v = raw[f.name]
             kwargs[f.name] = tuple(float(x) for x in v) if isinstance(v, list) else v

@@ -2,50 +2,22 @@
 
 `python -m stepscope.schema README.md docs/artifacts.md` rewrites both from the schema; a
 test keeps them equal. A field's meaning is the string literal written under it in its
-module (read with `ast`, as `stepscope.config` does for the params table), so the files
-and the schema cannot drift apart.
+module, read by `stepscope.fielddocs` (which the params table uses too), so the files and
+the schema cannot drift apart.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import sys
 import typing
 from pathlib import Path
 
 import msgspec
 
+from stepscope.fielddocs import field_doc, replace_between
 from stepscope.schema import ARTIFACTS, CAMPAIGN_ARTIFACTS, Artifact, Record, Row
 
 TREE_MARKERS = ("<!-- ARTIFACTS-TREE:BEGIN -->\n", "<!-- ARTIFACTS-TREE:END -->")
 SUMMARY_MARKERS = ("<!-- SUMMARY-JSON:BEGIN -->\n", "<!-- SUMMARY-JSON:END -->")
-
-
-@functools.lru_cache(maxsize=None)
-def _module_docs(module_name: str) -> dict[tuple[str, str], str]:
-    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
-    docs: dict[tuple[str, str], str] = {}
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for stmt, nxt in zip(node.body, node.body[1:]):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
-                docs[(node.name, stmt.target.id)] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def field_doc(cls: type, attr: str) -> str:
-    for klass in cls.__mro__:
-        if not klass.__module__.startswith("stepscope."):
-            continue
-        doc = _module_docs(klass.__module__).get((klass.__name__, attr))
-        if doc:
-            return doc
-    return ""
 
 
 def class_doc(cls: type) -> str:
@@ -188,18 +160,9 @@ def _writer(a: Artifact) -> str:
     return "the runner" if a.stage == "run" else f"stage {a.stage}"
 
 
-def _replace(text: str, markers: tuple[str, str], body: str, where: str) -> str:
-    begin, end = markers
-    if begin not in text or end not in text:
-        raise ValueError(f"{where}: markers {begin.strip()} ... {end} not found")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return head + begin + body + "\n" + end + tail
-
-
 def readme_with_artifacts(text: str, where: str = "README.md") -> str:
-    text = _replace(text, TREE_MARKERS, "```\n" + run_folder_tree() + "\n```", where)
-    return _replace(text, SUMMARY_MARKERS, summary_json_markdown(), where)
+    text = replace_between(text, TREE_MARKERS, "```\n" + run_folder_tree() + "\n```", where)
+    return replace_between(text, SUMMARY_MARKERS, summary_json_markdown(), where)
 
 
 def update(readme: str | Path | None = "README.md", artifacts_md: str | Path | None = "docs/artifacts.md") -> None:

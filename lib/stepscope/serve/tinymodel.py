@@ -12,6 +12,8 @@ import json
 import sysconfig
 from pathlib import Path
 
+import msgspec
+
 from stepscope.config import TinyModelParams
 from stepscope.errors import StepscopeError
 
@@ -101,7 +103,7 @@ def create_tiny_model(out_dir: str | Path, spec: TinyModelParams = TinyModelPara
     model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "stepscope_tiny.json").write_text(json.dumps(
-        {"made_by": "stepscope tiny-model", "spec": spec.__dict__, "moe_experts": moe_experts,
+        {"made_by": "stepscope tiny-model", "spec": msgspec.structs.asdict(spec), "moe_experts": moe_experts,
          "note": "random weights; outputs are meaningless by design"}, indent=2))
     return out_dir
 

@@ -10,12 +10,12 @@ hit rate from the server's /metrics counters (`workload_columns`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
 
+import msgspec
 import numpy as np
 
 from stepscope.errors import ParamsError
@@ -229,7 +229,7 @@ def load_shape_identity(params: Any) -> dict[str, Any]:
     if params.burstiness != 1.0:
         out["burstiness"] = params.burstiness
     if params.ramp is not None:
-        out["ramp"] = dataclasses.asdict(params.ramp)
+        out["ramp"] = msgspec.structs.asdict(params.ramp)
     if params.prompt_mode in WORKLOAD_MODES:
-        out["workload"] = dataclasses.asdict(params.workload)
+        out["workload"] = msgspec.structs.asdict(params.workload)
     return out

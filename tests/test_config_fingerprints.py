@@ -1,0 +1,63 @@
+"""Fingerprints of the demo params, pinned: `--resume` and a campaign's stage reuse compare
+hashes of the params a stage reads, and a sweep level is kept only when its recorded identity
+matches. A change to how params are built or flattened (dataclasses to msgspec Structs, issue
+24) that moved any of these would make every existing run folder re-measure everything."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from stepscope.config import deep_merge, load_params, params_from_dict, params_to_dict
+from stepscope.runfolder import short_hash
+from stepscope.stages import STAGES
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "params" / "cpu-demo.yaml"
+
+
+def _json_sha(obj) -> str:
+    """Key order counts here (params.yaml and run.json are written in field order)."""
+    return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("name, sha", [
+    ("cpu-demo", "a76e44e94e0e5146"), ("smoke", "a05bd1fdbff814b8"),
+    ("kimi-k25-int4-tp8-pcie", "e2df469d99990f48"), ("cpu-campaign", "e9eb64b51b793106"),
+    ("kimi-k25-int4-tp8-campaign", "b2e0832ebac6fbd5"),
+])
+def test_the_plain_form_of_each_shipped_params_file_is_unchanged(name, sha):
+    assert _json_sha(params_to_dict(load_params(REPO / "params" / f"{name}.yaml"))) == sha
+
+
+def test_the_campaigns_stage_fingerprints_of_the_demo_are_unchanged():
+    from stepscope.campaign.plan import stage_fingerprint
+
+    p = load_params(DEMO)
+    assert {s.id: stage_fingerprint(p, s.id) for s in STAGES if stage_fingerprint(p, s.id)} == {
+        "02_gemm_micro": "c156703e5380533b", "03_nccl_burst": "19e3e54061c47695"}
+
+
+def test_the_runners_params_fingerprints_of_the_demo_are_unchanged():
+    from stepscope.runner import input_fingerprints
+
+    p = load_params(DEMO)
+    per_stage = {s.id: {k: v for k, v in input_fingerprints(s, p, REPO / "no-such-run").items()
+                        if k.startswith("params:")} for s in STAGES}
+    assert short_hash(per_stage) == "ca54b68a78b33782"
+
+
+def test_a_sweep_levels_load_shape_identity_is_unchanged():
+    from stepscope.sweep.workloads import load_shape_identity
+
+    over = {"sweep": {"burstiness": 0.5, "prompt_mode": "shared_prefix",
+                      "ramp": {"strategy": "exponential", "end_rps": 8},
+                      "workload": {"num_prefixes": 2, "prefix_len": 16}}}
+    p = params_from_dict(deep_merge(params_to_dict(load_params(DEMO)), over))
+    identity = load_shape_identity(p.sweep)
+    assert identity["ramp"] == {"strategy": "exponential", "start_rps": 1.0, "end_rps": 8.0, "n_requests": 32}
+    assert identity["workload"]["num_prefixes"] == 2 and identity["workload"]["path"] is None
+    assert short_hash(identity) == "0942777fe0c3fcc6"
