@@ -270,3 +270,26 @@ def test_the_lever_sentence_names_its_kernels_and_module(tmp_path, real_traces):
     assert clause.startswith("99.7 % of it runs inside `Qwen2Model/Qwen2DecoderLayer/Qwen2Attention`, and of its "
                              "11 kernels, `void at::native::elem")
     assert clause.endswith(f" hold {fmt_num(rot.top_share_pct)} % of its time") and len(rot.top_kernels) == 3
+
+
+def test_a_real_clock_offset_withdraws_the_cross_rank_claims(tmp_path, real_traces):
+    """The two real CPU ranks with rank 1's clock set 20 ms ahead (every `ts` shifted, as an
+    unsynchronised host would write it): stage 05 flags the clocks from the matched collectives'
+    ends, and the verdict withdraws the transfer/wait split with the headline saying why."""
+    import gzip
+
+    paths = []
+    for r in (0, 1):
+        d = json.load(gzip.open(real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz"))
+        for e in d["traceEvents"] if r == 1 else ():
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] += 20_000.0
+        paths.append(tmp_path / f"rank{r}.pt.trace.json.gz")
+        with gzip.open(paths[-1], "wt") as fh:
+            json.dump(d, fh)
+    md, ctx, g, a = _report(_run(tmp_path, paths))
+    assert list(_failed(g)) == ["clocks_agree"]
+    flag = next(f for f in a.trace_summary.flags if f.code == "clock_disagreement")
+    assert "ranks [1]" in flag.message
+    assert ctx["verdict"].comm_split is None and all(lv.transfer_ms is None for lv in ctx["verdict"].levers)
+    assert "Caveat: the ranks' clocks disagree, so the cross-rank claims are withdrawn." in md
