@@ -8,7 +8,7 @@ Public API
   beside them are a cross-check), every artifact below written to `out_dir`. One unreadable
   rank becomes an error flag; the rest are analysed. `Analysis` holds the DataFrames
   (`decode_categories`, `steps`, `rank_categories`, `cross_rank`, `amdahl`, `timeline`,
-  `text_tables`), `summary` (the dict written as summary.json), `flags`, and per-rank
+  `text_tables`), `summary` (the `schema.TraceSummary` written as summary.json), `flags`, and per-rank
   `RankResult`s (`work`, `steps_tot`, `step_categories`, ...); `overview()`,
   `step_times()`, `other_names()`, `ranks_table()`, `flags_table()` give display tables.
 - `run_stage(params, run_dir, out_dir)`: stage 05 from a run folder (inputs, architecture

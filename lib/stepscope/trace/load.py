@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from stepscope import schema
 from stepscope.errors import TraceError
 from stepscope.filenames import parse_name, rank_from_filename, sglang_stage
 from stepscope.trace import split
@@ -53,7 +54,7 @@ class RankTrace:
     path: Path
     events: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-    flags: list[dict[str, str]] = field(default_factory=list)
+    flags: list[schema.Flag] = field(default_factory=list)
 
     @property
     def mode(self) -> str:
@@ -63,8 +64,8 @@ class RankTrace:
 # --------------------------------------------------------------------------- one rank
 
 
-def _flag(code: str, severity: str, message: str) -> dict[str, str]:
-    return {"code": code, "severity": severity, "message": message}
+def _flag(code: str, severity: str, message: str) -> schema.Flag:
+    return schema.Flag(code=code, severity=severity, message=message)
 
 
 def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Path | None = None,
@@ -126,7 +127,7 @@ def _summarize_meta(path: Path, top: dict[str, Any], stats: dict[str, Any]) -> d
 
 def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None,
             allow_no_rank: bool, *, from_cache: bool) -> RankTrace:
-    flags: list[dict[str, str]] = []
+    flags: list[schema.Flag] = []
     meta = dict(meta)
     meta["file"] = str(path)
     meta["from_cache"] = from_cache
@@ -189,7 +190,7 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
     return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
 
 
-def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[dict[str, str]]:
+def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[schema.Flag]:
     """Flags for what the parser dropped or cut besides work events (`parse._Collector`)."""
     out = []
     if n := int(meta.get("n_bad_other") or 0):
@@ -248,7 +249,7 @@ def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -
 
 def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = None,
                workers: int | None = None, memory_budget_bytes: int | None = None,
-               progress: bool = True) -> tuple[list[RankTrace], list[dict[str, str]]]:
+               progress: bool = True) -> tuple[list[RankTrace], list[schema.Flag]]:
     """Load many rank traces in parallel processes. A bad file never stops the others.
 
     Returns (ranks sorted by rank, flags). Each unreadable file becomes an error flag
@@ -310,10 +311,10 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
 
 
 def _one_per_rank(paths: list[Path], results: dict[Path, tuple[RankTrace | None, str | None]]
-                  ) -> tuple[list[RankTrace], list[dict[str, str]]]:
+                  ) -> tuple[list[RankTrace], list[schema.Flag]]:
     """(ranks sorted by rank, flags): unreadable files and duplicate ranks become flags; of
     SGLang's per-stage pair (DECODE, EXTEND) of one rank the DECODE trace is kept."""
-    flags: list[dict[str, str]] = []
+    flags: list[schema.Flag] = []
     ranks: dict[int, RankTrace] = {}
     for p in paths:  # input order decides which duplicate wins
         rt, err = results[p]
