@@ -19,8 +19,8 @@ from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, kind_evidence, trace_info, weight_formats_named
-from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
-from stepscope.wording import capture_delivery, short_names, work_unit
+from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks, new_flag
+from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import WHOLE_TRACE, build_work, find_steps, spec_decode_steps, unknown_step_names
 from stepscope.trace.tpot import tpot_against_step
 
@@ -220,10 +220,6 @@ class Analysis:
     def flags_table(self) -> pd.DataFrame:
         return pd.DataFrame([(f.code, f.severity, f.message) for f in self.flags],
                             columns=["code", "severity", "message"])
-
-
-def _flag(code: str, severity: str, message: str) -> schema.Flag:
-    return schema.Flag(code=code, severity=severity, message=message)
 
 
 def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[Path], list[Path]]:
@@ -480,7 +476,7 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     tables = loaded.tables
     modes = {r.mode for r in results}
     if len(modes) > 1:
-        flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
+        flags.append(new_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
     ranks_summary = [_rank_summary(r) for r in results]
     flags.extend(_rank_flags(ranks_summary))
     ref = results[0]
@@ -537,7 +533,7 @@ def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[schem
     check = collectives_check(observed, expected, why, ref.mode)
     check.rank, check.tp, check.tp_source = ref.rank, info["tp"], info["tp_source"]
     if check.match is False:
-        flags.append(_flag("collectives_mismatch", "warning",
+        flags.append(new_flag("collectives_mismatch", "warning",
                            "collectives per decode step differ from the architecture: "
                            + "; ".join(check.explanation)))
     return check
@@ -553,10 +549,10 @@ def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[schema.Flag],
         try:
             r = analyze_rank(rt, rules)
         except TraceError as exc:
-            flags.append(_flag("rank_unanalysable", "error", exc.render()))
+            flags.append(new_flag("rank_unanalysable", "error", exc.render()))
             continue
         except Exception as exc:  # noqa: BLE001 - one odd rank must not stop the others
-            flags.append(_flag("rank_unanalysable", "error",
+            flags.append(new_flag("rank_unanalysable", "error",
                                f"{rt.path}: unexpected {type(exc).__name__} while analysing: {exc} "
                                "(a stepscope bug; please report it with the file)"))
             continue
@@ -570,31 +566,18 @@ def _rank_flags(ranks_summary: list[schema.RankSummary]) -> list[schema.Flag]:
     flags: list[schema.Flag] = []
     for rs in ranks_summary:
         if rs.other_share > OTHER_SHARE_LIMIT:
-            top = ", ".join(f"{o.name[:60]} ({o.sum_us:.0f} us)" for o in rs.other_top_names[:3])
-            flags.append(_flag("other_share_high", "warning",
-                               f"rank {rs.rank}: {rs.other_share:.2%} of kernel time is "
-                               f"'other' (limit {OTHER_SHARE_LIMIT:.1%}); top: {top}; add rules "
-                               "in params analysis.extra_rules"))
+            flags.append(new_flag("other_share_high", "warning", rank=rs.rank, share=rs.other_share,
+                               limit_share=OTHER_SHARE_LIMIT, top_names=rs.other_top_names[:3]))
         if rs.unattributed_events:
             why = {k: v for k, v in rs.attribution.items() if k in ("none", "before_capture")}
-            flags.append(_flag("unattributed", "warning",
-                               f"rank {rs.rank}: {rs.unattributed_events} work events belong "
-                               f"to no recorded step ({why}; before_capture = launched before the "
-                               "capture's CPU side began, i.e. in an unrecorded earlier step)"))
+            flags.append(new_flag("unattributed", "warning", rank=rs.rank, n_events=rs.unattributed_events,
+                               by_reason=why))
         if rs.attribution.get("work_time", 0) and rs.excluded.get("n_launch_missing") == rs.n_device_events:
-            flags.append(_flag("no_launch_events", "info",
-                               f"rank {rs.rank}: no device event has its launch in the trace (no runtime "
-                               f"events): {rs.attribution['work_time']} are placed in steps by their own "
-                               "start time, which assumes the host and device clocks agree"))
+            flags.append(new_flag("no_launch_events", "info", rank=rs.rank, n_events=rs.attribution["work_time"]))
         if rs.step_source == WHOLE_TRACE:
-            flags.append(_flag("no_step_marker", "warning",
-                               f"rank {rs.rank}: no step marker (no engine or ProfilerStep annotation, graph "
-                               "launch or execute_model frame): the whole trace is read as one window, and its "
-                               "figures describe that window, not a step"))
+            flags.append(new_flag("no_step_marker", "warning", rank=rs.rank))
         elif rs.step_source.startswith(("graph", "exec")):
-            flags.append(_flag("step_fallback", "info",
-                               f"rank {rs.rank}: no step annotations; steps from "
-                               f"{rs.step_source}"))
+            flags.append(new_flag("step_fallback", "info", rank=rs.rank, step_source=rs.step_source))
     return flags
 
 
@@ -602,18 +585,18 @@ def _matched_flags(matched: dict) -> list[schema.Flag]:
     """Flags from matching collectives across ranks: clocks, differing call counts."""
     flags: list[schema.Flag] = []
     if matched.get("clock_flag"):
-        flags.append(_flag("clock_disagreement", "warning",
+        flags.append(new_flag("clock_disagreement", "warning",
                            f"ranks {matched['clock_flag']['ranks']}: matched collectives end "
                            f"{matched['clock_flag']['median_end_offset_us']} µs (median) from the "
                            "reference rank's; their clocks disagree, so cross-rank skews are not "
                            "trusted"))
     if matched.get("count_mismatch"):
-        flags.append(_flag("collective_count_mismatch", "warning",
+        flags.append(new_flag("collective_count_mismatch", "warning",
                            f"collective calls per rank differ ({matched['count_mismatch']}): "
                            "instances were matched in issue order up to the shortest rank"))
     off = {r: v for r, v in (matched.get("reconcile") or {}).items() if v["agree"] is False}
     if off:
-        flags.append(_flag("comm_readings_disagree", "warning",
+        flags.append(new_flag("comm_readings_disagree", "warning",
                            "a rank's matched collectives (wait + completion after the last arrival) and its "
                            "collective categories disagree by more than READINGS_AGREE_REL: " + "; ".join(
                                f"rank {r}: {v['matched_ms']:.3f} against {v['accounted_ms']:.3f} ms per step"
@@ -653,25 +636,16 @@ def _tpot_flags(times: dict, cpu: bool) -> list[schema.Flag]:
     """The decode step readings against the TPOT the client measured during capture (`cpu`:
     the trace's work is CPU ops, not device kernels)."""
     flags: list[schema.Flag] = []
-    unit = work_unit(cpu)
-    idle = "no op running" if cpu else "no device work"
     # Means throughout: the capture TPOT is a mean over requests, and the report shows
     # these readings as means.
-    if times["tpot_capture_ms"] and times["span_ms"]["mean"]:
-        ratio = times["kernel_sum_ms"]["mean"] / times["tpot_capture_ms"]
-        if ratio > 1.0:
-            flags.append(_flag("kernel_sum_above_tpot", "info",
-                               f"mean {unit[:-1]} sum per decode step ({times['kernel_sum_ms']['mean']:.3f} "
-                               f"ms) exceeds the mean TPOT measured during capture "
-                               f"({times['tpot_capture_ms']:.3f} ms): {unit} overlap; read the union "
-                               "and span instead"))
-        j = tpot_against_step(times["tpot_capture_ms"], None, times["span_ms"]["mean"])  # against the span
+    tpot, span, kernel_sum = times["tpot_capture_ms"], times["span_ms"]["mean"], times["kernel_sum_ms"]["mean"]
+    if tpot and span:
+        if kernel_sum / tpot > 1.0:
+            flags.append(new_flag("kernel_sum_above_tpot", "info", kernel_sum_ms=kernel_sum, tpot_ms=tpot, cpu=cpu))
+        j = tpot_against_step(tpot, None, span)  # against the span
         if j is not None and j.code == "tpot_above":
-            gap = j.gap_share
-            flags.append(_flag("span_below_tpot", "info",
-                               f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
-                               f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
-                               f"has {idle}: host-side overhead, scheduling or launch gaps)"))
+            flags.append(new_flag("span_below_tpot", "info", span_ms=span, tpot_ms=tpot, share=j.gap_share,
+                               cpu=cpu))
         flags.extend(_period_vs_tpot(times))
     return flags
 
@@ -748,14 +722,7 @@ def _period_vs_tpot(times: dict) -> list[schema.Flag]:
     j = tpot_against_step(tpot, period)  # the one judgement (trace.tpot); the flag reads the period only
     if j is None or j.code == "agree":
         return []
-    why = ("tokens reached the client in bursts (a starved API process or network), so the "
-           "client's decode time is short and its TTFT long; the period is the server's reading"
-           if j.code == "tpot_below" else
-           "time between a token leaving the engine and reaching the client (detokenizing, "
-           "streaming) that no step accounts for")
-    return [_flag("period_tpot_mismatch", "warning",
-                  f"the mean decode period in the trace is {period:.3f} ms but the mean TPOT the "
-                  f"client measured during capture is {tpot:.3f} ms ({period / tpot - 1:+.0%}): {why}")]
+    return [new_flag("period_tpot_mismatch", "warning", period_ms=period, tpot_ms=tpot, judgement=j.code)]
 
 
 def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
@@ -768,40 +735,28 @@ def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
 
 def _period_flags(period: dict) -> list[schema.Flag]:
     n = period.get("period_from_device_n")
-    return [_flag("period_from_device", "warning",
-                  f"{n} step(s): the host-side period was shorter than the device's busy time, so the period "
-                  f"is the device's step (first device event of one step to the next); shares and ceilings "
-                  f"divide by it")] if n else []
+    return [new_flag("period_from_device", "warning", n_steps=int(n))] if n else []
 
 
 def _info_flags(info: dict, results: list[RankResult]) -> list[schema.Flag]:
     out = []
     for r in results:
         if r.meta.get("unknown_step_names"):
-            names = r.meta["unknown_step_names"]
-            out.append(_flag("unknown_step_annotation", "warning",
-                             f"rank {r.rank}: {len(names)} annotation name(s) look like an engine "
-                             f"step but match no known form: {', '.join(names[:5])}; steps came "
-                             f"from {r.step_source}"))
+            out.append(new_flag("unknown_step_annotation", "warning", rank=r.rank,
+                             names=list(r.meta["unknown_step_names"]), step_source=r.step_source))
     if info["kind"] != "capture" and (info.get("kind_evidence") or {}).get("capture"):
-        out.append(_flag("capture_evidence", "warning",
+        out.append(new_flag("capture_evidence", "warning",
                          f"the {info['kind']} steps are judged, but the trace also shows a graph capture or "
                          f"warm-up ({'; '.join(info['kind_evidence']['capture'][:2])}): its kernels are "
                          f"recorded, not run"))
     if info["tp_disagreement"]:
-        out.append(_flag("tp_disagreement", "warning",
-                         f"TP from params is {info['tp']}, but the traces' distributedInfo."
-                         f"world_size is {info['world_size']}; the params value is used"))
+        out.append(new_flag("tp_disagreement", "warning", tp=info["tp"], world_size=info["world_size"]))
     if info["low_confidence"] and info["n_steps"] is not None:  # a window: no_step_marker says it
-        out.append(_flag("low_confidence", "warning",
-                         f"only {info['step_kinds'].get(info['judged_kind'], 0)} "
-                         f"{info['judged_kind']} step(s) with work (under 5): per-step figures "
-                         "rest on too few steps to show their spread"))
+        out.append(new_flag("low_confidence", "warning", n_steps=int(info["step_kinds"].get(info["judged_kind"], 0)),
+                         step_kind=info["judged_kind"]))
     world, present = info["world_size"], info["ranks_present"]
     if world and len(present) < world:
-        out.append(_flag("ranks_missing", "warning",
-                         f"{len(present)} of {world} ranks' traces given (ranks {present}); "
-                         "no cross-rank claim is made"))
+        out.append(new_flag("ranks_missing", "warning", ranks=list(present), world_size=world))
     return out
 
 
@@ -992,13 +947,13 @@ def capture_tpot(run_dir: str | Path) -> tuple[float | None, schema.Flag | None]
     try:
         lat = schema.read(path, schema.CaptureLatency)
     except (schema.ArtifactError, OSError) as exc:
-        return None, _flag("capture_latency_unreadable", "warning",
+        return None, new_flag("capture_latency_unreadable", "warning",
                            f"{path}: {exc}; the capture's TPOT is not set beside the trace")
     tpot = lat.tpot_ms_mean if lat.tpot_ms_mean is not None else lat.tpot_ms_median
     if not lat.tpot_is_delivery():
         return tpot, None
     mean = f"{tpot:.3f} ms" if tpot is not None else "none"
-    return None, _flag("capture_tpot_is_delivery", "warning",
+    return None, new_flag("capture_tpot_is_delivery", "warning",
                        f"the TPOT the client measured during capture (mean {mean}) measures delivery, not "
                        f"decode: {capture_delivery(lat)}. It is not set beside the trace's step readings; the "
                        f"period is the engine's own clock")
