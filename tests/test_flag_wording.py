@@ -49,6 +49,18 @@ PAIRS = [
      "the mean decode period in the trace is 26.400 ms but the mean TPOT the client measured during capture is "
      "20.000 ms (+32%): tokens reached the client in bursts (a starved API process or network), so the "
      "client's decode time is short and its TTFT long; the period is the server's reading"),
+    (_flag("mixed_modes"), "some ranks are GPU traces and some CPU-only"),
+    (_flag("bad_timestamps", rank=2, n_events=7),
+     "rank 2: dropped 7 annotation or launch events with a non-finite, negative or out-of-range timestamp or "
+     "duration (limits: parse.MAX_TS_US, MAX_DUR_US)"),
+    (_flag("names_capped", rank=0, n_events=3, limit_chars=4096),
+     "rank 0: 3 event names longer than 4,096 characters were cut to that length before the name rules saw "
+     "them (the names say how long they were)"),
+    (_flag("ids_out_of_range", rank=1, n_events=5),
+     "rank 1: 5 ids (correlation, External id, stream) outside 64-bit integers were read as no id, so those "
+     "events are matched by time instead"),
+    (_flag("unknown_event_category", rank=0, categories={"zeta": 2, "alpha": 1}),
+     "rank 0: ignored events of unknown category 'alpha' (1), 'zeta' (2)"),
     (_flag("rank_assumed", file="one.json.gz"),
      "one.json.gz: no distributedInfo.rank and no rank in the file name; a single trace was given, so it is "
      "treated as rank 0"),

@@ -264,6 +264,19 @@ _FLAG_WORDS = {
     "period_tpot_mismatch": (("period_ms", "tpot_ms", "judgement"), lambda f: (
         f"the mean decode period in the trace is {f.period_ms:.3f} ms but the mean TPOT the client measured "
         f"during capture is {f.tpot_ms:.3f} ms ({f.period_ms / f.tpot_ms - 1:+.0%}): {_tpot_words(f)}")),
+    "mixed_modes": ((), lambda f: "some ranks are GPU traces and some CPU-only"),
+    "bad_timestamps": (("rank", "n_events"), lambda f: (
+        f"rank {f.rank}: dropped {f.n_events} annotation or launch events with a non-finite, negative or "
+        "out-of-range timestamp or duration (limits: parse.MAX_TS_US, MAX_DUR_US)")),
+    "names_capped": (("rank", "n_events", "limit_chars"), lambda f: (
+        f"rank {f.rank}: {f.n_events} event names longer than {f.limit_chars:,} characters were cut to that "
+        "length before the name rules saw them (the names say how long they were)")),
+    "ids_out_of_range": (("rank", "n_events"), lambda f: (
+        f"rank {f.rank}: {f.n_events} ids (correlation, External id, stream) outside 64-bit integers were read "
+        "as no id, so those events are matched by time instead")),
+    "unknown_event_category": (("rank", "categories"), lambda f: (
+        f"rank {f.rank}: ignored events of unknown category "
+        + ", ".join(f"{c!r} ({n})" for c, n in sorted(f.categories.items())))),
     "rank_assumed": (("file",), lambda f: (
         f"{f.file}: no distributedInfo.rank and no rank in the file name; a single trace was given, so it is "
         "treated as rank 0")),
@@ -271,9 +284,8 @@ _FLAG_WORDS = {
 """{flag code: (the values its sentence needs, the sentence)}; codes not here keep the message
 stage 05 wrote (`FLAGS_WITHOUT_VALUES`)."""
 
-FLAGS_WITHOUT_VALUES = ("mixed_modes", "rank_unanalysable", "rank_unreadable", "duplicate_rank",
-                        "sglang_stage_split", "bad_durations", "bad_timestamps", "names_capped",
-                        "ids_out_of_range", "unknown_event_category", "collectives_mismatch",
+FLAGS_WITHOUT_VALUES = ("rank_unanalysable", "rank_unreadable", "duplicate_rank",
+                        "sglang_stage_split", "bad_durations", "collectives_mismatch",
                         "clock_disagreement", "collective_count_mismatch", "comm_readings_disagree",
                         "capture_evidence", "capture_latency_unreadable", "capture_tpot_is_delivery",
                         "text_table_mismatch")
@@ -288,6 +300,6 @@ def flag_message(flag) -> str:
     if words is None:
         return flag.message
     needs, sentence = words
-    if all(getattr(flag, k, None) is None for k in needs):
+    if needs and all(getattr(flag, k, None) is None for k in needs):
         return flag.message
     return sentence(flag)

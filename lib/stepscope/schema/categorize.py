@@ -487,7 +487,8 @@ class Flag(Record, kw_only=True, omit_defaults=True):
     n_steps: int | None = None
     """Steps counted: judged steps (`low_confidence`), steps timed on the device (`period_from_device`)."""
     n_events: int | None = None
-    """Work events counted: unattributed, or placed by their own start (`no_launch_events`)."""
+    """Events counted: work unattributed, or placed by its own start (`no_launch_events`); events
+    dropped (`bad_timestamps`), names cut (`names_capped`), ids unread (`ids_out_of_range`)."""
     step_kind: str | None = None
     """The judged step kind (`low_confidence`)."""
     step_source: str | None = None
@@ -505,6 +506,10 @@ class Flag(Record, kw_only=True, omit_defaults=True):
     """The largest names in `other` (`other_share_high`), at most three."""
     by_reason: dict[str, int] | None = None
     """{why a work event found no step: events} (`unattributed`)."""
+    categories: dict[str, int] | None = None
+    """{event category the loader does not know: events ignored} (`unknown_event_category`)."""
+    limit_chars: int | None = None
+    """The length event names were cut to (`names_capped`: `trace.frames.NAME_CAP_CHARS`)."""
     period_ms: float | None = None
     """The mean decode step period."""
     tpot_ms: float | None = None

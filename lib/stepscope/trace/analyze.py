@@ -476,7 +476,7 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     tables = loaded.tables
     modes = {r.mode for r in results}
     if len(modes) > 1:
-        flags.append(new_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
+        flags.append(new_flag("mixed_modes", "warning"))
     ranks_summary = [_rank_summary(r) for r in results]
     flags.extend(_rank_flags(ranks_summary))
     ref = results[0]

@@ -188,9 +188,8 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
                            f"non-finite or out-of-range duration or timestamp (e.g. {ex})"))
     flags.extend(_dropped_or_cut_flags(rank, meta))
     if unknown:
-        listing = ", ".join(f"{c!r} ({n})" for c, n in sorted(unknown.items()))
-        flags.append(new_flag("unknown_event_category", "warning",
-                           f"rank {rank}: ignored events of unknown category {listing}"))
+        flags.append(new_flag("unknown_event_category", "warning", rank=int(rank),
+                              categories={str(c): int(n) for c, n in unknown.items()}))
     meta["mode"] = "gpu" if n_dev else "cpu"
     return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
 
@@ -199,17 +198,11 @@ def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[schema.Flag]:
     """Flags for what the parser dropped or cut besides work events (`parse._Collector`)."""
     out = []
     if n := int(meta.get("n_bad_other") or 0):
-        out.append(new_flag("bad_timestamps", "warning",
-                         f"rank {rank}: dropped {n} annotation or launch events with a non-finite, negative "
-                         f"or out-of-range timestamp or duration (limits: parse.MAX_TS_US, MAX_DUR_US)"))
+        out.append(new_flag("bad_timestamps", "warning", rank=int(rank), n_events=n))
     if n := int(meta.get("n_names_capped") or 0):
-        out.append(new_flag("names_capped", "warning",
-                         f"rank {rank}: {n} event names longer than {NAME_CAP_CHARS:,} characters were cut "
-                         "to that length before the name rules saw them (the names say how long they were)"))
+        out.append(new_flag("names_capped", "warning", rank=int(rank), n_events=n, limit_chars=NAME_CAP_CHARS))
     if n := int(meta.get("n_huge_ids") or 0):
-        out.append(new_flag("ids_out_of_range", "warning",
-                         f"rank {rank}: {n} ids (correlation, External id, stream) outside 64-bit integers "
-                         "were read as no id, so those events are matched by time instead"))
+        out.append(new_flag("ids_out_of_range", "warning", rank=int(rank), n_events=n))
     return out
 
 
