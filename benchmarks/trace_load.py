@@ -72,7 +72,7 @@ elif kind == "stepscope_df":
 elif kind == "analysis":
     with tempfile.TemporaryDirectory() as out:
         an = analyze_traces(Path(path), Path(out), perfetto=False, progress=False)
-    n = sum(r["n_device_events"] for r in an.summary["ranks"])
+    n = sum(r.n_device_events for r in an.summary.ranks)
 elif kind == "hta":
     import os
     ta = TraceAnalysis(trace_dir=os.path.dirname(path))

@@ -46,10 +46,10 @@ def test_real_bunched_capture_is_flagged_not_used(tmp_path: Path):
     assert lat.tpot_is_delivery()
     tpot, flag = capture_tpot(tmp_path)
     assert tpot is None
-    assert flag["code"] == "capture_tpot_is_delivery" and flag["severity"] == "warning"
-    assert "(mean 0.000 ms) measures delivery, not decode" in flag["message"]
-    assert "100 % of token chunks arrived together" in flag["message"]
-    assert f"median TTFT {fmt_num(lat.ttft_ms_median)} of {fmt_num(lat.e2el_ms_median)} ms" in flag["message"]
+    assert flag.code == "capture_tpot_is_delivery" and flag.severity == "warning"
+    assert "(mean 0.000 ms) measures delivery, not decode" in flag.message
+    assert "100 % of token chunks arrived together" in flag.message
+    assert f"median TTFT {fmt_num(lat.ttft_ms_median)} of {fmt_num(lat.e2el_ms_median)} ms" in flag.message
 
 
 def test_real_request_with_spaced_chunks_keeps_its_tpot(tmp_path: Path):
@@ -78,8 +78,8 @@ def test_unreadable_capture_latency_is_named(tmp_path: Path):
     d.mkdir()
     (d / "capture_latency.json").write_text('{"tpot_ms_mean": "fast"')
     tpot, flag = capture_tpot(tmp_path)
-    assert tpot is None and flag["code"] == "capture_latency_unreadable"
-    assert str(d / "capture_latency.json") in flag["message"]
+    assert tpot is None and flag.code == "capture_latency_unreadable"
+    assert str(d / "capture_latency.json") in flag.message
 
 
 def test_reconciliation_claims_no_missing_span_for_a_zero_tpot():
@@ -106,6 +106,6 @@ def test_real_capture_that_stalled_mid_stream_is_flagged_not_used(tmp_path: Path
     assert lat.stall_share == pytest.approx(lat.stall_total_s / wall_s)
     assert lat.stalled() and not lat.bunched() and lat.tpot_is_delivery()
     tpot, flag = capture_tpot(tmp_path)
-    assert tpot is None and flag["code"] == "capture_tpot_is_delivery"
+    assert tpot is None and flag.code == "capture_tpot_is_delivery"
     assert (f"the stream stopped for {fmt_num(lat.stall_total_s)} s in all, {fmt_num(100 * lat.stall_share)} % of "
-            "the capture") in flag["message"]
+            "the capture") in flag.message

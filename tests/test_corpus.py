@@ -78,45 +78,45 @@ def test_corpus_fact(name, check, corpus_tmp):
 
 
 def _kind(facts, got):
-    info = got["summary"]["trace_info"]
-    if "kind" not in info:
+    info = got["summary"].trace_info
+    if info is None or info.kind is None:
         pytest.xfail("trace kind not yet detected")
-    assert info["kind"] == facts["kind"], info.get("kind_evidence")
+    assert info.kind == facts["kind"], info.kind_evidence
 
 
 def _n_steps(facts, got):
     # None in the facts: the trace has no step marker, and stepscope should say so, not count one
-    n = got["summary"]["trace_info"].get("n_steps")
+    n = got["summary"].trace_info.n_steps
     assert (n or None) == facts["n_steps"]
 
 
 def _world_size(facts, got):
-    assert got["summary"]["trace_info"].get("world_size") == facts["world_size"]
+    assert got["summary"].trace_info.world_size == facts["world_size"]
 
 
 def _rank_shown(facts, got):
-    assert got["summary"]["ranks"][0]["rank"] == facts["rank_shown"]
+    assert got["summary"].ranks[0].rank == facts["rank_shown"]
 
 
 def _device_events(facts, got):
-    r = got["summary"]["ranks"][0]
+    r = got["summary"].ranks[0]
     if facts["device_events"] == 0:  # a CPU-only trace: stepscope reads its CPU ops as the work, and says so
-        assert r["mode"] == "cpu"
+        assert r.mode == "cpu"
         return
-    assert r["n_device_events"] == facts["device_events"]
+    assert r.n_device_events == facts["device_events"]
 
 
 def _device_sum_ms(facts, got):
-    r = got["summary"]["ranks"][0]
+    r = got["summary"].ranks[0]
     if facts["device_events"] == 0:
-        assert r["mode"] == "cpu"
+        assert r.mode == "cpu"
         return
-    assert math.isclose(r["kernel_sum_us"] / 1000, facts["device_sum_ms"], abs_tol=SUM_TOL_MS)
+    assert math.isclose(r.kernel_sum_us / 1000, facts["device_sum_ms"], abs_tol=SUM_TOL_MS)
 
 
 def _collectives(facts, got):
-    observed = (got["summary"].get("collectives_check") or {}).get("observed") or {}
-    seen = {k: v["median"] for k, v in observed.items() if isinstance(v, dict) and v.get("median")}
+    # every collective with calls in the judged steps, by its median count per step
+    seen = {k: median for k, median in got["summary"].collectives_check.observed.per_step().items() if median}
     assert seen == facts["collectives_per_step"]
 
 
@@ -139,8 +139,8 @@ def _shares_at_most_100(facts, got):
 
 
 def _busy_at_most_period(facts, got):
-    steps = (got["summary"].get("decode") or {}).get("steps") or {}
-    busy, period = (steps.get("union_ms") or {}).get("median"), (steps.get("period_ms") or {}).get("median")
+    steps = got["summary"].decode.steps
+    busy, period = steps.union_ms.median, steps.period_ms.median if steps.period_ms is not None else None
     if busy is None or period is None:
         assert facts["n_steps"] is None or facts["n_steps"] == 1 or not facts["takes_verdict"]
         return

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import thresholds
+from stepscope import schema, thresholds
 from stepscope.errors import StepscopeError
 from stepscope.report import prose
 from stepscope.report import verdict as vd
@@ -34,8 +34,8 @@ def test_load_and_analyse_write_nothing_and_agree_with_the_one_call(run, real_tr
     an = analyse(loaded, progress=False)
     assert not (out / "summary.json").exists()  # the write step is its own
     one = json.loads((run / "05_categorize" / "summary.json").read_text())
-    assert an.summary["decode"]["period_ms"] == pytest.approx(one["decode"]["period_ms"])
-    assert [c["category"] for c in an.summary["decode"]["categories"]] == \
+    assert schema.to_builtins(an.summary.decode.period_ms) == pytest.approx(one["decode"]["period_ms"])
+    assert [c.category for c in an.summary.decode.categories] == \
         [c["category"] for c in one["decode"]["categories"]]
 
 

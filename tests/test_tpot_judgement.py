@@ -35,7 +35,7 @@ def _times(tpot, period, span):
 def test_one_judgement_read_by_stage05_the_reconciliation_and_the_verdict(tpot, period, span, reference, code):
     j = tpot_against_step(tpot, period, span)
     assert (j.reference, j.code) == (reference, code)
-    flags = {f["code"] for f in _tpot_flags(_times(tpot, period, span), cpu=False)}
+    flags = {f.code for f in _tpot_flags(_times(tpot, period, span), cpu=False)}
     # stage 05 flags the period disagreeing either way, and TPOT above the span
     assert ("period_tpot_mismatch" in flags) == (reference == "period" and code != "agree")
     span_j = tpot_against_step(tpot, None, span)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepscope import schema
 from stepscope.trace.account import account_rank, grouped_union, union_length
 from stepscope.trace.analyze import analyze_rank, analyze_traces, collectives_check
 from stepscope.trace.categorize import classify_name, make_rules
@@ -283,13 +284,13 @@ def test_exposed_times_partition_busy_when_one_class_overlaps_itself():
 
 
 def test_collectives_check_explains_mismatch():
-    obs = {"all_reduce": {"median": 127.0, "min": 127, "max": 127},
-           "all_gather": {"median": 1.0, "min": 1, "max": 1}}
-    c = collectives_check(obs, {"all_reduce": 123, "all_gather": 1}, None, "gpu")
-    assert c["match"] is False
-    assert "4 more all-reduces" in c["explanation"][0]
+    obs = schema.ObservedCollectives(all_reduce=schema.CountStat(median=127.0, min=127, max=127),
+                                     all_gather=schema.CountStat(median=1.0, min=1, max=1))
+    c = collectives_check(obs, schema.ExpectedCollectives(all_reduce=123, all_gather=1), None, "gpu")
+    assert c.match is False
+    assert "4 more all-reduces" in c.explanation[0]
     c = collectives_check(obs, None, "no architecture given", "gpu")
-    assert c["match"] is None and "no architecture" in c["explanation"][0]
+    assert c.match is None and "no architecture" in c.explanation[0]
 
 
 SUMMARY_RANK_KEYS = {"rank", "n_device_events", "kernel_sum_us", "busy_us", "idle_us", "span_us",
@@ -326,7 +327,7 @@ def test_analyze_traces_writes_the_documented_artifacts(real_traces: Path, tmp_p
                          f"({1 - span_mean / 30.0:.0%} of each token has no op running: host-side overhead, "
                          "scheduling or launch gaps)"]
     tt = s["text_table_check"][0]
-    assert tt["layout"] == "cpu" and "flag" not in tt
+    assert tt["layout"] == "cpu" and tt.get("flag") is None
     # The table's collective call counts (whole capture) equal the trace's (all in steps).
     assert {(c["name"], c["calls_table"], c["calls_trace_in_steps"]) for c in tt["collective_calls"]} == {
         ("c10d::allreduce_", 60, 60), ("c10d::_allgather_base_", 12, 12)}
@@ -344,4 +345,4 @@ def test_analyze_traces_writes_the_documented_artifacts(real_traces: Path, tmp_p
     assert any(n.startswith("[all_reduce] ") for n in names)
     # Second analysis of the same files comes from the Parquet cache.
     an2 = analyze_traces(paths, tmp_path, arch=arch, tp=2, progress=False, perfetto=False)
-    assert an2.summary["ranks"][0]["kernel_sum_us"] == an.summary["ranks"][0]["kernel_sum_us"]
+    assert an2.summary.ranks[0].kernel_sum_us == an.summary.ranks[0].kernel_sum_us

@@ -79,7 +79,7 @@ def test_negative_and_missing_durations(tmp_path: Path):
     many = [_kernel(float(i * 10), 5.0, corr=i) for i in range(2000)] + [_kernel(1e6, -1.0, corr=9999)]
     rt = load_rank(_write(tmp_path / "rank1.json", _trace(many, rank=1)))
     assert len(rt.events) == 2000
-    assert rt.flags[0]["code"] == "bad_durations"
+    assert rt.flags[0].code == "bad_durations"
 
 
 def test_unknown_event_category(tmp_path: Path):
@@ -87,7 +87,7 @@ def test_unknown_event_category(tmp_path: Path):
     with pytest.raises(TraceError, match="unknown event categories 'gpu_kernel_v9'"):
         load_rank(_write(tmp_path / "rank0.json", _trace(ev)))
     rt = load_rank(_write(tmp_path / "rank1.json", _trace(ev + [_kernel(5.0, 1.0)], rank=1)))
-    assert rt.flags[0]["code"] == "unknown_event_category"
+    assert rt.flags[0].code == "unknown_event_category"
 
 
 def test_duplicate_rank_and_bad_rank_do_not_stop_the_others(real_traces: Path, tmp_path: Path):
@@ -99,9 +99,9 @@ def test_duplicate_rank_and_bad_rank_do_not_stop_the_others(real_traces: Path, t
                                real_traces / "vllm-cpu-tinyllama-tp2-rank1.pt.trace.json.gz"],
                               workers=1, progress=False)
     assert [r.rank for r in ranks] == [0, 1]
-    codes = sorted(f["code"] for f in flags)
+    codes = sorted(f.code for f in flags)
     assert codes == ["duplicate_rank", "rank_unreadable"]
-    assert any("copy_rank0" in f["message"] for f in flags if f["code"] == "duplicate_rank")
+    assert any("copy_rank0" in f.message for f in flags if f.code == "duplicate_rank")
 
 
 def test_analyze_reports_bad_rank_in_flags(real_traces: Path, tmp_path: Path):
@@ -109,6 +109,6 @@ def test_analyze_reports_bad_rank_in_flags(real_traces: Path, tmp_path: Path):
     broken.write_bytes(gzip.compress(b'{"traceEvents": [')[:-6])
     an = analyze_traces([real_traces / GOOD, broken], tmp_path / "out", progress=False,
                         perfetto=False)
-    assert [r["rank"] for r in an.summary["ranks"]] == [0]
-    assert any(f["code"] == "rank_unreadable" and "rank7.json.gz" in f["message"]
-               for f in an.summary["flags"])
+    assert [r.rank for r in an.summary.ranks] == [0]
+    assert any(f.code == "rank_unreadable" and "rank7.json.gz" in f.message
+               for f in an.summary.flags)

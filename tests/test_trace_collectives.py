@@ -16,22 +16,22 @@ TP2 = [f"vllm-cpu-tinyllama-tp2-rank{i}.pt.trace.json.gz" for i in (0, 1)]
 
 def test_tp2_cpu_all_reduces_split_into_waiting_and_transfer(real_traces: Path, tmp_path: Path):
     an = analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False)
-    m = an.summary["collectives_matched"]
-    assert (m["world_size"], m["ranks_present"], m["complete"], m["clock_flag"]) == (2, [0, 1], True, None)
-    ar = m["by_category"]["all_reduce"]
+    m = an.summary.collectives_matched
+    assert (m.world_size, m.ranks_present, m.complete, m.clock_flag) == (2, [0, 1], True, None)
+    ar = m.by_category["all_reduce"]
     # The 50 all-reduces of the 10 decode steps, matched in issue order.
-    assert ar["n_instances"] == 50 and ar["n_asymmetric"] == 0
-    assert ar["skew_us"]["p90"] == pytest.approx(4265.5, abs=1.0)      # review: ~4.3 ms
-    assert ar["transfer_us"]["p50"] == pytest.approx(701.4, abs=1.0)   # review: ~0.70 ms
+    assert ar.n_instances == 50 and ar.n_asymmetric == 0
+    assert ar.skew_us.p90 == pytest.approx(4265.5, abs=1.0)      # review: ~4.3 ms
+    assert ar.transfer_us.p50 == pytest.approx(701.4, abs=1.0)   # review: ~0.70 ms
     # Rank 0 arrives last most of the time; rank 1 does the waiting.
-    assert ar["straggler_rank"] == 0
-    assert ar["wait_ms_per_step_by_rank"]["0"] == pytest.approx(0.225, abs=0.001)
-    assert ar["wait_ms_per_step_by_rank"]["1"] == pytest.approx(4.315, abs=0.001)
-    assert ar["transfer_ms_per_step"] == pytest.approx(8.016, abs=0.001)
+    assert ar.straggler_rank == 0
+    assert ar.wait_ms_per_step_by_rank["0"] == pytest.approx(0.225, abs=0.001)
+    assert ar.wait_ms_per_step_by_rank["1"] == pytest.approx(4.315, abs=0.001)
+    assert ar.transfer_ms_per_step == pytest.approx(8.016, abs=0.001)
     # vLLM's logits gather: rank 1 leaves before rank 0 arrives in 6 of 10; no transfer then.
-    assert m["by_category"]["all_gather"]["n_asymmetric"] == 6
+    assert m.by_category["all_gather"].n_asymmetric == 6
     t = pd.read_csv(tmp_path / "collective_instances.csv")
-    assert len(t) == m["n_instances"] == 72
+    assert len(t) == m.n_instances == 72
     assert t.loc[t["asymmetric"], "transfer_us"].isna().all()
     row = t[t["category"] == "all_reduce"].iloc[0]
     assert row["skew_us"] == pytest.approx(abs(row["arrival_us_r0"] - row["arrival_us_r1"]))
@@ -43,10 +43,10 @@ def test_tp2_cpu_all_reduces_split_into_waiting_and_transfer(real_traces: Path, 
 def test_ranks_missing_from_the_world_make_no_cross_rank_claim(real_traces: Path, tmp_path: Path):
     an = analyze_traces([real_traces / f"hta-sampled-rank-{i}.json.gz" for i in (0, 1)], tmp_path,
                         progress=False, perfetto=False)
-    m = an.summary["collectives_matched"]
-    assert (m["complete"], m["n_instances"], m["transfer_ms_per_step"], m["straggler_rank"]) == (
+    m = an.summary.collectives_matched
+    assert (m.complete, m.n_instances, m.transfer_ms_per_step, m.straggler_rank) == (
         False, 0, None, None)
-    assert m["reason"] == "2 of 128 ranks present: no cross-rank claim is made"
+    assert m.reason == "2 of 128 ranks present: no cross-rank claim is made"
     assert pd.read_csv(tmp_path / "collective_instances.csv").empty
 
 
@@ -75,25 +75,25 @@ def test_gpu_bandwidth_from_message_size_and_a_clock_flag(tmp_path: Path):
     r0 = _gpu_rank(tmp_path, 0, [(1000.0 * k, 300.0) for k in range(1, 7)])
     r1 = _gpu_rank(tmp_path, 1, [(1000.0 * k + 100.0, 200.0) for k in range(1, 7)])
     an = analyze_traces([r0, r1], tmp_path / "out", progress=False, perfetto=False)
-    m = an.summary["collectives_matched"]
-    ar = m["by_category"]["all_reduce"]
-    assert ar["n_instances"] == 6 and ar["straggler_rank"] == 1
-    assert ar["skew_us"]["p50"] == pytest.approx(100.0) and ar["transfer_us"]["p50"] == pytest.approx(200.0)
-    assert ar["wait_ms_per_step_by_rank"] == {"0": pytest.approx(0.1), "1": pytest.approx(0.0)}
-    assert ar["bytes_p50"] == 8 * 1024 * 1024  # 4 Mi bf16 elements
+    m = an.summary.collectives_matched
+    ar = m.by_category["all_reduce"]
+    assert ar.n_instances == 6 and ar.straggler_rank == 1
+    assert ar.skew_us.p50 == pytest.approx(100.0) and ar.transfer_us.p50 == pytest.approx(200.0)
+    assert ar.wait_ms_per_step_by_rank == {"0": pytest.approx(0.1), "1": pytest.approx(0.0)}
+    assert ar.bytes_p50 == 8 * 1024 * 1024  # 4 Mi bf16 elements
     # algbw = 8 MiB / 200 µs; busbw = algbw x 2(n-1)/n = algbw at n = 2.
-    assert ar["busbw_gbps_p50"] == pytest.approx(8 * 1024 * 1024 / 200e-6 / 1e9)
-    assert m["clock_flag"] is None
+    assert ar.busbw_gbps_p50 == pytest.approx(8 * 1024 * 1024 / 200e-6 / 1e9)
+    assert m.clock_flag is None
     # On a GPU an instance is one kernel: nothing inside it but the collective, so the two
     # readings of each rank's communication agree exactly.
-    for v in m["reconcile"].values():
-        assert v["inside_idle_ms"] == 0.0 and v["inside_other_ms"] == 0.0 and v["agree"] is True
-        assert v["matched_ms"] == pytest.approx(v["accounted_ms"], rel=1e-12)
+    for v in m.reconcile.values():
+        assert v.inside_idle_ms == 0.0 and v.inside_other_ms == 0.0 and v.agree is True
+        assert v.matched_ms == pytest.approx(v.accounted_ms, rel=1e-12)
     # The same capture with rank 1's clock 1 s ahead: the ranks' clocks disagree.
     r1 = _gpu_rank(tmp_path, 1, [(1000.0 * k + 100.0, 200.0) for k in range(1, 7)], clock_offset=1e6)
     an = analyze_traces([r0, r1], tmp_path / "out2", progress=False, perfetto=False)
-    assert an.summary["collectives_matched"]["clock_flag"]["ranks"] == [1]
-    assert any(f["code"] == "clock_disagreement" for f in an.flags)
+    assert an.summary.collectives_matched.clock_flag.ranks == [1]
+    assert any(f.code == "clock_disagreement" for f in an.flags)
 
 
 def test_nccl_factors_and_kernel_dtypes():
@@ -109,35 +109,35 @@ def test_nccl_factors_and_kernel_dtypes():
 def test_waiting_and_completion_add_up_per_rank_and_are_checked_against_the_accounting(
         real_traces: Path, tmp_path: Path):
     an = analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False)
-    m = an.summary["collectives_matched"]
-    wait, after, matched = (m[k] for k in ("wait_ms_per_step_by_rank", "after_last_arrival_ms_per_step_by_rank",
+    m = an.summary.collectives_matched
+    wait, after, matched = (getattr(m, k) for k in ("wait_ms_per_step_by_rank", "after_last_arrival_ms_per_step_by_rank",
                                            "matched_ms_per_step_by_rank"))
     for r in ("0", "1"):
         assert wait[r] + after[r] == pytest.approx(matched[r], rel=1e-12)
     assert matched == {"0": pytest.approx(9.541, abs=0.001), "1": pytest.approx(12.560, abs=0.001)}
     # The pooled figures are a typical rank's: their sum (10.48 ms) is more than rank 0 spent.
-    assert m["wait_ms_per_step"] + m["transfer_ms_per_step"] == pytest.approx(10.478, abs=0.001)
-    assert m["wait_ms_per_step"] == pytest.approx((wait["0"] + wait["1"]) / 2)
+    assert m.wait_ms_per_step + m.transfer_ms_per_step == pytest.approx(10.478, abs=0.001)
+    assert m.wait_ms_per_step == pytest.approx((wait["0"] + wait["1"]) / 2)
     # Second reading: the collective categories' time. Rank 0's instances hold 0.49 ms per step
     # that the accounting does not call communication; shown side by side and flagged.
-    rec = m["reconcile"]
-    assert rec["0"]["accounted_ms"] == pytest.approx(9.053, abs=0.001) and rec["0"]["agree"] is False
-    assert rec["1"]["accounted_ms"] == pytest.approx(12.305, abs=0.001) and rec["1"]["agree"] is True
+    rec = m.reconcile
+    assert rec["0"].accounted_ms == pytest.approx(9.053, abs=0.001) and rec["0"].agree is False
+    assert rec["1"].accounted_ms == pytest.approx(12.305, abs=0.001) and rec["1"].agree is True
     # Where the 0.49 ms lie: inside the instances, time with no recorded op (the traces carry no
     # Python events) and other categories' ops; the two close the gap exactly on both ranks.
     for r in ("0", "1"):
         v = rec[r]
-        assert v["accounted_ms"] + v["inside_idle_ms"] + v["inside_other_ms"] == pytest.approx(v["matched_ms"],
+        assert v.accounted_ms + v.inside_idle_ms + v.inside_other_ms == pytest.approx(v.matched_ms,
                                                                                             rel=1e-9)
-    assert rec["0"]["inside_idle_ms"] == pytest.approx(0.410, abs=0.001)
-    assert rec["0"]["inside_other_ms"] == pytest.approx(0.078, abs=0.001)
-    flag = [f for f in an.flags if f["code"] == "comm_readings_disagree"]
+    assert rec["0"].inside_idle_ms == pytest.approx(0.410, abs=0.001)
+    assert rec["0"].inside_other_ms == pytest.approx(0.078, abs=0.001)
+    flag = [f for f in an.flags if f.code == "comm_readings_disagree"]
     assert len(flag) == 1 and "rank 0: 9.541 against 9.053 ms per step (inside its instances 0.410 ms per step " \
-        "run no recorded op" in flag[0]["message"] and "0.078 ms other categories' work" in flag[0]["message"]
+        "run no recorded op" in flag[0].message and "0.078 ms other categories' work" in flag[0].message
     # steps.csv: the reference rank's own wait and completion, beside the mean over ranks.
     st = an.steps.query("rank == 0 and kind == 'decode'")
     assert (st["coll_wait_us"] + st["coll_after_us"]).mean() / 1e3 == pytest.approx(matched["0"])
-    assert st["coll_wait_mean_us"].mean() / 1e3 == pytest.approx(m["wait_ms_per_step"])
+    assert st["coll_wait_mean_us"].mean() / 1e3 == pytest.approx(m.wait_ms_per_step)
 
 
 def test_a_rank_that_leaves_first_waits_only_until_it_leaves(real_traces: Path, tmp_path: Path):
@@ -177,7 +177,7 @@ def test_cpu_only_nccl_job_counts_each_nccl_annotation_once(real_traces: Path, t
     calls = w[w["collective_call"]]
     assert len(calls) == 6 and set(calls["name"]) == {"record_param_comms"}
     assert set(calls["category"].astype(str)) == {"other_collective"}
-    assert an.summary["collectives_check"]["observed"]["other_collective"]["median"] == 6
+    assert an.summary.collectives_check.observed.other_collective.median == 6
     # the six shorter record_param_comms ops after the calls (their waits) are no calls
     rpc = w[(w["name"] == "record_param_comms") & w["is_call"]]
     assert len(rpc) == 6

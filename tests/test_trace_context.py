@@ -156,10 +156,10 @@ def test_summary_reports_catch_all_beside_other(real_traces: Path, tmp_path: Pat
 
     an = analyze_traces([real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"], tmp_path,
                         progress=False, perfetto=False)
-    (r,) = an.summary["ranks"]
-    assert r["other_share"] == 0.0 and r["other_top_names"] == []
-    assert r["catch_all_share"] == pytest.approx(10.598 / r["kernel_sum_us"], rel=1e-6)
-    assert [(x["name"], x["count"]) for x in r["catch_all_top_names"]] == [("triton_poi_fused_0", 1)]
+    (r,) = an.summary.ranks
+    assert r.other_share == 0.0 and r.other_top_names == []
+    assert r.catch_all_share == pytest.approx(10.598 / r.kernel_sum_us, rel=1e-6)
+    assert [(x.name, x.count) for x in r.catch_all_top_names] == [("triton_poi_fused_0", 1)]
 
 
 def test_fbgemm_in_a_kernels_template_arguments_does_not_make_it_a_gemm(real_traces: Path):

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.trace.analyze import analyze_traces
+from stepscope import schema
+from stepscope.trace.analyze import Analysis, analyze_traces
 from stepscope.trace.steps import parse_step_name, unknown_step_names
 
 
-def _info(real_traces: Path, name: str, tmp_path: Path) -> dict:
-    an = analyze_traces([real_traces / name], tmp_path, progress=False, perfetto=False)
-    return an.summary["trace_info"] | {"_flags": [f["code"] for f in an.flags], "_summary": an.summary}
+def _analysed(real_traces: Path, name: str, tmp_path: Path) -> Analysis:
+    return analyze_traces([real_traces / name], tmp_path, progress=False, perfetto=False)
+
+
+def _info(real_traces: Path, name: str, tmp_path: Path) -> schema.TraceInfo:
+    return _analysed(real_traces, name, tmp_path).summary.trace_info
 
 
 @pytest.mark.parametrize("name,kind,evidence_kind,must_list", [
@@ -35,9 +39,9 @@ def _info(real_traces: Path, name: str, tmp_path: Path) -> dict:
 ])
 def test_kind_comes_from_evidence_listed_in_trace_info(real_traces, tmp_path, name, kind, evidence_kind, must_list):
     info = _info(real_traces, name, tmp_path)
-    assert info["kind"] == kind
+    assert info.kind == kind
     for item in must_list:
-        assert item in info["kind_evidence"][evidence_kind]
+        assert item in info.kind_evidence[evidence_kind]
 
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
@@ -55,45 +59,47 @@ CORPUS = Path(__file__).parent / "data" / "corpus"
 ])
 def test_kind_without_engine_steps_comes_from_modules_ops_or_kernels(tmp_path, path, kind, evidence_kind, evidence):
     info = _info(CORPUS.parent, path, tmp_path)
-    assert info["kind"] == kind
-    assert info["kind_evidence"][evidence_kind][:len(evidence)] == evidence
+    assert info.kind == kind
+    assert info.kind_evidence[evidence_kind][:len(evidence)] == evidence
 
 
 def test_igemm_backward_kernels_are_training_evidence(tmp_path):
     info = _info(CORPUS, "tracelens-mi210-gpu-only.json.gz", tmp_path)
-    listed = info["kind_evidence"]["training"]
+    listed = info.kind_evidence["training"]
     assert len(listed) == 4 and listed[1].startswith("kernel `igemm_wrw_gtcx2_nhwc_bf16") and listed[1].endswith("×10")
-    assert "vision" not in info["kind_evidence"]  # no conv2d op: a kernel-only trace's convolutions are no CNN claim
+    assert "vision" not in info.kind_evidence  # no conv2d op: a kernel-only trace's convolutions are no CNN claim
 
 
 def test_no_step_marker_reads_one_window(tmp_path):
     # torch.compile's one call: no step marker, so no step is counted; stage 05 says it read a window
-    info = _info(CORPUS, "tracelens-torch-compile-triton.json.gz", tmp_path)
-    assert (info["n_steps"], info["step_source"], info["kind"]) == (None, "whole_trace", "single_step")
-    flags = {f["code"]: f["message"] for f in info["_summary"]["flags"]}
+    an = _analysed(CORPUS, "tracelens-torch-compile-triton.json.gz", tmp_path)
+    info = an.summary.trace_info
+    assert (info.n_steps, info.step_source, info.kind) == (None, "whole_trace", "single_step")
+    flags = {f.code: f.message for f in an.summary.flags}
     assert "low_confidence" not in flags and "step_fallback" not in flags
     assert "the whole trace is read as one window" in flags["no_step_marker"]
-    assert info["_summary"]["decode"]["denominator_reason"].startswith("no step marker")
+    assert an.summary.decode.denominator_reason.startswith("no step marker")
 
 
 def test_non_llm_inference_takes_no_batch_from_token_ids(real_traces, tmp_path):
     # The text encoder's [1, 77] token ids are no batch of requests.
-    info = _info(real_traces, "tracelens-mi300x-xdit-sd3.5-two-passes.json.gz", tmp_path)
-    assert info["batch_size"] is None and info["batch_source"] is None
+    an = _analysed(real_traces, "tracelens-mi300x-xdit-sd3.5-two-passes.json.gz", tmp_path)
+    info = an.summary.trace_info
+    assert info.batch_size is None and info.batch_source is None
     # one profiler step holding two passes of the denoiser (the excerpt keeps 2 of 4)
-    assert info["step_kinds"] == {"profiler_step": 1} and info["model_passes"] == 2
-    assert "unknown_step_annotation" not in info["_flags"]
+    assert info.step_kinds == {"profiler_step": 1} and info.model_passes == 2
+    assert "unknown_step_annotation" not in [f.code for f in an.flags]
     enc = _info(real_traces, "tracelens-h100-bert-small-encoder.json.gz", tmp_path / "bert")
     # the shape is kept as read, but names no batch of requests
-    assert enc["batch_size"] is None and enc["input_shape"] == [1, 141]
+    assert enc.batch_size is None and enc.input_shape == [1, 141]
 
 
 def test_mixed_step_has_its_own_reading(real_traces, tmp_path):
     info = _info(real_traces, "tracelens-mi300x-vllm-gptoss-mixed-piecewise.json.gz", tmp_path)
-    assert (info["kind"], info["judged_kind"]) == ("mixed", "mixed")
-    assert info["mixed"] == {"n_steps": 1, "prefill_requests": 9.0, "prefill_tokens": 8155.0,
-                             "decode_requests": 37.0, "decode_tokens": 37.0}
-    assert info["batch_size"] is None  # no decode step: the what-if's batch is not invented
+    assert (info.kind, info.judged_kind) == ("mixed", "mixed")
+    assert info.mixed == schema.MixedReading(n_steps=1, prefill_requests=9.0, prefill_tokens=8155.0,
+                                             decode_requests=37.0, decode_tokens=37.0)
+    assert info.batch_size is None  # no decode step: the what-if's batch is not invented
 
 
 def test_sglang_extend_step_with_token_count_is_parsed(real_traces, tmp_path):
@@ -101,9 +107,9 @@ def test_sglang_extend_step_with_token_count_is_parsed(real_traces, tmp_path):
     assert (p["label"], p["prefill_requests"], p["prefill_tokens"], p["n_tokens"]) == ("prefill", 15, 15360, 15360)
     assert parse_step_name("step[DECODE bs=32]")["decode_requests"] == 32
     assert unknown_step_names(["step[EXTEND bs=15 toks=15360]", "execute_diffusion_1_256x256"]) == []
-    info = _info(real_traces, "tracelens-mi300x-sglang-qwen3-8b-extend.json.gz", tmp_path)
-    assert info["kind"] == "prefill" and info["engine"] == "sglang"
-    assert "unknown_step_annotation" not in info["_flags"]
+    an = _analysed(real_traces, "tracelens-mi300x-sglang-qwen3-8b-extend.json.gz", tmp_path)
+    assert (an.summary.trace_info.kind, an.summary.trace_info.engine) == ("prefill", "sglang")
+    assert "unknown_step_annotation" not in [f.code for f in an.flags]
 
 
 def test_period_is_at_least_the_device_step(real_traces, tmp_path):
@@ -116,7 +122,7 @@ def test_period_is_at_least_the_device_step(real_traces, tmp_path):
     fixed = st[st["period_from_device"]]
     assert len(fixed) == 2 and (host[fixed.index] < fixed["busy_us"]).all()
     assert (fixed["period_us"] == st["first_start_us"].diff().shift(-1)[fixed.index]).all()
-    d = an.summary["decode"]
-    assert d["period_from_device_n"] == 2 and 18.9 < d["period_ms"]["mean"] < 19.1
-    assert d["steps"]["union_ms"]["mean"] <= d["period_ms"]["mean"]
-    assert "period_from_device" in [f["code"] for f in an.flags]
+    d = an.summary.decode
+    assert d.period_from_device_n == 2 and 18.9 < d.period_ms.mean < 19.1
+    assert d.steps.union_ms.mean <= d.period_ms.mean
+    assert "period_from_device" in [f.code for f in an.flags]

@@ -106,7 +106,7 @@ def test_rank_from_distributed_info_then_error(real_traces: Path, tmp_path: Path
     assert "hta-no-distributed-info.json.gz" in str(exc.value)
     # A single file is unambiguous: rank 0, with an info flag.
     rt = load_rank(real_traces / "hta-no-distributed-info.json.gz", allow_no_rank=True)
-    assert rt.rank == 0 and rt.flags[0]["code"] == "rank_assumed"
+    assert rt.rank == 0 and rt.flags[0].code == "rank_assumed"
 
 
 def test_parquet_cache_hit_is_fast_and_identical(real_traces: Path, tmp_path: Path):

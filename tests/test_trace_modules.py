@@ -74,8 +74,8 @@ def test_each_lever_names_its_kernels_and_module(hf):
     assert rot["top_kernels"].count(" | ") == 2 and "%)" in rot["top_kernels"]
     k = pd.read_csv(out / "category_kernels.csv")
     assert set(k.loc[k["category"] == "activation", "module"]) == {f"{MLP}/SiLU"}
-    ref = an.summary["ranks"][0]["levers"]
-    assert [r["category"] for r in ref] == lv["category"].tolist()
+    ref = an.summary.ranks[0].levers
+    assert [r.category for r in ref] == lv["category"].tolist()
 
 
 def test_a_grab_bag_is_marked_as_no_lever(real_traces: Path, tmp_path: Path):
@@ -105,10 +105,10 @@ def test_a_stall_is_named_by_the_host_frame_it_lies_in(real_traces: Path, tmp_pa
     an = analyze_traces([real_traces / "tracelens-h100-owlv2-dataloader.json.gz"], tmp_path, progress=False,
                         perfetto=False)
     nxt = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
-    gap = an.summary["decode"]["largest_gap"]
-    assert gap["dur_ms"] == pytest.approx(126.054, abs=1e-3) and gap["macro"]
-    assert gap["host_frame"] == nxt and gap["host_call"] is None
-    assert gap["after"] == "memcpy: Memcpy HtoD (Pageable -> Device)"
+    gap = an.summary.decode.largest_gap
+    assert gap.dur_ms == pytest.approx(126.054, abs=1e-3) and gap.macro
+    assert gap.host_frame == nxt and gap.host_call is None
+    assert gap.after == "memcpy: Memcpy HtoD (Pageable -> Device)"
     steps = pd.read_csv(tmp_path / "steps.csv")
     assert steps["gap_host_frame"].tolist() == [nxt]
     assert an.period_table().set_index("reading").loc["largest gap: inside host frame", "value"] == nxt

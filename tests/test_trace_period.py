@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from stepscope import schema
 from stepscope.trace.analyze import analyze_traces
 
 TP2 = [f"vllm-cpu-tinyllama-tp2-rank{i}.pt.trace.json.gz" for i in (0, 1)]
@@ -19,13 +20,13 @@ def _analyse(real_traces: Path, names, out: Path):
 
 def test_tp2_period_is_longer_than_the_span_and_carries_the_amdahl_ceilings(real_traces, tmp_path):
     an = _analyse(real_traces, TP2, tmp_path)
-    d = an.summary["decode"]
+    d = an.summary.decode
     # 8 decode steps followed by a decode step; the review measured 26.4 ms against 20.0 ms.
-    assert d["period_ms"]["n"] == 8
-    assert d["period_ms"]["mean"] == pytest.approx(26.42, abs=0.01)
-    assert d["steps"]["span_ms"]["mean"] == pytest.approx(20.03, abs=0.01)
-    assert d["steps"]["period_ms"]["mean"] == d["period_ms"]["mean"]
-    assert d["denominator"] == "period"
+    assert d.period_ms.n == 8
+    assert d.period_ms.mean == pytest.approx(26.42, abs=0.01)
+    assert d.steps.span_ms.mean == pytest.approx(20.03, abs=0.01)
+    assert d.steps.period_ms.mean == d.period_ms.mean
+    assert d.denominator == "period"
     amd = an.amdahl.set_index("category")
     assert (amd["denominator"] == "period").all()
     assert amd.loc["all_reduce", "step_ms"] == pytest.approx(26.42, abs=0.01)
@@ -33,11 +34,11 @@ def test_tp2_period_is_longer_than_the_span_and_carries_the_amdahl_ceilings(real
     assert amd.loc["all_reduce", "speedup_ceiling"] == pytest.approx(26.4187 / (26.4187 - exp), rel=1e-4)
     cats = an.decode_categories.query("rank == 0").set_index("category")
     assert cats.loc["all_reduce", "share_of_period"] == pytest.approx(
-        cats.loc["all_reduce", "union_ms_mean"] / d["period_ms"]["mean"])
+        cats.loc["all_reduce", "union_ms_mean"] / d.period_ms.mean)
     # CPU traces: idle is the gaps between the worker's ops; no launches to time.
-    assert d["idle_micro_ms"] == pytest.approx(6.38, abs=0.01)
-    assert d["idle_macro_ms"] == pytest.approx(1.17, abs=0.01)
-    assert d["launch_delay_us"] == {"median": None, "p90": None}
+    assert d.idle_micro_ms == pytest.approx(6.38, abs=0.01)
+    assert d.idle_macro_ms == pytest.approx(1.17, abs=0.01)
+    assert d.launch_delay_us == {"median": None, "p90": None}
 
 
 def test_steps_csv_has_period_idle_and_launch_columns(real_traces, tmp_path):
@@ -55,30 +56,30 @@ def test_steps_csv_has_period_idle_and_launch_columns(real_traces, tmp_path):
 
 def test_sglang_stall_is_one_macro_gap_behind_a_blocking_memcpy(real_traces, tmp_path):
     an = _analyse(real_traces, ["sglang-mi300x-qwen3-8b-decode.json.gz"], tmp_path)
-    d = an.summary["decode"]
-    assert d["denominator"] == "span" and "one step only" in d["denominator_reason"]
-    assert d["period_ms"]["n"] == 0
-    g = d["largest_gap"]
-    assert g["dur_ms"] == pytest.approx(463.30, abs=0.01) and g["macro"] is True
-    assert g["host_call"] == "hipMemcpyWithStream"
-    assert d["idle_macro_ms"] == pytest.approx(g["dur_ms"])
-    assert d["idle_micro_ms"] == pytest.approx(0.68, abs=0.01)
-    json.dumps(d)  # the summary block is plain JSON
+    d = an.summary.decode
+    assert d.denominator == "span" and "one step only" in d.denominator_reason
+    assert d.period_ms.n == 0
+    g = d.largest_gap
+    assert g.dur_ms == pytest.approx(463.30, abs=0.01) and g.macro is True
+    assert g.host_call == "hipMemcpyWithStream"
+    assert d.idle_macro_ms == pytest.approx(g.dur_ms)
+    assert d.idle_micro_ms == pytest.approx(0.68, abs=0.01)
+    json.dumps(schema.to_builtins(d))  # the summary block encodes as plain JSON
 
 
 def test_ddp_launch_delay_and_period(real_traces, tmp_path):
     an = _analyse(real_traces, ["hta-a100-ddp-nccl.json.gz"], tmp_path)
-    d = an.summary["decode"]
-    assert d["period_ms"]["n"] == 2 and d["period_ms"]["mean"] == pytest.approx(221.14, abs=0.01)
-    assert d["launch_delay_us"]["median"] == pytest.approx(12.25, abs=0.01)
-    assert d["launch_delay_us"]["p90"] == pytest.approx(80.78, abs=0.01)
+    d = an.summary.decode
+    assert d.period_ms.n == 2 and d.period_ms.mean == pytest.approx(221.14, abs=0.01)
+    assert d.launch_delay_us["median"] == pytest.approx(12.25, abs=0.01)
+    assert d.launch_delay_us["p90"] == pytest.approx(80.78, abs=0.01)
 
 
 @pytest.mark.parametrize("tpot,flagged", [(26.0, False), (20.0, True), (40.0, True)])
 def test_period_and_client_tpot_disagreement_is_flagged(real_traces, tmp_path, tpot, flagged):
     an = analyze_traces([real_traces / n for n in TP2], tmp_path, progress=False, perfetto=False,
                         tpot_ms=tpot)
-    msgs = [f["message"] for f in an.flags if f["code"] == "period_tpot_mismatch"]
+    msgs = [f.message for f in an.flags if f.code == "period_tpot_mismatch"]
     assert bool(msgs) is flagged
     if flagged:
         assert ("bursts" in msgs[0]) is (tpot < 26.42)

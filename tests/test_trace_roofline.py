@@ -7,59 +7,60 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from stepscope import schema
 from stepscope.model import gemm_bytes, get_preset
 from stepscope.trace.analyze import analyze_traces
 from stepscope.trace.roofline import MXFP4, model_work, weight_formats
 
 
-def _roof(real_traces: Path, tmp_path: Path, name: str, preset: str | None, **kw) -> dict:
+def _roof(real_traces: Path, tmp_path: Path, name: str, preset: str | None, **kw) -> schema.Roofline:
     arch = get_preset(preset) if preset else None
     an = analyze_traces([real_traces / name], tmp_path, arch=arch, progress=False, perfetto=False, **kw)
-    return an.summary["roofline"]
+    return an.summary.roofline
 
 
 def test_qwen3_8b_dense_gemms_on_mi300x_run_at_half_of_hbm_peak(real_traces: Path, tmp_path: Path):
     r = _roof(real_traces, tmp_path, "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b")
-    assert r["device"]["known"] and r["device"]["peak_mem_bw_gbps"] == 5300.0
-    (row,) = r["rows"]
-    assert row["category"] == "dense_gemm"
+    assert r.device.known and r.device.peak_mem_bw_gbps == 5300.0
+    (row,) = r.rows
+    assert row.category == "dense_gemm"
     # 36 layers x 4 GEMMs + the LM head, as the trace counts them.
-    assert row["calls_per_step"] == row["model_gemms_per_step"] == 145
-    assert row["bytes_per_step"] / 1e9 == pytest.approx(15.29, abs=0.01)   # review: ~15 GB
-    assert row["time_ms_per_step"] == pytest.approx(5.782, abs=0.001)
-    assert row["pct_peak_bw"] == pytest.approx(49.9, abs=0.1)              # review: ~49 %
-    assert row["achieved_gbps"] == pytest.approx(row["bytes_per_step"] / row["time_ms_per_step"] / 1e6)
-    assert row["pct_peak_flops"] == pytest.approx(100 * row["achieved_tflops"] / 1307.4)
+    assert row.calls_per_step == row.model_gemms_per_step == 145
+    assert row.bytes_per_step / 1e9 == pytest.approx(15.29, abs=0.01)   # review: ~15 GB
+    assert row.time_ms_per_step == pytest.approx(5.782, abs=0.001)
+    assert row.pct_peak_bw == pytest.approx(49.9, abs=0.1)              # review: ~49 %
+    assert row.achieved_gbps == pytest.approx(row.bytes_per_step / row.time_ms_per_step / 1e6)
+    assert row.pct_peak_flops == pytest.approx(100 * row.achieved_tflops / 1307.4)
 
 
 def test_gpt_oss_moe_on_mi300x_reads_mxfp4_experts_at_a_quarter_of_peak(real_traces: Path, tmp_path: Path):
     r = _roof(real_traces, tmp_path, "vllm-mi300x-gptoss-decode-fullgraph.json.gz", "gpt-oss-20b")
     # The trace's device name is empty: the properties (gfx 9.4, 304 CUs, 192 GB) settle it.
-    assert r["device"]["name"] == "AMD Instinct MI300X" and r["device"]["matched_by"].startswith("properties")
-    rows = {x["category"]: x for x in r["rows"]}
+    assert r.device.name == "AMD Instinct MI300X" and r.device.matched_by.startswith("properties")
+    rows = {x.category: x for x in r.rows}
     moe = rows["fused_moe"]
-    assert "mxfp4" in moe["source"]
-    assert moe["bytes_per_step"] / 1e9 == pytest.approx(10.10, abs=0.01)  # review: ~10 GB
-    assert moe["pct_peak_bw"] == pytest.approx(26.1, abs=0.1)              # review: ~27 % (matmul_ogs only)
-    assert rows["dense_gemm"]["calls_per_step"] == rows["dense_gemm"]["model_gemms_per_step"] == 72
+    assert "mxfp4" in moe.source
+    assert moe.bytes_per_step / 1e9 == pytest.approx(10.10, abs=0.01)  # review: ~10 GB
+    assert moe.pct_peak_bw == pytest.approx(26.1, abs=0.1)              # review: ~27 % (matmul_ogs only)
+    assert rows["dense_gemm"].calls_per_step == rows["dense_gemm"].model_gemms_per_step == 72
     # The LM head runs under vLLM's LogitsProcessor module: its own category and row.
-    assert rows["lm_head"]["calls_per_step"] == rows["lm_head"]["model_gemms_per_step"] == 1
+    assert rows["lm_head"].calls_per_step == rows["lm_head"].model_gemms_per_step == 1
 
 
 def test_unknown_peak_and_missing_architecture_are_said(real_traces: Path, tmp_path: Path):
     r = _roof(real_traces, tmp_path / "a", "vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz", None)
-    assert r["rows"] == [] and "no architecture" in r["reason"]
+    assert r.rows == [] and "no architecture" in r.reason
     r = _roof(real_traces, tmp_path / "b", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b",
               peaks={"name": "my board", "peak_mem_bw_gbps": 2000.0, "peak_tflops": None})
-    (row,) = r["rows"]
-    assert r["device"]["matched_by"] == "params hardware"
-    assert row["pct_peak_bw"] == pytest.approx(100 * row["achieved_gbps"] / 2000.0)
-    assert row["pct_peak_flops"] is None  # no FLOP/s peak given: unknown, not a guess
+    (row,) = r.rows
+    assert r.device.matched_by == "params hardware"
+    assert row.pct_peak_bw == pytest.approx(100 * row.achieved_gbps / 2000.0)
+    assert row.pct_peak_flops is None  # no FLOP/s peak given: unknown, not a guess
 
 
 def test_prefill_and_training_traces_get_no_decode_roofline(real_traces: Path, tmp_path: Path):
     r = _roof(real_traces, tmp_path, "hf-h100-qwen1.5-0.5b-eager.json.gz", "qwen3-8b")
-    assert r["rows"] == [] and r["device"]["name"] == "NVIDIA H100 SXM5 80GB"
+    assert r.rows == [] and r.device.name == "NVIDIA H100 SXM5 80GB"
 
 
 def test_stage_02_bandwidth_beside_the_trace(real_traces: Path, tmp_path: Path):
@@ -71,9 +72,9 @@ def test_stage_02_bandwidth_beside_the_trace(real_traces: Path, tmp_path: Path):
                            "time_us_median": float(gemm_bytes(32, n, k)) / 2000e3}
                           for g, n, k in zip(w["gemm"], w["n"], w["k"])])
     r = _roof(real_traces, tmp_path, "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b", micro_gemm=micro)
-    (row,) = r["rows"]
-    assert row["micro_gbps"] == pytest.approx(2000.0)
-    assert row["micro_vs_trace"] == pytest.approx(row["achieved_gbps"] / 2000.0)
+    (row,) = r.rows
+    assert row.micro_gbps == pytest.approx(2000.0)
+    assert row.micro_vs_trace == pytest.approx(row.achieved_gbps / 2000.0)
 
 
 def test_weight_formats():
@@ -86,16 +87,16 @@ def test_fp8_counts_every_linear_layer_at_8_bits_but_the_router_lm_head_and_mla_
                                                                                    tmp_path: Path):
     # Before, "fp8" in params changed nothing: Qwen3-8B's dense GEMMs were read at 49.9 % of
     # HBM peak with bf16 bytes, where FP8 weights would move about half of them.
-    bf16 = _roof(real_traces, tmp_path / "a", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b")["rows"][0]
+    bf16 = _roof(real_traces, tmp_path / "a", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b").rows[0]
     fp8 = _roof(real_traces, tmp_path / "b", "sglang-mi300x-qwen3-8b-decode.json.gz", "qwen3-8b",
-                quantization="fp8")["rows"][0]
+                quantization="fp8").rows[0]
     arch = get_preset("qwen3-8b")
     lm_head = float(gemm_bytes(32, 151936, 4096))  # the LM head stays bf16, at batch 32
-    linear = bf16["bytes_per_step"] - lm_head
+    linear = bf16.bytes_per_step - lm_head
     weights = 36 * sum(n * k for n, k in ((6144, 4096), (4096, 4096), (2 * 12288, 4096), (4096, 12288)))
     assert arch.hidden == 4096 and weights * 2 < linear  # the bf16 linear bytes are weights + activations
-    assert fp8["bytes_per_step"] == pytest.approx(bf16["bytes_per_step"] - weights, rel=1e-9)  # 2 -> 1 byte each
-    assert fp8["pct_peak_bw"] == pytest.approx(bf16["pct_peak_bw"] * fp8["bytes_per_step"] / bf16["bytes_per_step"])
+    assert fp8.bytes_per_step == pytest.approx(bf16.bytes_per_step - weights, rel=1e-9)  # 2 -> 1 byte each
+    assert fp8.pct_peak_bw == pytest.approx(bf16.pct_peak_bw * fp8.bytes_per_step / bf16.bytes_per_step)
     # DeepSeek-V3 (MLA, MoE): the router, the LM head and MLA's absorbed per-head matmuls stay 16-bit
     ds = get_preset("deepseek-v3")
     w = model_work(ds, 8, 1, weight_formats(ds, "fp8")).drop_duplicates("gemm").set_index("gemm")["weights"]
@@ -114,14 +115,14 @@ def test_expert_weight_format_comes_from_kernel_names_when_params_do_not_say(rea
     name = "vllm-mi300x-gptoss-decode-fullgraph.json.gz"
     unsaid = analyze_traces([real_traces / name], tmp_path / "a", arch=arch, quantization="none",
                             progress=False, perfetto=False).summary
-    moe = {x["category"]: x for x in unsaid["roofline"]["rows"]}["fused_moe"]
-    assert moe["bytes_per_step"] / 1e9 == pytest.approx(10.10, abs=0.01)  # as for the gpt_oss family
-    assert "mxfp4" in moe["source"] and "format from the kernel names" in moe["source"]
+    moe = {x.category: x for x in unsaid.roofline.rows}["fused_moe"]
+    assert moe.bytes_per_step / 1e9 == pytest.approx(10.10, abs=0.01)  # as for the gpt_oss family
+    assert "mxfp4" in moe.source and "format from the kernel names" in moe.source
     said = analyze_traces([real_traces / name], tmp_path / "b", arch=arch, quantization="bf16",
                           progress=False, perfetto=False).summary
-    moe_bf16 = {x["category"]: x for x in said["roofline"]["rows"]}["fused_moe"]
-    assert moe_bf16["bytes_per_step"] > 3 * moe["bytes_per_step"]  # params, when they say, win
-    assert "kernel names" not in moe_bf16["source"]
+    moe_bf16 = {x.category: x for x in said.roofline.rows}["fused_moe"]
+    assert moe_bf16.bytes_per_step > 3 * moe.bytes_per_step  # params, when they say, win
+    assert "kernel names" not in moe_bf16.source
 
 
 def test_kimi_int4_experts_in_marlins_moe_kernel_are_counted_in_fused_moe():

@@ -82,7 +82,7 @@ def test_sglang_stage_files_keep_decode(tmp_path: Path):
     b = _write(tmp_path, ev, "1700-TP-0-DECODE.trace.json")
     ranks, flags = load_ranks([a, b], workers=1, progress=False)
     assert [r.path.name for r in ranks] == ["1700-TP-0-DECODE.trace.json"]
-    assert [f["code"] for f in flags] == ["sglang_stage_split"]
+    assert [f.code for f in flags] == ["sglang_stage_split"]
 
 
 def test_folder_input_skips_frontend_and_non_traces(real_traces: Path, tmp_path: Path):
@@ -94,6 +94,6 @@ def test_folder_input_skips_frontend_and_non_traces(real_traces: Path, tmp_path:
     (d / "vm_1.async_llm.123.pt.trace.json.gz").write_bytes(b"not read")
     (d / "manifest.json").write_text("{}")
     an = analyze_traces(d, tmp_path / "out", progress=False, perfetto=False)
-    assert [r["rank"] for r in an.summary["ranks"]] == [0]
-    assert not [f for f in an.flags if f["severity"] == "error"]
-    assert set(an.summary["ranks"][0]["attribution"]) == {"op_thread"}
+    assert [r.rank for r in an.summary.ranks] == [0]
+    assert not [f for f in an.flags if f.severity == "error"]
+    assert set(an.summary.ranks[0].attribution) == {"op_thread"}

@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any, Sequence
 
-from stepscope.thresholds import STALL_GAP_S
+from stepscope.thresholds import LOW_CONFIDENCE_STEPS, STALL_GAP_S
 
 STEP_LABELS = {"decode": "decode step", "prefill": "prefill step",
                "mixed": "mixed prefill-and-decode step", "training": "training step",
@@ -206,3 +206,100 @@ QUANTITY_WORDS = {"output_throughput_tok_s": "output throughput (tok/s)", "tpot_
 def quantity_words(metric: str) -> str:
     """The words for a compared quantity (`QUANTITY_WORDS`), else its code as it stands."""
     return QUANTITY_WORDS.get(metric, metric)
+
+
+# Stage 05's flags: a flag stores its code and values (`schema.Flag`); its sentence is written
+# here, once, for summary.json's `message` and for the report alike.
+
+def _tpot_words(f) -> str:
+    """Why the period and the client's TPOT disagree, by the direction (`trace.tpot` judgement)."""
+    return ("tokens reached the client in bursts (a starved API process or network), so the "
+            "client's decode time is short and its TTFT long; the period is the server's reading"
+            if f.judgement == "tpot_below" else
+            "time between a token leaving the engine and reaching the client (detokenizing, "
+            "streaming) that no step accounts for")
+
+
+def _other_top(f) -> str:
+    return ", ".join(f"{o.name[:60]} ({o.sum_us:.0f} us)" for o in f.top_names or [])
+
+
+_FLAG_WORDS = {
+    "low_confidence": (("n_steps", "step_kind"), lambda f: (
+        f"only {f.n_steps} {f.step_kind} step(s) with work (under {LOW_CONFIDENCE_STEPS}): per-step figures "
+        "rest on too few steps to show their spread")),
+    "ranks_missing": (("ranks", "world_size"), lambda f: (
+        f"{len(f.ranks)} of {f.world_size} ranks' traces given (ranks {f.ranks}); no cross-rank claim is made")),
+    "tp_disagreement": (("tp", "world_size"), lambda f: (
+        f"TP from params is {f.tp}, but the traces' distributedInfo.world_size is {f.world_size}; the params "
+        "value is used")),
+    "no_step_marker": (("rank",), lambda f: (
+        f"rank {f.rank}: no step marker (no engine or ProfilerStep annotation, graph launch or execute_model "
+        "frame): the whole trace is read as one window, and its figures describe that window, not a step")),
+    "step_fallback": (("rank", "step_source"), lambda f: (
+        f"rank {f.rank}: no step annotations; steps from {f.step_source}")),
+    "unknown_step_annotation": (("rank", "names", "step_source"), lambda f: (
+        f"rank {f.rank}: {len(f.names)} annotation name(s) look like an engine step but match no known form: "
+        f"{', '.join(f.names[:5])}; steps came from {f.step_source}")),
+    "other_share_high": (("rank", "share", "limit_share"), lambda f: (
+        f"rank {f.rank}: {f.share:.2%} of kernel time is 'other' (limit {f.limit_share:.1%}); top: "
+        f"{_other_top(f)}; add rules in params analysis.extra_rules")),
+    "unattributed": (("rank", "n_events", "by_reason"), lambda f: (
+        f"rank {f.rank}: {f.n_events} work events belong to no recorded step ({f.by_reason}; before_capture = "
+        "launched before the capture's CPU side began, i.e. in an unrecorded earlier step)")),
+    "no_launch_events": (("rank", "n_events"), lambda f: (
+        f"rank {f.rank}: no device event has its launch in the trace (no runtime events): {f.n_events} are "
+        "placed in steps by their own start time, which assumes the host and device clocks agree")),
+    "period_from_device": (("n_steps",), lambda f: (
+        f"{f.n_steps} step(s): the host-side period was shorter than the device's busy time, so the period is "
+        "the device's step (first device event of one step to the next); shares and ceilings divide by it")),
+    "kernel_sum_above_tpot": (("kernel_sum_ms", "tpot_ms"), lambda f: (
+        f"mean {work_unit(bool(f.cpu))[:-1]} sum per decode step ({f.kernel_sum_ms:.3f} ms) exceeds the mean "
+        f"TPOT measured during capture ({f.tpot_ms:.3f} ms): {work_unit(bool(f.cpu))} overlap; read the "
+        "union and span instead")),
+    "span_below_tpot": (("span_ms", "tpot_ms", "share"), lambda f: (
+        f"a decode step's work spans {f.span_ms:.3f} ms (mean) of the {f.tpot_ms:.3f} ms mean TPOT "
+        f"({f.share:.0%} of each token has {'no op running' if f.cpu else 'no device work'}: host-side "
+        "overhead, scheduling or launch gaps)")),
+    "period_tpot_mismatch": (("period_ms", "tpot_ms", "judgement"), lambda f: (
+        f"the mean decode period in the trace is {f.period_ms:.3f} ms but the mean TPOT the client measured "
+        f"during capture is {f.tpot_ms:.3f} ms ({f.period_ms / f.tpot_ms - 1:+.0%}): {_tpot_words(f)}")),
+    "mixed_modes": ((), lambda f: "some ranks are GPU traces and some CPU-only"),
+    "bad_timestamps": (("rank", "n_events"), lambda f: (
+        f"rank {f.rank}: dropped {f.n_events} annotation or launch events with a non-finite, negative or "
+        "out-of-range timestamp or duration (limits: parse.MAX_TS_US, MAX_DUR_US)")),
+    "names_capped": (("rank", "n_events", "limit_chars"), lambda f: (
+        f"rank {f.rank}: {f.n_events} event names longer than {f.limit_chars:,} characters were cut to that "
+        "length before the name rules saw them (the names say how long they were)")),
+    "ids_out_of_range": (("rank", "n_events"), lambda f: (
+        f"rank {f.rank}: {f.n_events} ids (correlation, External id, stream) outside 64-bit integers were read "
+        "as no id, so those events are matched by time instead")),
+    "unknown_event_category": (("rank", "categories"), lambda f: (
+        f"rank {f.rank}: ignored events of unknown category "
+        + ", ".join(f"{c!r} ({n})" for c, n in sorted(f.categories.items())))),
+    "rank_assumed": (("file",), lambda f: (
+        f"{f.file}: no distributedInfo.rank and no rank in the file name; a single trace was given, so it is "
+        "treated as rank 0")),
+}
+"""{flag code: (the values its sentence needs, the sentence)}; codes not here keep the message
+stage 05 wrote (`FLAGS_WITHOUT_VALUES`)."""
+
+FLAGS_WITHOUT_VALUES = ("rank_unanalysable", "rank_unreadable", "duplicate_rank",
+                        "sglang_stage_split", "bad_durations", "collectives_mismatch",
+                        "clock_disagreement", "collective_count_mismatch", "comm_readings_disagree",
+                        "capture_evidence", "capture_latency_unreadable", "capture_tpot_is_delivery",
+                        "text_table_mismatch")
+"""Stage 05's flag codes whose sentence is still written where the flag is raised, not here."""
+
+
+def flag_message(flag) -> str:
+    """The sentence of one of stage 05's flags (a `schema.Flag`), from its values. A flag that
+    carries none of the values its code uses (one of an older run folder, or a code in
+    `FLAGS_WITHOUT_VALUES`) reads as the message it was written with."""
+    words = _FLAG_WORDS.get(flag.code)
+    if words is None:
+        return flag.message
+    needs, sentence = words
+    if needs and all(getattr(flag, k, None) is None for k in needs):
+        return flag.message
+    return sentence(flag)

@@ -40,16 +40,16 @@ def test_a_trace_without_launch_events_is_read_by_kernel_time(tmp_path: Path):
     full = analyze_traces(FULLGRAPH, tmp_path / "full", perfetto=False, progress=False)
     bare = analyze_traces(_without_runtime(FULLGRAPH, tmp_path / "bare.json.gz"), tmp_path / "bare",
                           perfetto=False, progress=False)
-    rf, rb = full.summary["ranks"][0], bare.summary["ranks"][0]
-    assert rb["step_source"] == rf["step_source"] == "annotation:vllm"
-    assert rb["attribution"] == {"work_time": rb["n_device_events"]}
-    assert rb["n_device_events"] == rf["n_device_events"] == 434
-    assert rb["kernel_sum_us"] == pytest.approx(rf["kernel_sum_us"], rel=1e-12)
-    assert rb["step_kinds"] == rf["step_kinds"]
-    codes = {f["code"]: f["message"] for f in bare.flags}
+    rf, rb = full.summary.ranks[0], bare.summary.ranks[0]
+    assert rb.step_source == rf.step_source == "annotation:vllm"
+    assert rb.attribution == {"work_time": rb.n_device_events}
+    assert rb.n_device_events == rf.n_device_events == 434
+    assert rb.kernel_sum_us == pytest.approx(rf.kernel_sum_us, rel=1e-12)
+    assert rb.step_kinds == rf.step_kinds
+    codes = {f.code: f.message for f in bare.flags}
     assert "unattributed" not in codes
     assert "434 are placed in steps by their own start time" in codes["no_launch_events"]
-    assert "no_launch_events" not in {f["code"] for f in full.flags}
+    assert "no_launch_events" not in {f.code for f in full.flags}
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -115,7 +115,7 @@ def test_damaged_traces_end_analysed_or_flagged(real_traces, tmp_path):
             escaped.append(f"{label}: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}")
             continue
         named = [r for r in an.ranks if Path(r.file).name == path.name]
-        flagged = [f for f in an.flags if path.name in f["message"]]
+        flagged = [f for f in an.flags if path.name in f.message]
         assert named or flagged, f"{label}: neither analysed nor flagged"
         outcomes["analysed" if named else "flagged"] += 1
     assert not escaped, f"{len(escaped)} of {len(mutants)} damaged traces raised a traceback:\n" + \

@@ -135,8 +135,8 @@ def test_unusable_dur_or_ts_drops_the_event_and_keeps_the_rank(tmp_path: Path, d
     rt = load_rank(_write(tmp_path / "rank0.json.gz", _with(_ev(ts=ts, dur=dur))))
     assert len(rt.events) == 2000
     assert rt.events["dur"].sum() == 4000.0  # the 2,000 good kernels, nothing else
-    assert [f["code"] for f in rt.flags] == ["bad_durations"]
-    assert "dropped 1 work events" in rt.flags[0]["message"]
+    assert [f.code for f in rt.flags] == ["bad_durations"]
+    assert "dropped 1 work events" in rt.flags[0].message
 
 
 def test_keys_after_trace_events_are_read(tmp_path: Path):
@@ -168,7 +168,7 @@ def test_an_id_beyond_int64_reads_as_no_id(tmp_path: Path, big: int):
     rt = load_rank(_write(tmp_path / "rank0.json.gz", _with(_ev(args='{"correlation": %d}' % big))))
     assert len(rt.events) == 2001
     assert (rt.events["correlation"] == -1).sum() == 1
-    assert [f["code"] for f in rt.flags] == ["ids_out_of_range"]
+    assert [f.code for f in rt.flags] == ["ids_out_of_range"]
 
 
 def test_a_huge_name_is_cut_flagged_and_fast(tmp_path: Path):
@@ -188,7 +188,7 @@ def test_a_huge_name_is_cut_flagged_and_fast(tmp_path: Path):
     names = rt.events["name"].astype(str)
     assert names.str.len().max() < NAME_CAP_CHARS + 40
     assert f"{mb << 20:,} chars" in names[names.str.startswith("aaaa")].iloc[0]
-    assert [f["code"] for f in rt.flags] == ["names_capped"]
+    assert [f.code for f in rt.flags] == ["names_capped"]
     assert took < 10.0, f"{took:.1f} s"
 
 

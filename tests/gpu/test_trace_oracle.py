@@ -17,9 +17,9 @@ def test_oracle_equals_stepscope_on_a_real_graph_trace(real_traces, tmp_path):
     an = analyze_traces([path], tmp_path, progress=False, perfetto=False)
     write_artifacts(an, tmp_path, perfetto=False)
     steps = pd.read_csv(tmp_path / "steps.csv")
-    rank = an.summary["ranks"][0]
-    assert oracle.unattributed == rank["unattributed_events"] == 0
-    assert oracle.n_device_events == rank["n_device_events"] == 434
+    rank = an.summary.ranks[0]
+    assert oracle.unattributed == rank.unattributed_events == 0
+    assert oracle.n_device_events == rank.n_device_events == 434
     assert list(steps["n_events"]) == [s.n_events for s in oracle.steps] == [434]
     assert steps["kernel_sum_us"].to_numpy() == pytest.approx([s.dur_sum_us for s in oracle.steps], rel=1e-9)
     # Most of that step's kernels come from one graph launch: the case the GPU test makes.

@@ -20,7 +20,7 @@ from stepscope.report.markdown_util import code_name
 from stepscope.report.numbers import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import WINDOW, per_step, work_unit
+from stepscope.wording import WINDOW, flag_message, per_step, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -405,7 +405,7 @@ def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
         elif not exp:
             out.append(f"Collectives {per} were not checked against the architecture: "
                        f"{words(cc.explanation) or 'no expectation given'}")
-        out += [f"[05 {f.severity}] {f.code}: {f.message}" for f in a.trace_summary.flags]
+        out += [f"[05 {f.severity}] {f.code}: {flag_message(f)}" for f in a.trace_summary.flags]
     return out
 
 

@@ -16,7 +16,8 @@ or `_s`; shares are 0-1 unless the key says `pct`.
 from __future__ import annotations
 
 from stepscope.schema._base import (SCHEMA_VERSION, Artifact, ArtifactError, Record, Row, check_frame,
-                                    columns, convert, read, read_if_present, required_columns, to_builtins,
+                                    columns, convert, read, read_if_present, record_of, required_columns,
+                                    to_builtins,
                                     update, validate, write, write_table)
 from stepscope.schema.campaign import (CampaignRecord, CampaignRun, ReusedFrom, SpecDecodeCounters,
                                        SpecDecodeWindow)
@@ -26,7 +27,9 @@ from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryL
                                          CollectiveSizeRow, CollectivesCheck, CrossRankRow, ExpectedCollectives,
                                          ModuleRow, NamedTime, ObservedCollectives, Percentiles, RankReconcile,
                                          TextTableCheck,
-                                         DecodeCategoryRow, DecodeSummary, Flag, RankCategoryRow, RankSummary,
+                                         DecodeCategoryRow, DecodeSummary, Flag, LargestGap, PeriodStat,
+                                         RankCategoryRow, RankSummary, Roofline, RooflineDevice, RooflineRow,
+                                         SpecDecodeSteps, CategoryTotals, ClassTotals, CountStat, MixedReading,
                                          StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
 from stepscope.schema.deploy import ModelCard, ModelsResponse, ServerRecord
 from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel, LoadWindow, ServerMetricsInfo,
@@ -197,8 +200,9 @@ __all__ = [
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepPlan", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
-    "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
+    "record_of", "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
     "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",
     "ModelCard", "ModelsResponse", "NamedTime", "ObservedCollectives", "Percentiles", "RankReconcile", "RunEvent",
-    "StartProfileBody", "TextTableCheck",
+    "StartProfileBody", "TextTableCheck", "LargestGap", "PeriodStat", "Roofline", "RooflineDevice", "RooflineRow",
+    "SpecDecodeSteps", "CategoryTotals", "ClassTotals", "CountStat", "MixedReading",
 ]

@@ -66,9 +66,13 @@ class Artifact:
 
 
 def _plain(obj: Any) -> Any:
-    """JSON builtins of what a writer hands over (numpy scalars, Paths, dataclasses)."""
+    """JSON builtins of what a writer hands over: a record, or plain values (numpy scalars,
+    Paths, dataclasses)."""
     from stepscope.runfolder import _json_default
 
+    if isinstance(obj, msgspec.Struct):
+        # a record built in memory may hold numpy scalars; int keys become strings, as in JSON
+        return msgspec.to_builtins(obj, str_keys=True, enc_hook=_json_default)
     return json.loads(json.dumps(obj, default=_json_default, allow_nan=True))
 
 
@@ -91,6 +95,13 @@ def convert(obj: Any, typ: type[T], where: str) -> T:
         raise ArtifactError(f"does not match the schema {typ.__name__}: {exc}", where=where,
                             hint="a stage wrote a file this version does not read; re-run that "
                                  "stage, or see docs/artifacts.md for the keys") from None
+
+
+def record_of(obj: Any, typ: Any, where: str | None = None) -> Any:
+    """`obj`, a computing module's plain values (numpy scalars, NaN for missing), as `typ` (a
+    record, or a list of them, or `X | None`): the seam where a dict a stage computed becomes
+    the record it writes. An ArtifactError names the type when the values do not fit."""
+    return convert(_plain(obj), typ, where or getattr(typ, "__name__", str(typ)))
 
 
 def validate(obj: Any, typ: type[T], where: str) -> dict:
@@ -135,7 +146,8 @@ def update(path: str | Path, typ: type[Record], **changes) -> Path:
 
 
 def write(path: str | Path, obj: Any, typ: type[Record]) -> Path:
-    """Check `obj` against `typ`, then write it atomically as JSON (see runfolder.write_json)."""
+    """Check `obj` (a record of `typ`, or its plain values) against `typ`, then write it
+    atomically as JSON (see runfolder.write_json)."""
     from stepscope.runfolder import write_json
 
     return write_json(path, validate(obj, typ, str(path)))

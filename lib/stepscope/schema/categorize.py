@@ -465,11 +465,63 @@ class Roofline(Record, kw_only=True):
     rows: list[RooflineRow] = []
 
 
-class Flag(Record, kw_only=True):
+class Flag(Record, kw_only=True, omit_defaults=True):
+    """A data-quality flag: a code, a severity, and the values its sentence is written from
+    (`wording.flag_message`, the one wording of stage 05's flags). Only the values a code uses
+    are written. Flags written before they carried values, and codes not yet given values,
+    have only their `message`, which the report then shows as written."""
+
     code: str
     severity: str
     """`info`, `warning` or `error`."""
     message: str
+    """The sentence, as `wording.flag_message` wrote it from the values below when stage 05 ran."""
+    rank: int | None = None
+    """The rank the flag is about."""
+    ranks: list[int] | None = None
+    """The ranks present (`ranks_missing`)."""
+    world_size: int | None = None
+    """The traces' `distributedInfo.world_size`."""
+    tp: int | None = None
+    """The TP size params give (`tp_disagreement`)."""
+    n_steps: int | None = None
+    """Steps counted: judged steps (`low_confidence`), steps timed on the device (`period_from_device`)."""
+    n_events: int | None = None
+    """Events counted: work unattributed, or placed by its own start (`no_launch_events`); events
+    dropped (`bad_timestamps`), names cut (`names_capped`), ids unread (`ids_out_of_range`)."""
+    step_kind: str | None = None
+    """The judged step kind (`low_confidence`)."""
+    step_source: str | None = None
+    """Where the rank's steps came from (`step_fallback`, `unknown_step_annotation`)."""
+    file: str | None = None
+    """The trace file's name (`rank_assumed`)."""
+    share: float | None = None
+    """0-1: the share of kernel time in `other` (`other_share_high`), or of each token with no
+    work (`span_below_tpot`)."""
+    limit_share: float | None = None
+    """0-1: the limit the share is over (`thresholds.OTHER_SHARE_LIMIT`)."""
+    names: list[str] | None = None
+    """Annotation names no known step form matches (`unknown_step_annotation`)."""
+    top_names: list[NamedTime] | None = None
+    """The largest names in `other` (`other_share_high`), at most three."""
+    by_reason: dict[str, int] | None = None
+    """{why a work event found no step: events} (`unattributed`)."""
+    categories: dict[str, int] | None = None
+    """{event category the loader does not know: events ignored} (`unknown_event_category`)."""
+    limit_chars: int | None = None
+    """The length event names were cut to (`names_capped`: `trace.frames.NAME_CAP_CHARS`)."""
+    period_ms: float | None = None
+    """The mean decode step period."""
+    tpot_ms: float | None = None
+    """The mean TPOT the client measured during capture."""
+    span_ms: float | None = None
+    """The mean decode step span."""
+    kernel_sum_ms: float | None = None
+    """The mean summed kernel (or op) time per decode step."""
+    judgement: str | None = None
+    """`tpot_below` or `tpot_above`: which way the TPOT disagrees with the period (`trace.tpot`)."""
+    cpu: bool | None = None
+    """The trace's work is CPU ops, not device kernels (the sentence says ops, not kernels)."""
 
 
 class CollectiveCalls(Record, kw_only=True):

@@ -8,7 +8,7 @@ Public API
   beside them are a cross-check), every artifact below written to `out_dir`. One unreadable
   rank becomes an error flag; the rest are analysed. `Analysis` holds the DataFrames
   (`decode_categories`, `steps`, `rank_categories`, `cross_rank`, `amdahl`, `timeline`,
-  `text_tables`), `summary` (the dict written as summary.json), `flags`, and per-rank
+  `text_tables`), `summary` (the `schema.TraceSummary` written as summary.json), `flags`, and per-rank
   `RankResult`s (`work`, `steps_tot`, `step_categories`, ...); `overview()`,
   `step_times()`, `other_names()`, `ranks_table()`, `flags_table()` give display tables.
 - `run_stage(params, run_dir, out_dir)`: stage 05 from a run folder (inputs, architecture
@@ -127,7 +127,8 @@ Artifacts in `05_categorize/`
   - `text_table_check`: per table {`file`, `rank`, `rows`, `layout`, `self_cpu_total_us`,
     [`self_cuda_total_us`, `trace_kernel_sum_us`, `rel_diff`, `flag`] | [`note`,
     `collective_calls` [{`name`, `calls_table`, `calls_trace_in_steps`}] (CPU layout), `flag`]}.
-  - `flags`: [{`code`, `severity` (info/warning/error), `message`}]; codes:
+  - `flags`: [{`code`, `severity` (info/warning/error), `message`, and the values the
+    sentence is written from (`schema.Flag`; `wording.flag_message` writes it)}]; codes:
     rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
     unknown_event_category, other_share_high, unattributed, no_launch_events, step_fallback,
     collectives_mismatch, text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,

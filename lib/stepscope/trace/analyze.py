@@ -19,8 +19,8 @@ from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, kind_evidence, trace_info, weight_formats_named
-from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks
-from stepscope.wording import capture_delivery, short_names, work_unit
+from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks, new_flag
+from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import WHOLE_TRACE, build_work, find_steps, spec_decode_steps, unknown_step_names
 from stepscope.trace.tpot import tpot_against_step
 
@@ -72,8 +72,8 @@ class Analysis:
     """Everything stage 05 computed; each table is also written as CSV by `write_artifacts`."""
 
     ranks: list[RankResult]
-    summary: dict
-    flags: list[dict[str, str]] = field(default_factory=list)
+    summary: schema.TraceSummary
+    """What summary.json holds, as written."""
     decode_categories: pd.DataFrame = field(default_factory=pd.DataFrame)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     rank_categories: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -87,6 +87,11 @@ class Analysis:
     @property
     def reference(self) -> RankResult:
         return self.ranks[0]
+
+    @property
+    def flags(self) -> list[schema.Flag]:
+        """The data-quality flags (summary.json's `flags`)."""
+        return self.summary.flags
 
     @property
     def modules(self) -> pd.DataFrame:
@@ -112,59 +117,62 @@ class Analysis:
 
     def step_times(self) -> pd.DataFrame:
         """Per decode step: kernel sum vs union vs span (and annotation), beside the TPOT."""
-        t = self.summary["decode"]["steps"]
-        rows = [{"reading": k, **t[k]} for k in ("kernel_sum_ms", "union_ms", "span_ms",
-                                                 "annotation_ms", "period_ms") if k in t]
-        rows.append({"reading": "tpot_capture_ms", "mean": t["tpot_capture_ms"],
-                     "median": t["tpot_capture_ms"], "p90": None})
+        t = self.summary.decode.steps
+        readings = {"kernel_sum_ms": t.kernel_sum_ms, "union_ms": t.union_ms, "span_ms": t.span_ms,
+                    "annotation_ms": t.annotation_ms, "period_ms": t.period_ms}
+        rows = [{"reading": k, "mean": v.mean, "median": v.median, "p90": v.p90}
+                for k, v in readings.items() if v is not None]
+        rows.append({"reading": "tpot_capture_ms", "mean": t.tpot_capture_ms,
+                     "median": t.tpot_capture_ms, "p90": None})
         return pd.DataFrame(rows)
 
     def trace_table(self) -> pd.DataFrame:
         """What the traces are (`trace_info`), one row per reading."""
-        info = self.summary.get("trace_info") or {}
-        return pd.DataFrame([{"reading": k, "value": str(v)} for k, v in info.items()])
+        info = self.summary.trace_info
+        values = schema.to_builtins(info) if info is not None else {}
+        return pd.DataFrame([{"reading": k, "value": str(v)} for k, v in values.items()])
 
     def period_table(self) -> pd.DataFrame:
         """The reference rank's step period beside the span, idle inside a step, the largest
         gap and launch delay (ms unless the reading says µs)."""
-        d = self.summary["decode"]
-        span = (d["steps"].get("span_ms") or {}).get("mean")
-        gap = d.get("largest_gap") or {}
-        rows = [("period_ms (mean)", (d.get("period_ms") or {}).get("mean")),
-                ("periods measured", (d.get("period_ms") or {}).get("n")),
-                ("span_ms (mean)", span), ("denominator", d.get("denominator")),
-                ("denominator_reason", d.get("denominator_reason")),
-                ("idle_micro_ms (mean per step)", d.get("idle_micro_ms")),
-                ("idle_macro_ms (mean per step)", d.get("idle_macro_ms")),
-                ("largest gap ms", gap.get("dur_ms")), ("largest gap: host call", gap.get("host_call")),
-                ("largest gap: inside host frame", gap.get("host_frame")),
-                ("largest gap: before", gap.get("before")), ("largest gap: after", gap.get("after")),
-                ("launch_delay_us median", (d.get("launch_delay_us") or {}).get("median")),
-                ("launch_delay_us p90", (d.get("launch_delay_us") or {}).get("p90"))]
+        d = self.summary.decode
+        period = d.period_ms or schema.PeriodStat()
+        gap = d.largest_gap or schema.LargestGap()
+        delay = d.launch_delay_us or {}
+        rows = [("period_ms (mean)", period.mean), ("periods measured", period.n if d.period_ms else None),
+                ("span_ms (mean)", d.steps.span_ms.mean), ("denominator", d.denominator),
+                ("denominator_reason", d.denominator_reason),
+                ("idle_micro_ms (mean per step)", d.idle_micro_ms),
+                ("idle_macro_ms (mean per step)", d.idle_macro_ms),
+                ("largest gap ms", gap.dur_ms), ("largest gap: host call", gap.host_call),
+                ("largest gap: inside host frame", gap.host_frame),
+                ("largest gap: before", gap.before), ("largest gap: after", gap.after),
+                ("launch_delay_us median", delay.get("median")),
+                ("launch_delay_us p90", delay.get("p90"))]
         return pd.DataFrame(rows, columns=["reading", "value"])
 
     def collectives_table(self) -> pd.DataFrame:
         """Collectives matched across ranks, per category (empty, with the reason, when not)."""
-        m = self.summary.get("collectives_matched") or {}
-        rows = [{"category": c, "instances": v["n_instances"], "asymmetric": v["n_asymmetric"],
-                 "skew_us_p50": v["skew_us"]["p50"], "skew_us_p90": v["skew_us"]["p90"],
-                 "transfer_us_p50": v["transfer_us"]["p50"],
-                 "transfer_ms_per_step": v["transfer_ms_per_step"],
-                 **{f"wait_ms_per_step_r{r}": w for r, w in v["wait_ms_per_step_by_rank"].items()},
-                 "straggler_rank": v["straggler_rank"], "busbw_gbps_p50": v["busbw_gbps_p50"]}
-                for c, v in (m.get("by_category") or {}).items()]
+        m = self.summary.collectives_matched or schema.CollectivesMatched()
+        rows = [{"category": c, "instances": v.n_instances, "asymmetric": v.n_asymmetric,
+                 "skew_us_p50": v.skew_us.p50, "skew_us_p90": v.skew_us.p90,
+                 "transfer_us_p50": v.transfer_us.p50,
+                 "transfer_ms_per_step": v.transfer_ms_per_step,
+                 **{f"wait_ms_per_step_r{r}": w for r, w in v.wait_ms_per_step_by_rank.items()},
+                 "straggler_rank": v.straggler_rank, "busbw_gbps_p50": v.busbw_gbps_p50}
+                for c, v in (m.by_category or {}).items()]
         if not rows:
-            return pd.DataFrame([{"category": None, "reason": m.get("reason")}])
+            return pd.DataFrame([{"category": None, "reason": m.reason}])
         return pd.DataFrame(rows)
 
     def roofline_table(self) -> pd.DataFrame:
         """Achieved TFLOP/s and GB/s of the GEMM-like decode categories against the peaks."""
-        r = self.summary.get("roofline") or {}
+        r = self.summary.roofline or schema.Roofline()
         cols = ["category", "calls_per_step", "bytes_per_step", "time_ms_per_step", "achieved_gbps",
                 "pct_peak_bw", "achieved_tflops", "pct_peak_flops", "micro_gbps", "source"]
-        if not r.get("rows"):
-            return pd.DataFrame([{"category": None, "source": r.get("reason")}])
-        return pd.DataFrame(r["rows"])[cols]
+        if not r.rows:
+            return pd.DataFrame([{"category": None, "source": r.reason}])
+        return pd.DataFrame([schema.to_builtins(row) for row in r.rows])[cols]
 
     def kernels_table(self, per_category: int = 3) -> pd.DataFrame:
         """The reference rank's largest kernels of each decode category (summed ms per step,
@@ -207,14 +215,11 @@ class Analysis:
         keys = ["rank", "mode", "step_source", "n_device_events", "kernel_sum_us", "busy_us",
                 "idle_us", "span_us", "other_share", "n_steps", "n_decode_steps",
                 "unattributed_events"]
-        return pd.DataFrame([{k: r[k] for k in keys} for r in self.summary["ranks"]])
+        return pd.DataFrame([{k: getattr(r, k) for k in keys} for r in self.summary.ranks])
 
     def flags_table(self) -> pd.DataFrame:
-        return pd.DataFrame(self.flags, columns=["code", "severity", "message"])
-
-
-def _flag(code: str, severity: str, message: str) -> dict[str, str]:
-    return {"code": code, "severity": severity, "message": message}
+        return pd.DataFrame([(f.code, f.severity, f.message) for f in self.flags],
+                            columns=["code", "severity", "message"])
 
 
 def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[Path], list[Path]]:
@@ -297,84 +302,71 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
             "modules": module_table(work, paths, judged, rank), "collective_sizes": sizes}
 
 
-def _rank_summary(r: RankResult) -> dict:
-    cats = {row.category: {"count": int(row.count), "sum_us": float(row.sum_us),
-                           "union_us": float(row.union_us), "exposed_us": float(row.exposed_us)}
+def _rank_summary(r: RankResult) -> schema.RankSummary:
+    cats = {row.category: schema.CategoryTotals(count=int(row.count), sum_us=float(row.sum_us),
+                                                union_us=float(row.union_us), exposed_us=float(row.exposed_us))
             for row in r.rank_categories.itertuples()}
     t = r.totals
     kernel_sum = float(t["kernel_sum_us"])
-    other_sum = cats.get("other", {}).get("sum_us", 0.0)
+    other_sum = cats["other"].sum_us if "other" in cats else 0.0
     n_decode = int(((r.steps_tot["label"] == "decode") & (r.steps_tot["n_events"] > 0)).sum())
     with_work = r.steps_tot[r.steps_tot["n_events"] > 0]
     catch = r.work[r.work["category"] == CATCH_ALL_CATEGORY]
     catch_top = (catch.groupby("name")["dur_us"].agg(["sum", "count"])
                  .sort_values("sum", ascending=False).head(10))
     obs = acc.observed_collectives(r.steps_tot)
-    return {
-        "rank": r.rank,
-        "file": r.file,
-        "mode": r.mode,
-        "origin_us": r.info.get("origin_us"),
-        "n_device_events": int(t["n_events"]),
-        "kernel_sum_us": kernel_sum,
-        "busy_us": float(t["busy_us"]),
-        "idle_us": float(t["idle_us"]),
-        "span_us": float(t["span_us"]),
-        "categories": cats,
-        "class_totals_us": {"compute_us": float(t["compute_us"]),
-                            "comm_exposed_us": float(t["comm_exposed_us"]),
-                            "memory_exposed_us": float(t["memory_exposed_us"]),
-                            "busy_us": float(t["busy_us"])},
-        "step_kinds": {str(k): int(v) for k, v in with_work["kind"].value_counts().items()},
-        "other_share": other_sum / kernel_sum if kernel_sum else 0.0,
-        "catch_all_share": float(catch["dur_us"].sum()) / kernel_sum if kernel_sum else 0.0,
-        "catch_all_top_names": [{"name": str(n), "sum_us": float(x["sum"]), "count": int(x["count"])}
-                                for n, x in catch_top.iterrows()],
-        "other_top_names": r.other_top,
-        "n_steps": int(len(r.steps)),
-        "n_decode_steps": n_decode,
-        "step_source": r.step_source,
-        "unattributed_events": int((r.work["step_id"] < 0).sum()),
-        "attribution": {str(k): int(v) for k, v in r.work["attribution"].value_counts().items()},
-        "excluded": {k: v for k, v in r.info.items() if k != "origin_us"},
-        "levers": _records(r.levers),
-        "collectives_per_decode_step": {"all_reduce": obs["all_reduce"]["median"],
-                                        "all_gather": obs["all_gather"]["median"]},
-    }
+    return schema.RankSummary(
+        rank=r.rank, file=r.file, mode=r.mode, origin_us=r.info.get("origin_us"),
+        n_device_events=int(t["n_events"]), kernel_sum_us=kernel_sum, busy_us=float(t["busy_us"]),
+        idle_us=float(t["idle_us"]), span_us=float(t["span_us"]), categories=cats,
+        class_totals_us=schema.ClassTotals(compute_us=float(t["compute_us"]),
+                                           comm_exposed_us=float(t["comm_exposed_us"]),
+                                           memory_exposed_us=float(t["memory_exposed_us"]),
+                                           busy_us=float(t["busy_us"])),
+        step_kinds={str(k): int(v) for k, v in with_work["kind"].value_counts().items()},
+        other_share=other_sum / kernel_sum if kernel_sum else 0.0,
+        catch_all_share=float(catch["dur_us"].sum()) / kernel_sum if kernel_sum else 0.0,
+        catch_all_top_names=[schema.NamedTime(name=str(n), sum_us=float(x["sum"]), count=int(x["count"]))
+                             for n, x in catch_top.iterrows()],
+        other_top_names=[schema.NamedTime(**o) for o in r.other_top],
+        n_steps=int(len(r.steps)), n_decode_steps=n_decode, step_source=r.step_source,
+        unattributed_events=int((r.work["step_id"] < 0).sum()),
+        attribution={str(k): int(v) for k, v in r.work["attribution"].value_counts().items()},
+        excluded={k: v for k, v in r.info.items() if k != "origin_us"},
+        levers=schema.record_of(_records(r.levers), list[schema.CategoryLeverRow]),
+        collectives_per_decode_step={"all_reduce": obs["all_reduce"]["median"],
+                                     "all_gather": obs["all_gather"]["median"]})
 
 
-def _expected_collectives(arch: Any, tp: int | None) -> tuple[dict | None, str | None]:
+def _expected_collectives(arch: Any, tp: int | None) -> tuple[schema.ExpectedCollectives | None, str | None]:
     if arch is None or not tp:
         return None, ("no architecture given" if arch is None else "no TP size given")
     try:
         from stepscope import model as m
 
         exp = m.expected_collectives(arch, tp)
-        out = {"all_reduce": int(exp["all_reduce"]), "all_gather": int(exp["all_gather"])}
         explain = getattr(m, "explain_collectives", None)
-        if explain is not None:
-            out["reasoning"] = explain(arch, tp)
-        return out, None
+        return schema.ExpectedCollectives(all_reduce=int(exp["all_reduce"]), all_gather=int(exp["all_gather"]),
+                                          reasoning=explain(arch, tp) if explain is not None else None), None
     except (ImportError, AttributeError) as exc:
         return None, f"stepscope.model.expected_collectives is not available ({exc})"
 
 
-def collectives_check(observed: dict, expected: dict | None, why_none: str | None,
-                      mode: str) -> dict:
+def collectives_check(observed: schema.ObservedCollectives, expected: schema.ExpectedCollectives | None,
+                      why_none: str | None, mode: str) -> schema.CollectivesCheck:
     """Observed vs expected collectives per decode step, with the mismatch in words."""
-    out: dict = {"observed": observed, "expected": expected, "match": None, "explanation": []}
+    out = schema.CollectivesCheck(observed=observed, expected=expected)
+    words = out.explanation
     if expected is None:
-        out["explanation"].append(f"no expectation: {why_none}")
+        words.append(f"no expectation: {why_none}")
         return out
-    ar = observed["all_reduce"]["median"]
-    ag = observed["all_gather"]["median"]
-    out["match"] = bool(ar == expected["all_reduce"] and ag == expected["all_gather"])
-    if observed["all_reduce"]["min"] != observed["all_reduce"]["max"]:
-        out["explanation"].append(
-            f"the count varies between decode steps ({observed['all_reduce']['min']}-"
-            f"{observed['all_reduce']['max']}): steps differ in kind, or the trace cut a step")
-    words = out["explanation"]
-    d_ar = ar - expected["all_reduce"]
+    ar, ag = observed.all_reduce.median, observed.all_gather.median
+    out.match = bool(ar == expected.all_reduce and ag == expected.all_gather)
+    if observed.all_reduce.min != observed.all_reduce.max:
+        # :g prints a whole count as the integer it is (the record holds it as a float)
+        words.append(f"the count varies between decode steps ({observed.all_reduce.min:g}-"
+                     f"{observed.all_reduce.max:g}): steps differ in kind, or the trace cut a step")
+    d_ar = ar - expected.all_reduce
     if d_ar < 0:
         words.append(
             f"{-d_ar:g} fewer all-reduces per decode step than expected: a fused all-reduce + "
@@ -389,11 +381,11 @@ def collectives_check(observed: dict, expected: dict | None, why_none: str | Non
             "split into several kernels (implementations chosen by message size, e.g. "
             "two-stage custom all-reduce), or the model has extra all-reduces (embedding, "
             "shared experts, a separate MoE reduction)")
-    ag_d = ag - expected["all_gather"]
+    ag_d = ag - expected.all_gather
     if ag_d:
-        words.append(f"all-gather: {ag:g} per step against {expected['all_gather']} expected "
+        words.append(f"all-gather: {ag:g} per step against {expected.all_gather} expected "
                      "(the logits all-gather; a gather may be used instead at TP>1)")
-    if out["match"]:
+    if out.match:
         words.append("observed counts match the architecture")
     if mode == "cpu":
         words.append("CPU trace: each collective counted once at its entry op (c10d:: for gloo, "
@@ -407,7 +399,7 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                    progress: bool = True, cache_dir: Path | None = None,
                    perfetto: bool = True, quantization: str | None = None,
                    micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
-                   input_flags: Iterable[dict[str, str]] = (), memory_budget_gb: float | None = None
+                   input_flags: Iterable[schema.Flag] = (), memory_budget_gb: float | None = None
                    ) -> Analysis:
     """Load, categorize, attribute and account every rank trace; write the artifacts: the
     three steps `load_traces`, `analyse` and `write_artifacts` in one call.
@@ -436,7 +428,7 @@ class LoadedTraces:
     reading raised, and the profiler's text tables found beside them."""
 
     traces: list[RankTrace]
-    flags: list[dict[str, str]]
+    flags: list[schema.Flag]
     tables: list[Path]
     where: str
     """What was read (for errors)."""
@@ -462,7 +454,7 @@ def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = Tru
     loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
                                memory_budget_bytes=budget.budget_bytes)
     if not loaded:
-        raise TraceError("no trace could be read: " + " | ".join(f["message"] for f in flags),
+        raise TraceError("no trace could be read: " + " | ".join(f.message for f in flags),
                          where=str(out_dir), hint="see the messages above for each file")
     return LoadedTraces(loaded, flags, tables, str(out_dir))
 
@@ -470,7 +462,7 @@ def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = Tru
 def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, extra_rules=(),
             tpot_ms: float | None = None, progress: bool = True, quantization: str | None = None,
             micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
-            input_flags: Iterable[dict[str, str]] = ()) -> Analysis:
+            input_flags: Iterable[schema.Flag] = ()) -> Analysis:
     """Stage 05's second step: categorize, attribute and account the loaded ranks, and read
     them together (kind, collectives, roofline, cross-rank). Writes nothing (`write_artifacts`).
     The arguments are `analyze_traces`'s."""
@@ -479,12 +471,12 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     flags = list(loaded.flags)
     results = _analyse_ranks(loaded.traces, make_rules(extra_rules), flags, progress)
     if not results:
-        raise TraceError("no rank could be analysed: " + " | ".join(f["message"] for f in flags),
+        raise TraceError("no rank could be analysed: " + " | ".join(f.message for f in flags),
                          where=loaded.where)
     tables = loaded.tables
     modes = {r.mode for r in results}
     if len(modes) > 1:
-        flags.append(_flag("mixed_modes", "warning", "some ranks are GPU traces and some CPU-only"))
+        flags.append(new_flag("mixed_modes", "warning"))
     ranks_summary = [_rank_summary(r) for r in results]
     flags.extend(_rank_flags(ranks_summary))
     ref = results[0]
@@ -503,54 +495,51 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
     check = _collectives_check(ref, info, arch, flags)
     tt_df, tt_check = check_text_tables(tables, {r.rank: r for r in results})
-    for c in tt_check:
-        if c.get("flag"):
-            flags.append(c["flag"])
+    tt_check = schema.record_of(tt_check, list[schema.TextTableCheck])
+    flags.extend(c.flag for c in tt_check if c.flag is not None)
     flags.extend(_tpot_flags(times, ref.mode == "cpu"))
     flags.extend(input_flags)
     timeline = representative_timeline(ref)
-    summary = {
-        "trace_info": info,
-        "notes": {"exposed_us": EXPOSED_NOTE},
-        "ranks": ranks_summary,
-        "decode": {
-            "rank": ref.rank,
-            "steps": times,
-            **period,
-            "categories": _records(ref.decode),
-            "amdahl": _records(amd),
-            "spec_decode": spec_decode_steps(ref.steps_tot),
-        },
-        "collectives_check": check,
-        "collectives_matched": matched,
-        "roofline": roofline(ref.decode if info["judged_kind"] == "decode" else ref.decode.iloc[0:0],
-                             arch, info["tp"], info["batch_size"], _device(ref, peaks), weights_q,
-                             micro_gemm, quantization_from=weights_from),
-        "cross_rank": _records(xr),
-        "text_table_check": tt_check,
-        "flags": flags,
-    }
+    # The blocks computed elsewhere (trace info, period, matched collectives, roofline) come as
+    # plain values; each becomes its record here, once, and the summary is built from records.
+    summary = schema.TraceSummary(
+        trace_info=schema.record_of(info, schema.TraceInfo), notes={"exposed_us": EXPOSED_NOTE},
+        ranks=ranks_summary, decode=_decode_summary(ref, times, period, amd), collectives_check=check,
+        collectives_matched=schema.record_of(matched, schema.CollectivesMatched),
+        roofline=schema.record_of(roofline(ref.decode if info["judged_kind"] == "decode" else ref.decode.iloc[0:0],
+                                           arch, info["tp"], info["batch_size"], _device(ref, peaks), weights_q,
+                                           micro_gemm, quantization_from=weights_from), schema.Roofline),
+        cross_rank=schema.record_of(_records(xr), list[schema.CrossRankRow]), text_table_check=tt_check,
+        flags=flags)
     steps_all = pd.concat([r.steps_tot for r in results], ignore_index=True)
-    an = Analysis(ranks=results, summary=summary, flags=flags, decode_categories=dec_all,
+    an = Analysis(ranks=results, summary=summary, decode_categories=dec_all,
                   steps=steps_all, collective_instances=instances, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
                   timeline=timeline, text_tables=tt_df,
                   category_kernels=pd.concat([r.kernels for r in results], ignore_index=True))
     return an
 
 
-def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[dict[str, str]]) -> dict:
+def _decode_summary(ref: RankResult, times: dict, period: dict, amd: pd.DataFrame) -> schema.DecodeSummary:
+    """The reference rank's decode summary: its step readings, period, categories and ceilings."""
+    return schema.record_of({"rank": ref.rank, "steps": times, **period, "categories": _records(ref.decode),
+                             "amdahl": _records(amd), "spec_decode": spec_decode_steps(ref.steps_tot)},
+                            schema.DecodeSummary)
+
+
+def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[schema.Flag]) -> schema.CollectivesCheck:
     """The reference rank's collectives per step against the architecture's; a flag on mismatch."""
     expected, why = _expected_collectives(arch, info["tp"])
-    check = collectives_check(acc.observed_collectives(ref.steps_tot), expected, why, ref.mode)
-    check.update(rank=ref.rank, tp=info["tp"], tp_source=info["tp_source"])
-    if check["match"] is False:
-        flags.append(_flag("collectives_mismatch", "warning",
+    observed = schema.record_of(acc.observed_collectives(ref.steps_tot), schema.ObservedCollectives)
+    check = collectives_check(observed, expected, why, ref.mode)
+    check.rank, check.tp, check.tp_source = ref.rank, info["tp"], info["tp_source"]
+    if check.match is False:
+        flags.append(new_flag("collectives_mismatch", "warning",
                            "collectives per decode step differ from the architecture: "
-                           + "; ".join(check["explanation"])))
+                           + "; ".join(check.explanation)))
     return check
 
 
-def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[dict[str, str]],
+def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[schema.Flag],
                    progress: bool) -> list[RankResult]:
     """Each loaded rank analysed; one that fails becomes an error flag, not an exception."""
     from stepscope import progress as _progress
@@ -560,10 +549,10 @@ def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[dict[str, str]],
         try:
             r = analyze_rank(rt, rules)
         except TraceError as exc:
-            flags.append(_flag("rank_unanalysable", "error", exc.render()))
+            flags.append(new_flag("rank_unanalysable", "error", exc.render()))
             continue
         except Exception as exc:  # noqa: BLE001 - one odd rank must not stop the others
-            flags.append(_flag("rank_unanalysable", "error",
+            flags.append(new_flag("rank_unanalysable", "error",
                                f"{rt.path}: unexpected {type(exc).__name__} while analysing: {exc} "
                                "(a stepscope bug; please report it with the file)"))
             continue
@@ -572,55 +561,42 @@ def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[dict[str, str]],
     return results
 
 
-def _rank_flags(ranks_summary: list[dict]) -> list[dict[str, str]]:
+def _rank_flags(ranks_summary: list[schema.RankSummary]) -> list[schema.Flag]:
     """Per-rank data-quality flags: 'other' too large, unattributed work, step fallbacks."""
-    flags: list[dict[str, str]] = []
+    flags: list[schema.Flag] = []
     for rs in ranks_summary:
-        if rs["other_share"] > OTHER_SHARE_LIMIT:
-            top = ", ".join(f"{o['name'][:60]} ({o['sum_us']:.0f} us)" for o in rs["other_top_names"][:3])
-            flags.append(_flag("other_share_high", "warning",
-                               f"rank {rs['rank']}: {rs['other_share']:.2%} of kernel time is "
-                               f"'other' (limit {OTHER_SHARE_LIMIT:.1%}); top: {top}; add rules "
-                               "in params analysis.extra_rules"))
-        if rs["unattributed_events"]:
-            why = {k: v for k, v in rs["attribution"].items() if k in ("none", "before_capture")}
-            flags.append(_flag("unattributed", "warning",
-                               f"rank {rs['rank']}: {rs['unattributed_events']} work events belong "
-                               f"to no recorded step ({why}; before_capture = launched before the "
-                               "capture's CPU side began, i.e. in an unrecorded earlier step)"))
-        if rs["attribution"].get("work_time", 0) and rs["excluded"].get("n_launch_missing") == rs["n_device_events"]:
-            flags.append(_flag("no_launch_events", "info",
-                               f"rank {rs['rank']}: no device event has its launch in the trace (no runtime "
-                               f"events): {rs['attribution']['work_time']} are placed in steps by their own "
-                               "start time, which assumes the host and device clocks agree"))
-        if rs["step_source"] == WHOLE_TRACE:
-            flags.append(_flag("no_step_marker", "warning",
-                               f"rank {rs['rank']}: no step marker (no engine or ProfilerStep annotation, graph "
-                               "launch or execute_model frame): the whole trace is read as one window, and its "
-                               "figures describe that window, not a step"))
-        elif rs["step_source"].startswith(("graph", "exec")):
-            flags.append(_flag("step_fallback", "info",
-                               f"rank {rs['rank']}: no step annotations; steps from "
-                               f"{rs['step_source']}"))
+        if rs.other_share > OTHER_SHARE_LIMIT:
+            flags.append(new_flag("other_share_high", "warning", rank=rs.rank, share=rs.other_share,
+                               limit_share=OTHER_SHARE_LIMIT, top_names=rs.other_top_names[:3]))
+        if rs.unattributed_events:
+            why = {k: v for k, v in rs.attribution.items() if k in ("none", "before_capture")}
+            flags.append(new_flag("unattributed", "warning", rank=rs.rank, n_events=rs.unattributed_events,
+                               by_reason=why))
+        if rs.attribution.get("work_time", 0) and rs.excluded.get("n_launch_missing") == rs.n_device_events:
+            flags.append(new_flag("no_launch_events", "info", rank=rs.rank, n_events=rs.attribution["work_time"]))
+        if rs.step_source == WHOLE_TRACE:
+            flags.append(new_flag("no_step_marker", "warning", rank=rs.rank))
+        elif rs.step_source.startswith(("graph", "exec")):
+            flags.append(new_flag("step_fallback", "info", rank=rs.rank, step_source=rs.step_source))
     return flags
 
 
-def _matched_flags(matched: dict) -> list[dict[str, str]]:
+def _matched_flags(matched: dict) -> list[schema.Flag]:
     """Flags from matching collectives across ranks: clocks, differing call counts."""
-    flags: list[dict[str, str]] = []
+    flags: list[schema.Flag] = []
     if matched.get("clock_flag"):
-        flags.append(_flag("clock_disagreement", "warning",
+        flags.append(new_flag("clock_disagreement", "warning",
                            f"ranks {matched['clock_flag']['ranks']}: matched collectives end "
                            f"{matched['clock_flag']['median_end_offset_us']} µs (median) from the "
                            "reference rank's; their clocks disagree, so cross-rank skews are not "
                            "trusted"))
     if matched.get("count_mismatch"):
-        flags.append(_flag("collective_count_mismatch", "warning",
+        flags.append(new_flag("collective_count_mismatch", "warning",
                            f"collective calls per rank differ ({matched['count_mismatch']}): "
                            "instances were matched in issue order up to the shortest rank"))
     off = {r: v for r, v in (matched.get("reconcile") or {}).items() if v["agree"] is False}
     if off:
-        flags.append(_flag("comm_readings_disagree", "warning",
+        flags.append(new_flag("comm_readings_disagree", "warning",
                            "a rank's matched collectives (wait + completion after the last arrival) and its "
                            "collective categories disagree by more than READINGS_AGREE_REL: " + "; ".join(
                                f"rank {r}: {v['matched_ms']:.3f} against {v['accounted_ms']:.3f} ms per step"
@@ -656,29 +632,20 @@ def _inside_words(v: dict) -> str:
             f"between a collective's pieces, and {v['inside_other_ms']:.3f} ms other categories' work)")
 
 
-def _tpot_flags(times: dict, cpu: bool) -> list[dict[str, str]]:
+def _tpot_flags(times: dict, cpu: bool) -> list[schema.Flag]:
     """The decode step readings against the TPOT the client measured during capture (`cpu`:
     the trace's work is CPU ops, not device kernels)."""
-    flags: list[dict[str, str]] = []
-    unit = work_unit(cpu)
-    idle = "no op running" if cpu else "no device work"
+    flags: list[schema.Flag] = []
     # Means throughout: the capture TPOT is a mean over requests, and the report shows
     # these readings as means.
-    if times["tpot_capture_ms"] and times["span_ms"]["mean"]:
-        ratio = times["kernel_sum_ms"]["mean"] / times["tpot_capture_ms"]
-        if ratio > 1.0:
-            flags.append(_flag("kernel_sum_above_tpot", "info",
-                               f"mean {unit[:-1]} sum per decode step ({times['kernel_sum_ms']['mean']:.3f} "
-                               f"ms) exceeds the mean TPOT measured during capture "
-                               f"({times['tpot_capture_ms']:.3f} ms): {unit} overlap; read the union "
-                               "and span instead"))
-        j = tpot_against_step(times["tpot_capture_ms"], None, times["span_ms"]["mean"])  # against the span
+    tpot, span, kernel_sum = times["tpot_capture_ms"], times["span_ms"]["mean"], times["kernel_sum_ms"]["mean"]
+    if tpot and span:
+        if kernel_sum / tpot > 1.0:
+            flags.append(new_flag("kernel_sum_above_tpot", "info", kernel_sum_ms=kernel_sum, tpot_ms=tpot, cpu=cpu))
+        j = tpot_against_step(tpot, None, span)  # against the span
         if j is not None and j.code == "tpot_above":
-            gap = j.gap_share
-            flags.append(_flag("span_below_tpot", "info",
-                               f"a decode step's work spans {times['span_ms']['mean']:.3f} ms (mean) of "
-                               f"the {times['tpot_capture_ms']:.3f} ms mean TPOT ({gap:.0%} of each token "
-                               f"has {idle}: host-side overhead, scheduling or launch gaps)"))
+            flags.append(new_flag("span_below_tpot", "info", span_ms=span, tpot_ms=tpot, share=j.gap_share,
+                               cpu=cpu))
         flags.extend(_period_vs_tpot(times))
     return flags
 
@@ -747,7 +714,7 @@ def _device(ref: RankResult, peaks: dict[str, Any] | None) -> dict[str, Any]:
     return lookup_device(ref.meta.get("device_name"), ref.meta.get("device_properties")).as_dict()
 
 
-def _period_vs_tpot(times: dict) -> list[dict[str, str]]:
+def _period_vs_tpot(times: dict) -> list[schema.Flag]:
     """The server's decode period and the client's TPOT measure the same thing; say when
     they disagree by more than TPOT_GAP_SHARE (`trace.tpot`), and what each direction means."""
     period = (times.get("period_ms") or {}).get("mean")
@@ -755,14 +722,7 @@ def _period_vs_tpot(times: dict) -> list[dict[str, str]]:
     j = tpot_against_step(tpot, period)  # the one judgement (trace.tpot); the flag reads the period only
     if j is None or j.code == "agree":
         return []
-    why = ("tokens reached the client in bursts (a starved API process or network), so the "
-           "client's decode time is short and its TTFT long; the period is the server's reading"
-           if j.code == "tpot_below" else
-           "time between a token leaving the engine and reaching the client (detokenizing, "
-           "streaming) that no step accounts for")
-    return [_flag("period_tpot_mismatch", "warning",
-                  f"the mean decode period in the trace is {period:.3f} ms but the mean TPOT the "
-                  f"client measured during capture is {tpot:.3f} ms ({period / tpot - 1:+.0%}): {why}")]
+    return [new_flag("period_tpot_mismatch", "warning", period_ms=period, tpot_ms=tpot, judgement=j.code)]
 
 
 def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
@@ -773,42 +733,30 @@ def _shape_hint(ref: RankResult) -> tuple[int, int] | None:
     return input_token_shape(ref.file)
 
 
-def _period_flags(period: dict) -> list[dict[str, str]]:
+def _period_flags(period: dict) -> list[schema.Flag]:
     n = period.get("period_from_device_n")
-    return [_flag("period_from_device", "warning",
-                  f"{n} step(s): the host-side period was shorter than the device's busy time, so the period "
-                  f"is the device's step (first device event of one step to the next); shares and ceilings "
-                  f"divide by it")] if n else []
+    return [new_flag("period_from_device", "warning", n_steps=int(n))] if n else []
 
 
-def _info_flags(info: dict, results: list[RankResult]) -> list[dict[str, str]]:
+def _info_flags(info: dict, results: list[RankResult]) -> list[schema.Flag]:
     out = []
     for r in results:
         if r.meta.get("unknown_step_names"):
-            names = r.meta["unknown_step_names"]
-            out.append(_flag("unknown_step_annotation", "warning",
-                             f"rank {r.rank}: {len(names)} annotation name(s) look like an engine "
-                             f"step but match no known form: {', '.join(names[:5])}; steps came "
-                             f"from {r.step_source}"))
+            out.append(new_flag("unknown_step_annotation", "warning", rank=r.rank,
+                             names=list(r.meta["unknown_step_names"]), step_source=r.step_source))
     if info["kind"] != "capture" and (info.get("kind_evidence") or {}).get("capture"):
-        out.append(_flag("capture_evidence", "warning",
+        out.append(new_flag("capture_evidence", "warning",
                          f"the {info['kind']} steps are judged, but the trace also shows a graph capture or "
                          f"warm-up ({'; '.join(info['kind_evidence']['capture'][:2])}): its kernels are "
                          f"recorded, not run"))
     if info["tp_disagreement"]:
-        out.append(_flag("tp_disagreement", "warning",
-                         f"TP from params is {info['tp']}, but the traces' distributedInfo."
-                         f"world_size is {info['world_size']}; the params value is used"))
+        out.append(new_flag("tp_disagreement", "warning", tp=info["tp"], world_size=info["world_size"]))
     if info["low_confidence"] and info["n_steps"] is not None:  # a window: no_step_marker says it
-        out.append(_flag("low_confidence", "warning",
-                         f"only {info['step_kinds'].get(info['judged_kind'], 0)} "
-                         f"{info['judged_kind']} step(s) with work (under 5): per-step figures "
-                         "rest on too few steps to show their spread"))
+        out.append(new_flag("low_confidence", "warning", n_steps=int(info["step_kinds"].get(info["judged_kind"], 0)),
+                         step_kind=info["judged_kind"]))
     world, present = info["world_size"], info["ranks_present"]
     if world and len(present) < world:
-        out.append(_flag("ranks_missing", "warning",
-                         f"{len(present)} of {world} ranks' traces given (ranks {present}); "
-                         "no cross-rank claim is made"))
+        out.append(new_flag("ranks_missing", "warning", ranks=list(present), world_size=world))
     return out
 
 
@@ -872,7 +820,7 @@ class StageInputs:
 
     paths: list[Path]
     tpot_ms: float | None
-    input_flags: list[dict[str, str]]
+    input_flags: list[schema.Flag]
     arch: Any
     arch_missing: str | None
     """Why no architecture was read (said in the collectives check), else None."""
@@ -912,7 +860,7 @@ def analyse_stage(loaded: LoadedTraces, inputs: StageInputs, *, progress: bool =
     """`analyse` with the stage's inputs; a missing architecture is said in the collectives check."""
     an = analyse(loaded, progress=progress, **inputs.analysis_kwargs())
     if inputs.arch is None:
-        an.summary["collectives_check"]["explanation"].append(f"architecture: {inputs.arch_missing}")
+        an.summary.collectives_check.explanation.append(f"architecture: {inputs.arch_missing}")
     return an
 
 
@@ -988,7 +936,7 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:
     return [d]
 
 
-def capture_tpot(run_dir: str | Path) -> tuple[float | None, dict[str, str] | None]:
+def capture_tpot(run_dir: str | Path) -> tuple[float | None, schema.Flag | None]:
     """The mean TPOT the client measured during capture (the mean, like the per-step readings
     it is shown beside), and a flag when it is not set beside the trace: its file is unreadable,
     or it measures how the server delivered the tokens (in bursts, or stalling mid-stream:
@@ -999,13 +947,13 @@ def capture_tpot(run_dir: str | Path) -> tuple[float | None, dict[str, str] | No
     try:
         lat = schema.read(path, schema.CaptureLatency)
     except (schema.ArtifactError, OSError) as exc:
-        return None, _flag("capture_latency_unreadable", "warning",
+        return None, new_flag("capture_latency_unreadable", "warning",
                            f"{path}: {exc}; the capture's TPOT is not set beside the trace")
     tpot = lat.tpot_ms_mean if lat.tpot_ms_mean is not None else lat.tpot_ms_median
     if not lat.tpot_is_delivery():
         return tpot, None
     mean = f"{tpot:.3f} ms" if tpot is not None else "none"
-    return None, _flag("capture_tpot_is_delivery", "warning",
+    return None, new_flag("capture_tpot_is_delivery", "warning",
                        f"the TPOT the client measured during capture (mean {mean}) measures delivery, not "
                        f"decode: {capture_delivery(lat)}. It is not set beside the trace's step readings; the "
                        f"period is the engine's own clock")

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from stepscope import schema
 from stepscope.errors import TraceError
+from stepscope.wording import flag_message
 from stepscope.filenames import parse_name, rank_from_filename, sglang_stage
 from stepscope.trace import split
 from stepscope.trace.cache import cache_key, cache_read, cache_write
@@ -53,7 +55,7 @@ class RankTrace:
     path: Path
     events: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-    flags: list[dict[str, str]] = field(default_factory=list)
+    flags: list[schema.Flag] = field(default_factory=list)
 
     @property
     def mode(self) -> str:
@@ -63,8 +65,14 @@ class RankTrace:
 # --------------------------------------------------------------------------- one rank
 
 
-def _flag(code: str, severity: str, message: str) -> dict[str, str]:
-    return {"code": code, "severity": severity, "message": message}
+def new_flag(code: str, severity: str, message: str | None = None, **values: Any) -> schema.Flag:
+    """One of stage 05's flags, with the values its sentence is written from
+    (`wording.flag_message`); the codes in `wording.FLAGS_WITHOUT_VALUES` still bring their own
+    `message`."""
+    flag = schema.Flag(code=code, severity=severity, message=message or "", **values)
+    if message is None:
+        flag.message = flag_message(flag)
+    return flag
 
 
 def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Path | None = None,
@@ -126,7 +134,7 @@ def _summarize_meta(path: Path, top: dict[str, Any], stats: dict[str, Any]) -> d
 
 def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None,
             allow_no_rank: bool, *, from_cache: bool) -> RankTrace:
-    flags: list[dict[str, str]] = []
+    flags: list[schema.Flag] = []
     meta = dict(meta)
     meta["file"] = str(path)
     meta["from_cache"] = from_cache
@@ -141,9 +149,7 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
     elif allow_no_rank:
         rank = 0
         meta["rank_source"] = "assumed (single file)"
-        flags.append(_flag("rank_assumed", "info",
-                           f"{path.name}: no distributedInfo.rank and no rank in the file name; "
-                           "a single trace was given, so it is treated as rank 0"))
+        flags.append(new_flag("rank_assumed", "info", file=path.name))
     else:
         raise TraceError(
             "cannot tell which rank this trace belongs to: no distributedInfo.rank and "
@@ -177,33 +183,26 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
                 f"{bad} of {n_work + bad} work events have a missing or negative duration, or a "
                 f"non-finite or out-of-range duration or timestamp (e.g. {ex})", where=str(path),
                 hint="the trace is damaged (profiler buffer overflow?); capture again")
-        flags.append(_flag("bad_durations", "warning",
+        flags.append(new_flag("bad_durations", "warning",
                            f"rank {rank}: dropped {bad} work events with a missing or negative duration, or a "
                            f"non-finite or out-of-range duration or timestamp (e.g. {ex})"))
     flags.extend(_dropped_or_cut_flags(rank, meta))
     if unknown:
-        listing = ", ".join(f"{c!r} ({n})" for c, n in sorted(unknown.items()))
-        flags.append(_flag("unknown_event_category", "warning",
-                           f"rank {rank}: ignored events of unknown category {listing}"))
+        flags.append(new_flag("unknown_event_category", "warning", rank=int(rank),
+                              categories={str(c): int(n) for c, n in unknown.items()}))
     meta["mode"] = "gpu" if n_dev else "cpu"
     return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
 
 
-def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[dict[str, str]]:
+def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[schema.Flag]:
     """Flags for what the parser dropped or cut besides work events (`parse._Collector`)."""
     out = []
     if n := int(meta.get("n_bad_other") or 0):
-        out.append(_flag("bad_timestamps", "warning",
-                         f"rank {rank}: dropped {n} annotation or launch events with a non-finite, negative "
-                         f"or out-of-range timestamp or duration (limits: parse.MAX_TS_US, MAX_DUR_US)"))
+        out.append(new_flag("bad_timestamps", "warning", rank=int(rank), n_events=n))
     if n := int(meta.get("n_names_capped") or 0):
-        out.append(_flag("names_capped", "warning",
-                         f"rank {rank}: {n} event names longer than {NAME_CAP_CHARS:,} characters were cut "
-                         "to that length before the name rules saw them (the names say how long they were)"))
+        out.append(new_flag("names_capped", "warning", rank=int(rank), n_events=n, limit_chars=NAME_CAP_CHARS))
     if n := int(meta.get("n_huge_ids") or 0):
-        out.append(_flag("ids_out_of_range", "warning",
-                         f"rank {rank}: {n} ids (correlation, External id, stream) outside 64-bit integers "
-                         "were read as no id, so those events are matched by time instead"))
+        out.append(new_flag("ids_out_of_range", "warning", rank=int(rank), n_events=n))
     return out
 
 
@@ -248,7 +247,7 @@ def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -
 
 def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = None,
                workers: int | None = None, memory_budget_bytes: int | None = None,
-               progress: bool = True) -> tuple[list[RankTrace], list[dict[str, str]]]:
+               progress: bool = True) -> tuple[list[RankTrace], list[schema.Flag]]:
     """Load many rank traces in parallel processes. A bad file never stops the others.
 
     Returns (ranks sorted by rank, flags). Each unreadable file becomes an error flag
@@ -310,15 +309,15 @@ def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = No
 
 
 def _one_per_rank(paths: list[Path], results: dict[Path, tuple[RankTrace | None, str | None]]
-                  ) -> tuple[list[RankTrace], list[dict[str, str]]]:
+                  ) -> tuple[list[RankTrace], list[schema.Flag]]:
     """(ranks sorted by rank, flags): unreadable files and duplicate ranks become flags; of
     SGLang's per-stage pair (DECODE, EXTEND) of one rank the DECODE trace is kept."""
-    flags: list[dict[str, str]] = []
+    flags: list[schema.Flag] = []
     ranks: dict[int, RankTrace] = {}
     for p in paths:  # input order decides which duplicate wins
         rt, err = results[p]
         if err is not None:
-            flags.append(_flag("rank_unreadable", "error", err))
+            flags.append(new_flag("rank_unreadable", "error", err))
             continue
         assert rt is not None
         if rt.rank not in ranks:
@@ -333,11 +332,11 @@ def _one_per_rank(paths: list[Path], results: dict[Path, tuple[RankTrace | None,
             ranks[rt.rank] = keep
             if keep is rt:
                 flags.extend(rt.flags)
-            flags.append(_flag("sglang_stage_split", "info",
+            flags.append(new_flag("sglang_stage_split", "info",
                                f"rank {rt.rank}: SGLang wrote {keep.path.name} and "
                                f"{other.path.name}; the DECODE trace is analysed"))
             continue
-        flags.append(_flag(
+        flags.append(new_flag(
             "duplicate_rank", "error",
             str(TraceError(f"claims rank {rt.rank}, like {first.name} (from "
                            f"{rt.meta.get('rank_source')}); it was left out",

@@ -340,7 +340,8 @@ def stage_figures(an) -> dict[str, Figure]:
     """Stage 05's figures by file name (without extension): the reference rank's steps and
     its median-span decode step, and the cross-rank spread when there are several ranks."""
     ref = an.reference
-    label = step_label((an.summary.get("trace_info") or {}).get("kind"))
+    info = an.summary.trace_info
+    label = step_label(info.kind if info is not None else None)
     lane = "thread" if ref.mode == "cpu" else "stream"
     note = ""
     if not an.timeline.empty and "step_id" in an.timeline:
