@@ -225,6 +225,10 @@ def _other_top(f) -> str:
 
 
 _FLAG_WORDS = {
+    "clock_disagreement": (("end_offset_ms",), lambda f: (
+        "; ".join(f"rank {r}'s matched collectives end {fmt_num(ms)} ms (median) from rank {f.rank}'s"
+                  for r, ms in f.end_offset_ms.items())
+        + ": their clocks disagree, so cross-rank skews are not trusted")),
     "low_confidence": (("n_steps", "step_kind"), lambda f: (
         f"only {f.n_steps} {f.step_kind} step(s) with work (under {LOW_CONFIDENCE_STEPS}): per-step figures "
         "rest on too few steps to show their spread")),
@@ -286,7 +290,7 @@ stage 05 wrote (`FLAGS_WITHOUT_VALUES`)."""
 
 FLAGS_WITHOUT_VALUES = ("rank_unanalysable", "rank_unreadable", "duplicate_rank",
                         "sglang_stage_split", "bad_durations", "collectives_mismatch",
-                        "clock_disagreement", "collective_count_mismatch", "comm_readings_disagree",
+                        "collective_count_mismatch", "comm_readings_disagree",
                         "capture_evidence", "capture_latency_unreadable", "capture_tpot_is_delivery",
                         "text_table_mismatch")
 """Stage 05's flag codes whose sentence is still written where the flag is raised, not here."""

@@ -522,6 +522,9 @@ class Flag(Record, kw_only=True, omit_defaults=True):
     """`tpot_below` or `tpot_above`: which way the TPOT disagrees with the period (`trace.tpot`)."""
     cpu: bool | None = None
     """The trace's work is CPU ops, not device kernels (the sentence says ops, not kernels)."""
+    end_offset_ms: dict[str, float] | None = None
+    """{rank: the median offset of its matched collectives' ends from the reference rank's (`rank`),
+    ms} for the ranks over `thresholds.CLOCK_SKEW_LIMIT_US` (`clock_disagreement`)."""
 
 
 class CollectiveCalls(Record, kw_only=True):

@@ -584,12 +584,11 @@ def _rank_flags(ranks_summary: list[schema.RankSummary]) -> list[schema.Flag]:
 def _matched_flags(matched: dict) -> list[schema.Flag]:
     """Flags from matching collectives across ranks: clocks, differing call counts."""
     flags: list[schema.Flag] = []
-    if matched.get("clock_flag"):
-        flags.append(new_flag("clock_disagreement", "warning",
-                           f"ranks {matched['clock_flag']['ranks']}: matched collectives end "
-                           f"{matched['clock_flag']['median_end_offset_us']} µs (median) from the "
-                           "reference rank's; their clocks disagree, so cross-rank skews are not "
-                           "trusted"))
+    clock = matched.get("clock_flag")
+    if clock:
+        off_us = clock["median_end_offset_us"]
+        flags.append(new_flag("clock_disagreement", "warning", rank=matched["ranks_present"][0], ranks=clock["ranks"],
+                              end_offset_ms={str(r): off_us[r] / 1e3 for r in clock["ranks"]}))
     if matched.get("count_mismatch"):
         flags.append(new_flag("collective_count_mismatch", "warning",
                            f"collective calls per rank differ ({matched['count_mismatch']}): "
