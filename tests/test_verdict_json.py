@@ -138,3 +138,20 @@ def test_a_lever_that_buys_little_and_a_host_stall_are_said_plainly(tmp_path, re
     ]
     assert record.biggest_lever.name == "dense_gemm" and record.biggest_lever.ceiling_x < 1.05
     assert "steady_state" not in " ".join(t for _, t in pairs)
+
+
+def test_a_gpu_jobs_host_only_trace_says_its_times_are_the_hosts(tmp_path, real_traces):
+    """HTA's CPU-only export of a GPU training job: no device event, but six `nccl:all_to_all`
+    ops. Its figures are host op times, which the headline said nothing about; that caveat now
+    comes first. A CPU engine's trace (vLLM CPU), whose ops are the work, names no GPU library."""
+    from stepscope.trace import analyze_traces
+
+    run = _run(tmp_path, ["hta-cpu-only.json.gz"], real_traces)
+    record = schema.read(build_report(run, draw_figures=False)["verdict"], schema.VerdictFile)
+    assert (record.headline[-1].finding, record.headline[-1].text) == (
+        "caveat:host_only", "Caveat: a GPU job's trace with no device activity (op `nccl:all_to_all` ×6): its times "
+                            "are host ops, not device work.")
+    assert len(" ".join(s.text for s in record.headline).split()) <= HEADLINE_WORDS
+    cpu = analyze_traces([real_traces / "vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz"], tmp_path / "cpu",
+                         progress=False, perfetto=False)
+    assert cpu.summary.trace_info.host_only_of_gpu_job == []

@@ -533,6 +533,9 @@ def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as
 def caveat_clause(c: Caveat, step_label: str) -> str:
     """The caveat in a few words, from the finding it rests on."""
     x = c.finding
+    if c.code == "host_only":
+        return (f"a GPU job's trace with no device activity ({x.host_only_of_gpu_job[0]}): its times are host ops, "
+                "not device work")
     if c.code == "not_decode" and step_label == WINDOW and x.kind in ("single_step", "unknown"):
         return ("the trace has no step marker, so its figures describe the whole trace, one window, and no decode "
                 "verdict applies")

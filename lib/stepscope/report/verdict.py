@@ -67,6 +67,9 @@ class TraceIdentity:
     """Non-LLM inference: the denoiser's forward passes in the trace."""
     mixed: dict | None = None
     """`trace_info.mixed`: prefill requests and tokens beside decode requests, per mixed step."""
+    host_only_of_gpu_job: tuple[str, ...] = ()
+    """`trace_info.host_only_of_gpu_job`: the host ops (NCCL, CUDA runtime) that say a trace
+    with no device activity recorded a job that ran on GPUs."""
 
     @property
     def has_decode(self) -> bool:
@@ -446,7 +449,8 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
             evidence=tuple((str(k), tuple(str(x) for x in v)) for k, v in (info.get("kind_evidence") or {}).items()),
             model_passes=_int(info.get("model_passes")),
             mixed=({k: (_whole(num(x)) if k != "n_steps" else _int(x)) for k, x in info["mixed"].items()}
-                   if isinstance(info.get("mixed"), dict) else None))
+                   if isinstance(info.get("mixed"), dict) else None),
+            host_only_of_gpu_job=tuple(str(x) for x in info.get("host_only_of_gpu_job") or ()))
     # An older summary: the kind from the step counts, the rest from the run's own files.
     n_dec = _int(ref.get("n_decode_steps"))
     if n_dec:
@@ -863,7 +867,7 @@ class Caveat:
     """One reason to read the verdict with care, and the finding it rests on."""
 
     code: str
-    """`not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
+    """`host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
     `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`: the order they matter in."""
     finding: Any
 
@@ -885,7 +889,9 @@ def caveats(v: Verdict) -> tuple[Caveat, ...]:
     or a withdrawn claim changes what the verdict is; missing ranks or too few steps move every
     figure; the rest qualify one reading."""
     i = v.identity
-    found = [Caveat("not_decode", i)] if not i.has_decode else []
+    # A GPU job's host-only export comes first: every time in it is the host's, not the device's.
+    found = [Caveat("host_only", i)] if i.host_only_of_gpu_job else []
+    found += [Caveat("not_decode", i)] if not i.has_decode else []
     found += [Caveat("claims_withdrawn", g) for g in v.failed_guards[:1]]
     found += [Caveat("ranks_missing", i)] if i.ranks_missing else []
     found += [Caveat("low_confidence", i)] if i.low_confidence and i.n_judged_steps is not None else []

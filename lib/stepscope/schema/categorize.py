@@ -331,6 +331,11 @@ class TraceInfo(Record, kw_only=True):
     step holds several), when its module frames say."""
     mixed: MixedReading | None = None
     """A mixed trace's own reading (prefill beside decode), from the step annotations."""
+    host_only_of_gpu_job: list[str] = []
+    """A trace with no device activity whose host ops name a GPU library (NCCL collectives, CUDA
+    or HIP runtime calls): what the host recorded of a job that ran on GPUs, e.g. "op
+    `nccl:all_to_all` ×6". Its times are the host's, not the device's work. Empty otherwise
+    (a CPU inference engine's trace names none)."""
 
 
 class Percentiles(Record, kw_only=True):

@@ -50,8 +50,8 @@ class CaveatRecord(Record, kw_only=True):
     """The one caveat the headline says: the first of the verdict's caveats, in this order."""
 
     code: str
-    """`not_decode`, `ranks_missing`, `low_confidence`, `tpot_gap`, `prediction_disagrees`,
-    `overlap`, `plateau_stalls`, `spec_decode`."""
+    """`host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
+    `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`."""
     text: str
 
 

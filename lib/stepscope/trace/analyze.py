@@ -18,7 +18,7 @@ from stepscope.trace.budget import require_budget
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
-from stepscope.trace.info import detect_engine, input_token_shape, kind_evidence, trace_info, weight_formats_named
+from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import WHOLE_TRACE, build_work, find_steps, spec_decode_steps, unknown_step_names
@@ -259,6 +259,7 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
     ev = ev.assign(ts=ev["ts"] - origin)
     steps, source = find_steps(ev, rt.rank)
     meta = {**rt.meta, "engine": detect_engine(ev, rt.meta), "kind_evidence": kind_evidence(ev),
+            "host_only_of_gpu_job": host_only_of_gpu_job(ev, rt.mode),
             "unknown_step_names": unknown_step_names(
                 ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)

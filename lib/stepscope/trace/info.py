@@ -98,6 +98,9 @@ _CONV2D_OP = re.compile(r"^aten::conv2d$")
 _POOL2D_OP = re.compile(r"^aten::(?:max_pool2d|avg_pool2d|adaptive_avg_pool2d|adaptive_max_pool2d)$")
 _POOL_KERNEL = re.compile(r"max_?pool|avg_?pool|average_pool|pooling", re.I)
 _LLM_MODULE = re.compile(r"DecoderLayer$|ForCausalLM$|^GPT2Block$|^GPTNeoXLayer$")
+_GPU_LIBRARY_OP = re.compile(r"^(?:nccl|rccl):|^(?:cuda|hip)[A-Z]\w*$|^c10d::.*nccl", re.I)
+"""A host op that only a GPU job runs: an NCCL/RCCL collective's annotation, a CUDA or HIP
+runtime call."""
 EVIDENCE_SHOWN = 4
 """Names listed per kind of evidence (a count says how many there were)."""
 
@@ -293,7 +296,18 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "kind_evidence": evidence,
         "model_passes": _passes(evidence) if kind in NON_LLM_KINDS else None,
         "mixed": mixed_reading(with_work) if kind == "mixed" else None,
+        "host_only_of_gpu_job": ref.meta.get("host_only_of_gpu_job") or [],
     }
+
+
+def host_only_of_gpu_job(ev: pd.DataFrame, mode: str) -> list[str]:
+    """Evidence that a trace with no device activity recorded a job that ran on GPUs (its host
+    ops name NCCL or the CUDA/HIP runtime), from one rank's events; empty for a trace with
+    device events or a CPU engine's, whose ops name neither."""
+    if mode != "cpu":
+        return []
+    host = ev["cat"].isin(("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")).to_numpy()
+    return _hits(ev["name"][host].astype(str), _GPU_LIBRARY_OP, "op")
 
 
 def mixed_reading(steps: pd.DataFrame) -> dict[str, Any] | None:
