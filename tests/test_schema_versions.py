@@ -64,8 +64,10 @@ def test_update_keeps_keys_this_version_does_not_know(tmp_path):
 
 
 UNTYPED_ALLOWED = {
-    ("RunRecord", "params"): "a copy of the params, typed by stepscope.config.Params (params_from_dict "
-                             "checks it); it becomes a Struct with issue 24's params-as-Structs item",
+    ("RunRecord", "params"): "a copy of the params, typed by stepscope.config.Params where it is used "
+                             "(params_from_dict checks it); kept as plain data here because Params refuses "
+                             "keys it does not know, and run.json from an older or newer stepscope must "
+                             "still read",
 }
 
 
