@@ -22,12 +22,17 @@ from stepscope.paths import REPO_ROOT
 from stepscope.runner import EXIT_INTERRUPTED
 
 
-def _bench():
-    """benchmarks/trace_load.py, whose kernel-dense trace generator the tests share."""
-    spec = importlib.util.spec_from_file_location("trace_load_bench", REPO_ROOT / "benchmarks" / "trace_load.py")
+def _benchmark(name: str):
+    """A module of benchmarks/, whose trace generators the tests share."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO_ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _bench():
+    """benchmarks/trace_load.py: the kernel-dense trace generator."""
+    return _benchmark("trace_load")
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
@@ -97,34 +102,19 @@ cli.console()
 
 # --------------------------------------------------------------------------- hostile traces
 
-_HEAD = ('{"deviceProperties": [{"id": 0, "name": "NVIDIA H100"}], "distributedInfo": {"rank": 0}, '
-         '"traceEvents": [')
-
-
-def _ev(name: str = "ampere_sgemm_128x64_nn", ts: object = 10.0, dur: object = 2.0,
-        args: str = '{"correlation": 1, "stream": 7}', cat: str = "kernel") -> str:
-    return ('{"ph": "X", "cat": "%s", "name": "%s", "pid": 0, "tid": 7, "ts": %s, "dur": %s, "args": %s}'
-            % (cat, name, ts, dur, args))
-
-
-_BASE = [_ev(ts=10 + i * 5) for i in range(2000)]
-"""2,000 kernels of 2 µs: one hostile event among them stays under BAD_DUR_TOLERANCE."""
+_HOSTILE = _benchmark("hostile_traces")
+_HEAD, _ev, _BASE = _HOSTILE.HEAD, _HOSTILE.event, _HOSTILE.BASE
+"""The trace head, one event and 2,000 kernels of 2 µs (one hostile event among them stays
+under BAD_DUR_TOLERANCE), shared with benchmarks/hostile_traces.py."""
 
 
 def _write(path: Path, *parts: bytes | str) -> Path:
     """A .json.gz written piece by piece, so a large hostile run is never held whole."""
-    import zlib
-
-    c = zlib.compressobj(1, zlib.DEFLATED, 31)
-    with open(path, "wb") as fh:
-        for p in parts:
-            fh.write(c.compress(p.encode() if isinstance(p, str) else p))
-        fh.write(c.flush())
-    return path
+    return _HOSTILE.write_gz(path, parts)
 
 
 def _with(one: str) -> str:
-    return _HEAD + ",".join(_BASE[:10] + [one] + _BASE[10:]) + "]}"
+    return _HOSTILE.with_one(one)[0]
 
 
 @pytest.mark.parametrize("dur,ts", [("NaN", 10.0), ("Infinity", 10.0), ("-Infinity", 10.0), ("1e400", 10.0),
