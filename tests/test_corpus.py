@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from stepscope import schema
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import build_report, report_context, writeup_params_from
 from stepscope.trace import analyze_traces
@@ -26,7 +27,8 @@ DATA = Path(__file__).parent / "data"
 CORPUS = DATA / "corpus"
 FACTS = {p.name.removesuffix(".facts.yaml"): yaml.safe_load(p.read_text()) for p in sorted(CORPUS.glob("*.facts.yaml"))}
 CHECKS = ("kind", "n_steps", "world_size", "rank_shown", "device_events", "device_sum_ms", "collectives",
-          "dominant", "shares_at_most_100", "busy_at_most_period", "verdict", "whatif", "must_say", "may_not_say")
+          "dominant", "shares_at_most_100", "busy_at_most_period", "verdict", "whatif", "must_say", "may_not_say",
+          "headline")
 # tolerances: the device sum is a sum of microsecond durations; shares and busy carry float noise
 SUM_TOL_MS = 0.01
 SHARE_TOL = 1e-4  # 0.01 %: the SGLang extend step's exposed times sum to 100.001 % of busy, float noise
@@ -43,7 +45,8 @@ def _analysed(name: str, tmp_root: str) -> dict[str, Any]:
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
     dc = run / "05_categorize" / "decode_categories.csv"
-    return {"summary": an.summary, "md": md, "ctx": ctx,
+    verdict = schema.read(run / "06_writeup" / "verdict.json", schema.VerdictFile)
+    return {"summary": an.summary, "md": md, "ctx": ctx, "verdict": verdict,
             "categories": pd.read_csv(dc) if dc.is_file() and dc.stat().st_size else pd.DataFrame()}
 
 
@@ -166,8 +169,26 @@ def _may_not_say(facts, got):
     assert said == [], [ln for ln in got["md"].splitlines() if any(s in ln for s in said)][:3]
 
 
+HEADLINE_WORDS = 60
+INVARIANTS = ("share_at_most_step", "busy_at_most_period", "below_peak", "clocks_agree", "classes_add_up",
+              "communication_has_collectives", "steady_state", "lever_coherent", "kind_takes_verdict")
+
+
+def _headline(facts, got):
+    # read in ten seconds: at most three sentences and 60 words, no internal name, and no
+    # "biggest lever" that buys under LEVER_MIN_X
+    from stepscope.thresholds import LEVER_MIN_X
+
+    text = " ".join(s.text for s in got["verdict"].headline)
+    assert len(got["verdict"].headline) <= 3 and len(text.split()) <= HEADLINE_WORDS, text
+    assert not [w for w in INVARIANTS if w in text], text
+    lever = got["verdict"].biggest_lever
+    if lever is not None and lever.ceiling_x < LEVER_MIN_X:
+        assert "biggest lever" not in text and "No lever is worth naming" in text, text
+
+
 CHECK_FNS = {"kind": _kind, "n_steps": _n_steps, "world_size": _world_size, "rank_shown": _rank_shown,
              "device_events": _device_events, "device_sum_ms": _device_sum_ms, "collectives": _collectives,
              "dominant": _dominant, "shares_at_most_100": _shares_at_most_100,
              "busy_at_most_period": _busy_at_most_period, "verdict": _verdict, "whatif": _whatif,
-             "must_say": _must_say, "may_not_say": _may_not_say}
+             "must_say": _must_say, "may_not_say": _may_not_say, "headline": _headline}

@@ -133,8 +133,8 @@ def test_a_lever_that_buys_little_and_a_host_stall_are_said_plainly(tmp_path, re
     pairs = [(s.finding, s.text) for s in record.headline]
     assert pairs[1:] == [
         ("lever", "No lever is worth naming: the biggest, dense_gemm, would make a decode step at most 1.01× faster."),
-        ("caveat:claims_withdrawn", "Caveat: the decode step is mostly host stall (97.8 % in long gaps), so its gaps "
-                                    "are no lever: remove the stall and profile again."),
+        ("caveat:claims_withdrawn", "Caveat: the decode step is mostly one host stall (97.8 % in long gaps): remove "
+                                    "it and profile again."),
     ]
     assert record.biggest_lever.name == "dense_gemm" and record.biggest_lever.ceiling_x < 1.05
     assert "steady_state" not in " ".join(t for _, t in pairs)
@@ -155,3 +155,22 @@ def test_a_gpu_jobs_host_only_trace_says_its_times_are_the_hosts(tmp_path, real_
     cpu = analyze_traces([real_traces / "vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz"], tmp_path / "cpu",
                          progress=False, perfetto=False)
     assert cpu.summary.trace_info.host_only_of_gpu_job == []
+
+
+def test_a_step_that_mostly_idles_says_so_beside_its_largest_category(tmp_path):
+    """HTA's MI250 toy training step: its largest category, elementwise, is 0.486 % of the
+    period and the device idles 98.4 % of it. "elementwise takes the most time" alone reads as
+    if it did; the sentence now adds the idle share, and the 1.00x lever is no lever."""
+    from stepscope.trace import analyze_traces
+
+    corpus = Path(__file__).parent / "data" / "corpus"
+    run = tmp_path / "run"
+    analyze_traces([corpus / "hta-mi250-minitoy-training.json.gz"], run / "05_categorize", progress=False,
+                   perfetto=False)
+    record = schema.read(build_report(run, draw_figures=False)["verdict"], schema.VerdictFile)
+    assert [(s.finding, s.text) for s in record.headline][:2] == [
+        ("dominant", "elementwise takes the most time: 0.0453 ms per training step, 0.486 % of its period; the "
+                     "device idles 98.4 %."),
+        ("lever", "No lever is worth naming: the biggest, elementwise, would make a training step at most 1.00× "
+                  "faster."),
+    ]

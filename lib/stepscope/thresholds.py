@@ -48,6 +48,10 @@ LEVER_DOMINANT_SHARE = 0.5
 this share of its summed time: no one piece of work a fix could name."""
 LEVER_TOP_KERNELS = 3
 """How many of a category's largest kernels the coherence test adds up."""
+HEADLINE_IDLE_SHARE = 0.5
+"""The headline's dominant-cost sentence adds the device's idle share when it idles more than
+this share of the step: the largest category is then not where most of the step goes (an MI250
+training step whose largest category is 0.486 % of it, idle 98.4 %)."""
 LEVER_MIN_X = 1.05
 """A biggest lever whose Amdahl ceiling is under this buys under 5 % of the step: the headline
 says no lever is worth naming rather than call it the biggest (a training step that idles 98 %

@@ -134,8 +134,7 @@ def guard_clause(g: Guard, step_label: str = "step") -> str:
     the whole of it): what the trace is, and what is withdrawn for it."""
     v = g.value
     if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
-        return (f"the {step_label} is mostly host stall ({f(v('stall_pct'))} % in long gaps), so its gaps are no "
-                f"lever: remove the stall and profile again")
+        return f"the {step_label} is mostly one host stall ({f(v('stall_pct'))} % in long gaps): remove it and profile again"
     clauses = {
         "kind_takes_verdict": "the trace is a capture, so no lever or ceiling is given",
         "share_at_most_step": f"a share passed 100 % of the {step_label}, so the shares and levers are withdrawn",
@@ -494,7 +493,8 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
     h, label = headline_findings(v), v.identity.step_label
     out: list[Sentence] = []
     if h.dominant is not None:
-        out.append(((h.dominant,), dominant_headline(h.dominant)))
+        src = (h.dominant,) if h.idle is None else (h.dominant, h.idle)
+        out.append((src, dominant_headline(h.dominant, h.idle)))
     if h.lever is not None:
         same = isinstance(h.lever, Lever) and h.dominant is not None and h.lever.category == h.dominant.category
         out.append(((h.lever,), lever_headline(h.lever, label, same_as_dominant=same, buys_little=h.lever_buys_little)))
@@ -503,9 +503,11 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
     return out
 
 
-def dominant_headline(d: Dominant) -> str:
+def dominant_headline(d: Dominant, idle: Boundness | None = None) -> str:
     share = f", {f(d.share_pct)} % of its {d.denominator}" if d.share_pct is not None and d.denominator else ""
-    return f"{d.category} takes the most time: {f(d.ms_per_step)} ms {per_step(d.step_label, named=True)}{share}."
+    idles = f"; the {idle.device_word} idles {f(idle.idle_pct)} %" if idle is not None else ""
+    return (f"{d.category} takes the most time: {f(d.ms_per_step)} ms {per_step(d.step_label, named=True)}"
+            f"{share}{idles}.")
 
 
 def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as_dominant: bool = False,

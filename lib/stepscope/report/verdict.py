@@ -25,7 +25,7 @@ from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.load import LoadGrowth, load_growth
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.steps import WHOLE_TRACE
-from stepscope.thresholds import (BETWEEN_STEPS_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
+from stepscope.thresholds import (BETWEEN_STEPS_SHARE, HEADLINE_IDLE_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
                                   STALLED_LEVEL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
@@ -882,6 +882,9 @@ class Headline:
     caveat: Caveat | None
     lever_buys_little: bool = False
     """The lever's ceiling is under LEVER_MIN_X: said as no lever worth naming."""
+    idle: Boundness | None = None
+    """The boundness finding, when the device idles over HEADLINE_IDLE_SHARE of the step and the
+    lever is no gap (which would say where the idle goes)."""
 
 
 def caveats(v: Verdict) -> tuple[Caveat, ...]:
@@ -914,8 +917,12 @@ def headline_findings(v: Verdict) -> Headline:
     elif kind is not None:
         lever = next((g for g in v.gap_levers if g.kind == kind), None)
     found = caveats(v)
+    b = v.boundness
     return Headline(dominant=v.dominant, lever=lever, caveat=found[0] if found else None,
-                    lever_buys_little=lever is not None and v.biggest.ceiling_x < LEVER_MIN_X)
+                    lever_buys_little=lever is not None and v.biggest.ceiling_x < LEVER_MIN_X,
+                    # a gap or between-steps lever already says where the idle time goes
+                    idle=(b if b is not None and b.idle_pct > 100 * HEADLINE_IDLE_SHARE
+                          and not isinstance(lever, (BetweenSteps, GapLever)) else None))
 
 
 UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
