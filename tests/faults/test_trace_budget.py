@@ -129,3 +129,29 @@ def test_a_budget_of_zero_is_refused_by_the_params_check(tmp_path: Path):
 
     with pytest.raises(ParamsError, match="analysis.memory_budget_gb.*greater than 0"):
         params_from_dict({"run": {"name": "t"}, "analysis": {"memory_budget_gb": 0}}, source="test")
+
+
+def test_a_dense_trace_of_tiny_ops_is_estimated_per_event(tmp_path: Path):
+    """The second fault probe's 30 M tiny events passed the per-byte estimate (3x the JSON)
+    under an 8 GB budget and grew past 12 GB: with no device event its ops are its work, at
+    about 1.5 KB each (18-21x the JSON). When the budget could not hold the worst case, the
+    events are counted and such a trace is refused per event, before anything is parsed; a
+    GPU trace under the same budget keeps its per-byte estimate."""
+    import importlib.util
+
+    from stepscope.runner import EXIT_OVER_BUDGET
+    from stepscope.trace.budget import CPU_WORK_BYTES_PER_EVENT, IMPORTS_BYTES, check_budget, count_events
+
+    spec = importlib.util.spec_from_file_location("hostile_bench", REPO_ROOT / "benchmarks" / "hostile_traces.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tiny = bench.write_gz(tmp_path / "tiny.json.gz", bench.tiny_events(300_000))
+    assert count_events(tiny) == (300_000, 0)
+    c = check_budget([tiny], 0.4)  # 3x its 24 MB of JSON would fit; 300,000 ops at 1,800 B do not
+    assert c.cpu_work_events == 300_000 and c.over
+    assert c.estimate_bytes == IMPORTS_BYTES + CPU_WORK_BYTES_PER_EVENT * 300_000
+    p = _cli("analyze", str(tiny), "--out", str(tmp_path / "out"), "--no-progress", "--memory-budget-gb", "0.4")
+    text = p.stdout + p.stderr
+    assert p.returncode == EXIT_OVER_BUDGET, text
+    assert "1,800 bytes for each of 300,000 events of traces with no device event" in text
+    assert count_events(FULLGRAPH)[1] > 0 and check_budget([FULLGRAPH], 0.4).cpu_work_events is None

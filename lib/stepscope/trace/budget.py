@@ -3,10 +3,12 @@ parsed, and over the budget the stage stops with a message naming the files, the
 the budget and how to raise it, instead of being OOM-killed part way.
 
 The estimate is linear in the traces' JSON bytes (read from the gzip trailer,
-`split.json_size_estimate`, so nothing is decompressed), with the slope of the worst case
-measured: a kernel-dense trace (benchmarks/trace_load.py --kernels --analysis), whose device
-events each cost stage 05 a work-table row. CPU-op-heavy traces stay well under it. Every
-rank is loaded before the first is analysed, so the ranks' bytes add up.
+`split.json_size_estimate`, so nothing is decompressed), with the slope of a kernel-dense
+trace (benchmarks/trace_load.py --kernels --analysis), whose device events each cost stage 05
+a work-table row. A trace with no device event is different: its ops are its work, and a
+dense one of tiny ops costs 18-21x its JSON. So when the budget could not hold even that worst
+case, the events are counted in the decompressed stream (no JSON decoded) and such a trace is
+estimated per event. Every rank is loaded before the first is analysed, so the ranks add up.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ PEAK_BYTES_PER_JSON_BYTE = 3.0
 """Stage 05's peak RSS above its imports per byte of trace JSON on the kernel-dense trace:
 2.77 measured at 2 M kernels (371 MB JSON, peak 1,174 MB; benchmarks/trace_load.py --kernels
 2000000 --analysis, 2026-12-01), rounded up for the run-to-run spread of the heap."""
+CPU_WORK_BYTES_PER_EVENT = 1_800
+"""Stage 05's peak per event of a trace with no device event (its ops are its work): 1,685
+bytes at 500,000 and 1,469 at 1,000,000 tiny cpu_op events (benchmarks/hostile_traces.py's
+`tiny_events`, 40 and 81 MB of JSON, 2026-12-02), rounded up. The second fault probe's 30 M
+such events passed the per-byte estimate under an 8 GB budget and grew past 12 GB."""
+WORST_BYTES_PER_JSON_BYTE = 24.0
+"""The most any trace measured costs per byte of JSON (tiny ops of ~80 bytes at
+CPU_WORK_BYTES_PER_EVENT each, rounded up): a budget that holds this needs no count of events."""
 IMPORTS_BYTES = 256 << 20
 """The interpreter with numpy, pandas, msgspec and stepscope imported (145 MB measured) and
 the rules and tables that do not grow with the trace, rounded up."""
@@ -37,6 +47,8 @@ class BudgetCheck:
     estimate_bytes: int
     budget_bytes: int
     budget_source: str  # "analysis.memory_budget_gb" or the share of available memory
+    cpu_work_events: int | None = None
+    """Events of the traces with no device event, when they were counted and set the estimate."""
 
     @property
     def over(self) -> bool:
@@ -54,6 +66,25 @@ def estimate_peak_bytes(json_bytes: int) -> int:
     return int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * json_bytes)
 
 
+_DEVICE_CATS = tuple(f'"cat":{sp}"{c}"'.encode() for c in ("kernel", "gpu_memcpy", "gpu_memset") for sp in ("", " "))
+
+
+def count_events(path: Path) -> tuple[int, int]:
+    """(events, device events) of one trace, counted in its decompressed stream: a pass of
+    byte counts (about a second per GB of JSON), no JSON decoded."""
+    from stepscope.trace.parse import open_stream
+
+    n = dev = 0
+    tail = b""
+    with open_stream(Path(path)) as fh:
+        while chunk := fh.read(8 << 20):
+            buf = tail + chunk  # a mark cut by the chunk's edge is whole here; the tail's own were counted
+            n += buf.count(b'"ph"') - tail.count(b'"ph"')
+            dev += sum(buf.count(m) - tail.count(m) for m in _DEVICE_CATS)
+            tail = buf[-32:]
+    return n, dev
+
+
 def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
     """The estimate for analysing `paths` together against the budget (GB = 2**30 bytes;
     None: the default share of available memory)."""
@@ -63,7 +94,16 @@ def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
                                                   "available when the stage started")
     else:
         budget, source = int(budget_gb * 2**30), "analysis.memory_budget_gb"
-    return BudgetCheck(json_bytes, estimate_peak_bytes(json_bytes), budget, source)
+    estimate, cpu_events = estimate_peak_bytes(json_bytes), None
+    if IMPORTS_BYTES + WORST_BYTES_PER_JSON_BYTE * json_bytes > budget:
+        counts = [count_events(Path(p)) for p in paths]
+        cpu_events = sum(n for n, dev in counts if dev == 0) or None
+        if cpu_events:
+            # per-byte for the traces with device events, per event for those without
+            gpu_json = sum(split.json_size_estimate(Path(p)) for p, (_, dev) in zip(paths, counts) if dev)
+            estimate = max(estimate, int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * gpu_json
+                                         + CPU_WORK_BYTES_PER_EVENT * cpu_events))
+    return BudgetCheck(json_bytes, estimate, budget, source, cpu_events)
 
 
 def require_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
@@ -73,11 +113,17 @@ def require_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
         gb = 2**30
         raise MemoryBudgetExceeded(
             f"analysing {len(paths)} trace file(s) would peak at about {c.estimate_bytes / gb:.2f} GB "
-            f"({PEAK_BYTES_PER_JSON_BYTE:g} x their {c.json_bytes / 2**20:,.0f} MB of JSON, read from the gzip "
-            f"trailers, + {IMPORTS_BYTES >> 20} MB for the interpreter), over the memory budget of "
+            f"({_how(c)} + {IMPORTS_BYTES >> 20} MB for the interpreter), over the memory budget of "
             f"{c.budget_bytes / gb:.2f} GB ({c.budget_source}); nothing was parsed",
             where=", ".join(map(str, paths)),
             hint="raise the budget: params analysis.memory_budget_gb (stepscope run) or "
                  "`stepscope analyze --memory-budget-gb N`; or analyse fewer ranks at once, on a machine "
                  "with more free memory")
     return c
+
+
+def _how(c: BudgetCheck) -> str:
+    if c.cpu_work_events:
+        return (f"{CPU_WORK_BYTES_PER_EVENT:,} bytes for each of {c.cpu_work_events:,} events of traces with no "
+                f"device event, whose ops are their work")
+    return f"{PEAK_BYTES_PER_JSON_BYTE:g} x their {c.json_bytes / 2**20:,.0f} MB of JSON, read from the gzip trailers"

@@ -129,7 +129,8 @@ _WS = b" \t\r\n"
 # --------------------------------------------------------------------------- reading
 
 
-def _open_stream(path: Path, threaded: bool = True):
+def open_stream(path: Path, threaded: bool = True):
+    """A trace file as a binary stream of its JSON, decompressed when it is gzip."""
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic == b"\x1f\x8b":
@@ -627,7 +628,7 @@ def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
     """Decode every `of`-th chunk of the trace, starting with chunk `share`."""
     col = _Collector()
     segments: list[tuple[int, int, int]] = []
-    with _open_stream(path, threaded=of == 1) as stream:
+    with open_stream(path, threaded=of == 1) as stream:
         buf, pos, header = _read_header(stream, path, keep_cpu_ops, col)
         consumed = 0  # decompressed bytes before buf[0], for error offsets
         eof = False
