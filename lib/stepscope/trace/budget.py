@@ -13,6 +13,7 @@ estimated per event. Every rank is loaded before the first is analysed, so the r
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,8 @@ such events passed the per-byte estimate under an 8 GB budget and grew past 12 G
 WORST_BYTES_PER_JSON_BYTE = 24.0
 """The most any trace measured costs per byte of JSON (tiny ops of ~80 bytes at
 CPU_WORK_BYTES_PER_EVENT each, rounded up): a budget that holds this needs no count of events."""
+log = logging.getLogger(__name__)
+
 IMPORTS_BYTES = 256 << 20
 """The interpreter with numpy, pandas, msgspec and stepscope imported (145 MB measured) and
 the rules and tables that do not grow with the trace, rounded up."""
@@ -85,6 +88,20 @@ def count_events(path: Path) -> tuple[int, int]:
     return n, dev
 
 
+def _counted(path: Path) -> tuple[int, int]:
+    """count_events, or (0, 1) for a file that cannot be read to its end: the parse names
+    what is wrong with it, and a damaged file gets the per-byte estimate."""
+    import zlib
+
+    from isal.isal_zlib import error as isal_error
+
+    try:
+        return count_events(path)
+    except (OSError, EOFError, ValueError, zlib.error, isal_error) as exc:  # truncated or corrupt gzip
+        log.debug("%s: events not counted for the memory estimate (%s)", path, exc)
+        return 0, 1
+
+
 def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
     """The estimate for analysing `paths` together against the budget (GB = 2**30 bytes;
     None: the default share of available memory)."""
@@ -96,7 +113,7 @@ def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
         budget, source = int(budget_gb * 2**30), "analysis.memory_budget_gb"
     estimate, cpu_events = estimate_peak_bytes(json_bytes), None
     if IMPORTS_BYTES + WORST_BYTES_PER_JSON_BYTE * json_bytes > budget:
-        counts = [count_events(Path(p)) for p in paths]
+        counts = [_counted(Path(p)) for p in paths]
         cpu_events = sum(n for n, dev in counts if dev == 0) or None
         if cpu_events:
             # per-byte for the traces with device events, per event for those without
