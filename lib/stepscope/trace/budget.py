@@ -13,6 +13,7 @@ estimated per event. Every rank is loaded before the first is analysed, so the r
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,12 +92,20 @@ def count_events(path: Path) -> tuple[int, int]:
 def _counted(path: Path) -> tuple[int, int]:
     """count_events, or (0, 1) for a file that cannot be read to its end: the parse names
     what is wrong with it, and a damaged file gets the per-byte estimate."""
+    st = path.stat()
+    return _counted_once(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _counted_once(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
+    """One pass per file version: `analyze` checks the budget before stage 05 and stage 05
+    checks it again in the same process, and a pass costs about a second per GB of JSON."""
     import zlib
 
     from isal.isal_zlib import error as isal_error
 
     try:
-        return count_events(path)
+        return count_events(Path(path))
     except (OSError, EOFError, ValueError, zlib.error, isal_error) as exc:  # truncated or corrupt gzip
         log.debug("%s: events not counted for the memory estimate (%s)", path, exc)
         return 0, 1
@@ -105,7 +114,8 @@ def _counted(path: Path) -> tuple[int, int]:
 def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
     """The estimate for analysing `paths` together against the budget (GB = 2**30 bytes;
     None: the default share of available memory)."""
-    json_bytes = sum(split.json_size_estimate(Path(p)) for p in paths)
+    sizes = [split.json_size_estimate(Path(p)) for p in paths]
+    json_bytes = sum(sizes)
     if budget_gb is None:
         budget, source = default_budget_bytes(), (f"{MEMORY_BUDGET_AVAILABLE_SHARE:.0%} of the memory "
                                                   "available when the stage started")
@@ -117,7 +127,7 @@ def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
         cpu_events = sum(n for n, dev in counts if dev == 0) or None
         if cpu_events:
             # per-byte for the traces with device events, per event for those without
-            gpu_json = sum(split.json_size_estimate(Path(p)) for p, (_, dev) in zip(paths, counts) if dev)
+            gpu_json = sum(size for size, (_, dev) in zip(sizes, counts) if dev)
             estimate = max(estimate, int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * gpu_json
                                          + CPU_WORK_BYTES_PER_EVENT * cpu_events))
     return BudgetCheck(json_bytes, estimate, budget, source, cpu_events)
