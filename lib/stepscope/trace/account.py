@@ -81,8 +81,11 @@ def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> n
     """
     if len(codes) == 0:
         return np.zeros(n)
-    o = np.argsort(codes, kind="stable")  # keeps start order within each code
-    c, s, e = codes[o], s[o], e[o]
+    if not (codes[1:] >= codes[:-1]).all():  # already grouped (steps in time order): no copies
+        o = np.argsort(codes, kind="stable")  # keeps start order within each code
+        codes, s, e = codes[o], s[o], e[o]
+        del o
+    c = codes
     bounds = np.flatnonzero(np.diff(c)) + 1
     run = np.empty_like(e)
     for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(c)].tolist()):
@@ -113,21 +116,43 @@ def _partition(exposed: np.ndarray, klass: np.ndarray, class_len: dict[str, np.n
     return out
 
 
+def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row, in `order`; the distinct categories, object): a Categorical's own codes
+    (its used categories), else factorized. Never a str per row."""
+    if isinstance(category.dtype, pd.CategoricalDtype) and not category.isna().any():
+        codes = category.cat.codes.to_numpy()
+        codes = codes if order is None else codes[order]
+        used = np.flatnonzero(np.bincount(codes, minlength=len(category.cat.categories)))
+        # numbered by first appearance in start order, as factorizing the text would
+        used = used[np.argsort([int(np.argmax(codes == k)) for k in used], kind="stable")]
+        remap = np.full(len(category.cat.categories), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        return remap[codes], np.asarray(category.cat.categories, dtype=object)[used]
+    cc, uniq = pd.factorize(np.asarray(category.to_numpy() if order is None else category.to_numpy()[order],
+                                       dtype=object))
+    return cc, np.asarray(uniq, dtype=object)
+
+
 def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per (key, category) metrics and per key totals for one rank's work.
 
     Everything runs on integer codes over rows sorted once by start time.
     """
-    o = np.argsort(work["start_us"].to_numpy(), kind="stable")
-    kc, keys_u = pd.factorize(work[key].to_numpy()[o])
-    cc, cats_u = pd.factorize(np.asarray(work["category"].to_numpy()[o], dtype=object))
-    cats_u = np.asarray(cats_u, dtype=object)
+    start = work["start_us"].to_numpy()
+    # The work table comes sorted (build_work): then every column is read in place, not
+    # copied through a permutation (each copy is 8 bytes per event).
+    o = None if (start[1:] >= start[:-1]).all() else np.argsort(start, kind="stable")
+
+    def col(name: str) -> np.ndarray:
+        v = work[name].to_numpy()
+        return v if o is None else v[o]
+
+    kc, keys_u = pd.factorize(col(key))
+    cc, cats_u = _category_codes(work["category"], o)
     nk, ncat = len(keys_u), len(cats_u)
-    s = work["start_us"].to_numpy()[o]
-    e = work["end_us"].to_numpy()[o]
-    dur = work["dur_us"].to_numpy()[o]
-    calls = work["is_call"].to_numpy()[o].astype(float)
-    coll = work["collective_call"].to_numpy()[o]
+    s, e, dur = col("start_us"), col("end_us"), col("dur_us")
+    calls = col("is_call").astype(float)
+    coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
     comp = (klass == "compute")[cc]
     comm = (klass == "communication")[cc]
@@ -191,10 +216,14 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return cat_tab, tot
 
 
+_ACCOUNT_COLUMNS = ["step_id", "category", "start_us", "end_us", "dur_us", "is_call", "collective_call"]
+"""The work columns `_account` reads."""
+
+
 def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(step_categories, step_totals) for one rank; steps with no work get zero rows."""
     rank = int(steps["rank"].iloc[0]) if len(steps) else -1
-    att = work[work["step_id"] >= 0]
+    att = work.loc[(work["step_id"] >= 0).to_numpy(), [c for c in _ACCOUNT_COLUMNS if c in work]]
     cat_tab, tot = _account(att, "step_id") if len(att) else (
         pd.DataFrame(columns=["step_id", "category", "class", "count", "sum_us", "union_us",
                               "exposed_us"]), pd.DataFrame(columns=["step_id", "first_start_us"]))
@@ -219,7 +248,7 @@ def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame
 
 def account_rank(work: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Whole-rank categories (all work, attributed or not) and totals."""
-    w = work.assign(_all=0)
+    w = work[[c for c in _ACCOUNT_COLUMNS if c in work and c != "step_id"]].assign(_all=np.zeros(len(work), np.int8))
     cat_tab, tot = _account(w, "_all")
     cat_tab = cat_tab.drop(columns=["_all"])
     t = tot.iloc[0].to_dict()
@@ -295,7 +324,7 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
     a kernel's own share of its category, which is what a fix to that kernel can reach."""
     dec, _ = select_decode_steps(step_totals)
     ids = dec["step_id"].to_numpy()
-    w = work[work["step_id"].isin(ids)]
+    w = _decode_rows(work, ids, ["category", "name", "dur_us", "category_source", "op_context", "module_path"])
     if not len(ids) or w.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     n = len(ids)
@@ -320,8 +349,15 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
         "n_steps": n, "count": g["count"].astype(int), "calls_per_step": g["count"] / n,
         "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["count"],
         "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int),
-        "decided_by": g["decided_by"], "module": g["module"], "module_share": g["module_share"]})
+        "decided_by": g["decided_by"].astype(object), "module": g["module"], "module_share": g["module_share"]})
     return out[KERNEL_COLUMNS].reset_index(drop=True)
+
+
+def _decode_rows(work: pd.DataFrame, step_ids: np.ndarray, columns: list[str]) -> pd.DataFrame:
+    """The rows of `step_ids`, only the `columns` read (those present): a copy of every column
+    of the work table was a large part of stage 05's peak on a kernel-dense trace (issue 26)."""
+    keep = [c for c in columns if c in work]
+    return work.loc[work["step_id"].isin(step_ids).to_numpy(), keep]
 
 
 def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -368,7 +404,7 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
     from stepscope.thresholds import LEVER_TOP_KERNELS
 
     dec, _ = select_decode_steps(step_totals)
-    w = work[work["step_id"].isin(dec["step_id"].to_numpy())]
+    w = _decode_rows(work, dec["step_id"].to_numpy(), ["category", "name", "dur_us", "recompute", "module_path"])
     if w.empty:
         return pd.DataFrame(columns=LEVER_COLUMNS)
     n = len(dec)
@@ -416,14 +452,35 @@ _INSTANCE_NO = re.compile(r"_\d+$")
 def _decided_by(work: pd.DataFrame) -> pd.Series:
     """What put each kernel in its category: `name` (a name rule), `catch-all`, or the op or
     module it ran inside, without its instance number (`nn.Module: Qwen2RMSNorm`)."""
-    source = work["category_source"] if "category_source" in work else pd.Series("name", work.index)
-    context = work["op_context"] if "op_context" in work else pd.Series("", work.index)
-    # Judged once per distinct (source, frame) pair and mapped back by code: a new str per
-    # row was most of stage 05's peak on a kernel-dense trace (issue 26).
-    codes, pairs = pd.MultiIndex.from_arrays([source.to_numpy(object), context.to_numpy(object)]).factorize()
-    label = [("inside " + _INSTANCE_NO.sub("", str(c)) if s == "context" else str(s)).replace("catch_all", "catch-all")
-             for s, c in pairs]
-    return pd.Series(np.array(label, dtype=object)[codes], index=work.index)
+    s_codes, s_u = text_column_codes(work["category_source"] if "category_source" in work else None, len(work), "name")
+    c_codes, c_u = text_column_codes(work["op_context"] if "op_context" in work else None, len(work), "")
+    # Judged once per distinct (source, frame) pair and kept as codes: a str per row (even one
+    # object array of them) was most of stage 05's peak on a kernel-dense trace (issue 26).
+    width = len(c_u) + 1  # code -1 (a missing value) becomes 0: read as "" below
+    codes, pairs = pd.factorize((s_codes.astype(np.int64) + 1) * width + (c_codes + 1))
+    label = [_decision_label(s_u[p // width - 1] if p // width else "", c_u[p % width - 1] if p % width else "")
+             for p in pairs]
+    table = list(dict.fromkeys(label))
+    at = np.array([table.index(x) for x in label], dtype=np.int32)
+    return pd.Series(pd.Categorical.from_codes(at[codes] if len(codes) else codes.astype(np.int32),
+                                               categories=pd.Index(table, dtype=object)), index=work.index)
+
+
+def text_column_codes(col: pd.Series | None, n: int, blank: str = "") -> tuple[np.ndarray, list]:
+    """(codes, values) of a per-event text column: its Categorical codes, else factorized (-1
+    for a missing value); no column at all is `blank` throughout. The one way stage 05 reads a
+    text column per event without a str per row (issue 26)."""
+    if col is None:
+        return np.zeros(n, dtype=np.int64), [blank]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.cat.codes.to_numpy(), list(col.cat.categories)
+    codes, uniq = pd.factorize(col.to_numpy(object))
+    return codes, list(uniq)
+
+
+def _decision_label(source: object, context: object) -> str:
+    s, c = str(source), str(context)
+    return ("inside " + _INSTANCE_NO.sub("", c) if s == "context" else s).replace("catch_all", "catch-all")
 
 
 def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -> dict:

@@ -14,7 +14,7 @@ from stepscope.errors import StageInputMissing, TraceError
 from stepscope.trace import account as acc
 from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT
-from stepscope.trace.budget import require_budget
+from stepscope.trace.budget import require_budget, return_freed_arrays
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
@@ -293,10 +293,10 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
 
     paths = module_paths(ev)
     work["recompute"] = recompute_mask(ev, work)
-    work["module_path"] = work["module"].astype(str).map(paths) if paths else None
+    work["module_path"] = work["module"].map(paths) if paths else None  # by category, not per row
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
-    args = (ev["collective"].astype(object).reindex(work["op_row"]).fillna("").to_numpy()
-            if "collective" in ev else None)
+    # the kernels' args as codes (a Categorical), not a str per row
+    args = ev["collective"].reindex(work["op_row"].to_numpy()).array if "collective" in ev else None
     sizes = coll.collective_sizes(work, pd.Series(args, index=work.index) if args is not None else None, judged,
                                   world, rank) if mode == "gpu" else pd.DataFrame(columns=coll.SIZE_COLUMNS)
     return {"kernels": acc.category_kernels(work, step_tot), "levers": acc.category_levers(work, step_tot),
@@ -452,6 +452,7 @@ def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = Tru
         raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
             paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
     budget = require_budget(traces, memory_budget_gb)
+    return_freed_arrays()
     loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
                                memory_budget_bytes=budget.budget_bytes)
     if not loaded:

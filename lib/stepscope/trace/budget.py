@@ -36,6 +36,10 @@ WORST_BYTES_PER_JSON_BYTE = 24.0
 CPU_WORK_BYTES_PER_EVENT each, rounded up): a budget that holds this needs no count of events."""
 log = logging.getLogger(__name__)
 
+MMAP_THRESHOLD_BYTES = 256 << 10
+"""Allocations from this size are mapped on their own and unmapped when freed (glibc's
+`M_MMAP_THRESHOLD`, fixed: `return_freed_arrays`)."""
+
 IMPORTS_BYTES = 256 << 20
 """The interpreter with numpy, pandas, msgspec and stepscope imported (145 MB measured) and
 the rules and tables that do not grow with the trace, rounded up."""
@@ -154,3 +158,23 @@ def _how(c: BudgetCheck) -> str:
         return (f"{CPU_WORK_BYTES_PER_EVENT:,} bytes for each of {c.cpu_work_events:,} events of traces with no "
                 f"device event, whose ops are their work")
     return f"{PEAK_BYTES_PER_JSON_BYTE:g} x their {c.json_bytes / 2**20:,.0f} MB of JSON, read from the gzip trailers"
+
+
+@functools.lru_cache(maxsize=None)
+def return_freed_arrays() -> bool:
+    """Make the C allocator give a freed large array back to the system (glibc; once per process).
+
+    glibc raises its mmap threshold each time a mapped block is freed, up to 32 MB, so after
+    the first temporary column is freed, columns of a few MB come from the heap, and the heap
+    keeps what they freed: on a 2 M-kernel trace stage 05's RSS stayed 200-300 MB above what
+    its tables held. Fixing the threshold at MMAP_THRESHOLD_BYTES (which ends the raising)
+    cut the peak by that much (benchmarks/trace_load.py --kernels 2000000 --analysis). True
+    when it was set; elsewhere (musl, macOS) nothing changes."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, MMAP_THRESHOLD_BYTES))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False

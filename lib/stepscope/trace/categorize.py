@@ -226,32 +226,49 @@ def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str
 
 
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
-                    context: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    context: np.ndarray | None = None, *, as_codes: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray] | tuple[pd.Categorical, pd.Categorical]:
     """(category, source) per event. `context`: per event, the category the enclosing
     frames give ("" for none; see `context.work_context`). Source is `context`, `name`,
-    `catch_all` or `none`."""
+    `catch_all` or `none`. `as_codes`: as Categoricals (codes into a few distinct values)
+    rather than a str object per event.
+
+    Everything per event is an integer code: the rules run once per distinct (name, cat)
+    pair and the frame decision once per distinct (category, frame, generic) triple. A
+    kernel-dense trace has millions of events and a few hundred distinct values (issue 26)."""
     n_codes, n_u = pd.factorize(names)
     c_codes, c_u = pd.factorize(cats)
-    if len(n_codes) == 0:
-        return np.array([], dtype=object), np.array([], dtype=object)
-    pair = n_codes.astype(np.int64) * len(c_u) + c_codes
+    pair = n_codes.astype(np.int64) * max(len(c_u), 1) + c_codes
     p_codes, p_u = pd.factorize(pair)
+    del pair
     got = [_classify(str(n_u[p // len(c_u)]), str(c_u[p % len(c_u)]), rules) for p in p_u]
-    category = np.array([g[0] for g in got], dtype=object)[p_codes]
-    source = np.array([g[1] for g in got], dtype=object)[p_codes]
-    if context is not None and len(context):
-        ctx = np.asarray(context, dtype=object)
-        # judged once per distinct (name category, frame decision) pair
-        generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=bool)[n_codes]
-        # by code, not a tuple per event: a kernel-dense trace has millions of events and a
-        # few hundred distinct triples (issue 26)
-        k_codes, k_u = pd.MultiIndex.from_arrays([category, ctx, generic]).factorize()
-        decided = [_context_applies(*k) for k in k_u]
-        got = np.array(decided, dtype=object)[k_codes]
-        use = np.array([d is not None for d in decided], dtype=bool)[k_codes]
-        category = np.where(use, got, category)
-        source = np.where(use, "context", source)
-    return category, source
+    cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
+    table = list(dict.fromkeys(cat_table))
+    at = {v: i for i, v in enumerate(table)}
+    category = np.array([at[g[0]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
+    source = np.array([at[g[1]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
+    if context is not None and len(context) and len(category):
+        x_codes, x_u = pd.factorize(np.asarray(context, dtype=object))
+        generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)[n_codes]
+        key = (category.astype(np.int64) * max(len(x_u), 1) + x_codes) * 2 + generic
+        del generic
+        k_codes, k_u = pd.factorize(key)
+        del key
+        decided = [_context_applies(table[int(k // 2 // max(len(x_u), 1))], x_u[(k // 2) % max(len(x_u), 1)],
+                                    bool(k % 2)) for k in k_u]
+        for d in decided:
+            if d is not None and d not in at:
+                at[d] = len(table)
+                table.append(d)
+        new_cat = np.array([-1 if d is None else at[d] for d in decided], dtype=np.int32)[k_codes]
+        use = new_cat >= 0
+        category = np.where(use, new_cat, category)
+        source = np.where(use, np.int32(at["context"]), source)
+    if as_codes:
+        return (pd.Categorical.from_codes(category, categories=pd.Index(table, dtype=object)),
+                pd.Categorical.from_codes(source, categories=pd.Index(table, dtype=object)))
+    objs = np.array(table, dtype=object)
+    return objs[category], objs[source]
 
 
 def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.ndarray:

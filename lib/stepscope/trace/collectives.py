@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
-from stepscope.trace.account import covered_length
+from stepscope.trace.account import covered_length, text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
@@ -321,6 +321,38 @@ def bus_factor_of(collective: str, n: int) -> float:
     return (n - 1) / n if collective in ("all_gather", "reduce_scatter") else 1.0
 
 
+def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None) -> pd.DataFrame:
+    """Per collective row: collective, category, dtype (and where it came from), group size and
+    process group, judged once per distinct (args, issuing op, kernel name, category)."""
+    from stepscope.trace.parse import collective_args
+
+    n = len(w)
+    parts = [text_column_codes(arg_names.reset_index(drop=True) if arg_names is not None else None, n),
+             text_column_codes(w["op_context"] if "op_context" in w else None, n),
+             text_column_codes(w["name"], n), text_column_codes(w["category"], n)]
+    key = np.zeros(n, dtype=np.int64)
+    for codes, values in parts:
+        key = key * (len(values) + 1) + (codes + 1)
+    k_codes, k_u = pd.factorize(key)
+    rows = []
+    for k in k_u:
+        vals = []
+        for codes, values in reversed(parts):
+            i = int(k % (len(values) + 1)) - 1
+            k //= len(values) + 1
+            vals.append("" if i < 0 or values[i] is None or values[i] != values[i] else str(values[i]))
+        category, name, ctx, raw = vals
+        a = collective_args(raw)
+        kdt = dtype_from_kernel(name)
+        rows.append({"collective": collective_name(a[0], ctx, name) or category, "category": category,
+                     "dtype": a[1].lower() or (kdt or ""),
+                     "dtype_source": "args" if a[1] else ("kernel name" if kdt else ""),
+                     "group_size": a[2] if a[2] else (world or -1), "process_group": a[3]})
+    table = pd.DataFrame(rows, columns=["collective", "category", "dtype", "dtype_source", "group_size",
+                                        "process_group"])
+    return table.iloc[k_codes].reset_index(drop=True)
+
+
 def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: np.ndarray,
                      world: int | None, rank: int) -> pd.DataFrame:
     """One rank's collective kernels over the steps `step_ids`, by collective, dtype and message
@@ -330,29 +362,16 @@ def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: 
     `collective` column (`parse.collective_args`: Collective name, dtype, Group size, Process
     Group Name; "" for none). The args' dtype wins over the kernel name's: NCCL moves a
     broadcast as bytes (`..._Broadcast_..._int8_t`) whatever the tensor's type."""
-    from stepscope.trace.parse import collective_args
-
     sel = work["collective_call"].to_numpy(bool) & work["step_id"].isin(step_ids).to_numpy()
     w = work[sel]
     n = len(step_ids)
     if w.empty or not n:
         return pd.DataFrame(columns=SIZE_COLUMNS)
-    raw = arg_names[sel].to_numpy() if arg_names is not None else np.full(len(w), "")
-    memo: dict = {}
-    args = [memo[v] if v in memo else memo.setdefault(v, collective_args(v)) for v in raw]
-    ctx = w["op_context"].astype(str).to_numpy() if "op_context" in w else np.full(len(w), "")
-    names = w["name"].astype(str).to_numpy()
-    coll = [collective_name(a[0], c, k) for a, c, k in zip(args, ctx, names)]
-    kdt = [dtype_from_kernel(x) for x in names]
-    t = pd.DataFrame({"collective": [c or cat for c, cat in zip(coll, w["category"])],
-                      "category": w["category"].to_numpy(),
-                      "dtype": [a[1].lower() or (k or "") for a, k in zip(args, kdt)],
-                      "dtype_source": ["args" if a[1] else ("kernel name" if k else "") for a, k in zip(args, kdt)],
-                      "group_size": [a[2] if a[2] else (world or -1) for a in args],
-                      "process_group": [a[3] for a in args],
-                      "nelems": np.where(w["msg_nelems"].to_numpy() >= 0, w["msg_nelems"].to_numpy(), -1),
-                      "dur_us": w["dur_us"].to_numpy(float)})
+    t = _size_keys(w, arg_names[sel] if arg_names is not None else None, world)
     keys = ["collective", "category", "dtype", "dtype_source", "nelems", "group_size", "process_group"]
+    # Each distinct (args, op, kernel, category) is read once; rows carry its code (issue 26).
+    t = t.assign(nelems=np.where(w["msg_nelems"].to_numpy() >= 0, w["msg_nelems"].to_numpy(), -1),
+                 dur_us=w["dur_us"].to_numpy(float))
     out = t.groupby(keys, sort=False)["dur_us"].agg(["count", "median"]).reset_index()
     for c in ("dtype", "dtype_source", "process_group"):
         out[c] = out[c].replace("", None)

@@ -34,7 +34,8 @@ slim event table does not keep, to tell a prefill from a decode pass in `Profile
 def detect_engine(ev: pd.DataFrame, meta: dict[str, Any]) -> str:
     """`sglang`, `vllm` or `unknown`, from annotations and names (SGLang's `step[...]` wins:
     an SGLang capture can carry a vLLM-style `execute_...` annotation too)."""
-    names = pd.Series(ev["name"].astype(str).unique())
+    # the distinct names only: a str per row of a kernel-dense trace cost ~70 bytes per event
+    names = pd.Series(np.asarray(ev["name"].unique(), dtype=object)).astype(str)
     if names.str.contains(_SGLANG_NAMES).any():
         return "sglang"
     if meta.get("vllm_version") or names.str.contains(_VLLM_NAMES).any():

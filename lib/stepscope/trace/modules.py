@@ -96,7 +96,7 @@ def module_table(work: pd.DataFrame, paths: dict[str, str], step_ids: np.ndarray
     n = len(step_ids)
     if not paths or w.empty or not n:
         return pd.DataFrame(columns=MODULE_COLUMNS)
-    own = w["module"].astype(str).map(paths)
+    own = w["module"].map(paths)
     w = w.assign(path=own).dropna(subset=["path"])
     if w.empty:
         return pd.DataFrame(columns=MODULE_COLUMNS)

@@ -21,6 +21,7 @@ import pandas as pd
 from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
 from stepscope.trace.context import launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
+from stepscope.trace.parse import narrow_ints
 
 # vLLM's step names, in every version seen: `execute_context_N(T)_generation_M(U)`,
 # `execute_context_1(888_788544)_generation_0(0)` (tokens, then their square),
@@ -143,11 +144,14 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
     rows: list[dict] = []
     source = None
     # Device work on GPU traces (their few cpu_ops are only context frames), ops on CPU traces.
-    work_ev = ev[ev["cat"].isin(DEVICE_CATS)]
-    if not len(work_ev):
-        work_ev = ev[ev["cat"] == "cpu_op"]
-    t0 = float(work_ev["ts"].min()) if len(work_ev) else 0.0
-    t1 = float((work_ev["ts"] + work_ev["dur"]).max()) if len(work_ev) else 0.0
+    # By mask, not a copy of the work rows (most of a kernel-dense trace's table).
+    work_rows = ev["cat"].isin(DEVICE_CATS).to_numpy()
+    if not work_rows.any():
+        work_rows = (ev["cat"] == "cpu_op").to_numpy()
+    w_ts = ev["ts"].to_numpy(float)[work_rows]
+    t0 = float(w_ts.min()) if len(w_ts) else 0.0
+    t1 = float((w_ts + ev["dur"].to_numpy(float)[work_rows]).max()) if len(w_ts) else 0.0
+    del w_ts
     for fam in _FAMILY_ORDER:
         if fam in families:
             source = f"annotation:{fam}"
@@ -289,34 +293,52 @@ _C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
 _NCCL_CALL_ANNOTATION = re.compile(r"^nccl:\w+")
 
 
-def _nelems(ev: pd.DataFrame) -> np.ndarray:
+def _nelems(ev: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
+    """`In msg nelems` per event (-1 for none), of `rows` (positions) when given."""
+    n = len(ev) if rows is None else len(rows)
     if "msg_nelems" not in ev:
-        return np.full(len(ev), -1, dtype=np.int64)
-    return pd.to_numeric(ev["msg_nelems"], errors="coerce").fillna(-1).to_numpy(np.int64)
+        return np.full(n, -1, dtype=np.int64)
+    col = ev["msg_nelems"]
+    if col.dtype.kind != "i":
+        col = pd.to_numeric(col, errors="coerce").fillna(-1)
+    vals = col.to_numpy(np.int64)
+    return vals if rows is None else vals[rows]
 
 
-def text_codes(values: pd.Series | np.ndarray) -> pd.Categorical:
+def text_codes(values: pd.Series | pd.Categorical | np.ndarray) -> pd.Categorical:
     """A per-event text column as codes into its distinct values, sorted (so a groupby or a
     sort orders it as it orders the text). A kernel-dense trace repeats a few hundred names
     over millions of rows: a str object per row was most of stage 05's peak (issue 26)."""
-    if isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype):
-        c = values.array.remove_unused_categories()
+    if isinstance(values, pd.Categorical) or (
+            isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype)):
+        c = (values if isinstance(values, pd.Categorical) else values.array).remove_unused_categories()
         return c.reorder_categories(sorted(c.categories))
     return pd.Categorical(np.asarray(values, dtype=object))
 
 
+GPU_ATTRIBUTIONS = ("none", WHOLE_TRACE, "launch_thread", "launch_process", "before_capture",
+                    "after_step_launch", "work_time")
+"""How a device event found its step (`work.attribution`): by its launch's thread, its launch's
+process, after its launch's step, by its own time, or not at all."""
+_HOW = {h: np.int8(i) for i, h in enumerate(GPU_ATTRIBUTIONS)}
+
+
 def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
-    """One row per kernel / memcpy / memset, attributed through its launch (see build_work)."""
-    dev = ev[ev["cat"].isin(DEVICE_CATS)]
+    """One row per kernel / memcpy / memset, attributed through its launch (see build_work).
+
+    The device rows are read column by column at their positions, never copied as a frame,
+    and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
+    cost ~70 bytes per event (issue 26)."""
+    rows = np.flatnonzero(ev["cat"].isin(DEVICE_CATS).to_numpy())
     launches = ev[ev["cat"].isin(LAUNCH_CATS) & (ev["correlation"] >= 0)]
     launches = launches.drop_duplicates("correlation", keep="first")
     lk = launches.set_index("correlation")
-    corr = dev["correlation"].to_numpy()
+    corr = ev["correlation"].to_numpy()[rows]
     has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
-    lpid = np.full(len(dev), -10**9, dtype=np.int64)
+    lpid = np.full(len(rows), -10**9, dtype=np.int64)
     ltid = lpid.copy()
-    lts = np.full(len(dev), np.nan)
-    graph = np.zeros(len(dev), dtype=bool)
+    lts = np.full(len(rows), np.nan)
+    graph = np.zeros(len(rows), dtype=bool)
     if has.any():
         # Column by column at each kernel's launch position: a frame of every launch column per
         # kernel (and a name match per row) was a large part of stage 05's peak (issue 26).
@@ -325,61 +347,77 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         lpid[has] = lk["pid"].to_numpy()[at]
         ltid[has] = lk["tid"].to_numpy()[at]
         lts[has] = lk["ts"].to_numpy()[at]
-    step = np.full(len(dev), -1, dtype=np.int64)
-    how = np.full(len(dev), "none", dtype=object)
-    if steps["pid"].eq(-1).all():  # whole-trace step
-        step[:] = 0
-        how[:] = WHOLE_TRACE
-    else:
-        st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
-        idx = np.flatnonzero(has)
-        step[idx] = st
-        how[idx[st >= 0]] = "launch_thread"
-        # Launch on a thread without steps (e.g. autograd's backward thread):
-        # the step of the same process that encloses the launch.
-        miss = idx[st < 0]
-        if len(miss):
-            st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
-            step[miss] = st2
-            how[miss[st2 >= 0]] = "launch_process"
-        # Launched between two steps: the last step that began before the launch
-        # (its tail, e.g. an output copy). No launch in the trace at all: the last
-        # step that began before the work itself did.
-        order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
-        sts = steps["ts"].to_numpy(float)[order]
-        sids = steps["step_id"].to_numpy()[order]
-        # Correlation ids grow monotonically: a kernel whose id is below every launch on
-        # record was launched before the CPU side of the capture began (the previous,
-        # unrecorded step). It stays unattributed rather than inflate the first step.
-        # With no launch on record at all (a kernel-only export) no id can be dated so: every
-        # kernel goes by its own time, as said above, not to "before the capture".
-        first_corr = launches["correlation"].min() if len(launches) else -np.inf
-        early = ~has & (corr >= 0) & (corr < first_corr)
-        how[early] = "before_capture"
-        for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
-                             ("work_time", np.flatnonzero((step < 0) & ~has & ~early))):
-            if not len(rows):
-                continue
-            t = lts[rows] if method == "after_step_launch" else dev["ts"].to_numpy()[rows]
-            pos = np.searchsorted(sts, t, side="right") - 1
-            ok = pos >= 0
-            step[rows[ok]] = sids[pos[ok]]
-            how[rows[ok]] = method
+        del at
+    ts = ev["ts"].to_numpy()[rows]
+    step, how = _attribute_device(steps, launches, corr, has, lpid, ltid, lts, ts)
     ctx = launch_context(ev, lpid, ltid, lts)
-    cats, source = categorize_work(dev["name"], dev["cat"], rules, ctx.category)
+    del lpid, ltid
+    names = ev["name"].array[rows]
+    cats, source = categorize_work(names, ev["cat"].array[rows], rules, ctx.category, as_codes=True)
+    dur = ev["dur"].to_numpy()[rows]
+    stream = ev["stream"].to_numpy()[rows]
     work = pd.DataFrame({
-        "rank": rank, "step_id": step, "attribution": text_codes(how), "category": text_codes(cats),
-        "name": text_codes(dev["name"]),
-        "stream": np.where(dev["stream"].to_numpy() >= 0, dev["stream"].to_numpy(),
-                           dev["tid"].to_numpy()),
-        "start_us": dev["ts"].to_numpy(), "end_us": dev["ts"].to_numpy() + dev["dur"].to_numpy(),
-        "dur_us": dev["dur"].to_numpy(), "is_call": True,
-        "op_row": dev.index.to_numpy(), "launch_us": lts, "correlation": corr,
-        "msg_nelems": _nelems(dev), "category_source": text_codes(source), "op_context": text_codes(ctx.frame),
-        "module": text_codes(ctx.module), "graph_launch": graph,
+        "rank": rank, "step_id": step,
+        "attribution": text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS))),
+        "category": text_codes(cats), "name": text_codes(names),
+        "stream": narrow_ints(np.where(stream >= 0, stream, ev["tid"].to_numpy()[rows]).astype(np.int64)),
+        "start_us": ts, "end_us": ts + dur, "dur_us": dur, "is_call": True,
+        "op_row": narrow_ints(ev.index.to_numpy()[rows].astype(np.int64)), "launch_us": lts,
+        "correlation": narrow_ints(corr.astype(np.int64)),
+        "msg_nelems": narrow_ints(_nelems(ev, rows)), "category_source": text_codes(source),
+        "op_context": text_codes(ctx.frame), "module": text_codes(ctx.module), "graph_launch": graph,
     })
     info["n_launch_missing"] = int((~has).sum())
     return work
+
+
+def _attribute_device(steps: pd.DataFrame, launches: pd.DataFrame, corr: np.ndarray, has: np.ndarray,
+                      lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray, ts: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(step_id, attribution code into GPU_ATTRIBUTIONS) per device event: its launch's step,
+    else the step its launch (or, with no launch, the event itself) follows."""
+    step = np.full(len(corr), -1, dtype=np.int64)
+    how = np.zeros(len(corr), dtype=np.int8)
+    if steps["pid"].eq(-1).all():  # whole-trace step
+        step[:] = 0
+        how[:] = _HOW[WHOLE_TRACE]
+        return step, how
+    st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
+    idx = np.flatnonzero(has)
+    step[idx] = st
+    how[idx[st >= 0]] = _HOW["launch_thread"]
+    # Launch on a thread without steps (e.g. autograd's backward thread):
+    # the step of the same process that encloses the launch.
+    miss = idx[st < 0]
+    if len(miss):
+        st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
+        step[miss] = st2
+        how[miss[st2 >= 0]] = _HOW["launch_process"]
+    del st, idx
+    # Launched between two steps: the last step that began before the launch
+    # (its tail, e.g. an output copy). No launch in the trace at all: the last
+    # step that began before the work itself did.
+    order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
+    sts = steps["ts"].to_numpy(float)[order]
+    sids = steps["step_id"].to_numpy()[order]
+    # Correlation ids grow monotonically: a kernel whose id is below every launch on
+    # record was launched before the CPU side of the capture began (the previous,
+    # unrecorded step). It stays unattributed rather than inflate the first step.
+    # With no launch on record at all (a kernel-only export) no id can be dated so: every
+    # kernel goes by its own time, as said above, not to "before the capture".
+    first_corr = launches["correlation"].min() if len(launches) else -np.inf
+    early = ~has & (corr >= 0) & (corr < first_corr)
+    how[early] = _HOW["before_capture"]
+    for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
+                         ("work_time", np.flatnonzero((step < 0) & ~has & ~early))):
+        if not len(rows):
+            continue
+        t = lts[rows] if method == "after_step_launch" else ts[rows]
+        pos = np.searchsorted(sts, t, side="right") - 1
+        ok = pos >= 0
+        step[rows[ok]] = sids[pos[ok]]
+        how[rows[ok]] = _HOW[method]
+    return step, how
 
 
 def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
@@ -480,7 +518,9 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         # A CPU collective is one call however many ops wrap and wait on it.
         is_comm = (work["class"] == "communication").to_numpy()
         work["is_call"] = np.where(is_comm, coll, work["is_call"].to_numpy())
-    work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
+    start = work["start_us"].to_numpy()
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # a sort copies the whole table
+        work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
     return work[WORK_COLUMNS], info
 
 
