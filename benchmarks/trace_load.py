@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON). On
-2026-12-01, kernel-dense: 2 M kernels (371 MB JSON) peak 1,174 MB (3.16x, 540 bytes per device
-event above the imports), 4 M kernels (743 MB) 1,900 MB (2.56x, 460 bytes); before the work
-table kept its text as codes, 2 M peaked at 1,686 MB (4.5x). trace.budget's estimate reads these.
+2026-12-02, kernel-dense: 2 M kernels (371 MB JSON) peak 674 MB (1.82x, 297 bytes per device
+event above the imports), 10 M kernels (1,868 MB) 2,712 MB (1.45x, 273 bytes; 148 s). Before per-event
+XX
+estimate reads these.
 
 Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
 (timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so

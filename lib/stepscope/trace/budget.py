@@ -22,10 +22,11 @@ from stepscope.errors import StepscopeError
 from stepscope.thresholds import MEMORY_BUDGET_AVAILABLE_SHARE
 from stepscope.trace import split
 
-PEAK_BYTES_PER_JSON_BYTE = 3.0
-"""Stage 05's peak RSS above its imports per byte of trace JSON on the kernel-dense trace:
-2.77 measured at 2 M kernels (371 MB JSON, peak 1,174 MB; benchmarks/trace_load.py --kernels
-2000000 --analysis, 2026-12-01), rounded up for the run-to-run spread of the heap."""
+PEAK_BYTES_PER_JSON_BYTE = 2.0
+"""Stage 05's peak RSS above its imports per byte of trace JSON on the kernel-dense trace
+(benchmarks/trace_load.py --kernels N --analysis, 2026-12-02): 1.53 at 2 M kernels (371 MB
+JSON, peak 674 MB) and 1.39 at 10 M (1,868 MB JSON, peak 2,712 MB), rounded up for the
+run-to-run spread of the heap. It was 2.77 at 2 M before per-event text became codes."""
 CPU_WORK_BYTES_PER_EVENT = 1_800
 """Stage 05's peak per event of a trace with no device event (its ops are its work): 1,685
 bytes at 500,000 and 1,469 at 1,000,000 tiny cpu_op events (benchmarks/hostile_traces.py's
