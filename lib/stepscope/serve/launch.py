@@ -358,14 +358,14 @@ def stop_process_group(pgid: int, grace_s: float = 20.0) -> bool:
     "stop now", not "stop waiting": the group is killed at once, and the interrupt is
     raised again only once it is gone, so a second Ctrl-C can never orphan the server.
     """
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
     interrupted = False
     try:
+        # inside the try: an interrupt landing just after the SIGTERM (the process descheduled
+        # there on a loaded machine) must still kill the group, not escape past it
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return False
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not _group_alive(pgid):
