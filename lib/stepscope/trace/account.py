@@ -133,6 +133,38 @@ def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.n
     return cc, np.asarray(uniq, dtype=object)
 
 
+def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int, klass: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per key (codes `kc`, rows in start order): compute, compute+communication and busy union
+    lengths; per (key, category `cc`): union and exposed time, flat as key * ncat + category."""
+    ncat = len(klass)
+    comp = (klass == "compute")[cc]
+    comm = (klass == "communication")[cc]
+
+    def gu(mask: np.ndarray) -> np.ndarray:
+        return _union_by_code(kc[mask], s[mask], e[mask], nk)
+
+    c_len = gu(comp)
+    cm_len = gu(comp | comm)
+    busy = _union_by_code(kc, s, e, nk)  # every row: read in place
+    # one category at a time: its rows keep the key order, so no sort and no copy of every
+    # row (a sorted copy of all rows was stage 05's peak on a kernel-dense trace, issue 26)
+    union = np.zeros(nk * ncat)
+    for ci in range(ncat):
+        union[np.arange(nk) * ncat + ci] = gu(cc == ci)
+    exposed = union.copy()  # a compute category's exposed time is its union
+    for ci in range(ncat):
+        if klass[ci] == "compute":
+            continue
+        this = cc == ci
+        over = gu(comp | this) - c_len if klass[ci] == "communication" else \
+            gu(comp | comm | this) - cm_len
+        exposed[np.arange(nk) * ncat + ci] = np.maximum(0.0, over)
+    exposed = _partition(exposed.reshape(nk, ncat), klass,
+                         {"compute": c_len, "communication": cm_len - c_len, "memory": busy - cm_len}).ravel()
+    return c_len, cm_len, busy, union, exposed
+
+
 def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per (key, category) metrics and per key totals for one rank's work.
 
@@ -148,37 +180,19 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return v if o is None else v[o]
 
     kc, keys_u = pd.factorize(col(key))
+    kc = kc.astype(np.int32)
     cc, cats_u = _category_codes(work["category"], o)
+    cc = cc.astype(np.int32)
     nk, ncat = len(keys_u), len(cats_u)
     s, e, dur = col("start_us"), col("end_us"), col("dur_us")
     calls = col("is_call").astype(float)
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
-    comp = (klass == "compute")[cc]
-    comm = (klass == "communication")[cc]
-
-    def gu(mask: np.ndarray) -> np.ndarray:
-        return _union_by_code(kc[mask], s[mask], e[mask], nk)
-
-    c_len = gu(comp)
-    cm_len = gu(comp | comm)
-    busy = gu(np.ones(len(kc), bool))
-
     pair = kc.astype(np.int64) * ncat + cc
     npair = nk * ncat
     rows = np.bincount(pair, minlength=npair)
     present = np.flatnonzero(rows)
-    union = _union_by_code(pair, s, e, npair)
-    exposed = union.copy()  # a compute category's exposed time is its union
-    for ci, cname in enumerate(cats_u):
-        if klass[ci] == "compute":
-            continue
-        this = cc == ci
-        over = gu(comp | this) - c_len if klass[ci] == "communication" else \
-            gu(comp | comm | this) - cm_len
-        exposed[np.arange(nk) * ncat + ci] = np.maximum(0.0, over)
-    exposed = _partition(exposed.reshape(nk, ncat), klass,
-                         {"compute": c_len, "communication": cm_len - c_len, "memory": busy - cm_len}).ravel()
+    c_len, cm_len, busy, union, exposed = _unions(kc, cc, s, e, nk, klass)
     cat_tab = pd.DataFrame({
         key: keys_u[present // ncat],
         "category": cats_u[present % ncat],

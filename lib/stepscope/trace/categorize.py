@@ -226,7 +226,7 @@ def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str
 
 
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
-                    context: np.ndarray | None = None, *, as_codes: bool = False
+                    context: np.ndarray | pd.Categorical | None = None, *, as_codes: bool = False
                     ) -> tuple[np.ndarray, np.ndarray] | tuple[pd.Categorical, pd.Categorical]:
     """(category, source) per event. `context`: per event, the category the enclosing
     frames give ("" for none; see `context.work_context`). Source is `context`, `name`,
@@ -248,7 +248,9 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     category = np.array([at[g[0]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
     source = np.array([at[g[1]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
     if context is not None and len(context) and len(category):
-        x_codes, x_u = pd.factorize(np.asarray(context, dtype=object))
+        x_codes, x_u = pd.factorize(context if isinstance(context, pd.Categorical) else
+                                    np.asarray(context, dtype=object))
+        x_u = np.asarray(x_u, dtype=object)
         generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)[n_codes]
         key = (category.astype(np.int64) * max(len(x_u), 1) + x_codes) * 2 + generic
         del generic

@@ -37,16 +37,41 @@ FRAME_CATS = ("python_function", "cpu_op", "user_annotation")
 class WorkContext:
     """Per query: the context decision ("" for none; `ContextRule.decision`: the category, and
     after a `|` the name categories it may override), the frame that decided it, and the
-    innermost module (`Qwen2RMSNorm_3`, "" for none)."""
+    innermost module (`Qwen2RMSNorm_3`, "" for none). Each is a Categorical: codes into the
+    distinct values, never a str per query (a kernel-dense trace has millions; issue 26)."""
 
-    category: np.ndarray
-    frame: np.ndarray
-    module: np.ndarray
+    category: pd.Categorical
+    frame: pd.Categorical
+    module: pd.Categorical
 
     @classmethod
     def empty(cls, n: int) -> WorkContext:
-        blank = np.full(n, "", dtype=object)
+        blank = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=pd.Index([""], dtype=object))
         return cls(blank, blank.copy(), blank.copy())
+
+    @classmethod
+    def of_frames(cls, frame_idx: np.ndarray, module_idx: np.ndarray, names: np.ndarray,
+                  decision: dict[int, str]) -> WorkContext:
+        """From each query's deciding frame and innermost module frame (indexes into `names`,
+        -1 for none) and each deciding frame's decision."""
+        return cls(_by_frame(frame_idx, lambda j: decision[j]), _by_frame(frame_idx, lambda j: str(names[j])),
+                   _by_frame(module_idx, lambda j: str(names[j])[len(MODULE_PREFIX):]))
+
+
+def _by_frame(idx: np.ndarray, value_of) -> pd.Categorical:
+    """Per query, `value_of(frame index)` ("" for -1), as codes into the distinct values; each
+    frame used is read once."""
+    shifted = idx + 1  # -1 (none) becomes 0
+    used = np.zeros(int(shifted.max()) + 1 if len(shifted) else 1, dtype=bool)
+    used[shifted] = True
+    used[0] = True
+    frames = np.flatnonzero(used)
+    values = ["" if j == 0 else value_of(int(j) - 1) for j in frames]
+    table = list(dict.fromkeys(values))
+    at = {v: i for i, v in enumerate(table)}
+    lut = np.zeros(len(used), dtype=np.int32)
+    lut[frames] = [at[v] for v in values]
+    return pd.Categorical.from_codes(lut[shifted], categories=pd.Index(table, dtype=object))
 
 
 def context_frames(ev: pd.DataFrame) -> pd.DataFrame:
@@ -64,9 +89,8 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
     Queries with pid -10**9 (no launch in the trace) get no context.
     """
     n = len(ts)
-    out = WorkContext.empty(n)
     if not len(frames) or not n or not rules:
-        return out
+        return WorkContext.empty(n)
     names = frames["name"].astype(str).to_numpy()
     decide = _Decider(rules)
     qkey = pd.MultiIndex.from_arrays([pids, tids])
@@ -79,6 +103,8 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
     fpid, ftid = frames["pid"].to_numpy(), frames["tid"].to_numpy()
     ctx_of = np.full(len(frames), -1, dtype=np.int64)
     mod_of = np.full(len(frames), -1, dtype=np.int64)
+    frame_idx = np.full(n, -1, dtype=np.int64)  # per query: the frame deciding its context
+    module_idx = np.full(n, -1, dtype=np.int64)  # and its innermost module's frame
     for lo, hi in zip(starts[:-1], starts[1:]):
         if frame_rows is not None:
             q = np.flatnonzero((row_pos >= lo) & (row_pos < hi))
@@ -92,11 +118,9 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
         ok = sel >= 0
         c = np.where(ok, ctx_of[np.where(ok, sel, 0)], -1)
         m = np.where(ok, mod_of[np.where(ok, sel, 0)], -1)
-        has_c, has_m = c >= 0, m >= 0
-        out.frame[q[has_c]] = names[c[has_c]]
-        out.category[q[has_c]] = [decide.own[i] for i in c[has_c]]
-        out.module[q[has_m]] = [names[i][len(MODULE_PREFIX):] for i in m[has_m]]
-    return out
+        frame_idx[q] = c
+        module_idx[q] = m
+    return WorkContext.of_frames(frame_idx, module_idx, names, decide.own)
 
 
 class _Decider:

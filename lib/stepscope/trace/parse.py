@@ -430,7 +430,8 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
     if seen_device:
         ctx = np.fromiter((KEEP_FRAME[n] for n in all_names), dtype=bool, count=len(all_names))
         keep = (arrays["cat"] != _CPU_OP) | (ctx[arrays["name"]] if len(all_names) else False)
-    columns = {k: (v[keep] if keep is not None else v) for k, v in arrays.items()}
+    # column by column, each original dropped once filtered: the table is held once plus a column
+    columns = {k: (arrays.pop(k)[keep] if keep is not None else arrays.pop(k)) for k in list(arrays)}
     # Only the names still used (cpu_ops dropped above leave theirs behind), in order of
     # first use, so the table and its Parquet stay slim and the categories do not depend
     # on how many processes parsed the trace.

@@ -108,18 +108,20 @@ def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu
 
 def merge_shares(shares: list[_Share], columns: tuple[str, ...]
                  ) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
-    """One set of columns in file order, with names, collectives and string ids renumbered."""
+    """One set of columns in file order, with names, collectives and string ids renumbered.
+
+    Consumes the shares' arrays: each merged column is written chunk by chunk into its place
+    and the shares' copies of it are dropped at once, so the merge holds the table once plus
+    one column, not twice (issue 26)."""
     if len(shares) == 1:
         sh = shares[0]
         return sh.arrays, sh.names, sh.colls
     names: dict[str, int] = {}
     colls: dict[str, int] = {"": 0}
     ids: dict[Any, int] = {}
-    parts: list[dict[str, np.ndarray]] = []
-    pieces: list[tuple[int, int, int]] = []  # (chunk number, first row, end row) in the concatenation
-    base = 0
-    for sh in shares:
-        a = dict(sh.arrays)
+    pieces: list[tuple[int, int, int, int]] = []  # (chunk number, share, first row, end row)
+    for i, sh in enumerate(shares):
+        a = sh.arrays
         name_map = np.array([names.setdefault(n, len(names)) for n in sh.names], dtype=np.int32)
         coll_map = np.array([colls.setdefault(c, len(colls)) for c in sh.colls], dtype=np.int32)
         if len(a["name"]):
@@ -129,12 +131,18 @@ def merge_shares(shares: list[_Share], columns: tuple[str, ...]
             glob = ids.setdefault(key, -2 - len(ids))
             if glob != local:
                 for c in ("pid", "tid"):
-                    a[c] = np.where(sh.arrays[c] == local, glob, a[c])
-        parts.append(a)
-        pieces.extend((chunk, base + lo, base + hi) for chunk, lo, hi in sh.segments)
-        base += len(a["ts"])
+                    a[c] = np.where(a[c] == local, glob, a[c])
+        pieces.extend((chunk, i, lo, hi) for chunk, lo, hi in sh.segments)
     pieces.sort()
-    order = (np.concatenate([np.arange(lo, hi) for _, lo, hi in pieces]) if pieces
-             else np.zeros(0, np.intp))
-    arrays = {col: np.concatenate([p[col] for p in parts])[order] for col in columns}
+    total = sum(hi - lo for _, _, lo, hi in pieces)
+    arrays: dict[str, np.ndarray] = {}
+    for col in columns:
+        out = np.empty(total, dtype=np.result_type(*[sh.arrays[col].dtype for sh in shares]))
+        pos = 0
+        for _, i, lo, hi in pieces:
+            out[pos:pos + hi - lo] = shares[i].arrays[col][lo:hi]
+            pos += hi - lo
+        arrays[col] = out
+        for sh in shares:
+            del sh.arrays[col]
     return arrays, list(names), list(colls)
