@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON). On
-2026-12-02, kernel-dense: 2 M kernels (371 MB JSON) peak 674 MB (1.82x, 297 bytes per device
-event above the imports), 10 M kernels (1,868 MB) 2,712 MB (1.45x, 273 bytes; 148 s). Before per-event
+2026-12-02, kernel-dense: 2 M kernels (371 MB JSON) peak 637 MB (1.72x, 277 bytes per device
+event above the imports), 10 M kernels (1,868 MB) 2,555 MB (1.37x, 257 bytes; 158 s). Before per-event
 text became codes and whole-table copies went (34dd664, same day, same machine): 2 M peaked at
 1,210 MB (3.26x), 10 M at 4,049 MB (2.17x; 220 s). trace.budget's estimate reads these.
 

@@ -17,7 +17,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 260
-"""The bound held: 207 bytes measured on 2026-12-02 (200,000 kernels); before per-event
+"""The bound held: 196 bytes measured on 2026-12-02 (200,000 kernels); before per-event
 text became codes and the whole-table copies went (34dd664), the same analysis peaked at 328."""
 
 

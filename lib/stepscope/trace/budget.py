@@ -24,8 +24,8 @@ from stepscope.trace import split
 
 PEAK_BYTES_PER_JSON_BYTE = 2.0
 """Stage 05's peak RSS above its imports per byte of trace JSON on the kernel-dense trace
-(benchmarks/trace_load.py --kernels N --analysis, 2026-12-02): 1.53 at 2 M kernels (371 MB
-JSON, peak 674 MB) and 1.39 at 10 M (1,868 MB JSON, peak 2,712 MB), rounded up for the
+(benchmarks/trace_load.py --kernels N --analysis, 2026-12-02): 1.43 at 2 M kernels (371 MB
+JSON, peak 637 MB) and 1.31 at 10 M (1,868 MB JSON, peak 2,555 MB), rounded up for the
 run-to-run spread of the heap. It was 2.77 at 2 M before per-event text became codes."""
 CPU_WORK_BYTES_PER_EVENT = 1_800
 """Stage 05's peak per event of a trace with no device event (its ops are its work): 1,685
