@@ -224,16 +224,24 @@ def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndar
             mask = pid == key[0]
             if by_thread:
                 mask &= tid == key[1]
-        idx = np.flatnonzero(mask)
-        if not len(idx):
-            continue
-        pos = np.searchsorted(starts, t[idx], side="right") - 1
-        ok = pos >= 0
-        ok[ok] &= t[idx][ok] <= ends[pos[ok]]
-        # Nested steps of one family (rare) resolve to the innermost that starts last.
-        hit = idx[ok]
-        out[hit] = np.where(out[hit] >= 0, out[hit], ids[pos[ok]])
+        rows = np.flatnonzero(mask)
+        del mask
+        # A slice of rows at a time: the temporaries of one pass over millions of kernels
+        # were ~90 bytes each, stage 05's peak on a kernel-dense trace (issue 26).
+        for lo in range(0, len(rows), ENCLOSING_CHUNK_ROWS):
+            idx = rows[lo:lo + ENCLOSING_CHUNK_ROWS]
+            ti = t[idx]
+            pos = np.searchsorted(starts, ti, side="right") - 1
+            ok = pos >= 0
+            ok[ok] &= ti[ok] <= ends[pos[ok]]
+            # Nested steps of one family (rare) resolve to the innermost that starts last.
+            hit = idx[ok]
+            out[hit] = np.where(out[hit] >= 0, out[hit], ids[pos[ok]])
     return out
+
+
+ENCLOSING_CHUNK_ROWS = 1 << 16
+"""Rows `_enclosing` places at a time."""
 
 
 def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
@@ -366,7 +374,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         "correlation": narrow_ints(corr.astype(np.int64)),
         "msg_nelems": narrow_ints(_nelems(ev, rows)), "category_source": text_codes(source),
         "op_context": text_codes(ctx.frame), "module": text_codes(ctx.module), "graph_launch": graph,
-    })
+    }, copy=False)  # the arrays above are this frame's own: a copy held the work table twice
     info["n_launch_missing"] = int((~has).sum())
     return work
 
