@@ -73,30 +73,72 @@ def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
     return pd.Series(out, index=uniq)
 
 
-def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> np.ndarray:
-    """Union length per integer code 0..n-1 of intervals already sorted by start.
+UNION_CHUNK_ROWS = 1 << 16
+"""Rows `_union_by_code` reads at a time: its temporaries (up to ~60 bytes a row where every
+row starts a segment, as tiny kernels do) stay this size on a trace of any length (issue 26)."""
+
+
+def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int,
+                   mask: np.ndarray | None = None) -> np.ndarray:
+    """Union length per integer code 0..n-1 of intervals already sorted by start (only the
+    rows where `mask` is true, when given).
 
     Exact: only max and subtraction of the trace's own values (no offsets added to make
-    groups disjoint), one running max per group.
+    groups disjoint), one running max per group, each segment's length added in order. The
+    rows are read UNION_CHUNK_ROWS at a time; a segment still open at a chunk's end carries
+    into the next, so the result is the same as in one pass.
     """
-    if len(codes) == 0:
-        return np.zeros(n)
-    if not (codes[1:] >= codes[:-1]).all():  # already grouped (steps in time order): no copies
+    out = np.zeros(n)
+    if not (codes[1:] >= codes[:-1]).all():  # not grouped (steps in time order are): sort a copy
+        if mask is not None:
+            codes, s, e = codes[mask], s[mask], e[mask]
         o = np.argsort(codes, kind="stable")  # keeps start order within each code
-        codes, s, e = codes[o], s[o], e[o]
+        codes, s, e, mask = codes[o], s[o], e[o], None
         del o
-    c = codes
+    carried = None
+    for lo in range(0, len(codes), UNION_CHUNK_ROWS):
+        part = slice(lo, lo + UNION_CHUNK_ROWS)
+        c, ps, pe = codes[part], s[part], e[part]
+        if mask is not None:
+            m = mask[part]
+            c, ps, pe = c[m], ps[m], pe[m]
+        if len(c):
+            carried = _union_chunk(c, ps, pe, carried, out)
+    if carried is not None:
+        np.add.at(out, [carried[0]], [carried[2] - carried[1]])
+    return out
+
+
+def _union_chunk(c: np.ndarray, s: np.ndarray, e: np.ndarray, carried: tuple | None,
+                 out: np.ndarray) -> tuple:
+    """Add to `out` the segments of one chunk that end inside it; return the last segment,
+    still open, as (code, start, running max of its group). `carried`: the previous chunk's."""
     bounds = np.flatnonzero(np.diff(c)) + 1
-    run = np.empty_like(e)
+    run = np.empty(len(e))
     for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(c)].tolist()):
         np.maximum.accumulate(e[lo:hi], out=run[lo:hi])
+    goes_on = False
+    if carried is not None and carried[0] == c[0]:  # the group goes on: so does its running max
+        head = run[:bounds[0] if len(bounds) else len(run)]
+        np.maximum(head, carried[2], out=head)
+        goes_on = bool(s[0] <= carried[2])
     new = np.empty(len(s), bool)
     new[0] = True
     new[1:] = s[1:] > run[:-1]
     new[bounds] = True
     seg = np.flatnonzero(new)
-    last = np.r_[seg[1:] - 1, len(s) - 1]
-    return np.bincount(c[seg], weights=run[last] - s[seg], minlength=n)
+    del new
+    last = np.empty_like(seg)
+    last[:-1] = seg[1:] - 1
+    last[-1] = len(s) - 1
+    code, start, end = c[seg], s[seg], run[last]
+    del run, seg, last
+    if goes_on:
+        start[0] = carried[1]
+    elif carried is not None:
+        np.add.at(out, [carried[0]], [carried[2] - carried[1]])
+    np.add.at(out, code[:-1], end[:-1] - start[:-1])
+    return code[-1], start[-1], end[-1]
 
 
 def _partition(exposed: np.ndarray, klass: np.ndarray, class_len: dict[str, np.ndarray]) -> np.ndarray:
@@ -142,7 +184,7 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: in
     comm = (klass == "communication")[cc]
 
     def gu(mask: np.ndarray) -> np.ndarray:
-        return _union_by_code(kc[mask], s[mask], e[mask], nk)
+        return _union_by_code(kc, s, e, nk, mask)
 
     c_len = gu(comp)
     cm_len = gu(comp | comm)
