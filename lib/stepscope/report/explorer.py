@@ -138,7 +138,7 @@ class StepExplorer:
         from stepscope.trace.load import load_rank
 
         rt = load_rank(path, rank=rank, cache_dir=self.run_dir / "05_categorize" / "cache")
-        self._work[rank] = analyze_rank(rt, make_rules(self.extra_rules)).work
+        self._work[rank] = analyze_rank(rt, make_rules(self.extra_rules), consume=True).work
         return self._work[rank]
 
 

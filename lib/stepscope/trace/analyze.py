@@ -19,7 +19,7 @@ from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
-from stepscope.trace.load import LAUNCH_CATS, RankTrace, load_ranks, new_flag
+from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import WHOLE_TRACE, build_work, find_steps, spec_decode_steps, unknown_step_names
 from stepscope.trace.tpot import tpot_against_step
@@ -250,7 +250,10 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
     return traces, tables
 
 
-def analyze_rank(rt: RankTrace, rules) -> RankResult:
+def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
+    """One rank's analysis. `consume`: the rank's event table is not needed after this (stage
+    05): `rt.events` is let go once the work table is built, and the analysis keeps only its
+    host rows, when the device rows were the larger part (issue 26)."""
     ev = rt.events
     # Work in µs from the trace's first kept event: absolute Kineto timestamps (~1e12 µs)
     # keep only ~0.2 ns resolution, enough to make ts+dur-ts differ from dur. The shift
@@ -263,6 +266,10 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
             "unknown_step_names": unknown_step_names(
                 ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
+    args = _device_row_reads(ev, work, rt.mode)
+    if consume:
+        rt.events = None
+        ev = _host_rows(ev)
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[ev["cat"].isin(LAUNCH_CATS), ["ts", "dur", "name"]]
     frames = ev.loc[ev["cat"].isin(("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
@@ -281,24 +288,41 @@ def analyze_rank(rt: RankTrace, rules) -> RankResult:
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
                       steps_tot=step_tot, meta=meta, **_by_module(ev, work, step_tot, rt.rank,
-                                                                  rt.meta.get("world_size"), rt.mode))
+                                                                  rt.meta.get("world_size"), rt.mode, args))
+
+
+def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str) -> pd.Series | None:
+    """What the analysis reads from the event table's rows of the work itself, read while they
+    are there: `work["recompute"]` set, and the kernels' args returned (GPU traces; codes, not
+    a str per row) for `collectives.collective_sizes`."""
+    from stepscope.trace.modules import recompute_mask
+
+    work["recompute"] = recompute_mask(ev, work)
+    if mode != "gpu" or "collective" not in ev:
+        return None
+    return pd.Series(ev["collective"].reindex(work["op_row"].to_numpy()).array, index=work.index)
+
+
+def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
+    """The event table without its device rows (the work table holds them), when they are the
+    larger part: the host rows are copied, which costs more than it frees otherwise."""
+    device = ev["cat"].isin(DEVICE_CATS).to_numpy()
+    n_device = int(device.sum())
+    return ev[~device] if n_device > len(ev) - n_device else ev
 
 
 def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int,
-               world: int | None, mode: str) -> dict:
+               world: int | None, mode: str, args: pd.Series | None) -> dict:
     """The rank's tables that read the module tree and the kernels' args: category_kernels
     (with each kernel's module), the category levers, time per module (`trace.modules`), and
     its collectives' sizes (`collectives.collective_sizes`; GPU traces)."""
-    from stepscope.trace.modules import module_paths, module_table, recompute_mask
+    from stepscope.trace.modules import module_paths, module_table
 
     paths = module_paths(ev)
-    work["recompute"] = recompute_mask(ev, work)
     work["module_path"] = work["module"].map(paths) if paths else None  # by category, not per row
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
-    # the kernels' args as codes (a Categorical), not a str per row
-    args = ev["collective"].reindex(work["op_row"].to_numpy()).array if "collective" in ev else None
-    sizes = coll.collective_sizes(work, pd.Series(args, index=work.index) if args is not None else None, judged,
-                                  world, rank) if mode == "gpu" else pd.DataFrame(columns=coll.SIZE_COLUMNS)
+    sizes = coll.collective_sizes(work, args, judged, world, rank) if mode == "gpu" else \
+        pd.DataFrame(columns=coll.SIZE_COLUMNS)
     return {"kernels": acc.category_kernels(work, step_tot), "levers": acc.category_levers(work, step_tot),
             "modules": module_table(work, paths, judged, rank), "collective_sizes": sizes}
 
@@ -549,7 +573,7 @@ def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[schema.Flag],
     results: list[RankResult] = []
     for rt in _progress.bar(loaded, desc="analyze ranks", unit="rank", disable=not progress):
         try:
-            r = analyze_rank(rt, rules)
+            r = analyze_rank(rt, rules, consume=True)
         except TraceError as exc:
             flags.append(new_flag("rank_unanalysable", "error", exc.render()))
             continue

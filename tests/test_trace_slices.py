@@ -1,0 +1,87 @@
+"""Issue 26: stage 05 reads its largest arrays a slice at a time and lets the device rows of
+the event table go once the work table holds them. Neither may change a number: the results
+with tiny slices, and with the table let go, equal those of one pass over the whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stepscope.trace import account, steps
+from stepscope.trace.analyze import analyze_rank
+from stepscope.trace.categorize import make_rules
+from stepscope.trace.load import load_rank
+
+# a vLLM-style GPU decode step, a training trace with NCCL, an SGLang decode of many steps
+TRACES = ["tracelens-b200-gptoss-tp8-rank0.json.gz", "hta-a100-ddp-nccl.json.gz",
+          "sglang-mi300x-qwen3-8b-decode.json.gz"]
+
+
+def _union_reference(codes, s, e, n):
+    """Union length per code, one interval at a time in start order (each merged segment's
+    length added as it closes, in order: the same sums, so equal to the last bit)."""
+    out = np.zeros(n)
+    for code in range(n):
+        rows = [(a, b) for c, a, b in zip(codes, s, e) if c == code]
+        rows.sort(key=lambda r: r[0])  # stable: keeps the given order on ties
+        seg = None
+        for a, b in rows:
+            if seg is not None and a <= seg[1]:
+                seg[1] = max(seg[1], b)
+                continue
+            if seg is not None:
+                out[code] += seg[1] - seg[0]
+            seg = [a, b]
+        if seg is not None:
+            out[code] += seg[1] - seg[0]
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 16])
+def test_union_by_code_in_slices_equals_one_pass(monkeypatch, chunk):
+    monkeypatch.setattr(account, "UNION_CHUNK_ROWS", chunk)
+    rng = np.random.default_rng(chunk)
+    for _ in range(200):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 4))
+        codes = rng.integers(0, k, n)
+        s = np.round(rng.random(n) * 50, 1)
+        o = np.lexsort((s, codes)) if rng.random() < 0.5 else np.argsort(s, kind="stable")
+        codes, s = codes[o], s[o]
+        e = s + np.round(rng.random(n) * rng.choice([1.0, 10.0]), 1)
+        mask = rng.random(n) < 0.6
+        got = account._union_by_code(codes, s, e, k, mask)
+        want = _union_reference(codes[mask], s[mask], e[mask], k)
+        assert np.array_equal(got, want), (codes, s, e, mask)
+        assert np.array_equal(account._union_by_code(codes, s, e, k), _union_reference(codes, s, e, k))
+
+
+def test_a_segment_open_across_slices_is_counted_once(monkeypatch):
+    monkeypatch.setattr(account, "UNION_CHUNK_ROWS", 2)
+    # one long interval covering the next four, then a gap, then one more: 10 + 3
+    s = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 20.0])
+    e = np.array([10.0, 2.0, 3.0, 4.0, 9.0, 23.0])
+    assert account._union_by_code(np.zeros(6, int), s, e, 1).tolist() == [13.0]
+
+
+def _tables(r) -> dict[str, pd.DataFrame]:
+    return {"work": r.work, "step_categories": r.step_categories, "rank_categories": r.rank_categories,
+            "steps_tot": r.steps_tot, "kernels": r.kernels, "levers": r.levers, "modules": r.modules,
+            "collective_sizes": r.collective_sizes}
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, monkeypatch, name):
+    rules = make_rules()
+    whole = analyze_rank(load_rank(real_traces / name, allow_no_rank=True), rules)
+    monkeypatch.setattr(account, "UNION_CHUNK_ROWS", 5)
+    monkeypatch.setattr(steps, "ENCLOSING_CHUNK_ROWS", 3)
+    rt = load_rank(real_traces / name, allow_no_rank=True)
+    sliced = analyze_rank(rt, rules, consume=True)
+    assert rt.events is None  # let go: stage 05 keeps no second copy of the device rows
+    assert len(whole.work) > 500
+    for key, table in _tables(whole).items():
+        pd.testing.assert_frame_equal(_tables(sliced)[key], table, check_exact=True, obj=key)
+    assert sliced.totals == whole.totals and sliced.info == whole.info
