@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -225,6 +225,12 @@ def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str
     return ctx
 
 
+def _factorize32(values) -> tuple[np.ndarray, Any]:
+    """pd.factorize with int32 codes: a code per event of a kernel-dense trace, 4 bytes not 8."""
+    codes, uniques = pd.factorize(values)
+    return codes.astype(np.int32), uniques
+
+
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
                     context: np.ndarray | pd.Categorical | None = None, *, as_codes: bool = False
                     ) -> tuple[np.ndarray, np.ndarray] | tuple[pd.Categorical, pd.Categorical]:
@@ -236,10 +242,11 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     Everything per event is an integer code: the rules run once per distinct (name, cat)
     pair and the frame decision once per distinct (category, frame, generic) triple. A
     kernel-dense trace has millions of events and a few hundred distinct values (issue 26)."""
-    n_codes, n_u = pd.factorize(names)
-    c_codes, c_u = pd.factorize(cats)
+    n_codes, n_u = _factorize32(names)
+    c_codes, c_u = _factorize32(cats)
     pair = n_codes.astype(np.int64) * max(len(c_u), 1) + c_codes
-    p_codes, p_u = pd.factorize(pair)
+    del c_codes
+    p_codes, p_u = _factorize32(pair)
     del pair
     got = [_classify(str(n_u[p // len(c_u)]), str(c_u[p % len(c_u)]), rules) for p in p_u]
     cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
@@ -248,13 +255,14 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     category = np.array([at[g[0]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
     source = np.array([at[g[1]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
     if context is not None and len(context) and len(category):
-        x_codes, x_u = pd.factorize(context if isinstance(context, pd.Categorical) else
+        x_codes, x_u = _factorize32(context if isinstance(context, pd.Categorical) else
                                     np.asarray(context, dtype=object))
         x_u = np.asarray(x_u, dtype=object)
-        generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)[n_codes]
-        key = (category.astype(np.int64) * max(len(x_u), 1) + x_codes) * 2 + generic
-        del generic
-        k_codes, k_u = pd.factorize(key)
+        key = category.astype(np.int64) * max(len(x_u), 1) + x_codes
+        del x_codes
+        key *= 2
+        key += np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int8)[n_codes]
+        k_codes, k_u = _factorize32(key)
         del key
         decided = [_context_applies(table[int(k // 2 // max(len(x_u), 1))], x_u[(k // 2) % max(len(x_u), 1)],
                                     bool(k % 2)) for k in k_u]

@@ -93,7 +93,6 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
         return WorkContext.empty(n)
     names = frames["name"].astype(str).to_numpy()
     decide = _Decider(rules)
-    qkey = pd.MultiIndex.from_arrays([pids, tids])
     row_pos = None
     if frame_rows is not None:
         row_pos = pd.Series(np.arange(len(frames)), index=frames.index).reindex(frame_rows).to_numpy()
@@ -103,23 +102,25 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
     fpid, ftid = frames["pid"].to_numpy(), frames["tid"].to_numpy()
     ctx_of = np.full(len(frames), -1, dtype=np.int64)
     mod_of = np.full(len(frames), -1, dtype=np.int64)
-    frame_idx = np.full(n, -1, dtype=np.int64)  # per query: the frame deciding its context
-    module_idx = np.full(n, -1, dtype=np.int64)  # and its innermost module's frame
+    # Per query: the frame deciding its context and its innermost module's frame. int32 and
+    # no per-query temporaries beyond the thread's own: a kernel-dense trace has millions of
+    # launches on one thread (issue 26).
+    frame_idx = np.full(n, -1, dtype=np.int32)
+    module_idx = np.full(n, -1, dtype=np.int32)
     for lo, hi in zip(starts[:-1], starts[1:]):
         if frame_rows is not None:
             q = np.flatnonzero((row_pos >= lo) & (row_pos < hi))
         else:
-            q = np.flatnonzero(qkey.isin([(fpid[lo], ftid[lo])]))
+            q = np.flatnonzero((pids == fpid[lo]) & (tids == ftid[lo]))
         if not len(q):
             continue
         top = _sweep(lo, hi, fts, fend, names, decide, ctx_of, mod_of,
-                     None if frame_rows is not None else ts[q])
+                     None if frame_rows is not None else (ts if len(q) == n else ts[q]))
         sel = row_pos[q].astype(np.int64) if frame_rows is not None else top
         ok = sel >= 0
-        c = np.where(ok, ctx_of[np.where(ok, sel, 0)], -1)
-        m = np.where(ok, mod_of[np.where(ok, sel, 0)], -1)
-        frame_idx[q] = c
-        module_idx[q] = m
+        q, sel = q[ok], sel[ok]
+        frame_idx[q] = ctx_of[sel]
+        module_idx[q] = mod_of[sel]
     return WorkContext.of_frames(frame_idx, module_idx, names, decide.own)
 
 
