@@ -14,6 +14,7 @@ GPU time falls in: GPU work runs behind the CPU (a 2.4 ms annotation whose kerne
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -319,9 +320,24 @@ def text_codes(values: pd.Series | pd.Categorical | np.ndarray) -> pd.Categorica
     over millions of rows: a str object per row was most of stage 05's peak (issue 26)."""
     if isinstance(values, pd.Categorical) or (
             isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype)):
-        c = (values if isinstance(values, pd.Categorical) else values.array).remove_unused_categories()
-        return c.reorder_categories(sorted(c.categories))
+        return _used_sorted(values if isinstance(values, pd.Categorical) else values.array)
     return pd.Categorical(np.asarray(values, dtype=object))
+
+
+def _used_sorted(c: pd.Categorical) -> pd.Categorical:
+    """`c` with only the categories it uses, sorted: what remove_unused_categories and then
+    reorder_categories(sorted(...)) give, through a lookup of its codes. Those two made an
+    int64 inverse and a sort per row, ~25 bytes per event for each column (issue 26)."""
+    codes = c.codes
+    used = np.zeros(len(c.categories), dtype=bool)
+    used[codes[codes >= 0]] = True
+    old = np.flatnonzero(used)
+    dtype = pd.CategoricalDtype(sorted(c.categories[old]), ordered=c.ordered)
+    n = len(dtype.categories)
+    width = np.int8 if n < 127 else np.int16 if n < 32_767 else np.int32  # pandas' own code width
+    lut = np.full(len(c.categories) + 1, -1, dtype=width)  # the last entry: code -1 stays -1
+    lut[old] = dtype.categories.get_indexer(c.categories[old])
+    return pd.Categorical.from_codes(lut[codes], dtype=dtype)
 
 
 GPU_ATTRIBUTIONS = ("none", WHOLE_TRACE, "launch_thread", "launch_process", "before_capture",
@@ -337,14 +353,15 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     The device rows are read column by column at their positions, never copied as a frame,
     and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
     cost ~70 bytes per event (issue 26)."""
-    rows = np.flatnonzero(ev["cat"].isin(DEVICE_CATS).to_numpy())
+    rows = narrow_ints(np.flatnonzero(ev["cat"].isin(DEVICE_CATS).to_numpy()))
     launches = ev[ev["cat"].isin(LAUNCH_CATS) & (ev["correlation"] >= 0)]
     launches = launches.drop_duplicates("correlation", keep="first")
     lk = launches.set_index("correlation")
     corr = ev["correlation"].to_numpy()[rows]
     has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
-    lpid = np.full(len(rows), -10**9, dtype=np.int64)
-    ltid = lpid.copy()
+    # the launch's pid and tid in the event table's own int width (-10**9: no launch)
+    lpid = np.full(len(rows), -10**9, dtype=ev["pid"].dtype if ev["pid"].dtype.kind == "i" else np.int64)
+    ltid = np.full(len(rows), -10**9, dtype=ev["tid"].dtype if ev["tid"].dtype.kind == "i" else np.int64)
     lts = np.full(len(rows), np.nan)
     graph = np.zeros(len(rows), dtype=bool)
     if has.any():
@@ -362,19 +379,28 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     del lpid, ltid
     names = ev["name"].array[rows]
     cats, source = categorize_work(names, ev["cat"].array[rows], rules, ctx.category, as_codes=True)
-    dur = ev["dur"].to_numpy()[rows]
+    # The columns in order, each source let go once converted: every array held at once was
+    # ~40 bytes per event over the table itself (issue 26).
+    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=np.int64), "step_id": step}
+    del step
+    col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
+    col["category"], col["name"] = text_codes(cats), text_codes(names)
+    del how, cats, names
     stream = ev["stream"].to_numpy()[rows]
-    work = pd.DataFrame({
-        "rank": rank, "step_id": step,
-        "attribution": text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS))),
-        "category": text_codes(cats), "name": text_codes(names),
-        "stream": narrow_ints(np.where(stream >= 0, stream, ev["tid"].to_numpy()[rows]).astype(np.int64)),
-        "start_us": ts, "end_us": ts + dur, "dur_us": dur, "is_call": True,
-        "op_row": narrow_ints(ev.index.to_numpy()[rows].astype(np.int64)), "launch_us": lts,
-        "correlation": narrow_ints(corr.astype(np.int64)),
-        "msg_nelems": narrow_ints(_nelems(ev, rows)), "category_source": text_codes(source),
-        "op_context": text_codes(ctx.frame), "module": text_codes(ctx.module), "graph_launch": graph,
-    }, copy=False)  # the arrays above are this frame's own: a copy held the work table twice
+    col["stream"] = narrow_ints(np.where(stream >= 0, stream, ev["tid"].to_numpy()[rows]).astype(np.int64))
+    del stream
+    dur = ev["dur"].to_numpy()[rows]
+    col.update(start_us=ts, end_us=ts + dur, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
+    del ts, dur
+    col["op_row"] = narrow_ints(ev.index.to_numpy()[rows].astype(np.int64))
+    col["launch_us"] = lts
+    col["correlation"] = narrow_ints(corr.astype(np.int64))
+    col["msg_nelems"] = narrow_ints(_nelems(ev, rows))
+    del rows, corr
+    col["category_source"] = text_codes(source)
+    col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
+    del source, ctx
+    work = pd.DataFrame(col, copy=False)  # the arrays are this frame's own: a copy held the table twice
     info["n_launch_missing"] = int((~has).sum())
     return work
 
