@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON). On
-2026-12-02, kernel-dense: 2 M kernels (371 MB JSON) peak 637 MB (1.72x, 277 bytes per device
-event above the imports), 10 M kernels (1,868 MB) 2,555 MB (1.37x, 257 bytes; 158 s). Before per-event
-text became codes and whole-table copies went (34dd664, same day, same machine): 2 M peaked at
-1,210 MB (3.26x), 10 M at 4,049 MB (2.17x; 220 s). trace.budget's estimate reads these.
+2026-12-02 (a69cef7), kernel-dense: 2 M kernels (371 MB JSON) peak 468 MB (1.26x, 189 bytes per
+device event above the imports), 10 M kernels (1,868 MB) 1,764 MB (0.94x, 174 bytes; 136 s).
+Earlier the same day (ec4d347): 637 MB (1.72x) and 2,555 MB (1.37x, 158 s); at 34dd664, 1,210 MB
+(3.26x) and 4,049 MB (2.17x; 220 s). trace.budget's estimate reads these.
 
 Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
 (timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so
