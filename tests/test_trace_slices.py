@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.trace import account, steps
+from stepscope.trace import account, categorize, steps
 from stepscope.trace.analyze import analyze_rank
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.load import load_rank
@@ -78,6 +78,7 @@ def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, mo
     whole = analyze_rank(load_rank(real_traces / name, allow_no_rank=True), rules)
     monkeypatch.setattr(account, "UNION_CHUNK_ROWS", 5)
     monkeypatch.setattr(steps, "ENCLOSING_CHUNK_ROWS", 3)
+    monkeypatch.setattr(categorize, "FACTORIZE_CHUNK_ROWS", 4)
     rt = load_rank(real_traces / name, allow_no_rank=True)
     sliced = analyze_rank(rt, rules, consume=True)
     assert rt.events is None  # let go: stage 05 keeps no second copy of the device rows
@@ -85,3 +86,36 @@ def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, mo
     for key, table in _tables(whole).items():
         pd.testing.assert_frame_equal(_tables(sliced)[key], table, check_exact=True, obj=key)
     assert sliced.totals == whole.totals and sliced.info == whole.info
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
+def test_factorizing_keys_in_slices_equals_pandas(monkeypatch, chunk):
+    monkeypatch.setattr(categorize, "FACTORIZE_CHUNK_ROWS", chunk)
+    rng = np.random.default_rng(chunk)
+    for _ in range(100):
+        keys = rng.integers(-3, int(rng.integers(1, 30)), int(rng.integers(0, 60))) * 1_000_003
+        codes, uniq = categorize._factorize_keys(len(keys), lambda s: keys[s])
+        want_codes, want_uniq = pd.factorize(keys)  # first appearance order
+        assert codes.dtype == np.int32
+        assert codes.tolist() == want_codes.tolist() and uniq.tolist() == want_uniq.tolist()
+
+
+def test_map_codes_is_remove_unused_then_sorted_and_judges_each_value_once():
+    from stepscope.trace.codes import map_codes
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        cats = list(dict.fromkeys(rng.choice(list("qwertyuiop"), int(rng.integers(1, 8)))))
+        codes = rng.integers(-1, len(cats), int(rng.integers(0, 30)))
+        c = pd.Categorical.from_codes(codes, categories=cats)
+        want = c.remove_unused_categories()
+        want = want.reorder_categories(sorted(want.categories))
+        got = map_codes(c)
+        assert list(got.categories) == list(want.categories) and got.codes.tolist() == want.codes.tolist()
+    c = pd.Categorical(["b", "a", None, "b", "c"])
+    seen = []
+    upper = map_codes(c, lambda x: seen.append(x) or ("X" if x == "c" else x.upper()), missing="Z")
+    assert sorted(seen) == ["a", "b", "c"]  # once per used value, not per row
+    assert list(upper) == ["B", "A", "Z", "B", "X"] and list(upper.categories) == ["A", "B", "X", "Z"]
+    only_a = map_codes(c, {"a": "p"}.get)  # a None value is missing
+    assert only_a.isna().tolist() == [True, False, True, True, True] and list(only_a.categories) == ["p"]

@@ -23,6 +23,7 @@ import pandas as pd
 
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
+from stepscope.trace.codes import text_column_codes
 
 
 def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -413,7 +414,19 @@ def _decode_rows(work: pd.DataFrame, step_ids: np.ndarray, columns: list[str]) -
     """The rows of `step_ids`, only the `columns` read (those present): a copy of every column
     of the work table was a large part of stage 05's peak on a kernel-dense trace (issue 26)."""
     keep = [c for c in columns if c in work]
-    return work.loc[work["step_id"].isin(step_ids).to_numpy(), keep]
+    rows = _in_steps(work["step_id"].to_numpy(), step_ids)
+    return work[keep] if rows.all() else work.loc[rows, keep]  # all rows: the columns, not a copy
+
+
+def _in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
+    """Per row, its step is one of `step_ids`: a lookup by step id (ids are 0..n-1, -1 for
+    none), not isin's hash table over every row."""
+    ids = np.asarray(step_ids, dtype=np.int64)
+    if not len(ids) or ids.min() < 0 or not len(step_id):
+        return np.isin(step_id, ids)
+    known = np.zeros(int(max(ids.max(), step_id.max())) + 2, dtype=bool)  # the last entry: -1
+    known[ids] = True
+    return known[step_id]
 
 
 def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -520,18 +533,6 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     at = np.array([table.index(x) for x in label], dtype=np.int32)
     return pd.Series(pd.Categorical.from_codes(at[codes] if len(codes) else codes.astype(np.int32),
                                                categories=pd.Index(table, dtype=object)), index=work.index)
-
-
-def text_column_codes(col: pd.Series | None, n: int, blank: str = "") -> tuple[np.ndarray, list]:
-    """(codes, values) of a per-event text column: its Categorical codes, else factorized (-1
-    for a missing value); no column at all is `blank` throughout. The one way stage 05 reads a
-    text column per event without a str per row (issue 26)."""
-    if col is None:
-        return np.zeros(n, dtype=np.int64), [blank]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        return col.cat.codes.to_numpy(), list(col.cat.categories)
-    codes, uniq = pd.factorize(col.to_numpy(object))
-    return codes, list(uniq)
 
 
 def _decision_label(source: object, context: object) -> str:

@@ -21,8 +21,10 @@ from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
-from stepscope.trace.steps import WHOLE_TRACE, build_work, find_steps, spec_decode_steps, unknown_step_names
+from stepscope.trace.steps import (WHOLE_TRACE, positional_index, build_work, find_steps, spec_decode_steps,
+                                   unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
+from stepscope.trace.codes import in_values
 
 
 EXPOSED_NOTE = (
@@ -255,6 +257,8 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     05): `rt.events` is let go once the work table is built, and the analysis keeps only its
     host rows, when the device rows were the larger part (issue 26)."""
     ev = rt.events
+    if consume:  # before the shift below: the rank's table would hold a second `ts` meanwhile
+        rt.events = None
     # Work in µs from the trace's first kept event: absolute Kineto timestamps (~1e12 µs)
     # keep only ~0.2 ns resolution, enough to make ts+dur-ts differ from dur. The shift
     # itself is exact (Sterbenz), so every relative time is the trace's own.
@@ -268,11 +272,10 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
     args = _device_row_reads(ev, work, rt.mode)
     if consume:
-        rt.events = None
         ev = _host_rows(ev)
     step_cats, step_tot = acc.account_steps(work, steps)
-    host = ev.loc[ev["cat"].isin(LAUNCH_CATS), ["ts", "dur", "name"]]
-    frames = ev.loc[ev["cat"].isin(("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
+    host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
+    frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
     step_tot = step_tot.merge(step_idle(work, step_tot, host, frames), on="step_id", how="left")
     rank_cats, totals = acc.account_rank(work)
     rank_cats.insert(0, "rank", rt.rank)
@@ -300,13 +303,18 @@ def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str) -> pd.Ser
     work["recompute"] = recompute_mask(ev, work)
     if mode != "gpu" or "collective" not in ev:
         return None
-    return pd.Series(ev["collective"].reindex(work["op_row"].to_numpy()).array, index=work.index)
+    col = ev["collective"]
+    if positional_index(ev.index):
+        # op_row is then a position: a take of the codes, not a label lookup (~35 bytes per
+        # device event of hash table and indexer, stage 05's peak on a kernel-dense trace).
+        return pd.Series(col.array.take(work["op_row"].to_numpy()), index=work.index)
+    return pd.Series(col.reindex(work["op_row"].to_numpy()).array, index=work.index)
 
 
 def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
     """The event table without its device rows (the work table holds them), when they are the
     larger part: the host rows are copied, which costs more than it frees otherwise."""
-    device = ev["cat"].isin(DEVICE_CATS).to_numpy()
+    device = in_values(ev["cat"], DEVICE_CATS)
     n_device = int(device.sum())
     return ev[~device] if n_device > len(ev) - n_device else ev
 
@@ -316,10 +324,14 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
     """The rank's tables that read the module tree and the kernels' args: category_kernels
     (with each kernel's module), the category levers, time per module (`trace.modules`), and
     its collectives' sizes (`collectives.collective_sizes`; GPU traces)."""
+    from stepscope.trace.codes import map_codes
     from stepscope.trace.modules import module_paths, module_table
 
     paths = module_paths(ev)
-    work["module_path"] = work["module"].map(paths) if paths else None  # by category, not per row
+    # codes, judged once per module: an object column (None throughout without module frames)
+    # was 8 bytes per kernel, in the work table and each decode-row copy of it (issue 26)
+    mods = work["module"].array
+    work["module_path"] = map_codes(mods if isinstance(mods, pd.Categorical) else pd.Categorical(mods), paths.get)
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
     sizes = coll.collective_sizes(work, args, judged, world, rank) if mode == "gpu" else \
         pd.DataFrame(columns=coll.SIZE_COLUMNS)

@@ -29,6 +29,7 @@ import pandas as pd
 import yaml
 
 from stepscope.errors import ParamsError
+from stepscope.trace.codes import map_codes
 
 logger = logging.getLogger(__name__)
 
@@ -226,9 +227,39 @@ def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str
 
 
 def _factorize32(values) -> tuple[np.ndarray, Any]:
-    """pd.factorize with int32 codes: a code per event of a kernel-dense trace, 4 bytes not 8."""
+    """(int32 codes, distinct values) per event: a Categorical's own codes and categories when
+    none is missing (no copy, no hash), else pd.factorize's."""
+    if isinstance(values, pd.Categorical) and (len(values) == 0 or values.codes.min() >= 0):
+        return values.codes, values.categories
     codes, uniques = pd.factorize(values)
     return codes.astype(np.int32), uniques
+
+
+FACTORIZE_CHUNK_ROWS = 1 << 16
+"""Rows `_factorize_keys` reads at a time."""
+
+
+def _factorize_keys(n: int, key_of: Any) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize of the int64 keys `key_of(slice)` gives for rows 0..n, a slice at a time:
+    (int32 codes, the distinct keys in order of first appearance). A whole column of keys and
+    the hash table over it were ~50 bytes per event of stage 05's peak (issue 26)."""
+    codes = np.empty(n, dtype=np.int32)
+    known = np.empty(0, dtype=np.int64)  # the distinct keys so far, in first-appearance order
+    by_key = np.empty(0, dtype=np.int64)  # the positions in `known` that sort it
+    for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
+        keys = key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS))
+        u, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        at = np.minimum(np.searchsorted(known[by_key], u), max(len(known) - 1, 0))
+        seen = (known[by_key][at] == u) if len(known) else np.zeros(len(u), dtype=bool)
+        code_of_u = np.empty(len(u), dtype=np.int32)
+        code_of_u[seen] = by_key[at[seen]]
+        new = np.flatnonzero(~seen)
+        new = new[np.argsort(first[new], kind="stable")]
+        code_of_u[new] = len(known) + np.arange(len(new))
+        known = np.concatenate([known, u[new]])
+        by_key = np.argsort(known, kind="stable")
+        codes[lo:lo + len(keys)] = code_of_u[inverse.reshape(-1)]
+    return codes, known
 
 
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
@@ -244,41 +275,48 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     kernel-dense trace has millions of events and a few hundred distinct values (issue 26)."""
     n_codes, n_u = _factorize32(names)
     c_codes, c_u = _factorize32(cats)
-    pair = n_codes.astype(np.int64) * max(len(c_u), 1) + c_codes
-    del c_codes
-    p_codes, p_u = _factorize32(pair)
-    del pair
-    got = [_classify(str(n_u[p // len(c_u)]), str(c_u[p % len(c_u)]), rules) for p in p_u]
+    nc = max(len(c_u), 1)
+    p_codes, p_u = _factorize_keys(len(n_codes), lambda s: n_codes[s].astype(np.int64) * nc + c_codes[s])
+    got = [_classify(str(n_u[p // nc]), str(c_u[p % nc]), rules) for p in p_u]
     cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
     table = list(dict.fromkeys(cat_table))
     at = {v: i for i, v in enumerate(table)}
     category = np.array([at[g[0]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
     source = np.array([at[g[1]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
+    del p_codes
     if context is not None and len(context) and len(category):
-        x_codes, x_u = _factorize32(context if isinstance(context, pd.Categorical) else
-                                    np.asarray(context, dtype=object))
-        x_u = np.asarray(x_u, dtype=object)
-        key = category.astype(np.int64) * max(len(x_u), 1) + x_codes
-        del x_codes
-        key *= 2
-        key += np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int8)[n_codes]
-        k_codes, k_u = _factorize32(key)
-        del key
-        decided = [_context_applies(table[int(k // 2 // max(len(x_u), 1))], x_u[(k // 2) % max(len(x_u), 1)],
-                                    bool(k % 2)) for k in k_u]
-        for d in decided:
-            if d is not None and d not in at:
-                at[d] = len(table)
-                table.append(d)
-        new_cat = np.array([-1 if d is None else at[d] for d in decided], dtype=np.int32)[k_codes]
-        use = new_cat >= 0
-        category = np.where(use, new_cat, category)
-        source = np.where(use, np.int32(at["context"]), source)
+        _context_decides(category, source, n_codes, n_u, context, table, at)
     if as_codes:
         return (pd.Categorical.from_codes(category, categories=pd.Index(table, dtype=object)),
                 pd.Categorical.from_codes(source, categories=pd.Index(table, dtype=object)))
     objs = np.array(table, dtype=object)
     return objs[category], objs[source]
+
+
+def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarray, n_u: Any,
+                     context: np.ndarray | pd.Categorical, table: list, at: dict) -> None:
+    """Where an enclosing frame's decision overrides the name's category (`_context_applies`),
+    in place: `category` becomes the frame's and `source` "context". `table`/`at` (the codes'
+    values) grow by any category only a frame gives."""
+    x_codes, x_u = _factorize32(context if isinstance(context, pd.Categorical) else
+                                np.asarray(context, dtype=object))
+    x_u = np.asarray(x_u, dtype=object)
+    nx = max(len(x_u), 1)
+    generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)
+    k_codes, k_u = _factorize_keys(
+        len(category), lambda s: (category[s].astype(np.int64) * nx + x_codes[s]) * 2 + generic[n_codes[s]])
+    decided = [_context_applies(table[int(k // 2 // nx)], x_u[(k // 2) % nx], bool(k % 2)) for k in k_u]
+    for d in decided:
+        if d is not None and d not in at:
+            at[d] = len(table)
+            table.append(d)
+    new_cat = np.array([-1 if d is None else at[d] for d in decided], dtype=np.int32)
+    for lo in range(0, len(category), FACTORIZE_CHUNK_ROWS):
+        s = slice(lo, lo + FACTORIZE_CHUNK_ROWS)
+        nc_s = new_cat[k_codes[s]]
+        use = nc_s >= 0
+        category[s][use] = nc_s[use]
+        source[s][use] = at["context"]
 
 
 def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -300,13 +338,9 @@ def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.n
 
 def class_of(categories: pd.Series | np.ndarray) -> np.ndarray | pd.Categorical:
     """Each category's class (CATEGORY_CLASS; "compute" for any other or a missing one). A
-    Categorical in gives a Categorical out, judged once per distinct category: a str per row
-    was stage 05's largest transient on a kernel-dense trace (~100 bytes per event, issue 26)."""
+    Categorical in gives a Categorical out (`codes.map_codes`), judged once per distinct
+    category: a str per row was stage 05's largest transient on a kernel-dense trace."""
     s = pd.Series(categories)
     if not isinstance(s.dtype, pd.CategoricalDtype):
         return s.map(CATEGORY_CLASS).fillna("compute").to_numpy()
-    c = s.array
-    per_code = [CATEGORY_CLASS.get(x, "compute") for x in c.categories] + ["compute"]  # last: missing
-    names, inverse = np.unique(np.asarray(per_code, dtype=object), return_inverse=True)
-    codes = np.where(c.codes >= 0, c.codes, len(per_code) - 1)
-    return pd.Categorical.from_codes(inverse.astype(np.int16)[codes], categories=names)
+    return map_codes(s.array, lambda x: CATEGORY_CLASS.get(x, "compute"), missing="compute")

@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
-from stepscope.trace.account import covered_length, text_column_codes
+from stepscope.trace.account import covered_length
+from stepscope.trace.codes import text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,

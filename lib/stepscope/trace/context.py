@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.frames import MODULE_PREFIX
+from stepscope.trace.codes import in_values
 
 if TYPE_CHECKING:
     from stepscope.trace.categorize import ContextRule
@@ -76,7 +77,7 @@ def _by_frame(idx: np.ndarray, value_of) -> pd.Categorical:
 
 def context_frames(ev: pd.DataFrame) -> pd.DataFrame:
     """The frame events of a rank (CPU threads only), in start order, outer frame first on ties."""
-    fr = ev[ev["cat"].isin(FRAME_CATS)]
+    fr = ev[in_values(ev["cat"], FRAME_CATS)]
     fr = fr.assign(end=fr["ts"] + fr["dur"], neg_dur=-fr["dur"])
     return fr.sort_values(["pid", "tid", "ts", "neg_dur"], kind="stable")
 
@@ -108,20 +109,27 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
     frame_idx = np.full(n, -1, dtype=np.int32)
     module_idx = np.full(n, -1, dtype=np.int32)
     for lo, hi in zip(starts[:-1], starts[1:]):
-        if frame_rows is not None:
-            q = np.flatnonzero((row_pos >= lo) & (row_pos < hi))
-        else:
-            q = np.flatnonzero((pids == fpid[lo]) & (tids == ftid[lo]))
-        if not len(q):
+        on = (row_pos >= lo) & (row_pos < hi) if frame_rows is not None else \
+            (pids == fpid[lo]) & (tids == ftid[lo])
+        q = None if on.all() else np.flatnonzero(on)  # None: every query (one thread holds them all)
+        del on
+        if q is not None and not len(q):
             continue
         top = _sweep(lo, hi, fts, fend, names, decide, ctx_of, mod_of,
-                     None if frame_rows is not None else (ts if len(q) == n else ts[q]))
-        sel = row_pos[q].astype(np.int64) if frame_rows is not None else top
-        ok = sel >= 0
-        q, sel = q[ok], sel[ok]
-        frame_idx[q] = ctx_of[sel]
-        module_idx[q] = mod_of[sel]
+                     None if frame_rows is not None else (ts if q is None else ts[q]))
+        sel = (row_pos if q is None else row_pos[q]).astype(np.int64) if frame_rows is not None else top
+        del top
+        for a in range(0, len(sel), CONTEXT_CHUNK_ROWS):
+            s = sel[a:a + CONTEXT_CHUNK_ROWS]
+            ok = s >= 0
+            qs = (np.arange(a, a + len(s)) if q is None else q[a:a + CONTEXT_CHUNK_ROWS])[ok]
+            frame_idx[qs] = ctx_of[s[ok]]
+            module_idx[qs] = mod_of[s[ok]]
     return WorkContext.of_frames(frame_idx, module_idx, names, decide.own)
+
+
+CONTEXT_CHUNK_ROWS = 1 << 16
+"""Queries `work_context` writes back at a time."""
 
 
 class _Decider:
@@ -149,8 +157,11 @@ def _sweep(lo: int, hi: int, fts: np.ndarray, fend: np.ndarray, names: np.ndarra
     Returns, per query time in `qts` (any order), the frame on top of the stack then (-1: none).
     """
     stack: list[int] = []
-    order = np.argsort(qts, kind="stable") if qts is not None else np.zeros(0, np.int64)
-    top = np.full(len(order), -1, dtype=np.int64)
+    # int32 positions, and no sort when the queries come in time order (launches do)
+    in_order = qts is not None and bool((qts[1:] >= qts[:-1]).all())
+    order = (np.arange(0) if qts is None else np.arange(len(qts), dtype=np.int32) if in_order
+             else np.argsort(qts, kind="stable").astype(np.int32))
+    top = np.full(len(order), -1, dtype=np.int32)
     k = 0
     for j in range(lo, hi):
         t = fts[j]

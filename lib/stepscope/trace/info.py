@@ -23,6 +23,7 @@ from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
 from stepscope.trace.steps import TRAINING_ANN, TRAINING_KERNEL, WHOLE_TRACE
 from stepscope.wording import short_name
+from stepscope.trace.codes import in_values
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -146,7 +147,7 @@ def kind_evidence(ev: pd.DataFrame) -> dict[str, list[str]]:
     `model_passes` (diffusion) counts the denoiser's forward calls: a profiler step of a
     pipeline holds several passes, not one."""
     # only the host rows are read: a device-dense trace's kernel names are not copied
-    host = ~ev["cat"].isin(("kernel", "gpu_memcpy", "gpu_memset")).to_numpy()
+    host = ~in_values(ev["cat"], ("kernel", "gpu_memcpy", "gpu_memset"))
     names = ev["name"][host].astype(str)
     cat = ev["cat"][host]
     ann = names[cat.isin(("user_annotation", "gpu_user_annotation"))]
@@ -307,7 +308,7 @@ def host_only_of_gpu_job(ev: pd.DataFrame, mode: str) -> list[str]:
     device events or a CPU engine's, whose ops name neither."""
     if mode != "cpu":
         return []
-    host = ev["cat"].isin(("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")).to_numpy()
+    host = in_values(ev["cat"], ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"))
     return _hits(ev["name"][host].astype(str), _GPU_LIBRARY_OP, "op")
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.frames import MODULE_PREFIX
+from stepscope.trace.codes import in_values
 
 MODULE_COLUMNS = ["rank", "path", "module", "depth", "n_instances", "n_steps", "calls_per_step",
                   "self_ms_per_step", "sum_ms_per_step", "recompute_ms_per_step", "share_of_device",
@@ -152,10 +153,11 @@ def recompute_mask(ev: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
     """Per work row: launched (a kernel) or run (a CPU op) inside a `recompute_fn` frame on its
     thread, i.e. activation-checkpoint recompute rather than the first forward."""
     out = np.zeros(len(work), dtype=bool)
-    fr = ev[(ev["cat"] == "python_function") & ev["name"].str.contains(RECOMPUTE_FRAME)]
+    fr = ev[ev["cat"] == "python_function"]  # the names of these rows only: a mask per event otherwise
+    fr = fr[fr["name"].str.contains(RECOMPUTE_FRAME)]
     if fr.empty or work.empty:
         return out
-    launches = ev[ev["cat"].isin(("cuda_runtime", "cuda_driver")) & (ev["correlation"] >= 0)]
+    launches = ev[in_values(ev["cat"], ("cuda_runtime", "cuda_driver")) & (ev["correlation"] >= 0)]
     lk = launches.drop_duplicates("correlation").set_index("correlation")[["pid", "tid", "ts"]]
     corr = work["correlation"].to_numpy()
     hit = lk.reindex(corr)

@@ -518,7 +518,10 @@ class ParsedTrace:
         data["cat"] = pd.Categorical.from_codes(c["cat"].astype(np.int16), categories=list(KEPT_CATS))
         data["name"] = pd.Categorical.from_codes(c["name"], categories=self.names)
         data["collective"] = pd.Categorical.from_codes(c["collective"], categories=self.collectives)
-        return pd.DataFrame({k: data[k] for k in SLIM_COLUMNS})
+        # copy=False: one block per column, the arrays themselves. A copy consolidates them into
+        # 2-D blocks by dtype (held twice meanwhile), and then no column can be let go alone:
+        # stage 05's shifted `ts` kept the loaded one alive beside it (issue 26).
+        return pd.DataFrame({k: data[k] for k in SLIM_COLUMNS}, copy=False)
 
 
 _CAT_INDEX = {c: i for i, c in enumerate(KEPT_CATS)}

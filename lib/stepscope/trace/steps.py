@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
+from stepscope.trace.codes import text_codes, in_values
 from stepscope.trace.context import launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 from stepscope.trace.parse import narrow_ints
@@ -146,7 +147,7 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
     source = None
     # Device work on GPU traces (their few cpu_ops are only context frames), ops on CPU traces.
     # By mask, not a copy of the work rows (most of a kernel-dense trace's table).
-    work_rows = ev["cat"].isin(DEVICE_CATS).to_numpy()
+    work_rows = in_values(ev["cat"], DEVICE_CATS)
     if not work_rows.any():
         work_rows = (ev["cat"] == "cpu_op").to_numpy()
     w_ts = ev["ts"].to_numpy(float)[work_rows]
@@ -169,7 +170,7 @@ def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
                                  pid=r.pid, tid=r.tid, ts=r.ts, dur=r.dur))
             break
     if source is None:
-        rt = ev[ev["cat"].isin(LAUNCH_CATS)]
+        rt = ev[in_values(ev["cat"], LAUNCH_CATS)]
         graph = rt[rt["name"].astype(str).str.match(_GRAPH_LAUNCH)].sort_values("ts")
         if len(graph):
             source = "graph_launches"
@@ -206,8 +207,8 @@ def _unknown_step(name: str, pid, tid, ts: float, dur: float) -> dict:
 
 def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndarray,
                by_thread: bool) -> np.ndarray:
-    """step_id of the step enclosing time t on the same thread (or process), else -1."""
-    out = np.full(len(t), -1, dtype=np.int64)
+    """step_id of the step enclosing time t on the same thread (or process), else -1 (int32)."""
+    out = np.full(len(t), -1, dtype=np.int32)
     if len(steps) == 0 or len(t) == 0:
         return out
     keys = ["pid", "tid"] if by_thread else ["pid"]
@@ -218,19 +219,19 @@ def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndar
         starts = g["ts"].to_numpy(float)
         ends = starts + g["dur"].to_numpy(float)
         ids = g["step_id"].to_numpy()
-        if whole:
-            mask = np.ones(len(t), bool)
-        else:
-            key = key if isinstance(key, tuple) else (key,)
-            mask = pid == key[0]
-            if by_thread:
-                mask &= tid == key[1]
-        rows = np.flatnonzero(mask)
-        del mask
-        # A slice of rows at a time: the temporaries of one pass over millions of kernels
-        # were ~90 bytes each, stage 05's peak on a kernel-dense trace (issue 26).
-        for lo in range(0, len(rows), ENCLOSING_CHUNK_ROWS):
-            idx = rows[lo:lo + ENCLOSING_CHUNK_ROWS]
+        key = key if isinstance(key, tuple) else (key,)
+        # A slice of rows at a time, the thread's rows found within it: one pass over millions
+        # of kernels made temporaries of ~90 bytes each, a mask and positions per row ~10 more
+        # (issue 26).
+        for lo in range(0, len(t), ENCLOSING_CHUNK_ROWS):
+            sl = slice(lo, lo + ENCLOSING_CHUNK_ROWS)
+            if whole:
+                idx = np.arange(lo, min(lo + ENCLOSING_CHUNK_ROWS, len(t)))
+            else:
+                mask = pid[sl] == key[0]
+                if by_thread:
+                    mask &= tid[sl] == key[1]
+                idx = lo + np.flatnonzero(mask)
             ti = t[idx]
             pos = np.searchsorted(starts, ti, side="right") - 1
             ok = pos >= 0
@@ -303,41 +304,16 @@ _NCCL_CALL_ANNOTATION = re.compile(r"^nccl:\w+")
 
 
 def _nelems(ev: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
-    """`In msg nelems` per event (-1 for none), of `rows` (positions) when given."""
+    """`In msg nelems` per event (-1 for none), of `rows` (positions) when given; ints of the
+    event table's width (int32 where every size fits, `parse.narrow_ints`)."""
     n = len(ev) if rows is None else len(rows)
     if "msg_nelems" not in ev:
         return np.full(n, -1, dtype=np.int64)
     col = ev["msg_nelems"]
     if col.dtype.kind != "i":
         col = pd.to_numeric(col, errors="coerce").fillna(-1)
-    vals = col.to_numpy(np.int64)
+    vals = col.to_numpy()  # in the table's own width: int64 throughout was 8 bytes per event
     return vals if rows is None else vals[rows]
-
-
-def text_codes(values: pd.Series | pd.Categorical | np.ndarray) -> pd.Categorical:
-    """A per-event text column as codes into its distinct values, sorted (so a groupby or a
-    sort orders it as it orders the text). A kernel-dense trace repeats a few hundred names
-    over millions of rows: a str object per row was most of stage 05's peak (issue 26)."""
-    if isinstance(values, pd.Categorical) or (
-            isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype)):
-        return _used_sorted(values if isinstance(values, pd.Categorical) else values.array)
-    return pd.Categorical(np.asarray(values, dtype=object))
-
-
-def _used_sorted(c: pd.Categorical) -> pd.Categorical:
-    """`c` with only the categories it uses, sorted: what remove_unused_categories and then
-    reorder_categories(sorted(...)) give, through a lookup of its codes. Those two made an
-    int64 inverse and a sort per row, ~25 bytes per event for each column (issue 26)."""
-    codes = c.codes
-    used = np.zeros(len(c.categories), dtype=bool)
-    used[codes[codes >= 0]] = True
-    old = np.flatnonzero(used)
-    dtype = pd.CategoricalDtype(sorted(c.categories[old]), ordered=c.ordered)
-    n = len(dtype.categories)
-    width = np.int8 if n < 127 else np.int16 if n < 32_767 else np.int32  # pandas' own code width
-    lut = np.full(len(c.categories) + 1, -1, dtype=width)  # the last entry: code -1 stays -1
-    lut[old] = dtype.categories.get_indexer(c.categories[old])
-    return pd.Categorical.from_codes(lut[codes], dtype=dtype)
 
 
 GPU_ATTRIBUTIONS = ("none", WHOLE_TRACE, "launch_thread", "launch_process", "before_capture",
@@ -353,8 +329,8 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     The device rows are read column by column at their positions, never copied as a frame,
     and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
     cost ~70 bytes per event (issue 26)."""
-    rows = narrow_ints(np.flatnonzero(ev["cat"].isin(DEVICE_CATS).to_numpy()))
-    launches = ev[ev["cat"].isin(LAUNCH_CATS) & (ev["correlation"] >= 0)]
+    rows = narrow_ints(np.flatnonzero(in_values(ev["cat"], DEVICE_CATS)))
+    launches = ev[in_values(ev["cat"], LAUNCH_CATS) & (ev["correlation"] >= 0)]
     launches = launches.drop_duplicates("correlation", keep="first")
     lk = launches.set_index("correlation")
     corr = ev["correlation"].to_numpy()[rows]
@@ -381,21 +357,22 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     cats, source = categorize_work(names, ev["cat"].array[rows], rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
     # ~40 bytes per event over the table itself (issue 26).
-    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=np.int64), "step_id": step}
+    # int32 rank and step ids (a rank's steps number far below 2**31): 12 bytes per event less.
+    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=np.int32), "step_id": step}
     del step
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
     col["category"], col["name"] = text_codes(cats), text_codes(names)
     del how, cats, names
     stream = ev["stream"].to_numpy()[rows]
-    col["stream"] = narrow_ints(np.where(stream >= 0, stream, ev["tid"].to_numpy()[rows]).astype(np.int64))
+    col["stream"] = narrow_ints(_as_ints(np.where(stream >= 0, stream, ev["tid"].to_numpy()[rows])))
     del stream
     dur = ev["dur"].to_numpy()[rows]
     col.update(start_us=ts, end_us=ts + dur, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
-    col["op_row"] = narrow_ints(ev.index.to_numpy()[rows].astype(np.int64))
+    col["op_row"] = rows.copy() if positional_index(ev.index) else narrow_ints(_as_ints(ev.index.to_numpy()[rows]))
     col["launch_us"] = lts
-    col["correlation"] = narrow_ints(corr.astype(np.int64))
-    col["msg_nelems"] = narrow_ints(_nelems(ev, rows))
+    col["correlation"] = narrow_ints(_as_ints(corr))
+    col["msg_nelems"] = _nelems(ev, rows)
     del rows, corr
     col["category_source"] = text_codes(source)
     col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
@@ -405,29 +382,46 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     return work
 
 
+def _as_ints(values: np.ndarray) -> np.ndarray:
+    """`values` as they are when ints (int32 stays int32), else int64: int64 throughout, then
+    narrowed, was a transient 8 bytes per event for each such column (issue 26)."""
+    return values if values.dtype.kind == "i" else values.astype(np.int64)
+
+
+def positional_index(index: pd.Index) -> bool:
+    """The index is 0..n-1: its labels are the row positions."""
+    return isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1
+
+
 def _attribute_device(steps: pd.DataFrame, launches: pd.DataFrame, corr: np.ndarray, has: np.ndarray,
                       lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray, ts: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
     """(step_id, attribution code into GPU_ATTRIBUTIONS) per device event: its launch's step,
     else the step its launch (or, with no launch, the event itself) follows."""
-    step = np.full(len(corr), -1, dtype=np.int64)
+    step = np.full(len(corr), -1, dtype=np.int32)
     how = np.zeros(len(corr), dtype=np.int8)
     if steps["pid"].eq(-1).all():  # whole-trace step
         step[:] = 0
         how[:] = _HOW[WHOLE_TRACE]
         return step, how
-    st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
-    idx = np.flatnonzero(has)
-    step[idx] = st
-    how[idx[st >= 0]] = _HOW["launch_thread"]
+    if has.all():  # every launch found: no copy of their columns (~25 bytes per event)
+        step = _enclosing(steps, lpid, ltid, lts, by_thread=True)
+        how[step >= 0] = _HOW["launch_thread"]
+        miss = np.flatnonzero(step < 0)
+    else:
+        idx = np.flatnonzero(has)
+        st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
+        step[idx] = st
+        how[idx[st >= 0]] = _HOW["launch_thread"]
+        miss = idx[st < 0]
+        del st, idx
     # Launch on a thread without steps (e.g. autograd's backward thread):
     # the step of the same process that encloses the launch.
-    miss = idx[st < 0]
     if len(miss):
         st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
         step[miss] = st2
         how[miss[st2 >= 0]] = _HOW["launch_process"]
-    del st, idx
+    del miss
     # Launched between two steps: the last step that began before the launch
     # (its tail, e.g. an output copy). No launch in the trace at all: the last
     # step that began before the work itself did.
@@ -468,7 +462,7 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     pieces = cpu_self_intervals(ops)
     src = ops.loc[pieces["row"].to_numpy()]
     if threads is None:
-        step = np.zeros(len(pieces), dtype=np.int64)
+        step = np.zeros(len(pieces), dtype=np.int32)
         how = np.full(len(pieces), WHOLE_TRACE, dtype=object)
     else:
         # An op belongs to the step enclosing its start on its own thread.
@@ -539,7 +533,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
         work = _gpu_work(ev, steps, rules, rank, info)
     else:
         work = _cpu_work(ev, steps, rules, rank, info)
-    work["class"] = text_codes(class_of(work["category"]))
+    work["class"] = class_of(work["category"])
     coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()
     if mode == "cpu":
         # Count each collective once: at its entry op (see _C10D_CALL), not its

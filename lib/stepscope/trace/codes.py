@@ -1,0 +1,68 @@
+"""Per-event text as codes: the one home of how stage 05 keeps and maps a text column.
+
+A kernel-dense trace repeats a few hundred names over millions of rows. A str object per row
+(even one object array of them) was most of stage 05's peak memory (issue 26), so per-event
+text is a pandas Categorical: codes into its distinct values. Anything read from a text value
+(a class, a module path) is judged once per distinct value and given back as codes too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def map_codes(c: pd.Categorical, value_of: Callable[[Any], Any] | None = None,
+              missing: Any = None) -> pd.Categorical:
+    """Per row of `c`, `value_of(its value)` (the value itself when None; `missing` for a
+    missing one), each used category judged once. The result keeps only the values it uses,
+    sorted, so a groupby or a sort orders it as it orders the text; a None value is missing.
+    Through a lookup of the codes: remove_unused_categories then reorder_categories made an
+    int64 inverse and a sort per row, ~25 bytes per event for each column (issue 26)."""
+    codes = c.codes
+    used = np.zeros(len(c.categories) + 1, dtype=bool)  # the last entry: code -1 (missing)
+    used[codes] = True
+    old = np.flatnonzero(used[:-1])
+    values = list(c.categories[old]) if value_of is None else [value_of(x) for x in c.categories[old]]
+    if used[-1]:
+        values.append(missing)
+    dtype = pd.CategoricalDtype(sorted({v for v in values if v is not None}), ordered=c.ordered)
+    n = len(dtype.categories)
+    width = np.int8 if n < 127 else np.int16 if n < 32_767 else np.int32  # pandas' own code width
+    lut = np.full(len(c.categories) + 1, -1, dtype=width)
+    if n:
+        at = {v: i for i, v in enumerate(dtype.categories)}
+        lut[np.append(old, len(c.categories)) if used[-1] else old] = [at.get(v, -1) for v in values]
+    return pd.Categorical.from_codes(lut[codes], dtype=dtype)
+
+
+def text_codes(values: pd.Series | pd.Categorical | np.ndarray) -> pd.Categorical:
+    """A per-event text column as codes into the distinct values it uses, sorted."""
+    if isinstance(values, pd.Categorical) or (
+            isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype)):
+        return map_codes(values if isinstance(values, pd.Categorical) else values.array)
+    return pd.Categorical(np.asarray(values, dtype=object))
+
+
+def text_column_codes(col: pd.Series | None, n: int, blank: str = "") -> tuple[np.ndarray, list]:
+    """(codes, values) of a per-event text column: its Categorical codes, else factorized (-1
+    for a missing value); no column at all is `blank` throughout."""
+    if col is None:
+        return np.zeros(n, dtype=np.int64), [blank]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.cat.codes.to_numpy(), list(col.cat.categories)
+    codes, uniq = pd.factorize(col.to_numpy(object))
+    return codes, list(uniq)
+
+
+def in_values(col: pd.Series, values) -> np.ndarray:
+    """`col.isin(values)` as a bool array; on a Categorical, judged once per category. pandas'
+    isin on a Categorical made int64 codes first: 9 bytes per event for each mask (issue 26)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.array.codes
+        lut = np.append(col.array.categories.isin(list(values)), False)  # the last: code -1
+        return lut[codes]
+    return col.isin(values).to_numpy()
