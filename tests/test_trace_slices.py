@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.trace import account, categorize, steps
+from stepscope.trace import account, steps
+from stepscope.trace import codes as trace_codes
 from stepscope.trace.analyze import analyze_rank
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.load import load_rank
@@ -78,7 +79,7 @@ def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, mo
     whole = analyze_rank(load_rank(real_traces / name, allow_no_rank=True), rules)
     monkeypatch.setattr(account, "UNION_CHUNK_ROWS", 5)
     monkeypatch.setattr(steps, "ENCLOSING_CHUNK_ROWS", 3)
-    monkeypatch.setattr(categorize, "FACTORIZE_CHUNK_ROWS", 4)
+    monkeypatch.setattr(trace_codes, "FACTORIZE_CHUNK_ROWS", 4)
     rt = load_rank(real_traces / name, allow_no_rank=True)
     sliced = analyze_rank(rt, rules, consume=True)
     assert rt.events is None  # let go: stage 05 keeps no second copy of the device rows
@@ -90,11 +91,11 @@ def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, mo
 
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
 def test_factorizing_keys_in_slices_equals_pandas(monkeypatch, chunk):
-    monkeypatch.setattr(categorize, "FACTORIZE_CHUNK_ROWS", chunk)
+    monkeypatch.setattr(trace_codes, "FACTORIZE_CHUNK_ROWS", chunk)
     rng = np.random.default_rng(chunk)
     for _ in range(100):
         keys = rng.integers(-3, int(rng.integers(1, 30)), int(rng.integers(0, 60))) * 1_000_003
-        codes, uniq = categorize._factorize_keys(len(keys), lambda s: keys[s])
+        codes, uniq = trace_codes.factorize_keys(len(keys), lambda s: keys[s])
         want_codes, want_uniq = pd.factorize(keys)  # first appearance order
         assert codes.dtype == np.int32
         assert codes.tolist() == want_codes.tolist() and uniq.tolist() == want_uniq.tolist()
@@ -119,3 +120,15 @@ def test_map_codes_is_remove_unused_then_sorted_and_judges_each_value_once():
     assert list(upper) == ["B", "A", "Z", "B", "X"] and list(upper.categories) == ["A", "B", "X", "Z"]
     only_a = map_codes(c, {"a": "p"}.get)  # a None value is missing
     assert only_a.isna().tolist() == [True, False, True, True, True] and list(only_a.categories) == ["p"]
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_a_one_kernel_category_reads_the_same_sum_as_lever_and_as_kernel(real_traces: Path, name):
+    # Both tables take their sums from one group sum per (category, name) (account._name_groups);
+    # the levers once summed per category first and differed in the last bit (hta-a100-ddp-nccl).
+    r = analyze_rank(load_rank(real_traces / name, allow_no_rank=True), make_rules())
+    one = r.levers[r.levers["n_names"] == 1].set_index("category")["sum_ms_per_step"]
+    kernels = r.kernels.set_index("category")["sum_ms_per_step"]
+    assert len(one) >= 1
+    for cat, ms in one.items():
+        assert ms == kernels[cat], cat

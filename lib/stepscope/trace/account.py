@@ -23,7 +23,7 @@ import pandas as pd
 
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
-from stepscope.trace.codes import text_column_codes
+from stepscope.trace.codes import factorize_keys, text_column_codes
 
 
 def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +168,7 @@ def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.n
         used = np.flatnonzero(np.bincount(codes, minlength=len(category.cat.categories)))
         # numbered by first appearance in start order, as factorizing the text would
         used = used[np.argsort([int(np.argmax(codes == k)) for k in used], kind="stable")]
-        remap = np.full(len(category.cat.categories), -1, dtype=np.int64)
+        remap = np.full(len(category.cat.categories), -1, dtype=np.int32)
         remap[used] = np.arange(len(used))
         return remap[codes], np.asarray(category.cat.categories, dtype=object)[used]
     cc, uniq = pd.factorize(np.asarray(category.to_numpy() if order is None else category.to_numpy()[order],
@@ -222,16 +222,19 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         v = work[name].to_numpy()
         return v if o is None else v[o]
 
-    kc, keys_u = pd.factorize(col(key))
-    kc = kc.astype(np.int32)
+    keys = col(key)
+    kc, keys_u = factorize_keys(len(keys), lambda sl: keys[sl].astype(np.int64))  # what pd.factorize gives
+    keys_u = keys_u.astype(keys.dtype, copy=False)
     cc, cats_u = _category_codes(work["category"], o)
-    cc = cc.astype(np.int32)
+    cc = cc.astype(np.int32, copy=False)
     nk, ncat = len(keys_u), len(cats_u)
     s, e, dur = col("start_us"), col("end_us"), col("dur_us")
-    calls = col("is_call").astype(float)
+    calls = col("is_call").astype(bool, copy=False)
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
-    pair = kc.astype(np.int64) * ncat + cc
+    pair = kc.astype(np.int64)  # then in place: each step of `kc * ncat + cc` was a copy
+    pair *= ncat
+    pair += cc
     npair = nk * ncat
     rows = np.bincount(pair, minlength=npair)
     present = np.flatnonzero(rows)
@@ -240,7 +243,7 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         key: keys_u[present // ncat],
         "category": cats_u[present % ncat],
         "class": klass[present % ncat],
-        "count": np.bincount(pair, weights=calls, minlength=npair)[present].astype(np.int64),
+        "count": _count(pair, calls, npair)[present],
         "sum_us": np.bincount(pair, weights=dur, minlength=npair)[present],
         "union_us": union[present],
         "exposed_us": exposed[present],
@@ -249,28 +252,48 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     def per_key(weights: np.ndarray) -> np.ndarray:
         return np.bincount(kc, weights=weights, minlength=nk)
 
-    first = np.unique(kc, return_index=True)[1]  # rows are in start order
-    starts = s[first]
-    ends = pd.Series(e).groupby(kc).max().reindex(range(nk)).to_numpy()
+    starts, ends = _first_start_last_end(kc, s, e, nk)
     cat_is = {name: (cats_u == name)[cc] if name in set(cats_u) else np.zeros(len(cc), bool)
               for name in COLLECTIVE_CATEGORIES}
     tot = pd.DataFrame({
         key: keys_u,
-        "n_events": per_key(calls).astype(np.int64),
+        "n_events": _count(kc, calls, nk),
         "kernel_sum_us": per_key(dur),
         "busy_us": busy,
         "span_us": ends - starts,
         "compute_us": c_len,
         "comm_exposed_us": cm_len - c_len,
         "memory_exposed_us": busy - cm_len,
-        "all_reduce_calls": per_key((coll & cat_is["all_reduce"]).astype(float)).astype(np.int64),
-        "all_gather_calls": per_key((coll & cat_is["all_gather"]).astype(float)).astype(np.int64),
-        "other_collective_calls": per_key((coll & cat_is["other_collective"]).astype(float)
-                                          ).astype(np.int64),
+        "all_reduce_calls": _count(kc, coll & cat_is["all_reduce"], nk),
+        "all_gather_calls": _count(kc, coll & cat_is["all_gather"], nk),
+        "other_collective_calls": _count(kc, coll & cat_is["other_collective"], nk),
         "first_start_us": starts,
     })
     tot["idle_us"] = tot["span_us"] - tot["busy_us"]
     return cat_tab, tot
+
+
+def _count(codes: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    """int64 rows per code where `mask` holds: a bincount of the rows that count, not a float
+    weight per row (8 bytes per event, for each count)."""
+    return np.bincount(codes if mask.all() else codes[mask], minlength=n).astype(np.int64)
+
+
+def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Per key code (rows in start order): its first row's start, and its largest end (NaN
+    ends skipped). A slice at a time: a sort of every row's codes, then a groupby, made ~40
+    bytes per event (issue 26); a maximum is the same in any order."""
+    first = np.full(nk, -1, dtype=np.int64)
+    ends = np.full(nk, -np.inf)
+    for lo in range(0, len(kc), UNION_CHUNK_ROWS):
+        k = kc[lo:lo + UNION_CHUNK_ROWS]
+        u, at = np.unique(k, return_index=True)
+        new = first[u] < 0
+        first[u[new]] = lo + at[new]
+        np.fmax.at(ends, k, e[lo:lo + UNION_CHUNK_ROWS])
+    ends[np.isneginf(ends)] = np.nan  # every end NaN: pandas' max is NaN
+    return s[first], ends
 
 
 _ACCOUNT_COLUMNS = ["step_id", "category", "start_us", "end_us", "dur_us", "is_call", "collective_call"]
@@ -385,14 +408,8 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
     if not len(ids) or w.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     n = len(ids)
-    w = w.assign(decided_by=_decided_by(w))
-    g = (w.groupby(["category", "name"], sort=False, observed=True)["dur_us"].agg(["sum", "count"])
-         .reset_index())
-    # what placed most of each kernel's calls
-    placed = (w.groupby(["category", "name", "decided_by"], sort=False, observed=True).size()
-              .reset_index(name="calls").sort_values("calls", ascending=False, kind="stable")
-              .drop_duplicates(["category", "name"]))
-    g = g.merge(placed[["category", "name", "decided_by"]], on=["category", "name"], how="left")
+    key, g = _name_groups(w)
+    g["decided_by"] = _most_calls_decided_by(key, _decided_by(w), len(g))
     g = g.merge(_main_module(w, ["category", "name"]), on=["category", "name"], how="left")
     by_cat = g.groupby("category", sort=False, observed=True)
     g["cat_sum"] = by_cat["sum"].transform("sum")
@@ -408,6 +425,44 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
         "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int),
         "decided_by": g["decided_by"].astype(object), "module": g["module"], "module_share": g["module_share"]})
     return out[KERNEL_COLUMNS].reset_index(drop=True)
+
+
+def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Per row, the code of its (category, name) group, numbered by first appearance as
+    groupby(sort=False) numbers them; per group its category, name, summed `dur_us` (pandas'
+    own group sum, so the same bits) and row count. One dense int32 key: grouping by the two
+    text columns, or by category and then by name, made ~50 bytes per row (issue 26)."""
+    cat, name = _as_categorical(w["category"]), _as_categorical(w["name"])
+    cc, nc = cat.codes, name.codes
+    nn = max(len(name.categories), 1)
+    key, uniq = factorize_keys(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl])
+    groups = pd.Categorical.from_codes(key, categories=pd.RangeIndex(len(uniq)))
+    agg = pd.Series(w["dur_us"].to_numpy()).groupby(groups, observed=False).agg(["sum", "count"])
+    return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
+                              "name": pd.Categorical.from_codes(uniq % nn, dtype=name.dtype),
+                              "sum": agg["sum"].to_numpy(), "count": agg["count"].to_numpy()})
+
+
+def _as_categorical(col: pd.Series) -> pd.Categorical:
+    """A text column as a Categorical with no missing value (a missing one becomes "")."""
+    c = col.array if isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col.to_numpy(object))
+    if len(c) and c.codes.min() < 0:
+        c = pd.Categorical(np.asarray(c.astype(object).fillna(""), dtype=object))
+    return c
+
+
+def _most_calls_decided_by(key: np.ndarray, decided: pd.Series, n_groups: int) -> np.ndarray:
+    """Per group of `key`: what placed most of its rows (the first to appear among equals), as
+    a groupby of (group, decided_by) sorted by size and deduplicated would say."""
+    d = _as_categorical(decided)
+    nd = max(len(d.categories), 1)
+    dc = d.codes
+    pair, uniq = factorize_keys(len(key), lambda sl: key[sl].astype(np.int64) * nd + dc[sl])
+    calls = pd.DataFrame({"group": uniq // nd, "decided": uniq % nd, "calls": np.bincount(pair, minlength=len(uniq))})
+    top = calls.sort_values("calls", ascending=False, kind="stable").drop_duplicates("group")
+    out = np.empty(n_groups, dtype=object)
+    out[top["group"].to_numpy()] = np.asarray(d.categories, dtype=object)[top["decided"].to_numpy()]
+    return out
 
 
 def _decode_rows(work: pd.DataFrame, step_ids: np.ndarray, columns: list[str]) -> pd.DataFrame:
@@ -478,9 +533,13 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
         return pd.DataFrame(columns=LEVER_COLUMNS)
     n = len(dec)
     mod = _main_module(w, ["category"]).set_index("category")
+    groups = _name_groups(w)[1]
+    recompute = w.loc[w["recompute"].to_numpy(bool), ["category", "dur_us"]] if "recompute" in w else None
     rows = []
-    for cat, g in w.groupby("category", sort=False, observed=True):
-        per = g.groupby("name", observed=True)["dur_us"].sum().sort_values(ascending=False, kind="stable")
+    for cat in pd.unique(groups["category"]):  # in order of first appearance, as groupby(sort=False)
+        g = groups[(groups["category"] == cat).to_numpy()].sort_values("name", kind="stable")
+        per = pd.Series(g["sum"].to_numpy(), index=g["name"].astype(str).to_numpy()).sort_values(
+            ascending=False, kind="stable")
         tot = float(per.sum())
         share = per / tot if tot else per * 0.0
         top = share.head(LEVER_TOP_KERNELS)
@@ -488,8 +547,9 @@ def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFra
         ok = lever_coherent(str(cat), len(per), float(top.sum()), module_share)
         rows.append({"rank": int(step_totals["rank"].iloc[0]), "category": str(cat),
                      "class": CATEGORY_CLASS.get(cat, "compute"), "n_steps": n, "sum_ms_per_step": tot / 1e3 / n,
-                     "recompute_ms_per_step": (float(g.loc[g["recompute"], "dur_us"].sum()) / 1e3 / n
-                                               if "recompute" in g else 0.0),
+                     "recompute_ms_per_step": (float(recompute.loc[(recompute["category"] == cat).to_numpy(),
+                                                                    "dur_us"].sum()) / 1e3 / n
+                                               if recompute is not None else 0.0),
                      "n_names": len(per), "top_kernels": " | ".join(f"{k} ({v:.0%})" for k, v in top.items()),
                      "top_share": float(top.sum()), "top_kernel": str(top.index[0]),
                      "top_kernel_share": float(top.iloc[0]),

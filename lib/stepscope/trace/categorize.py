@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from stepscope.errors import ParamsError
-from stepscope.trace.codes import map_codes
+from stepscope.trace.codes import FACTORIZE_CHUNK_ROWS, factorize_keys, map_codes
 
 logger = logging.getLogger(__name__)
 
@@ -235,33 +235,6 @@ def _factorize32(values) -> tuple[np.ndarray, Any]:
     return codes.astype(np.int32), uniques
 
 
-FACTORIZE_CHUNK_ROWS = 1 << 16
-"""Rows `_factorize_keys` reads at a time."""
-
-
-def _factorize_keys(n: int, key_of: Any) -> tuple[np.ndarray, np.ndarray]:
-    """pd.factorize of the int64 keys `key_of(slice)` gives for rows 0..n, a slice at a time:
-    (int32 codes, the distinct keys in order of first appearance). A whole column of keys and
-    the hash table over it were ~50 bytes per event of stage 05's peak (issue 26)."""
-    codes = np.empty(n, dtype=np.int32)
-    known = np.empty(0, dtype=np.int64)  # the distinct keys so far, in first-appearance order
-    by_key = np.empty(0, dtype=np.int64)  # the positions in `known` that sort it
-    for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
-        keys = key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS))
-        u, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        at = np.minimum(np.searchsorted(known[by_key], u), max(len(known) - 1, 0))
-        seen = (known[by_key][at] == u) if len(known) else np.zeros(len(u), dtype=bool)
-        code_of_u = np.empty(len(u), dtype=np.int32)
-        code_of_u[seen] = by_key[at[seen]]
-        new = np.flatnonzero(~seen)
-        new = new[np.argsort(first[new], kind="stable")]
-        code_of_u[new] = len(known) + np.arange(len(new))
-        known = np.concatenate([known, u[new]])
-        by_key = np.argsort(known, kind="stable")
-        codes[lo:lo + len(keys)] = code_of_u[inverse.reshape(-1)]
-    return codes, known
-
-
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
                     context: np.ndarray | pd.Categorical | None = None, *, as_codes: bool = False
                     ) -> tuple[np.ndarray, np.ndarray] | tuple[pd.Categorical, pd.Categorical]:
@@ -276,7 +249,7 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     n_codes, n_u = _factorize32(names)
     c_codes, c_u = _factorize32(cats)
     nc = max(len(c_u), 1)
-    p_codes, p_u = _factorize_keys(len(n_codes), lambda s: n_codes[s].astype(np.int64) * nc + c_codes[s])
+    p_codes, p_u = factorize_keys(len(n_codes), lambda s: n_codes[s].astype(np.int64) * nc + c_codes[s])
     got = [_classify(str(n_u[p // nc]), str(c_u[p % nc]), rules) for p in p_u]
     cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
     table = list(dict.fromkeys(cat_table))
@@ -303,7 +276,7 @@ def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarr
     x_u = np.asarray(x_u, dtype=object)
     nx = max(len(x_u), 1)
     generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)
-    k_codes, k_u = _factorize_keys(
+    k_codes, k_u = factorize_keys(
         len(category), lambda s: (category[s].astype(np.int64) * nx + x_codes[s]) * 2 + generic[n_codes[s]])
     decided = [_context_applies(table[int(k // 2 // nx)], x_u[(k // 2) % nx], bool(k % 2)) for k in k_u]
     for d in decided:

@@ -66,3 +66,30 @@ def in_values(col: pd.Series, values) -> np.ndarray:
         lut = np.append(col.array.categories.isin(list(values)), False)  # the last: code -1
         return lut[codes]
     return col.isin(values).to_numpy()
+
+
+FACTORIZE_CHUNK_ROWS = 1 << 16
+"""Rows `factorize_keys` reads at a time."""
+
+
+def factorize_keys(n: int, key_of: Callable[[slice], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize of the int64 keys `key_of(slice)` gives for rows 0..n, a slice at a time:
+    (int32 codes, the distinct keys in order of first appearance). A whole column of keys and
+    the hash table over it were ~50 bytes per event of stage 05's peak (issue 26)."""
+    codes = np.empty(n, dtype=np.int32)
+    known = np.empty(0, dtype=np.int64)  # the distinct keys so far, in first-appearance order
+    by_key = np.empty(0, dtype=np.int64)  # the positions in `known` that sort it
+    for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
+        keys = key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS))
+        u, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        at = np.minimum(np.searchsorted(known[by_key], u), max(len(known) - 1, 0))
+        seen = (known[by_key][at] == u) if len(known) else np.zeros(len(u), dtype=bool)
+        code_of_u = np.empty(len(u), dtype=np.int32)
+        code_of_u[seen] = by_key[at[seen]]
+        new = np.flatnonzero(~seen)
+        new = new[np.argsort(first[new], kind="stable")]
+        code_of_u[new] = len(known) + np.arange(len(new))
+        known = np.concatenate([known, u[new]])
+        by_key = np.argsort(known, kind="stable")
+        codes[lo:lo + len(keys)] = code_of_u[inverse.reshape(-1)]
+    return codes, known
