@@ -276,7 +276,15 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _count(codes: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
     """int64 rows per code where `mask` holds: a bincount of the rows that count, not a float
     weight per row (8 bytes per event, for each count)."""
-    return np.bincount(codes if mask.all() else codes[mask], minlength=n).astype(np.int64)
+    return _bincount(codes if mask.all() else codes[mask], n)
+
+
+def _bincount(codes: np.ndarray, n: int) -> np.ndarray:
+    """np.bincount a slice at a time: it widens int32 codes to int64 first (8 bytes a row)."""
+    out = np.zeros(n, dtype=np.int64)
+    for lo in range(0, len(codes), UNION_CHUNK_ROWS):
+        out += np.bincount(codes[lo:lo + UNION_CHUNK_ROWS], minlength=n)
+    return out
 
 
 def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int
@@ -458,7 +466,7 @@ def _most_calls_decided_by(key: np.ndarray, decided: pd.Series, n_groups: int) -
     nd = max(len(d.categories), 1)
     dc = d.codes
     pair, uniq = factorize_keys(len(key), lambda sl: key[sl].astype(np.int64) * nd + dc[sl])
-    calls = pd.DataFrame({"group": uniq // nd, "decided": uniq % nd, "calls": np.bincount(pair, minlength=len(uniq))})
+    calls = pd.DataFrame({"group": uniq // nd, "decided": uniq % nd, "calls": _bincount(pair, len(uniq))})
     top = calls.sort_values("calls", ascending=False, kind="stable").drop_duplicates("group")
     out = np.empty(n_groups, dtype=object)
     out[top["group"].to_numpy()] = np.asarray(d.categories, dtype=object)[top["decided"].to_numpy()]
@@ -586,7 +594,8 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     # Judged once per distinct (source, frame) pair and kept as codes: a str per row (even one
     # object array of them) was most of stage 05's peak on a kernel-dense trace (issue 26).
     width = len(c_u) + 1  # code -1 (a missing value) becomes 0: read as "" below
-    codes, pairs = pd.factorize((s_codes.astype(np.int64) + 1) * width + (c_codes + 1))
+    codes, pairs = factorize_keys(len(s_codes), lambda sl: (s_codes[sl].astype(np.int64) + 1) * width
+                                  + (c_codes[sl] + 1))  # pd.factorize's codes, a slice at a time
     label = [_decision_label(s_u[p // width - 1] if p // width else "", c_u[p % width - 1] if p % width else "")
              for p in pairs]
     table = list(dict.fromkeys(label))

@@ -24,7 +24,7 @@ from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import (WHOLE_TRACE, positional_index, build_work, find_steps, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
-from stepscope.trace.codes import in_values
+from stepscope.trace.codes import in_values, take_codes
 
 
 EXPOSED_NOTE = (
@@ -307,7 +307,7 @@ def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str) -> pd.Ser
     if positional_index(ev.index):
         # op_row is then a position: a take of the codes, not a label lookup (~35 bytes per
         # device event of hash table and indexer, stage 05's peak on a kernel-dense trace).
-        return pd.Series(col.array.take(work["op_row"].to_numpy()), index=work.index)
+        return pd.Series(take_codes(col.array, work["op_row"].to_numpy()), index=work.index)
     return pd.Series(col.reindex(work["op_row"].to_numpy()).array, index=work.index)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
-from stepscope.trace.codes import text_codes, in_values
+from stepscope.trace.codes import in_values, text_codes
 from stepscope.trace.context import launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 from stepscope.trace.parse import narrow_ints
@@ -534,7 +534,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     else:
         work = _cpu_work(ev, steps, rules, rank, info)
     work["class"] = class_of(work["category"])
-    coll = work["category"].isin(["all_reduce", "all_gather", "other_collective"]).to_numpy().copy()
+    coll = in_values(work["category"], ["all_reduce", "all_gather", "other_collective"])
     if mode == "cpu":
         # Count each collective once: at its entry op (see _C10D_CALL), not its
         # _c10d_functional wrapper or the wait on it.
