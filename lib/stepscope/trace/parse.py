@@ -379,7 +379,9 @@ class _Collector:
         self.add(evs)
 
     def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
-        arrays = {col: (np.frombuffer(getattr(self, attr), dtype=dtype) if len(getattr(self, attr))
+        # int32 where every value fits, here: a share crosses processes pickled, and two copies
+        # of int64 ids (the pickle and the arrays) were the load's peak on a kernel-dense trace.
+        arrays = {col: (narrow_ints(np.frombuffer(getattr(self, attr), dtype=dtype)) if len(getattr(self, attr))
                         else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
         return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
@@ -514,7 +516,12 @@ class ParsedTrace:
         import pandas as pd
 
         c = self.columns
-        data: dict[str, Any] = {k: narrow_ints(v) for k, v in c.items()}
+        # One column at a time, each int64 original let go once narrowed: every narrowed copy
+        # made beside every original was the load's peak on a kernel-dense trace (~100 bytes per
+        # event for a 43-byte table, issue 26). The frame takes over these arrays.
+        for k in list(c):
+            c[k] = narrow_ints(c[k])
+        data: dict[str, Any] = dict(c)
         data["cat"] = pd.Categorical.from_codes(c["cat"].astype(np.int16), categories=list(KEPT_CATS))
         data["name"] = pd.Categorical.from_codes(c["name"], categories=self.names)
         data["collective"] = pd.Categorical.from_codes(c["collective"], categories=self.collectives)

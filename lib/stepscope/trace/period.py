@@ -106,13 +106,27 @@ def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
     return str(names[i])
 
 
-def launch_delays(w: pd.DataFrame) -> np.ndarray:
-    """Start of the first kernel of each launch minus the launch call's start (µs)."""
+def launch_delays(w: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
+    """Start of the first kernel of each launch minus the launch call's start (µs), over the
+    `rows` of `w` (a bool mask; every row when None). One value per launch, in no set order
+    (read as a median and a percentile); columns read in place, not copied (issue 26)."""
     if "launch_us" not in w or w["launch_us"].isna().all():
         return np.array([])
-    x = w[w["launch_us"].notna() & (w["correlation"] >= 0)]
-    first = x.sort_values("start_us", kind="stable").drop_duplicates("correlation")
-    return (first["start_us"] - first["launch_us"]).to_numpy(float)
+    start, launch = w["start_us"].to_numpy(float), w["launch_us"].to_numpy(float)
+    ok = ~np.isnan(launch) & (w["correlation"].to_numpy() >= 0)
+    if rows is not None:
+        ok &= rows
+    at = np.flatnonzero(ok)
+    if len(at) > 1 and not (start[at[1:]] >= start[at[:-1]]).all():  # first in start order
+        at = at[np.argsort(start[at], kind="stable")]
+    first = at[np.unique(w["correlation"].to_numpy()[at], return_index=True)[1]]
+    return start[first] - launch[first]
+
+
+_DELAY_COLUMNS = ["start_us", "launch_us", "correlation"]
+_IDLE_COLUMNS = ["step_id", "start_us", "end_us", "name", "category", *_DELAY_COLUMNS[1:]]
+"""The work columns launch_delays and step_idle read: a copy of every column of the work table
+for each was stage 05's largest transient on a kernel-dense trace after the build (issue 26)."""
 
 
 def _launch_delay(w: pd.DataFrame) -> float:
@@ -129,7 +143,10 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
     period, from_device = step_periods(steps_tot)
     span = steps_tot["span_us"].to_numpy(float)
     rows = {}
-    att = work[work["step_id"] >= 0].sort_values("start_us", kind="stable")
+    att = work.loc[(work["step_id"] >= 0).to_numpy(), [c for c in _IDLE_COLUMNS if c in work]]
+    start = att["start_us"].to_numpy()
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # build_work sorts it: no copy then
+        att = att.sort_values("start_us", kind="stable")
     for sid, w in att.groupby("step_id", sort=False):
         rows[int(sid)] = (*_gaps_one(w), _launch_delay(w))
     out = []
@@ -196,7 +213,7 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
                            "host_frame": str(g.get("gap_host_frame") or "") or None,
                            "macro": bool(g["largest_gap_us"] >= MACRO_GAP_US)}
                           if g["largest_gap_us"] > 0 else None)
-    d = launch_delays(work[work["step_id"].isin(judged["step_id"])])
+    d = launch_delays(work, work["step_id"].isin(judged["step_id"]).to_numpy())
     out["launch_delay_us"] = {"median": float(np.median(d)) if len(d) else None,
                               "p90": float(np.percentile(d, 90)) if len(d) else None}
     return out
