@@ -16,12 +16,13 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 200
-"""The bound held, the loaded event table counted (as stage 05 holds it): 177 bytes measured
-on 2026-12-02 (200,000 kernels), once the unions, the step search and the work table's
-columns went a slice or a column at a time and the device rows of the event table were let
-go after build_work; 248 at 1591140 (the same day), and more before per-event text became
-codes (34dd664: 328 above the loaded table alone)."""
+ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 140
+"""The bound held, the loaded event table counted (as stage 05 holds it): 118 bytes measured
+on 2026-12-02 (200,000 kernels; slices of 65,536 rows are a third of the rank here, so their
+temporaries count for more than on a large trace), once the loaded table kept one block per
+column, the category sums came from one dense key and the int64 widenings went; 177 earlier the
+same day (be6c2e0), 248 at 1591140, and more before per-event text became codes (34dd664: 328
+above the loaded table alone)."""
 
 
 def _trace_load_benchmark():

@@ -364,7 +364,8 @@ def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: 
     Group Name; "" for none). The args' dtype wins over the kernel name's: NCCL moves a
     broadcast as bytes (`..._Broadcast_..._int8_t`) whatever the tensor's type."""
     sel = work["collective_call"].to_numpy(bool) & work["step_id"].isin(step_ids).to_numpy()
-    w = work[sel]
+    # the columns read, not a copy of every work column of every collective (issue 26)
+    w = work.loc[sel, [c for c in ("category", "name", "op_context", "msg_nelems", "dur_us") if c in work]]
     n = len(step_ids)
     if w.empty or not n:
         return pd.DataFrame(columns=SIZE_COLUMNS)

@@ -117,7 +117,9 @@ def launch_delays(w: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray
     if rows is not None:
         ok &= rows
     at = np.flatnonzero(ok)
-    if len(at) > 1 and not (start[at[1:]] >= start[at[:-1]]).all():  # first in start order
+    del ok
+    # first in start order (the work table comes sorted: then so is any subset of its rows)
+    if len(at) > 1 and not (start[1:] >= start[:-1]).all() and not (start[at[1:]] >= start[at[:-1]]).all():
         at = at[np.argsort(start[at], kind="stable")]
     first = at[np.unique(w["correlation"].to_numpy()[at], return_index=True)[1]]
     return start[first] - launch[first]
@@ -213,7 +215,7 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
                            "host_frame": str(g.get("gap_host_frame") or "") or None,
                            "macro": bool(g["largest_gap_us"] >= MACRO_GAP_US)}
                           if g["largest_gap_us"] > 0 else None)
-    d = launch_delays(work, work["step_id"].isin(judged["step_id"]).to_numpy())
+    d = launch_delays(work, np.isin(work["step_id"].to_numpy(), judged["step_id"].to_numpy()))
     out["launch_delay_us"] = {"median": float(np.median(d)) if len(d) else None,
                               "p90": float(np.percentile(d, 90)) if len(d) else None}
     return out
