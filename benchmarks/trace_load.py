@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON). On
-2026-12-02 (a69cef7), kernel-dense: 2 M kernels (371 MB JSON) peak 468 MB (1.26x, 189 bytes per
-device event above the imports), 10 M kernels (1,868 MB) 1,764 MB (0.94x, 174 bytes; 136 s).
-Earlier the same day (ec4d347): 637 MB (1.72x) and 2,555 MB (1.37x, 158 s); at 34dd664, 1,210 MB
-(3.26x) and 4,049 MB (2.17x; 220 s). trace.budget's estimate reads these.
+2026-12-02 (a5ffc33), kernel-dense: 2 M kernels (371 MB JSON) peak 409 MB (1.10x, 137 bytes per
+device event above the imports; 7.7 s), 10 M kernels (1,868 MB) 1,312 MB (0.70x, 122 bytes; 42 s).
+Earlier the same day: 468 MB (1.26x) and 1,764 MB (0.94x, 136 s) at be6c2e0, 637 MB (1.72x) and
+2,555 MB (1.37x, 158 s) at ec4d347; at 34dd664, 1,210 MB (3.26x) and 4,049 MB (2.17x; 220 s).
+trace.budget's estimate reads these.
 
 Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
 (timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so
