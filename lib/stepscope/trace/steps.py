@@ -312,7 +312,8 @@ def _nelems(ev: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     col = ev["msg_nelems"]
     if col.dtype.kind != "i":
         col = pd.to_numeric(col, errors="coerce").fillna(-1)
-    vals = col.to_numpy()  # in the table's own width: int64 throughout was 8 bytes per event
+    # in the table's own int width: int64 throughout was 8 bytes per event
+    vals = col.to_numpy() if col.dtype.kind == "i" else col.to_numpy(np.int64)
     return vals if rows is None else vals[rows]
 
 
@@ -372,7 +373,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col["op_row"] = rows.copy() if positional_index(ev.index) else narrow_ints(_as_ints(ev.index.to_numpy()[rows]))
     col["launch_us"] = lts
     col["correlation"] = narrow_ints(_as_ints(corr))
-    col["msg_nelems"] = _nelems(ev, rows)
+    col["msg_nelems"] = narrow_ints(_nelems(ev, rows))
     del rows, corr
     col["category_source"] = text_codes(source)
     col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
