@@ -24,7 +24,7 @@ from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import (WHOLE_TRACE, positional_index, build_work, find_steps, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
-from stepscope.trace.codes import in_values, take_codes
+from stepscope.trace.codes import in_values, map_codes, take_codes
 
 
 EXPOSED_NOTE = (
@@ -324,7 +324,6 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
     """The rank's tables that read the module tree and the kernels' args: category_kernels
     (with each kernel's module), the category levers, time per module (`trace.modules`), and
     its collectives' sizes (`collectives.collective_sizes`; GPU traces)."""
-    from stepscope.trace.codes import map_codes
     from stepscope.trace.modules import module_paths, module_table
 
     paths = module_paths(ev)

@@ -91,8 +91,9 @@ def factorize_keys(n: int, key_of: Callable[[slice], np.ndarray]) -> tuple[np.nd
     for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
         keys = key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS))
         u, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        at = np.minimum(np.searchsorted(known[by_key], u), max(len(known) - 1, 0))
-        seen = (known[by_key][at] == u) if len(known) else np.zeros(len(u), dtype=bool)
+        sorted_known = known[by_key]
+        at = np.minimum(np.searchsorted(sorted_known, u), max(len(known) - 1, 0))
+        seen = (sorted_known[at] == u) if len(known) else np.zeros(len(u), dtype=bool)
         code_of_u = np.empty(len(u), dtype=np.int32)
         code_of_u[seen] = by_key[at[seen]]
         new = np.flatnonzero(~seen)

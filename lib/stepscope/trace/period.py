@@ -125,10 +125,9 @@ def launch_delays(w: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray
     return start[first] - launch[first]
 
 
-_DELAY_COLUMNS = ["start_us", "launch_us", "correlation"]
-_IDLE_COLUMNS = ["step_id", "start_us", "end_us", "name", "category", *_DELAY_COLUMNS[1:]]
-"""The work columns launch_delays and step_idle read: a copy of every column of the work table
-for each was stage 05's largest transient on a kernel-dense trace after the build (issue 26)."""
+_IDLE_COLUMNS = ["step_id", "start_us", "end_us", "name", "category", "launch_us", "correlation"]
+"""The work columns step_idle reads (its gaps and its launch delays): a copy of every column of
+the work table was stage 05's largest transient on a kernel-dense trace after the build."""
 
 
 def _launch_delay(w: pd.DataFrame) -> float:
