@@ -478,13 +478,14 @@ def _decode_rows(work: pd.DataFrame, step_ids: np.ndarray, columns: list[str]) -
     """The rows of `step_ids`, only the `columns` read (those present): a copy of every column
     of the work table was a large part of stage 05's peak on a kernel-dense trace (issue 26)."""
     keep = [c for c in columns if c in work]
-    rows = _in_steps(work["step_id"].to_numpy(), step_ids)
+    rows = in_steps(work["step_id"].to_numpy(), step_ids)
     return work[keep] if rows.all() else work.loc[rows, keep]  # all rows: the columns, not a copy
 
 
-def _in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
-    """Per row, its step is one of `step_ids`: a lookup by step id (ids are 0..n-1, -1 for
-    none), not isin's hash table over every row."""
+def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
+    """Per work row (its `step_id`), its step is one of `step_ids`: a lookup by step id (ids
+    are 0..n-1, -1 for none), not isin's hash table over every row. The one way stage 05 picks
+    the work of the judged steps."""
     ids = np.asarray(step_ids, dtype=np.int64)
     if not len(ids) or ids.min() < 0 or not len(step_id):
         return np.isin(step_id, ids)

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.frames import MODULE_PREFIX
+from stepscope.trace.account import in_steps
 from stepscope.trace.codes import in_values
 
 MODULE_COLUMNS = ["rank", "path", "module", "depth", "n_instances", "n_steps", "calls_per_step",
@@ -93,9 +94,11 @@ def _labels(children: dict[str, list[str]]) -> dict[str, str]:
 def module_table(work: pd.DataFrame, paths: dict[str, str], step_ids: np.ndarray, rank: int) -> pd.DataFrame:
     """Per module path over the steps `step_ids`: device work per step, its own and inclusive
     (ms, summed), its share of the steps' summed device time, and its largest category."""
-    w = work[work["step_id"].isin(step_ids)]
     n = len(step_ids)
-    if not paths or w.empty or not n:
+    if not paths or not n:  # before the rows are copied: most GPU traces have no module frames
+        return pd.DataFrame(columns=MODULE_COLUMNS)
+    w = work[in_steps(work["step_id"].to_numpy(), step_ids)]
+    if w.empty:
         return pd.DataFrame(columns=MODULE_COLUMNS)
     own = w["module"].map(paths)
     w = w.assign(path=own).dropna(subset=["path"])

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import MACRO_GAP_US
+from stepscope.trace.account import in_steps
 from stepscope.trace.steps import WHOLE_TRACE
 
 PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "idle_micro_us", "idle_macro_us",
@@ -214,7 +215,7 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
                            "host_frame": str(g.get("gap_host_frame") or "") or None,
                            "macro": bool(g["largest_gap_us"] >= MACRO_GAP_US)}
                           if g["largest_gap_us"] > 0 else None)
-    d = launch_delays(work, np.isin(work["step_id"].to_numpy(), judged["step_id"].to_numpy()))
+    d = launch_delays(work, in_steps(work["step_id"].to_numpy(), judged["step_id"].to_numpy()))
     out["launch_delay_us"] = {"median": float(np.median(d)) if len(d) else None,
                               "p90": float(np.percentile(d, 90)) if len(d) else None}
     return out
