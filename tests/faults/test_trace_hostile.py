@@ -161,6 +161,30 @@ def test_an_id_beyond_int64_reads_as_no_id(tmp_path: Path, big: int):
     assert [f.code for f in rt.flags] == ["ids_out_of_range"]
 
 
+def test_ints_are_collected_as_int32_until_one_needs_int64():
+    """The loader collects ids as int32 (half the bytes, issue 26) and widens a column the
+    first time a value needs int64, keeping every value read before and after exactly."""
+    from stepscope.trace.parse import _Collector
+
+    col = _Collector()
+    col._ints_into("corr", [1, -1, 2 ** 31 - 1], col._huge_id)
+    assert col.corr.typecode == "i"
+    col._ints_into("corr", [2 ** 40, 5], col._huge_id)
+    col._ints_into("corr", [2 ** 63, 7], col._huge_id)  # beyond int64: no id, counted
+    assert col.corr.typecode == "q" and col.n_huge_ids == 1
+    assert list(col.corr) == [1, -1, 2 ** 31 - 1, 2 ** 40, 5, -1, 7]
+    col._ints_into("pid", [3, "Spans", 2 ** 31], col._id)  # a string pid gets a negative id
+    assert list(col.pid) == [3, -2, 2 ** 31] and col.pid.typecode == "q"
+
+
+def test_an_id_beyond_int32_is_kept_exactly(tmp_path: Path):
+    from stepscope.trace.load import load_rank
+
+    rt = load_rank(_write(tmp_path / "rank0.json.gz", _with(_ev(args='{"correlation": %d}' % 2 ** 40))))
+    assert rt.events["correlation"].dtype == "int64" and (rt.events["correlation"] == 2 ** 40).sum() == 1
+    assert rt.flags == []
+
+
 def test_a_huge_name_is_cut_flagged_and_fast(tmp_path: Path):
     from stepscope.trace.analyze import analyze_rank
     from stepscope.trace.categorize import make_rules

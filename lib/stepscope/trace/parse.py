@@ -192,15 +192,17 @@ class _Collector:
     def __init__(self) -> None:
         self.cat = array("b")
         self.name = array("i")
-        self.pid = array("q")
-        self.tid = array("q")
+        # Ints as int32 until a value needs int64 (`_ints_into`): ids, pids, tids, streams and
+        # sizes almost always fit, and the int64 arrays were the load's peak (issue 26).
+        self.pid = array("i")
+        self.tid = array("i")
         self.ts = array("d")
         self.dur = array("d")
-        self.corr = array("q")
-        self.ext = array("q")
-        self.stream = array("q")
+        self.corr = array("i")
+        self.ext = array("i")
+        self.stream = array("i")
         self.coll = array("i")
-        self.nelems = array("q")
+        self.nelems = array("i")
         self.names: dict[str, int] = {}
         self.colls: dict[str, int] = {"": 0}
         self.ids: dict[Any, int] = {}
@@ -289,21 +291,18 @@ class _Collector:
             nm = [cap_name(n) for n in nm]
         self.name.extend([names[n] if n in names else names.setdefault(n, len(names)) for n in nm])
         self.cat.extend(cis)
-        for dst, vals in ((self.pid, [e.pid for e in kept]), (self.tid, [e.tid for e in kept])):
-            try:
-                dst.extend(array("q", vals))  # all-int (the usual case); atomic on failure
-            except (TypeError, OverflowError):
-                dst.extend([self._id(v) for v in vals])
+        self._ints_into("pid", [e.pid for e in kept], self._id)
+        self._ints_into("tid", [e.tid for e in kept], self._id)
         if ts_a is None or bad:
             ts_a = array("d", [e.ts for e in kept])
             dur_a = array("d", [e.dur for e in kept])
         self.ts.extend(ts_a)
         self.dur.extend(dur_a)
         args = [e.args or _NO_ARGS for e in kept]
-        self._ids_into(self.corr, [-1 if a.correlation is None else a.correlation for a in args])
-        self._ids_into(self.ext, [-1 if a.external_id is None else a.external_id for a in args])
-        self._ids_into(self.stream, [-1 if a.stream is None else a.stream for a in args])
-        self._ids_into(self.nelems, [-1 if a.msg_nelems is None else a.msg_nelems for a in args])
+        self._ints_into("corr", [-1 if a.correlation is None else a.correlation for a in args], self._huge_id)
+        self._ints_into("ext", [-1 if a.external_id is None else a.external_id for a in args], self._huge_id)
+        self._ints_into("stream", [-1 if a.stream is None else a.stream for a in args], self._huge_id)
+        self._ints_into("nelems", [-1 if a.msg_nelems is None else a.msg_nelems for a in args], self._huge_id)
         colls = self.colls
         # A collective kernel's args, as one interned "name<TAB>dtype<TAB>group size<TAB>process
         # group" string (`collective_args` splits it): few distinct values, one column.
@@ -331,14 +330,35 @@ class _Collector:
         return ([e for i, e in enumerate(kept) if i not in drop],
                 [c for i, c in enumerate(cis) if i not in drop])
 
-    def _ids_into(self, dst: array, vals: list) -> None:
-        """Ids as int64; one outside int64 (a crafted 2**63) reads as no id (-1), counted."""
+    def _ints_into(self, attr: str, vals: list, as_int: Callable[[Any], int]) -> None:
+        """`vals` appended to the int column `attr`, int32 until a value needs int64 (then the
+        column is widened once); values that are no int64 go through `as_int` one by one."""
+        dst = getattr(self, attr)
         try:
-            dst.extend(array("q", vals))
-        except (TypeError, OverflowError):
-            ok = [v if type(v) is int and -(1 << 63) <= v < (1 << 63) else -1 for v in vals]
-            self.n_huge_ids += sum(1 for v, o in zip(vals, ok) if o == -1 and v != -1)
-            dst.extend(array("q", ok))
+            dst.extend(array(dst.typecode, vals))  # all-int and in range (the usual case)
+            return
+        except OverflowError:
+            pass
+        except TypeError:
+            vals = [as_int(v) for v in vals]
+        try:
+            dst.extend(array(dst.typecode, vals))
+        except OverflowError:
+            if dst.typecode == "i":  # needs int64 from now on
+                dst = array("q", dst)
+                setattr(self, attr, dst)
+            try:
+                dst.extend(array("q", vals))
+            except OverflowError:  # beyond int64 (a crafted 2**63)
+                dst.extend(array("q", [as_int(v) for v in vals]))
+
+    def _huge_id(self, v: Any) -> int:
+        """An id that is no int64 (a crafted 2**63) reads as no id (-1), counted."""
+        if type(v) is int and -(1 << 63) <= v < (1 << 63):
+            return v
+        if v != -1:
+            self.n_huge_ids += 1
+        return -1
 
     def add_untyped(self, items: list) -> None:
         """Slow path for chunks whose field types differ from Kineto's usual ones."""
@@ -381,8 +401,8 @@ class _Collector:
     def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
         # int32 where every value fits, here: a share crosses processes pickled, and two copies
         # of int64 ids (the pickle and the arrays) were the load's peak on a kernel-dense trace.
-        arrays = {col: (narrow_ints(np.frombuffer(getattr(self, attr), dtype=dtype)) if len(getattr(self, attr))
-                        else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
+        arrays = {col: (narrow_ints(np.frombuffer(getattr(self, attr), dtype=getattr(self, attr).typecode))
+                        if len(getattr(self, attr)) else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
         return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
                       n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
