@@ -21,7 +21,8 @@ from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
-from stepscope.trace.steps import (WHOLE_TRACE, positional_index, build_work, find_steps, spec_decode_steps,
+from stepscope.trace.steps import (WHOLE_TRACE, DeviceRows, positional_index, build_work, find_steps,
+                                   split_device_rows, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.codes import in_values, map_codes, take_codes
@@ -269,10 +270,12 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
             "host_only_of_gpu_job": host_only_of_gpu_job(ev, rt.mode),
             "unknown_step_names": unknown_step_names(
                 ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
-    work, info = build_work(ev, steps, rules, rt.rank, rt.mode)
-    args = _device_row_reads(ev, work, rt.mode)
-    if consume:
-        ev = _host_rows(ev)
+    dev = None
+    if consume and rt.mode == "gpu" and _device_rows_larger(ev):
+        ev, dev = split_device_rows(ev)  # from here `ev` is the host rows; `dev` lets each column go once read
+    work, info = build_work(ev, steps, rules, rt.rank, rt.mode, dev)
+    args = _device_row_reads(ev, work, rt.mode, dev)
+    del dev
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
     frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
@@ -294,15 +297,19 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
                                                                   rt.meta.get("world_size"), rt.mode, args))
 
 
-def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str) -> pd.Series | None:
+def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str, dev: DeviceRows | None = None
+                      ) -> pd.Series | None:
     """What the analysis reads from the event table's rows of the work itself, read while they
     are there: `work["recompute"]` set, and the kernels' args returned (GPU traces; codes, not
-    a str per row) for `collectives.collective_sizes`."""
+    a str per row) for `collectives.collective_sizes`. `dev`: the device rows, when `ev` holds
+    only the host rows (`steps.split_device_rows`)."""
     from stepscope.trace.modules import recompute_mask
 
     work["recompute"] = recompute_mask(ev, work)
-    if mode != "gpu" or "collective" not in ev:
+    if mode != "gpu" or "collective" not in (ev if dev is None else dev):
         return None
+    if dev is not None:
+        return pd.Series(dev.take_for("collective", work["op_row"].to_numpy()), index=work.index)
     col = ev["collective"]
     if positional_index(ev.index):
         # op_row is then a position: a take of the codes, not a label lookup (~35 bytes per
@@ -311,12 +318,12 @@ def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str) -> pd.Ser
     return pd.Series(col.reindex(work["op_row"].to_numpy()).array, index=work.index)
 
 
-def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
-    """The event table without its device rows (the work table holds them), when they are the
-    larger part: the host rows are copied, which costs more than it frees otherwise."""
-    device = in_values(ev["cat"], DEVICE_CATS)
-    n_device = int(device.sum())
-    return ev[~device] if n_device > len(ev) - n_device else ev
+def _device_rows_larger(ev: pd.DataFrame) -> bool:
+    """The device rows are most of the event table: then the host rows are copied out and the
+    device rows let go as the work table takes them (the copy costs more than it frees
+    otherwise)."""
+    n_device = int(in_values(ev["cat"], DEVICE_CATS).sum())
+    return n_device > len(ev) - n_device
 
 
 def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int,

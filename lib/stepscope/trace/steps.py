@@ -317,6 +317,16 @@ def _nelems(ev: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     return vals if rows is None else vals[rows]
 
 
+def _device_nelems(dev: DeviceRows) -> np.ndarray:
+    """`In msg nelems` per device row (-1 for none), as `_nelems` reads it."""
+    if "msg_nelems" not in dev:
+        return np.full(len(dev.rows), -1, dtype=np.int64)
+    vals = dev.take("msg_nelems")
+    if vals.dtype.kind != "i":
+        vals = pd.to_numeric(pd.Series(vals), errors="coerce").fillna(-1).to_numpy(np.int64)
+    return vals
+
+
 GPU_ATTRIBUTIONS = ("none", WHOLE_TRACE, "launch_thread", "launch_process", "before_capture",
                     "after_step_launch", "work_time")
 """How a device event found its step (`work.attribution`): by its launch's thread, its launch's
@@ -324,17 +334,70 @@ process, after its launch's step, by its own time, or not at all."""
 _HOW = {h: np.int8(i) for i, h in enumerate(GPU_ATTRIBUTIONS)}
 
 
-def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
+class DeviceRows:
+    """The event table's device rows (kernels, memcpys, memsets), read a column at a time at
+    their positions (`take`). Made by `split_device_rows`, it owns the table and lets each
+    column go once taken: the work table then replaces the device rows instead of being built
+    beside them (~50 bytes per device event of stage 05's peak, issue 26)."""
+
+    def __init__(self, ev: pd.DataFrame, *, own: bool = False) -> None:
+        self.rows = narrow_ints(np.flatnonzero(in_values(ev["cat"], DEVICE_CATS)))
+        self.positional = positional_index(ev.index)
+        self.labels = self.rows.copy() if self.positional else narrow_ints(_as_ints(ev.index.to_numpy()[self.rows]))
+        self._ev, self._own = ev, own
+
+    def __contains__(self, col: str) -> bool:
+        return col in self._ev
+
+    def take(self, col: str) -> Any:
+        """The column's values at the device rows (a Categorical stays one); owned: the table's
+        column is let go."""
+        c = self._ev[col]
+        v = c.array[self.rows] if isinstance(c.dtype, pd.CategoricalDtype) else c.to_numpy()[self.rows]
+        if self._own:
+            del c
+            del self._ev[col]
+        return v
+
+    def take_for(self, col: str, op_row: np.ndarray) -> Any:
+        """`take`, in the order of the work rows whose `op_row` labels are given (the work
+        table may have been sorted by start)."""
+        v = self.take(col)
+        if len(op_row) == len(self.labels) and np.array_equal(op_row, self.labels):
+            return v
+        at = (np.searchsorted(self.labels, op_row) if (np.diff(self.labels) > 0).all()
+              else pd.Index(self.labels).get_indexer(op_row))
+        return v[at]
+
+
+def split_device_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, DeviceRows]:
+    """(the host rows, copied; the device rows, owning `ev`, which the caller lets go). The
+    columns no device row is read for go at once."""
+    dev = DeviceRows(ev, own=True)
+    keep = np.ones(len(ev), dtype=bool)
+    keep[dev.rows] = False
+    host = ev[keep]
+    del keep
+    for col in ("pid", "external_id"):
+        if col in ev:
+            del ev[col]
+    return host, dev
+
+
+def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict,
+              dev: DeviceRows | None = None) -> pd.DataFrame:
     """One row per kernel / memcpy / memset, attributed through its launch (see build_work).
+    `dev`: the device rows, when `ev` holds only the host rows (`split_device_rows`).
 
     The device rows are read column by column at their positions, never copied as a frame,
     and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
     cost ~70 bytes per event (issue 26)."""
-    rows = narrow_ints(np.flatnonzero(in_values(ev["cat"], DEVICE_CATS)))
+    dev = dev if dev is not None else DeviceRows(ev)
+    rows = dev.rows
     launches = ev[in_values(ev["cat"], LAUNCH_CATS) & (ev["correlation"] >= 0)]
     launches = launches.drop_duplicates("correlation", keep="first")
     lk = launches.set_index("correlation")
-    corr = ev["correlation"].to_numpy()[rows]
+    corr = dev.take("correlation")
     has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
     # the launch's pid and tid in the event table's own int width (-10**9: no launch)
     lpid = np.full(len(rows), -10**9, dtype=ev["pid"].dtype if ev["pid"].dtype.kind == "i" else np.int64)
@@ -350,12 +413,12 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         ltid[has] = lk["tid"].to_numpy()[at]
         lts[has] = lk["ts"].to_numpy()[at]
         del at
-    ts = ev["ts"].to_numpy()[rows]
+    ts = dev.take("ts")
     step, how = _attribute_device(steps, launches, corr, has, lpid, ltid, lts, ts)
     ctx = launch_context(ev, lpid, ltid, lts)
     del lpid, ltid
-    names = ev["name"].array[rows]
-    cats, source = categorize_work(names, ev["cat"].array[rows], rules, ctx.category, as_codes=True)
+    names = dev.take("name")
+    cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
     # ~40 bytes per event over the table itself (issue 26).
     # int32 rank and step ids (a rank's steps number far below 2**31): 12 bytes per event less.
@@ -364,16 +427,16 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
     col["category"], col["name"] = text_codes(cats), text_codes(names)
     del how, cats, names
-    stream = ev["stream"].to_numpy()[rows]
-    col["stream"] = narrow_ints(_as_ints(np.where(stream >= 0, stream, ev["tid"].to_numpy()[rows])))
+    stream = dev.take("stream")
+    col["stream"] = narrow_ints(_as_ints(np.where(stream >= 0, stream, dev.take("tid"))))
     del stream
-    dur = ev["dur"].to_numpy()[rows]
+    dur = dev.take("dur")
     col.update(start_us=ts, end_us=ts + dur, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
-    col["op_row"] = rows.copy() if positional_index(ev.index) else narrow_ints(_as_ints(ev.index.to_numpy()[rows]))
+    col["op_row"] = dev.labels
     col["launch_us"] = lts
     col["correlation"] = narrow_ints(_as_ints(corr))
-    col["msg_nelems"] = narrow_ints(_nelems(ev, rows))
+    col["msg_nelems"] = narrow_ints(_device_nelems(dev))
     del rows, corr
     col["category_source"] = text_codes(source)
     col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
@@ -521,17 +584,18 @@ def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray)
     return coll
 
 
-def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str
-               ) -> tuple[pd.DataFrame, dict]:
+def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str,
+               dev: DeviceRows | None = None) -> tuple[pd.DataFrame, dict]:
     """The categorized work of one rank, each piece attributed to a step.
 
     GPU: one row per kernel / memcpy / memset. CPU: one row per self-time piece of a
     cpu_op on a thread that carries step annotations (the worker), inside a step.
-    Returns (work, info) where info counts what was left out and why.
+    Returns (work, info) where info counts what was left out and why. `dev`: the device rows,
+    when `ev` holds only the host rows (`split_device_rows`; GPU traces).
     """
     info: dict = {}
     if mode == "gpu":
-        work = _gpu_work(ev, steps, rules, rank, info)
+        work = _gpu_work(ev, steps, rules, rank, info, dev)
     else:
         work = _cpu_work(ev, steps, rules, rank, info)
     work["class"] = class_of(work["category"])
