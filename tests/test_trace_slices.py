@@ -89,6 +89,33 @@ def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, mo
     assert sliced.totals == whole.totals and sliced.info == whole.info
 
 
+def _launch_delays_reference(w: pd.DataFrame, rows) -> list[float]:
+    """Per launch, its first kernel in start order: start minus the launch's start."""
+    w = w.assign(keep=True if rows is None else rows).sort_values("start_us", kind="stable")
+    w = w[w["keep"] & w["launch_us"].notna() & (w["correlation"] >= 0)]
+    first = w.drop_duplicates("correlation")
+    return sorted((first["start_us"] - first["launch_us"]).tolist())
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
+@pytest.mark.parametrize("id_scale", [1, 10 ** 9])  # ids about as many as the rows, and sparse ones
+def test_launch_delays_in_slices_equal_one_pass(monkeypatch, chunk, id_scale):
+    from stepscope.trace.period import launch_delays
+
+    monkeypatch.setattr(account, "UNION_CHUNK_ROWS", chunk)
+    rng = np.random.default_rng(chunk + id_scale)
+    for _ in range(100):
+        n = int(rng.integers(0, 40))
+        start = np.round(rng.random(n) * 50, 1)
+        if rng.random() < 0.7:
+            start.sort()
+        w = pd.DataFrame({"start_us": start,
+                          "launch_us": np.where(rng.random(n) < 0.2, np.nan, start - rng.random(n)),
+                          "correlation": (rng.integers(-1, 8, n) * id_scale).astype(np.int64)})
+        rows = rng.random(n) < 0.7 if rng.random() < 0.5 else None
+        assert sorted(launch_delays(w, rows).tolist()) == _launch_delays_reference(w, rows)
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
 def test_factorizing_keys_in_slices_equals_pandas(monkeypatch, chunk):
     monkeypatch.setattr(trace_codes, "FACTORIZE_CHUNK_ROWS", chunk)

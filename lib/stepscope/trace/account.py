@@ -23,7 +23,7 @@ import pandas as pd
 
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
-from stepscope.trace.codes import factorize_keys, text_column_codes
+from stepscope.trace.codes import factorize_keys, lookup, text_column_codes
 
 
 def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +75,8 @@ def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
 
 
 UNION_CHUNK_ROWS = 1 << 16
-"""Rows `_union_by_code`, `_bincount` and `_first_start_last_end` read at a time: their
-temporaries (up to ~60 bytes a row where every row starts a segment, as tiny kernels do) stay
+"""Rows `_union_by_code`, `_bincount`, `_weighted_sum`, `_first_start_last_end` and
+`period.launch_delays` read at a time: their temporaries (up to ~60 bytes a row where every row starts a segment, as tiny kernels do) stay
 this size on a trace of any length (issue 26)."""
 
 
@@ -166,12 +166,12 @@ def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.n
     if isinstance(category.dtype, pd.CategoricalDtype) and not category.isna().any():
         codes = category.cat.codes.to_numpy()
         codes = codes if order is None else codes[order]
-        used = np.flatnonzero(np.bincount(codes, minlength=len(category.cat.categories)))
+        used = np.flatnonzero(_bincount(codes, len(category.cat.categories)))
         # numbered by first appearance in start order, as factorizing the text would
         used = used[np.argsort([int(np.argmax(codes == k)) for k in used], kind="stable")]
         remap = np.full(len(category.cat.categories), -1, dtype=np.int32)
         remap[used] = np.arange(len(used))
-        return remap[codes], np.asarray(category.cat.categories, dtype=object)[used]
+        return lookup(remap, codes), np.asarray(category.cat.categories, dtype=object)[used]
     cc, uniq = pd.factorize(np.asarray(category.to_numpy() if order is None else category.to_numpy()[order],
                                        dtype=object))
     return cc, np.asarray(uniq, dtype=object)
@@ -182,8 +182,8 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: in
     """Per key (codes `kc`, rows in start order): compute, compute+communication and busy union
     lengths; per (key, category `cc`): union and exposed time, flat as key * ncat + category."""
     ncat = len(klass)
-    comp = (klass == "compute")[cc]
-    comm = (klass == "communication")[cc]
+    comp = lookup(klass == "compute", cc)
+    comm = lookup(klass == "communication", cc)
 
     def gu(mask: np.ndarray) -> np.ndarray:
         return _union_by_code(kc, s, e, nk, mask)
@@ -233,11 +233,12 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     calls = col("is_call").astype(bool, copy=False)
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
-    pair = kc.astype(np.int64)  # then in place: each step of `kc * ncat + cc` was a copy
+    npair = nk * ncat
+    # then in place: each step of `kc * ncat + cc` was a copy; int32 where it fits
+    pair = kc.astype(np.int32 if npair < 2**31 else np.int64)
     pair *= ncat
     pair += cc
-    npair = nk * ncat
-    rows = np.bincount(pair, minlength=npair)
+    rows = _bincount(pair, npair)
     present = np.flatnonzero(rows)
     c_len, cm_len, busy, union, exposed = _unions(kc, cc, s, e, nk, klass)
     cat_tab = pd.DataFrame({
@@ -245,21 +246,18 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         "category": cats_u[present % ncat],
         "class": klass[present % ncat],
         "count": _count(pair, calls, npair)[present],
-        "sum_us": np.bincount(pair, weights=dur, minlength=npair)[present],
+        "sum_us": _weighted_sum(pair, dur, npair)[present],
         "union_us": union[present],
         "exposed_us": exposed[present],
     })
 
-    def per_key(weights: np.ndarray) -> np.ndarray:
-        return np.bincount(kc, weights=weights, minlength=nk)
-
     starts, ends = _first_start_last_end(kc, s, e, nk)
-    cat_is = {name: (cats_u == name)[cc] if name in set(cats_u) else np.zeros(len(cc), bool)
+    cat_is = {name: lookup(cats_u == name, cc) if name in set(cats_u) else np.zeros(len(cc), bool)
               for name in COLLECTIVE_CATEGORIES}
     tot = pd.DataFrame({
         key: keys_u,
         "n_events": _count(kc, calls, nk),
-        "kernel_sum_us": per_key(dur),
+        "kernel_sum_us": _weighted_sum(kc, dur, nk),
         "busy_us": busy,
         "span_us": ends - starts,
         "compute_us": c_len,
@@ -288,6 +286,15 @@ def _bincount(codes: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def _weighted_sum(codes: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
+    """`np.bincount(codes, weights)`, a slice at a time: the same additions in the same row
+    order (so the same bits), without widening every code to int64 first."""
+    out = np.zeros(n)
+    for lo in range(0, len(codes), UNION_CHUNK_ROWS):
+        np.add.at(out, codes[lo:lo + UNION_CHUNK_ROWS], weights[lo:lo + UNION_CHUNK_ROWS])
+    return out
+
+
 def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Per key code (rows in start order): its first row's start, and its largest end (NaN
@@ -312,7 +319,7 @@ _ACCOUNT_COLUMNS = ["step_id", "category", "start_us", "end_us", "dur_us", "is_c
 def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(step_categories, step_totals) for one rank; steps with no work get zero rows."""
     rank = int(steps["rank"].iloc[0]) if len(steps) else -1
-    att = work.loc[(work["step_id"] >= 0).to_numpy(), [c for c in _ACCOUNT_COLUMNS if c in work]]
+    att = rows_of(work, work["step_id"].to_numpy() >= 0, _ACCOUNT_COLUMNS)
     cat_tab, tot = _account(att, "step_id") if len(att) else (
         pd.DataFrame(columns=["step_id", "category", "class", "count", "sum_us", "union_us",
                               "exposed_us"]), pd.DataFrame(columns=["step_id", "first_start_us"]))
@@ -477,9 +484,7 @@ def _most_calls_decided_by(key: np.ndarray, decided: pd.Series, n_groups: int) -
 def _decode_rows(work: pd.DataFrame, step_ids: np.ndarray, columns: list[str]) -> pd.DataFrame:
     """The rows of `step_ids`, only the `columns` read (those present): a copy of every column
     of the work table was a large part of stage 05's peak on a kernel-dense trace (issue 26)."""
-    keep = [c for c in columns if c in work]
-    rows = in_steps(work["step_id"].to_numpy(), step_ids)
-    return work[keep] if rows.all() else work.loc[rows, keep]  # all rows: the columns, not a copy
+    return rows_of(work, in_steps(work["step_id"].to_numpy(), step_ids), columns)
 
 
 def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
@@ -491,7 +496,16 @@ def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
         return np.isin(step_id, ids)
     known = np.zeros(int(max(ids.max(), step_id.max())) + 2, dtype=bool)  # the last entry: -1
     known[ids] = True
-    return known[step_id]
+    return lookup(known, step_id)
+
+
+def rows_of(work: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> pd.DataFrame:
+    """The work rows where the mask `rows` holds, only the `columns` read (those present):
+    with every row picked, the columns themselves, not a copy. A copy of the rows picked was
+    each later phase's largest transient on a kernel-dense trace, where every kernel is in a
+    step (issue 26)."""
+    keep = [c for c in columns if c in work]
+    return work[keep] if rows.all() else work.loc[rows, keep]
 
 
 def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

@@ -36,7 +36,7 @@ def map_codes(c: pd.Categorical, value_of: Callable[[Any], Any] | None = None,
     if n:
         at = {v: i for i, v in enumerate(dtype.categories)}
         lut[np.append(old, len(c.categories)) if used[-1] else old] = [at.get(v, -1) for v in values]
-    return pd.Categorical.from_codes(lut[codes], dtype=dtype)
+    return pd.Categorical.from_codes(lookup(lut, codes), dtype=dtype)
 
 
 def text_codes(values: pd.Series | pd.Categorical | np.ndarray) -> pd.Categorical:
@@ -58,13 +58,18 @@ def text_column_codes(col: pd.Series | None, n: int, blank: str = "") -> tuple[n
     return codes, list(uniq)
 
 
+def lookup(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """`table[index]`, a slice of `index` at a time: numpy widens int8/int32 indices to int64
+    first, 8 bytes per row for what is often a 1-byte result (issue 26)."""
+    out = np.empty(len(index), dtype=table.dtype)
+    for lo in range(0, len(index), FACTORIZE_CHUNK_ROWS):
+        out[lo:lo + FACTORIZE_CHUNK_ROWS] = table[index[lo:lo + FACTORIZE_CHUNK_ROWS]]
+    return out
+
+
 def take_codes(c: pd.Categorical, positions: np.ndarray) -> pd.Categorical:
-    """`c.take(positions)`, a slice of positions at a time: a whole take widened the positions
-    to int64 first (8 bytes per row for a 1-byte result, issue 26)."""
-    codes = np.empty(len(positions), dtype=c.codes.dtype)
-    for lo in range(0, len(positions), FACTORIZE_CHUNK_ROWS):
-        codes[lo:lo + FACTORIZE_CHUNK_ROWS] = c.codes[positions[lo:lo + FACTORIZE_CHUNK_ROWS]]
-    return pd.Categorical.from_codes(codes, dtype=c.dtype)
+    """`c.take(positions)`, through `lookup`."""
+    return pd.Categorical.from_codes(lookup(c.codes, positions), dtype=c.dtype)
 
 
 def in_values(col: pd.Series, values) -> np.ndarray:

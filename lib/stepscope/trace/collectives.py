@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
-from stepscope.trace.account import covered_length, in_steps
+from stepscope.trace.account import covered_length, in_steps, rows_of
 from stepscope.trace.codes import text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
@@ -365,7 +365,7 @@ def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: 
     broadcast as bytes (`..._Broadcast_..._int8_t`) whatever the tensor's type."""
     sel = work["collective_call"].to_numpy(bool) & in_steps(work["step_id"].to_numpy(), step_ids)
     # the columns read, not a copy of every work column of every collective (issue 26)
-    w = work.loc[sel, [c for c in ("category", "name", "op_context", "msg_nelems", "dur_us") if c in work]]
+    w = rows_of(work, sel, ["category", "name", "op_context", "msg_nelems", "dur_us"])
     n = len(step_ids)
     if w.empty or not n:
         return pd.DataFrame(columns=SIZE_COLUMNS)

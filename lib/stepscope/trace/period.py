@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import MACRO_GAP_US
-from stepscope.trace.account import in_steps
+from stepscope.trace import account
+from stepscope.trace.account import in_steps, rows_of
 from stepscope.trace.steps import WHOLE_TRACE
 
 PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "idle_micro_us", "idle_macro_us",
@@ -114,16 +115,45 @@ def launch_delays(w: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray
     if "launch_us" not in w or w["launch_us"].isna().all():
         return np.array([])
     start, launch = w["start_us"].to_numpy(float), w["launch_us"].to_numpy(float)
-    ok = ~np.isnan(launch) & (w["correlation"].to_numpy() >= 0)
-    if rows is not None:
-        ok &= rows
-    at = np.flatnonzero(ok)
-    del ok
-    # first in start order (the work table comes sorted: then so is any subset of its rows)
-    if len(at) > 1 and not (start[1:] >= start[:-1]).all() and not (start[at[1:]] >= start[at[:-1]]).all():
-        at = at[np.argsort(start[at], kind="stable")]
-    first = at[np.unique(w["correlation"].to_numpy()[at], return_index=True)[1]]
-    return start[first] - launch[first]
+    corr = w["correlation"].to_numpy()
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
+        o = np.argsort(start, kind="stable")  # first in start order
+        start, launch, corr = start[o], launch[o], corr[o]
+        rows = rows[o] if rows is not None else None
+    seen = _Seen(int(corr.max()) if len(corr) else -1, len(corr))
+    out, chunk = [], account.UNION_CHUNK_ROWS
+    # A slice at a time, in start order: every row's index and a sort of every row's
+    # correlation made ~40 bytes a row, the largest transient after the build (issue 26).
+    for lo in range(0, len(start), chunk):
+        sl = slice(lo, lo + chunk)
+        ok = ~np.isnan(launch[sl]) & (corr[sl] >= 0)
+        if rows is not None:
+            ok &= rows[sl]
+        at = np.flatnonzero(ok)
+        u, first = np.unique(corr[sl][at], return_index=True)
+        pick = lo + at[first[seen.add_new(u)]]
+        out.append(start[pick] - launch[pick])
+    return np.concatenate(out) if out else np.array([])
+
+
+class _Seen:
+    """The correlations met so far: a flag per id when the ids are about as many as the rows
+    (Kineto numbers its runtime calls from 1), else a sorted array of them."""
+
+    def __init__(self, max_id: int, n_rows: int) -> None:
+        dense = max_id < 4 * n_rows + (1 << 20)
+        self.flags = np.zeros(max(max_id, -1) + 1, dtype=bool) if dense else None
+        self.ids = np.array([], dtype=np.int64)
+
+    def add_new(self, u: np.ndarray) -> np.ndarray:
+        """Of the sorted distinct ids `u`, which were not met before (a mask); all are met now."""
+        if self.flags is not None:
+            new = ~self.flags[u]
+            self.flags[u] = True
+            return new
+        new = ~np.isin(u, self.ids, assume_unique=True)
+        self.ids = np.union1d(self.ids, u)
+        return new
 
 
 _IDLE_COLUMNS = ["step_id", "start_us", "end_us", "name", "category", "launch_us", "correlation"]
@@ -145,7 +175,7 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
     period, from_device = step_periods(steps_tot)
     span = steps_tot["span_us"].to_numpy(float)
     rows = {}
-    att = work.loc[(work["step_id"] >= 0).to_numpy(), [c for c in _IDLE_COLUMNS if c in work]]
+    att = rows_of(work, work["step_id"].to_numpy() >= 0, _IDLE_COLUMNS)
     start = att["start_us"].to_numpy()
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # build_work sorts it: no copy then
         att = att.sort_values("start_us", kind="stable")
