@@ -116,6 +116,21 @@ def test_launch_delays_in_slices_equal_one_pass(monkeypatch, chunk, id_scale):
         assert sorted(launch_delays(w, rows).tolist()) == _launch_delays_reference(w, rows)
 
 
+def test_steps_as_runs_are_the_groups_of_a_groupby():
+    from stepscope.trace.period import _by_step
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        runs = rng.integers(1, 5, int(rng.integers(0, 8)))
+        sid = np.repeat(rng.permutation(len(runs)), runs)  # each step one run
+        if rng.random() < 0.4 and len(sid) > 2:  # steps that overlap: a step in two runs
+            sid = rng.permutation(sid)
+        att = pd.DataFrame({"step_id": sid.astype(np.int32), "start_us": np.arange(len(sid), dtype=float)})
+        got = {k: w["start_us"].tolist() for k, w in _by_step(att)}
+        want = {int(k): w["start_us"].tolist() for k, w in att.groupby("step_id", sort=False)}
+        assert got == want and list(got) == list(want)
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
 def test_factorizing_keys_in_slices_equals_pandas(monkeypatch, chunk):
     monkeypatch.setattr(trace_codes, "FACTORIZE_CHUNK_ROWS", chunk)

@@ -141,7 +141,7 @@ class _Seen:
     (Kineto numbers its runtime calls from 1), else a sorted array of them."""
 
     def __init__(self, max_id: int, n_rows: int) -> None:
-        dense = max_id < 4 * n_rows + (1 << 20)
+        dense = max_id < 4 * n_rows + (1 << 12)
         self.flags = np.zeros(max(max_id, -1) + 1, dtype=bool) if dense else None
         self.ids = np.array([], dtype=np.int64)
 
@@ -166,6 +166,20 @@ def _launch_delay(w: pd.DataFrame) -> float:
     return float(np.median(d)) if len(d) else float("nan")
 
 
+def _by_step(att: pd.DataFrame):
+    """(step id, its rows) per step of the work rows `att` (in start order). Where each step's
+    rows are one run, as steps in time order make them, slices of `att`: a groupby factorized
+    and sorted every row (~28 bytes a row, issue 26)."""
+    sid = att["step_id"].to_numpy()
+    starts = np.flatnonzero(sid[1:] != sid[:-1]) + 1 if len(sid) else np.array([], dtype=np.int64)
+    starts = np.r_[0, starts] if len(sid) else starts
+    if len(np.unique(sid[starts])) < len(starts):  # a step in two runs: steps overlap in time
+        yield from ((int(k), w) for k, w in att.groupby("step_id", sort=False))
+        return
+    for lo, hi in zip(starts.tolist(), np.r_[starts[1:], len(sid)].tolist()):
+        yield int(sid[lo]), att.iloc[lo:hi]
+
+
 def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
               host: pd.DataFrame | None = None, frames: pd.DataFrame | None = None) -> pd.DataFrame:
     """PERIOD_COLUMNS per step of one rank (steps in step order). `host`: the rank's runtime
@@ -179,8 +193,8 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
     start = att["start_us"].to_numpy()
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # build_work sorts it: no copy then
         att = att.sort_values("start_us", kind="stable")
-    for sid, w in att.groupby("step_id", sort=False):
-        rows[int(sid)] = (*_gaps_one(w), _launch_delay(w))
+    for sid, w in _by_step(att):
+        rows[sid] = (*_gaps_one(w), _launch_delay(w))
     out = []
     for k, sid in enumerate(steps_tot["step_id"].astype(int)):
         micro, macro, largest, g0, before, after, delay = rows.get(
