@@ -36,7 +36,7 @@ import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
 from stepscope.trace.account import covered_length, in_steps, rows_of
-from stepscope.trace.codes import text_column_codes
+from stepscope.trace.codes import factorize_keys, lookup, text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
@@ -322,9 +322,11 @@ def bus_factor_of(collective: str, n: int) -> float:
     return (n - 1) / n if collective in ("all_gather", "reduce_scatter") else 1.0
 
 
-def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None) -> pd.DataFrame:
-    """Per collective row: collective, category, dtype (and where it came from), group size and
-    process group, judged once per distinct (args, issuing op, kernel name, category)."""
+def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None
+               ) -> tuple[pd.DataFrame, np.ndarray]:
+    """(collective, category, dtype (and where it came from), group size and process group,
+    judged once per distinct (args, issuing op, kernel name, category); per collective row,
+    its row of that table)."""
     from stepscope.trace.parse import collective_args
 
     n = len(w)
@@ -349,9 +351,30 @@ def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None) 
                      "dtype": a[1].lower() or (kdt or ""),
                      "dtype_source": "args" if a[1] else ("kernel name" if kdt else ""),
                      "group_size": a[2] if a[2] else (world or -1), "process_group": a[3]})
-    table = pd.DataFrame(rows, columns=["collective", "category", "dtype", "dtype_source", "group_size",
-                                        "process_group"])
-    return table.iloc[k_codes].reset_index(drop=True)
+    table = pd.DataFrame(rows, columns=_SIZE_KEY_COLUMNS)
+    return table, k_codes.astype(np.int32)
+
+
+_SIZE_KEY_COLUMNS = ["collective", "category", "dtype", "dtype_source", "group_size", "process_group"]
+
+
+def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> pd.DataFrame:
+    """Per (collective, category, dtype, dtype source, nelems, group size, process group), in
+    order of first appearance: calls (`count`) and the `median` kernel time. Each row is keyed
+    by an int: its table row's tuple and its size. A groupby of the seven text and int columns
+    made a copy of each per collective row (~150 bytes a call, issue 26)."""
+    tuple_of = table.groupby(_SIZE_KEY_COLUMNS, sort=False, dropna=False).ngroup().to_numpy(np.int64)
+    first_of = np.unique(tuple_of, return_index=True)[1]  # each tuple's first table row (ids 0..k-1)
+    ne = w["msg_nelems"].to_numpy().astype(np.int64)
+    ne = np.where(ne >= 0, ne, -1)
+    tid = lookup(tuple_of, k_codes)
+    width = int(ne.max()) + 2 if len(ne) else 1
+    codes, uniq = factorize_keys(len(tid), lambda sl: tid[sl] * width + (ne[sl] + 1))
+    groups = pd.Categorical.from_codes(codes, categories=pd.RangeIndex(len(uniq)))
+    med = pd.Series(w["dur_us"].to_numpy(float)).groupby(groups, observed=False).median().to_numpy()
+    out = table.iloc[first_of[uniq // width]].reset_index(drop=True)
+    out.insert(4, "nelems", uniq % width - 1)
+    return out.assign(count=np.bincount(codes, minlength=len(uniq)), median=med)
 
 
 def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: np.ndarray,
@@ -369,12 +392,7 @@ def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: 
     n = len(step_ids)
     if w.empty or not n:
         return pd.DataFrame(columns=SIZE_COLUMNS)
-    t = _size_keys(w, arg_names[sel] if arg_names is not None else None, world)
-    keys = ["collective", "category", "dtype", "dtype_source", "nelems", "group_size", "process_group"]
-    # Each distinct (args, op, kernel, category) is read once; rows carry its code (issue 26).
-    t = t.assign(nelems=np.where(w["msg_nelems"].to_numpy() >= 0, w["msg_nelems"].to_numpy(), -1),
-                 dur_us=w["dur_us"].to_numpy(float))
-    out = t.groupby(keys, sort=False)["dur_us"].agg(["count", "median"]).reset_index()
+    out = _size_groups(w, *_size_keys(w, arg_names[sel] if arg_names is not None else None, world))
     for c in ("dtype", "dtype_source", "process_group"):
         out[c] = out[c].replace("", None)
     ne = out["nelems"].to_numpy()
