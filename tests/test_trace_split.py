@@ -126,3 +126,32 @@ def test_rank_processes_split_their_traces_when_cores_are_left(real_traces: Path
     assert {m.name.split("-")[1] for m in marks}.isdisjoint({str(os.getpid())})
     for a, b in zip(serial, nested):
         assert a.events.equals(b.events)
+
+
+def _share_or_die(path, share, of, keep_cpu_ops, progress):
+    """Share 0 parses; the other process dies as if killed for memory."""
+    import os
+
+    if share:
+        os._exit(9)
+    return parse.parse_share(path, 0, 1, keep_cpu_ops, progress)
+
+
+def test_a_parsing_process_that_dies_is_a_named_error(real_traces: Path):
+    """A share's columns come through a pipe (issue 26); a process killed before sending its
+    share is reported with the trace's path, not a broken pool."""
+    p = real_traces / "hta-a100-ddp-nccl.json.gz"
+    with pytest.raises(TraceError, match="ended before sending its share") as exc:
+        split.parse_split(p, 2, _share_or_die, None, None)
+    assert str(p) in str(exc.value)
+
+
+def test_shares_sent_through_pipes_equal_one_process(real_traces: Path):
+    p = real_traces / "hta-a100-ddp-nccl.json.gz"
+    one = parse.parse_share(p, 0, 1, None, None)
+    shares = split.parse_split(p, 1 + 1, lambda *a: parse.parse_share(p, 0, 1, None, None), None, None)
+    assert len(shares) == 2
+    for sh in shares:
+        assert sh.arrays.keys() == one.arrays.keys() and sh.names == one.names
+        for col, a in one.arrays.items():
+            assert sh.arrays[col].dtype == a.dtype and np.array_equal(sh.arrays[col], a), col

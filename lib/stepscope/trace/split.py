@@ -81,29 +81,94 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
 
 def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu_ops: bool | None,
                 progress: Callable[[int], None] | None) -> list[_Share] | None:
-    """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back."""
+    """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back.
+
+    Each process sends its share's columns through a pipe straight into arrays made here
+    (`_send_share`, `_receive_share`): a pickled share was held twice in the process that made
+    it and twice in this one, the load's peak on a kernel-dense trace (issue 26)."""
     import multiprocessing as mp
 
+    ctx = mp.get_context("fork")
+    workers: list[tuple[Any, Any]] = []
     try:
-        pool = ProcessPoolExecutor(max_workers=n - 1, mp_context=mp.get_context("fork"))
+        for i in range(1, n):
+            receiving, sending = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_send_share, args=(sending, parse_share, path, i, n, keep_cpu_ops),
+                               daemon=True)
+            workers.append((proc, receiving))
+            proc.start()
+            sending.close()  # the child's end: a child that dies then reads as an end of file here
     except (OSError, ValueError) as exc:
+        _stop(workers)
         logger.info("%s: cannot fork parsing processes (%s); parsing in one", path, exc)
         return None
-    with pool:
-        futs = []
-        try:  # the submits too: a Ctrl-C between two of them left an idle worker, and the exit hung on it
-            futs += [pool.submit(parse_share, path, i, n, keep_cpu_ops, None) for i in range(1, n)]
-            shares = [parse_share(path, 0, n, keep_cpu_ops, progress)]
-            shares += [f.result() for f in futs]
-        except SplitFailed:
-            for f in futs:
-                f.cancel()
-            logger.info("%s: a chunk cut fell inside an event; parsing in one process", path)
-            return None
-        except BaseException:  # Ctrl-C, or this share's own error: the others are not waited for
-            stop_workers(pool)
-            raise
+    try:
+        shares = [parse_share(path, 0, n, keep_cpu_ops, progress)]
+        shares += [_receive_share(conn, path) for _, conn in workers]
+    except SplitFailed:
+        _stop(workers)
+        logger.info("%s: a chunk cut fell inside an event; parsing in one process", path)
+        return None
+    except BaseException:  # Ctrl-C, or a share's own error: the others are not waited for
+        _stop(workers)
+        raise
+    for proc, conn in workers:
+        proc.join()
+        conn.close()
     return shares
+
+
+def _stop(workers: list[tuple[Any, Any]]) -> None:
+    """End the parsing processes now (an interrupt, an error or a fallback)."""
+    for proc, conn in workers:
+        if proc.pid is not None and proc.is_alive():
+            proc.terminate()
+        conn.close()
+    for proc, _ in workers:
+        if proc.pid is not None:
+            proc.join()
+
+
+def _send_share(conn: Any, parse_share: Callable[..., _Share], path: Path, share: int, of: int,
+                keep_cpu_ops: bool | None) -> None:
+    """In a parsing process: parse one share, then send it, its columns one at a time, each
+    let go once sent."""
+    try:
+        sh = parse_share(path, share, of, keep_cpu_ops, None)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+        conn.send(("error", exc))
+        return
+    arrays, sh.arrays = sh.arrays, {}
+    conn.send(("share", sh, [(col, a.dtype.str, len(a)) for col, a in arrays.items()]))
+    for col in list(arrays):
+        a = np.ascontiguousarray(arrays.pop(col))
+        conn.send_bytes(memoryview(a).cast("B"))
+        del a
+    conn.close()
+
+
+def _receive_share(conn: Any, path: Path) -> _Share:
+    """A share sent by `_send_share`, its columns read into arrays made for them."""
+    from stepscope.errors import TraceError
+
+    try:
+        kind, *rest = conn.recv()
+        if kind == "error":
+            raise rest[0]
+        sh, columns = rest
+        for col, dtype, n in columns:
+            a = np.empty(n, dtype=dtype)
+            if n:
+                conn.recv_bytes_into(a)
+            else:
+                conn.recv_bytes()
+            sh.arrays[col] = a
+    except EOFError:
+        raise TraceError("a parsing process ended before sending its share of the trace (killed, "
+                         "perhaps for memory)", where=str(path),
+                         hint="free memory (or give the machine more) and run again; a trace that is over "
+                              "stepscope's budget is refused with a message (--memory-budget-gb)") from None
+    return sh
 
 
 def merge_shares(shares: list[_Share], columns: tuple[str, ...]
