@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
-from stepscope.trace.codes import in_values, text_codes
-from stepscope.trace.context import launch_context, op_context
+from stepscope.trace.codes import in_values, lookup, take_codes, text_codes
+from stepscope.trace.context import WorkContext, launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 from stepscope.trace.parse import narrow_ints
 
@@ -353,7 +353,8 @@ class DeviceRows:
         """The column's values at the device rows (a Categorical stays one); owned: the table's
         column is let go."""
         c = self._ev[col]
-        v = c.array[self.rows] if isinstance(c.dtype, pd.CategoricalDtype) else c.to_numpy()[self.rows]
+        # through `lookup`: numpy widened the int32 positions to int64 for each column (issue 26)
+        v = take_codes(c.array, self.rows) if isinstance(c.dtype, pd.CategoricalDtype) else lookup(c.to_numpy(), self.rows)
         if self._own:
             del c
             del self._ev[col]
@@ -404,10 +405,12 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     ltid = np.full(len(rows), -10**9, dtype=ev["tid"].dtype if ev["tid"].dtype.kind == "i" else np.int64)
     lts = np.full(len(rows), np.nan)
     graph = np.zeros(len(rows), dtype=bool)
+    launch_of = np.full(len(rows), -1, dtype=np.int32)  # each kernel's row in `lk` (-1: none)
     if has.any():
         # Column by column at each kernel's launch position: a frame of every launch column per
         # kernel (and a name match per row) was a large part of stage 05's peak (issue 26).
         at = lk.index.get_indexer(corr[has])
+        launch_of[has] = at
         graph[has] = lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool)[at]
         lpid[has] = lk["pid"].to_numpy()[at]
         ltid[has] = lk["tid"].to_numpy()[at]
@@ -415,8 +418,12 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         del at
     ts = dev.take("ts")
     step, how = _attribute_device(steps, launches, corr, has, lpid, ltid, lts, ts)
-    ctx = launch_context(ev, lpid, ltid, lts)
     del lpid, ltid
+    # Judged once per launch, then given to its kernels: a graph launch runs hundreds, and a
+    # query per kernel was stage 05's peak and most of its time on a kernel-dense trace.
+    ctx = _per_kernel(launch_context(ev, lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)),
+                      launch_of)
+    del launch_of
     names = dev.take("name")
     cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
@@ -444,6 +451,16 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     work = pd.DataFrame(col, copy=False)  # the arrays are this frame's own: a copy held the table twice
     info["n_launch_missing"] = int((~has).sum())
     return work
+
+
+def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
+    """Each kernel's launch's context (`launch_of`: its launch's query, -1 for none: no context,
+    the code of "", which `WorkContext` numbers 0)."""
+    def one(c: pd.Categorical) -> pd.Categorical:
+        return pd.Categorical.from_codes(lookup(np.append(c.codes, np.zeros(1, c.codes.dtype)), launch_of),
+                                         dtype=c.dtype)
+
+    return WorkContext(one(ctx.category), one(ctx.frame), one(ctx.module))
 
 
 def _as_ints(values: np.ndarray) -> np.ndarray:
