@@ -243,7 +243,7 @@ def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndar
 
 
 ENCLOSING_CHUNK_ROWS = 1 << 16
-"""Rows `_enclosing` places at a time."""
+"""Rows `_enclosing` places, and `_launch_rows` looks up, at a time."""
 
 
 def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
@@ -399,22 +399,21 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     launches = launches.drop_duplicates("correlation", keep="first")
     lk = launches.set_index("correlation")
     corr = dev.take("correlation")
-    has = np.isin(corr, lk.index.to_numpy()) & (corr >= 0)
+    launch_of = _launch_rows(lk.index, corr)  # each kernel's row in `lk` (-1: none)
+    has = launch_of >= 0
     # the launch's pid and tid in the event table's own int width (-10**9: no launch)
     lpid = np.full(len(rows), -10**9, dtype=ev["pid"].dtype if ev["pid"].dtype.kind == "i" else np.int64)
     ltid = np.full(len(rows), -10**9, dtype=ev["tid"].dtype if ev["tid"].dtype.kind == "i" else np.int64)
     lts = np.full(len(rows), np.nan)
     graph = np.zeros(len(rows), dtype=bool)
-    launch_of = np.full(len(rows), -1, dtype=np.int32)  # each kernel's row in `lk` (-1: none)
     if has.any():
         # Column by column at each kernel's launch position: a frame of every launch column per
         # kernel (and a name match per row) was a large part of stage 05's peak (issue 26).
-        at = lk.index.get_indexer(corr[has])
-        launch_of[has] = at
-        graph[has] = lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool)[at]
-        lpid[has] = lk["pid"].to_numpy()[at]
-        ltid[has] = lk["tid"].to_numpy()[at]
-        lts[has] = lk["ts"].to_numpy()[at]
+        at = launch_of if has.all() else launch_of[has]
+        graph[has] = lookup(lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool), at)
+        lpid[has] = lookup(lk["pid"].to_numpy(), at)
+        ltid[has] = lookup(lk["tid"].to_numpy(), at)
+        lts[has] = lookup(lk["ts"].to_numpy(), at)
         del at
     ts = dev.take("ts")
     step, how = _attribute_device(steps, launches, corr, has, lpid, ltid, lts, ts)
@@ -451,6 +450,16 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     work = pd.DataFrame(col, copy=False)  # the arrays are this frame's own: a copy held the table twice
     info["n_launch_missing"] = int((~has).sum())
     return work
+
+
+def _launch_rows(launches: pd.Index, corr: np.ndarray) -> np.ndarray:
+    """Per kernel, the position of its correlation among the (unique) launch correlations, -1
+    for none; int32, a slice at a time: isin and a whole get_indexer sorted or hashed every
+    kernel into int64 temporaries (~27 bytes a kernel, issue 26)."""
+    out = np.empty(len(corr), dtype=np.int32)
+    for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):
+        out[lo:lo + ENCLOSING_CHUNK_ROWS] = launches.get_indexer(corr[lo:lo + ENCLOSING_CHUNK_ROWS])
+    return out
 
 
 def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
