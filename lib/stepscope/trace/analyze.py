@@ -309,12 +309,12 @@ def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str, dev: Devi
     if mode != "gpu" or "collective" not in (ev if dev is None else dev):
         return None
     if dev is not None:
-        return pd.Series(dev.take_for("collective", work["op_row"].to_numpy()), index=work.index)
+        return pd.Series(dev.take_for("collective", work["op_row"].to_numpy()), index=work.index, copy=False)
     col = ev["collective"]
     if positional_index(ev.index):
         # op_row is then a position: a take of the codes, not a label lookup (~35 bytes per
         # device event of hash table and indexer, stage 05's peak on a kernel-dense trace).
-        return pd.Series(take_codes(col.array, work["op_row"].to_numpy()), index=work.index)
+        return pd.Series(take_codes(col.array, work["op_row"].to_numpy()), index=work.index, copy=False)
     return pd.Series(col.reindex(work["op_row"].to_numpy()).array, index=work.index)
 
 

@@ -371,7 +371,7 @@ def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> p
     width = int(ne.max()) + 2 if len(ne) else 1
     codes, uniq = factorize_keys(len(tid), lambda sl: tid[sl] * width + (ne[sl] + 1))
     groups = pd.Categorical.from_codes(codes, categories=pd.RangeIndex(len(uniq)))
-    med = pd.Series(w["dur_us"].to_numpy(float)).groupby(groups, observed=False).median().to_numpy()
+    med = pd.Series(w["dur_us"].to_numpy(float), copy=False).groupby(groups, observed=False).median().to_numpy()
     out = table.iloc[first_of[uniq // width]].reset_index(drop=True)
     out.insert(4, "nelems", uniq % width - 1)
     return out.assign(count=np.bincount(codes, minlength=len(uniq)), median=med)
