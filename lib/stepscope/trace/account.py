@@ -169,7 +169,7 @@ def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.n
         used = np.flatnonzero(_bincount(codes, len(category.cat.categories)))
         # numbered by first appearance in start order, as factorizing the text would
         used = used[np.argsort([int(np.argmax(codes == k)) for k in used], kind="stable")]
-        remap = np.full(len(category.cat.categories), -1, dtype=np.int32)
+        remap = np.full(len(category.cat.categories), -1, dtype=np.int8 if len(used) < 127 else np.int32)
         remap[used] = np.arange(len(used))
         return lookup(remap, codes), np.asarray(category.cat.categories, dtype=object)[used]
     cc, uniq = pd.factorize(np.asarray(category.to_numpy() if order is None else category.to_numpy()[order],
@@ -224,20 +224,24 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return v if o is None else v[o]
 
     keys = col(key)
-    kc, keys_u = factorize_keys(len(keys), lambda sl: keys[sl].astype(np.int64))  # what pd.factorize gives
+    if len(keys) and keys.min() == keys.max():  # one key (the whole rank): no code per row to make
+        kc, keys_u = np.zeros(len(keys), dtype=np.int8), keys[:1].copy()
+    else:
+        kc, keys_u = factorize_keys(len(keys), lambda sl: keys[sl].astype(np.int64))  # what pd.factorize gives
     keys_u = keys_u.astype(keys.dtype, copy=False)
     cc, cats_u = _category_codes(work["category"], o)
-    cc = cc.astype(np.int32, copy=False)
     nk, ncat = len(keys_u), len(cats_u)
     s, e, dur = col("start_us"), col("end_us"), col("dur_us")
     calls = col("is_call").astype(bool, copy=False)
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
     npair = nk * ncat
-    # then in place: each step of `kc * ncat + cc` was a copy; int32 where it fits
-    pair = kc.astype(np.int32 if npair < 2**31 else np.int64)
-    pair *= ncat
-    pair += cc
+    if nk == 1:
+        pair = cc  # the key adds nothing
+    else:  # in place: each step of `kc * ncat + cc` was a copy; int32 where it fits
+        pair = kc.astype(np.int32 if npair < 2**31 else np.int64)
+        pair *= ncat
+        pair += cc
     rows = _bincount(pair, npair)
     present = np.flatnonzero(rows)
     c_len, cm_len, busy, union, exposed = _unions(kc, cc, s, e, nk, klass)
@@ -252,8 +256,11 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     })
 
     starts, ends = _first_start_last_end(kc, s, e, nk)
-    cat_is = {name: lookup(cats_u == name, cc) if name in set(cats_u) else np.zeros(len(cc), bool)
-              for name in COLLECTIVE_CATEGORIES}
+
+    def calls_of(name: str) -> np.ndarray:
+        """Per key, the collective calls of one category (its rows' mask made only then)."""
+        return _count(kc, coll & lookup(cats_u == name, cc), nk) if name in set(cats_u) else np.zeros(nk, np.int64)
+
     tot = pd.DataFrame({
         key: keys_u,
         "n_events": _count(kc, calls, nk),
@@ -263,9 +270,9 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         "compute_us": c_len,
         "comm_exposed_us": cm_len - c_len,
         "memory_exposed_us": busy - cm_len,
-        "all_reduce_calls": _count(kc, coll & cat_is["all_reduce"], nk),
-        "all_gather_calls": _count(kc, coll & cat_is["all_gather"], nk),
-        "other_collective_calls": _count(kc, coll & cat_is["other_collective"], nk),
+        "all_reduce_calls": calls_of("all_reduce"),
+        "all_gather_calls": calls_of("all_gather"),
+        "other_collective_calls": calls_of("other_collective"),
         "first_start_us": starts,
     })
     tot["idle_us"] = tot["span_us"] - tot["busy_us"]
