@@ -460,10 +460,10 @@ def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     nn = max(len(name.categories), 1)
     key, uniq = factorize_keys(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl])
     groups = pd.Categorical.from_codes(key, categories=pd.RangeIndex(len(uniq)))
-    agg = pd.Series(w["dur_us"].to_numpy(), copy=False).groupby(groups, observed=False).agg(["sum", "count"])
+    sums = pd.Series(w["dur_us"].to_numpy(), copy=False).groupby(groups, observed=False).sum()
     return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
                               "name": pd.Categorical.from_codes(uniq % nn, dtype=name.dtype),
-                              "sum": agg["sum"].to_numpy(), "count": agg["count"].to_numpy()})
+                              "sum": sums.to_numpy(), "count": _bincount(key, len(uniq))})
 
 
 def _as_categorical(col: pd.Series) -> pd.Categorical:
@@ -622,7 +622,7 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     label = [_decision_label(s_u[p // width - 1] if p // width else "", c_u[p % width - 1] if p % width else "")
              for p in pairs]
     table = list(dict.fromkeys(label))
-    at = np.array([table.index(x) for x in label], dtype=np.int32)
+    at = np.array([table.index(x) for x in label], dtype=np.int8 if len(table) < 127 else np.int32)
     return pd.Series(pd.Categorical.from_codes(lookup(at, codes) if len(codes) else codes.astype(np.int32),
                                                categories=pd.Index(table, dtype=object)), index=work.index, copy=False)
 

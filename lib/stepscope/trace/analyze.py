@@ -285,7 +285,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     info["origin_us"] = origin
     times = acc.decode_step_times(step_tot)
     dec = acc.decode_categories(step_cats, step_tot, times)
-    other = work[work["category"] == "other"]
+    other = acc.rows_of(work, (work["category"] == "other").to_numpy(), ["name", "dur_us"])
     top = (other.groupby("name")["dur_us"].agg(["sum", "count"]).sort_values("sum", ascending=False)
            .head(10))
     other_top = [{"name": n, "sum_us": float(r["sum"]), "count": int(r["count"])}
@@ -354,7 +354,7 @@ def _rank_summary(r: RankResult) -> schema.RankSummary:
     other_sum = cats["other"].sum_us if "other" in cats else 0.0
     n_decode = int(((r.steps_tot["label"] == "decode") & (r.steps_tot["n_events"] > 0)).sum())
     with_work = r.steps_tot[r.steps_tot["n_events"] > 0]
-    catch = r.work[r.work["category"] == CATCH_ALL_CATEGORY]
+    catch = acc.rows_of(r.work, (r.work["category"] == CATCH_ALL_CATEGORY).to_numpy(), ["name", "dur_us"])
     catch_top = (catch.groupby("name")["dur_us"].agg(["sum", "count"])
                  .sort_values("sum", ascending=False).head(10))
     obs = acc.observed_collectives(r.steps_tot)
