@@ -333,10 +333,13 @@ def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None
     parts = [text_column_codes(arg_names.reset_index(drop=True) if arg_names is not None else None, n),
              text_column_codes(w["op_context"] if "op_context" in w else None, n),
              text_column_codes(w["name"], n), text_column_codes(w["category"], n)]
-    key = np.zeros(n, dtype=np.int64)
-    for codes, values in parts:
-        key = key * (len(values) + 1) + (codes + 1)
-    k_codes, k_u = pd.factorize(key)
+    def key(sl: slice) -> np.ndarray:  # one int per (args, op, kernel, category), a slice at a time
+        out = np.zeros(len(parts[0][0][sl]), dtype=np.int64)
+        for codes, values in parts:
+            out = out * (len(values) + 1) + (codes[sl] + 1)
+        return out
+
+    k_codes, k_u = factorize_keys(n, key)  # numbered as pd.factorize numbers them
     rows = []
     for k in k_u:
         vals = []
@@ -352,7 +355,7 @@ def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None
                      "dtype_source": "args" if a[1] else ("kernel name" if kdt else ""),
                      "group_size": a[2] if a[2] else (world or -1), "process_group": a[3]})
     table = pd.DataFrame(rows, columns=_SIZE_KEY_COLUMNS)
-    return table, k_codes.astype(np.int32)
+    return table, k_codes
 
 
 _SIZE_KEY_COLUMNS = ["collective", "category", "dtype", "dtype_source", "group_size", "process_group"]
@@ -365,11 +368,11 @@ def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> p
     made a copy of each per collective row (~150 bytes a call, issue 26)."""
     tuple_of = table.groupby(_SIZE_KEY_COLUMNS, sort=False, dropna=False).ngroup().to_numpy(np.int64)
     first_of = np.unique(tuple_of, return_index=True)[1]  # each tuple's first table row (ids 0..k-1)
-    ne = w["msg_nelems"].to_numpy().astype(np.int64)
-    ne = np.where(ne >= 0, ne, -1)
-    tid = lookup(tuple_of, k_codes)
-    width = int(ne.max()) + 2 if len(ne) else 1
-    codes, uniq = factorize_keys(len(tid), lambda sl: tid[sl] * width + (ne[sl] + 1))
+    ne = w["msg_nelems"].to_numpy()
+    tid = lookup(tuple_of.astype(np.int32), k_codes)
+    width = int(ne.max()) + 2 if len(ne) and ne.max() >= 0 else 1
+    codes, uniq = factorize_keys(len(tid), lambda sl: tid[sl].astype(np.int64) * width
+                                 + (np.maximum(ne[sl].astype(np.int64), -1) + 1))
     groups = pd.Categorical.from_codes(codes, categories=pd.RangeIndex(len(uniq)))
     med = pd.Series(w["dur_us"].to_numpy(float), copy=False).groupby(groups, observed=False).median().to_numpy()
     out = table.iloc[first_of[uniq // width]].reset_index(drop=True)
