@@ -427,14 +427,15 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
     # ~40 bytes per event over the table itself (issue 26).
-    # int32 rank and step ids (a rank's steps number far below 2**31): 12 bytes per event less.
-    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=np.int32), "step_id": step}
+    # int16 ranks where they fit, int32 step ids (a rank's steps number far below 2**31)
+    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=np.int16 if -2**15 <= rank < 2**15 else np.int32),
+                           "step_id": step}
     del step
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
     col["category"], col["name"] = text_codes(cats), text_codes(names)
     del how, cats, names
     stream = dev.take("stream")
-    col["stream"] = narrow_ints(_as_ints(np.where(stream >= 0, stream, dev.take("tid"))))
+    col["stream"] = _int16_if_fits(narrow_ints(_as_ints(np.where(stream >= 0, stream, dev.take("tid")))))
     del stream
     dur = dev.take("dur")
     col.update(start_us=ts, end_us=ts + dur, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
@@ -470,6 +471,15 @@ def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
                                          dtype=c.dtype)
 
     return WorkContext(one(ctx.category), one(ctx.frame), one(ctx.module))
+
+
+def _int16_if_fits(values: np.ndarray) -> np.ndarray:
+    """`values` as int16 when every one fits (ranks, and GPU streams, which CUDA numbers from 7
+    up), else as they are: 2 bytes per kernel less for each such column of the work table
+    (issue 26)."""
+    if len(values) and not (values.min() >= np.iinfo(np.int16).min and values.max() <= np.iinfo(np.int16).max):
+        return values
+    return values.astype(np.int16)
 
 
 def _as_ints(values: np.ndarray) -> np.ndarray:
