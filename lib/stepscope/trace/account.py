@@ -459,6 +459,8 @@ def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     cc, nc = cat.codes, name.codes
     nn = max(len(name.categories), 1)
     key, uniq = factorize_keys(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl])
+    if len(uniq) < 2**15:  # the narrowest codes, held beside pandas' own int64 ones in the group sum
+        key = key.astype(np.int8 if len(uniq) < 2**7 else np.int16)
     groups = pd.Categorical.from_codes(key, categories=pd.RangeIndex(len(uniq)))
     sums = pd.Series(w["dur_us"].to_numpy(), copy=False).groupby(groups, observed=False).sum()
     return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
