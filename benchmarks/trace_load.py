@@ -1,12 +1,17 @@
 """Trace loading speed and memory: stepscope's loader vs gzip alone, json.loads and HTA.
 
-    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000] [--source NAME] [--keep DIR] [--analysis]
+    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short]] [--source NAME] [--keep DIR] [--analysis]
 
---analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON). On
-2026-12-02 (a5ffc33), kernel-dense: 2 M kernels (371 MB JSON) peak 409 MB (1.10x, 137 bytes per
-device event above the imports; 7.7 s), 10 M kernels (1,868 MB) 1,312 MB (0.70x, 122 bytes; 42 s).
-Earlier the same day: 468 MB (1.26x) and 1,764 MB (0.94x, 136 s) at be6c2e0, 637 MB (1.72x) and
-2,555 MB (1.37x, 158 s) at ec4d347; at 34dd664, 1,210 MB (3.26x) and 4,049 MB (2.17x; 220 s).
+--analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON), and
+also polls the RSS of the process and its parse processes together. Kernel-dense, 2026-12-02,
+the old and the new code side by side on the same traces (584fd15 -> this change):
+- 2 M kernels (371 MB JSON): 375 -> 310 MB peak (1.01x -> 0.84x; 8.1 -> 6.5 s);
+- 10 M kernels (1,868 MB JSON): 1,277 -> 915 MB (0.68x -> 0.49x, 84 bytes per device event
+  above the imports; 42 -> 33 s);
+- 10 M kernels with --short (1,371 MB JSON, ~140 bytes each): 1,255 -> 919 MB (0.92x -> 0.67x),
+  the process and its parse processes together 1,337 -> 917 MB. Issue 26's own trace (10 M in
+  1.2 GB) would read ~0.75x: the work table alone is ~64 bytes per kernel.
+Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
 trace.budget's estimate reads these.
 
 Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
@@ -54,6 +59,32 @@ elif kind == "analysis":
     from pathlib import Path
     from stepscope.trace.analyze import analyze_traces
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tree_peak = [0]
+
+
+def _tree_rss():
+    # RSS of this process and its children now (Linux /proc; 0 elsewhere): parse processes
+    # run beside this one, so the larger of the two peaks understates what the machine holds.
+    import glob, os
+    me, total = os.getpid(), 0
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            f = open(stat).read().rsplit(")", 1)[1].split()
+            if int(stat.split("/")[2]) == me or int(f[1]) == me:
+                total += int(f[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _poll():
+    while True:
+        tree_peak[0] = max(tree_peak[0], _tree_rss())
+        time.sleep(0.01)
+
+
+import threading
+threading.Thread(target=_poll, daemon=True).start()
 t = time.perf_counter()
 if kind == "gzip":
     import gzip
@@ -84,7 +115,8 @@ dt = time.perf_counter() - t
 peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 print(json.dumps({"kind": kind, "s": dt, "peak_rss_mb": peak / 1024, "import_rss_mb": base / 1024, "n": n,
-                  "self_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "self_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "tree_peak_rss_mb": tree_peak[0] / 2**20}))
 """
 
 
@@ -139,12 +171,20 @@ KERNEL_NAMES = (
 """A decode step's kernels, cycled: a GEMM, attention, a collective, a norm, elementwise work."""
 
 
-def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500) -> tuple[Path, int, int]:
-    """A GPU trace of `n_kernels` tiny kernel events (~120 bytes of JSON each, as a CUDA-graph
-    decode writes them), `per_step` kernels inside each annotated decode step; gzipped.
+SHORT_KERNEL_NAMES = ("BinaryFunctor<float>", "s16816gemm_bf16_tn", "flash_fwd_splitkv", "ncclDevKernel_AllReduce",
+                      "triton_poi_fused_mul_rsqrt_0", "vllm::rms_norm_kernel")
+"""KERNEL_NAMES cut to what the name rules read: the same categories in fewer bytes."""
+
+
+def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short: bool = False
+                       ) -> tuple[Path, int, int]:
+    """A GPU trace of `n_kernels` tiny kernel events, `per_step` kernels inside each annotated
+    decode step; gzipped. With the full kernel names and Kineto's spacing each kernel is ~187
+    bytes of JSON; `short` writes no spaces and SHORT_KERNEL_NAMES, ~140 bytes, near the shape of
+    issue 26's hostile trace (10 M such events in 1.2 GB of JSON).
 
     The CPU-op-heavy replica above holds few device events per byte; this one is the
-    loader's worst case per byte (issue 26: 10 M such events are 1.2 GB of JSON)."""
+    loader's worst case per byte."""
     from isal import igzip
 
     gz = out_dir / "rank0.pt.trace.json.gz"
@@ -159,6 +199,9 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500) -> tu
            '"ts": %.3f, "dur": 20.0, "args": {"correlation": %d}},\n'
     kern = '{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": 7, "ts": %.3f, "dur": %.3f, ' \
            '"args": {"correlation": %d, "stream": 7}}'
+    names = SHORT_KERNEL_NAMES if short else KERNEL_NAMES
+    if short:
+        header, step, kern = (t.replace(": ", ":").replace(", ", ",") for t in (header, step, kern))
     json_bytes = n = 0
     ts = 1_000_000.0
     with igzip.open(gz, "wb", compresslevel=1) as fh:
@@ -169,7 +212,7 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500) -> tu
             k = min(per_step, n_kernels - done)
             corr = done // per_step + 1
             parts = [step % (ts, k * 2.5 + 30.0, ts + 1.0, corr)]
-            parts += [kern % (KERNEL_NAMES[i % len(KERNEL_NAMES)], ts + 25.0 + i * 2.5, 2.0 + (i % 7) * 0.05,
+            parts += [kern % (names[i % len(names)], ts + 25.0 + i * 2.5, 2.0 + (i % 7) * 0.05,
                               corr) + (",\n" if done + i + 1 < n_kernels else "\n") for i in range(k)]
             chunk = "".join(parts).encode()
             fh.write(chunk)
@@ -203,6 +246,9 @@ def report_analysis(r: dict, json_bytes: int) -> None:
           f"parse children; the process alone {r['self_peak_rss_mb']:.0f} MB; after imports {r['import_rss_mb']:.0f} MB)"
           f"   device events {r['n']:,}")
     print(f"  peak RSS / JSON size  = {peak / json_bytes:.2f}  (<= 0.5)")
+    if r.get("tree_peak_rss_mb"):
+        print(f"  the process and its parse processes together, polled every 10 ms: {r['tree_peak_rss_mb']:.0f} MB "
+              f"({r['tree_peak_rss_mb'] * 2**20 / json_bytes:.2f}x the JSON)")
     print(f"  peak RSS per device event = {peak / max(r['n'], 1):.0f} bytes; above the imports "
           f"{(r['peak_rss_mb'] - r['import_rss_mb']) * 2**20 / max(r['n'], 1):.0f} bytes")
 
@@ -212,6 +258,9 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=260)
     ap.add_argument("--kernels", type=int, default=None,
                     help="instead of --mb: a kernel-dense trace of this many tiny kernel events (build_kernel_dense)")
+    ap.add_argument("--short", action="store_true",
+                    help="with --kernels: short kernel names and no spaces, ~140 bytes of JSON per kernel "
+                         "(issue 26's 10 M in 1.2 GB) instead of ~187")
     ap.add_argument("--source", default="hf-h100-qwen1.5-0.5b-eager.json.gz",
                     help="trace in tests/data/traces whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
@@ -233,7 +282,7 @@ def main() -> None:
         info = json.loads((tmp / "built.json").read_text())
         json_bytes, n = info["json_bytes"], info["n"]
     else:
-        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp) if args.kernels
+        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp, short=args.short) if args.kernels
                              else build(SHARED / args.source, args.mb, tmp))
         if args.keep is not None:
             (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
