@@ -333,6 +333,7 @@ def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None
     parts = [text_column_codes(arg_names.reset_index(drop=True) if arg_names is not None else None, n),
              text_column_codes(w["op_context"] if "op_context" in w else None, n),
              text_column_codes(w["name"], n), text_column_codes(w["category"], n)]
+
     def key(sl: slice) -> np.ndarray:  # one int per (args, op, kernel, category), a slice at a time
         out = np.zeros(len(parts[0][0][sl]), dtype=np.int64)
         for codes, values in parts:

@@ -39,7 +39,8 @@ class WorkContext:
     """Per query: the context decision ("" for none; `ContextRule.decision`: the category, and
     after a `|` the name categories it may override), the frame that decided it, and the
     innermost module (`Qwen2RMSNorm_3`, "" for none). Each is a Categorical: codes into the
-    distinct values, never a str per query (a kernel-dense trace has millions; issue 26)."""
+    distinct values, never a str per query (a kernel-dense trace has millions; issue 26).
+    Code 0 is always "" (`steps` gives a kernel with no launch that code)."""
 
     category: pd.Categorical
     frame: pd.Categorical

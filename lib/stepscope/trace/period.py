@@ -17,6 +17,8 @@ Method and sources: docs/trace-analysis.md#step-period-and-the-denominator.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pandas as pd
 
@@ -166,7 +168,7 @@ def _launch_delay(w: pd.DataFrame) -> float:
     return float(np.median(d)) if len(d) else float("nan")
 
 
-def _by_step(att: pd.DataFrame):
+def _by_step(att: pd.DataFrame) -> Iterator[tuple[int, pd.DataFrame]]:
     """(step id, its rows) per step of the work rows `att` (in start order). Where each step's
     rows are one run, as steps in time order make them, slices of `att`: a groupby factorized
     and sorted every row (~28 bytes a row, issue 26)."""

@@ -309,22 +309,23 @@ def _nelems(ev: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     n = len(ev) if rows is None else len(rows)
     if "msg_nelems" not in ev:
         return np.full(n, -1, dtype=np.int64)
-    col = ev["msg_nelems"]
-    if col.dtype.kind != "i":
-        col = pd.to_numeric(col, errors="coerce").fillna(-1)
-    # in the table's own int width: int64 throughout was 8 bytes per event
-    vals = col.to_numpy() if col.dtype.kind == "i" else col.to_numpy(np.int64)
+    vals = _as_nelems(ev["msg_nelems"].to_numpy())
     return vals if rows is None else vals[rows]
 
 
 def _device_nelems(dev: DeviceRows) -> np.ndarray:
-    """`In msg nelems` per device row (-1 for none), as `_nelems` reads it."""
+    """`_nelems` of the device rows."""
     if "msg_nelems" not in dev:
         return np.full(len(dev.rows), -1, dtype=np.int64)
-    vals = dev.take("msg_nelems")
-    if vals.dtype.kind != "i":
-        vals = pd.to_numeric(pd.Series(vals), errors="coerce").fillna(-1).to_numpy(np.int64)
-    return vals
+    return _as_nelems(dev.take("msg_nelems"))
+
+
+def _as_nelems(vals: np.ndarray) -> np.ndarray:
+    """Sizes as they are when ints (in the table's own width: int64 throughout was 8 bytes per
+    event), else read as numbers, -1 where none."""
+    if vals.dtype.kind == "i":
+        return vals
+    return pd.to_numeric(pd.Series(vals), errors="coerce").fillna(-1).to_numpy(np.int64)
 
 
 GPU_ATTRIBUTIONS = ("none", WHOLE_TRACE, "launch_thread", "launch_process", "before_capture",
@@ -474,9 +475,8 @@ def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
 
 
 def _int16_if_fits(values: np.ndarray) -> np.ndarray:
-    """`values` as int16 when every one fits (ranks, and GPU streams, which CUDA numbers from 7
-    up), else as they are: 2 bytes per kernel less for each such column of the work table
-    (issue 26)."""
+    """`values` as int16 when every one fits (GPU streams, which CUDA numbers from 7 up), else
+    as they are: 2 bytes per kernel less in the work table (issue 26)."""
     if len(values) and not (values.min() >= np.iinfo(np.int16).min and values.max() <= np.iinfo(np.int16).max):
         return values
     return values.astype(np.int16)
