@@ -16,14 +16,15 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 112
+ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 100
 """The bound held, the loaded event table counted (as stage 05 holds it), with slices of 4,096
 rows, so that, as on a large trace, the per-row temporaries are what is measured and not the
-slices': 106 bytes measured on 2026-12-02 once the work table replaced the device rows
-(`steps.split_device_rows`), contexts were judged per launch and the launch lookup went slice
-by slice; 123 at 584fd15 (in `build_work`, the event and work tables side by side). With
-65,536-row slices (a third of this rank) the same code read 118 at 584fd15, 177 at be6c2e0, 248
-at 1591140, and more before per-event text became codes (34dd664: 328 above the table alone)."""
+slices': 89 bytes measured on 2026-12-02 once the work table replaced the device rows
+(`steps.split_device_rows`), contexts were judged per launch, the launch lookup and every index
+of int32 codes went slice by slice, and no fresh array was copied into a Series; 123 at
+584fd15 (in `build_work`, the event and work tables side by side). With 65,536-row slices (a
+third of this rank) the code of 584fd15 read 118, be6c2e0 177, 1591140 248, and more before
+per-event text became codes (34dd664: 328 above the table alone)."""
 
 SLICE_ROWS = 4096
 """Every `*_CHUNK_ROWS` of stage 05, for this test."""

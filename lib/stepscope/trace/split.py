@@ -136,7 +136,10 @@ def _send_share(conn: Any, parse_share: Callable[..., _Share], path: Path, share
     try:
         sh = parse_share(path, share, of, keep_cpu_ops, None)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
-        conn.send(("error", exc))
+        try:
+            conn.send(("error", exc))
+        except Exception:  # an exception that does not pickle: its type and text
+            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
         return
     arrays, sh.arrays = sh.arrays, {}
     conn.send(("share", sh, [(col, a.dtype.str, len(a)) for col, a in arrays.items()]))
