@@ -10,7 +10,7 @@ the old and the new code side by side on the same traces (584fd15 -> this change
   above the imports; 42 -> 33 s);
 - 10 M kernels with --short (1,371 MB JSON, ~140 bytes each): 1,255 -> 919 MB (0.92x -> 0.67x),
   the process and its parse processes together 1,337 -> 917 MB. Issue 26's own trace (10 M in
-  1.2 GB) would read ~0.75x: the work table alone is ~64 bytes per kernel.
+  1.2 GB) would read ~0.8x: the work table alone is ~64 bytes per kernel.
 Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
 trace.budget's estimate reads these.
 
