@@ -175,6 +175,11 @@ def test_ints_are_collected_as_int32_until_one_needs_int64():
     assert list(col.corr) == [1, -1, 2 ** 31 - 1, 2 ** 40, 5, -1, 7]
     col._ints_into("pid", [3, "Spans", 2 ** 31], col._id)  # a string pid gets a negative id
     assert list(col.pid) == [3, -2, 2 ** 31] and col.pid.typecode == "q"
+    # a share that kept no event hands on int32 columns too: an int64 one widened the merge
+    assert {c: str(a.dtype) for c, a in _Collector().share([], None).arrays.items()} == {
+        "cat": "int8", "name": "int32", "pid": "int32", "tid": "int32", "ts": "float64", "dur": "float64",
+        "correlation": "int32", "external_id": "int32", "stream": "int32", "collective": "int32",
+        "msg_nelems": "int32"}
 
 
 def test_an_id_beyond_int32_is_kept_exactly(tmp_path: Path):

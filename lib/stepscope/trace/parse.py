@@ -399,10 +399,12 @@ class _Collector:
         self.add(evs)
 
     def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
-        # int32 where every value fits, here: a share crosses processes pickled, and two copies
-        # of int64 ids (the pickle and the arrays) were the load's peak on a kernel-dense trace.
-        arrays = {col: (narrow_ints(np.frombuffer(getattr(self, attr), dtype=getattr(self, attr).typecode))
-                        if len(getattr(self, attr)) else np.zeros(0, dtype)) for col, attr, dtype in _ARRAY_FIELDS}
+        # In the width collected, empty columns too (an int64 empty share made the merged column
+        # int64); a column widened only for an id beyond int64 (read as -1) narrows back.
+        arrays = {}
+        for col, attr in _ARRAY_FIELDS:
+            a = getattr(self, attr)
+            arrays[col] = narrow_ints(np.frombuffer(a, dtype=a.typecode))
         return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
                       n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
@@ -412,11 +414,11 @@ class _Collector:
 
 
 _ARRAY_FIELDS = (
-    ("cat", "cat", np.int8), ("name", "name", np.int32), ("pid", "pid", np.int64),
-    ("tid", "tid", np.int64), ("ts", "ts", np.float64), ("dur", "dur", np.float64),
-    ("correlation", "corr", np.int64), ("external_id", "ext", np.int64),
-    ("stream", "stream", np.int64), ("collective", "coll", np.int32), ("msg_nelems", "nelems", np.int64),
+    ("cat", "cat"), ("name", "name"), ("pid", "pid"), ("tid", "tid"), ("ts", "ts"), ("dur", "dur"),
+    ("correlation", "corr"), ("external_id", "ext"), ("stream", "stream"), ("collective", "coll"),
+    ("msg_nelems", "nelems"),
 )
+"""(table column, `_Collector` array) pairs."""
 
 
 @dataclass
@@ -444,7 +446,7 @@ class _Share:
 
 
 def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
-    arrays, all_names, colls = split.merge_shares(shares, tuple(c for c, _, _ in _ARRAY_FIELDS))
+    arrays, all_names, colls = split.merge_shares(shares, tuple(c for c, _ in _ARRAY_FIELDS))
     seen_device = any(sh.seen_device for sh in shares)
     # cpu_ops seen before the first device event are not needed on a GPU trace, except
     # the few that name a purpose (kept as context, like those met after it).
