@@ -76,8 +76,8 @@ def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
 
 UNION_CHUNK_ROWS = 1 << 16
 """Rows `_union_by_code`, `_bincount`, `_weighted_sum`, `_first_start_last_end` and
-`period.launch_delays` read at a time: their temporaries (up to ~60 bytes a row where every row starts a segment, as tiny kernels do) stay
-this size on a trace of any length (issue 26)."""
+`period.launch_delays` read at a time: their temporaries (up to ~60 bytes a row where every
+row starts a segment, as tiny kernels do) stay this size on a trace of any length (issue 26)."""
 
 
 def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int,

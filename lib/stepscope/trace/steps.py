@@ -303,14 +303,12 @@ _C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
 _NCCL_CALL_ANNOTATION = re.compile(r"^nccl:\w+")
 
 
-def _nelems(ev: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
-    """`In msg nelems` per event (-1 for none), of `rows` (positions) when given; ints of the
-    event table's width (int32 where every size fits, `parse.narrow_ints`)."""
-    n = len(ev) if rows is None else len(rows)
+def _nelems(ev: pd.DataFrame) -> np.ndarray:
+    """`In msg nelems` per event (-1 for none); ints of the event table's width (int32 where
+    every size fits, `parse.narrow_ints`)."""
     if "msg_nelems" not in ev:
-        return np.full(n, -1, dtype=np.int64)
-    vals = _as_nelems(ev["msg_nelems"].to_numpy())
-    return vals if rows is None else vals[rows]
+        return np.full(len(ev), -1, dtype=np.int64)
+    return _as_nelems(ev["msg_nelems"].to_numpy())
 
 
 def _device_nelems(dev: DeviceRows) -> np.ndarray:
@@ -343,8 +341,8 @@ class DeviceRows:
 
     def __init__(self, ev: pd.DataFrame, *, own: bool = False) -> None:
         self.rows = narrow_ints(np.flatnonzero(in_values(ev["cat"], DEVICE_CATS)))
-        self.positional = positional_index(ev.index)
-        self.labels = self.rows.copy() if self.positional else narrow_ints(_as_ints(ev.index.to_numpy()[self.rows]))
+        self.labels = (self.rows.copy() if positional_index(ev.index)
+                       else narrow_ints(_as_ints(ev.index.to_numpy()[self.rows])))
         self._ev, self._own = ev, own
 
     def __contains__(self, col: str) -> bool:
