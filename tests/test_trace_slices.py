@@ -89,9 +89,11 @@ def test_tiny_slices_and_a_consumed_table_change_no_number(real_traces: Path, mo
     assert sliced.totals == whole.totals and sliced.info == whole.info
 
 
-def _launch_delays_reference(w: pd.DataFrame, rows) -> list[float]:
-    """Per launch, its first kernel in start order: start minus the launch's start."""
-    w = w.assign(keep=True if rows is None else rows).sort_values("start_us", kind="stable")
+def _launch_delays_reference(w: pd.DataFrame, step_ids) -> list[float]:
+    """Per launch, its first kernel in start order among the rows of `step_ids` (every row
+    when None): start minus the launch's start."""
+    keep = True if step_ids is None else w["step_id"].isin(step_ids)
+    w = w.assign(keep=keep).sort_values("start_us", kind="stable")
     w = w[w["keep"] & w["launch_us"].notna() & (w["correlation"] >= 0)]
     first = w.drop_duplicates("correlation")
     return sorted((first["start_us"] - first["launch_us"]).tolist())
@@ -99,21 +101,30 @@ def _launch_delays_reference(w: pd.DataFrame, rows) -> list[float]:
 
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
 @pytest.mark.parametrize("id_scale", [1, 10 ** 9])  # ids about as many as the rows, and sparse ones
-def test_launch_delays_in_slices_equal_one_pass(monkeypatch, chunk, id_scale):
-    from stepscope.trace.period import launch_delays
+def test_launch_firsts_in_slices_give_each_launchs_first_kernel(monkeypatch, chunk, id_scale):
+    """The launch table, built a slice at a time, gives the launch delays of the kernel rows
+    themselves: per launch, its first kernel in start order, over any set of steps."""
+    from stepscope.trace.period import _launch_delay_by_step, launch_delays
+    from stepscope.trace.steps import launch_firsts
 
-    monkeypatch.setattr(account, "UNION_CHUNK_ROWS", chunk)
+    monkeypatch.setattr(steps, "ENCLOSING_CHUNK_ROWS", chunk)
     rng = np.random.default_rng(chunk + id_scale)
     for _ in range(100):
         n = int(rng.integers(0, 40))
-        start = np.round(rng.random(n) * 50, 1)
-        if rng.random() < 0.7:
-            start.sort()
-        w = pd.DataFrame({"start_us": start,
-                          "launch_us": np.where(rng.random(n) < 0.2, np.nan, start - rng.random(n)),
-                          "correlation": (rng.integers(-1, 8, n) * id_scale).astype(np.int64)})
-        rows = rng.random(n) < 0.7 if rng.random() < 0.5 else None
-        assert sorted(launch_delays(w, rows).tolist()) == _launch_delays_reference(w, rows)
+        start = np.sort(np.round(rng.random(n) * 50, 1))  # build_work's order
+        corr = rng.integers(-1, 8, n)
+        launch_of = rng.random(9) * 50 - 1  # one start per launch
+        w = pd.DataFrame({"start_us": start, "step_id": rng.integers(-1, 4, n).astype(np.int32),
+                          "launch_us": np.where((rng.random(n) < 0.2) | (corr < 0), np.nan, launch_of[corr + 1]),
+                          "correlation": (corr * id_scale).astype(np.int64)})
+        table = launch_firsts(w)
+        assert not table.duplicated(["step_id", "correlation"]).any()
+        for ids in (None, np.array([0, 2]), np.array([1])):
+            assert sorted(launch_delays(table, ids).tolist()) == _launch_delays_reference(w, ids)
+        by_step = _launch_delay_by_step(table)
+        for sid in range(4):
+            ref = _launch_delays_reference(w, [sid])
+            assert by_step.get(sid) == (float(np.median(ref)) if ref else None)
 
 
 def test_steps_as_runs_are_the_groups_of_a_groupby():

@@ -74,13 +74,33 @@ def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
     return pd.Series(out, index=uniq)
 
 
+class Ends:
+    """Each work row's end, `start_us + dur_us`, made where it is read (`ends[rows]`): the work
+    table keeps no end column, 8 bytes a row (issue 26). The sum is the one the build made, so
+    every end is the same float a stored column held."""
+
+    def __init__(self, start: np.ndarray, dur: np.ndarray) -> None:
+        self.start, self.dur = start, dur
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return self.start[rows] + self.dur[rows]
+
+
+def end_us(work: pd.DataFrame) -> np.ndarray:
+    """Each work row's end (µs): its start plus its duration."""
+    return work["start_us"].to_numpy(float) + work["dur_us"].to_numpy(float)
+
+
 UNION_CHUNK_ROWS = 1 << 16
 """Rows `_union_by_code`, `_bincount`, `_weighted_sum`, `_first_start_last_end` and
 `period.launch_delays` read at a time: their temporaries (up to ~60 bytes a row where every
 row starts a segment, as tiny kernels do) stay this size on a trace of any length (issue 26)."""
 
 
-def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int,
+def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, n: int,
                    mask: np.ndarray | None = None) -> np.ndarray:
     """Union length per integer code 0..n-1 of intervals already sorted by start (only the
     rows where `mask` is true, when given).
@@ -177,7 +197,7 @@ def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.n
     return cc, np.asarray(uniq, dtype=object)
 
 
-def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int, klass: np.ndarray
+def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, nk: int, klass: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per key (codes `kc`, rows in start order): compute, compute+communication and busy union
     lengths; per (key, category `cc`): union and exposed time, flat as key * ncat + category."""
@@ -231,7 +251,8 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     keys_u = keys_u.astype(keys.dtype, copy=False)
     cc, cats_u = _category_codes(work["category"], o)
     nk, ncat = len(keys_u), len(cats_u)
-    s, e, dur = col("start_us"), col("end_us"), col("dur_us")
+    s, dur = col("start_us"), col("dur_us")
+    e = Ends(s, dur)
     calls = col("is_call").astype(bool, copy=False)
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
@@ -302,7 +323,7 @@ def _weighted_sum(codes: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int
+def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, nk: int
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Per key code (rows in start order): its first row's start, and its largest end (NaN
     ends skipped). A slice at a time: a sort of every row's codes, then a groupby, made ~40
@@ -319,7 +340,7 @@ def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray, nk: int
     return s[first], ends
 
 
-_ACCOUNT_COLUMNS = ["step_id", "category", "start_us", "end_us", "dur_us", "is_call", "collective_call"]
+_ACCOUNT_COLUMNS = ["step_id", "category", "start_us", "dur_us", "is_call", "collective_call"]
 """The work columns `_account` reads."""
 
 

@@ -21,7 +21,7 @@ from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
-from stepscope.trace.steps import (WHOLE_TRACE, DeviceRows, positional_index, build_work, find_steps,
+from stepscope.trace.steps import (BUILD_COLUMNS, WHOLE_TRACE, DeviceRows, positional_index, build_work, find_steps,
                                    split_device_rows, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
@@ -51,6 +51,7 @@ class RankResult:
     step_source: str
     steps: pd.DataFrame
     work: pd.DataFrame
+    """`steps.WORK_COLUMNS` (plus `recompute` and `module_path`), in start order."""
     step_categories: pd.DataFrame
     rank_categories: pd.DataFrame
     totals: dict
@@ -68,6 +69,8 @@ class RankResult:
     """Device time per module path over the decode steps (`modules.module_table`)."""
     collective_sizes: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Collectives by op, dtype and size, with bandwidth per call (`collectives.collective_sizes`)."""
+    launches: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Each launch's call and first kernel per step (`steps.LAUNCH_COLUMNS`; GPU traces)."""
 
 
 @dataclass
@@ -273,13 +276,15 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     dev = None
     if consume and rt.mode == "gpu" and _device_rows_larger(ev):
         ev, dev = split_device_rows(ev)  # from here `ev` is the host rows; `dev` lets each column go once read
-    work, info = build_work(ev, steps, rules, rt.rank, rt.mode, dev)
+    work, launches, info = build_work(ev, steps, rules, rt.rank, rt.mode, dev)
     args = _device_row_reads(ev, work, rt.mode, dev)
     del dev
+    for c in BUILD_COLUMNS:  # read: 8 bytes a kernel less for the rest of the analysis
+        del work[c]
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
     frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
-    step_tot = step_tot.merge(step_idle(work, step_tot, host, frames), on="step_id", how="left")
+    step_tot = step_tot.merge(step_idle(work, step_tot, launches, host, frames), on="step_id", how="left")
     rank_cats, totals = acc.account_rank(work)
     rank_cats.insert(0, "rank", rt.rank)
     info["origin_us"] = origin
@@ -293,7 +298,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
-                      steps_tot=step_tot, meta=meta, **_by_module(ev, work, step_tot, rt.rank,
+                      steps_tot=step_tot, meta=meta, launches=launches, **_by_module(ev, work, step_tot, rt.rank,
                                                                   rt.meta.get("world_size"), rt.mode, args))
 
 
@@ -528,7 +533,7 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     rank_cats = pd.concat([r.rank_categories for r in results], ignore_index=True)
     times = acc.decode_step_times(ref.steps_tot, tpot_ms)
     amd = acc.amdahl(ref.decode, times)
-    period = decode_period(ref.steps_tot, acc.select_decode_steps(ref.steps_tot)[0], ref.work)
+    period = decode_period(ref.steps_tot, acc.select_decode_steps(ref.steps_tot)[0], ref.launches)
     xr = acc.cross_rank([r.decode for r in results])
     info = trace_info(results, tp, _shape_hint(ref))
     info["weight_formats_named"] = weight_formats_named(ref.kernels)

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
-from stepscope.trace.account import covered_length, in_steps, rows_of
+from stepscope.trace.account import covered_length, end_us, in_steps, rows_of
 from stepscope.trace.codes import factorize_keys, lookup, text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 
@@ -85,13 +85,13 @@ def rank_instances(work: pd.DataFrame, kinds: dict[int, str], offset_us: float) 
         g = g.sort_values("start_us", kind="stable")
         call = g["collective_call"].to_numpy()
         start = g["start_us"].to_numpy(float)
-        end = g["end_us"].to_numpy(float)
+        end = end_us(g)
         inst = np.cumsum(call) - 1
         nxt_call = np.r_[call[1:], False]
         nxt_start = np.r_[start[1:], np.inf]
         prologue = ~call & nxt_call & (nxt_start - end <= PROLOGUE_GAP_US)
         inst = np.where(prologue, inst + 1, inst)
-        g = g.assign(_inst=inst)
+        g = g.assign(_inst=inst, end_us=end)
         g = g[g["_inst"] >= 0]
         calls = g[g["collective_call"]].set_index("_inst")
         agg = g.groupby("_inst").agg(arrival_us=("start_us", "min"), end_us=("end_us", "max"))
@@ -260,7 +260,7 @@ def instance_gaps(work: pd.DataFrame, inst: pd.DataFrame, offset_us: float) -> d
         b = g["end_us"].to_numpy(float) - offset_us
         on = work[work["stream"] == stream]
         comm = on["category"].isin(COLLECTIVE_CATEGORIES).to_numpy()
-        s, e = on["start_us"].to_numpy(float), on["end_us"].to_numpy(float)
+        s, e = on["start_us"].to_numpy(float), end_us(on)
         all_cov = covered_length(s, e, a, b)
         comm_cov = covered_length(s[comm], e[comm], a, b)
         idle += float((b - a).sum()) - all_cov

