@@ -111,13 +111,16 @@ def test_launch_firsts_in_slices_give_each_launchs_first_kernel(monkeypatch, chu
     rng = np.random.default_rng(chunk + id_scale)
     for _ in range(100):
         n = int(rng.integers(0, 40))
-        start = np.sort(np.round(rng.random(n) * 50, 1))  # build_work's order
+        start = np.round(rng.random(n) * 50, 1)
+        if rng.random() < 0.7:
+            start.sort()  # as most traces' kernels come
         corr = rng.integers(-1, 8, n)
-        launch_of = rng.random(9) * 50 - 1  # one start per launch
+        launch_us = rng.random(8) * 50 - 1  # one start per launch
+        launch_of = np.where((rng.random(n) < 0.2) | (corr < 0), -1, corr)  # -1: the launch is not in the trace
         w = pd.DataFrame({"start_us": start, "step_id": rng.integers(-1, 4, n).astype(np.int32),
-                          "launch_us": np.where((rng.random(n) < 0.2) | (corr < 0), np.nan, launch_of[corr + 1]),
+                          "launch_us": np.where(launch_of >= 0, launch_us[launch_of], np.nan),
                           "correlation": (corr * id_scale).astype(np.int64)})
-        table = launch_firsts(w)
+        table = launch_firsts(start, w["step_id"].to_numpy(), w["correlation"].to_numpy(), launch_of, launch_us)
         assert not table.duplicated(["step_id", "correlation"]).any()
         for ids in (None, np.array([0, 2]), np.array([1])):
             assert sorted(launch_delays(table, ids).tolist()) == _launch_delays_reference(w, ids)

@@ -397,9 +397,10 @@ def split_device_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, DeviceRows]:
 
 
 def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict,
-              dev: DeviceRows | None = None) -> pd.DataFrame:
-    """One row per kernel / memcpy / memset, attributed through its launch (see build_work).
-    `dev`: the device rows, when `ev` holds only the host rows (`split_device_rows`).
+              dev: DeviceRows | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(work, launches): one row per kernel / memcpy / memset, attributed through its launch
+    (see build_work), and LAUNCH_COLUMNS. `dev`: the device rows, when `ev` holds only the host
+    rows (`split_device_rows`).
 
     The device rows are read column by column at their positions, never copied as a frame,
     and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
@@ -407,33 +408,22 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     dev = dev if dev is not None else DeviceRows(ev)
     rows = dev.rows
     launches = ev[in_values(ev["cat"], LAUNCH_CATS) & (ev["correlation"] >= 0)]
-    launches = launches.drop_duplicates("correlation", keep="first")
-    lk = launches.set_index("correlation")
+    lk = launches.drop_duplicates("correlation", keep="first").set_index("correlation")
+    del launches
     corr = dev.take("correlation")
     launch_of = _launch_rows(lk.index, corr)  # each kernel's row in `lk` (-1: none)
-    has = launch_of >= 0
-    # the launch's pid and tid in the event table's own int width (-10**9: no launch)
-    lpid = np.full(len(rows), -10**9, dtype=ev["pid"].dtype if ev["pid"].dtype.kind == "i" else np.int64)
-    ltid = np.full(len(rows), -10**9, dtype=ev["tid"].dtype if ev["tid"].dtype.kind == "i" else np.int64)
-    lts = np.full(len(rows), np.nan)
-    graph = np.zeros(len(rows), dtype=bool)
-    if has.any():
-        # Column by column at each kernel's launch position: a frame of every launch column per
-        # kernel (and a name match per row) was a large part of stage 05's peak (issue 26).
-        at = launch_of if has.all() else launch_of[has]
-        graph[has] = lookup(lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool), at)
-        lpid[has] = lookup(lk["pid"].to_numpy(), at)
-        ltid[has] = lookup(lk["tid"].to_numpy(), at)
-        lts[has] = lookup(lk["ts"].to_numpy(), at)
-        del at
+    # Each launch's step, graph flag and context judged once and given to its kernels
+    # (`_by_launch`, -1: none): per kernel, the launch's pid, tid and time and their steps'
+    # lookups were ~45 bytes a kernel of stage 05's peak (issue 26), and a graph launch runs
+    # hundreds of kernels.
+    graph = _by_launch(lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool), launch_of, False)
     ts = dev.take("ts")
-    step, how = _attribute_device(steps, launches, corr, has, lpid, ltid, lts, ts)
-    del lpid, ltid
-    # Judged once per launch, then given to its kernels: a graph launch runs hundreds, and a
-    # query per kernel was stage 05's peak and most of its time on a kernel-dense trace.
-    ctx = _per_kernel(launch_context(ev, lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)),
-                      launch_of)
-    del launch_of
+    lpid, ltid, lts = lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)
+    step, how = _attribute_device(steps, lpid, ltid, lts, lk.index, launch_of, corr, ts)
+    launches = launch_firsts(ts, step, corr, launch_of, lts)
+    ctx = _per_kernel(launch_context(ev, lpid, ltid, lts), launch_of)
+    info["n_launch_missing"] = int((launch_of < 0).sum())
+    del launch_of, lk
     names = dev.take("name")
     cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
@@ -449,10 +439,9 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col["stream"] = _int16_if_fits(narrow_ints(_as_ints(np.where(stream >= 0, stream, dev.take("tid")))))
     del stream
     dur = dev.take("dur")
-    col.update(start_us=ts, end_us=ts + dur, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
+    col.update(start_us=ts, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
     col["op_row"] = dev.labels
-    col["launch_us"] = lts  # read by `launch_firsts` and dropped
     col["correlation"] = narrow_ints(_as_ints(corr))
     col["msg_nelems"] = narrow_ints(_device_nelems(dev))
     del rows, corr
@@ -460,8 +449,12 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
     del source, ctx
     work = pd.DataFrame(col, copy=False)  # the arrays are this frame's own: a copy held the table twice
-    info["n_launch_missing"] = int((~has).sum())
-    return work
+    return work, launches
+
+
+def _by_launch(per_launch: np.ndarray, launch_of: np.ndarray, none: Any) -> np.ndarray:
+    """Per kernel, its launch's value (`launch_of`: the launch's position, -1: `none`)."""
+    return lookup(np.append(per_launch, np.array([none], dtype=per_launch.dtype)), launch_of)
 
 
 def _launch_rows(launches: pd.Index, corr: np.ndarray) -> np.ndarray:
@@ -478,8 +471,7 @@ def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
     """Each kernel's launch's context (`launch_of`: its launch's query, -1 for none: no context,
     the code of "", which `WorkContext` numbers 0)."""
     def one(c: pd.Categorical) -> pd.Categorical:
-        return pd.Categorical.from_codes(lookup(np.append(c.codes, np.zeros(1, c.codes.dtype)), launch_of),
-                                         dtype=c.dtype)
+        return pd.Categorical.from_codes(_by_launch(c.codes, launch_of, 0), dtype=c.dtype)
 
     return WorkContext(one(ctx.category), one(ctx.frame), one(ctx.module))
 
@@ -503,59 +495,61 @@ def positional_index(index: pd.Index) -> bool:
     return isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1
 
 
-def _attribute_device(steps: pd.DataFrame, launches: pd.DataFrame, corr: np.ndarray, has: np.ndarray,
-                      lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray, ts: np.ndarray
+def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray,
+                      lcorr: pd.Index, launch_of: np.ndarray, corr: np.ndarray, ts: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """(step_id, attribution code into GPU_ATTRIBUTIONS) per device event: its launch's step,
-    else the step its launch (or, with no launch, the event itself) follows."""
-    step = np.full(len(corr), -1, dtype=np.int32)
-    how = np.zeros(len(corr), dtype=np.int8)
+    """(step_id, attribution code into GPU_ATTRIBUTIONS) per device event: its launch's step
+    (`_attribute_launches`; the launches' pid, tid, start and correlation, `launch_of` each
+    kernel's, -1: none), else the step the event itself follows."""
     if steps["pid"].eq(-1).all():  # whole-trace step
-        step[:] = 0
-        how[:] = _HOW[WHOLE_TRACE]
-        return step, how
-    if has.all():  # every launch found: no copy of their columns (~25 bytes per event)
-        step = _enclosing(steps, lpid, ltid, lts, by_thread=True)
-        how[step >= 0] = _HOW["launch_thread"]
-        miss = np.flatnonzero(step < 0)
-    else:
-        idx = np.flatnonzero(has)
-        st = _enclosing(steps, lpid[has], ltid[has], lts[has], by_thread=True)
-        step[idx] = st
-        how[idx[st >= 0]] = _HOW["launch_thread"]
-        miss = idx[st < 0]
-        del st, idx
-    # Launch on a thread without steps (e.g. autograd's backward thread):
-    # the step of the same process that encloses the launch.
-    if len(miss):
-        st2 = _enclosing(steps, lpid[miss], ltid[miss], lts[miss], by_thread=False)
-        step[miss] = st2
-        how[miss[st2 >= 0]] = _HOW["launch_process"]
-    del miss
-    # Launched between two steps: the last step that began before the launch
-    # (its tail, e.g. an output copy). No launch in the trace at all: the last
-    # step that began before the work itself did.
-    order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
-    sts = steps["ts"].to_numpy(float)[order]
-    sids = steps["step_id"].to_numpy()[order]
+        return np.zeros(len(corr), dtype=np.int32), np.full(len(corr), _HOW[WHOLE_TRACE], dtype=np.int8)
+    lstep, lhow = _attribute_launches(steps, lpid, ltid, lts)
+    step, how = _by_launch(lstep, launch_of, -1), _by_launch(lhow, launch_of, 0)
+    has = launch_of >= 0
     # Correlation ids grow monotonically: a kernel whose id is below every launch on
     # record was launched before the CPU side of the capture began (the previous,
     # unrecorded step). It stays unattributed rather than inflate the first step.
     # With no launch on record at all (a kernel-only export) no id can be dated so: every
     # kernel goes by its own time, as said above, not to "before the capture".
-    first_corr = launches["correlation"].min() if len(launches) else -np.inf
+    first_corr = lcorr.min() if len(lcorr) else -np.inf
     early = ~has & (corr >= 0) & (corr < first_corr)
     how[early] = _HOW["before_capture"]
-    for method, rows in (("after_step_launch", np.flatnonzero((step < 0) & has)),
-                         ("work_time", np.flatnonzero((step < 0) & ~has & ~early))):
-        if not len(rows):
-            continue
-        t = lts[rows] if method == "after_step_launch" else ts[rows]
-        pos = np.searchsorted(sts, t, side="right") - 1
-        ok = pos >= 0
-        step[rows[ok]] = sids[pos[ok]]
-        how[rows[ok]] = _HOW[method]
+    rows = np.flatnonzero((step < 0) & ~has & ~early)
+    del has, early
+    if len(rows):  # no launch in the trace: the last step that began before the work itself did
+        ok, at = _step_before(steps, ts[rows])
+        step[rows[ok]] = at
+        how[rows[ok]] = _HOW["work_time"]
     return step, how
+
+
+def _attribute_launches(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(step_id, attribution code) per launch call (pid, tid, start): the step that encloses it
+    on its thread; on a thread without steps (e.g. autograd's backward thread) the step of
+    the same process that encloses it; launched between two steps, the last step that began
+    before it (its tail, e.g. an output copy)."""
+    step = _enclosing(steps, pid, tid, t, by_thread=True)
+    how = np.where(step >= 0, _HOW["launch_thread"], np.int8(0)).astype(np.int8)
+    miss = np.flatnonzero(step < 0)
+    if len(miss):
+        st2 = _enclosing(steps, pid[miss], tid[miss], t[miss], by_thread=False)
+        step[miss] = st2
+        how[miss[st2 >= 0]] = _HOW["launch_process"]
+    rows = np.flatnonzero(step < 0)
+    if len(rows):
+        ok, at = _step_before(steps, t[rows])
+        step[rows[ok]] = at
+        how[rows[ok]] = _HOW["after_step_launch"]
+    return step, how
+
+
+def _step_before(steps: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whether a step began at or before each time `t`, the last such step's id where one did)."""
+    order = np.argsort(steps["ts"].to_numpy(float), kind="stable")
+    pos = np.searchsorted(steps["ts"].to_numpy(float)[order], t, side="right") - 1
+    ok = pos >= 0
+    return ok, steps["step_id"].to_numpy()[order][pos[ok]]
 
 
 def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict) -> pd.DataFrame:
@@ -642,9 +636,9 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     """
     info: dict = {}
     if mode == "gpu":
-        work = _gpu_work(ev, steps, rules, rank, info, dev)
+        work, launches = _gpu_work(ev, steps, rules, rank, info, dev)
     else:
-        work = _cpu_work(ev, steps, rules, rank, info)
+        work, launches = _cpu_work(ev, steps, rules, rank, info), _no_launches()
     work["class"] = class_of(work["category"])
     coll = in_values(work["category"], ["all_reduce", "all_gather", "other_collective"])
     if mode == "cpu":
@@ -661,7 +655,6 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     start = work["start_us"].to_numpy()
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # a sort copies the whole table
         work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
-    launches = launch_firsts(work) if "launch_us" in work else _no_launches()
     return work[WORK_COLUMNS + BUILD_COLUMNS], launches, info
 
 
@@ -669,21 +662,24 @@ def _no_launches() -> pd.DataFrame:
     return pd.DataFrame({c: np.array([], dtype=t) for c, t in zip(LAUNCH_COLUMNS, (np.int32, np.int64, float, float))})
 
 
-def launch_firsts(work: pd.DataFrame) -> pd.DataFrame:
-    """LAUNCH_COLUMNS from work rows in start order with `launch_us` and `correlation`: per
-    (step, launch), its first kernel. A slice of rows at a time, each slice's firsts kept,
-    then the few repeats across slices dropped: a launch's kernels are few slices' rows."""
-    start, launch = work["start_us"].to_numpy(float), work["launch_us"].to_numpy(float)
-    corr, step = work["correlation"].to_numpy(), work["step_id"].to_numpy()
-    picks = []
+def launch_firsts(start: np.ndarray, step: np.ndarray, corr: np.ndarray, launch_of: np.ndarray,
+                  launch_us: np.ndarray) -> pd.DataFrame:
+    """LAUNCH_COLUMNS: per (step, launch), its first kernel in start order. Per kernel: its
+    `start`, `step`, `corr` and `launch_of`, its launch's position in `launch_us` (the launch
+    calls' starts; -1: none). A slice of kernels at a time, each slice's firsts kept, then the
+    few repeats across slices dropped: a launch's kernels span few slices."""
+    order = None if (start[1:] >= start[:-1]).all() else np.argsort(start, kind="stable")
+    picks = [np.array([], dtype=np.int64)]
     for lo in range(0, len(start), ENCLOSING_CHUNK_ROWS):
-        sl = slice(lo, lo + ENCLOSING_CHUNK_ROWS)
-        at = np.flatnonzero(~np.isnan(launch[sl]) & (corr[sl] >= 0))
-        pairs = pd.DataFrame({"s": step[sl][at], "c": corr[sl][at]}, copy=False)
-        picks.append(lo + at[~pairs.duplicated().to_numpy()])
-    rows = np.concatenate(picks) if picks else np.array([], dtype=np.int64)
-    out = pd.DataFrame({"step_id": step[rows], "correlation": corr[rows], "launch_us": launch[rows],
-                        "first_start_us": start[rows]}, columns=LAUNCH_COLUMNS)
+        at = np.arange(lo, min(lo + ENCLOSING_CHUNK_ROWS, len(start))) if order is None \
+            else order[lo:lo + ENCLOSING_CHUNK_ROWS]
+        at = at[launch_of[at] >= 0]
+        pairs = pd.DataFrame({"s": step[at], "c": corr[at]}, copy=False)
+        picks.append(at[~pairs.duplicated().to_numpy()])
+    rows = np.concatenate(picks)
+    out = pd.DataFrame({"step_id": step[rows], "correlation": corr[rows],
+                        "launch_us": np.asarray(launch_us, float)[launch_of[rows]], "first_start_us": start[rows]},
+                       columns=LAUNCH_COLUMNS)
     return out.drop_duplicates(["step_id", "correlation"]).reset_index(drop=True)
 
 
