@@ -157,7 +157,9 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
             where=str(path),
             hint="rename it to include rank<N> (e.g. trace_rank0.json.gz)")
     meta["rank"] = int(rank)
-    n_dev = int(df["cat"].isin(DEVICE_CATS).sum())
+    from stepscope.trace.codes import in_values  # pandas: not in a parse process
+
+    n_dev = int(in_values(df["cat"], DEVICE_CATS).sum())  # isin: int64 codes, 12 bytes an event
     n_cpu = int((df["cat"] == "cpu_op").sum())
     n_work = n_dev if n_dev else n_cpu
     unknown = meta.get("unknown_cats") or {}

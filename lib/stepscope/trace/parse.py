@@ -453,7 +453,11 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
     keep = None
     if seen_device:
         ctx = np.fromiter((KEEP_FRAME[n] for n in all_names), dtype=bool, count=len(all_names))
-        keep = (arrays["cat"] != _CPU_OP) | (ctx[arrays["name"]] if len(all_names) else False)
+        keep = arrays["cat"] != _CPU_OP
+        if len(all_names):  # a slice at a time: numpy widens int32 indices to int64 first
+            for lo in range(0, len(keep), FIRST_USE_CHUNK_ROWS):
+                keep[lo:lo + FIRST_USE_CHUNK_ROWS] |= ctx[arrays["name"][lo:lo + FIRST_USE_CHUNK_ROWS]]
+        keep = None if keep.all() else keep  # nothing to drop: no copy of every column
     # column by column, each original dropped once filtered: the table is held once plus a column
     columns = {k: (arrays.pop(k)[keep] if keep is not None else arrays.pop(k)) for k in list(arrays)}
     # Only the names still used (cpu_ops dropped above leave theirs behind), in order of
@@ -461,7 +465,8 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
     # on how many processes parsed the trace.
     columns["name"], names = _by_first_use(columns["name"], all_names)
     columns["collective"], colls = _by_first_use(columns["collective"], colls, keep=0)
-    counts = np.bincount(columns["cat"].astype(np.intp), minlength=len(KEPT_CATS))
+    counts = sum((np.bincount(columns["cat"][lo:lo + FIRST_USE_CHUNK_ROWS].astype(np.intp), minlength=len(KEPT_CATS))
+                  for lo in range(0, len(columns["cat"]), FIRST_USE_CHUNK_ROWS)), np.zeros(len(KEPT_CATS), np.int64))
     unknown: dict[str, int] = {}
     for sh in shares:
         for c, n in sh.unknown.items():
@@ -479,14 +484,28 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
 
 
 def _by_first_use(codes: np.ndarray, table: list[str], keep: int | None = None) -> tuple[np.ndarray, list[str]]:
-    """Codes renumbered to the used entries of `table` in order of first use (`keep` first)."""
-    used, first = np.unique(codes, return_index=True)
-    used = used[np.argsort(first, kind="stable")]
+    """Codes renumbered to the used entries of `table` in order of first use (`keep` first), in
+    the narrowest ints pandas keeps for that many categories. A slice at a time: a sort of
+    every code was ~20 bytes an event of the load's peak (issue 26)."""
+    first = np.full(max(len(table), 1), len(codes), dtype=np.int64)  # each code's first row
+    for lo in range(0, len(codes), FIRST_USE_CHUNK_ROWS):
+        u, at = np.unique(codes[lo:lo + FIRST_USE_CHUNK_ROWS], return_index=True)
+        np.minimum.at(first, u, lo + at)
+    used = np.flatnonzero(first < len(codes))
+    used = used[np.argsort(first[used], kind="stable")]
     if keep is not None:
         used = np.concatenate([[keep], used[used != keep]]).astype(used.dtype)
-    remap = np.zeros(max(len(table), 1), dtype=np.int32)
-    remap[used] = np.arange(len(used), dtype=np.int32)
-    return remap[codes], [table[i] for i in used]
+    # pandas' own widths for codes (`Categorical.from_codes` would copy into them otherwise)
+    width = np.int8 if len(used) < 127 else np.int16 if len(used) < 32767 else np.int32
+    remap = np.zeros(max(len(table), 1), dtype=width)
+    remap[used] = np.arange(len(used))
+    out = np.empty(len(codes), dtype=width)
+    for lo in range(0, len(codes), FIRST_USE_CHUNK_ROWS):
+        out[lo:lo + FIRST_USE_CHUNK_ROWS] = remap[codes[lo:lo + FIRST_USE_CHUNK_ROWS]]
+    return out, [table[i] for i in used]
+
+
+FIRST_USE_CHUNK_ROWS = 1 << 16
 
 
 def _in_range(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
@@ -544,7 +563,7 @@ class ParsedTrace:
         for k in list(c):
             c[k] = narrow_ints(c[k])
         data: dict[str, Any] = dict(c)
-        data["cat"] = pd.Categorical.from_codes(c["cat"].astype(np.int16), categories=list(KEPT_CATS))
+        data["cat"] = pd.Categorical.from_codes(c["cat"], categories=list(KEPT_CATS))
         data["name"] = pd.Categorical.from_codes(c["name"], categories=self.names)
         data["collective"] = pd.Categorical.from_codes(c["collective"], categories=self.collectives)
         # copy=False: one block per column, the arrays themselves. A copy consolidates them into
