@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from stepscope.errors import ParamsError
-from stepscope.trace.codes import FACTORIZE_CHUNK_ROWS, factorize_keys, map_codes
+from stepscope.trace.codes import FACTORIZE_CHUNK_ROWS, factorize_keys, lookup, map_codes
 
 logger = logging.getLogger(__name__)
 
@@ -254,8 +254,10 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
     table = list(dict.fromkeys(cat_table))
     at = {v: i for i, v in enumerate(table)}
-    category = np.array([at[g[0]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
-    source = np.array([at[g[1]] for g in got], dtype=np.int32)[p_codes] if len(got) else np.zeros(0, np.int32)
+    # int16 codes, looked up a slice at a time: int32 codes through numpy's fancy index were
+    # 16 bytes a kernel of stage 05's peak (issue 26); a rule set names far fewer categories
+    category = lookup(np.array([at[g[0]] for g in got], dtype=np.int16), p_codes) if len(got) else np.zeros(0, np.int16)
+    source = lookup(np.array([at[g[1]] for g in got], dtype=np.int16), p_codes) if len(got) else np.zeros(0, np.int16)
     del p_codes
     if context is not None and len(context) and len(category):
         _context_decides(category, source, n_codes, n_u, context, table, at)
@@ -283,7 +285,7 @@ def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarr
         if d is not None and d not in at:
             at[d] = len(table)
             table.append(d)
-    new_cat = np.array([-1 if d is None else at[d] for d in decided], dtype=np.int32)
+    new_cat = np.array([-1 if d is None else at[d] for d in decided], dtype=np.int16)
     for lo in range(0, len(category), FACTORIZE_CHUNK_ROWS):
         s = slice(lo, lo + FACTORIZE_CHUNK_ROWS)
         nc_s = new_cat[k_codes[s]]

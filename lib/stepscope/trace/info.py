@@ -127,11 +127,29 @@ _KERNEL_BASE = re.compile(r"^(?:void\s+)?(?:[\w\s()]*::)*(\w+)")
 float>(int, ...)` is `max_pool_forward_nchw` (namespaces, template and arguments dropped)."""
 
 
+def _kernel_name_counts(ev: pd.DataFrame) -> pd.Series:
+    """Kernels per distinct name (those that ran). On a Categorical, its codes counted a slice
+    at a time: the kernel rows' copy and its index were ~10 bytes a kernel (issue 26)."""
+    name, kern = ev["name"], (ev["cat"] == "kernel").to_numpy()
+    if not isinstance(name.dtype, pd.CategoricalDtype):
+        counts = name[kern].value_counts()
+        return counts[counts > 0]
+    codes, n = name.array.codes, len(name.array.categories)
+    tally = np.zeros(n + 1, dtype=np.int64)  # the last: code -1, no name
+    for lo in range(0, len(codes), KERNEL_COUNT_CHUNK_ROWS):
+        part = codes[lo:lo + KERNEL_COUNT_CHUNK_ROWS][kern[lo:lo + KERNEL_COUNT_CHUNK_ROWS]]
+        tally += np.bincount(part.astype(np.intp) % (n + 1), minlength=n + 1)
+    counts = pd.Series(tally[:n], index=name.array.categories)
+    return counts[counts > 0].sort_values(ascending=False, kind="stable")
+
+
+KERNEL_COUNT_CHUNK_ROWS = 1 << 16
+
+
 def _kernel_hits(ev: pd.DataFrame, pattern: re.Pattern[str]) -> list[str]:
     """"kernel `<base name>` (×n)" for the kernels matching, most frequent first: counted per
     distinct name (a device-dense trace's kernel rows are not copied), then by base name."""
-    counts = ev.loc[ev["cat"] == "kernel", "name"].value_counts()
-    counts = counts[counts > 0]
+    counts = _kernel_name_counts(ev)
     names = counts.index.astype(str)
     hit = counts[names.str.contains(pattern)]
     if hit.empty:
