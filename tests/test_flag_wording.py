@@ -57,7 +57,7 @@ PAIRS = [
      "rank 0: 3 event names longer than 4,096 characters were cut to that length before the name rules saw "
      "them (the names say how long they were)"),
     (_flag("ids_out_of_range", rank=1, n_events=5),
-     "rank 1: 5 ids (correlation, External id, stream) outside 64-bit integers were read as no id, so those "
+     "rank 1: 5 ids (correlation, stream) outside 64-bit integers were read as no id, so those "
      "events are matched by time instead"),
     (_flag("unknown_event_category", rank=0, categories={"zeta": 2, "alpha": 1}),
      "rank 0: ignored events of unknown category 'alpha' (1), 'zeta' (2)"),

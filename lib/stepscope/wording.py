@@ -276,8 +276,8 @@ _FLAG_WORDS = {
         f"rank {f.rank}: {f.n_events} event names longer than {f.limit_chars:,} characters were cut to that "
         "length before the name rules saw them (the names say how long they were)")),
     "ids_out_of_range": (("rank", "n_events"), lambda f: (
-        f"rank {f.rank}: {f.n_events} ids (correlation, External id, stream) outside 64-bit integers were read "
-        "as no id, so those events are matched by time instead")),
+        f"rank {f.rank}: {f.n_events} ids (correlation, stream) outside 64-bit integers were read as no "
+        "id, so those events are matched by time instead")),
     "unknown_event_category": (("rank", "categories"), lambda f: (
         f"rank {f.rank}: ignored events of unknown category "
         + ", ".join(f"{c!r} ({n})" for c, n in sorted(f.categories.items())))),

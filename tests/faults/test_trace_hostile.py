@@ -178,7 +178,7 @@ def test_ints_are_collected_as_int32_until_one_needs_int64():
     # a share that kept no event hands on int32 columns too: an int64 one widened the merge
     assert {c: str(a.dtype) for c, a in _Collector().share([], None).arrays.items()} == {
         "cat": "int8", "name": "int32", "pid": "int32", "tid": "int32", "ts": "float64", "dur": "float64",
-        "correlation": "int32", "external_id": "int32", "stream": "int32", "collective": "int32",
+        "correlation": "int32", "stream": "int32", "collective": "int32",
         "msg_nelems": "int32"}
 
 

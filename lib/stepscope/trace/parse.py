@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LOADER_VERSION = 9
+LOADER_VERSION = 10
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
 
 CHUNK_BYTES = 4 << 20
@@ -81,13 +81,13 @@ a negative or absurd ts would stretch the trace's span and every sum over it."""
 TRAILER_MAX_BYTES = 64 << 20
 """The most top-level metadata read after traceEvents (and before it, for the header)."""
 
-SLIM_COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "correlation", "external_id",
-                "stream", "collective", "msg_nelems")
+SLIM_COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "correlation", "stream", "collective", "msg_nelems")
+"""No `External id`: nothing reads it (the kernel's launch is found by `correlation`), and it
+was 4 bytes an event in every process, table and cache entry (issue 26)."""
 
 
 class _Args(msgspec.Struct, gc=False):
     correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
     stream: int | None = None
     collective: str | None = msgspec.field(default=None, name="Collective name")
     msg_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
@@ -199,7 +199,6 @@ class _Collector:
         self.ts = array("d")
         self.dur = array("d")
         self.corr = array("i")
-        self.ext = array("i")
         self.stream = array("i")
         self.coll = array("i")
         self.nelems = array("i")
@@ -300,7 +299,6 @@ class _Collector:
         self.dur.extend(dur_a)
         args = [e.args or _NO_ARGS for e in kept]
         self._ints_into("corr", [-1 if a.correlation is None else a.correlation for a in args], self._huge_id)
-        self._ints_into("ext", [-1 if a.external_id is None else a.external_id for a in args], self._huge_id)
         self._ints_into("stream", [-1 if a.stream is None else a.stream for a in args], self._huge_id)
         self._ints_into("nelems", [-1 if a.msg_nelems is None else a.msg_nelems for a in args], self._huge_id)
         colls = self.colls
@@ -387,7 +385,6 @@ class _Collector:
                 name=d.get("name"), pid=d.get("pid"), tid=d.get("tid"),
                 ts=_float(d.get("ts")), dur=_float(d.get("dur")),
                 args=_Args(correlation=_int(args.get("correlation")),
-                           external_id=_int(args.get("External id")),
                            stream=_int(args.get("stream")),
                            collective=(str(args["Collective name"])
                                        if "Collective name" in args else None),
@@ -415,7 +412,7 @@ class _Collector:
 
 _ARRAY_FIELDS = (
     ("cat", "cat"), ("name", "name"), ("pid", "pid"), ("tid", "tid"), ("ts", "ts"), ("dur", "dur"),
-    ("correlation", "corr"), ("external_id", "ext"), ("stream", "stream"), ("collective", "coll"),
+    ("correlation", "corr"), ("stream", "stream"), ("collective", "coll"),
     ("msg_nelems", "nelems"),
 )
 """(table column, `_Collector` array) pairs."""

@@ -400,9 +400,8 @@ def split_device_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, DeviceRows]:
     keep[dev.rows] = False
     host = ev[keep]
     del keep
-    for col in ("pid", "external_id"):
-        if col in ev:
-            del ev[col]
+    if "pid" in ev:
+        del ev["pid"]
     return host, dev
 
 
