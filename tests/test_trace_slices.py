@@ -155,6 +155,12 @@ def test_factorizing_keys_in_slices_equals_pandas(monkeypatch, chunk):
         want_codes, want_uniq = pd.factorize(keys)  # first appearance order
         assert codes.dtype == np.int32
         assert codes.tolist() == want_codes.tolist() and uniq.tolist() == want_uniq.tolist()
+        # the same keys with no code per row: the distinct ones, then each row's value by key
+        first = trace_codes.first_keys(len(keys), lambda s: keys[s])
+        assert first.tolist() == want_uniq.tolist()
+        values = (np.arange(len(first)) * 7 - 5).astype(np.int16)
+        got = trace_codes.lookup_keys(len(keys), lambda s: keys[s], first, values)
+        assert got.dtype == np.int16 and got.tolist() == values[want_codes].tolist()
 
 
 def test_map_codes_is_remove_unused_then_sorted_and_judges_each_value_once():

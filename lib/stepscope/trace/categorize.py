@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from stepscope.errors import ParamsError
-from stepscope.trace.codes import FACTORIZE_CHUNK_ROWS, factorize_keys, lookup, map_codes
+from stepscope.trace.codes import FACTORIZE_CHUNK_ROWS, first_keys, lookup_keys, map_codes
 
 logger = logging.getLogger(__name__)
 
@@ -249,16 +249,19 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     n_codes, n_u = _factorize32(names)
     c_codes, c_u = _factorize32(cats)
     nc = max(len(c_u), 1)
-    p_codes, p_u = factorize_keys(len(n_codes), lambda s: n_codes[s].astype(np.int64) * nc + c_codes[s])
+    # Keyed by (name, cat) pair, found and looked up a slice at a time: a code per kernel
+    # for the pairs was 4 bytes a kernel of stage 05's peak (issue 26).
+    def pair(s: slice) -> np.ndarray:
+        return n_codes[s].astype(np.int64) * nc + c_codes[s]
+
+    p_u = first_keys(len(n_codes), pair)
     got = [_classify(str(n_u[p // nc]), str(c_u[p % nc]), rules) for p in p_u]
     cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
     table = list(dict.fromkeys(cat_table))
     at = {v: i for i, v in enumerate(table)}
-    # int16 codes, looked up a slice at a time: int32 codes through numpy's fancy index were
-    # 16 bytes a kernel of stage 05's peak (issue 26); a rule set names far fewer categories
-    category = lookup(np.array([at[g[0]] for g in got], dtype=np.int16), p_codes) if len(got) else np.zeros(0, np.int16)
-    source = lookup(np.array([at[g[1]] for g in got], dtype=np.int16), p_codes) if len(got) else np.zeros(0, np.int16)
-    del p_codes
+    # int16 codes (a rule set names far fewer categories), looked up a slice at a time
+    category = lookup_keys(len(n_codes), pair, p_u, np.array([at[g[0]] for g in got], dtype=np.int16))
+    source = lookup_keys(len(n_codes), pair, p_u, np.array([at[g[1]] for g in got], dtype=np.int16))
     if context is not None and len(context) and len(category):
         _context_decides(category, source, n_codes, n_u, context, table, at)
     if as_codes:
@@ -278,17 +281,21 @@ def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarr
     x_u = np.asarray(x_u, dtype=object)
     nx = max(len(x_u), 1)
     generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)
-    k_codes, k_u = factorize_keys(
-        len(category), lambda s: (category[s].astype(np.int64) * nx + x_codes[s]) * 2 + generic[n_codes[s]])
+    def key(s: slice) -> np.ndarray:
+        return (category[s].astype(np.int64) * nx + x_codes[s]) * 2 + generic[n_codes[s]]
+
+    k_u = first_keys(len(category), key)
     decided = [_context_applies(table[int(k // 2 // nx)], x_u[(k // 2) % nx], bool(k % 2)) for k in k_u]
     for d in decided:
         if d is not None and d not in at:
             at[d] = len(table)
             table.append(d)
     new_cat = np.array([-1 if d is None else at[d] for d in decided], dtype=np.int16)
+    order = np.argsort(k_u, kind="stable")
+    sorted_k, sorted_new = k_u[order], new_cat[order]
     for lo in range(0, len(category), FACTORIZE_CHUNK_ROWS):
         s = slice(lo, lo + FACTORIZE_CHUNK_ROWS)
-        nc_s = new_cat[k_codes[s]]
+        nc_s = sorted_new[np.searchsorted(sorted_k, key(s))]  # each slice's keys before it changes
         use = nc_s >= 0
         category[s][use] = nc_s[use]
         source[s][use] = at["context"]

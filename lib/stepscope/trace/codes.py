@@ -108,3 +108,27 @@ def factorize_keys(n: int, key_of: Callable[[slice], np.ndarray]) -> tuple[np.nd
         by_key = np.argsort(known, kind="stable")
         codes[lo:lo + len(keys)] = code_of_u[inverse.reshape(-1)]
     return codes, known
+
+
+def first_keys(n: int, key_of: Callable[[slice], np.ndarray]) -> np.ndarray:
+    """The distinct int64 keys `key_of(slice)` gives for rows 0..n, in order of first
+    appearance (`factorize_keys`' uniques), with no code per row: a slice at a time."""
+    known = np.empty(0, dtype=np.int64)
+    first_at = np.empty(0, dtype=np.int64)
+    for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
+        u, first = np.unique(key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS)), return_index=True)
+        new = ~np.isin(u, known)
+        known = np.concatenate([known, u[new]])
+        first_at = np.concatenate([first_at, lo + first[new]])
+    return known[np.argsort(first_at, kind="stable")]
+
+
+def lookup_keys(n: int, key_of: Callable[[slice], np.ndarray], keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row 0..n, the value of its key (`values[i]` belongs to `keys[i]`, which holds every
+    key `key_of` gives), in `values`' dtype, a slice at a time."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys, sorted_values = keys[order], values[order]
+    out = np.empty(n, dtype=values.dtype)
+    for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
+        out[lo:lo + FACTORIZE_CHUNK_ROWS] = sorted_values[np.searchsorted(sorted_keys, key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS)))]
+    return out
