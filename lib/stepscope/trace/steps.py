@@ -437,22 +437,20 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
     # ~40 bytes per event over the table itself (issue 26).
-    # int16 ranks where they fit, int32 step ids (a rank's steps number far below 2**31)
-    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=np.int16 if -2**15 <= rank < 2**15 else np.int32),
+    # int8 ranks where they fit, int32 step ids (a rank's steps number far below 2**31)
+    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=_int_width(rank, rank)),
                            "step_id": step}
     del step
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
     col["category"], col["name"] = text_codes(cats), text_codes(names)
     del how, cats, names
-    stream = dev.take("stream")
-    col["stream"] = _int16_if_fits(narrow_ints(_as_ints(np.where(stream >= 0, stream, dev.take("tid")))))
-    del stream
+    col["stream"] = _stream_or_thread(dev.take("stream"), dev.take("tid"))
     dur = dev.take("dur")
     col.update(start_us=ts, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
     col["op_row"] = dev.labels
     col["correlation"] = narrow_ints(_as_ints(corr))
-    col["msg_nelems"] = narrow_ints(_device_nelems(dev))
+    col["msg_nelems"] = _none_narrow(narrow_ints(_device_nelems(dev)))
     del rows, corr
     col["category_source"] = text_codes(source)
     col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
@@ -485,12 +483,33 @@ def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
     return WorkContext(one(ctx.category), one(ctx.frame), one(ctx.module))
 
 
-def _int16_if_fits(values: np.ndarray) -> np.ndarray:
-    """`values` as int16 when every one fits (GPU streams, which CUDA numbers from 7 up), else
-    as they are: 2 bytes per kernel less in the work table (issue 26)."""
-    if len(values) and not (values.min() >= np.iinfo(np.int16).min and values.max() <= np.iinfo(np.int16).max):
-        return values
-    return values.astype(np.int16)
+def _int_width(lo: int, hi: int) -> type:
+    """The narrowest of int8/16/32/64 that holds lo..hi."""
+    return next(t for t in (np.int8, np.int16, np.int32, np.int64) if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+
+
+def _stream_or_thread(stream: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Per kernel its stream, else (none recorded) its thread, in the narrowest ints that hold
+    them all, int16 at least (CUDA numbers streams from 7 up). A slice at a time: the whole
+    `np.where` and its narrowed copies were ~10 bytes a kernel of the build's peak (issue 26)."""
+    def part(lo: int) -> np.ndarray:
+        s = stream[lo:lo + ENCLOSING_CHUNK_ROWS]
+        return np.where(s >= 0, s, tid[lo:lo + ENCLOSING_CHUNK_ROWS])
+
+    lo_v = hi_v = 0
+    for lo in range(0, len(stream), ENCLOSING_CHUNK_ROWS):
+        v = part(lo)
+        lo_v, hi_v = min(lo_v, int(v.min())), max(hi_v, int(v.max()))
+    out = np.empty(len(stream), dtype=_int_width(min(lo_v, -2**15 + 1), max(hi_v, 2**7)))
+    for lo in range(0, len(stream), ENCLOSING_CHUNK_ROWS):
+        out[lo:lo + ENCLOSING_CHUNK_ROWS] = part(lo)
+    return out
+
+
+def _none_narrow(nelems: np.ndarray) -> np.ndarray:
+    """Sizes as int8 when none was recorded (every one -1, as on most kernels of a trace
+    without sizes): 3 bytes a kernel less; any recorded size keeps the table's width."""
+    return nelems.astype(np.int8) if len(nelems) and nelems.max() < 0 and nelems.min() >= -1 else nelems
 
 
 def _as_ints(values: np.ndarray) -> np.ndarray:
