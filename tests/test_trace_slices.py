@@ -203,3 +203,23 @@ def test_message_sizes_keep_the_table_width_and_read_text_as_ints():
     narrow = pd.DataFrame({"msg_nelems": np.array([1, -1, 4096], dtype=np.int32)})
     assert steps._nelems(narrow)[np.array([2, 1])].dtype == np.int32  # no int64 copy per event
     assert steps._nelems(pd.DataFrame({"x": [1, 2]})).tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 16])
+def test_device_rows_gathered_in_place_equal_a_take(monkeypatch, chunk):
+    """An owned table's columns are gathered into their own front, a slice at a time: the same
+    values, in order, as a take of the device rows, for numbers and codes alike."""
+    from stepscope.trace.steps import DeviceRows
+
+    monkeypatch.setattr(steps, "ENCLOSING_CHUNK_ROWS", chunk)
+    rng = np.random.default_rng(chunk)
+    for _ in range(50):
+        n = int(rng.integers(0, 30))
+        cats = rng.choice(["kernel", "cuda_runtime", "gpu_memcpy", "cpu_op"], n)
+        ev = pd.DataFrame({"cat": pd.Categorical(cats), "ts": rng.random(n), "tid": rng.integers(-5, 9, n).astype(np.int32),
+                           "name": pd.Categorical(rng.choice(list("abc"), n))})
+        want = ev[ev["cat"].isin(["kernel", "gpu_memcpy"])].reset_index(drop=True)
+        dev = DeviceRows(ev, own=True)
+        for col in ("ts", "tid", "name", "cat"):
+            got = dev.take(col)
+            assert list(got) == want[col].tolist() and col not in ev

@@ -372,14 +372,15 @@ class DeviceRows:
 
     def take(self, col: str) -> Any:
         """The column's values at the device rows (a Categorical stays one); owned: the table's
-        column is let go."""
+        column is let go, its values gathered into its own front (`_gather_front`)."""
         c = self._ev[col]
-        # through `lookup`: numpy widened the int32 positions to int64 for each column (issue 26)
-        v = take_codes(c.array, self.rows) if isinstance(c.dtype, pd.CategoricalDtype) else lookup(c.to_numpy(), self.rows)
         if self._own:
-            del c
             del self._ev[col]
-        return v
+            if isinstance(c.dtype, pd.CategoricalDtype):
+                return pd.Categorical.from_codes(_gather_front(c.array.codes, self.rows), dtype=c.dtype)
+            return _gather_front(c.to_numpy(), self.rows)
+        # through `lookup`: numpy widened the int32 positions to int64 for each column (issue 26)
+        return take_codes(c.array, self.rows) if isinstance(c.dtype, pd.CategoricalDtype) else lookup(c.to_numpy(), self.rows)
 
     def take_for(self, col: str, op_row: np.ndarray) -> Any:
         """`take`, in the order of the work rows whose `op_row` labels are given (the work
@@ -390,6 +391,23 @@ class DeviceRows:
         at = (np.searchsorted(self.labels, op_row) if (np.diff(self.labels) > 0).all()
               else pd.Index(self.labels).get_indexer(op_row))
         return v[at]
+
+
+def _gather_front(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`values[rows]` written over the front of `values` itself, a slice at a time, for a
+    column no one else holds: `rows` ascend, so each slice reads only positions at or past
+    those written so far. A gathered copy beside the column was one column's bytes a kernel
+    more at each read of the build (issue 26). The view it returns keeps the whole buffer:
+    the host rows' few more."""
+    if not values.flags.writeable:
+        try:  # pandas hands out a read-only view of the frame's own array
+            values.flags.writeable = True
+        except ValueError:
+            return lookup(values, rows)
+    for lo in range(0, len(rows), ENCLOSING_CHUNK_ROWS):
+        hi = min(lo + ENCLOSING_CHUNK_ROWS, len(rows))
+        values[lo:hi] = values[rows[lo:hi]]
+    return values[:len(rows)]
 
 
 def split_device_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, DeviceRows]:
