@@ -3,14 +3,13 @@
     .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short]] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON), and
-also polls the RSS of the process and its parse processes together. Kernel-dense, 2026-12-02,
-the old and the new code side by side on the same traces (584fd15 -> this change):
-- 2 M kernels (371 MB JSON): 375 -> 310 MB peak (1.01x -> 0.84x; 8.1 -> 6.5 s);
-- 10 M kernels (1,868 MB JSON): 1,277 -> 915 MB (0.68x -> 0.49x, 84 bytes per device event
-  above the imports; 42 -> 33 s);
-- 10 M kernels with --short (1,371 MB JSON, ~140 bytes each): 1,255 -> 919 MB (0.92x -> 0.67x),
-  the process and its parse processes together 1,337 -> 917 MB. Issue 26's own trace (10 M in
-  1.2 GB) would read ~0.8x: the work table alone is ~64 bytes per kernel.
+also polls the RSS of the process and its parse processes together. Kernel-dense, 2026-12-02:
+- 10 M kernels with --short (1,438 MB JSON, ~144 bytes each), 7ce05a2 -> now: 919 -> 723 MiB
+  (0.67x -> 0.53x; 84 -> 61 bytes per device event above the imports' 145 MiB; the process
+  and its parse processes together 917 -> 716 MiB). Issue 26's own trace (10 M in 1.22 GB)
+  would read ~0.62x: memory goes with kernels, not bytes.
+- earlier, the default names (584fd15 -> 7ce05a2): 2 M kernels (371 MB JSON) 375 -> 310 MB;
+  10 M (1,868 MB JSON) 1,277 -> 915 MB, 42 -> 33 s.
 Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
 trace.budget's estimate reads these.
 

@@ -16,15 +16,16 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 100
+ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 72
 """The bound held, the loaded event table counted (as stage 05 holds it), with slices of 4,096
 rows, so that, as on a large trace, the per-row temporaries are what is measured and not the
-slices': 89 bytes measured on 2026-12-02 once the work table replaced the device rows
-(`steps.split_device_rows`), contexts were judged per launch, the launch lookup and every index
-of int32 codes went slice by slice, and no fresh array was copied into a Series; 123 at
-584fd15 (in `build_work`, the event and work tables side by side). With 65,536-row slices (a
-third of this rank) the code of 584fd15 read 118, be6c2e0 177, 1591140 248, and more before
-per-event text became codes (34dd664: 328 above the table alone)."""
+slices'. 64 bytes measured on 2026-12-02 (second stop) once the work table kept no end, launch
+time or correlation per kernel, each launch was attributed once, the event table lost
+`External id` and the build gathered columns in place; 84 at 7ce05a2 (89 before its kind
+evidence counted names slice by slice), 123 at 584fd15 (in `build_work`, the event and work
+tables side by side). With 65,536-row slices (a third of this rank) the code of 584fd15 read
+118, be6c2e0 177, 1591140 248, and more before per-event text became codes (34dd664: 328 above
+the table alone)."""
 
 SLICE_ROWS = 4096
 """Every `*_CHUNK_ROWS` of stage 05, for this test."""
@@ -45,13 +46,14 @@ def kernel_dense_trace(tmp_path_factory) -> Path:
 
 
 def test_analysing_a_kernel_dense_rank_peaks_under_the_stated_bytes_per_event(kernel_dense_trace, monkeypatch):
-    from stepscope.trace import account, codes, context, steps
+    from stepscope.trace import account, codes, context, info, steps
     from stepscope.trace.analyze import analyze_rank
     from stepscope.trace.categorize import make_rules
     from stepscope.trace.load import load_ranks
 
     for module, name in ((account, "UNION_CHUNK_ROWS"), (codes, "FACTORIZE_CHUNK_ROWS"),
-                         (steps, "ENCLOSING_CHUNK_ROWS"), (context, "CONTEXT_CHUNK_ROWS")):
+                         (steps, "ENCLOSING_CHUNK_ROWS"), (context, "CONTEXT_CHUNK_ROWS"),
+                         (info, "KERNEL_COUNT_CHUNK_ROWS")):
         monkeypatch.setattr(module, name, SLICE_ROWS)
     rules = make_rules(())
     tracemalloc.start()
@@ -66,7 +68,7 @@ def test_analysing_a_kernel_dense_rank_peaks_under_the_stated_bytes_per_event(ke
         tracemalloc.stop()
     n = len(result.work)
     assert n == 200_000
-    assert loaded / n > 30  # the table was counted: ~51 bytes per device event
+    assert loaded / n > 30  # the table was counted: ~44 bytes per device event
     # the analysis is whole: every kernel in a decode step, categorized
     assert (result.work["step_id"] >= 0).all()
     assert set(result.work["category"].astype(str)) == {"all_reduce", "attention", "dense_gemm", "elementwise",
