@@ -21,11 +21,11 @@ from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
-from stepscope.trace.steps import (BUILD_COLUMNS, WHOLE_TRACE, DeviceRows, positional_index, build_work, find_steps,
+from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, build_work, find_steps,
                                    split_device_rows, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
-from stepscope.trace.codes import in_values, map_codes, take_codes
+from stepscope.trace.codes import in_values, map_codes
 
 
 EXPOSED_NOTE = (
@@ -277,10 +277,8 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     if consume and rt.mode == "gpu" and _device_rows_larger(ev):
         ev, dev = split_device_rows(ev)  # from here `ev` is the host rows; `dev` lets each column go once read
     work, launches, info = build_work(ev, steps, rules, rt.rank, rt.mode, dev)
-    args = _device_row_reads(ev, work, rt.mode, dev)
     del dev
-    for c in BUILD_COLUMNS:  # read: 8 bytes a kernel less for the rest of the analysis
-        del work[c]
+    args = work.pop(ARGS_COLUMN) if ARGS_COLUMN in work else None  # the kernels' collective args
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
     frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
@@ -300,27 +298,6 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
                       steps_tot=step_tot, meta=meta, launches=launches, **_by_module(ev, work, step_tot, rt.rank,
                                                                   rt.meta.get("world_size"), rt.mode, args))
-
-
-def _device_row_reads(ev: pd.DataFrame, work: pd.DataFrame, mode: str, dev: DeviceRows | None = None
-                      ) -> pd.Series | None:
-    """What the analysis reads from the event table's rows of the work itself, read while they
-    are there: `work["recompute"]` set, and the kernels' args returned (GPU traces; codes, not
-    a str per row) for `collectives.collective_sizes`. `dev`: the device rows, when `ev` holds
-    only the host rows (`steps.split_device_rows`)."""
-    from stepscope.trace.modules import recompute_mask
-
-    work["recompute"] = recompute_mask(ev, work)
-    if mode != "gpu" or "collective" not in (ev if dev is None else dev):
-        return None
-    if dev is not None:
-        return pd.Series(dev.take_for("collective", work["op_row"].to_numpy()), index=work.index, copy=False)
-    col = ev["collective"]
-    if positional_index(ev.index):
-        # op_row is then a position: a take of the codes, not a label lookup (~35 bytes per
-        # device event of hash table and indexer, stage 05's peak on a kernel-dense trace).
-        return pd.Series(take_codes(col.array, work["op_row"].to_numpy()), index=work.index, copy=False)
-    return pd.Series(col.reindex(work["op_row"].to_numpy()).array, index=work.index)
 
 
 def _device_rows_larger(ev: pd.DataFrame) -> bool:

@@ -35,7 +35,7 @@ frames of a CUDA-graph capture or compile warm-up (vLLM's `_capture_cudagraphs`,
 `capture_one_batch_size`, torch's `capture_begin`): few, and they say the trace is no
 steady-state step (`trace.info.kind_evidence`); and activation checkpointing's
 `recompute_fn` (`torch/utils/checkpoint.py`), inside which the backward pass reruns a forward
-(`modules.recompute_mask`)."""
+(`modules.in_recompute_frames`)."""
 
 _CONTEXT_OP = re.compile(
     r"(?i)norm|rotary|rope|conv|loss|cross_entropy|nll|logits|lm_head"

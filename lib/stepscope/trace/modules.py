@@ -13,7 +13,7 @@ Qwen2). Paths drop instance numbers, so the 24 decoder layers of a model add up 
 its own (`self_ms_per_step`: work whose innermost module it is) and everything under it
 (`sum_ms_per_step`), summed durations, overlap not removed, the same reading as
 category_kernels.csv; the part of it that activation checkpointing's backward reran
-(`recompute_ms_per_step`, `recompute_mask`) is set apart. A trace without module frames (no stacks, or CUDA-graph replay, whose
+(`recompute_ms_per_step`, `in_recompute_frames`) is set apart. A trace without module frames (no stacks, or CUDA-graph replay, whose
 kernels were launched outside any frame) gives an empty table, and says so by being empty.
 """
 
@@ -26,7 +26,6 @@ import pandas as pd
 
 from stepscope.trace.frames import MODULE_PREFIX
 from stepscope.trace.account import in_steps
-from stepscope.trace.codes import in_values
 
 MODULE_COLUMNS = ["rank", "path", "module", "depth", "n_instances", "n_steps", "calls_per_step",
                   "self_ms_per_step", "sum_ms_per_step", "recompute_ms_per_step", "share_of_device",
@@ -152,23 +151,17 @@ RECOMPUTE_FRAME = re.compile(r"checkpoint\.py\(\d+\): recompute_fn$")
 the checkpointed forward inside this frame; what it launches there is recompute."""
 
 
-def recompute_mask(ev: pd.DataFrame, work: pd.DataFrame) -> np.ndarray:
-    """Per work row: launched (a kernel) or run (a CPU op) inside a `recompute_fn` frame on its
-    thread, i.e. activation-checkpoint recompute rather than the first forward."""
-    out = np.zeros(len(work), dtype=bool)
+def in_recompute_frames(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Per point (pid, tid, ts): inside a `recompute_fn` frame on its thread, i.e. work
+    launched (a kernel's launch call) or run (a CPU op) there is activation-checkpoint
+    recompute rather than the first forward. Asked once per launch on GPU traces, its
+    kernels given the answer (`steps._gpu_work`)."""
+    out = np.zeros(len(ts), dtype=bool)
     fr = ev[ev["cat"] == "python_function"]  # the names of these rows only: a mask per event otherwise
     fr = fr[fr["name"].str.contains(RECOMPUTE_FRAME)]
-    if fr.empty or work.empty:
+    if fr.empty or not len(ts):
         return out
-    launches = ev[in_values(ev["cat"], ("cuda_runtime", "cuda_driver")) & (ev["correlation"] >= 0)]
-    lk = launches.drop_duplicates("correlation").set_index("correlation")[["pid", "tid", "ts"]]
-    corr = work["correlation"].to_numpy()
-    hit = lk.reindex(corr)
-    # GPU work: its launch; CPU work (no correlation): the op itself
-    ops = ev.reindex(work["op_row"].to_numpy())[["pid", "tid", "ts"]].to_numpy()
-    lpid = np.where(corr >= 0, hit["pid"].to_numpy(), ops[:, 0])
-    ltid = np.where(corr >= 0, hit["tid"].to_numpy(), ops[:, 1])
-    lts = np.where(corr >= 0, hit["ts"].to_numpy(float), ops[:, 2].astype(float))
-    for pid, tid, ts, dur in fr[["pid", "tid", "ts", "dur"]].itertuples(index=False):
-        out |= (lpid == pid) & (ltid == tid) & (lts >= ts) & (lts <= ts + dur)
+    ts = np.asarray(ts, dtype=float)
+    for f_pid, f_tid, f_ts, f_dur in fr[["pid", "tid", "ts", "dur"]].itertuples(index=False):
+        out |= (pid == f_pid) & (tid == f_tid) & (ts >= f_ts) & (ts <= f_ts + f_dur)
     return out

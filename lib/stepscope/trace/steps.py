@@ -23,6 +23,7 @@ from stepscope.trace.categorize import categorize_work, class_of, collective_of,
 from stepscope.trace.codes import in_values, lookup, take_codes, text_codes
 from stepscope.trace.context import WorkContext, launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
+from stepscope.trace.modules import in_recompute_frames
 from stepscope.trace.parse import narrow_ints
 
 # vLLM's step names, in every version seen: `execute_context_N(T)_generation_M(U)`,
@@ -294,7 +295,7 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
                 "start_us", "dur_us", "is_call", "collective_call", "msg_nelems", "category_source",
-                "op_context", "module", "graph_launch"]
+                "op_context", "module", "graph_launch", "recompute"]
 """`RankResult.work`. A row ends at `start_us + dur_us` (`account.end_us`): no end column, as no
 launch time or correlation per kernel (`LAUNCH_COLUMNS` holds each launch once), 8 bytes a
 kernel each on a kernel-dense trace (issue 26). `graph_launch`: the launching call is a graph
@@ -304,12 +305,13 @@ launch (`cudaGraphLaunch`, `hipGraphLaunch`; False on CPU and where the launch i
 `catch_all`: only a catch-all name rule; `none`: other). `op_context`: the enclosing frame that
 gave the category ("" if none), e.g. `nn.Module: Qwen2RMSNorm_3` or `aten::native_layer_norm`;
 `module`: the innermost enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module
-frames)."""
+frames); `recompute`: launched (run, on CPU) inside activation checkpointing's recompute frame
+(`modules.in_recompute_frames`)."""
 
-BUILD_COLUMNS = ["op_row", "correlation"]
-"""What `build_work` also returns, for the reads of the rank's own event rows that follow it
-(`analyze._device_row_reads`: kernel args, recompute): `op_row`, the event row of the work;
-`correlation` (-1 on CPU). Dropped once read."""
+ARGS_COLUMN = "collective_args"
+"""What `build_work` also returns on a GPU trace whose events carry collective args: each
+kernel's `collective` codes (`parse.collective_args`), read with the device rows and popped by
+the analysis for `collectives.collective_sizes`."""
 
 LAUNCH_COLUMNS = ["step_id", "correlation", "launch_us", "first_start_us"]
 """`RankResult.launches`, GPU traces: per step, each launch with kernels in it, the launch
@@ -363,8 +365,6 @@ class DeviceRows:
 
     def __init__(self, ev: pd.DataFrame, *, own: bool = False) -> None:
         self.rows = narrow_ints(np.flatnonzero(in_values(ev["cat"], DEVICE_CATS)))
-        self.labels = (self.rows if positional_index(ev.index)  # the same array: never written
-                       else narrow_ints(_as_ints(ev.index.to_numpy()[self.rows])))
         self._ev, self._own = ev, own
 
     def __contains__(self, col: str) -> bool:
@@ -381,16 +381,6 @@ class DeviceRows:
             return _gather_front(c.to_numpy(), self.rows)
         # through `lookup`: numpy widened the int32 positions to int64 for each column (issue 26)
         return take_codes(c.array, self.rows) if isinstance(c.dtype, pd.CategoricalDtype) else lookup(c.to_numpy(), self.rows)
-
-    def take_for(self, col: str, op_row: np.ndarray) -> Any:
-        """`take`, in the order of the work rows whose `op_row` labels are given (the work
-        table may have been sorted by start)."""
-        v = self.take(col)
-        if len(op_row) == len(self.labels) and np.array_equal(op_row, self.labels):
-            return v
-        at = (np.searchsorted(self.labels, op_row) if (np.diff(self.labels) > 0).all()
-              else pd.Index(self.labels).get_indexer(op_row))
-        return v[at]
 
 
 def _gather_front(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -448,7 +438,9 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     lpid, ltid, lts = lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)
     step, how = _attribute_device(steps, lpid, ltid, lts, lk.index, launch_of, corr, ts)
     launches = launch_firsts(ts, step, corr, launch_of, lts)
+    del corr
     ctx = _per_kernel(launch_context(ev, lpid, ltid, lts), launch_of)
+    recompute = _by_launch(in_recompute_frames(ev, lpid, ltid, lts), launch_of, False)
     info["n_launch_missing"] = int((launch_of < 0).sum())
     del launch_of, lk
     names = dev.take("name")
@@ -466,12 +458,13 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     dur = dev.take("dur")
     col.update(start_us=ts, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
-    col["op_row"] = dev.labels
-    col["correlation"] = narrow_ints(_as_ints(corr))
     col["msg_nelems"] = _none_narrow(narrow_ints(_device_nelems(dev)))
-    del rows, corr
+    if "collective" in dev:
+        col[ARGS_COLUMN] = dev.take("collective")
+    del rows
     col["category_source"] = text_codes(source)
-    col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph)
+    col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph,
+               recompute=recompute)
     del source, ctx
     work = pd.DataFrame(col, copy=False)  # the arrays are this frame's own: a copy held the table twice
     return work, launches
@@ -534,11 +527,6 @@ def _as_ints(values: np.ndarray) -> np.ndarray:
     """`values` as they are when ints (int32 stays int32), else int64: int64 throughout, then
     narrowed, was a transient 8 bytes per event for each such column (issue 26)."""
     return values if values.dtype.kind == "i" else values.astype(np.int64)
-
-
-def positional_index(index: pd.Index) -> bool:
-    """The index is 0..n-1: its labels are the row positions."""
-    return isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1
 
 
 def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray,
@@ -635,10 +623,10 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         "name": names, "stream": src["tid"].to_numpy(),
         "start_us": pieces["start"].to_numpy(),
         "dur_us": pieces["end"].to_numpy() - pieces["start"].to_numpy(),
-        "is_call": first, "op_row": pieces["row"].to_numpy(),
-        "correlation": -1, "msg_nelems": _nelems(src),
+        "is_call": first, "op_row": pieces["row"].to_numpy(), "msg_nelems": _nelems(src),
         "category_source": source, "op_context": ctx.frame, "module": ctx.module,
         "graph_launch": False,
+        "recompute": in_recompute_frames(ev, src["pid"].to_numpy(), src["tid"].to_numpy(), src["ts"].to_numpy()),
     })
     return work
 
@@ -676,7 +664,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
 
     GPU: one row per kernel / memcpy / memset. CPU: one row per self-time piece of a
     cpu_op on a thread that carries step annotations (the worker), inside a step.
-    Returns (work, launches, info): work has WORK_COLUMNS and BUILD_COLUMNS, in start order;
+    Returns (work, launches, info): work has WORK_COLUMNS (and ARGS_COLUMN), in start order;
     launches LAUNCH_COLUMNS; info counts what was left out and why. `dev`: the device rows,
     when `ev` holds only the host rows (`split_device_rows`; GPU traces).
     """
@@ -701,7 +689,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     start = work["start_us"].to_numpy()
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # a sort copies the whole table
         work = work.sort_values("start_us", kind="stable").reset_index(drop=True)
-    return work[WORK_COLUMNS + BUILD_COLUMNS], launches, info
+    return work[WORK_COLUMNS + ([ARGS_COLUMN] if ARGS_COLUMN in work else [])], launches, info
 
 
 def _no_launches() -> pd.DataFrame:
