@@ -364,7 +364,7 @@ class DeviceRows:
     beside them (~50 bytes per device event of stage 05's peak, issue 26)."""
 
     def __init__(self, ev: pd.DataFrame, *, own: bool = False) -> None:
-        self.rows = narrow_ints(np.flatnonzero(in_values(ev["cat"], DEVICE_CATS)))
+        self.rows = _positions(in_values(ev["cat"], DEVICE_CATS))
         self._ev, self._own = ev, own
 
     def __contains__(self, col: str) -> bool:
@@ -381,6 +381,18 @@ class DeviceRows:
             return _gather_front(c.to_numpy(), self.rows)
         # through `lookup`: numpy widened the int32 positions to int64 for each column (issue 26)
         return take_codes(c.array, self.rows) if isinstance(c.dtype, pd.CategoricalDtype) else lookup(c.to_numpy(), self.rows)
+
+
+def _positions(mask: np.ndarray) -> np.ndarray:
+    """`np.flatnonzero(mask)` as int32 (int64 past 2**31 rows), a slice at a time: the int64
+    positions and their narrowed copy were 12 bytes a kernel (issue 26)."""
+    out = np.empty(int(np.count_nonzero(mask)), dtype=np.int32 if len(mask) < 2**31 else np.int64)
+    at = 0
+    for lo in range(0, len(mask), ENCLOSING_CHUNK_ROWS):
+        part = np.flatnonzero(mask[lo:lo + ENCLOSING_CHUNK_ROWS])
+        out[at:at + len(part)] = part + lo
+        at += len(part)
+    return out
 
 
 def _gather_front(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -404,10 +416,7 @@ def split_device_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, DeviceRows]:
     """(the host rows, copied; the device rows, owning `ev`, which the caller lets go). The
     columns no device row is read for go at once."""
     dev = DeviceRows(ev, own=True)
-    keep = np.ones(len(ev), dtype=bool)
-    keep[dev.rows] = False
-    host = ev[keep]
-    del keep
+    host = ev[~in_values(ev["cat"], DEVICE_CATS)]  # a mask, not the int64 index of every kernel
     if "pid" in ev:
         del ev["pid"]
     return host, dev
@@ -539,17 +548,20 @@ def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, l
         return np.zeros(len(corr), dtype=np.int32), np.full(len(corr), _HOW[WHOLE_TRACE], dtype=np.int8)
     lstep, lhow = _attribute_launches(steps, lpid, ltid, lts)
     step, how = _by_launch(lstep, launch_of, -1), _by_launch(lhow, launch_of, 0)
-    has = launch_of >= 0
     # Correlation ids grow monotonically: a kernel whose id is below every launch on
     # record was launched before the CPU side of the capture began (the previous,
     # unrecorded step). It stays unattributed rather than inflate the first step.
     # With no launch on record at all (a kernel-only export) no id can be dated so: every
     # kernel goes by its own time, as said above, not to "before the capture".
     first_corr = lcorr.min() if len(lcorr) else -np.inf
-    early = ~has & (corr >= 0) & (corr < first_corr)
-    how[early] = _HOW["before_capture"]
-    rows = np.flatnonzero((step < 0) & ~has & ~early)
-    del has, early
+    parts = []
+    for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):  # a slice at a time: a mask per kernel each
+        sl = slice(lo, lo + ENCLOSING_CHUNK_ROWS)
+        none = launch_of[sl] < 0
+        early = none & (corr[sl] >= 0) & (corr[sl] < first_corr)
+        how[sl][early] = _HOW["before_capture"]
+        parts.append(lo + np.flatnonzero((step[sl] < 0) & none & ~early))
+    rows = np.concatenate(parts) if parts else np.array([], dtype=np.int64)
     if len(rows):  # no launch in the trace: the last step that began before the work itself did
         ok, at = _step_before(steps, ts[rows])
         step[rows[ok]] = at
