@@ -257,12 +257,7 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
     npair = nk * ncat
-    if nk == 1:
-        pair = cc  # the key adds nothing
-    else:  # in place: each step of `kc * ncat + cc` was a copy; int32 where it fits
-        pair = kc.astype(np.int32 if npair < 2**31 else np.int64)
-        pair *= ncat
-        pair += cc
+    pair = cc if nk == 1 else _PairCodes(kc, cc, ncat)  # one key: the key adds nothing
     rows = _bincount(pair, npair)
     present = np.flatnonzero(rows)
     c_len, cm_len, busy, union, exposed = _unions(kc, cc, s, e, nk, klass)
@@ -300,10 +295,33 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return cat_tab, tot
 
 
-def _count(codes: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+class _PairCodes:
+    """Each row's (key, category) code, `key * ncat + category`, made a slice at a time where
+    read (`codes[lo:hi]`): a code per row was 4 bytes an event of the accounting's peak."""
+
+    def __init__(self, kc: np.ndarray, cc: np.ndarray, ncat: int) -> None:
+        self.kc, self.cc, self.ncat = kc, cc, ncat
+        self.dtype = np.int32 if (int(kc.max()) + 1) * ncat < 2**31 else np.int64
+
+    def __len__(self) -> int:
+        return len(self.kc)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        out = self.kc[rows].astype(self.dtype)
+        out *= self.ncat
+        out += self.cc[rows]
+        return out
+
+
+def _count(codes: np.ndarray | _PairCodes, mask: np.ndarray, n: int) -> np.ndarray:
     """int64 rows per code where `mask` holds: a bincount of the rows that count, not a float
-    weight per row (8 bytes per event, for each count)."""
-    return _bincount(codes if mask.all() else codes[mask], n)
+    weight per row (8 bytes per event, for each count), a slice at a time."""
+    if mask.all():
+        return _bincount(codes, n)
+    out = np.zeros(n, dtype=np.int64)
+    for lo in range(0, len(mask), UNION_CHUNK_ROWS):
+        out += np.bincount(codes[lo:lo + UNION_CHUNK_ROWS][mask[lo:lo + UNION_CHUNK_ROWS]], minlength=n)
+    return out
 
 
 def _bincount(codes: np.ndarray, n: int) -> np.ndarray:

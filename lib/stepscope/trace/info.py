@@ -23,7 +23,7 @@ from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
 from stepscope.trace.steps import TRAINING_ANN, TRAINING_KERNEL, WHOLE_TRACE
 from stepscope.wording import short_name
-from stepscope.trace.codes import in_values
+from stepscope.trace.codes import in_values, used_values
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -36,7 +36,7 @@ def detect_engine(ev: pd.DataFrame, meta: dict[str, Any]) -> str:
     """`sglang`, `vllm` or `unknown`, from annotations and names (SGLang's `step[...]` wins:
     an SGLang capture can carry a vLLM-style `execute_...` annotation too)."""
     # the distinct names only: a str per row of a kernel-dense trace cost ~70 bytes per event
-    names = pd.Series(np.asarray(ev["name"].unique(), dtype=object)).astype(str)
+    names = pd.Series(used_values(ev["name"]), dtype=object).astype(str)
     if names.str.contains(_SGLANG_NAMES).any():
         return "sglang"
     if meta.get("vllm_version") or names.str.contains(_VLLM_NAMES).any():

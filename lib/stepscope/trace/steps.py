@@ -444,6 +444,9 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     # hundreds of kernels.
     graph = _by_launch(lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool), launch_of, False)
     ts = dev.take("ts")
+    # The narrowed columns first: their int32 sources let go before the build's peak
+    stream = _stream_or_thread(dev.take("stream"), dev.take("tid"))
+    nelems = _none_narrow(narrow_ints(_device_nelems(dev)))
     lpid, ltid, lts = lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)
     step, how = _attribute_device(steps, lpid, ltid, lts, lk.index, launch_of, corr, ts)
     launches = launch_firsts(ts, step, corr, launch_of, lts)
@@ -463,11 +466,13 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
     col["category"], col["name"] = text_codes(cats), text_codes(names)
     del how, cats, names
-    col["stream"] = _stream_or_thread(dev.take("stream"), dev.take("tid"))
+    col["stream"] = stream
+    del stream
     dur = dev.take("dur")
     col.update(start_us=ts, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
     del ts, dur
-    col["msg_nelems"] = _none_narrow(narrow_ints(_device_nelems(dev)))
+    col["msg_nelems"] = nelems
+    del nelems
     if "collective" in dev:
         col[ARGS_COLUMN] = dev.take("collective")
     del rows
