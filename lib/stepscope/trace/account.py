@@ -23,7 +23,7 @@ import pandas as pd
 
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
-from stepscope.trace.codes import factorize_keys, lookup, text_column_codes
+from stepscope.trace.codes import factorize_keys, first_keys, lookup, lookup_keys, text_column_codes
 
 
 def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -497,14 +497,21 @@ def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     cat, name = _as_categorical(w["category"]), _as_categorical(w["name"])
     cc, nc = cat.codes, name.codes
     nn = max(len(name.categories), 1)
-    key, uniq = factorize_keys(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl])
-    if len(uniq) < 2**15:  # the narrowest codes, held beside pandas' own int64 ones in the group sum
-        key = key.astype(np.int8 if len(uniq) < 2**7 else np.int16)
+    key, uniq = _narrow_codes(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl])
     groups = pd.Categorical.from_codes(key, categories=pd.RangeIndex(len(uniq)))
     sums = pd.Series(w["dur_us"].to_numpy(), copy=False).groupby(groups, observed=False).sum()
     return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
                               "name": pd.Categorical.from_codes(uniq % nn, dtype=name.dtype),
                               "sum": sums.to_numpy(), "count": _bincount(key, len(uniq))})
+
+
+def _narrow_codes(n: int, key_of) -> tuple[np.ndarray, np.ndarray]:
+    """`factorize_keys`' (codes, keys), the codes in the narrowest ints for their number and made
+    a slice at a time: held beside pandas' own int64 ones in a group sum, an int32 code per row
+    first was 4 bytes an event more (issue 26)."""
+    uniq = first_keys(n, key_of)
+    width = np.int8 if len(uniq) < 2**7 else np.int16 if len(uniq) < 2**15 else np.int32
+    return lookup_keys(n, key_of, uniq, np.arange(len(uniq), dtype=width)), uniq
 
 
 def _as_categorical(col: pd.Series) -> pd.Categorical:
@@ -521,7 +528,7 @@ def _most_calls_decided_by(key: np.ndarray, decided: pd.Series, n_groups: int) -
     d = _as_categorical(decided)
     nd = max(len(d.categories), 1)
     dc = d.codes
-    pair, uniq = factorize_keys(len(key), lambda sl: key[sl].astype(np.int64) * nd + dc[sl])
+    pair, uniq = _narrow_codes(len(key), lambda sl: key[sl].astype(np.int64) * nd + dc[sl])
     calls = pd.DataFrame({"group": uniq // nd, "decided": uniq % nd, "calls": _bincount(pair, len(uniq))})
     top = calls.sort_values("calls", ascending=False, kind="stable").drop_duplicates("group")
     out = np.empty(n_groups, dtype=object)
@@ -658,8 +665,8 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     # Judged once per distinct (source, frame) pair and kept as codes: a str per row (even one
     # object array of them) was most of stage 05's peak on a kernel-dense trace (issue 26).
     width = len(c_u) + 1  # code -1 (a missing value) becomes 0: read as "" below
-    codes, pairs = factorize_keys(len(s_codes), lambda sl: (s_codes[sl].astype(np.int64) + 1) * width
-                                  + (c_codes[sl] + 1))  # pd.factorize's codes, a slice at a time
+    codes, pairs = _narrow_codes(len(s_codes), lambda sl: (s_codes[sl].astype(np.int64) + 1) * width
+                                 + (c_codes[sl] + 1))  # pd.factorize's codes, a slice at a time
     label = [_decision_label(s_u[p // width - 1] if p // width else "", c_u[p % width - 1] if p % width else "")
              for p in pairs]
     table = list(dict.fromkeys(label))
