@@ -4,12 +4,16 @@
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON), and
 also polls the RSS of the process and its parse processes together. Kernel-dense, 2026-12-02:
-- 10 M kernels with --short (1,438 MB JSON, ~144 bytes each), 7ce05a2 -> now: 919 -> 723 MiB
-  (0.67x -> 0.53x; 84 -> 61 bytes per device event above the imports' 145 MiB; the process
-  and its parse processes together 917 -> 716 MiB). Issue 26's own trace (10 M in 1.22 GB)
-  would read ~0.62x: memory goes with kernels, not bytes.
-- earlier, the default names (584fd15 -> 7ce05a2): 2 M kernels (371 MB JSON) 375 -> 310 MB;
-  10 M (1,868 MB JSON) 1,277 -> 915 MB, 42 -> 33 s.
+- 10 M kernels with --short (1,371 MiB of JSON, ~144 bytes each), 7ce05a2 -> now: peak RSS
+  919 -> 679-682 MiB (0.67x -> 0.50x; 84 -> 56 bytes per device event above the imports'
+  145 MiB); the process and its parse processes together 917 -> 717-725 MiB (0.52x), of
+  which ~45 MiB are pages a parse process shares with the analysing one: 682 MiB (0.50x)
+  with only their own pages counted.
+- 10 M kernels, the default names (1,868 MiB of JSON): 915 -> 681 MiB (0.49x -> 0.36x).
+- Issue 26's own trace (10 M kernels in 1.22 GB) would read ~0.58x: memory goes with
+  kernels, not bytes of JSON.
+- earlier (584fd15 -> 7ce05a2, MiB written MB): 2 M kernels (371) 375 -> 310; 10 M (1,868)
+  1,277 -> 915, 42 -> 33 s.
 Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
 trace.budget's estimate reads these.
 

@@ -16,12 +16,13 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 72
+ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT = 64
 """The bound held, the loaded event table counted (as stage 05 holds it), with slices of 4,096
 rows, so that, as on a large trace, the per-row temporaries are what is measured and not the
-slices'. 64 bytes measured on 2026-12-02 (second stop) once the work table kept no end, launch
-time or correlation per kernel, each launch was attributed once, the event table lost
-`External id` and the build gathered columns in place; 84 at 7ce05a2 (89 before its kind
+slices'. 55 bytes measured on 2026-12-02 (second stop) once the work table kept no end, launch
+time, correlation or event row per kernel, each launch was attributed once (its step, context
+and recompute), the event table lost `External id`, the build gathered columns in place and
+every code was made in its narrowest ints a slice at a time; 84 at 7ce05a2 (89 before its kind
 evidence counted names slice by slice), 123 at 584fd15 (in `build_work`, the event and work
 tables side by side). With 65,536-row slices (a third of this rank) the code of 584fd15 read
 118, be6c2e0 177, 1591140 248, and more before per-event text became codes (34dd664: 328 above
