@@ -21,7 +21,7 @@ from stepscope.trace.roofline import roofline, roofline_quantization
 from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
-from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, build_work, find_steps,
+from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, empty_launches, build_work, find_steps,
                                    split_device_rows, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
@@ -69,7 +69,7 @@ class RankResult:
     """Device time per module path over the decode steps (`modules.module_table`)."""
     collective_sizes: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Collectives by op, dtype and size, with bandwidth per call (`collectives.collective_sizes`)."""
-    launches: pd.DataFrame = field(default_factory=pd.DataFrame)
+    launches: pd.DataFrame = field(default_factory=empty_launches)
     """Each launch's call and first kernel per step (`steps.LAUNCH_COLUMNS`; GPU traces)."""
 
 

@@ -557,7 +557,7 @@ def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, l
     # record was launched before the CPU side of the capture began (the previous,
     # unrecorded step). It stays unattributed rather than inflate the first step.
     # With no launch on record at all (a kernel-only export) no id can be dated so: every
-    # kernel goes by its own time, as said above, not to "before the capture".
+    # kernel goes by its own time (below), not to "before the capture".
     first_corr = lcorr.min() if len(lcorr) else -np.inf
     parts = []
     for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):  # a slice at a time: a mask per kernel each
@@ -689,7 +689,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     if mode == "gpu":
         work, launches = _gpu_work(ev, steps, rules, rank, info, dev)
     else:
-        work, launches = _cpu_work(ev, steps, rules, rank, info), _no_launches()
+        work, launches = _cpu_work(ev, steps, rules, rank, info), empty_launches()
     work["class"] = class_of(work["category"])
     coll = in_values(work["category"], ["all_reduce", "all_gather", "other_collective"])
     if mode == "cpu":
@@ -709,7 +709,8 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     return work[WORK_COLUMNS + ([ARGS_COLUMN] if ARGS_COLUMN in work else [])], launches, info
 
 
-def _no_launches() -> pd.DataFrame:
+def empty_launches() -> pd.DataFrame:
+    """LAUNCH_COLUMNS with no row (a CPU trace)."""
     return pd.DataFrame({c: np.array([], dtype=t) for c, t in zip(LAUNCH_COLUMNS, (np.int32, np.int64, float, float))})
 
 
