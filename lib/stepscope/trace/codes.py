@@ -74,8 +74,8 @@ def take_codes(c: pd.Categorical, positions: np.ndarray) -> pd.Categorical:
 
 def used_values(col: pd.Series) -> np.ndarray:
     """The distinct values of a column (in no set order): a Categorical's categories that occur,
-    its codes counted a slice at a time. `unique()` on one hashed int64 codes, ~19 bytes an
-    event (issue 26)."""
+    its codes marked a slice at a time. `unique()` on one hashed every event's code as int64,
+    ~19 bytes an event (issue 26)."""
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return np.asarray(col.unique(), dtype=object)
     codes, cats = col.array.codes, col.array.categories
