@@ -47,14 +47,13 @@ def kernel_dense_trace(tmp_path_factory) -> Path:
 
 
 def test_analysing_a_kernel_dense_rank_peaks_under_the_stated_bytes_per_event(kernel_dense_trace, monkeypatch):
-    from stepscope.trace import account, codes, context, info, steps
+    from stepscope.trace import account, codes, context, steps
     from stepscope.trace.analyze import analyze_rank
     from stepscope.trace.categorize import make_rules
     from stepscope.trace.load import load_ranks
 
     for module, name in ((account, "UNION_CHUNK_ROWS"), (codes, "FACTORIZE_CHUNK_ROWS"),
-                         (steps, "ENCLOSING_CHUNK_ROWS"), (context, "CONTEXT_CHUNK_ROWS"),
-                         (info, "KERNEL_COUNT_CHUNK_ROWS")):
+                         (steps, "ENCLOSING_CHUNK_ROWS"), (context, "CONTEXT_CHUNK_ROWS")):
         monkeypatch.setattr(module, name, SLICE_ROWS)
     rules = make_rules(())
     tracemalloc.start()

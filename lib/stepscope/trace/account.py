@@ -23,7 +23,7 @@ import pandas as pd
 
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
-from stepscope.trace.codes import factorize_keys, first_keys, lookup, lookup_keys, text_column_codes
+from stepscope.trace.codes import count_codes, factorize_keys, lookup, text_column_codes
 
 
 def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -90,13 +90,12 @@ class Ends:
 
 
 def end_us(work: pd.DataFrame) -> np.ndarray:
-    """Each work row's end (µs): its start plus its duration."""
-    return work["start_us"].to_numpy(float) + work["dur_us"].to_numpy(float)
+    """Each work row's end (µs): its start plus its duration (`Ends`, every row)."""
+    return Ends(work["start_us"].to_numpy(float), work["dur_us"].to_numpy(float))[:]
 
 
 UNION_CHUNK_ROWS = 1 << 16
-"""Rows `_union_by_code`, `_bincount`, `_weighted_sum`, `_first_start_last_end` and
-`period.launch_delays` read at a time: their temporaries (up to ~60 bytes a row where every
+"""Rows `_union_by_code`, `_weighted_sum` and `_first_start_last_end` read at a time: their temporaries (up to ~60 bytes a row where every
 row starts a segment, as tiny kernels do) stay this size on a trace of any length (issue 26)."""
 
 
@@ -186,7 +185,7 @@ def _category_codes(category: pd.Series, order: np.ndarray | None) -> tuple[np.n
     if isinstance(category.dtype, pd.CategoricalDtype) and not category.isna().any():
         codes = category.cat.codes.to_numpy()
         codes = codes if order is None else codes[order]
-        used = np.flatnonzero(_bincount(codes, len(category.cat.categories)))
+        used = np.flatnonzero(count_codes(codes, len(category.cat.categories)))
         # numbered by first appearance in start order, as factorizing the text would
         used = used[np.argsort([int(np.argmax(codes == k)) for k in used], kind="stable")]
         remap = np.full(len(category.cat.categories), -1, dtype=np.int8 if len(used) < 127 else np.int32)
@@ -258,14 +257,14 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
     npair = nk * ncat
     pair = cc if nk == 1 else _PairCodes(kc, cc, ncat)  # one key: the key adds nothing
-    rows = _bincount(pair, npair)
+    rows = count_codes(pair, npair)
     present = np.flatnonzero(rows)
     c_len, cm_len, busy, union, exposed = _unions(kc, cc, s, e, nk, klass)
     cat_tab = pd.DataFrame({
         key: keys_u[present // ncat],
         "category": cats_u[present % ncat],
         "class": klass[present % ncat],
-        "count": _count(pair, calls, npair)[present],
+        "count": count_codes(pair, npair, calls)[present],
         "sum_us": _weighted_sum(pair, dur, npair)[present],
         "union_us": union[present],
         "exposed_us": exposed[present],
@@ -275,11 +274,11 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     def calls_of(name: str) -> np.ndarray:
         """Per key, the collective calls of one category (its rows' mask made only then)."""
-        return _count(kc, coll & lookup(cats_u == name, cc), nk) if name in set(cats_u) else np.zeros(nk, np.int64)
+        return count_codes(kc, nk, coll & lookup(cats_u == name, cc)) if name in set(cats_u) else np.zeros(nk, np.int64)
 
     tot = pd.DataFrame({
         key: keys_u,
-        "n_events": _count(kc, calls, nk),
+        "n_events": count_codes(kc, nk, calls),
         "kernel_sum_us": _weighted_sum(kc, dur, nk),
         "busy_us": busy,
         "span_us": ends - starts,
@@ -311,25 +310,6 @@ class _PairCodes:
         out *= self.ncat
         out += self.cc[rows]
         return out
-
-
-def _count(codes: np.ndarray | _PairCodes, mask: np.ndarray, n: int) -> np.ndarray:
-    """int64 rows per code where `mask` holds: a bincount of the rows that count, not a float
-    weight per row (8 bytes per event, for each count), a slice at a time."""
-    if mask.all():
-        return _bincount(codes, n)
-    out = np.zeros(n, dtype=np.int64)
-    for lo in range(0, len(mask), UNION_CHUNK_ROWS):
-        out += np.bincount(codes[lo:lo + UNION_CHUNK_ROWS][mask[lo:lo + UNION_CHUNK_ROWS]], minlength=n)
-    return out
-
-
-def _bincount(codes: np.ndarray, n: int) -> np.ndarray:
-    """np.bincount a slice at a time: it widens int32 codes to int64 first (8 bytes a row)."""
-    out = np.zeros(n, dtype=np.int64)
-    for lo in range(0, len(codes), UNION_CHUNK_ROWS):
-        out += np.bincount(codes[lo:lo + UNION_CHUNK_ROWS], minlength=n)
-    return out
 
 
 def _weighted_sum(codes: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
@@ -497,21 +477,12 @@ def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     cat, name = _as_categorical(w["category"]), _as_categorical(w["name"])
     cc, nc = cat.codes, name.codes
     nn = max(len(name.categories), 1)
-    key, uniq = _narrow_codes(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl])
+    key, uniq = factorize_keys(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl], narrow=True)
     groups = pd.Categorical.from_codes(key, categories=pd.RangeIndex(len(uniq)))
     sums = pd.Series(w["dur_us"].to_numpy(), copy=False).groupby(groups, observed=False).sum()
     return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
                               "name": pd.Categorical.from_codes(uniq % nn, dtype=name.dtype),
-                              "sum": sums.to_numpy(), "count": _bincount(key, len(uniq))})
-
-
-def _narrow_codes(n: int, key_of) -> tuple[np.ndarray, np.ndarray]:
-    """`factorize_keys`' (codes, keys), the codes in the narrowest ints for their number and made
-    a slice at a time: held beside pandas' own int64 ones in a group sum, an int32 code per row
-    first was 4 bytes an event more (issue 26)."""
-    uniq = first_keys(n, key_of)
-    width = np.int8 if len(uniq) < 2**7 else np.int16 if len(uniq) < 2**15 else np.int32
-    return lookup_keys(n, key_of, uniq, np.arange(len(uniq), dtype=width)), uniq
+                              "sum": sums.to_numpy(), "count": count_codes(key, len(uniq))})
 
 
 def _as_categorical(col: pd.Series) -> pd.Categorical:
@@ -528,8 +499,8 @@ def _most_calls_decided_by(key: np.ndarray, decided: pd.Series, n_groups: int) -
     d = _as_categorical(decided)
     nd = max(len(d.categories), 1)
     dc = d.codes
-    pair, uniq = _narrow_codes(len(key), lambda sl: key[sl].astype(np.int64) * nd + dc[sl])
-    calls = pd.DataFrame({"group": uniq // nd, "decided": uniq % nd, "calls": _bincount(pair, len(uniq))})
+    pair, uniq = factorize_keys(len(key), lambda sl: key[sl].astype(np.int64) * nd + dc[sl], narrow=True)
+    calls = pd.DataFrame({"group": uniq // nd, "decided": uniq % nd, "calls": count_codes(pair, len(uniq))})
     top = calls.sort_values("calls", ascending=False, kind="stable").drop_duplicates("group")
     out = np.empty(n_groups, dtype=object)
     out[top["group"].to_numpy()] = np.asarray(d.categories, dtype=object)[top["decided"].to_numpy()]
@@ -665,8 +636,8 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     # Judged once per distinct (source, frame) pair and kept as codes: a str per row (even one
     # object array of them) was most of stage 05's peak on a kernel-dense trace (issue 26).
     width = len(c_u) + 1  # code -1 (a missing value) becomes 0: read as "" below
-    codes, pairs = _narrow_codes(len(s_codes), lambda sl: (s_codes[sl].astype(np.int64) + 1) * width
-                                 + (c_codes[sl] + 1))  # pd.factorize's codes, a slice at a time
+    codes, pairs = factorize_keys(len(s_codes), lambda sl: (s_codes[sl].astype(np.int64) + 1) * width
+                                  + (c_codes[sl] + 1), narrow=True)  # pd.factorize's codes, a slice at a time
     label = [_decision_label(s_u[p // width - 1] if p // width else "", c_u[p % width - 1] if p % width else "")
              for p in pairs]
     table = list(dict.fromkeys(label))

@@ -259,7 +259,8 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
 def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     """One rank's analysis. `consume`: the rank's event table is not needed after this (stage
     05): `rt.events` is let go once the work table is built, and the analysis keeps only its
-    host rows, when the device rows were the larger part (issue 26)."""
+    host rows, when the device rows were the larger part (issue 26). Its device columns are
+    then written over in place (`steps.DeviceRows`): no other frame may share them."""
     ev = rt.events
     if consume:  # before the shift below: the rank's table would hold a second `ts` meanwhile
         rt.events = None

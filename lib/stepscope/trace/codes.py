@@ -99,28 +99,28 @@ FACTORIZE_CHUNK_ROWS = 1 << 16
 """Rows `factorize_keys` reads at a time."""
 
 
-def factorize_keys(n: int, key_of: Callable[[slice], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def factorize_keys(n: int, key_of: Callable[[slice], np.ndarray], *, narrow: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """pd.factorize of the int64 keys `key_of(slice)` gives for rows 0..n, a slice at a time:
-    (int32 codes, the distinct keys in order of first appearance). A whole column of keys and
-    the hash table over it were ~50 bytes per event of stage 05's peak (issue 26)."""
-    codes = np.empty(n, dtype=np.int32)
-    known = np.empty(0, dtype=np.int64)  # the distinct keys so far, in first-appearance order
-    by_key = np.empty(0, dtype=np.int64)  # the positions in `known` that sort it
-    for lo in range(0, n, FACTORIZE_CHUNK_ROWS):
-        keys = key_of(slice(lo, lo + FACTORIZE_CHUNK_ROWS))
-        u, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        sorted_known = known[by_key]
-        at = np.minimum(np.searchsorted(sorted_known, u), max(len(known) - 1, 0))
-        seen = (sorted_known[at] == u) if len(known) else np.zeros(len(u), dtype=bool)
-        code_of_u = np.empty(len(u), dtype=np.int32)
-        code_of_u[seen] = by_key[at[seen]]
-        new = np.flatnonzero(~seen)
-        new = new[np.argsort(first[new], kind="stable")]
-        code_of_u[new] = len(known) + np.arange(len(new))
-        known = np.concatenate([known, u[new]])
-        by_key = np.argsort(known, kind="stable")
-        codes[lo:lo + len(keys)] = code_of_u[inverse.reshape(-1)]
-    return codes, known
+    (codes, the distinct keys in order of first appearance); int32 codes, or with `narrow` the
+    narrowest ints for their number (held beside pandas' own int64 ones in a group sum). A
+    whole column of keys and the hash table over it were ~50 bytes per event of stage 05's
+    peak (issue 26)."""
+    uniq = first_keys(n, key_of)
+    width = (np.int8 if len(uniq) < 2**7 else np.int16 if len(uniq) < 2**15 else np.int32) if narrow else np.int32
+    return lookup_keys(n, key_of, uniq, np.arange(len(uniq), dtype=width)), uniq
+
+
+def count_codes(codes, n: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """int64 rows per code 0..n-1 (only where `mask` holds, when given): np.bincount a slice at
+    a time, which widens the codes to int64 first (8 bytes a row), and no float weight per row.
+    `codes`: anything sliced as `codes[lo:hi]`."""
+    mask = None if mask is None or mask.all() else mask
+    out = np.zeros(n, dtype=np.int64)
+    for lo in range(0, len(codes), FACTORIZE_CHUNK_ROWS):
+        part = codes[lo:lo + FACTORIZE_CHUNK_ROWS]
+        out += np.bincount(part if mask is None else part[mask[lo:lo + FACTORIZE_CHUNK_ROWS]], minlength=n)
+    return out
 
 
 def first_keys(n: int, key_of: Callable[[slice], np.ndarray]) -> np.ndarray:

@@ -23,7 +23,7 @@ from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
 from stepscope.trace.steps import TRAINING_ANN, TRAINING_KERNEL, WHOLE_TRACE
 from stepscope.wording import short_name
-from stepscope.trace.codes import in_values, used_values
+from stepscope.trace.codes import count_codes, in_values, used_values
 
 _SGLANG_NAMES = re.compile(r"^step\[|sglang|sgl_kernel|sgl::", re.I)
 _VLLM_NAMES = re.compile(r"^execute_(?:context|new|\d+_context)|vllm::|^_C::", re.I)
@@ -128,22 +128,17 @@ float>(int, ...)` is `max_pool_forward_nchw` (namespaces, template and arguments
 
 
 def _kernel_name_counts(ev: pd.DataFrame) -> pd.Series:
-    """Kernels per distinct name (those that ran). On a Categorical, its codes counted a slice
-    at a time: the kernel rows' copy and its index were ~10 bytes a kernel (issue 26)."""
+    """Kernels per distinct name (those that ran). On a Categorical, its codes counted
+    (`codes.count_codes`): the kernel rows' copy and its index were ~10 bytes a kernel (issue 26)."""
     name, kern = ev["name"], (ev["cat"] == "kernel").to_numpy()
     if not isinstance(name.dtype, pd.CategoricalDtype):
         counts = name[kern].value_counts()
         return counts[counts > 0]
-    codes, n = name.array.codes, len(name.array.categories)
-    tally = np.zeros(n + 1, dtype=np.int64)  # the last: code -1, no name
-    for lo in range(0, len(codes), KERNEL_COUNT_CHUNK_ROWS):
-        part = codes[lo:lo + KERNEL_COUNT_CHUNK_ROWS][kern[lo:lo + KERNEL_COUNT_CHUNK_ROWS]]
-        tally += np.bincount(part.astype(np.intp) % (n + 1), minlength=n + 1)
-    counts = pd.Series(tally[:n], index=name.array.categories)
+    codes = name.array.codes
+    kern = kern & (codes >= 0)  # a kernel with no name counts for none
+    tally = count_codes(codes, len(name.array.categories), kern)
+    counts = pd.Series(tally, index=name.array.categories)
     return counts[counts > 0].sort_values(ascending=False, kind="stable")
-
-
-KERNEL_COUNT_CHUNK_ROWS = 1 << 16
 
 
 def _kernel_hits(ev: pd.DataFrame, pattern: re.Pattern[str]) -> list[str]:

@@ -117,7 +117,12 @@ def launch_delays(launches: pd.DataFrame, step_ids: np.ndarray | None = None) ->
     picked = launches if step_ids is None else launches[in_steps(launches["step_id"].to_numpy(), step_ids)]
     if picked["correlation"].duplicated().any():  # a launch with kernels in two steps: its first
         picked = picked.sort_values("first_start_us", kind="stable").drop_duplicates("correlation")
-    return (picked["first_start_us"].to_numpy(float) - picked["launch_us"].to_numpy(float))
+    return _delays(picked)
+
+
+def _delays(launches: pd.DataFrame) -> np.ndarray:
+    """Per launch row: its first kernel's start minus the launch call's start (µs)."""
+    return launches["first_start_us"].to_numpy(float) - launches["launch_us"].to_numpy(float)
 
 
 def _launch_delay_by_step(launches: pd.DataFrame) -> dict[int, float]:
@@ -125,8 +130,7 @@ def _launch_delay_by_step(launches: pd.DataFrame) -> dict[int, float]:
     per step, as the table has it)."""
     sid = launches["step_id"].to_numpy()
     keep = sid >= 0
-    delay = launches["first_start_us"].to_numpy(float)[keep] - launches["launch_us"].to_numpy(float)[keep]
-    sid = sid[keep]
+    sid, delay = sid[keep], _delays(launches)[keep]
     o = np.argsort(sid, kind="stable")
     sid, delay = sid[o], delay[o]
     cut = np.flatnonzero(sid[1:] != sid[:-1]) + 1

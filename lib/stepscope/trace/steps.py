@@ -254,7 +254,8 @@ def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndar
 
 
 ENCLOSING_CHUNK_ROWS = 1 << 16
-"""Rows `_enclosing` places, and `_launch_rows` looks up, at a time."""
+"""Rows the build reads at a time: `_enclosing` places them, `_launch_rows` looks them up, and
+the device columns, positions and launch firsts are made this many at a time."""
 
 
 def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
@@ -432,7 +433,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
     cost ~70 bytes per event (issue 26)."""
     dev = dev if dev is not None else DeviceRows(ev)
-    rows = dev.rows
+    n = len(dev.rows)
     launches = ev[in_values(ev["cat"], LAUNCH_CATS) & (ev["correlation"] >= 0)]
     lk = launches.drop_duplicates("correlation", keep="first").set_index("correlation")
     del launches
@@ -460,7 +461,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     # The columns in order, each source let go once converted: every array held at once was
     # ~40 bytes per event over the table itself (issue 26).
     # int8 ranks where they fit, int32 step ids (a rank's steps number far below 2**31)
-    col: dict[str, Any] = {"rank": np.full(len(rows), rank, dtype=_int_width(rank, rank)),
+    col: dict[str, Any] = {"rank": np.full(n, rank, dtype=_int_width(rank, rank)),
                            "step_id": step}
     del step
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
@@ -469,13 +470,12 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     col["stream"] = stream
     del stream
     dur = dev.take("dur")
-    col.update(start_us=ts, dur_us=dur, is_call=np.ones(len(rows), dtype=bool))
+    col.update(start_us=ts, dur_us=dur, is_call=np.ones(n, dtype=bool))
     del ts, dur
     col["msg_nelems"] = nelems
     del nelems
     if "collective" in dev:
         col[ARGS_COLUMN] = dev.take("collective")
-    del rows
     col["category_source"] = text_codes(source)
     col.update(op_context=text_codes(ctx.frame), module=text_codes(ctx.module), graph_launch=graph,
                recompute=recompute)
