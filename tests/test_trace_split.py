@@ -155,3 +155,48 @@ def test_shares_sent_through_pipes_equal_one_process(real_traces: Path):
         assert sh.arrays.keys() == one.arrays.keys() and sh.names == one.names
         for col, a in one.arrays.items():
             assert sh.arrays[col].dtype == a.dtype and np.array_equal(sh.arrays[col], a), col
+
+
+def _kernels_widening(n: int) -> list[dict]:
+    """Kernels whose pids, streams, correlations and sizes need wider ints as the trace goes on
+    (one byte, then two, four and eight): each share narrows its own columns."""
+    big = [5, 300, 70_000, 5_000_000_000]
+    ev = []
+    for i in range(n):
+        w = big[min(4 * i // n, 3)]
+        ev.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "pid": w + i % 2, "tid": 7, "ts": float(i),
+                   "dur": 0.5, "args": {"correlation": w + i, "stream": 7 + i % 3, "In msg nelems": -1 if i % 4 else w}})
+    return ev
+
+
+def test_shares_of_different_widths_merge_into_the_widest(tmp_path: Path, split_small, monkeypatch):
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 2000)
+    ev = _kernels_widening(400)
+    p = tmp_path / "rank0.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"distributedInfo": {"rank": 0}, "traceEvents": ev}, fh)
+    splits = _record_splits(monkeypatch)
+    one, three = load.parse_trace(p, processes=1), load.parse_trace(p, processes=3)
+    assert splits == ["split"]
+    _same(one, three)
+    for col in ("pid", "correlation", "msg_nelems"):  # the values as written, in int64 where one needs it
+        assert one.columns[col].dtype == three.columns[col].dtype == np.int64, col
+    assert one.columns["pid"].tolist() == [e["pid"] for e in ev]
+    assert one.columns["correlation"].tolist() == [e["args"]["correlation"] for e in ev]
+    assert one.columns["stream"].dtype == three.columns["stream"].dtype == np.int8  # 7..9 throughout
+    assert one.columns["tid"].dtype == np.int8 and set(one.columns["tid"].tolist()) == {7}
+
+
+def test_a_column_is_collected_as_narrow_as_its_values_allow(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(parse, "CHUNK_BYTES", 2000)
+    ev = _kernels_widening(400)[:200]  # one and two bytes only
+    ev.append(dict(ev[0], ts=500.0, args={"correlation": 2**63, "stream": 7}))  # beyond int64: no id (-1), counted
+    p = tmp_path / "rank0.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump({"distributedInfo": {"rank": 0}, "traceEvents": ev}, fh)
+    got = load.parse_trace(p, processes=1)
+    assert got.columns["pid"].dtype == got.columns["correlation"].dtype == np.int16
+    assert got.columns["pid"].tolist() == [e["pid"] for e in ev]
+    assert got.columns["correlation"].tolist() == [e["args"]["correlation"] for e in ev[:-1]] + [-1]
+    assert got.stats["n_huge_ids"] == 1
+    assert got.columns["name"].dtype == np.int8 and got.columns["collective"].dtype == np.int8

@@ -161,25 +161,29 @@ def test_an_id_beyond_int64_reads_as_no_id(tmp_path: Path, big: int):
     assert [f.code for f in rt.flags] == ["ids_out_of_range"]
 
 
-def test_ints_are_collected_as_int32_until_one_needs_int64():
-    """The loader collects ids as int32 (half the bytes, issue 26) and widens a column the
-    first time a value needs int64, keeping every value read before and after exactly."""
+def test_ints_are_collected_narrow_until_one_needs_more():
+    """The loader collects ids as int8 (issue 26) and widens a column a step at a time the first
+    time a value needs more (int16, int32, int64), keeping every value read before and after
+    exactly."""
     from stepscope.trace.parse import _Collector
 
     col = _Collector()
-    col._ints_into("corr", [1, -1, 2 ** 31 - 1], col._huge_id)
+    col._ints_into("corr", [1, -1, 127], col._huge_id)
+    assert col.corr.typecode == "b"
+    col._ints_into("corr", [300], col._huge_id)
+    assert col.corr.typecode == "h"
+    col._ints_into("corr", [2 ** 31 - 1], col._huge_id)
     assert col.corr.typecode == "i"
     col._ints_into("corr", [2 ** 40, 5], col._huge_id)
     col._ints_into("corr", [2 ** 63, 7], col._huge_id)  # beyond int64: no id, counted
     assert col.corr.typecode == "q" and col.n_huge_ids == 1
-    assert list(col.corr) == [1, -1, 2 ** 31 - 1, 2 ** 40, 5, -1, 7]
+    assert list(col.corr) == [1, -1, 127, 300, 2 ** 31 - 1, 2 ** 40, 5, -1, 7]
     col._ints_into("pid", [3, "Spans", 2 ** 31], col._id)  # a string pid gets a negative id
     assert list(col.pid) == [3, -2, 2 ** 31] and col.pid.typecode == "q"
-    # a share that kept no event hands on int32 columns too: an int64 one widened the merge
+    # a share that kept no event hands on narrow empty columns (the merge skips empty shares' widths)
     assert {c: str(a.dtype) for c, a in _Collector().share([], None).arrays.items()} == {
-        "cat": "int8", "name": "int32", "pid": "int32", "tid": "int32", "ts": "float64", "dur": "float64",
-        "correlation": "int32", "stream": "int32", "collective": "int32",
-        "msg_nelems": "int32"}
+        "cat": "int8", "name": "int8", "pid": "int8", "tid": "int8", "ts": "float64", "dur": "float64",
+        "correlation": "int8", "stream": "int8", "collective": "int8", "msg_nelems": "int8"}
 
 
 def test_an_id_beyond_int32_is_kept_exactly(tmp_path: Path):

@@ -34,13 +34,14 @@ import numpy as np
 from stepscope.errors import TraceError
 from stepscope.trace import split
 from stepscope.trace.frames import KEEP_FRAME, NAME_CAP_CHARS, keep_frame
+from stepscope.trace.widths import narrow_ints
 
 if TYPE_CHECKING:
     import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-LOADER_VERSION = 10
+LOADER_VERSION = 11
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
 
 CHUNK_BYTES = 4 << 20
@@ -191,17 +192,19 @@ class _Collector:
 
     def __init__(self) -> None:
         self.cat = array("b")
-        self.name = array("i")
-        # Ints as int32 until a value needs int64 (`_ints_into`): ids, pids, tids, streams and
-        # sizes almost always fit, and the int64 arrays were the load's peak (issue 26).
-        self.pid = array("i")
-        self.tid = array("i")
+        # Ints as int8 until a value needs more (`_ints_into` widens a column a step at a time):
+        # codes, streams and sizes mostly fit in one or two bytes, pids and tids often do, and
+        # while two processes parse, both hold their columns whole: int32 columns were the
+        # load's peak on a kernel-dense trace (issue 26).
+        self.name = array("b")
+        self.pid = array("b")
+        self.tid = array("b")
         self.ts = array("d")
         self.dur = array("d")
-        self.corr = array("i")
-        self.stream = array("i")
-        self.coll = array("i")
-        self.nelems = array("i")
+        self.corr = array("b")
+        self.stream = array("b")
+        self.coll = array("b")
+        self.nelems = array("b")
         self.names: dict[str, int] = {}
         self.colls: dict[str, int] = {"": 0}
         self.ids: dict[Any, int] = {}
@@ -288,7 +291,7 @@ class _Collector:
         if nm and max(map(len, nm)) > NAME_CAP_CHARS:
             self.n_capped += sum(len(n) > NAME_CAP_CHARS for n in nm)
             nm = [cap_name(n) for n in nm]
-        self.name.extend([names[n] if n in names else names.setdefault(n, len(names)) for n in nm])
+        self._ints_into("name", [names[n] if n in names else names.setdefault(n, len(names)) for n in nm], int)
         self.cat.extend(cis)
         self._ints_into("pid", [e.pid for e in kept], self._id)
         self._ints_into("tid", [e.tid for e in kept], self._id)
@@ -305,8 +308,8 @@ class _Collector:
         # A collective kernel's args, as one interned "name<TAB>dtype<TAB>group size<TAB>process
         # group" string (`collective_args` splits it): few distinct values, one column.
         keys = [None if a.collective is None else _collective_key(a) for a in args]
-        self.coll.extend([0 if k is None else (colls[k] if k in colls else colls.setdefault(k, len(colls)))
-                          for k in keys])
+        self._ints_into("coll", [0 if k is None else (colls[k] if k in colls else colls.setdefault(k, len(colls)))
+                                 for k in keys], int)
 
     def _drop_bad(self, kept: list, cis: list, bad: list[int]) -> tuple[list, list]:
         """Drop the events without a usable ts/dur, counting them (work events against
@@ -329,8 +332,9 @@ class _Collector:
                 [c for i, c in enumerate(cis) if i not in drop])
 
     def _ints_into(self, attr: str, vals: list, as_int: Callable[[Any], int]) -> None:
-        """`vals` appended to the int column `attr`, int32 until a value needs int64 (then the
-        column is widened once); values that are no int64 go through `as_int` one by one."""
+        """`vals` appended to the int column `attr`, in the narrowest of int8/16/32/64 its values
+        so far need (widened a step at a time, a few times at most); values that are no int64
+        go through `as_int` one by one."""
         dst = getattr(self, attr)
         try:
             dst.extend(array(dst.typecode, vals))  # all-int and in range (the usual case)
@@ -339,16 +343,16 @@ class _Collector:
             pass
         except TypeError:
             vals = [as_int(v) for v in vals]
-        try:
-            dst.extend(array(dst.typecode, vals))
-        except OverflowError:
-            if dst.typecode == "i":  # needs int64 from now on
-                dst = array("q", dst)
-                setattr(self, attr, dst)
+        while True:
             try:
-                dst.extend(array("q", vals))
-            except OverflowError:  # beyond int64 (a crafted 2**63)
-                dst.extend(array("q", [as_int(v) for v in vals]))
+                dst.extend(array(dst.typecode, vals))
+                return
+            except OverflowError:
+                if dst.typecode == "q":  # beyond int64 (a crafted 2**63)
+                    dst.extend(array("q", [as_int(v) for v in vals]))
+                    return
+                dst = array(_WIDER[dst.typecode], dst)
+                setattr(self, attr, dst)
 
     def _huge_id(self, v: Any) -> int:
         """An id that is no int64 (a crafted 2**63) reads as no id (-1), counted."""
@@ -396,12 +400,15 @@ class _Collector:
         self.add(evs)
 
     def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
-        # In the width collected, empty columns too (an int64 empty share made the merged column
-        # int64); a column widened only for an id beyond int64 (read as -1) narrows back.
+        # Each int column in the narrowest ints that hold it (a column widened only for an id
+        # beyond int64, read as -1, narrows back), the collected one let go at once: the shares
+        # are held whole while they merge, the load's peak (issue 26).
         arrays = {}
         for col, attr in _ARRAY_FIELDS:
             a = getattr(self, attr)
+            setattr(self, attr, array(a.typecode))
             arrays[col] = narrow_ints(np.frombuffer(a, dtype=a.typecode))
+            del a
         return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
                       n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
@@ -409,6 +416,9 @@ class _Collector:
                               "n_huge_ids": self.n_huge_ids},
                       seen_device=self.seen_device, has_device=self.has_device, top=top)
 
+
+_WIDER = {"b": "h", "h": "i", "i": "q"}
+"""The next wider array typecode: int8 -> int16 -> int32 -> int64."""
 
 _ARRAY_FIELDS = (
     ("cat", "cat"), ("name", "name"), ("pid", "pid"), ("tid", "tid"), ("ts", "ts"), ("dur", "dur"),
@@ -517,15 +527,6 @@ def _usable(ts: Any, dur: Any) -> bool:
         return False
 
 
-def narrow_ints(values: np.ndarray) -> np.ndarray:
-    """An int64 column as int32 when every value fits (ids, pids, tids, streams, sizes almost
-    always do): half the bytes per event in every table and copy made of it (issue 26)."""
-    if values.dtype != np.int64 or (len(values) and not (
-            values.min() >= np.iinfo(np.int32).min and values.max() <= np.iinfo(np.int32).max)):
-        return values
-    return values.astype(np.int32)
-
-
 def cap_name(name: str) -> str:
     """A name cut to NAME_CAP_CHARS for the rules and the tables, saying how long it was."""
     if len(name) <= NAME_CAP_CHARS:
@@ -554,9 +555,10 @@ class ParsedTrace:
         import pandas as pd
 
         c = self.columns
-        # One column at a time, each int64 original let go once narrowed: every narrowed copy
-        # made beside every original was the load's peak on a kernel-dense trace (~100 bytes per
-        # event for a 43-byte table, issue 26). The frame takes over these arrays.
+        # One column at a time, each original let go once narrowed (the shares were narrowed
+        # each on its own, and a merged column takes the widest): every narrowed copy made beside
+        # every original was the load's peak on a kernel-dense trace (issue 26). The frame takes
+        # over these arrays.
         for k in list(c):
             c[k] = narrow_ints(c[k])
         data: dict[str, Any] = dict(c)

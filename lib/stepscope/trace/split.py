@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from stepscope.trace.widths import narrow_ints
+
 if TYPE_CHECKING:
     from stepscope.trace.parse import _Share
 
@@ -190,8 +192,8 @@ def merge_shares(shares: list[_Share], columns: tuple[str, ...]
     pieces: list[tuple[int, int, int, int]] = []  # (chunk number, share, first row, end row)
     for i, sh in enumerate(shares):
         a = sh.arrays
-        name_map = np.array([names.setdefault(n, len(names)) for n in sh.names], dtype=np.int32)
-        coll_map = np.array([colls.setdefault(c, len(colls)) for c in sh.colls], dtype=np.int32)
+        name_map = narrow_ints(np.array([names.setdefault(n, len(names)) for n in sh.names], dtype=np.int64))
+        coll_map = narrow_ints(np.array([colls.setdefault(c, len(colls)) for c in sh.colls], dtype=np.int64))
         if len(a["name"]):
             a["name"] = name_map[a["name"]]
             a["collective"] = coll_map[a["collective"]]
@@ -199,13 +201,15 @@ def merge_shares(shares: list[_Share], columns: tuple[str, ...]
             glob = ids.setdefault(key, -2 - len(ids))
             if glob != local:
                 for c in ("pid", "tid"):
-                    a[c] = np.where(a[c] == local, glob, a[c])
+                    a[c] = np.where(a[c] == local, np.array(glob, dtype=np.min_scalar_type(glob)), a[c])
         pieces.extend((chunk, i, lo, hi) for chunk, lo, hi in sh.segments)
     pieces.sort()
     total = sum(hi - lo for _, _, lo, hi in pieces)
     arrays: dict[str, np.ndarray] = {}
     for col in columns:
-        out = np.empty(total, dtype=np.result_type(*[sh.arrays[col].dtype for sh in shares]))
+        # the widest of the shares' widths (each share narrowed its own); an empty one has none
+        out = np.empty(total, dtype=np.result_type(*[sh.arrays[col].dtype for sh in shares
+                                                     if len(sh.arrays[col])] or [shares[0].arrays[col].dtype]))
         pos = 0
         for _, i, lo, hi in pieces:
             out[pos:pos + hi - lo] = shares[i].arrays[col][lo:hi]
