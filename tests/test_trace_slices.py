@@ -223,3 +223,47 @@ def test_device_rows_gathered_in_place_equal_a_take(monkeypatch, chunk):
         for col in ("ts", "tid", "name", "cat"):
             got = dev.take(col)
             assert list(got) == want[col].tolist() and col not in ev
+
+
+def test_ints_are_held_in_the_narrowest_width_that_holds_them():
+    from stepscope.trace.widths import int_width, narrow_ints
+
+    assert [int_width(lo, hi) for lo, hi in [(-1, 127), (-1, 128), (-32769, 0), (0, 2**31)]] == [
+        np.int8, np.int16, np.int32, np.int64]
+    got = narrow_ints(np.array([-1, 7, 300], dtype=np.int64))
+    assert got.dtype == np.int16 and got.tolist() == [-1, 7, 300]
+    assert narrow_ints(np.array([], dtype=np.int32)).dtype == np.int32  # no values: as it was
+    floats = np.array([1.5])
+    assert narrow_ints(floats) is floats
+
+
+def test_group_medians_are_pandas_groupby_medians_to_the_bit():
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n, rows = int(rng.integers(1, 6)), int(rng.integers(1, 60))
+        codes = rng.integers(0, n, rows).astype(np.int8)
+        values = rng.random(rows) * [1e-3, 1.0, 1e6][trial % 3]
+        if trial % 5 == 0:
+            values[rng.integers(0, rows)] = np.nan  # skipped, as pandas skips it
+        groups = pd.Categorical.from_codes(codes, categories=pd.RangeIndex(n))
+        want = pd.Series(values).groupby(groups, observed=False).median().to_numpy()
+        np.testing.assert_array_equal(trace_codes.group_medians(codes, values, n), want)
+
+
+def test_value_counts_of_codes_equal_pandas_in_order():
+    col = pd.Series(pd.Categorical(["b", "a", "b", "c", None, "a", "b"], categories=["a", "b", "c", "d"]))
+    assert list(trace_codes.value_counts(col).items()) == list(col.value_counts().items())
+    plain = pd.Series(["x", "y", "x"])
+    assert trace_codes.value_counts(plain).to_dict() == {"x": 2, "y": 1}
+
+
+def test_rows_picked_through_a_mask_equal_loc_on_a_fresh_index():
+    rng = np.random.default_rng(3)
+    work = pd.DataFrame({"name": pd.Categorical(rng.choice(list("abc"), 50)), "dur_us": rng.random(50),
+                         "step_id": rng.integers(-1, 4, 50).astype(np.int16),
+                         "count": pd.array(rng.integers(0, 9, 50), dtype="Int64")})
+    mask = rng.random(50) < 0.4
+    got = account.rows_of(work, mask, ["name", "dur_us", "step_id", "count", "absent"])
+    want = work.loc[mask, ["name", "dur_us", "step_id", "count"]].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want)
+    assert account.rows_of(work, np.ones(50, bool), ["dur_us"])["dur_us"] is not None

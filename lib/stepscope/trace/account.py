@@ -17,6 +17,7 @@ own exposed times, so the categories' exposed times partition busy. So, exactly:
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,8 +100,22 @@ UNION_CHUNK_ROWS = 1 << 16
 row starts a segment, as tiny kernels do) stay this size on a trace of any length (issue 26)."""
 
 
+class _InCategories:
+    """Per row, whether its category code (`cc`) is one of `cats` (a bool per category), made
+    a slice at a time where read (`mask[lo:hi]`), like `_PairCodes`."""
+
+    def __init__(self, cc: np.ndarray, cats: np.ndarray) -> None:
+        self.cc, self.cats = cc, cats
+
+    def __len__(self) -> int:
+        return len(self.cc)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self.cats[self.cc[rows]]
+
+
 def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, n: int,
-                   mask: np.ndarray | None = None) -> np.ndarray:
+                   mask: np.ndarray | _InCategories | None = None) -> np.ndarray:
     """Union length per integer code 0..n-1 of intervals already sorted by start (only the
     rows where `mask` is true, when given).
 
@@ -112,6 +127,7 @@ def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, n: in
     out = np.zeros(n)
     if not (codes[1:] >= codes[:-1]).all():  # not grouped (steps in time order are): sort a copy
         if mask is not None:
+            mask = mask if isinstance(mask, np.ndarray) else mask[:]
             codes, s, e = codes[mask], s[mask], e[mask]
         o = np.argsort(codes, kind="stable")  # keeps start order within each code
         codes, s, e, mask = codes[o], s[o], e[o], None
@@ -201,11 +217,12 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends,
     """Per key (codes `kc`, rows in start order): compute, compute+communication and busy union
     lengths; per (key, category `cc`): union and exposed time, flat as key * ncat + category."""
     ncat = len(klass)
-    comp = lookup(klass == "compute", cc)
-    comm = lookup(klass == "communication", cc)
+    # each set of rows as the set of categories it takes (`_InCategories`), judged a slice at a
+    # time: a bool mask per row for each set was up to 4 bytes a row of the peak (issue 26)
+    comp, comm = klass == "compute", klass == "communication"
 
-    def gu(mask: np.ndarray) -> np.ndarray:
-        return _union_by_code(kc, s, e, nk, mask)
+    def gu(cats: np.ndarray) -> np.ndarray:
+        return _union_by_code(kc, s, e, nk, _InCategories(cc, cats))
 
     c_len = gu(comp)
     cm_len = gu(comp | comm)
@@ -214,12 +231,12 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends,
     # row (a sorted copy of all rows was stage 05's peak on a kernel-dense trace, issue 26)
     union = np.zeros(nk * ncat)
     for ci in range(ncat):
-        union[np.arange(nk) * ncat + ci] = gu(cc == ci)
+        union[np.arange(nk) * ncat + ci] = gu(np.arange(ncat) == ci)
     exposed = union.copy()  # a compute category's exposed time is its union
     for ci in range(ncat):
         if klass[ci] == "compute":
             continue
-        this = cc == ci
+        this = np.arange(ncat) == ci
         over = gu(comp | this) - c_len if klass[ci] == "communication" else \
             gu(comp | comm | this) - cm_len
         exposed[np.arange(nk) * ncat + ci] = np.maximum(0.0, over)
@@ -246,7 +263,9 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     if len(keys) and keys.min() == keys.max():  # one key (the whole rank): no code per row to make
         kc, keys_u = np.zeros(len(keys), dtype=np.int8), keys[:1].copy()
     else:
-        kc, keys_u = factorize_keys(len(keys), lambda sl: keys[sl].astype(np.int64))  # what pd.factorize gives
+        # in order of first appearance, as pd.factorize; narrow codes (a step id's int32 was 4
+        # bytes an event of the accounting's peak, issue 26)
+        kc, keys_u = factorize_keys(len(keys), lambda sl: keys[sl].astype(np.int64), narrow=True)
     keys_u = keys_u.astype(keys.dtype, copy=False)
     cc, cats_u = _category_codes(work["category"], o)
     nk, ncat = len(keys_u), len(cats_u)
@@ -471,18 +490,18 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
 
 def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     """Per row, the code of its (category, name) group, numbered by first appearance as
-    groupby(sort=False) numbers them; per group its category, name, summed `dur_us` (pandas'
-    own group sum, so the same bits) and row count. One dense int32 key: grouping by the two
-    text columns, or by category and then by name, made ~50 bytes per row (issue 26)."""
+    groupby(sort=False) numbers them; per group its category, name, summed `dur_us` (added in
+    row order, `_weighted_sum`, as the accounting's sums are) and row count. One dense key:
+    grouping by the two text columns, or by category and then by name, made ~50 bytes per row,
+    and pandas' group sum an int64 code per row (issue 26)."""
     cat, name = _as_categorical(w["category"]), _as_categorical(w["name"])
     cc, nc = cat.codes, name.codes
     nn = max(len(name.categories), 1)
     key, uniq = factorize_keys(len(w), lambda sl: cc[sl].astype(np.int64) * nn + nc[sl], narrow=True)
-    groups = pd.Categorical.from_codes(key, categories=pd.RangeIndex(len(uniq)))
-    sums = pd.Series(w["dur_us"].to_numpy(), copy=False).groupby(groups, observed=False).sum()
     return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
                               "name": pd.Categorical.from_codes(uniq % nn, dtype=name.dtype),
-                              "sum": sums.to_numpy(), "count": count_codes(key, len(uniq))})
+                              "sum": _weighted_sum(key, w["dur_us"].to_numpy(float), len(uniq)),
+                              "count": count_codes(key, len(uniq))})
 
 
 def _as_categorical(col: pd.Series) -> pd.Categorical:
@@ -526,12 +545,24 @@ def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
 
 
 def rows_of(work: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> pd.DataFrame:
-    """The work rows where the mask `rows` holds, only the `columns` read (those present):
-    with every row picked, the columns themselves, not a copy. A copy of the rows picked was
+    """The work rows where the mask `rows` holds, only the `columns` read (those present), on a
+    RangeIndex of their own; with every row picked, the columns themselves, not a copy. A copy of the rows picked was
     each later phase's largest transient on a kernel-dense trace, where every kernel is in a
     step (issue 26)."""
     keep = [c for c in columns if c in work]
-    return work[keep] if rows.all() else work.loc[rows, keep]
+    if rows.all():
+        return work[keep]
+    # column by column through the mask, on a new RangeIndex: `.loc` made an int64 position and
+    # an int64 index label for each row picked, 16 bytes a row over the columns (issue 26)
+    return pd.DataFrame({c: picked(work[c], rows) for c in keep}, copy=False)
+
+
+def picked(col: pd.Series, rows: np.ndarray) -> Any:
+    """The values of `col` where the mask `rows` holds (a Categorical stays codes)."""
+    a = col.array
+    if isinstance(a, pd.Categorical):
+        return pd.Categorical.from_codes(a.codes[rows], dtype=a.dtype)
+    return col.to_numpy()[rows] if isinstance(col.dtype, np.dtype) else a[rows]
 
 
 def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from stepscope.errors import StageInputMissing, TraceError
 from stepscope.trace import account as acc
 from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT
-from stepscope.trace.budget import require_budget, return_freed_arrays
+from stepscope.trace.budget import give_back_free_heap, require_budget, return_freed_arrays
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
@@ -25,7 +25,7 @@ from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, empty_launches, bui
                                    split_device_rows, spec_decode_steps,
                                    unknown_step_names)
 from stepscope.trace.tpot import tpot_against_step
-from stepscope.trace.codes import in_values, map_codes
+from stepscope.trace.codes import in_values, map_codes, value_counts
 
 
 EXPOSED_NOTE = (
@@ -279,6 +279,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
         ev, dev = split_device_rows(ev)  # from here `ev` is the host rows; `dev` lets each column go once read
     work, launches, info = build_work(ev, steps, rules, rt.rank, rt.mode, dev)
     del dev
+    give_back_free_heap()  # the build's temporaries, before the accounting's
     args = work.pop(ARGS_COLUMN) if ARGS_COLUMN in work else None  # the kernels' collective args
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
@@ -357,7 +358,7 @@ def _rank_summary(r: RankResult) -> schema.RankSummary:
         other_top_names=[schema.NamedTime(**o) for o in r.other_top],
         n_steps=int(len(r.steps)), n_decode_steps=n_decode, step_source=r.step_source,
         unattributed_events=int((r.work["step_id"] < 0).sum()),
-        attribution={str(k): int(v) for k, v in r.work["attribution"].value_counts().items()},
+        attribution={str(k): int(v) for k, v in value_counts(r.work["attribution"]).items()},
         excluded={k: v for k, v in r.info.items() if k != "origin_us"},
         levers=schema.record_of(_records(r.levers), list[schema.CategoryLeverRow]),
         collectives_per_decode_step={"all_reduce": obs["all_reduce"]["median"],
@@ -480,6 +481,7 @@ def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = Tru
     return_freed_arrays()
     loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
                                memory_budget_bytes=budget.budget_bytes)
+    give_back_free_heap()
     if not loaded:
         raise TraceError("no trace could be read: " + " | ".join(f.message for f in flags),
                          where=str(out_dir), hint="see the messages above for each file")

@@ -35,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
-from stepscope.trace.account import covered_length, end_us, in_steps, rows_of
-from stepscope.trace.codes import factorize_keys, lookup, text_column_codes
+from stepscope.trace.account import covered_length, end_us, in_steps, picked, rows_of
+from stepscope.trace.codes import factorize_keys, group_medians, lookup, text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
+from stepscope.trace.widths import narrow_ints
 
 _DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "half": 2, "f16": 2, "fp16": 2, "float16": 2,
                 "float": 4, "f32": 4, "fp32": 4, "float32": 4, "double": 8, "f64": 8,
@@ -340,7 +341,7 @@ def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None
             out = out * (len(values) + 1) + (codes[sl] + 1)
         return out
 
-    k_codes, k_u = factorize_keys(n, key)  # numbered as pd.factorize numbers them
+    k_codes, k_u = factorize_keys(n, key, narrow=True)  # numbered as pd.factorize numbers them
     rows = []
     for k in k_u:
         vals = []
@@ -370,12 +371,11 @@ def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> p
     tuple_of = table.groupby(_SIZE_KEY_COLUMNS, sort=False, dropna=False).ngroup().to_numpy(np.int64)
     first_of = np.unique(tuple_of, return_index=True)[1]  # each tuple's first table row (ids 0..k-1)
     ne = w["msg_nelems"].to_numpy()
-    tid = lookup(tuple_of.astype(np.int32), k_codes)
+    tid = lookup(narrow_ints(tuple_of), k_codes)
     width = int(ne.max()) + 2 if len(ne) and ne.max() >= 0 else 1
     codes, uniq = factorize_keys(len(tid), lambda sl: tid[sl].astype(np.int64) * width
-                                 + (np.maximum(ne[sl].astype(np.int64), -1) + 1))
-    groups = pd.Categorical.from_codes(codes, categories=pd.RangeIndex(len(uniq)))
-    med = pd.Series(w["dur_us"].to_numpy(float), copy=False).groupby(groups, observed=False).median().to_numpy()
+                                 + (np.maximum(ne[sl].astype(np.int64), -1) + 1), narrow=True)
+    med = group_medians(codes, w["dur_us"].to_numpy(float), len(uniq))
     out = table.iloc[first_of[uniq // width]].reset_index(drop=True)
     out.insert(4, "nelems", uniq % width - 1)
     return out.assign(count=np.bincount(codes, minlength=len(uniq)), median=med)
@@ -390,13 +390,15 @@ def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: 
     `collective` column (`parse.collective_args`: Collective name, dtype, Group size, Process
     Group Name; "" for none). The args' dtype wins over the kernel name's: NCCL moves a
     broadcast as bytes (`..._Broadcast_..._int8_t`) whatever the tensor's type."""
-    sel = work["collective_call"].to_numpy(bool) & in_steps(work["step_id"].to_numpy(), step_ids)
+    sel = in_steps(work["step_id"].to_numpy(), step_ids)
+    sel &= work["collective_call"].to_numpy(bool)  # in place: no second mask per row
     # the columns read, not a copy of every work column of every collective (issue 26)
     w = rows_of(work, sel, ["category", "name", "op_context", "msg_nelems", "dur_us"])
     n = len(step_ids)
     if w.empty or not n:
         return pd.DataFrame(columns=SIZE_COLUMNS)
-    out = _size_groups(w, *_size_keys(w, arg_names[sel] if arg_names is not None else None, world))
+    args = pd.Series(picked(arg_names, sel), copy=False) if arg_names is not None else None  # no index per row
+    out = _size_groups(w, *_size_keys(w, args, world))
     for c in ("dtype", "dtype_source", "process_group"):
         out[c] = out[c].replace("", None)
     ne = out["nelems"].to_numpy()

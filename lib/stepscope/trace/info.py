@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
+from stepscope.trace.account import in_steps
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
 from stepscope.trace.steps import TRAINING_ANN, TRAINING_KERNEL, WHOLE_TRACE
 from stepscope.wording import short_name
@@ -252,8 +253,12 @@ def graph_replay(r, step_ids) -> tuple[bool | None, int, int]:
     given steps of one rank; None on a CPU trace, where nothing is launched."""
     if r.mode == "cpu" or "graph_launch" not in r.work:
         return None, 0, 0
-    w = r.work[r.work["step_id"].isin(step_ids)]
-    n, g = int(len(w)), int(w["graph_launch"].sum())
+    # counted through a mask: the rows picked as a frame were a copy of every work column, and
+    # isin an int64 hash of every step id (~9 bytes a kernel of stage 05's peak, issue 26)
+    sel = in_steps(r.work["step_id"].to_numpy(), np.asarray(step_ids, dtype=np.int64))
+    n = int(np.count_nonzero(sel))
+    sel &= r.work["graph_launch"].to_numpy(bool)
+    g = int(np.count_nonzero(sel))
     return (g >= GRAPH_REPLAY_MIN_SHARE * n if n else None), g, n
 
 

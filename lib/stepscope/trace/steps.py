@@ -24,7 +24,7 @@ from stepscope.trace.codes import in_values, lookup, take_codes, text_codes
 from stepscope.trace.context import WorkContext, launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 from stepscope.trace.modules import in_recompute_frames
-from stepscope.trace.parse import narrow_ints
+from stepscope.trace.widths import int_width, narrow_ints
 
 # vLLM's step names, in every version seen: `execute_context_N(T)_generation_M(U)`,
 # `execute_context_1(888_788544)_generation_0(0)` (tokens, then their square),
@@ -329,8 +329,8 @@ _NCCL_CALL_ANNOTATION = re.compile(r"^nccl:\w+")
 
 
 def _nelems(ev: pd.DataFrame) -> np.ndarray:
-    """`In msg nelems` per event (-1 for none); ints of the event table's width (int32 where
-    every size fits, `parse.narrow_ints`)."""
+    """`In msg nelems` per event (-1 for none); ints of the event table's width (the narrowest
+    that holds its sizes, `widths.narrow_ints`)."""
     if "msg_nelems" not in ev:
         return np.full(len(ev), -1, dtype=np.int64)
     return _as_nelems(ev["msg_nelems"].to_numpy())
@@ -447,7 +447,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     ts = dev.take("ts")
     # The narrowed columns first: their int32 sources let go before the build's peak
     stream = _stream_or_thread(dev.take("stream"), dev.take("tid"))
-    nelems = _none_narrow(narrow_ints(_device_nelems(dev)))
+    nelems = narrow_ints(_device_nelems(dev))  # int8 when no size was recorded
     lpid, ltid, lts = lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)
     step, how = _attribute_device(steps, lpid, ltid, lts, lk.index, launch_of, corr, ts)
     launches = launch_firsts(ts, step, corr, launch_of, lts)
@@ -460,8 +460,8 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
     # The columns in order, each source let go once converted: every array held at once was
     # ~40 bytes per event over the table itself (issue 26).
-    # int8 ranks where they fit, int32 step ids (a rank's steps number far below 2**31)
-    col: dict[str, Any] = {"rank": np.full(n, rank, dtype=_int_width(rank, rank)),
+    # int8 ranks where they fit; step ids as narrow as the steps' number (`_attribute_device`)
+    col: dict[str, Any] = {"rank": np.full(n, rank, dtype=int_width(rank, rank)),
                            "step_id": step}
     del step
     col["attribution"] = text_codes(pd.Categorical.from_codes(how, categories=list(GPU_ATTRIBUTIONS)))
@@ -491,9 +491,9 @@ def _by_launch(per_launch: np.ndarray, launch_of: np.ndarray, none: Any) -> np.n
 
 def _launch_rows(launches: pd.Index, corr: np.ndarray) -> np.ndarray:
     """Per kernel, the position of its correlation among the (unique) launch correlations, -1
-    for none; int32, a slice at a time: isin and a whole get_indexer sorted or hashed every
+    for none; in the narrowest ints for that many launches, a slice at a time: isin and a whole get_indexer sorted or hashed every
     kernel into int64 temporaries (~27 bytes a kernel, issue 26)."""
-    out = np.empty(len(corr), dtype=np.int32)
+    out = np.empty(len(corr), dtype=int_width(-1, len(launches)))
     for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):
         out[lo:lo + ENCLOSING_CHUNK_ROWS] = launches.get_indexer(corr[lo:lo + ENCLOSING_CHUNK_ROWS])
     return out
@@ -508,14 +508,9 @@ def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
     return WorkContext(one(ctx.category), one(ctx.frame), one(ctx.module))
 
 
-def _int_width(lo: int, hi: int) -> type:
-    """The narrowest of int8/16/32/64 that holds lo..hi."""
-    return next(t for t in (np.int8, np.int16, np.int32, np.int64) if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
-
-
 def _stream_or_thread(stream: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """Per kernel its stream, else (none recorded) its thread, in the narrowest ints that hold
-    them all, int16 at least (CUDA numbers streams from 7 up). A slice at a time: the whole
+    them all (CUDA numbers streams from 7 up: int8 mostly). A slice at a time: the whole
     `np.where` and its narrowed copies were ~10 bytes a kernel of the build's peak (issue 26)."""
     def part(lo: int) -> np.ndarray:
         s = stream[lo:lo + ENCLOSING_CHUNK_ROWS]
@@ -525,16 +520,10 @@ def _stream_or_thread(stream: np.ndarray, tid: np.ndarray) -> np.ndarray:
     for lo in range(0, len(stream), ENCLOSING_CHUNK_ROWS):
         v = part(lo)
         lo_v, hi_v = min(lo_v, int(v.min())), max(hi_v, int(v.max()))
-    out = np.empty(len(stream), dtype=_int_width(min(lo_v, -2**15 + 1), max(hi_v, 2**7)))
+    out = np.empty(len(stream), dtype=int_width(lo_v, hi_v))
     for lo in range(0, len(stream), ENCLOSING_CHUNK_ROWS):
         out[lo:lo + ENCLOSING_CHUNK_ROWS] = part(lo)
     return out
-
-
-def _none_narrow(nelems: np.ndarray) -> np.ndarray:
-    """Sizes as int8 when none was recorded (every one -1, as on most kernels of a trace
-    without sizes): 3 bytes a kernel less; any recorded size keeps the table's width."""
-    return nelems.astype(np.int8) if len(nelems) and nelems.max() < 0 and nelems.min() >= -1 else nelems
 
 
 def _as_ints(values: np.ndarray) -> np.ndarray:
@@ -552,7 +541,10 @@ def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, l
     if steps["pid"].eq(-1).all():  # whole-trace step
         return np.zeros(len(corr), dtype=np.int32), np.full(len(corr), _HOW[WHOLE_TRACE], dtype=np.int8)
     lstep, lhow = _attribute_launches(steps, lpid, ltid, lts)
-    step, how = _by_launch(lstep, launch_of, -1), _by_launch(lhow, launch_of, 0)
+    # step ids in the narrowest ints that hold every step's (2 bytes a kernel below int32's 4
+    # where steps number in the thousands, issue 26): the steps found by time below fit too
+    width = int_width(-1, max(len(steps), int(steps["step_id"].max()) if len(steps) else 0))
+    step, how = _by_launch(lstep.astype(width), launch_of, -1), _by_launch(lhow, launch_of, 0)
     # Correlation ids grow monotonically: a kernel whose id is below every launch on
     # record was launched before the CPU side of the capture began (the previous,
     # unrecorded step). It stays unattributed rather than inflate the first step.
