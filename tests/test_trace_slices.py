@@ -237,7 +237,9 @@ def test_ints_are_held_in_the_narrowest_width_that_holds_them():
     assert narrow_ints(floats) is floats
 
 
-def test_group_medians_are_pandas_groupby_medians_to_the_bit():
+@pytest.mark.parametrize("by_mask", [16, 0])  # each group through a mask; one sort of every row
+def test_group_medians_are_pandas_groupby_medians_to_the_bit(monkeypatch, by_mask):
+    monkeypatch.setattr(trace_codes, "MEDIAN_GROUPS_BY_MASK", by_mask)
     rng = np.random.default_rng(7)
     for trial in range(200):
         n, rows = int(rng.integers(1, 6)), int(rng.integers(1, 60))
@@ -267,3 +269,25 @@ def test_rows_picked_through_a_mask_equal_loc_on_a_fresh_index():
     want = work.loc[mask, ["name", "dur_us", "step_id", "count"]].reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want)
     assert account.rows_of(work, np.ones(50, bool), ["dur_us"])["dur_us"] is not None
+
+
+@pytest.mark.parametrize("keys", [["category", "name"], ["category"]])
+def test_main_module_through_codes_equals_the_pandas_groupby(keys):
+    """Per group, the module holding most of its time and that share, as a groupby of the text
+    columns says it (durations in whole µs: every order of addition gives the same sums)."""
+    rng = np.random.default_rng(len(keys))
+    for _ in range(100):
+        n = int(rng.integers(1, 80))
+        w = pd.DataFrame({"category": pd.Categorical(rng.choice(list("abc"), n)),
+                          "name": pd.Categorical(rng.choice(list("xyzw"), n)),
+                          "module_path": pd.Categorical(rng.choice(["m1", "m2", None, "m3"], n),
+                                                        categories=["m1", "m2", "m3", "m9"]),
+                          "dur_us": rng.integers(1, 50, n).astype(float)})
+        if not w["module_path"].notna().any():
+            continue
+        by = w.groupby(keys + ["module_path"], sort=False, observed=True)["dur_us"].sum().reset_index()
+        tot = w.groupby(keys, sort=False, observed=True)["dur_us"].sum().rename("tot").reset_index()
+        by = by.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates(keys).merge(tot, on=keys)
+        want = pd.DataFrame({**{k: by[k] for k in keys}, "module": by["module_path"],
+                             "module_share": by["dur_us"] / by["tot"]})
+        pd.testing.assert_frame_equal(account._main_module(w, keys), want)

@@ -570,11 +570,36 @@ def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     holds most of its summed time, and that share; None where the trace has no module frames."""
     if "module_path" not in w or not w["module_path"].notna().any():
         return pd.DataFrame(columns=keys + ["module", "module_share"])
-    by = w.groupby(keys + ["module_path"], sort=False, observed=True)["dur_us"].sum().reset_index()
-    tot = w.groupby(keys, sort=False, observed=True)["dur_us"].sum().rename("tot").reset_index()
-    by = by.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates(keys).merge(tot, on=keys)
-    return pd.DataFrame({**{k: by[k] for k in keys}, "module": by["module_path"],
-                         "module_share": by["dur_us"] / by["tot"]})
+    # One dense code per group and per (group, module), numbered by first appearance as
+    # groupby(sort=False) numbers them, sums added in row order (`_weighted_sum`): pandas'
+    # groupby of the text columns made an int64 code per row and more (issue 26).
+    cats = [_as_categorical(w[k]) for k in keys]
+    mod = w["module_path"].array
+    mod = mod if isinstance(mod, pd.Categorical) else pd.Categorical(w["module_path"].to_numpy(object))
+
+    def key_of(sl: slice) -> np.ndarray:
+        out = np.zeros(len(cats[0].codes[sl]), dtype=np.int64)
+        for c in cats:
+            out = out * max(len(c.categories), 1) + c.codes[sl]
+        return out
+
+    kc, k_u = factorize_keys(len(w), key_of, narrow=True)
+    nm, mc = len(mod.categories) + 1, mod.codes  # module code + 1: 0 for none
+    pc, p_u = factorize_keys(len(w), lambda sl: kc[sl].astype(np.int64) * nm + (mc[sl] + 1), narrow=True)
+    dur = w["dur_us"].to_numpy(float)
+    sums, tot = _weighted_sum(pc, dur, len(p_u)), _weighted_sum(kc, dur, len(k_u))
+    has = p_u % nm > 0  # a group's rows inside no module are in its total only
+    by = pd.DataFrame({"group": p_u[has] // nm, "module": pd.Categorical.from_codes(p_u[has] % nm - 1, dtype=mod.dtype),
+                       "dur_us": sums[has]})
+    by = by.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates("group")
+    group = by["group"].to_numpy()
+    out, rest = {}, k_u[group]
+    for k, c in reversed(list(zip(keys, cats))):
+        n = max(len(c.categories), 1)
+        out[k] = pd.Categorical.from_codes(rest % n, dtype=c.dtype)
+        rest = rest // n
+    return pd.DataFrame({**{k: out[k] for k in keys}, "module": by["module"].array,
+                         "module_share": by["dur_us"].to_numpy() / tot[group]})
 
 
 LEVER_COLUMNS = ["rank", "category", "class", "n_steps", "sum_ms_per_step", "recompute_ms_per_step", "n_names",

@@ -323,6 +323,7 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
     mods = work["module"].array
     work["module_path"] = map_codes(mods if isinstance(mods, pd.Categorical) else pd.Categorical(mods), paths.get)
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
+    give_back_free_heap()  # the accounting's temporaries, before these tables' own
     sizes = coll.collective_sizes(work, args, judged, world, rank) if mode == "gpu" else \
         pd.DataFrame(columns=coll.SIZE_COLUMNS)
     return {"kernels": acc.category_kernels(work, step_tot), "levers": acc.category_levers(work, step_tot),

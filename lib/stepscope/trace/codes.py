@@ -127,18 +127,26 @@ def group_medians(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     """Per code 0..n-1 the median of its finite `values` (NaN for none): pandas' groupby median
     (the middle value, or the mean of the middle two), from the values sorted by code once. A
     pandas groupby made an int64 code, a sorter and a gathered copy per row, ~33 bytes a row
-    (issue 26); this holds the sorter and the copy, 16."""
-    order = np.argsort(codes, kind="stable")
-    ordered = values[order]
-    del order
-    ends = np.cumsum(count_codes(codes, n))
+    (issue 26); this holds a mask and one group's values, or (many groups) a sorter and a copy."""
     out = np.full(n, np.nan)
-    for g, (lo, hi) in enumerate(zip(np.r_[0, ends[:-1]].tolist(), ends.tolist())):
-        part = ordered[lo:hi]
+    if n <= MEDIAN_GROUPS_BY_MASK:  # a few groups: each one's values picked through a mask
+        parts = (values[codes == g] for g in range(n))
+    else:
+        order = np.argsort(codes, kind="stable")
+        ordered = values[order]
+        del order
+        ends = np.cumsum(count_codes(codes, n))
+        parts = (ordered[lo:hi] for lo, hi in zip(np.r_[0, ends[:-1]].tolist(), ends.tolist()))
+    for g, part in enumerate(parts):
         part = part[np.isfinite(part)] if not np.isfinite(part).all() else part
         if len(part):
             out[g] = np.median(part, overwrite_input=True)
     return out
+
+
+MEDIAN_GROUPS_BY_MASK = 16
+"""Up to this many groups `group_medians` picks each one's values through a mask (a byte a row
+and the group's values); beyond, one sort of every row."""
 
 
 def value_counts(col: pd.Series) -> pd.Series:
