@@ -1,6 +1,6 @@
 """Trace loading speed and memory: stepscope's loader vs gzip alone, json.loads and HTA.
 
-    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short]] [--source NAME] [--keep DIR] [--analysis]
+    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short | --tiny]] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON), and
 also polls the RSS of the process and its parse processes together. Kernel-dense, 2026-12-02:
@@ -192,14 +192,17 @@ KERNEL_NAMES = (
 SHORT_KERNEL_NAMES = ("BinaryFunctor<float>", "s16816gemm_bf16_tn", "flash_fwd_splitkv", "ncclDevKernel_AllReduce",
                       "triton_poi_fused_mul_rsqrt_0", "vllm::rms_norm_kernel")
 """KERNEL_NAMES cut to what the name rules read: the same categories in fewer bytes."""
+TINY_KERNEL_NAMES = ("unrolled", "gemm_bf16", "flash_fwd", "AllReduce", "rms_norm", "gemv")
+"""Names of at most 9 characters in the same categories (`--tiny`)."""
 
 
-def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short: bool = False
-                       ) -> tuple[Path, int, int]:
+def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short: bool = False,
+                       tiny: bool = False) -> tuple[Path, int, int]:
     """A GPU trace of `n_kernels` tiny kernel events, `per_step` kernels inside each annotated
     decode step; gzipped. With the full kernel names and Kineto's spacing each kernel is ~187
-    bytes of JSON; `short` writes no spaces and SHORT_KERNEL_NAMES, ~140 bytes, near the shape of
-    issue 26's hostile trace (10 M such events in 1.2 GB of JSON).
+    bytes of JSON; `short` writes no spaces and SHORT_KERNEL_NAMES, ~144 bytes; `tiny` no spaces,
+    TINY_KERNEL_NAMES and no stream in the args (the kernel's thread is its stream), ~121 bytes:
+    the shape of issue 26's hostile trace, 10 M such events in 1.22 GB of JSON.
 
     The CPU-op-heavy replica above holds few device events per byte; this one is the
     loader's worst case per byte."""
@@ -217,8 +220,10 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short
            '"ts": %.3f, "dur": 20.0, "args": {"correlation": %d}},\n'
     kern = '{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": 7, "ts": %.3f, "dur": %.3f, ' \
            '"args": {"correlation": %d, "stream": 7}}'
-    names = SHORT_KERNEL_NAMES if short else KERNEL_NAMES
-    if short:
+    names = TINY_KERNEL_NAMES if tiny else SHORT_KERNEL_NAMES if short else KERNEL_NAMES
+    if tiny:
+        kern = kern.replace(', "stream": 7', "")
+    if short or tiny:
         header, step, kern = (t.replace(": ", ":").replace(", ", ",") for t in (header, step, kern))
     json_bytes = n = 0
     ts = 1_000_000.0
@@ -280,6 +285,9 @@ def main() -> None:
     ap.add_argument("--short", action="store_true",
                     help="with --kernels: short kernel names and no spaces, ~140 bytes of JSON per kernel "
                          "(issue 26's 10 M in 1.2 GB) instead of ~187")
+    ap.add_argument("--tiny", action="store_true",
+                    help="with --kernels: names of at most 9 characters, no spaces and no stream arg, ~121 bytes of "
+                         "JSON per kernel (issue 26's own shape: 10 M in 1.22 GB)")
     ap.add_argument("--source", default="hf-h100-qwen1.5-0.5b-eager.json.gz",
                     help="trace in tests/data/traces whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
@@ -301,7 +309,7 @@ def main() -> None:
         info = json.loads((tmp / "built.json").read_text())
         json_bytes, n = info["json_bytes"], info["n"]
     else:
-        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp, short=args.short) if args.kernels
+        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp, short=args.short, tiny=args.tiny) if args.kernels
                              else build(SHARED / args.source, args.mb, tmp))
         if args.keep is not None:
             (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
