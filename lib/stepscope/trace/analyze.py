@@ -285,6 +285,8 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
     frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
     step_tot = step_tot.merge(step_idle(work, step_tot, launches, host, frames), on="step_id", how="left")
+    sizes = _collective_sizes(work, args, step_tot, rt.rank, rt.meta.get("world_size"), rt.mode)
+    del args  # a byte a kernel, let go before the category tables' peak (issue 26)
     rank_cats, totals = acc.account_rank(work)
     rank_cats.insert(0, "rank", rt.rank)
     info["origin_us"] = origin
@@ -298,8 +300,8 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     return RankResult(rank=rt.rank, file=str(rt.path), mode=rt.mode, step_source=source,
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
-                      steps_tot=step_tot, meta=meta, launches=launches, **_by_module(ev, work, step_tot, rt.rank,
-                                                                  rt.meta.get("world_size"), rt.mode, args))
+                      steps_tot=step_tot, meta=meta, launches=launches, collective_sizes=sizes,
+                      **_by_module(ev, work, step_tot, rt.rank))
 
 
 def _device_rows_larger(ev: pd.DataFrame) -> bool:
@@ -310,11 +312,19 @@ def _device_rows_larger(ev: pd.DataFrame) -> bool:
     return n_device > len(ev) - n_device
 
 
-def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int,
-               world: int | None, mode: str, args: pd.Series | None) -> dict:
-    """The rank's tables that read the module tree and the kernels' args: category_kernels
-    (with each kernel's module), the category levers, time per module (`trace.modules`), and
-    its collectives' sizes (`collectives.collective_sizes`; GPU traces)."""
+def _collective_sizes(work: pd.DataFrame, args: pd.Series | None, step_tot: pd.DataFrame, rank: int,
+                      world: int | None, mode: str) -> pd.DataFrame:
+    """The rank's collectives by size over its judged steps (`collectives.collective_sizes`; GPU
+    traces), from the kernels' args (`steps.ARGS_COLUMN`)."""
+    if mode != "gpu":
+        return pd.DataFrame(columns=coll.SIZE_COLUMNS)
+    judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
+    return coll.collective_sizes(work, args, judged, world, rank)
+
+
+def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, rank: int) -> dict:
+    """The rank's tables that read the module tree: category_kernels (with each kernel's
+    module), the category levers and time per module (`trace.modules`)."""
     from stepscope.trace.modules import module_paths, module_table
 
     paths = module_paths(ev)
@@ -324,10 +334,8 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
     work["module_path"] = map_codes(mods if isinstance(mods, pd.Categorical) else pd.Categorical(mods), paths.get)
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
     give_back_free_heap()  # the accounting's temporaries, before these tables' own
-    sizes = coll.collective_sizes(work, args, judged, world, rank) if mode == "gpu" else \
-        pd.DataFrame(columns=coll.SIZE_COLUMNS)
     return {"kernels": acc.category_kernels(work, step_tot), "levers": acc.category_levers(work, step_tot),
-            "modules": module_table(work, paths, judged, rank), "collective_sizes": sizes}
+            "modules": module_table(work, paths, judged, rank)}
 
 
 def _rank_summary(r: RankResult) -> schema.RankSummary:
