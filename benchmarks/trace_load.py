@@ -202,7 +202,8 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short
     decode step; gzipped. With the full kernel names and Kineto's spacing each kernel is ~187
     bytes of JSON; `short` writes no spaces and SHORT_KERNEL_NAMES, ~144 bytes; `tiny` no spaces,
     TINY_KERNEL_NAMES and no stream in the args (the kernel's thread is its stream), ~121 bytes:
-    the shape of issue 26's hostile trace, 10 M such events in 1.22 GB of JSON.
+    the shape of issue 26's hostile trace, 10 M such events in 1.22 GB of JSON; its host events
+    carry a 22-bit pid and tid, as on Linux, so those columns cannot be narrow.
 
     The CPU-op-heavy replica above holds few device events per byte; this one is the
     loader's worst case per byte."""
@@ -221,8 +222,9 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short
     kern = '{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": 7, "ts": %.3f, "dur": %.3f, ' \
            '"args": {"correlation": %d, "stream": 7}}'
     names = TINY_KERNEL_NAMES if tiny else SHORT_KERNEL_NAMES if short else KERNEL_NAMES
-    if tiny:
+    if tiny:  # and the host's pid and tid as Linux numbers them (22 bits): int32 columns
         kern = kern.replace(', "stream": 7', "")
+        step = step.replace('"pid": 100, "tid": 100', '"pid": 2718281, "tid": 2718281')
     if short or tiny:
         header, step, kern = (t.replace(": ", ":").replace(", ", ",") for t in (header, step, kern))
     json_bytes = n = 0
