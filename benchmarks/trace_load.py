@@ -3,15 +3,15 @@
     .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short | --tiny]] [--source NAME] [--keep DIR] [--analysis]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON), and
-also polls the RSS of the process and its parse processes together. Kernel-dense, 2026-12-02:
-- 10 M kernels with --short (1,371 MiB of JSON, ~144 bytes each), 7ce05a2 -> now: peak RSS
-  919 -> 679-682 MiB (0.67x -> 0.50x; 84 -> 56 bytes per device event above the imports'
-  145 MiB); the process and its parse processes together 917 -> 717-725 MiB (0.52x), of
-  which ~45 MiB are pages a parse process shares with the analysing one: 682 MiB (0.50x)
-  with only their own pages counted.
-- 10 M kernels, the default names (1,868 MiB of JSON): 915 -> 681 MiB (0.49x -> 0.36x).
-- Issue 26's own trace (10 M kernels in 1.22 GB) would read ~0.58x: memory goes with
-  kernels, not bytes of JSON.
+also polls the RSS of the process and its parse processes together. Kernel-dense, 10 M kernels,
+side by side, 2026-12-03 (c5619b7 -> now):
+- issue 26's own shape (--tiny: 1,140 MiB of JSON, ~121 bytes a kernel, 22-bit host pids):
+  peak RSS 648-649 -> 554-555 MiB (0.57x -> 0.49x; 57 -> 47 bytes per device event above the
+  imports' 109 MiB); with the parse processes' own pages 644-645 -> 552-555 MiB (0.48-0.49x);
+  their whole RSS summed, which counts pages they share with the analysing process twice,
+  692-697 -> 566-569 MiB (0.50x). For the issue's 1.22 GB, 0.48x.
+- --short (1,371 MiB of JSON): 679-682 -> 553 MiB (0.40x); 919 at 7ce05a2.
+- the default names (1,868 MiB): 681 -> 557 MiB (0.30x); 915 at 7ce05a2.
 - earlier (584fd15 -> 7ce05a2, MiB written MB): 2 M kernels (371) 375 -> 310; 10 M (1,868)
   1,277 -> 915, 42 -> 33 s.
 Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
