@@ -546,9 +546,9 @@ def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
 
 def rows_of(work: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> pd.DataFrame:
     """The work rows where the mask `rows` holds, only the `columns` read (those present), on a
-    RangeIndex of their own; with every row picked, the columns themselves, not a copy. A copy of the rows picked was
-    each later phase's largest transient on a kernel-dense trace, where every kernel is in a
-    step (issue 26)."""
+    RangeIndex of their own; with every row picked, the columns themselves, not a copy. A copy
+    of the rows picked was each later phase's largest transient on a kernel-dense trace, where
+    every kernel is in a step (issue 26)."""
     keep = [c for c in columns if c in work]
     if rows.all():
         return work[keep]

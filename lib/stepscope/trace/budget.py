@@ -174,13 +174,10 @@ def return_freed_arrays() -> bool:
     its tables held. Fixing the threshold at MMAP_THRESHOLD_BYTES (which ends the raising)
     cut the peak by that much (benchmarks/trace_load.py --kernels 2000000 --analysis). True
     when it was set; elsewhere (musl, macOS) nothing changes."""
-    import ctypes
-    import ctypes.util
-
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, MMAP_THRESHOLD_BYTES))  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
+        return libc is not None and bool(libc.mallopt(-3, MMAP_THRESHOLD_BYTES))  # -3: M_MMAP_THRESHOLD
+    except AttributeError:
         return False
 
 
@@ -190,12 +187,23 @@ def give_back_free_heap() -> bool:
     Slices of a few hundred KB and small objects come from the heap, and freed pages in its
     middle stay counted in RSS until trimmed: after the load and after the build of a 10 M
     kernel trace that was ~20-30 MB each (issue 26). True when it ran; elsewhere a no-op."""
+    libc = _libc()
+    if libc is None:
+        return False
+    try:
+        libc.malloc_trim(0)
+    except AttributeError:  # a C library without it (musl, macOS)
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    """The C library (ctypes), loaded once; None where it cannot be."""
     import ctypes
     import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-        return True
-    except (OSError, AttributeError):
-        return False
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None

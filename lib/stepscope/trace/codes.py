@@ -125,9 +125,9 @@ def count_codes(codes, n: int, mask: np.ndarray | None = None) -> np.ndarray:
 
 def group_medians(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     """Per code 0..n-1 the median of its finite `values` (NaN for none): pandas' groupby median
-    (the middle value, or the mean of the middle two), from the values sorted by code once. A
-    pandas groupby made an int64 code, a sorter and a gathered copy per row, ~33 bytes a row
-    (issue 26); this holds a mask and one group's values, or (many groups) a sorter and a copy."""
+    (the middle value, or the mean of the middle two), to the bit. A pandas groupby made an
+    int64 code, a sorter and a gathered copy per row, ~33 bytes a row (issue 26); this holds a
+    mask and one group's values, or (many groups) a sorter and a copy sorted by code."""
     out = np.full(n, np.nan)
     if n <= MEDIAN_GROUPS_BY_MASK:  # a few groups: each one's values picked through a mask
         parts = (values[codes == g] for g in range(n))

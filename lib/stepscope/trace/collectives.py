@@ -36,7 +36,7 @@ import pandas as pd
 
 from stepscope.thresholds import CLOCK_SKEW_LIMIT_US, READINGS_AGREE_REL
 from stepscope.trace.account import covered_length, end_us, in_steps, picked, rows_of
-from stepscope.trace.codes import factorize_keys, group_medians, lookup, text_column_codes
+from stepscope.trace.codes import count_codes, factorize_keys, group_medians, lookup, text_column_codes
 from stepscope.trace.categorize import COLLECTIVE_CATEGORIES
 from stepscope.trace.widths import narrow_ints
 
@@ -378,7 +378,7 @@ def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> p
     med = group_medians(codes, w["dur_us"].to_numpy(float), len(uniq))
     out = table.iloc[first_of[uniq // width]].reset_index(drop=True)
     out.insert(4, "nelems", uniq % width - 1)
-    return out.assign(count=np.bincount(codes, minlength=len(uniq)), median=med)
+    return out.assign(count=count_codes(codes, len(uniq)), median=med)
 
 
 def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: np.ndarray,

@@ -445,7 +445,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     # hundreds of kernels.
     graph = _by_launch(lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool), launch_of, False)
     ts = dev.take("ts")
-    # The narrowed columns first: their int32 sources let go before the build's peak
+    # The narrowed columns first: their sources let go before the build's peak
     stream = _stream_or_thread(dev.take("stream"), dev.take("tid"))
     nelems = narrow_ints(_device_nelems(dev))  # int8 when no size was recorded
     lpid, ltid, lts = lk["pid"].to_numpy(), lk["tid"].to_numpy(), lk["ts"].to_numpy(float)
@@ -491,8 +491,9 @@ def _by_launch(per_launch: np.ndarray, launch_of: np.ndarray, none: Any) -> np.n
 
 def _launch_rows(launches: pd.Index, corr: np.ndarray) -> np.ndarray:
     """Per kernel, the position of its correlation among the (unique) launch correlations, -1
-    for none; in the narrowest ints for that many launches, a slice at a time: isin and a whole get_indexer sorted or hashed every
-    kernel into int64 temporaries (~27 bytes a kernel, issue 26)."""
+    for none; in the narrowest ints for that many launches, a slice at a time: isin and a whole
+    get_indexer sorted or hashed every kernel into int64 temporaries (~27 bytes a kernel,
+    issue 26)."""
     out = np.empty(len(corr), dtype=int_width(-1, len(launches)))
     for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):
         out[lo:lo + ENCLOSING_CHUNK_ROWS] = launches.get_indexer(corr[lo:lo + ENCLOSING_CHUNK_ROWS])
