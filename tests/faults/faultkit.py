@@ -61,6 +61,15 @@ def running(pid: int) -> bool:
         return False
 
 
+def command_line(proc: psutil.Process) -> str:
+    """The process's command line, or "" once it has exited: a child that exits while a test
+    walks the tree is a zombie for a moment, and psutil raises rather than answer for it."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def descendants(root_pid: int | None = None) -> frozenset[int]:
     """The pids below `root_pid` (this process when None) now: what a test already had,
     e.g. the session's live vLLM server, which a run under test must not be blamed for."""

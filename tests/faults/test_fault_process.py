@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from faultkit import fake_pids, running, write_fake_server
+from faultkit import command_line, fake_pids, running, write_fake_server
 from stepscope import lifeline
 from stepscope.errors import ServerError
 from stepscope.paths import REPO_ROOT
@@ -476,7 +476,7 @@ def test_jupyterlab_and_its_kernel_die_with_stepscope_lab(tmp_path):
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 201
         lab_tree = wait_for(lambda: [p.pid for p in psutil.Process(pids["lab"]).children(recursive=True)
-                                     if "ipykernel" in " ".join(p.cmdline())] or None, "the kernel started",
+                                     if "ipykernel" in command_line(p)] or None, "the kernel started",
                             timeout_s=60)
         assert os.getsid(lab_tree[0]) != os.getsid(pids["lab"])  # out of the group's reach
     finally:
