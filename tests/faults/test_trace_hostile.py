@@ -78,7 +78,7 @@ def test_an_interrupted_stepscope_exits_without_waiting_on_its_children(tmp_path
     would join every child and pool thread, and a parse worker forked just before the Ctrl-C
     (idle, waiting for a task) held the exit for ever. Here a child that would sleep a minute
     stands in for it: the program exits 130 within seconds and the child is gone."""
-    import psutil
+    from faultkit import running
 
     pid_file = tmp_path / "child.pid"
     script = f"""
@@ -97,7 +97,7 @@ cli.console()
     assert proc.returncode == EXIT_INTERRUPTED, proc.stderr
     assert time.monotonic() - t0 < 20.0
     child = int(pid_file.read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert not running(child)  # gone, or a zombie waiting to be reaped
 
 
 # --------------------------------------------------------------------------- hostile traces

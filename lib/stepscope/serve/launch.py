@@ -595,7 +595,7 @@ def launch(params: Params, run_dir: str | Path, progress: bool = True) -> tuple[
             mode="launch", engine=params.server.engine, base_url=cmd.base_url,
             served_model=served_model_name(params), argv=cmd.argv, env=cmd.env,
             profiler_dir=str(cmd.profiler_dir) if cmd.profiler_dir else None, tp=params.server.tp,
-            pid=proc.proc.pid, pgid=proc.proc.pid, create_time=_create_time(proc.proc.pid),
+            pid=proc.proc.pid, pgid=proc.proc.pid, create_time=lifeline.process_start_time(proc.proc.pid),
             supervisor=lifeline.supervisor_stamp(),
             watchdog_pid=proc.lifeline.watchdog.pid if proc.lifeline else None,
             leftover_stopped=leftover,
@@ -691,15 +691,6 @@ def stop_server(run_dir: str | Path) -> bool:
         lifeline.release(record.pgid)
         schema.update(p, schema.ServerRecord, stopped_at=_now_utc())
     return stopped
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:  # noqa: BLE001 - psutil missing or the process already gone
-        return None
 
 
 def server_group_members(pgid: int | None, born: float | None = None) -> list[int]:
