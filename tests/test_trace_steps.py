@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from stepscope.trace.analyze import analyze_rank, analyze_traces
 from stepscope.trace.categorize import make_rules
 from stepscope.trace.load import load_rank, load_ranks
@@ -97,3 +99,17 @@ def test_folder_input_skips_frontend_and_non_traces(real_traces: Path, tmp_path:
     assert [r.rank for r in an.summary.ranks] == [0]
     assert not [f for f in an.flags if f.severity == "error"]
     assert set(an.summary.ranks[0].attribution) == {"op_thread"}
+
+
+def test_a_folder_of_frontend_traces_only_says_so(tmp_path: Path):
+    """vLLM writes a front-end `*.async_llm.*` trace beside the engine's: a folder holding only
+    that one (the engine's traces went elsewhere) is refused with the reason, not a bare
+    "no trace files found"."""
+    from stepscope.errors import TraceError
+    from stepscope.trace.analyze import load_traces
+
+    (tmp_path / "vm_1.async_llm.123.pt.trace.json.gz").write_bytes(b"not read")
+    with pytest.raises(TraceError) as err:
+        load_traces(tmp_path, tmp_path / "out", progress=False)
+    assert "only 1 front-end trace(s), which hold no device work: vm_1.async_llm.123.pt.trace.json.gz" in str(err.value)
+    assert "rank0" in err.value.hint

@@ -11,6 +11,7 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.errors import StageInputMissing, TraceError
+from stepscope.filenames import parse_name
 from stepscope.trace import account as acc
 from stepscope.trace import collectives as coll
 from stepscope.thresholds import OTHER_SHARE_LIMIT
@@ -236,15 +237,12 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
     tables: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            seen: set[Path] = set()
-            for pat in TRACE_GLOBS:
-                for f in sorted(p.glob(pat)):
-                    # The front end's trace holds no device work; the other JSON files
-                    # a run folder keeps beside traces are not traces.
-                    if (f not in seen and ".async_llm." not in f.name and f.is_file()
-                            and f.name not in NOT_TRACES):
-                        seen.add(f)
-                        traces.append(f)
+            # The front end's trace holds no device work (`frontend_traces`); the other
+            # JSON files a run folder keeps beside traces are not traces.
+            skip = set(frontend_traces(p))
+            for f in _folder_jsons(p):
+                if f not in skip and f.name not in NOT_TRACES:
+                    traces.append(f)
             for pat in TEXT_TABLE_GLOBS:
                 tables.extend(sorted(p.glob(pat)))
         elif p.suffix == ".txt":
@@ -254,6 +252,19 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
         else:
             raise TraceError("no such trace file or folder", where=str(p))
     return traces, tables
+
+
+def _folder_jsons(folder: Path) -> list[Path]:
+    """The files in `folder` a trace glob matches, each once, in glob order."""
+    seen: dict[Path, None] = {}
+    for pat in TRACE_GLOBS:
+        seen.update((f, None) for f in sorted(folder.glob(pat)) if f.is_file())
+    return list(seen)
+
+
+def frontend_traces(folder: Path) -> list[Path]:
+    """vLLM's front-end (`*.async_llm.*`) traces in `folder`: host work only, never analysed."""
+    return [f for f in _folder_jsons(folder) if parse_name(f).kind == "frontend_trace"]
 
 
 def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
@@ -484,8 +495,13 @@ def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = Tru
     cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
     traces, tables = resolve_trace_paths(paths)
     if not traces:
-        raise TraceError("no trace files found", where=", ".join(map(str, [paths] if isinstance(
-            paths, (str, Path)) else paths)), hint="pass *.pt.trace.json.gz files or their folder")
+        given = [Path(paths)] if isinstance(paths, (str, Path)) else list(map(Path, paths))
+        frontend = [f.name for p in given if p.is_dir() for f in frontend_traces(p)]
+        said = (f" (only {len(frontend)} front-end trace(s), which hold no device work: "
+                f"{', '.join(frontend[:3])}{', ...' if len(frontend) > 3 else ''})" if frontend else "")
+        raise TraceError("no trace files found" + said, where=", ".join(map(str, given)),
+                         hint="pass the engine's rank traces (*.pt.trace.json.gz, e.g. rank0.*) "
+                              "or their folder")
     budget = require_budget(traces, memory_budget_gb)
     return_freed_arrays()
     loaded, flags = load_ranks(traces, cache_dir=cache_dir, progress=progress,
