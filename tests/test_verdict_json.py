@@ -150,7 +150,13 @@ def test_a_gpu_jobs_host_only_trace_says_its_times_are_the_hosts(tmp_path, real_
     record = schema.read(build_report(run, draw_figures=False)["verdict"], schema.VerdictFile)
     assert (record.headline[-1].finding, record.headline[-1].text) == (
         "caveat:host_only", "Caveat: a GPU job's trace with no device activity (op `nccl:all_to_all` ×6): its times "
-                            "are host ops, not device work.")
+                            "are host ops, so no lever is given.")
+    # Host gaps of a GPU job are mostly the host waiting on the device: they were offered as a
+    # 1.85x lever before the guard withdrew every lever.
+    assert record.biggest_lever is None and [s.finding for s in record.headline] == ["dominant", "caveat:host_only"]
+    guard = next(s.text for s in record.sentences if s.finding == "guard")
+    assert guard.startswith("Withdrawn, the levers and their ceilings, boundness and communication: this is a GPU "
+                            "job's trace (op `nccl:all_to_all` ×6) with no device activity")
     assert len(" ".join(s.text for s in record.headline).split()) <= HEADLINE_WORDS
     cpu = analyze_traces([real_traces / "vllm-cpu-tinyllama-tp1-nostack-rank0.pt.trace.json.gz"], tmp_path / "cpu",
                          progress=False, perfetto=False)

@@ -10,6 +10,9 @@ The invariants, and the claims each one carries:
 
 - the trace's kind takes a verdict: a CUDA-graph capture or warm-up records its kernels
   rather than running them, so nothing of a steady step is claimed of it (everything);
+- a GPU job's trace records its device work: a host-only export (its host ops name NCCL or
+  the CUDA/HIP runtime, and no device event) times host ops, not what the GPUs did, so
+  nothing that would speed the job up is in it (levers, boundness, communication);
 - every share of the step is at most 100 %, and the device is busy at most the period: the
   denominator holds the work it divides (dominant share, boundness, levers);
 - achieved bandwidth and FLOP/s are at most the device's peaks: above peak, the bytes model
@@ -69,7 +72,7 @@ def check(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFr
     kind = _kind_takes_verdict(v)
     if not kind.holds:
         return (kind,)
-    out = [kind, _share_at_most_step(decode), _busy_at_most_period(totals),
+    out = [kind, _device_work_recorded(v), _share_at_most_step(decode), _busy_at_most_period(totals),
            *_below_peak(v), _clocks_agree(v), _classes_add_up(decode, totals),
            _communication_has_collectives(v, a), _steady_state(v)]
     out += _levers_coherent(v)
@@ -107,6 +110,16 @@ def _kind_takes_verdict(v: Verdict) -> Guard:
     return Guard("kind_takes_verdict", holds=i.kind != "capture",
                  values=(("kind", i.kind), ("evidence", i.evidence_for("capture"))),
                  withdrawn=every if i.kind == "capture" else ())
+
+
+def _device_work_recorded(v: Verdict) -> Guard | None:
+    """Checked only where stage 05 found the marks of a GPU job: a CPU engine's trace, whose
+    host ops are its work, is not a host-only export."""
+    host_ops = v.identity.host_only_of_gpu_job
+    if not host_ops:
+        return None
+    return Guard("device_work_recorded", holds=False, values=(("host_ops", host_ops),),
+                 withdrawn=(*LEVER_CLAIMS, "boundness", *COMM_CLAIMS))
 
 
 def _share_at_most_step(decode: pd.DataFrame | None) -> Guard | None:

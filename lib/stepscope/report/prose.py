@@ -87,6 +87,10 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
     if g.invariant == "kind_takes_verdict":
         return ("Withdrawn, as the trace is a capture: the dominant category, the levers and their ceilings, "
                 "boundness and communication (each would describe a steady step this trace does not hold).")
+    if g.invariant == "device_work_recorded":
+        return (f"Withdrawn, the levers and their ceilings, boundness and communication: this is a GPU job's trace "
+                f"({v('host_ops')[0]}) with no device activity, so its times are host ops and what the GPUs did, "
+                f"which any of these would describe, is not in it. Profile with the device activities on.")
     if g.invariant == "share_at_most_step":
         return (f"Withdrawn, as a share passed 100 %: {v('category')} is {f(v('share_pct'))} % of the {step_label}, "
                 f"so the step basis cannot hold the work it divides; the dominant share, boundness and the levers "
@@ -135,6 +139,8 @@ def guard_clause(g: Guard, step_label: str = "step") -> str:
     v = g.value
     if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
         return f"the {step_label} is mostly one host stall ({f(v('stall_pct'))} % in long gaps): remove it and profile again"
+    if g.invariant == "device_work_recorded":
+        return f"a GPU job's trace with no device activity ({v('host_ops')[0]}): its times are host ops, so no lever is given"
     clauses = {
         "kind_takes_verdict": "the trace is a capture, so no lever or ceiling is given",
         "share_at_most_step": f"a share passed 100 % of the {step_label}, so the shares and levers are withdrawn",
@@ -536,8 +542,7 @@ def caveat_clause(c: Caveat, step_label: str) -> str:
     """The caveat in a few words, from the finding it rests on."""
     x = c.finding
     if c.code == "host_only":
-        return (f"a GPU job's trace with no device activity ({x.host_only_of_gpu_job[0]}): its times are host ops, "
-                "not device work")
+        return guard_clause(x, step_label)
     if c.code == "not_decode" and step_label == WINDOW and x.kind in ("single_step", "unknown"):
         return ("the trace has no step marker, so its figures describe the whole trace, one window, and no decode "
                 "verdict applies")

@@ -365,7 +365,7 @@ class Guard:
     invariant: str
     """`share_at_most_step`, `busy_at_most_period`, `below_peak`, `clocks_agree`,
     `classes_add_up`, `communication_has_collectives`, `steady_state`, `lever_coherent`,
-    `kind_takes_verdict`."""
+    `kind_takes_verdict`, `device_work_recorded`."""
     holds: bool
     values: tuple[tuple[str, Any], ...] = ()
     """(name, value) pairs the check read, units in the names."""
@@ -892,10 +892,12 @@ def caveats(v: Verdict) -> tuple[Caveat, ...]:
     or a withdrawn claim changes what the verdict is; missing ranks or too few steps move every
     figure; the rest qualify one reading."""
     i = v.identity
-    # A GPU job's host-only export comes first: every time in it is the host's, not the device's.
-    found = [Caveat("host_only", i)] if i.host_only_of_gpu_job else []
+    # A GPU job's host-only export comes first: every time in it is the host's, not the device's
+    # (its guard withdrew the levers; the caveat says that guard's clause).
+    host_only = [g for g in v.failed_guards if g.invariant == "device_work_recorded"]
+    found = [Caveat("host_only", g) for g in host_only]
     found += [Caveat("not_decode", i)] if not i.has_decode else []
-    found += [Caveat("claims_withdrawn", g) for g in v.failed_guards[:1]]
+    found += [Caveat("claims_withdrawn", g) for g in v.failed_guards if g not in host_only][:1]
     found += [Caveat("ranks_missing", i)] if i.ranks_missing else []
     found += [Caveat("low_confidence", i)] if i.low_confidence and i.n_judged_steps is not None else []
     found += [Caveat("tpot_gap", v.tpot_gap)] if v.tpot_gap is not None else []
