@@ -796,3 +796,20 @@ def test_a_speculative_run_reads_its_acceptance_from_stage_04s_counters(tmp_path
             f"costs {fmt_num(sd.ms_per_token)} ms of decode time") in _quote(md, "Verdict.")
     for src, sentence in prose.sentences(v):
         assert not [n for n in _numbers(sentence) if n not in _printable(src)], sentence
+
+
+def test_a_gap_lever_has_one_name_in_every_sentence():
+    """The headline named the long gaps "the long gaps" when they bought little and "the long
+    gaps inside the step" otherwise; the verdict's sentence said the second. One name now
+    (`prose.lever_name`), whichever sentence says it."""
+    from stepscope.report.verdict import GapLever
+
+    long_gaps = GapLever("long gaps", idle_ms=0.4, step_ms=10.0, denominator="period", ceiling_x=1.04)
+    short_gaps = dataclasses.replace(long_gaps, kind="short gaps", cpu=True, ceiling_x=2.0, idle_ms=5.0)
+    assert prose.lever_headline(long_gaps, "decode step", buys_little=True) == (
+        "No lever is worth naming: the biggest, the long gaps inside the step, would make a decode step at most "
+        "1.04× faster.")
+    assert prose.lever_headline(short_gaps, "decode step").startswith(
+        "The biggest lever is the short gaps between ops: removing their 5.00 ms per step")
+    assert prose.gap_lever_sentence(short_gaps, "decode step").startswith(
+        "The biggest lever is the short gaps between ops (each under 1.00 ms): removing")

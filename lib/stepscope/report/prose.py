@@ -299,10 +299,19 @@ def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = Fal
             f"{f(b.span_ms)} ms){', more than any other lever' if biggest else ''}.")
 
 
+def lever_name(lv: Lever | BetweenSteps | GapLever) -> str:
+    """What a lever is called, in the headline and the verdict alike."""
+    if isinstance(lv, Lever):
+        return lv.category
+    if isinstance(lv, BetweenSteps):
+        return "the time between steps"
+    return f"the short gaps between {work_unit(lv.cpu)}" if lv.kind == "short gaps" else "the long gaps inside the step"
+
+
 def gap_lever_sentence(g: GapLever, step_label: str) -> str:
     """Said only of the biggest lever: the idle inside the step that beats every category."""
-    what = (f"the short gaps between {work_unit(g.cpu)} (each under {f(g.macro_gap_ms)} ms)" if g.kind == "short gaps"
-            else f"the long gaps inside the step (each {f(g.macro_gap_ms)} ms or more)")
+    bound = f"each under {f(g.macro_gap_ms)} ms" if g.kind == "short gaps" else f"each {f(g.macro_gap_ms)} ms or more"
+    what = f"{lever_name(g)} ({bound})"
     return (f"The biggest lever is {what}: removing their {f(g.idle_ms)} ms {per_step(step_label)} would make a {step_label} "
             f"at most {f(g.ceiling_x)}× faster (Amdahl, on the {g.denominator} of {f(g.step_ms)} ms), more than "
             f"any category.")
@@ -520,22 +529,19 @@ def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as
                    buys_little: bool = False) -> str:
     """The biggest lever in one sentence: what it is, the time it removes, its Amdahl ceiling."""
     if buys_little:
-        what = lv.category if isinstance(lv, Lever) else "the time between steps" if isinstance(lv, BetweenSteps) \
-            else f"the {lv.kind}"
-        return (f"No lever is worth naming: the biggest, {what}, would make a {step_label} at most "
+        return (f"No lever is worth naming: the biggest, {lever_name(lv)}, would make a {step_label} at most "
                 f"{f(lv.ceiling_x)}× faster.")
     if same_as_dominant:
         return (f"It is also the biggest lever: removing its {f(lv.exposed_ms)} ms of exposed time {per_step(step_label)} would "
                 f"make a {step_label} at most {f(lv.ceiling_x)}× faster.")
     if isinstance(lv, Lever):
-        what, removed = lv.category, f"its {f(lv.exposed_ms)} ms of exposed time {per_step(step_label)}"
+        removed = f"its {f(lv.exposed_ms)} ms of exposed time {per_step(step_label)}"
     elif isinstance(lv, BetweenSteps):
-        what, removed = "the time between steps", f"its {f(lv.gap_ms)} ms of host work {per_step(step_label)}"
+        removed = f"its {f(lv.gap_ms)} ms of host work {per_step(step_label)}"
     else:
-        what = (f"the short gaps between {work_unit(lv.cpu)}" if lv.kind == "short gaps"
-                else "the long gaps inside the step")
         removed = f"their {f(lv.idle_ms)} ms {per_step(step_label)}"
-    return f"The biggest lever is {what}: removing {removed} would make a {step_label} at most {f(lv.ceiling_x)}× faster."
+    return (f"The biggest lever is {lever_name(lv)}: removing {removed} would make a {step_label} at most "
+            f"{f(lv.ceiling_x)}× faster.")
 
 
 def caveat_clause(c: Caveat, step_label: str) -> str:
