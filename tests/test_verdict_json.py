@@ -180,3 +180,24 @@ def test_a_step_that_mostly_idles_says_so_beside_its_largest_category(tmp_path):
         ("lever", "No lever is worth naming: the biggest, elementwise, would make a training step at most 1.00× "
                   "faster."),
     ]
+
+
+def test_a_trace_with_no_work_is_refused_and_the_report_claims_nothing(tmp_path, real_traces):
+    """HTA's CPU-only rank 34 of 300: gloo all-reduces on two helper threads, one ProfilerStep,
+    and its four CPU ops after the step. Stage 05 failed with "unexpected IndexError ... a
+    stepscope bug" (an empty work table), and the report's headline then read "this is an
+    unknown trace, not decode", a claim of a trace nobody analysed."""
+    from stepscope.cli import main
+    from stepscope.runner import EXIT_NO_RANK
+
+    out = tmp_path / "run"
+    rc = main(["analyze", str(real_traces / "hta-cpu-ops-outside-step.json.gz"), "--out", str(out), "--no-progress"])
+    assert rc == EXIT_NO_RANK
+    status = json.loads((out / "run.json").read_text())["stages"]["05_categorize"]
+    assert "no work to analyse: no device event, and none of its 4 CPU op(s) lies inside one of its 1 step(s)" \
+        in json.dumps(status) and "stepscope bug" not in json.dumps(status)
+    record = schema.read(out / "06_writeup" / "verdict.json", schema.VerdictFile)
+    assert [(s.finding, s.text) for s in record.headline] == [
+        ("caveat:not_analysed", "Caveat: no trace was analysed, so there is no verdict: the profiler breakdown says why.")]
+    assert [s.finding for s in record.sentences] == ["trace_identity"]
+    assert record.sentences[0].text.startswith("No trace was analysed")

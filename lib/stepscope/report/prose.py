@@ -43,6 +43,9 @@ def _evidence(i: TraceIdentity, kind: str, lead: str = " (") -> str:
 
 def identity_sentences(i: TraceIdentity) -> list[str]:
     out = []
+    if not i.analysed:
+        return ["No trace was analysed (stage 05 wrote no summary; the profiler breakdown says why), so nothing here is a "
+                "verdict."]
     if i.kind == "capture":
         out.append(f"This is {KIND_PHRASES['capture']}{_evidence(i, 'capture')}: kernels inside a capture are "
                    f"recorded, not run, and its gaps are one-off start-up time, so it gets a description, not a "
@@ -547,6 +550,8 @@ def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as
 def caveat_clause(c: Caveat, step_label: str) -> str:
     """The caveat in a few words, from the finding it rests on."""
     x = c.finding
+    if c.code == "not_analysed":
+        return "no trace was analysed, so there is no verdict: the profiler breakdown says why"
     if c.code == "host_only":
         return guard_clause(x, step_label)
     if c.code == "not_decode" and step_label == WINDOW and x.kind in ("single_step", "unknown"):

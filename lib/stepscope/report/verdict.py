@@ -42,7 +42,12 @@ class TraceIdentity:
     kind: str
     step_label: str
     source: str
-    """`trace_info` (stage 05 detected it) or `step counts` (inferred from an older summary)."""
+    """`trace_info` (stage 05 detected it), `step counts` (inferred from an older summary) or
+    `none` (stage 05 analysed no rank: nothing is known of the trace)."""
+
+    @property
+    def analysed(self) -> bool:
+        return self.source != "none"
     engine: str | None = None
     device_name: str | None = None
     device_count: int | None = None
@@ -451,6 +456,9 @@ def trace_identity(a: RunArtifacts) -> TraceIdentity:
             mixed=({k: (_whole(num(x)) if k != "n_steps" else _int(x)) for k, x in info["mixed"].items()}
                    if isinstance(info.get("mixed"), dict) else None),
             host_only_of_gpu_job=tuple(str(x) for x in info.get("host_only_of_gpu_job") or ()))
+    if ts is None and not ranks:  # stage 05 failed or never ran: no kind, no steps to claim
+        return TraceIdentity(kind="unknown", step_label="step", source="none", tp=params_tp,
+                             tp_source=params_src if params_tp else None)
     # An older summary: the kind from the step counts, the rest from the run's own files.
     n_dec = _int(ref.get("n_decode_steps"))
     if n_dec:
@@ -867,7 +875,7 @@ class Caveat:
     """One reason to read the verdict with care, and the finding it rests on."""
 
     code: str
-    """`host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
+    """`not_analysed`, `host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
     `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`: the order they matter in."""
     finding: Any
 
@@ -892,6 +900,8 @@ def caveats(v: Verdict) -> tuple[Caveat, ...]:
     or a withdrawn claim changes what the verdict is; missing ranks or too few steps move every
     figure; the rest qualify one reading."""
     i = v.identity
+    if not i.analysed:  # nothing else can apply to a trace nobody read
+        return (Caveat("not_analysed", i),)
     # A GPU job's host-only export comes first: every time in it is the host's, not the device's
     # (its guard withdrew the levers; the caveat says that guard's clause).
     host_only = [g for g in v.failed_guards if g.invariant == "device_work_recorded"]

@@ -50,7 +50,7 @@ class CaveatRecord(Record, kw_only=True):
     """The one caveat the headline says: the first of the verdict's caveats, in this order."""
 
     code: str
-    """`host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
+    """`not_analysed`, `host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
     `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`."""
     text: str
 

@@ -275,7 +275,7 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     coll = col("collective_call")
     klass = np.array([CATEGORY_CLASS.get(c, "compute") for c in cats_u], dtype=object)
     npair = nk * ncat
-    pair = cc if nk == 1 else _PairCodes(kc, cc, ncat)  # one key: the key adds nothing
+    pair = cc if nk == 1 else _PairCodes(kc, cc, nk, ncat)  # one key: the key adds nothing
     rows = count_codes(pair, npair)
     present = np.flatnonzero(rows)
     c_len, cm_len, busy, union, exposed = _unions(kc, cc, s, e, nk, klass)
@@ -317,9 +317,9 @@ class _PairCodes:
     """Each row's (key, category) code, `key * ncat + category`, made a slice at a time where
     read (`codes[lo:hi]`): a code per row was 4 bytes an event of the accounting's peak."""
 
-    def __init__(self, kc: np.ndarray, cc: np.ndarray, ncat: int) -> None:
+    def __init__(self, kc: np.ndarray, cc: np.ndarray, nk: int, ncat: int) -> None:
         self.kc, self.cc, self.ncat = kc, cc, ncat
-        self.dtype = np.int32 if (int(kc.max()) + 1) * ncat < 2**31 else np.int64
+        self.dtype = np.int32 if nk * ncat < 2**31 else np.int64
 
     def __len__(self) -> int:
         return len(self.kc)

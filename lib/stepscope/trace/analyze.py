@@ -290,6 +290,11 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
         ev, dev = split_device_rows(ev)  # from here `ev` is the host rows; `dev` lets each column go once read
     work, launches, info = build_work(ev, steps, rules, rt.rank, rt.mode, dev)
     del dev
+    if work.empty:  # only a CPU trace can get here: a GPU trace's device events are its work
+        n_ops = int((ev["cat"] == "cpu_op").sum())
+        raise TraceError(f"no work to analyse: no device event, and none of its {n_ops} CPU op(s) lies inside one "
+                         f"of its {len(steps)} step(s) on the thread that carries the step annotations",
+                         where=str(rt.path), hint="profile a window that holds whole steps of the work")
     give_back_free_heap()  # the build's temporaries, before the accounting's
     args = work.pop(ARGS_COLUMN) if ARGS_COLUMN in work else None  # the kernels' collective args
     step_cats, step_tot = acc.account_steps(work, steps)
