@@ -172,7 +172,7 @@ def _may_not_say(facts, got):
 HEADLINE_WORDS = 60
 INVARIANTS = ("share_at_most_step", "busy_at_most_period", "below_peak", "clocks_agree", "classes_add_up",
               "communication_has_collectives", "steady_state", "lever_coherent", "kind_takes_verdict",
-              "device_work_recorded")
+              "device_work_recorded", "steps_apart")
 
 
 def _headline(facts, got):

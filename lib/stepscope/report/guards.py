@@ -15,6 +15,9 @@ The invariants, and the claims each one carries:
   nothing that would speed the job up is in it (levers, boundness, communication);
 - every share of the step is at most 100 %, and the device is busy at most the period: the
   denominator holds the work it divides (dominant share, boundness, levers);
+- a step's own work ends within its period: when it spans longer, consecutive steps overlap on
+  the device (a pipelined step) and a gap inside one step holds the next one's work, so the
+  gaps inside a step are no measure of idle (boundness, the gap levers);
 - achieved bandwidth and FLOP/s are at most the device's peaks: above peak, the bytes model
   does not fit the trace (that roofline row's claim);
 - cross-rank wait and transfer only when the ranks' clocks agree (stage 05's clock flag);
@@ -73,6 +76,7 @@ def check(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFr
     if not kind.holds:
         return (kind,)
     out = [kind, _device_work_recorded(v), _share_at_most_step(decode), _busy_at_most_period(totals),
+           _steps_apart(totals),
            *_below_peak(v), _clocks_agree(v), _classes_add_up(decode, totals),
            _communication_has_collectives(v, a), _steady_state(v)]
     out += _levers_coherent(v)
@@ -141,6 +145,16 @@ def _busy_at_most_period(totals: dict[str, Any]) -> Guard | None:
     return Guard("busy_at_most_period", holds=ok,
                  values=(("busy_ms", busy), ("step_ms", step), ("denominator", totals.get("step_basis"))),
                  withdrawn=() if ok else DENOMINATOR_CLAIMS)
+
+
+def _steps_apart(totals: dict[str, Any]) -> Guard | None:
+    """Checked on the period basis only: a span basis is each step's own work by definition."""
+    span, period = num(totals.get("span_ms")), num(totals.get("period_ms"))
+    if totals.get("step_basis") != "period" or span is None or not period:
+        return None
+    ok = span <= period * (1 + READINGS_AGREE_REL)
+    return Guard("steps_apart", holds=ok, values=(("span_ms", span), ("period_ms", period)),
+                 withdrawn=() if ok else ("boundness", "gap_levers"))
 
 
 def _below_peak(v: Verdict) -> list[Guard]:

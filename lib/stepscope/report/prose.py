@@ -102,6 +102,11 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
         return (f"Withdrawn, as busy exceeds the step: the device is busy {f(v('busy_ms'))} ms of a "
                 f"{f(v('step_ms'))} ms {v('denominator') or 'step'}, which cannot be; the dominant share, "
                 f"boundness and the levers rest on that denominator.")
+    if g.invariant == "steps_apart":
+        return (f"Withdrawn, the idle split and the gap levers: a {step_label}'s own work spans {f(v('span_ms'))} ms, "
+                f"past its {f(v('period_ms'))} ms period, so consecutive steps overlap on the device (the next "
+                f"begins before this one's work ends, as in a pipelined step) and a gap inside one step can hold "
+                f"the next one's work; such gaps measure no idle.")
     if g.invariant == "below_peak":
         bw = f"{f(v('pct_peak_bw'))} % of peak memory bandwidth" if v("pct_peak_bw") is not None else ""
         fl = f"{f(v('pct_peak_flops'))} % of peak compute" if v("pct_peak_flops") is not None else ""
@@ -142,6 +147,9 @@ def guard_clause(g: Guard, step_label: str = "step") -> str:
     v = g.value
     if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
         return f"the {step_label} is mostly one host stall ({f(v('stall_pct'))} % in long gaps): remove it and profile again"
+    if g.invariant == "steps_apart":
+        return (f"consecutive {step_label}s overlap on the device (each spans {f(v('span_ms'))} ms of a "
+                f"{f(v('period_ms'))} ms period), so its idle is not split")
     if g.invariant == "device_work_recorded":
         return f"a GPU job's trace with no device activity ({v('host_ops')[0]}): its times are host ops, so no lever is given"
     clauses = {
