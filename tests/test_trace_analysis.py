@@ -346,3 +346,24 @@ def test_analyze_traces_writes_the_documented_artifacts(real_traces: Path, tmp_p
     # Second analysis of the same files comes from the Parquet cache.
     an2 = analyze_traces(paths, tmp_path, arch=arch, tp=2, progress=False, perfetto=False)
     assert an2.summary.ranks[0].kernel_sum_us == an.summary.ranks[0].kernel_sum_us
+
+
+def test_rule_decisions_are_reused_across_ranks_and_never_across_rule_sets(monkeypatch):
+    """The rules run once per (name, cat) pair per rule set in a process: the second rank of a
+    job, or a load level beside batch 1, reuses them (a rule is a regex searched in a kernel name
+    of hundreds of characters: 0.5 s of hta-sampled's 2 ranks). An extra rule is a new rule set
+    and decides afresh."""
+    from stepscope.trace import categorize as cz
+
+    names = pd.Series(["some_brand_new_kernel", "ncclKernel_AllReduce_RING_LL_Sum_float"] * 3)
+    cats = pd.Series(["kernel"] * 6)
+    calls = []
+    real = cz._classify
+    monkeypatch.setattr(cz, "_classify", lambda *a: calls.append(a[:2]) or real(*a))
+    cz._DECIDED.clear()
+    plain = make_rules(())
+    first = cz.categorize(names, cats, plain)
+    assert list(first[:2]) == ["other", "all_reduce"] and len(calls) == 2
+    assert list(cz.categorize(names, cats, plain)) == list(first) and len(calls) == 2  # the second rank: no rule ran
+    extra = make_rules([{"category": "attention", "pattern": "^some_brand_new"}])
+    assert list(cz.categorize(names, cats, extra)[:2]) == ["attention", "all_reduce"] and len(calls) == 4

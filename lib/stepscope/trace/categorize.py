@@ -178,6 +178,24 @@ def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str]:
     return "other", "none"
 
 
+_DECIDED: dict[tuple[Rule, ...], dict[tuple[str, str], tuple[str, str]]] = {}
+"""Per rule set, each (name, cat) pair's `_classify` result: the ranks of one job, and the load
+levels beside batch 1, share most names, and a rule is a regex searched in a kernel name of
+hundreds of characters (the rules cost about 1 ms a name)."""
+_DECIDED_MAX_PAIRS = 200_000
+
+
+def _decided(rules: list[Rule]) -> dict[tuple[str, str], tuple[str, str]]:
+    """The memo of `rules`' decisions, emptied once it holds `_DECIDED_MAX_PAIRS`."""
+    key = tuple(rules)
+    if key not in _DECIDED and len(_DECIDED) >= 8:  # a long-lived kernel trying many rule sets
+        _DECIDED.clear()
+    memo = _DECIDED.setdefault(key, {})
+    if len(memo) > _DECIDED_MAX_PAIRS:
+        memo.clear()
+    return memo
+
+
 def categorize(names: pd.Series, cats: pd.Series, rules: list[Rule]) -> np.ndarray:
     """Category per event by name alone; the rules run once per distinct (name, cat) pair."""
     return categorize_work(names, cats, rules)[0]
@@ -255,7 +273,13 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
         return n_codes[s].astype(np.int64) * nc + c_codes[s]
 
     p_u = first_keys(len(n_codes), pair)
-    got = [_classify(str(n_u[p // nc]), str(c_u[p % nc]), rules) for p in p_u]
+    memo = _decided(rules)
+    got = []
+    for p in p_u:
+        key = (str(n_u[p // nc]), str(c_u[p % nc]))
+        if (found := memo.get(key)) is None:
+            found = memo[key] = _classify(*key, rules)
+        got.append(found)
     cat_table = [g[0] for g in got] + [g[1] for g in got] + ["context"]
     table = list(dict.fromkeys(cat_table))
     at = {v: i for i, v in enumerate(table)}

@@ -117,9 +117,12 @@ def _module_classes(ev: pd.DataFrame) -> pd.Series:
 
 
 def _hits(names: pd.Series, pattern: re.Pattern[str], what: str) -> list[str]:
-    """"<what> `<name>` (×n)" for the names matching, most frequent first."""
-    hit = names[names.str.contains(pattern)]
-    counts = hit.value_counts()
+    """"<what> `<name>` (×n)" for the names matching, most frequent first. The pattern is searched
+    once per distinct name: a host op's name recurs thousands of times."""
+    matched = [n for n in names.unique() if pattern.search(n)]
+    if not matched:
+        return []
+    counts = names[names.isin(matched)].value_counts()
     return [f"{what} `{n}`" + (f" ×{int(c)}" if c > 1 else "") for n, c in counts.head(EVIDENCE_SHOWN).items()]
 
 
