@@ -113,3 +113,16 @@ def test_a_folder_of_frontend_traces_only_says_so(tmp_path: Path):
         load_traces(tmp_path, tmp_path / "out", progress=False)
     assert "only 1 front-end trace(s), which hold no device work: vm_1.async_llm.123.pt.trace.json.gz" in str(err.value)
     assert "rank0" in err.value.hint
+
+
+def test_an_unreadable_trace_gives_one_fix(tmp_path: Path):
+    """A JSON that is no Kineto trace (rocprof's results file, say): the file's own fix, once.
+    The error added a second, "see the messages above for each file", naming nothing above."""
+    from stepscope.errors import TraceError
+    from stepscope.trace.analyze import load_traces
+
+    (tmp_path / "results.json").write_text('{"rocprof": []}')
+    with pytest.raises(TraceError) as err:
+        load_traces(tmp_path / "results.json", tmp_path / "out", progress=False)
+    text = err.value.render()
+    assert "no traceEvents array" in text and text.count("fix:") == 1, text

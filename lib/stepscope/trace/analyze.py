@@ -513,8 +513,10 @@ def load_traces(paths: list[Path] | Path, out_dir: Path, *, progress: bool = Tru
                                memory_budget_bytes=budget.budget_bytes)
     give_back_free_heap()
     if not loaded:
-        raise TraceError("no trace could be read: " + " | ".join(f.message for f in flags),
-                         where=str(out_dir), hint="see the messages above for each file")
+        # each file's message carries its own fix when it has one; a second, vaguer one would follow it
+        own_fix = all("fix:" in f.message for f in flags)
+        raise TraceError("no trace could be read: " + " | ".join(f.message for f in flags), where=str(out_dir),
+                         hint=None if own_fix else "each file's message above says what is wrong with it")
     return LoadedTraces(loaded, flags, tables, str(out_dir))
 
 
