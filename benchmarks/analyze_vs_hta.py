@@ -79,9 +79,8 @@ sys.exit(main())
 ANALYSIS_ONLY_CHILD = r"""
 import sys
 from pathlib import Path
-from stepscope.trace.analyze import analyze_traces, write_artifacts
-out = Path(sys.argv[1])
-write_artifacts(analyze_traces([Path(p) for p in sys.argv[2:]], out, progress=False), out)
+from stepscope.trace.analyze import analyze_traces
+analyze_traces([Path(p) for p in sys.argv[2:]], Path(sys.argv[1]), progress=False)  # it writes its files
 """
 
 
