@@ -44,10 +44,6 @@ class TraceIdentity:
     source: str
     """`trace_info` (stage 05 detected it), `step counts` (inferred from an older summary) or
     `none` (stage 05 analysed no rank: nothing is known of the trace)."""
-
-    @property
-    def analysed(self) -> bool:
-        return self.source != "none"
     engine: str | None = None
     device_name: str | None = None
     device_count: int | None = None
@@ -75,6 +71,10 @@ class TraceIdentity:
     host_only_of_gpu_job: tuple[str, ...] = ()
     """`trace_info.host_only_of_gpu_job`: the host ops (NCCL, CUDA runtime) that say a trace
     with no device activity recorded a job that ran on GPUs."""
+
+    @property
+    def analysed(self) -> bool:
+        return self.source != "none"
 
     @property
     def has_decode(self) -> bool:

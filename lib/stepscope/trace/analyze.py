@@ -239,10 +239,7 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
         if p.is_dir():
             # The front end's trace holds no device work (`frontend_traces`); the other
             # JSON files a run folder keeps beside traces are not traces.
-            skip = set(frontend_traces(p))
-            for f in _folder_jsons(p):
-                if f not in skip and f.name not in NOT_TRACES:
-                    traces.append(f)
+            traces += [f for f in _folder_jsons(p) if not _is_frontend(f) and f.name not in NOT_TRACES]
             for pat in TEXT_TABLE_GLOBS:
                 tables.extend(sorted(p.glob(pat)))
         elif p.suffix == ".txt":
@@ -262,9 +259,13 @@ def _folder_jsons(folder: Path) -> list[Path]:
     return list(seen)
 
 
+def _is_frontend(f: Path) -> bool:
+    return parse_name(f).kind == "frontend_trace"
+
+
 def frontend_traces(folder: Path) -> list[Path]:
     """vLLM's front-end (`*.async_llm.*`) traces in `folder`: host work only, never analysed."""
-    return [f for f in _folder_jsons(folder) if parse_name(f).kind == "frontend_trace"]
+    return [f for f in _folder_jsons(folder) if _is_frontend(f)]
 
 
 def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
