@@ -11,6 +11,7 @@ the notebook contract test pick it up from the type hints.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
@@ -385,8 +386,9 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             where=str(path),
             hint="pass a file from params/, e.g. params/cpu-demo.yaml",
         )
+    text = _params_text(path)
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except DuplicateKeyError as exc:
         raise ParamsError(f"duplicate key {exc.key!r}: YAML keeps only the last value",
                           where=f"{path}:{exc.line}", hint="remove one of the two entries") from None
@@ -402,7 +404,27 @@ def load_params(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     return params_from_dict(data, source=str(path))
 
 
+# A params file is a page of YAML; a larger one is a mistake (a trace, a log) that YAML would
+# otherwise chew on for minutes.
+MAX_PARAMS_BYTES = 1 << 20
+
+
+def _params_text(path: Path) -> str:
+    """The file's text, refused past `MAX_PARAMS_BYTES` or when it is not UTF-8."""
+    size = path.stat().st_size
+    if size > MAX_PARAMS_BYTES:
+        raise ParamsError(f"is {size:,} bytes, over the {MAX_PARAMS_BYTES:,}-byte limit for a params file",
+                          where=str(path), hint="a params file is a short YAML file, e.g. params/cpu-demo.yaml")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ParamsError(f"is not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} cannot be decoded",
+                          where=str(path), hint="save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+
+
 def params_from_dict(data: Any, source: str = "<params>") -> Params:
+    _check_finite(data, "", source)
     params = _convert(Params, data, "", source)
     _check_ranges(params, source)
     _check_campaign(params.campaign, source)
@@ -570,39 +592,50 @@ def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:
 
 # --------------------------------------------------------------------------- ranges
 
-# (lowest, highest) allowed for a number, or for every item of a list of numbers; None is
-# open. `>0` marks a strict lower bound of zero. Keys not listed take any value of their type.
-_POS, _NONNEG = (">0", None), (0, None)
+# (lowest, highest) allowed for a number, or for every item of a list of numbers. `>0` marks a
+# strict lower bound of zero. Every count, size and duration has a ceiling far past any real run,
+# so that a typo (concurrency 1e8, min_requests 1e12) is refused up front, not run for days.
+# Keys not listed take any value of their type; NaN and Inf are refused everywhere (`_check_finite`).
+_NONNEG = (0, None)
+MAX_COUNT = 1_000_000          # requests, repeats, iterations, steps
+MAX_TOKENS = 10_000_000        # tokens in one prompt or reply
+MAX_DURATION_S = 7 * 86_400.0  # timeouts and windows
+MAX_WORKERS = 100_000          # concurrency, ranks, GPUs
+MAX_RATE_RPS = 1_000_000.0
+_COUNT, _TOKENS, _WORKERS = (1, MAX_COUNT), (1, MAX_TOKENS), (1, MAX_WORKERS)
+_DURATION, _NONNEG_COUNT = (">0", MAX_DURATION_S), (0, MAX_COUNT)
 LIMITS: dict[str, tuple[Any, Any]] = {
-    **{f"model.tiny.{k}": (1, None) for k in ("layers", "hidden", "heads", "kv_heads", "intermediate",
-                                              "vocab_size", "max_position")},
+    **{f"model.tiny.{k}": (1, MAX_TOKENS) for k in ("layers", "hidden", "heads", "kv_heads", "intermediate",
+                                                    "vocab_size", "max_position")},
     "model.tiny.seed": _NONNEG,
-    "server.port": (1, 65535), "server.tp": (1, None), "server.max_model_len": (1, None),
-    "server.startup_timeout_s": _POS,
-    "sweep.concurrency": (1, None), "sweep.request_rates": _POS, "sweep.input_len": (1, None),
-    "sweep.output_len": (1, None), "sweep.min_requests": (1, None), "sweep.warmup_requests": _NONNEG,
-    "sweep.request_timeout_s": _POS, "sweep.silence_timeout_s": _POS, "sweep.knee_gain": _POS, "sweep.min_level_duration_s": _NONNEG,
-    **{f"sweep.slo.{k}": _POS for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
-    "sweep.slo.min_share": (">0", 1), "sweep.burstiness": _POS,
+    "server.port": (1, 65535), "server.tp": _WORKERS, "server.max_model_len": _TOKENS,
+    "server.startup_timeout_s": _DURATION,
+    "sweep.concurrency": _WORKERS, "sweep.request_rates": (">0", MAX_RATE_RPS), "sweep.input_len": _TOKENS,
+    "sweep.output_len": _TOKENS, "sweep.min_requests": _COUNT, "sweep.warmup_requests": _NONNEG_COUNT,
+    "sweep.request_timeout_s": _DURATION, "sweep.silence_timeout_s": _DURATION, "sweep.knee_gain": (">0", 100),
+    "sweep.min_level_duration_s": (0, MAX_DURATION_S),
+    **{f"sweep.slo.{k}": (">0", MAX_DURATION_S * 1000) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
+    "sweep.slo.min_share": (">0", 1), "sweep.burstiness": (">0", 1000),
     "sweep.slo_search.max_extra_levels": (1, 20), "sweep.slo_search.min_rate_step_share": (">0", 1),
-    "sweep.ramp.start_rps": _POS, "sweep.ramp.end_rps": _POS, "sweep.ramp.n_requests": (2, None),
-    "sweep.workload.max_input_len": (1, None), "sweep.workload.hash_block_tokens": (1, None),
-    "sweep.workload.num_prefixes": (1, None), "sweep.workload.prefix_len": (1, None),
-    "micro.gemm.m_values": (1, None), "micro.gemm.warmup": _NONNEG, "micro.gemm.repeats": (1, None),
-    "micro.gemm.threads": (1, None), "micro.gemm.preset_m_values": (1, None),
-    "micro.gemm.preset_tp": (1, None), "micro.gemm.graph_calls": (1, None),
-    "micro.collectives.world_size": (1, None), "micro.collectives.sizes_bytes": (1, None),
-    "micro.collectives.warmup": _NONNEG, "micro.collectives.iters": (1, None),
-    "micro.collectives.burst_count": (1, None), "micro.collectives.burst_batch_sizes": (1, None),
-    "micro.collectives.burst_repeats": (1, None), "micro.collectives.timeout_s": _POS,
-    "capture.warmup_requests": _NONNEG, "capture.requests": (1, None), "capture.input_len": (1, None),
-    "capture.output_len": (1, None), "capture.wait_timeout_s": _POS, "capture.silence_timeout_s": _POS,
-    "capture.concurrency": (1, None), "capture.load_steps": (1, None), "capture.load_delay_steps": _NONNEG,
-    "capture.load_window_s": _POS,
-    "analysis.tp": (1, None), "analysis.memory_budget_gb": _POS,
-    "writeup.acceptance_lengths": (1, None), "writeup.draft_cost_fractions": _NONNEG,
-    "writeup.verify_extra_tokens": _NONNEG,
-    "hardware.gpu_count": (1, None), "hardware.peak_mem_bw_gbps": _POS, "hardware.peak_tflops": _POS,
+    "sweep.ramp.start_rps": (">0", MAX_RATE_RPS), "sweep.ramp.end_rps": (">0", MAX_RATE_RPS),
+    "sweep.ramp.n_requests": (2, MAX_COUNT),
+    "sweep.workload.max_input_len": _TOKENS, "sweep.workload.hash_block_tokens": _TOKENS,
+    "sweep.workload.num_prefixes": _COUNT, "sweep.workload.prefix_len": _TOKENS,
+    "micro.gemm.m_values": _TOKENS, "micro.gemm.warmup": _NONNEG_COUNT, "micro.gemm.repeats": _COUNT,
+    "micro.gemm.threads": (1, 4096), "micro.gemm.preset_m_values": _TOKENS,
+    "micro.gemm.preset_tp": _WORKERS, "micro.gemm.graph_calls": _COUNT,
+    "micro.collectives.world_size": _WORKERS, "micro.collectives.sizes_bytes": (1, 1 << 40),
+    "micro.collectives.warmup": _NONNEG_COUNT, "micro.collectives.iters": _COUNT,
+    "micro.collectives.burst_count": _COUNT, "micro.collectives.burst_batch_sizes": _TOKENS,
+    "micro.collectives.burst_repeats": _COUNT, "micro.collectives.timeout_s": _DURATION,
+    "capture.warmup_requests": _NONNEG_COUNT, "capture.requests": _COUNT, "capture.input_len": _TOKENS,
+    "capture.output_len": _TOKENS, "capture.wait_timeout_s": _DURATION, "capture.silence_timeout_s": _DURATION,
+    "capture.concurrency": _WORKERS, "capture.load_steps": _COUNT, "capture.load_delay_steps": _NONNEG_COUNT,
+    "capture.load_window_s": _DURATION,
+    "analysis.tp": _WORKERS, "analysis.memory_budget_gb": (">0", 1 << 20),
+    "writeup.acceptance_lengths": (1, 1000), "writeup.draft_cost_fractions": (0, 1000),
+    "writeup.verify_extra_tokens": (0, MAX_TOKENS),
+    "hardware.gpu_count": _WORKERS, "hardware.peak_mem_bw_gbps": (">0", 1e9), "hardware.peak_tflops": (">0", 1e9),
 }
 
 
@@ -617,9 +650,28 @@ def _check_range(key_path: str, value: Any, source: str) -> None:
         bad = ((lo == ">0" and v <= 0) or (isinstance(lo, (int, float)) and v < lo)
                or (hi is not None and v > hi))
         if bad:
-            want = ("greater than 0" if lo == ">0" else
-                    f"between {lo} and {hi}" if hi is not None else f"at least {lo}")
+            low = "greater than 0" if lo == ">0" else f"at least {_bound(lo)}"
+            want = (f"between {_bound(lo)} and {_bound(hi)}" if lo != ">0" and hi is not None else
+                    f"{low} and at most {_bound(hi)}" if hi is not None else low)
             raise _fail(source, where, f"must be {want}, got {v!r}")
+
+
+def _bound(x: float) -> str:
+    """A limit as a reader types it: 1,000,000 rather than 1e+06."""
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
+
+
+def _check_finite(data: Any, key_path: str, source: str) -> None:
+    """NaN and Inf anywhere in the raw params (overrides included): `.nan` never times out and
+    fails no comparison, so no range could refuse it."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise _fail(source, key_path, f"must be a finite number, got {data!r}")
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            _check_finite(v, _join(key_path, str(k)), source)
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            _check_finite(v, _item_path(key_path, i, v), source)
 
 
 def _check_cross_fields(params: "Params", source: str) -> None:

@@ -267,8 +267,8 @@ def test_a_taken_port_fails_deploy_and_skips_what_needs_it(tmp_path):
 
 
 @pytest.mark.parametrize("body, message", [
-    ("server: {port: 70000}", "server.port: must be between 1 and 65535, got 70000"),
-    ("sweep: {concurrency: [0]}", "sweep.concurrency[0]: must be at least 1, got 0"),
+    ("server: {port: 70000}", "server.port: must be between 1 and 65,535, got 70000"),
+    ("sweep: {concurrency: [0]}", "sweep.concurrency[0]: must be between 1 and 100,000, got 0"),
     ("server: {tp: 1}\nserver: {tp: 2}", "duplicate key 'server'"),
 ])
 def test_bad_params_stop_the_run_before_anything_starts(tmp_path, body, message):
