@@ -116,3 +116,30 @@ def test_a_level_that_decodes_a_trickle_is_named(c16):
     # the same steps read as if 64 had been in flight: 14.5 per step is under half of them
     (note,) = la.build([(64, "c64", c16.steps_tot, c16.step_categories)])[1]["notes"]
     assert note.startswith("c=64: its steps decoded 14.5 requests on average")
+
+
+def test_extra_rules_reach_every_load_level(real_traces, tmp_path):
+    """A user rule that moves the GEMMs moves them at batch 1 and at the c=16 level alike: the load
+    levels are analysed with batch 1's rules, not the built-in ones alone."""
+    from stepscope.trace.analyze import StageInputs, analyse_stage, load_traces, write_stage
+
+    run = tmp_path / "run"
+    for sub, pattern in (("traces", "vllm-cpu-tinyllama-tp2-rank*.pt.trace.json.gz"), ("c16/traces", FILES)):
+        d = run / "04_profiler_capture" / sub
+        d.mkdir(parents=True)
+        for p in sorted(real_traces.glob(pattern)):
+            (d / p.name).symlink_to(p)
+    rule = {"category": "fused_moe", "pattern": "^_C::weight_packed_linear$", "cat": "cpu_op"}
+    inputs = StageInputs(paths=[run / "04_profiler_capture" / "traces"], tpot_ms=None, input_flags=[], arch=None,
+                         arch_missing="none given", tp=None, extra_rules=(rule,), quantization=None,
+                         micro_gemm=None, peaks={}, memory_budget_gb=None)
+    out = tmp_path / "05"
+    an = analyse_stage(load_traces(inputs.paths, out, progress=False), inputs, progress=False)
+    write_stage(an, inputs, run, out)
+    # the c=16 capture runs vllm-cpu's packed-weight GEMM: 9 calls a step (2 layers x 4 + the LM head)
+    kern = pd.read_csv(out / "c16" / "category_kernels.csv")
+    moved = kern[kern["name"] == "_C::weight_packed_linear"]
+    assert set(moved["category"]) == {"fused_moe"}
+    anat = pd.read_csv(out / "load_anatomy.csv")
+    assert (anat.loc[anat["concurrency"] == 16, "category"] == "fused_moe").any()
+    assert not (anat.loc[anat["concurrency"] == 16, "category"] == "dense_gemm").any()

@@ -898,6 +898,14 @@ class StageInputs:
                     quantization=self.quantization, micro_gemm=self.micro_gemm, peaks=self.peaks,
                     input_flags=self.input_flags)
 
+    def level_kwargs(self) -> dict[str, Any]:
+        """What each load level's `analyze_traces` takes from these inputs: batch 1's rules
+        (`extra_rules` too), architecture, formats and peaks, not the capture's TPOT and its flag,
+        which are batch 1's own."""
+        kw = self.analysis_kwargs()
+        del kw["tpot_ms"], kw["input_flags"]
+        return dict(kw, memory_budget_gb=self.memory_budget_gb)
+
 
 def stage_inputs(params, run_dir: str | Path) -> StageInputs:
     """Stage 05's inputs for a run folder; StageInputMissing when there are no traces."""
@@ -930,7 +938,7 @@ def write_stage(an: Analysis, inputs: StageInputs, run_dir: str | Path, out_dir:
     anatomy (`write_load_anatomy`). Returns the files written, relative to out_dir."""
     out_dir = Path(out_dir)
     write_artifacts(an, out_dir)
-    write_load_anatomy(run_dir, out_dir, an, arch=inputs.arch, tp=inputs.tp)
+    write_load_anatomy(run_dir, out_dir, an, **inputs.level_kwargs())
     return sorted(p.relative_to(out_dir) for p in out_dir.rglob("*") if p.is_file() and "cache" not in p.parts)
 
 
