@@ -374,3 +374,28 @@ def test_rule_decisions_are_reused_across_ranks_and_never_across_rule_sets(monke
     assert list(cz.categorize(names, cats, plain)) == list(first) and len(calls) == 2  # the second rank: no rule ran
     extra = make_rules([{"category": "attention", "pattern": "^some_brand_new"}])
     assert list(cz.categorize(names, cats, extra)[:2]) == ["attention", "all_reduce"] and len(calls) == 4
+
+
+def test_op_table_counts_calls_not_self_time_pieces(analysed, real_traces: Path):
+    """A CPU op's self time is cut into pieces around its child ops; the op table counts each op
+    once. Counted here straight from the JSON: the `_C::onednn_mm` ops that start inside a step."""
+    name = "vllm-cpu-tinyllama-tp2-ngram-rank0.pt.trace.json.gz"
+    with gzip.open(real_traces / name) as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("execute_")]
+    mm = [e for e in ev if e.get("cat") == "cpu_op" and e["name"] == "_C::onednn_mm"
+          and any(s["tid"] == e["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps)]
+    assert (len(steps), len(mm)) == (16, 144)
+    r = analysed[name]
+    assert int(((r.work["name"] == "_C::onednn_mm") & (r.work["step_id"] >= 0)).sum()) == 288  # two pieces each
+    row = r.kernels.set_index("name").loc["_C::onednn_mm"]
+    assert (row["n_steps"], row["count"], row["calls_per_step"]) == (16, 144, 9.0)
+    # per call, its self time: the op's duration less its children's (ops on its thread inside it)
+    def inside(a, b):
+        return a is not b and a["tid"] == b["tid"] and b["ts"] <= a["ts"] and a["ts"] + a["dur"] <= b["ts"] + b["dur"]
+    ops = [e for e in ev if e.get("cat") == "cpu_op"]
+    self_us = 0.0
+    for m in mm:
+        kids = [c for c in ops if inside(c, m)]
+        self_us += m["dur"] - sum(c["dur"] for c in kids if not any(inside(c, o) for o in kids))
+    assert row["us_per_call"] == pytest.approx(self_us / 144, rel=1e-6)

@@ -465,7 +465,8 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
     a kernel's own share of its category, which is what a fix to that kernel can reach."""
     dec, _ = select_decode_steps(step_totals)
     ids = dec["step_id"].to_numpy()
-    w = _decode_rows(work, ids, ["category", "name", "dur_us", "category_source", "op_context", "module_path"])
+    w = _decode_rows(work, ids, ["category", "name", "dur_us", "is_call", "category_source", "op_context",
+                                 "module_path"])
     if not len(ids) or w.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     n = len(ids)
@@ -481,8 +482,8 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
     out = pd.DataFrame({
         "rank": int(step_totals["rank"].iloc[0]), "category": g["category"].astype(str),
         "class": g["category"].map(lambda c: CATEGORY_CLASS.get(c, "compute")), "name": g["name"].astype(str),
-        "n_steps": n, "count": g["count"].astype(int), "calls_per_step": g["count"] / n,
-        "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["count"],
+        "n_steps": n, "count": g["calls"].astype(int), "calls_per_step": g["calls"] / n,
+        "sum_ms_per_step": g["sum"] / 1e3 / n, "us_per_call": g["sum"] / g["calls"],
         "share_of_category": g["share_of_category"], "n_names": g["n_names"].astype(int),
         "decided_by": g["decided_by"].astype(object), "module": g["module"], "module_share": g["module_share"]})
     return out[KERNEL_COLUMNS].reset_index(drop=True)
@@ -491,7 +492,7 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
 def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     """Per row, the code of its (category, name) group, numbered by first appearance as
     groupby(sort=False) numbers them; per group its category, name, summed `dur_us` (added in
-    row order, `_weighted_sum`, as the accounting's sums are) and row count. One dense key:
+    row order, `_weighted_sum`, as the accounting's sums are), row count and `calls`. One dense key:
     grouping by the two text columns, or by category and then by name, made ~50 bytes per row,
     and pandas' group sum an int64 code per row (issue 26)."""
     cat, name = _as_categorical(w["category"]), _as_categorical(w["name"])
@@ -501,7 +502,19 @@ def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     return key, pd.DataFrame({"category": pd.Categorical.from_codes(uniq // nn, dtype=cat.dtype),
                               "name": pd.Categorical.from_codes(uniq % nn, dtype=name.dtype),
                               "sum": _weighted_sum(key, w["dur_us"].to_numpy(float), len(uniq)),
-                              "count": count_codes(key, len(uniq))})
+                              "count": count_codes(key, len(uniq)), "calls": _calls(key, w, len(uniq))})
+
+
+def _calls(key: np.ndarray, w: pd.DataFrame, n_groups: int) -> np.ndarray:
+    """Calls per group of `key`: its rows that start a call (`is_call`). A CPU op's self time is
+    cut into pieces around its child ops (a `_C::onednn_mm` in two), and a piece is no call. A
+    group with none (a CPU collective's wrapper or wait: its call is counted at its entry op,
+    `steps.build_work`) counts its rows, as does a table without the column."""
+    rows = count_codes(key, n_groups)
+    if "is_call" not in w:
+        return rows
+    calls = count_codes(key, n_groups, w["is_call"].to_numpy(bool))
+    return np.where(calls > 0, calls, rows)
 
 
 def _as_categorical(col: pd.Series) -> pd.Categorical:
