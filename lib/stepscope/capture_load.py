@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +37,7 @@ from stepscope.capture import (CaptureError, _await_extra_files, _copy_captured,
 from stepscope.config import CaptureParams, SweepParams
 from stepscope.sweep import client as cl
 from stepscope.sweep import gpu_telemetry
+from stepscope.redaction import dumps as scrubbed_json
 
 METRICS_INTERVAL_S = 1.0
 """/metrics scrapes during a load level: a window of a few steps lasts seconds here."""
@@ -202,7 +202,7 @@ def capture_load_level(server: cl.ServerInfo, capture: CaptureParams, sweep: Swe
     run = cl.run_sync(_level_async(server, capture, sweep, c, pdir, body))
     with open(out_dir / "capture_requests.jsonl", "w") as fh:  # measured results on disk first
         for r in run["records"]:
-            fh.write(json.dumps(r.to_dict()) + "\n")
+            fh.write(scrubbed_json(r.to_dict()) + "\n")
     schema.write_table(pd.DataFrame(run["metrics_rows"], columns=[*schema.columns(schema.ServerMetricsRow),
                                                                    "scrape_bytes"]),
                        out_dir / "server_metrics.csv", schema.ServerMetricsRow)

@@ -23,6 +23,9 @@ import yaml
 from msgspec import field
 
 from stepscope.errors import ParamsError
+# The redaction helpers' home is stepscope.redaction; these names stay importable from here.
+from stepscope.redaction import (REDACTED, SECRET_KEY_RE, redact, redact_argv,  # noqa: F401
+                                 redact_params_text, redact_text)
 
 # --------------------------------------------------------------------------- schema
 
@@ -489,92 +492,6 @@ def _lists(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _lists(v) for k, v in obj.items()}
     return obj
-
-
-# Key names that hold secrets. `token` and `auth` must stand as their own word so that
-# counts (`max_tokens`, `verify_extra_tokens`) and paths (`--tokenizer`) stay visible.
-SECRET_KEY_RE = re.compile(
-    r"api[_-]?key|(?:^|[_-])key$|(?:^|[_-])token(?:$|[_-])|(?:^|[_-])auth(?:$|[_-])|authorization"
-    r"|secret|password|passwd|credential", re.I)
-REDACTED = "***redacted***"
-
-
-def redact(obj: Any, key: str = "") -> Any:
-    """Replace secret values anywhere in a nested structure: values under secret-looking
-    keys, the value after a secret-looking flag in any list of strings (`extra_args`:
-    `--api-key X`, `--api-key=X`), and credentials inside URLs."""
-    if isinstance(obj, Mapping):
-        return {k: redact(v, str(k)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        items = redact_argv(list(obj)) if all(isinstance(v, str) for v in obj) else list(obj)
-        return [redact(v, key) for v in items]
-    # `*_env` keys name the variable that holds a secret, not the secret: keep them.
-    if obj is not None and SECRET_KEY_RE.search(key) and not key.endswith("_env"):
-        return REDACTED
-    if isinstance(obj, str):
-        return redact_text(obj)
-    return obj
-
-
-# user:password@ in a URL, and secret-looking query parameters (?token=..., &api_key=...).
-_URL_USERINFO_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@", re.I)
-_URL_QUERY_SECRET_RE = re.compile(
-    r"(?P<name>[?&](?:[a-z0-9_.-]*(?:api[_-]?key|token|secret|password|passwd|auth|signature|"
-    r"credential)[a-z0-9_.-]*))=(?P<value>[^&#\s'\"]+)", re.I)
-# `--api-key X` / `--api-key=X` inside free text (a shell line, a raw params file). The
-# value may not start with "-", so a flag is never taken for the value of the one before.
-_TEXT_FLAG_RE = re.compile(
-    r"(?P<flag>--[a-z0-9][a-z0-9_-]*)(?P<sep>=|[\s,'\"\[]+)(?P<value>[^\s,'\"\]-][^\s,'\"\]]*)", re.I)
-
-
-def redact_text(text: str) -> str:
-    """Redact URL credentials and `--secret-flag value` pairs inside one string."""
-    if not text or not any(c in text for c in ":=-"):
-        return text
-    text = _URL_USERINFO_RE.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
-    text = _URL_QUERY_SECRET_RE.sub(lambda m: m.group("name") + "=" + REDACTED, text)
-    return _TEXT_FLAG_RE.sub(
-        lambda m: m.group("flag") + m.group("sep") + REDACTED
-        if SECRET_KEY_RE.search(m.group("flag").lstrip("-")) and m.group("value") != REDACTED
-        else m.group(0), text)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Redact the value after any secret-looking flag (`--api-key X`, `--hf-token=X`)."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if arg.startswith("--") and SECRET_KEY_RE.search(arg.split("=", 1)[0].lstrip("-")):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(redact_text(arg))
-    return out
-
-
-_KEY_VALUE_LINE_RE = re.compile(r"^(?P<head>[ \t]*(?:-[ \t]+)?['\"]?(?P<key>[\w.-]+)['\"]?[ \t]*[:=][ \t]*)(?P<value>\S.*)$",
-                                re.M)
-_FLOW_PAIR_RE = re.compile(r"(?P<head>[{,][ \t]*['\"]?(?P<key>[\w.-]+)['\"]?[ \t]*:[ \t]*)(?P<value>[^,}\s]+)")
-
-
-def redact_params_text(text: str) -> str:
-    """Redact a params file that could not be parsed: `secret_key: value` lines by key name,
-    then URL credentials and `--secret-flag value` pairs anywhere."""
-    def line(m: re.Match) -> str:
-        key = m.group("key")
-        if SECRET_KEY_RE.search(key) and not key.endswith("_env"):
-            return m.group("head") + REDACTED
-        return m.group(0)
-
-    text = _FLOW_PAIR_RE.sub(line, _KEY_VALUE_LINE_RE.sub(line, text))
-    return redact_text(text)
 
 
 def iter_leaf_keys(cls: type = Params, prefix: str = "") -> list[str]:

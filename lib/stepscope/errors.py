@@ -1,10 +1,15 @@
 """One exception type for every error a user can fix.
 
 The CLI and the runner print a `StepscopeError` as its message alone (no
-traceback): the message already names the file, key or URL and the fix.
+traceback): the message already names the file, key or URL and the fix. Its texts pass
+through the secret filter (`stepscope.redaction.scrub`) when it is made: an error that
+quotes a URL with a password, or a server's reply echoing the API key, is shown and
+recorded without them.
 """
 
 from __future__ import annotations
+
+from stepscope.redaction import scrub
 
 
 class StepscopeError(Exception):
@@ -14,9 +19,9 @@ class StepscopeError(Exception):
     """
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
-        self.message = message
-        self.where = where
-        self.hint = hint
+        self.message = scrub(message)
+        self.where = scrub(where) if where else where
+        self.hint = scrub(hint) if hint else hint
         super().__init__(self.render())
 
     def __reduce__(self):

@@ -2,15 +2,19 @@
 isolated) or `in_process` (`stepscope.inprocess`: no kernel, for the analysis stages).
 
 Both take (stage, params file, run folder, progress) and return the executed notebook's path,
-so the runner takes either as its `notebook_executor`. They live here, below the runner and
+so the runner takes either as its `notebook_executor`. The executed notebook, finished or
+failed, passes through the secret filter (`scrub_notebook`): a cell's output may print what
+a server said. They live here, below the runner and
 above `inprocess`, so that neither of those imports the other (`tests/test_import_cycles.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from stepscope import paths, runfolder
+from stepscope.redaction import scrub
 from stepscope.stages import Stage
 
 
@@ -20,7 +24,7 @@ def with_kernel(stage: Stage, params_file: Path, run_dir: Path, progress: bool) 
 
     out_nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
     out_nb.parent.mkdir(parents=True, exist_ok=True)
-    with runfolder.batch_run_environment():  # the kernel knows it runs in batch: no widgets (runfolder.BATCH_RUN_ENV)
+    with runfolder.batch_run_environment(), scrubbed(out_nb):  # the kernel knows it runs in batch: no widgets (runfolder.BATCH_RUN_ENV)
         pm.execute_notebook(
             str(stage.notebook), str(out_nb),
             parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
@@ -45,6 +49,32 @@ def in_process(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -
         return with_kernel(stage, params_file, run_dir, progress)
     out_nb = Path(run_dir) / "notebooks" / f"{stage.id}.ipynb"
     out_nb.parent.mkdir(parents=True, exist_ok=True)
-    inprocess.execute_notebook(stage.notebook, out_nb, {"params_file": str(params_file), "run_dir": str(run_dir)},
-                               cwd=paths.NOTEBOOKS_DIR)
+    with scrubbed(out_nb):
+        inprocess.execute_notebook(stage.notebook, out_nb, {"params_file": str(params_file), "run_dir": str(run_dir)},
+                                   cwd=paths.NOTEBOOKS_DIR)
     return out_nb
+
+
+@contextlib.contextmanager
+def scrubbed(notebook: Path):
+    """Run the block, then put the notebook it wrote (if any) through the secret filter, also
+    when the block raised (a failed stage's partial notebook is kept)."""
+    try:
+        yield
+    finally:
+        scrub_notebook(notebook)
+
+
+def scrub_notebook(notebook: Path) -> bool:
+    """Blank every secret in an executed notebook's text; True when one was found. nbformat
+    writes one string a line and no rule of the filter crosses a line end: the JSON stays whole."""
+    try:
+        text = notebook.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = scrub(text)
+    if clean == text:
+        return False
+    with runfolder.atomic_open(notebook) as fh:
+        fh.write(clean)
+    return True

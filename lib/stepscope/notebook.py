@@ -7,9 +7,10 @@ from pathlib import Path
 import msgspec
 
 from stepscope import schema
-from stepscope.config import REDACTED, Params, load_params
+from stepscope.config import Params, load_params
 from stepscope.errors import StepscopeError
 from stepscope.paths import REPO_ROOT
+from stepscope.redaction import REDACTED, secret_env
 from stepscope.runfolder import params_snapshot_path, stage_dir
 from stepscope.stages import STAGE_BY_ID
 
@@ -74,6 +75,7 @@ def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> t
     if stage_id not in STAGE_BY_ID:
         raise KeyError(f"unknown stage {stage_id!r}; stages are {list(STAGE_BY_ID)}")
     params = load_params(params_file)
+    secret_env(params.server.api_key_env)  # whatever this stage writes, the key is blanked from it
     env = {k: v for k, v in params.server.env.items() if v != REDACTED}
     if env != params.server.env:
         params = msgspec.structs.replace(params, server=msgspec.structs.replace(params.server, env=env))

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from stepscope import schema
-from stepscope.config import Params, load_params, params_to_dict, redact, redact_argv
+from stepscope.config import Params, load_params, params_to_dict
 from stepscope.errors import StepscopeError
+from stepscope.redaction import redact, redact_argv, scrub, secret_env
 from stepscope.paths import REPO_ROOT
 from stepscope.runfolder import (
     params_snapshot_path,
@@ -239,10 +240,10 @@ def _error_text(exc: BaseException) -> str:
 
     if isinstance(exc, PapermillExecutionError):
         # Errors raised as StepscopeError carry their fix in the message: show it alone.
-        return f"{exc.ename}: {exc.evalue}"
+        return scrub(f"{exc.ename}: {exc.evalue}")
     if isinstance(exc, StepscopeError):
         return f"{type(exc).__name__}: {exc}"
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return scrub("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None = None,
@@ -253,10 +254,17 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
     """Run the selected stages. Returns (exit code, run folder)."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)  # fails before anything starts
+    secret_env(params.server.api_key_env)  # the key is blanked from all this run writes and says
+    echo = _through_filter(echo)
     selected = select_stages(stages)
     run_dir = _run_folder(params, run_id, run_dir, resume)
     with run_folder_lock(run_dir, say=echo):  # a second process on this folder is refused, naming us
         return _run_locked(params_file, params, selected, run_dir, resume, progress, notebook_executor, echo)
+
+
+def _through_filter(echo: Callable[[str], None]) -> Callable[[str], None]:
+    """`echo` with every line through the secret filter (a server's URL, a stage's error)."""
+    return lambda line: echo(scrub(line))
 
 
 def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_dir: Path, resume: bool,

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from stepscope.errors import StepscopeError
+from stepscope.redaction import scrub, scrub_plain, secret_values
 
 SCHEMA_VERSION = 2
 """Version of the run-folder layout and every artifact's keys; written to run.json.
@@ -147,10 +148,10 @@ def update(path: str | Path, typ: type[Record], **changes) -> Path:
 
 def write(path: str | Path, obj: Any, typ: type[Record]) -> Path:
     """Check `obj` (a record of `typ`, or its plain values) against `typ`, then write it
-    atomically as JSON (see runfolder.write_json)."""
+    atomically as JSON (see runfolder.write_json), its strings through the secret filter."""
     from stepscope.runfolder import write_json
 
-    return write_json(path, validate(obj, typ, str(path)))
+    return write_json(path, scrub_plain(validate(obj, typ, str(path))))
 
 
 def to_builtins(obj: Record) -> dict:
@@ -198,8 +199,31 @@ def check_frame(df, row: type[Row], where: str):
 
 
 def write_table(df, path: str | Path, row: type[Row]) -> Path:
-    """Check `df` against `row`, then write it as CSV (no index)."""
+    """Check `df` against `row`, then write it as CSV (no index), its text cells through the
+    secret filter."""
     path = Path(path)
     check_frame(df, row, str(path))
-    df.to_csv(path, index=False)
+    _scrub_frame(df).to_csv(path, index=False)
     return path
+
+
+def _scrub_frame(df):
+    """`df` with every text cell scrubbed, or `df` itself when none holds a secret. Each
+    distinct text is checked once: a kernel table of millions of rows has few names."""
+    from pandas.api.types import is_object_dtype, is_string_dtype
+
+    secrets = secret_values()
+    changed = {}
+    for name in df.columns:
+        col = df[name]
+        if not (is_object_dtype(col) or is_string_dtype(col)):
+            continue
+        try:
+            texts = [v for v in col.dropna().unique() if isinstance(v, str)]
+        except TypeError:  # cells of lists or dicts: no text to scrub
+            continue
+        fixes = {v: scrub(v, secrets) for v in texts}
+        fixes = {v: clean for v, clean in fixes.items() if clean != v}
+        if fixes:
+            changed[name] = col.map(lambda v: fixes.get(v, v) if isinstance(v, str) else v)
+    return df.assign(**changed) if changed else df

@@ -31,7 +31,9 @@ import msgspec
 
 from stepscope import lifeline, schema
 from stepscope.progress import bar as progress_bar
-from stepscope.config import Params, redact, redact_argv
+from stepscope.config import Params
+from stepscope.redaction import KNOWN_SECRET_MIN_CHARS, REDACTED, redact, redact_argv, scrub, secret_env
+from stepscope.redaction import secret_values as environment_secrets
 from stepscope.errors import ServerError
 from stepscope.paths import REPO_ROOT
 from stepscope.runfolder import stage_dir
@@ -113,7 +115,7 @@ def build_server_command(params: Params, run_dir: str | Path) -> ServerCommand:
         prof_dir = Path(s.profiler.dir).resolve() if s.profiler.dir else default_profiler_dir(run_dir)
     env = dict(s.env)
     if s.api_key_env:
-        key = os.environ.get(s.api_key_env)
+        key = secret_env(s.api_key_env)
         if not key:
             raise ServerError(f"environment variable {s.api_key_env} is empty",
                               where="params: server.api_key_env",
@@ -220,7 +222,8 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def api_key_for(api_key_env: str | None) -> str | None:
-    return os.environ.get(api_key_env) if api_key_env else None
+    """The API key, from the variable `server.api_key_env` names; `scrub` blanks it from then on."""
+    return secret_env(api_key_env)
 
 
 def describe(handle: ServerHandle) -> ServerHandle:
@@ -262,9 +265,9 @@ class ServerProcess:
         log = open(self.log_path, "ab", buffering=0)
         log.write(f"# stepscope launched: {' '.join(redact_argv(self.command.argv))}\n".encode())
         self.started_monotonic = time.monotonic()
-        secrets = secret_values(self.command)
+        secrets = sorted({*command_secrets(self.command), *environment_secrets()}, key=len, reverse=True)
         # Servers echo their arguments (vLLM logs every non-default one, `api_key` included):
-        # when a secret is in argv or env, the log goes through a filter that blanks it.
+        # when a secret is in argv or env, the log goes through the secret filter.
         self.proc = lifeline.spawn(self.command.argv, stdout=subprocess.PIPE if secrets else log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
         try:
@@ -323,28 +326,24 @@ class ServerProcess:
             pass
 
 
-def secret_values(command: ServerCommand) -> list[bytes]:
+def command_secrets(command: ServerCommand) -> list[str]:
     """The secret strings a server's output could echo: values after secret-looking flags in
     its argv, and values of secret-looking variables stepscope set (the API key)."""
-    from stepscope.config import REDACTED
-
     argv, red = command.argv, redact_argv(command.argv)
     values = {a.split("=", 1)[1] if a.startswith("--") and "=" in a else a
               for a, r in zip(argv, red) if a != r}
     values |= {v for k, v in command.env.items() if redact({k: v})[k] == REDACTED}
     values |= {v for k, v in command.env.items() if k in ("VLLM_API_KEY", "SGLANG_API_KEY")}
-    return sorted((v.encode() for v in values if v and len(v) >= 4 and v != REDACTED), key=len, reverse=True)
+    return sorted((v for v in values if v and len(v) >= KNOWN_SECRET_MIN_CHARS and v != REDACTED),
+                  key=len, reverse=True)
 
 
-def _copy_redacted(src, log, secrets: list[bytes]) -> None:
-    """Copy a server's output to its log line by line, each secret replaced."""
-    from stepscope.config import REDACTED
-
+def _copy_redacted(src, log, secrets: list[str]) -> None:
+    """Copy a server's output to its log line by line through the secret filter, `secrets`
+    (the command's and the environment's) blanked."""
     try:
         for line in iter(src.readline, b""):
-            for secret in secrets:
-                line = line.replace(secret, REDACTED.encode())
-            log.write(line)
+            log.write(scrub(line.decode("utf-8", "surrogateescape"), secrets).encode("utf-8", "surrogateescape"))
     except (OSError, ValueError):
         pass
     finally:
