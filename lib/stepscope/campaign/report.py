@@ -18,6 +18,7 @@ from stepscope.report.compare import KERNEL_CATEGORIES_COMPARED, compare_kernels
 from stepscope.report.markdown_util import code_names, markdown_to_html, md_table, missing_box
 from stepscope.report.numbers import fmt_num as f
 from stepscope.report.prose import verdict_sentences
+from stepscope.redaction import scrub
 from stepscope.runfolder import save_figure
 from stepscope.thresholds import (BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, READINGS_AGREE_REL,
                                   STALL_GAP_S, STALLED_LEVEL_SHARE, TPOT_GAP_SHARE)
@@ -484,7 +485,7 @@ def build_campaign_report(campaign_dir: str | Path) -> dict[str, Any]:
     figs = make_figures(c, campaign_dir)
     text = render(c, figs)
     md = campaign_dir / "campaign_report.md"
-    md.write_text(text)
+    md.write_text(scrub(text))
     html = campaign_dir / "campaign_report.html"
-    html.write_text(markdown_to_html(text, campaign_dir, f"stepscope campaign {c.record.campaign_id}"))
+    html.write_text(scrub(markdown_to_html(scrub(text), campaign_dir, f"stepscope campaign {c.record.campaign_id}")))
     return {"markdown": md, "html": html, "figures": figs}

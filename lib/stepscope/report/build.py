@@ -16,6 +16,7 @@ from stepscope.trace.load_plots import LOAD_FIGURE, plot_load_anatomy
 from stepscope.config import WriteupParams, redact, redact_argv, redact_params_text
 from stepscope.report import analysis as an
 from stepscope import schema
+from stepscope.redaction import scrub
 from stepscope.report import guards, prose
 from stepscope.report import verdict as vd
 from stepscope.report import whatif as wi
@@ -1004,10 +1005,10 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     verdict_path = schema.write(out_dir / "verdict.json", schema.to_builtins(
         vd.verdict_file(a, v, prose.headline_sentences(v), prose.sentences(v))), schema.VerdictFile)
     md_path = out_dir / "report.md"
-    md_path.write_text(text.replace("[TOC]\n\n", ""))
+    md_path.write_text(scrub(text.replace("[TOC]\n\n", "")))
     title = text.splitlines()[0].lstrip("# ").strip()
     html_path = out_dir / "report.html"
-    html_path.write_text(markdown_to_html(text, out_dir, title))
+    html_path.write_text(scrub(markdown_to_html(scrub(text), out_dir, title)))
     paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "verdict": verdict_path,
                               "figures": a.run_dir / "figures"}
     for key, name in ctx["figs"].items():

@@ -35,6 +35,7 @@ from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.deltas import (MACRO_METRICS, VERDICT_FIELDS, bunched_reason, run_deltas, same_setup,
                                      stalled_reason, verdict_changes, verdict_fields)
 from stepscope.report.noise import Delta
+from stepscope.redaction import scrub
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS
@@ -374,9 +375,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
              else missing_box("Sweep comparison", _lacking(a, b, "levels", "01_macro_sweep/levels.csv",
                                                           name_a, name_b))) + "\n"
     md_path = out / "compare.md"
-    md_path.write_text(text)
+    md_path.write_text(scrub(text))
     html_path = out / "compare.html"
-    html_path.write_text(markdown_to_html(text, out, f"stepscope compare: {name_a} vs {name_b}"))
+    html_path.write_text(scrub(markdown_to_html(scrub(text), out, f"stepscope compare: {name_a} vs {name_b}")))
     result: dict[str, Any] = {"markdown": md_path, "html": html_path}
     for key, df in tables.items():
         if df is not None:
