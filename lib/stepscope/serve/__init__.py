@@ -8,7 +8,8 @@ Public API (the runner, notebooks and other stages use only these):
   `engine`, `engine_version`, `profiler_dir`, `tp`, `api_key_env`, ...).
 - `stop_server(run_dir)`: stop a server this run launched (never an attached one).
 - `build_server_command(params, run_dir)`: the exact argv/env launch mode runs.
-- `create_tiny_model(dir, spec)`: a random tiny Llama + locally trained tokenizer.
+- `create_tiny_model(dir, spec)`: a random tiny Llama, or DeepSeek-V3 (`spec.arch`: MLA and
+  MoE, the reference model's kind), with a locally trained tokenizer.
 
 Artifacts in `00_deploy/`: `server.json` (argv and env redacted), `server.log`.
 """
