@@ -379,7 +379,8 @@ def test_the_verdict_in_words_is_read_from_each_runs_verdict_json(campaign, tmp_
     rec["sentences"] = [{"finding": "dominant", "text": "As the spec run's own report said it."}]
     p.write_text(json.dumps(rec))
     md = build_campaign_report(d2)["markdown"].read_text()
-    spec = md.split("<summary>spec: the verdict in words</summary>", 1)[1].split("</details>", 1)[0]
+    # A paragraph each, not <details>: the report's HTML shows no raw HTML from its Markdown.
+    spec = md.split("**spec, the verdict in words:** ", 1)[1].split("\n\n", 1)[0]
     assert spec.strip() == "As the spec run's own report said it."
-    tp2 = md.split("<summary>tp2: the verdict in words</summary>", 1)[1].split("</details>", 1)[0]
+    tp2 = md.split("**tp2, the verdict in words:** ", 1)[1].split("\n\n", 1)[0]
     assert "As the spec run's own report said it." not in tp2 and tp2.strip()

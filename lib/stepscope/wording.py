@@ -3,6 +3,7 @@ figure's title never calls a training step a decode step while the sentence besi
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import re
@@ -111,6 +112,73 @@ def _cut_around(name: str, at: int, width: int) -> str:
     window_end = start + size
     return (name[:head] + ("…" if start > head else "") + name[start:window_end]
             + ("…" if window_end < len(name) - tail else "") + name[len(name) - tail:])
+
+
+# Text from outside stepscope (a trace's names, params, a server's replies, file names) is
+# escaped here, once, before it reaches Markdown, HTML or a figure: anyone can write a trace.
+
+class Md(str):
+    """Markdown stepscope wrote, with any outside text inside it already escaped (`md_text`,
+    `md_code`): a report table passes it as it is, and escapes every other string."""
+
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+_MD_SPECIAL_RE = re.compile(r"[\\`*]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\](?=\s?[(\[:]|\s*$)")
+"""Markdown's code and emphasis marks, and a `]` that could close a link, image or reference
+(followed by `(`, `[`, `:` or the end); `_` only where it could open or close emphasis (never
+inside a word: `all_reduce` and `ranks [0, 1]` stay readable in report.md)."""
+_MD_LINE_START_RE = re.compile(r"^(\s*)(?:(#|[+\-](?=\s|$|[+\-]))|([=~])|(\d+)([.)])(?=\s|$))")
+"""A heading, list or fence mark where the text would start a line."""
+
+
+def one_line(value: Any) -> str:
+    """`value` as one line of text: newlines, tabs and other control characters become a space."""
+    return _CONTROL_RE.sub(" ", str(value))
+
+
+def md_text(value: Any) -> Md:
+    """Outside text as plain Markdown text that renders as written: `<`, `>` and `&` as HTML
+    entities (so no tag, entity or autolink can form), Markdown's emphasis, code and link marks
+    backslash-escaped, a line-starting heading or list mark made literal, and one line."""
+    s = one_line(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = _MD_SPECIAL_RE.sub(lambda m: "\\" + m.group(0), s)
+    m = _MD_LINE_START_RE.match(s)
+    if m:  # "# x" would be a heading, "1. x" a list item, "~~~" a fence, where the text starts a line
+        lead, mark, plain, digits, dot = m.groups()
+        made = (f"\\{mark}" if mark else f"&#{ord(plain)};" if plain else f"{digits}\\{dot}")
+        s = lead + made + s[m.end():]
+    return Md(s)
+
+
+def md_code(value: Any) -> Md:
+    """Outside text as one Markdown code span: fenced by one backtick more than its longest run
+    of backticks (a name holding a backtick cannot end it early), padded where it starts or ends
+    with one, on one line."""
+    s = one_line(value).strip() or "?"
+    longest = max((len(r) for r in re.findall(r"`+", s)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if s[0] == "`" or s[-1] == "`" else ""
+    return Md(f"{fence}{pad}{s}{pad}{fence}")
+
+
+def md_fence(body: str, info: str = "") -> Md:
+    """`body` as a fenced code block whose fence is longer than any backtick run inside it, so
+    no line of it (a params file's, an argv's) can close the block early."""
+    longest = max((len(r) for r in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return Md(f"{fence}{info}\n{body.rstrip()}\n{fence}\n")
+
+
+def html_text(value: Any) -> str:
+    """Outside text for HTML stepscope writes itself (a notebook's widget, a findings table):
+    `<`, `>`, `&` and quotes as entities."""
+    return html.escape(str(value), quote=True)
+
+
+def figure_text(value: Any) -> str:
+    """Outside text for a matplotlib label: `$` escaped, so a name never starts mathtext (two
+    `$` in a kernel name otherwise parse as TeX, and a bad one fails the figure)."""
+    return one_line(value).replace("$", r"\$")
 
 
 HEADLINE_MARK = "> **In short:** "

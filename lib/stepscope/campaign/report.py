@@ -22,7 +22,7 @@ from stepscope.redaction import scrub
 from stepscope.runfolder import save_figure
 from stepscope.thresholds import (BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, READINGS_AGREE_REL,
                                   STALL_GAP_S, STALLED_LEVEL_SHARE, TPOT_GAP_SHARE)
-from stepscope.wording import HEADLINE_MARK
+from stepscope.wording import HEADLINE_MARK, md_code, md_text
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
 FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
@@ -44,16 +44,16 @@ def _setup(c: ca.Campaign) -> str:
     rows = []
     for r in rec.runs:
         rows.append({"run": r.key, "variant": r.variant, "description": r.description or "",
-                     "folder": f"`{r.run_dir}/`", "status": r.status, "wall_s": r.wall_s,
+                     "folder": md_code(f"{r.run_dir}/"), "status": r.status, "wall_s": r.wall_s,
                      "reused": ", ".join(f"{k[:2]} from {v}" for k, v in r.reused.items()) or "–"})
     text = "## Variants and runs\n\n"
-    text += (f"Campaign `{rec.campaign_id}`: baseline **{c.baseline}** and {len(c.variants) - 1} variant(s), "
+    text += (f"Campaign {md_code(rec.campaign_id)}: baseline **{md_text(c.baseline)}** and {len(c.variants) - 1} variant(s), "
              f"{f(rec.repeats)} run(s) each, interleaved (every variant once, then again). "
              f"Wall time {f(rec.wall_s)} s. Each run is an ordinary run folder with its own server and its "
              "own report (`06_writeup/report.html`).\n\n")
     text += md_table(pd.DataFrame(rows), [("run", "run"), ("variant", "variant"), ("description", "description"),
                                           ("folder", "folder"), ("status", "status"), ("wall_s", "wall time (s)"),
-                                          ("reused", "stages reused (same inputs)")])
+                                          ("reused", "stages reused (same inputs)")], md_columns=("folder",))
     reused = [r for r in rec.runs if r.reused]
     if reused:
         text += ("\nReused stages were not measured again: their inputs (the params keys their entries in "
@@ -126,7 +126,7 @@ def _kernel_changes(c: ca.Campaign) -> str:
             rows.append({"variant": v, "category": x["category"], "name": x["name"],
                          "ran": f"{ran} only", "ms": x["a"] if ran == c.baseline else x["b"]})
     if lacking:
-        text += (f"Not compared for {', '.join(lacking)}: `05_categorize/category_kernels.csv` is missing in its "
+        text += (f"Not compared for {md_text(', '.join(lacking))}: `05_categorize/category_kernels.csv` is missing in its "
                  f"first run or the baseline's.\n\n")
     if not rows:
         return text + ("No kernel of the largest categories ran in one run only.\n\n" if not lacking else "")
@@ -135,7 +135,8 @@ def _kernel_changes(c: ca.Campaign) -> str:
     table = pd.DataFrame(rows)
     table["name"] = code_names(table["name"])
     return text + md_table(table, [("variant", "variant"), ("category", "category"), ("name", "kernel"),
-                                                ("ran", "ran in"), ("ms", "summed ms per step")]) + "\n"
+                                                ("ran", "ran in"), ("ms", "summed ms per step")],
+                            md_columns=("name",)) + "\n"
 
 
 def _verdicts(c: ca.Campaign) -> str:
@@ -156,7 +157,7 @@ def _verdicts(c: ca.Campaign) -> str:
         if v == c.baseline or base is None:
             continue
         ch = ca.verdict_changes(base, d)
-        text += (f"- **{v}**: " + ("; ".join(f"{k} {a} → {b}" for k, a, b in ch) if ch
+        text += (f"- **{md_text(v)}**: " + ("; ".join(f"{md_text(k)} {md_text(a)} → {md_text(b)}" for k, a, b in ch) if ch
                                    else "the same verdict as the baseline") + ".\n")
     text += "\n"
     for v in digests:
@@ -165,7 +166,7 @@ def _verdicts(c: ca.Campaign) -> str:
         sents = [x.text for x in r.artifacts.verdict.sentences] if r.artifacts.verdict is not None \
             else verdict_sentences(r.ctx["verdict"])
         if sents:
-            text += f"<details><summary>{v}: the verdict in words</summary>\n\n" + " ".join(sents) + "\n\n</details>\n\n"
+            text += f"**{md_text(v)}, the verdict in words:** " + " ".join(sents) + "\n\n"
     return text
 
 
@@ -184,7 +185,7 @@ def _deltas(ds: list[ca.Delta]) -> str:
         text += f"### {v}\n\n"
         if len(cats):
             text += ("Categories that moved beyond noise: " + ", ".join(
-                f"{r['where']} {f(r['baseline'])} → {f(r['value'])} ms" for _, r in cats.iterrows()) + ".\n\n")
+                f"{md_text(r['where'])} {f(r['baseline'])} → {f(r['value'])} ms" for _, r in cats.iterrows()) + ".\n\n")
         else:
             text += "No category moved beyond noise.\n\n"
         flag = [f"not compared: {why}" if isinstance(why, str) else ("**real**" if real else "within noise")
@@ -192,7 +193,7 @@ def _deltas(ds: list[ca.Delta]) -> str:
         g = g.assign(flag=flag, ratio_txt=g["ratio"].map(_x))
         text += md_table(g, [("metric", "metric"), ("where", "where"), ("baseline", "baseline"),
                              ("value", v), ("delta", "Δ"), ("ratio_txt", "ratio"), ("band", "noise band ±"),
-                             ("band_source", "band from"), ("flag", "change?")]) + "\n"
+                             ("band_source", "band from"), ("flag", "change?")], md_columns=("flag",)) + "\n"
     return text
 
 
@@ -281,7 +282,7 @@ def _predictions(preds: list[ca.SpecPrediction], ceilings: list[ca.CeilingCheck]
                                               ("meas", "measured TPOT (ms)"), ("as", "measured as"),
                                               ("ratio", "measured / predicted"),
                                               ("band", "noise band ± (ms)"), ("agree", "within noise?")],
-                         formats={"k": lambda v: f(int(v))}) + "\n"
+                         formats={"k": lambda v: f(int(v))}, md_columns=("agree",)) + "\n"
         if preds[0].model_assumptions:
             text += "The model's own stated assumptions: " + "; ".join(preds[0].model_assumptions) + ".\n\n"
         text += _gap_table(preds)
@@ -320,7 +321,7 @@ def _gap_table(preds: list[ca.SpecPrediction]) -> str:
                                             ("what", "assumption"), ("assumed", "assumed"),
                                             ("measured", "measured"), ("unit", "unit"),
                                             ("effect", "moves the prediction by (ms per token)"),
-                                            ("judged", "effect")]) + "\n")
+                                            ("judged", "effect")], md_columns=("judged",)) + "\n")
 
 
 def _effects(checks: list[ca.AssumptionCheck]) -> str:
@@ -364,18 +365,18 @@ def _beside_steps(p: ca.SpecPrediction) -> str:
 
 
 def _ceiling_sentence(k: ca.CeilingCheck) -> str:
-    head = f"- **{k.variant}** removes {', '.join(k.removed)}: "
+    head = f"- **{md_text(k.variant)}** removes {md_text(', '.join(k.removed))}: "
     if k.within is None:
         return head + "no noise band, so no judgement.\n"
     if k.reaches:
         return head + f"the measured {_x(k.measured_x)} reaches the {_x(k.ceiling_x)} ceiling within noise.\n"
     if k.within:
-        grew = "; ".join(f"{c} {f(a)} → {f(b)} ms" for c, a, b in k.moved_up)
+        grew = "; ".join(f"{md_text(c)} {f(a)} → {f(b)} ms" for c, a, b in k.moved_up)
         return head + (f"the measured {_x(k.measured_x)} stays below the {_x(k.ceiling_x)} ceiling. The ceiling "
                        "assumes the rest of the step is unchanged" + (f"; here other categories grew: {grew}." if grew
                                                                        else "; no single other category grew beyond "
                                                                             "noise, so the loss is spread thin.")) + "\n"
-    shrank = "; ".join(f"{c} {f(a)} → {f(b)} ms" for c, a, b in k.moved_down)
+    shrank = "; ".join(f"{md_text(c)} {f(a)} → {f(b)} ms" for c, a, b in k.moved_down)
     text = head + (f"the measured {_x(k.measured_x)} exceeds the {_x(k.ceiling_x)} ceiling, which the model says "
                    "cannot happen: the ceiling assumes the rest of the step is unchanged"
                    + (f", but other categories shrank: {shrank}." if shrank else
@@ -428,7 +429,7 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
             out.append(f"**{v}** leaves the batch-1 TPOT within noise ({f(d.baseline)} → {f(d.value)} ms, "
                        f"band ±{f(d.band)} ms).")
     for k in ceilings:
-        out.append(f"{k.variant} removes {', '.join(k.removed)}: the baseline's Amdahl ceiling was {_x(k.ceiling_x)}, "
+        out.append(f"{md_text(k.variant)} removes {md_text(', '.join(k.removed))}: the baseline's Amdahl ceiling was {_x(k.ceiling_x)}, "
                    f"the measured speed-up of the decode step is {_x(k.measured_x)}.")
     for p in preds[:1]:
         if p.measured_tpot_ms is None:
@@ -449,7 +450,7 @@ def render(c: ca.Campaign, figs: dict[str, str]) -> str:
     preds = ca.spec_predictions(c)
     ceilings = ca.ceiling_checks(c, ds)
     cats = ca.category_table(c)
-    text = f"# Campaign {c.record.campaign_id}: did the change help, and as predicted?\n\n"
+    text = f"# Campaign {md_text(c.record.campaign_id)}: did the change help, and as predicted?\n\n"
     short = _headline(c, ds, preds, ceilings)
     if short:
         text += HEADLINE_MARK + " ".join(short) + "\n\n"

@@ -20,7 +20,7 @@ from stepscope.report.markdown_util import code_name
 from stepscope.report.numbers import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import WINDOW, flag_message, per_step, work_unit
+from stepscope.wording import WINDOW, Md, flag_message, md_code, md_text, per_step, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -291,7 +291,7 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
         rows.append({"quantity": "communication time per decode step", "trace_ms_per_step": trace_comm,
                      "micro_predicted_ms_per_step": pred_comm / 1000.0 if pred_comm is not None else None,
                      "prediction_method": how,
-                     "trace_implementation": f"{traced[1]} (`{traced[2]}`)" if traced else None,
+                     "trace_implementation": Md(f"{md_text(traced[1])} ({md_code(traced[2])})") if traced else None,
                      "micro_backend": backend or None,
                      "same_implementation": (traced[0] == backend) if traced and backend else None})
     if not rows:
@@ -359,7 +359,7 @@ def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any],
     the trace's steps as the verdict's identity does."""
     out = (_trace_caveats(a, step_label) + _sweep_caveats(a, macro) + _capture_caveats(a)
            + _stage_caveats(a))
-    return out + [f"Unreadable artifact: {p}" for p in a.problems]
+    return out + [f"Unreadable artifact: {md_text(p)}" for p in a.problems]
 
 
 def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
@@ -369,14 +369,14 @@ def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
     ranks = a.ranks
     if ranks:
         r = max(ranks, key=lambda x: x.other_share)
-        names = ", ".join(f"`{name_of(n)[:80]}`" for n in r.other_top_names[:5]) or "none listed"
+        names = ", ".join(md_code(name_of(n)[:80]) for n in r.other_top_names[:5]) or "none listed"
         out.append(f"\"other\" holds at most {_fmt(100 * r.other_share)} % of kernel time (rank {r.rank}); "
                    f"its top names: {names}." if r.other_share else
                    "No kernel time fell to \"other\" on any rank: every kernel matched a named category.")
         caught = [x for x in ranks if x.catch_all_share is not None]
         if caught:
             c = max(caught, key=lambda x: x.catch_all_share)
-            top = ", ".join(f"`{name_of(n)[:80]}`" for n in (c.catch_all_top_names or [])[:5]) or "none listed"
+            top = ", ".join(md_code(name_of(n)[:80]) for n in (c.catch_all_top_names or [])[:5]) or "none listed"
             # Beside "other": time a catch-all rule filed is not understood either.
             out.append(f"Only a catch-all rule matched {_fmt(100 * c.catch_all_share)} % of kernel time (at most, "
                        f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}."
@@ -390,10 +390,10 @@ def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
         sources = sorted({x.step_source for x in ranks if x.step_source})
         if window:
             out.append(f"No step boundaries: the trace has no step marker, so it was read whole, as one window "
-                       f"({', '.join(sources)}); its figures are the window's, not a step's.")
+                       f"({md_text(', '.join(sources))}); its figures are the window's, not a step's.")
         elif sources:
             exact = all(s.startswith("annotation") for s in sources)
-            out.append(f"Step boundaries come from: {', '.join(sources)}"
+            out.append(f"Step boundaries come from: {md_text(', '.join(sources))}"
                        + (" (exact: the engine annotates each step)." if exact else
                           " — a fallback, so step counts and per-step figures are approximate."))
     if a.trace_summary is not None:
@@ -405,7 +405,7 @@ def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
         elif not exp:
             out.append(f"Collectives {per} were not checked against the architecture: "
                        f"{words(cc.explanation) or 'no expectation given'}")
-        out += [f"[05 {f.severity}] {f.code}: {flag_message(f)}" for f in a.trace_summary.flags]
+        out += [f"[05 {md_text(f.severity)}] {md_text(f.code)}: {md_text(flag_message(f))}" for f in a.trace_summary.flags]
     return out
 
 
@@ -413,15 +413,15 @@ def _sweep_caveats(a: RunArtifacts, macro: dict[str, Any]) -> list[str]:
     s = a.sweep_summary
     if s is None:
         return []
-    out = [f"[01] {msg}" for msg in s.flags if msg]
+    out = [f"[01] {md_text(msg)}" for msg in s.flags if msg]
     if macro.get("client_bound_levels"):
         out.append("The load generator may have been the bottleneck at "
-                   + ", ".join(macro["client_bound_levels"]) + "; treat those levels' throughput as a lower bound.")
+                   + md_text(", ".join(map(str, macro["client_bound_levels"]))) + "; treat those levels' throughput as a lower bound.")
     if s.died_at_level is not None:
-        out.append(f"The server died during the sweep at level {s.died_at_level}"
-                   + (f" ({s.died_message})" if s.died_message else "") + "; later levels are absent.")
+        out.append(f"The server died during the sweep at level {md_text(s.died_at_level)}"
+                   + (f" ({md_text(s.died_message)})" if s.died_message else "") + "; later levels are absent.")
     if s.n_failures:
-        ex = "; ".join(f"{f.level}: {f.error or f.http_status}" for f in s.failures[:3])
+        ex = "; ".join(f"{md_text(f.level)}: {md_text(f.error or f.http_status)}" for f in s.failures[:3])
         out.append(f"{s.n_failures} sweep requests failed and are left out of the latency statistics"
                    + (f" (first: {ex})" if ex else "") + ".")
     return out
@@ -442,9 +442,9 @@ def _stage_caveats(a: RunArtifacts) -> list[str]:
     out = []
     for stage_id, title in STAGE_TITLES.items():
         st = a.stage_status(stage_id)
-        err = f": {st.error}" if st is not None and st.error else ""
+        err = f": {md_text(st.error)}" if st is not None and st.error else ""
         if not a.stage_present(stage_id):
-            out.append(f"Stage {stage_id} ({title}) was not measured ({st.status if st else 'no artifacts'}{err}).")
+            out.append(f"Stage {stage_id} ({title}) was not measured ({md_text(st.status) if st else 'no artifacts'}{err}).")
         elif st is not None and st.status == "failed":
             out.append(f"Stage {stage_id} ({title}) failed{err}; its artifacts may be incomplete.")
     return out

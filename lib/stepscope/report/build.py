@@ -30,8 +30,8 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import (HEADLINE_MARK, WINDOW, capture_delivery, in_steps, per_step, per_step_header, plural,
-                               short_name, work_unit)
+from stepscope.wording import (HEADLINE_MARK, WINDOW, Md, capture_delivery, in_steps, md_code, md_fence, md_text,
+                               per_step, per_step_header, plural, short_name, work_unit)
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -159,23 +159,24 @@ def _img(name: str, alt: str) -> str:
     return image(FIGURE_LINK_PREFIX + name, alt)
 
 
-def quantization_cell(params_quantization: str | None, named: Sequence[dict]) -> str:
+def quantization_cell(params_quantization: str | None, named: Sequence[dict]) -> Md:
     """The setup table's weight format: what params say and what the GEMM kernels' names
     state, both when both exist; "none" in params is a default, not evidence of bf16."""
-    stated = params_quantization if params_quantization and str(params_quantization).lower() != "none" else None
-    seen = "; ".join(f"{r['format']} named by {fmt_num(r['n_kernels'])} GEMM "
+    stated = (md_text(params_quantization) if params_quantization and str(params_quantization).lower() != "none"
+              else None)
+    seen = "; ".join(f"{md_text(r['format'])} named by {fmt_num(r['n_kernels'])} GEMM "
                      f"{plural('kernel', r['n_kernels'])} ({fmt_num(r['ms_per_step'])} ms per step, "
                      f"e.g. {code_name(r['example_kernel'], 60)})" for r in named)
     if stated and seen:
-        return f"{stated} (params); the trace: {seen}"
+        return Md(f"{stated} (params); the trace: {seen}")
     if seen:
-        return f"{seen}; params do not say (`model.quantization`: {params_quantization or 'unset'})"
+        return Md(f"{seen}; params do not say (`model.quantization`: {md_text(params_quantization or 'unset')})")
     if stated:
-        return f"{stated} (params; no GEMM kernel's name states a format)"
-    return "not stated: params do not say and no GEMM kernel's name states a format"
+        return Md(f"{stated} (params; no GEMM kernel's name states a format)")
+    return Md("not stated: params do not say and no GEMM kernel's name states a format")
 
 
-def _device_line(ident: vd.TraceIdentity) -> str | None:
+def _device_line(ident: vd.TraceIdentity) -> Md | None:
     """The devices the run used: as many as the trace's world size (else the TP the params or
     trace give), not the devices the node's profiler listed (`deviceProperties`: eight on a
     one-GPU run of an eight-GPU node)."""
@@ -186,9 +187,10 @@ def _device_line(ident: vd.TraceIdentity) -> str | None:
               (None, None))
     node = (f"; its device list shows {fmt_num(ident.device_count)}" if ident.device_count and ident.device_count != n
             else "")
+    name = md_text(ident.device_name)
     if n is None:
-        return f"{ident.device_name} (from the trace; how many the run used is not said{node})"
-    return f"{fmt_num(n)} × {ident.device_name} (from the trace, {src}{node})"
+        return Md(f"{name} (from the trace; how many the run used is not said{node})")
+    return Md(f"{fmt_num(n)} × {name} (from the trace, {src}{node})")
 
 
 def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
@@ -196,7 +198,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     hw_p = params.get("hardware") or {}
     hw_r = run.hardware if run is not None else schema.HostHardware()
     gpus = hw_r.gpus  # nvidia-smi's line per GPU (schema.versions upgrades older records)
-    gpu_txt = f"{len(gpus)} × {', '.join(sorted(set(gpus)))}" if gpus else None
+    gpu_txt = f"{len(gpus)} × {', '.join(sorted(set(map(str, gpus))))}" if gpus else None
     model = params.get("model") or {}
     # The engine the trace shows, else the one the run served; never params' default.
     engine = ident.engine or (server.engine if server else None) or (a.manifest.engine if a.manifest else None)
@@ -208,9 +210,9 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     tp = None
     if ident.tp:
         tp = (f"{fmt_num(ident.tp)} (a default: neither the params nor the trace give it)"
-              if ident.tp_source == "default" else f"{fmt_num(ident.tp)} (from the {ident.tp_source})")
+              if ident.tp_source == "default" else f"{fmt_num(ident.tp)} (from the {md_text(ident.tp_source)})")
         if ident.tp_disagreement:
-            tp += " — **the trace's world size and the params disagree**"
+            tp = Md(tp + " — **the trace's world size and the params disagree**")
     batch = None
     if ident.batch_size is not None:
         batch = (f"{fmt_num(ident.batch_size)} {plural('sequence', ident.batch_size)} per pass (from the input shapes)"
@@ -219,7 +221,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     # The machine that ran stepscope is the trace's only when this run captured the trace itself.
     captured_here = a.stage_present("04_profiler_capture")
     pairs = [
-        ("Run", f"`{run.run_id if run else a.run_dir.name}`"),
+        ("Run", md_code(run.run_id if run else a.run_dir.name)),
         ("Date", (run.created_at if run else None) or (server.started_at if server else None)),
         ("Trace", f"{ident.kind} (no step marker: read whole, as one window)" if ident.step_label == WINDOW else
          f"{ident.kind} ({ident.step_label}s: {fmt_num(ident.n_judged_steps)})"
@@ -230,12 +232,12 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
         ("Accelerators" if captured_here else "Analysed on (accelerators)", gpu_txt),
         ("Interconnect", hw_p.get("interconnect")),
         ("Engine", f"{engine} {version or ''}".strip() if engine else "unknown (neither the trace nor the run says)"),
-        ("Server", f"{server.mode} mode at {server.base_url}" if server else None),
+        ("Server", Md(f"{md_text(server.mode)} mode at {md_code(server.base_url)}") if server else None),
         ("Model", (server.served_model if server else None) or model.get("served_name") or model.get("path")),
         ("Quantization", quantization_cell(model.get("quantization"), ident.weight_formats_named)),
         ("Batch", batch),
         ("Tensor parallel (TP)", tp),
-        ("Code", f"`{run.git_commit or '?'}`" + (" (uncommitted changes)" if run.git_dirty else "")
+        ("Code", Md(md_code(run.git_commit or "?") + (" (uncommitted changes)" if run.git_dirty else ""))
          if run else None),
     ]
     pairs = [(k, v) for k, v in pairs if v not in (None, "", "? ")]
@@ -244,11 +246,11 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     cap = params.get("capture") or {}
     bits = []
     if sw and a.stage_present("01_macro_sweep"):
-        bits.append(f"sweep concurrency {sw.get('concurrency', '?')}, input {sw.get('input_len', '?')} / "
-                    f"output {sw.get('output_len', '?')} tokens")
+        bits.append(f"sweep concurrency {md_text(sw.get('concurrency', '?'))}, input "
+                    f"{md_text(sw.get('input_len', '?'))} / output {md_text(sw.get('output_len', '?'))} tokens")
     if cap and captured_here:
-        bits.append(f"profiler capture: {cap.get('requests', '?')} requests × {cap.get('output_len', '?')} "
-                    f"output tokens at batch 1")
+        bits.append(f"profiler capture: {md_text(cap.get('requests', '?'))} requests × "
+                    f"{md_text(cap.get('output_len', '?'))} output tokens at batch 1")
     if bits:
         text += "\nKey parameters: " + "; ".join(bits) + ". The full params file is in the appendix.\n"
     if a.run is None and a.server is None:
@@ -403,7 +405,8 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
             if "pct_peak_bw" in ok and ok["pct_peak_bw"].notna().any():
                 best = ok.loc[ok["pct_peak_bw"].astype(float).idxmax()]
                 text += (f"\nBest bandwidth use: {fmt_num(best['pct_peak_bw'])} % of peak "
-                         f"({best.get('gemm')}, M={fmt_num(best.get('m'))}, {best.get('backend')} {best.get('dtype')}).\n")
+                         f"({md_text(best.get('gemm'))}, M={fmt_num(best.get('m'))}, {md_text(best.get('backend'))} "
+                         f"{md_text(best.get('dtype'))}).\n")
         if len(bad):
             text += f"\nNot timed ({len(bad)} points):\n\n"
             reasons = bad.groupby([c for c in ("backend", "status", "reason") if c in bad], dropna=False).size()
@@ -412,7 +415,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
         if pred:
             pts = ", ".join(f"M={m}: {fmt_num(v / 1000)} ms" for m, v in sorted(pred.items(), key=lambda kv: float(kv[0])))
             method = a.gemm_prediction.method or "sum over the model's GEMMs weighted by calls per step"
-            text += f"\nPredicted GEMM time per decode step ({method}): {pts}.\n"
+            text += f"\nPredicted GEMM time per decode step ({md_text(method)}): {pts}.\n"
         for name in _stage_figures(a.run_dir, "gemm_roofline"):
             text += "\n" + _img(name, "GEMM roofline")
         if "roofline" in figs:
@@ -449,15 +452,15 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     if cp is not None and cp.comm_us_per_decode_step is not None:
         text += (f"\nPredicted communication per decode step: {fmt_num(cp.k)} × {fmt_num(cp.per_op_us)} µs "
                  f"= **{fmt_num(cp.comm_us_per_decode_step / 1000)} ms** "
-                 f"({fmt_num(cp.size_bytes)} bytes per op, {cp.backend or '?'}, {cp.mode or '?'} mode")
+                 f"({fmt_num(cp.size_bytes)} bytes per op, {md_text(cp.backend or '?')}, {md_text(cp.mode or '?')} mode")
         if cp.k_source:
-            text += f"; K from {cp.k_source}"
+            text += f"; K from {md_text(cp.k_source)}"
         text += ").\n"
         if cp.eager_per_op_us_same_size is not None:
             text += (f"One all-reduce of the same size timed alone (eager) takes {fmt_num(cp.eager_per_op_us_same_size)} "
                      f"µs; in the burst each costs {fmt_num(cp.burst_over_eager_per_op)}× that.\n")
         if cp.notes:
-            text += "".join(f"\n- {n}" for n in cp.notes) + "\n"
+            text += "".join(f"\n- {md_text(n)}" for n in cp.notes) + "\n"
     return text
 
 
@@ -482,7 +485,7 @@ def _capture_line(a: RunArtifacts) -> str:
         return ""
     ranks = sorted({f.rank for f in man.files if f.rank is not None and f.kind == "trace"})
     total_mb = sum(f.bytes or 0 for f in man.files) / 1e6
-    text = (f"Capture: {man.engine or '?'} {man.engine_version or ''}, {len(man.files)} files from "
+    text = (f"Capture: {md_text(man.engine or '?')} {md_text(man.engine_version or '')}, {len(man.files)} files from "
             f"{len(ranks)} rank(s), {fmt_num(total_mb)} MB" + (", **partial**" if man.partial else "") + ".")
     cl = a.capture_latency
     if an.capture_tpot_is_delivery(a):
@@ -564,7 +567,7 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
             + md_table(k, [("category", "category"), ("name", what[:-1]), ("of", "names in category"),
                            ("sum_ms_per_step", f"summed {per_step_header('ms', label)}"), ("share_pct", "% of category"),
                            ("calls_per_step", per_step_header("calls", label)), ("us_per_call", "µs/call"),
-                           ("decided_by", "placed by"), *mod]))
+                           ("decided_by", "placed by"), *mod], md_columns=("name",)))
 
 
 def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
@@ -643,12 +646,12 @@ def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
     lines = []
     for r in readings.itertuples():
         if r.agree is None:
-            lines.append(f"- {r.category}: {fmt_num(r.n_asymmetric)} of {fmt_num(r.n_instances)} matched instances "
+            lines.append(f"- {md_text(r.category)}: {fmt_num(r.n_asymmetric)} of {fmt_num(r.n_instances)} matched instances "
                           f"are asymmetric (a rank finished before the last one arrived: a gather to one rank, or "
                           f"a wait elsewhere) and have no transfer time, so the matched figure covers the other "
                           f"{fmt_num(r.n_instances - r.n_asymmetric)} only and is not set against the estimate.")
         elif not r.agree:
-            lines.append(f"- ⚠ {r.category}: the two transfer readings differ by {fmt_num(100 * r.rel_diff)} % "
+            lines.append(f"- ⚠ {md_text(r.category)}: the two transfer readings differ by {fmt_num(100 * r.rel_diff)} % "
                           f"({fmt_num(r.transfer_ms_est)} ms the least-waiting rank's mean, "
                           f"{fmt_num(r.transfer_ms_matched)} ms matched instance by instance; they agree within "
                           f"{fmt_num(100 * READINGS_AGREE_REL)} %): the rank that waits least on average still "
@@ -676,15 +679,15 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                 df = pd.DataFrame(rows)
                 df["match"] = ["–" if e is None or o is None else ("yes" if e == o else "**no**")
                                for e, o in zip(df["expected"], df[seen])]
-                text += md_table(df)
+                text += md_table(df, md_columns=("match",))
             else:
                 text += f"No collective ran {in_steps(label)}.\n"
         reasoning = cc.expected.reasoning if cc.expected is not None else None
         if reasoning:
-            text += f"\nExpected from the architecture: {words(reasoning)}\n"
+            text += f"\nExpected from the architecture: {md_text(words(reasoning))}\n"
         expl = words(cc.explanation)
         if expl:
-            text += f"\n{expl[0].upper() + expl[1:]}\n"
+            text += f"\n{md_text(expl[0].upper() + expl[1:])}\n"
     else:
         text += missing_box("The architecture cross-check", ["05_categorize/summary.json (collectives_check)"])
     text += "\n### Trace against micro-benchmark predictions\n\n"
@@ -695,7 +698,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                                ("micro_predicted_ms_per_step", "predicted ms/step"),
                                ("ratio_trace_over_micro", "trace / predicted"), ("agree", "agree?"),
                                ("prediction_method", "prediction"),
-                               ("trace_implementation", "what the trace ran")])
+                               ("trace_implementation", "what the trace ran")], md_columns=("trace_implementation",))
     else:
         need = [f for f in ("02_gemm_micro/prediction.json", "03_nccl_burst/prediction.json",
                             "05_categorize/decode_categories.csv") if not (a.run_dir / f).is_file()]
@@ -728,7 +731,7 @@ def _section_verdict(ctx: dict) -> str:
     if v.dominant is None:
         return text + missing_box("The verdict", ["05_categorize/decode_categories.csv"])
     d = v.dominant
-    text += (f"**Dominant category: {d.category}**, {fmt_num(d.share_pct)} % of a {d.step_label} "
+    text += (f"**Dominant category: {md_text(d.category)}**, {fmt_num(d.share_pct)} % of a {d.step_label} "
              f"({d.denominator}).\n\n")
     text += "> **Verdict.** " + " ".join(prose.verdict_sentences(v)) + "\n\n"
     if v.levers:
@@ -736,7 +739,7 @@ def _section_verdict(ctx: dict) -> str:
                  f"({v.basis.denominator} / ({v.basis.denominator} − exposed time); exposed = time no "
                  f"higher-priority work covers: compute, then communication, then memory):\n\n")
         for lv in v.levers:
-            text += (f"- Removing all exposed **{lv.category}** ({fmt_num(lv.exposed_ms)} "
+            text += (f"- Removing all exposed **{md_text(lv.category)}** ({fmt_num(lv.exposed_ms)} "
                      f"{per_step_header('ms', v.identity.step_label)}) "
                      f"would make a {v.identity.step_label} at most **{fmt_num(lv.ceiling_x)}×** faster.\n")
         if "amdahl" in ctx["figs"]:
@@ -752,7 +755,7 @@ def _section_verdict(ctx: dict) -> str:
                           ("micro_gbps", "stage 02 GB/s"), ("micro_vs_trace", "trace / stage 02"),
                           ("device", "device")])
     elif v.roofline_reason:
-        text += f"\nNo roofline on the trace: {v.roofline_reason}.\n"
+        text += f"\nNo roofline on the trace: {md_text(v.roofline_reason)}.\n"
     return text
 
 
@@ -882,7 +885,7 @@ def _section_appendix(a: RunArtifacts) -> str:
         cmds.append(("server", " ".join(redact_argv(server.argv))))
     if cmds:
         for who, line in cmds:
-            text += f"{who}:\n\n```\n{line}\n```\n\n"
+            text += f"{who}:\n\n{md_fence(line)}\n"
     else:
         text += missing_box("Command lines", ["run.json (argv)", "00_deploy/server.json (argv)"])
     if run is not None and run.stages:
@@ -898,7 +901,7 @@ def _section_appendix(a: RunArtifacts) -> str:
         except yaml.YAMLError:
             # Unparsable text is still shown, but never with a secret in it.
             safe = redact_params_text(a.params_text)
-        text += f"```yaml\n{safe.rstrip()}\n```\n"
+        text += md_fence(safe, "yaml")
     else:
         text += missing_box("The params snapshot", ["params.yaml"])
     text += "\n### Files in the run folder\n\n" + md_table(file_manifest(a.run_dir), [("path", "path"), ("bytes", "bytes")])
@@ -964,11 +967,16 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
     return ctx
 
 
-def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
+def report_title(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
+    """The report's title as plain text: `writeup.title`, else the question for this run."""
     run_id = a.run.run_id if a.run is not None else a.run_dir.name
     step = ctx["verdict"].identity.step_label   # a prefill or training trace is not called decode
-    title = wp.title or f"Where does a {step}'s time go? Run {run_id}"
-    head = f"# {title}\n\n"
+    return wp.title or f"Where does a {step}'s time go? Run {run_id}"
+
+
+def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
+    step = ctx["verdict"].identity.step_label
+    head = f"# {md_text(report_title(a, ctx, wp))}\n\n"
     short = prose.headline(ctx["verdict"])
     if short:
         head += HEADLINE_MARK + " ".join(short) + "\n\n"
@@ -1006,9 +1014,9 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
         vd.verdict_file(a, v, prose.headline_sentences(v), prose.sentences(v))), schema.VerdictFile)
     md_path = out_dir / "report.md"
     md_path.write_text(scrub(text.replace("[TOC]\n\n", "")))
-    title = text.splitlines()[0].lstrip("# ").strip()
+    title = report_title(a, ctx, wp)
     html_path = out_dir / "report.html"
-    html_path.write_text(scrub(markdown_to_html(scrub(text), out_dir, title)))
+    html_path.write_text(scrub(markdown_to_html(scrub(text), out_dir, title, figure_dirs=(a.run_dir / "figures",))))
     paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "verdict": verdict_path,
                               "figures": a.run_dir / "figures"}
     for key, name in ctx["figs"].items():

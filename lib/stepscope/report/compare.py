@@ -39,6 +39,7 @@ from stepscope.redaction import scrub
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS
+from stepscope.wording import Md, figure_text, md_code, md_text
 from stepscope.trace.account import KERNELS_PER_CATEGORY
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)
@@ -211,10 +212,10 @@ def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str, step_
     y = np.arange(len(df))
     colors = [color_for(c) for c in df["category"]]
     ax.barh(y + 0.2, pd.to_numeric(df["a"], errors="coerce").fillna(0), 0.4, color=colors, alpha=0.45,
-            hatch="//", edgecolor="black", linewidth=0.3, label=f"A: {name_a}")
+            hatch="//", edgecolor="black", linewidth=0.3, label=f"A: {figure_text(name_a)}")
     ax.barh(y - 0.2, pd.to_numeric(df["b"], errors="coerce").fillna(0), 0.4, color=colors,
-            edgecolor="black", linewidth=0.3, label=f"B: {name_b}")
-    ax.set_yticks(y, df["category"])
+            edgecolor="black", linewidth=0.3, label=f"B: {figure_text(name_b)}")
+    ax.set_yticks(y, [figure_text(c) for c in df["category"]])
     ax.set_xlabel(f"ms per {step_label} (mean over {step_label}s)")
     ax.set_title(f"Category time per {step_label}, A against B")
     ax.legend(fontsize=8)
@@ -229,7 +230,8 @@ def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
     d["flag"] = [f"not compared: {w}" if isinstance(w, str) else ("**changed**" if v else "no")
                  for v, w in zip(d["beyond_noise"], why)]
     return md_table(d, first + [("a", "A"), ("b", "B"), ("diff", "B − A"), ("ratio_txt", "B / A"),
-                                ("band", "noise band ±"), ("band_from", "band from"), ("flag", "beyond noise?")])
+                                ("band", "noise band ±"), ("band_from", "band from"), ("flag", "beyond noise?")],
+                    md_columns=("name", "flag"))
 
 
 def _kernels_section(kernels: pd.DataFrame | None, step: str) -> str:
@@ -244,11 +246,11 @@ def _kernels_section(kernels: pd.DataFrame | None, step: str) -> str:
     return text + _fmt_table(k, [("category", "category"), ("name", "kernel"), ("presence", "ran in")]) + "\n"
 
 
-def _lacking(a: RunArtifacts, b: RunArtifacts, attr: str, file: str, name_a: str, name_b: str) -> list[str]:
+def _lacking(a: RunArtifacts, b: RunArtifacts, attr: str, file: str, name_a: str, name_b: str) -> list[Md]:
     """The file a comparison needs, naming the run(s) that lack it."""
-    missing = [f"A `{name_a}`" for x in (a,) if getattr(x, attr, None) is None]
-    missing += [f"B `{name_b}`" for x in (b,) if getattr(x, attr, None) is None]
-    return [f"{file} (missing in {' and '.join(missing) or 'neither run, but unreadable'})"]
+    missing = [f"A {md_code(name_a)}" for x in (a,) if getattr(x, attr, None) is None]
+    missing += [f"B {md_code(name_b)}" for x in (b,) if getattr(x, attr, None) is None]
+    return [Md(f"{md_code(file)} (missing in {' and '.join(missing) or 'neither run, but unreadable'})")]
 
 
 def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
@@ -257,7 +259,7 @@ def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
     engine = same_setup(a, b)
     if engine is None:
         return ""  # the run section only names the run and where it is written
-    return (f"> **A and B ran identical params on the same engine ({engine}).** If nothing else changed "
+    return (f"> **A and B ran identical params on the same engine ({md_text(engine)}).** If nothing else changed "
             "between them, every change listed below is run-to-run variation on this machine, which the bands "
             f"(one run's step-to-step spread, or a fixed {100 * NOISE_REL:g} %) do not cover; repeats (`stepscope "
             "campaign --repeats N`) give bands that do.\n\n")
@@ -266,7 +268,7 @@ def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
 def _load_changes(load: pd.DataFrame | None) -> list[str]:
     if load is None:
         return []
-    return [f"{r['quantity']} at c={r['concurrency']} (load capture): {fmt_num(r['a'])} → {fmt_num(r['b'])} ms"
+    return [f"{md_text(r['quantity'])} at c={md_text(r['concurrency'])} (load capture): {fmt_num(r['a'])} → {fmt_num(r['b'])} ms"
             for _, r in load[load["beyond_noise"]].iterrows()]
 
 
@@ -296,8 +298,8 @@ def _changes(tables: dict[str, pd.DataFrame | None]) -> list[str]:
             label_col = {"headlines": "metric", "macro": "metric", "decode_categories": "category",
                          "collectives": "collective"}[key]
             for _, r in df[df["beyond_noise"]].iterrows():
-                lvl = f" at {r['level']}" if key == "macro" else ""
-                changed.append(f"{r[label_col]}{lvl}: {fmt_num(r['a'])} → {fmt_num(r['b'])}"
+                lvl = f" at {md_text(r['level'])}" if key == "macro" else ""
+                changed.append(f"{md_text(r[label_col])}{lvl}: {fmt_num(r['a'])} → {fmt_num(r['b'])}"
                                + (f" ({r['ratio_b_over_a']:.3f}×)" if pd.notna(r["ratio_b_over_a"]) else ""))
     if n_macro_changed:
         changed.append(f"macro sweep: {n_macro_changed} of {len(tables['macro'])} per-level metrics "
@@ -315,7 +317,7 @@ def verdict_section(a: RunArtifacts, b: RunArtifacts, name_a: str, name_b: str) 
     fa, fb = verdict_fields(a.verdict), verdict_fields(b.verdict)
     rows = pd.DataFrame([{"finding": k, "a": fa[k], "b": fb[k]} for k in VERDICT_FIELDS])
     changes = verdict_changes(a.verdict, b.verdict)
-    said = ("; ".join(f"{k}: {fmt_num(x)} → {fmt_num(y)}" for k, x, y in changes) if changes
+    said = ("; ".join(f"{md_text(k)}: {md_text(fmt_num(x))} → {md_text(fmt_num(y))}" for k, x, y in changes) if changes
             else "the same dominant cost, biggest lever and caveat")
     return (text + f"Read from each run's `06_writeup/verdict.json` (stage 06). Changed: {said}.\n\n"
             + md_table(rows, [("finding", "finding"), ("a", "A"), ("b", "B")]) + "\n")
@@ -337,14 +339,14 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     tables = {"headlines": compare_headlines(a, b, ds), "macro": compare_macro(a, b, ds),
               "decode_categories": compare_decode_categories(a, b, ds), "collectives": compare_collectives(a, b),
               "kernels": compare_kernels(a, b), "load": compare_load(a.run_dir, b.run_dir)}
-    text = (f"# Run comparison: A `{name_a}` against B `{name_b}`\n\n"
+    text = (f"# Run comparison: A {md_code(name_a)} against B {md_code(name_b)}\n\n"
             f"Differences are B − A; ratios B / A. **Noise criterion** (the regression gate's): a per-category "
             f"time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} standard errors of the difference of "
             f"the two means (each from its step-to-step spread, (p90 − median)/1.28 over √steps); a single number "
             f"without a spread when |B/A − 1| > {100 * NOISE_REL:g} %. Each row states its band. Quantities present "
             f"in one run only are flagged.\n\n")
     if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
-        text += (f"> **⚠ Different kinds of trace:** A is a {kind_a} trace and B a {kind_b} trace, so their "
+        text += (f"> **⚠ Different kinds of trace:** A is a {md_text(kind_a)} trace and B a {md_text(kind_b)} trace, so their "
                  f"per-step figures measure different work; they are set side by side, not compared.\n\n")
     text += _same_setup_note(a, b)
     changed = _changes(tables)
@@ -377,7 +379,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     md_path = out / "compare.md"
     md_path.write_text(scrub(text))
     html_path = out / "compare.html"
-    html_path.write_text(scrub(markdown_to_html(scrub(text), out, f"stepscope compare: {name_a} vs {name_b}")))
+    html_path.write_text(scrub(markdown_to_html(scrub(text), out, f"stepscope compare: {name_a} vs {name_b}", figure_dirs=(out,))))
     result: dict[str, Any] = {"markdown": md_path, "html": html_path}
     for key, df in tables.items():
         if df is not None:

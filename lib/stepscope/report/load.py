@@ -15,6 +15,7 @@ import pandas as pd
 from stepscope import schema
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_GAP_SHARE, LOAD_LEVER_SHIFT
+from stepscope.wording import md_text
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
 
@@ -120,7 +121,7 @@ def fastest_sentence(summary: schema.LoadAnatomySummary) -> str:
         return ("No category's ms per decode step grows with the batch beyond twice its slope's standard "
                 "error over the captured levels.")
     f = fits[cat]
-    return (f"**{cat}** grows fastest with the batch: {f.slope_ms_per_request:.4f} ± {f.slope_se_ms:.4f} ms per "
+    return (f"**{md_text(cat)}** grows fastest with the batch: {f.slope_ms_per_request:.4f} ± {f.slope_se_ms:.4f} ms per "
             f"decode request (least squares over {f.n_steps} decode steps at {f.n_batches} batch sizes), "
             f"{f.ms_at_batch_min:.3f} ms per step at batch {f.batch_min} and {f.ms_at_batch_max:.3f} ms at "
             f"batch {f.batch_max}.")
@@ -136,7 +137,7 @@ def _comparison_table(rows: list[LoadComparison]) -> str:
     return md_table(df, [("concurrency", "concurrency"), ("decode_requests_mean", "decode requests per step (mean)"),
                          ("mixed_share", "mixed steps (share)"), ("predicted", "trace: tokens / period (tok/s)"),
                          ("measured", "sweep: measured (tok/s)"), ("capture", "capture client, window (tok/s)"),
-                         ("band", "noise band (± tok/s)"), ("agrees", "within the band")])
+                         ("band", "noise band (± tok/s)"), ("agrees", "within the band")], md_columns=("agrees",))
 
 
 def _fits_table(summary: schema.LoadAnatomySummary) -> str:
@@ -260,7 +261,7 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
     out = [f"The decode step's period goes from {lo.period_ms:.2f} ms at c={lo.concurrency} to "
            f"{hi.period_ms:.2f} ms at c={hi.concurrency} ({where})."]
     if g.category is not None:
-        out.append(f"The category that grows fastest with the batch is **{g.category}** "
+        out.append(f"The category that grows fastest with the batch is **{md_text(g.category)}** "
                    f"({g.slope_ms_per_request:.4f} ± {g.slope_se_ms:.4f} ms per decode request): "
                    f"{lo.category_ms.get(g.category, 0.0):.3f} ms per step at c={lo.concurrency}, "
                    f"{hi.category_ms.get(g.category, 0.0):.3f} ms at c={hi.concurrency}; removing it would speed "

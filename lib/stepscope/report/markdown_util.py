@@ -5,39 +5,50 @@ from __future__ import annotations
 import base64
 import html
 import re
+import stat
+import xml.etree.ElementTree as etree
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import markdown as md_lib
 import pandas as pd
+from markdown.treeprocessors import Treeprocessor
 
 from stepscope.report.numbers import fmt_num  # noqa: F401  (re-exported: the one formatter)
-from stepscope.wording import short_name, short_names
+from stepscope.wording import Md, md_code, md_text, one_line, short_name, short_names
 
 MISSING_MARK = "⚠ Not measured"
 
 
 def _cell(v: Any, f: Callable[[Any], str] | None) -> str:
-    s = f(v) if f else fmt_num(v)
-    return s.replace("|", "\\|").replace("\n", " ")
+    """One table cell: a formatter's output or stepscope's own Markdown (`Md`) as it is, any
+    other string escaped as outside text (`md_text`), a number formatted; pipes escaped."""
+    s = f(v) if f else v if isinstance(v, Md) else md_text(v) if isinstance(v, str) else fmt_num(v)
+    return one_line(s).replace("|", "\\|")
 
 
 def md_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]] | None = None,
-             formats: dict[str, Callable[[Any], str]] | None = None, max_rows: int | None = None) -> str:
-    """A markdown pipe table. `columns` is [(column, header)]; missing columns are skipped."""
+             formats: dict[str, Callable[[Any], str]] | None = None, max_rows: int | None = None,
+             md_columns: Sequence[str] = ()) -> str:
+    """A markdown pipe table. `columns` is [(column, header)]; missing columns are skipped.
+    Text cells are outside text and escaped (`md_text`), except in `md_columns`, which hold
+    Markdown stepscope wrote (code spans from `code_names`, a bold "**no**"): a DataFrame
+    keeps no `Md` mark (pandas stores plain strings), so such columns are named here."""
     if columns is None:
         columns = [(c, c) for c in df.columns]
     columns = [(c, h) for c, h in columns if c in df.columns]
     formats = dict(formats or {})
     for c, _ in columns:
         # A float column holding only whole numbers is a count read back from CSV: print it as one.
+        if c in md_columns and c not in formats:
+            formats[c] = lambda v: Md(v) if isinstance(v, str) else fmt_num(v)
         if c not in formats and pd.api.types.is_float_dtype(df[c]):
             vals = df[c].dropna()
             vals = vals[~vals.isin([float("inf"), float("-inf")])]
             if len(vals) and (vals == vals.round()).all():
                 formats[c] = lambda v: fmt_num(int(v)) if pd.notna(v) and abs(v) != float("inf") else fmt_num(v)
     rows = df if max_rows is None else df.head(max_rows)
-    out = ["| " + " | ".join(h.replace("|", "\\|") for _, h in columns) + " |",
+    out = ["| " + " | ".join(md_text(h).replace("|", "\\|") for _, h in columns) + " |",
            "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool else "---"
                           for c, _ in columns) + "|"]
     for _, r in rows.iterrows():
@@ -54,22 +65,23 @@ def kv_table(pairs: Sequence[tuple[str, Any]], headers: tuple[str, str] = ("", "
     return "\n".join(out) + "\n"
 
 
-def code_name(name: Any, width: int = 80) -> str:
-    """A kernel or op name as a code span, cut in the middle to `width` characters."""
-    return f"`{short_name(str(name), width)}`"
+def code_name(name: Any, width: int = 80) -> Md:
+    """A kernel or op name as a code span (`md_code`), cut in the middle to `width` characters."""
+    return md_code(short_name(str(name), width))
 
 
-def code_names(names: Sequence[Any], width: int = 80) -> list[str]:
+def code_names(names: Sequence[Any], width: int = 80) -> list[Md]:
     """The names of one table as code spans, cut to `width` and kept apart where they differ
     (`wording.short_names`): two rows never look alike unless their names are."""
-    return [f"`{n}`" for n in short_names([str(x) for x in names], width)]
+    return [md_code(n) for n in short_names([str(x) for x in names], width)]
 
 
 def missing_box(what: str, files: Sequence[str], why: str | None = None) -> str:
-    """A visible box saying a section was not measured, naming the files it needed."""
-    need = ", ".join(f"`{f}`" for f in files)
+    """A visible box saying a section was not measured, naming the files it needed (each a code
+    span unless already `Md`); `why` (a stage's status and error) is outside text unless `Md`."""
+    need = ", ".join(f if isinstance(f, Md) else md_code(f) for f in files)
     text = f"> **{MISSING_MARK}:** {what}. This section needs {need}, which the run folder does not hold"
-    text += f" ({why})." if why else "."
+    text += f" ({why if isinstance(why, Md) else md_text(why)})." if why else "."
     return text + "\n"
 
 
@@ -97,33 +109,117 @@ blockquote.missing{border-left-color:#d97706;background:#fff7e6}
 blockquote.verdict{border-left-color:#1f4e9c;background:#eef4fc;font-size:16px}
 """
 
-_IMG_RE = re.compile(r'<img([^>]*?)src="([^"]+)"')
+FIGURE_MAX_BYTES = 20 * 1024 * 1024
+"""The largest figure file the HTML embeds (stepscope's own figures are under 1 MB)."""
+FIGURE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
+"""The figure files the HTML embeds, by suffix: the formats stepscope saves figures in."""
+_FIGURE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+"""The page may show its own inline images and styles and nothing else: no script runs, nothing
+is fetched, even if a tag got through."""
 
 
-def markdown_to_html(md_text: str, base_dir: Path, title: str) -> str:
-    """Render markdown to one self-contained HTML page: images inlined as data URIs, CSS inline.
+def _full_unescape(s: str) -> str:
+    """`s` with HTML entities decoded until none is left (`&amp;#106;` is a `j` after two)."""
+    while (u := html.unescape(s)) != s:
+        s = u
+    return s
+
+
+def _local_target(src: str) -> bool:
+    """Whether `src` is a path below the page's folder or beside it: no scheme, not absolute,
+    no backslash. A browser drops tabs and newlines from URLs, so they are dropped before the
+    check, and a colon before the first `/`, `?` or `#` is a scheme."""
+    s = re.sub(r"[\x00-\x20\x7f]", "", src)
+    head = re.split(r"[/?#]", s, maxsplit=1)[0]
+    return bool(s) and not s.startswith(("/", "\\")) and "\\" not in s and ":" not in head
+
+
+def link_allowed(href: str) -> bool:
+    """A link the HTML keeps: http(s), a fragment, or a relative path that climbs no folder
+    (no `..`); javascript:, data:, file:, mailto: and absolute paths are shown as text."""
+    s = _full_unescape(href).strip()
+    if re.match(r"(?i)https?://[^\s]", s):
+        return True
+    return _local_target(s) and ".." not in re.split(r"[/?#]", s.split("#")[0])
+
+
+def embed_figure(src: str, base_dir: Path, figure_dirs: Sequence[Path]) -> tuple[str | None, str]:
+    """(data URI, "") for a figure the page may embed, else (None, why not): a relative path from
+    `base_dir` to a regular .png or .svg file directly in one of `figure_dirs` (after symlinks),
+    named as stepscope names figures, at most `FIGURE_MAX_BYTES`."""
+    s = _full_unescape(src).strip()
+    if not _local_target(s):
+        return None, "refused: not a relative path to a figure"
+    p = (base_dir / s).resolve()
+    if not any(p.parent == Path(d).resolve() for d in figure_dirs):
+        return None, "refused: not in the run's figures folder"
+    if p.suffix.lower() not in FIGURE_TYPES or not _FIGURE_NAME_RE.fullmatch(p.name):
+        return None, "refused: not a figure's name"
+    try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return None, "refused: not a regular file"
+        if st.st_size > FIGURE_MAX_BYTES:
+            return None, f"refused: over {FIGURE_MAX_BYTES // 2**20} MiB"
+        with p.open("rb") as f:
+            data = f.read(FIGURE_MAX_BYTES + 1)
+    except OSError:
+        return None, "not found"
+    if len(data) > FIGURE_MAX_BYTES:
+        return None, f"refused: over {FIGURE_MAX_BYTES // 2**20} MiB"
+    return f"data:{FIGURE_TYPES[p.suffix.lower()]};base64,{base64.b64encode(data).decode('ascii')}", ""
+
+
+class _SafeTargets(Treeprocessor):
+    """Every link and image the Markdown made, checked after all else: a link stepscope does not
+    allow becomes its text, an image it may not embed becomes a visible note."""
+
+    def __init__(self, md: md_lib.Markdown, base_dir: Path, figure_dirs: Sequence[Path]):
+        super().__init__(md)
+        self.base_dir, self.figure_dirs = base_dir, figure_dirs
+
+    def run(self, root: etree.Element) -> None:
+        for el in root.iter():
+            if el.tag == "a" and not link_allowed(el.get("href", "")):
+                el.tag = "span"
+                el.attrib.clear()
+            elif el.tag == "img":
+                src = el.get("src", "")
+                uri, why = embed_figure(src, self.base_dir, self.figure_dirs)
+                if uri is not None:
+                    el.set("src", uri)
+                    continue
+                el.tag, el.text = "span", f"[image {why}: {one_line(src)[:200]}]"
+                el.attrib.clear()
+                el.set("class", "missing-image")
+
+
+def _markdown(base_dir: Path, figure_dirs: Sequence[Path]) -> md_lib.Markdown:
+    """Python-Markdown with raw HTML off (any `<` in the text comes out as text) and every
+    link and image checked (`_SafeTargets`)."""
+    m = md_lib.Markdown(extensions=["tables", "fenced_code", "toc", "sane_lists"],
+                        extension_configs={"toc": {"toc_depth": "2-3"}}, output_format="html")
+    m.preprocessors.deregister("html_block")
+    m.inlinePatterns.deregister("html")
+    m.treeprocessors.register(_SafeTargets(m, base_dir, figure_dirs), "stepscope_safe_targets", -10)
+    return m
+
+
+def markdown_to_html(md_text: str, base_dir: Path, title: str, figure_dirs: Sequence[Path] = ()) -> str:
+    """Render markdown to one self-contained HTML page: figures inlined as data URIs, CSS inline.
 
     `base_dir` is where relative image paths in the markdown are resolved from (the folder of
-    report.md). An image that cannot be read becomes a visible note instead of a broken link.
+    report.md); only figures directly in `figure_dirs` (default: `base_dir`'s `figures/`) are
+    embedded (`embed_figure`), any other image becomes a visible note. Raw HTML in the text is
+    shown as text, links are http(s) or relative (`link_allowed`), and the page's
+    Content-Security-Policy (`CONTENT_SECURITY_POLICY`) forbids scripts and requests.
     """
-    body = md_lib.markdown(md_text, extensions=["tables", "fenced_code", "toc", "sane_lists"],
-                           extension_configs={"toc": {"toc_depth": "2-3"}}, output_format="html")
-
-    def inline(m: re.Match) -> str:
-        attrs, src = m.group(1), m.group(2)
-        if src.startswith("data:"):
-            return m.group(0)
-        p = (base_dir / html.unescape(src)).resolve()
-        try:
-            data = base64.b64encode(p.read_bytes()).decode("ascii")
-        except OSError:
-            return f'<span class="missing-image">[image not found: {html.escape(src)}]</span><img{attrs}src=""'
-        mime = "image/svg+xml" if p.suffix.lower() == ".svg" else "image/png"
-        return f'<img{attrs}src="data:{mime};base64,{data}"'
-
-    body = _IMG_RE.sub(inline, body)
+    body = _markdown(base_dir, figure_dirs or (base_dir / "figures",)).convert(md_text)
     body = re.sub(r"<blockquote>(\s*<p><strong>" + re.escape(MISSING_MARK) + ")",
                   r'<blockquote class="missing">\1', body)
     body = re.sub(r"<blockquote>(\s*<p><strong>(Verdict|In short))", r'<blockquote class="verdict">\1', body)
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+            f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">\n'
+            f"<title>{html.escape(one_line(title))}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n"
+            "</body>\n</html>\n")

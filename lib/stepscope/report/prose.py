@@ -12,6 +12,7 @@ from typing import Any
 
 from stepscope.report.numbers import fmt_num as f
 from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
+from stepscope.wording import md_code, md_text
 from stepscope.wording import short_name as _short
 from stepscope.report.verdict import Caveat, headline_findings
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
@@ -95,7 +96,7 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
                 f"({v('host_ops')[0]}) with no device activity, so its times are host ops and what the GPUs did, "
                 f"which any of these would describe, is not in it. Profile with the device activities on.")
     if g.invariant == "share_at_most_step":
-        return (f"Withdrawn, as a share passed 100 %: {v('category')} is {f(v('share_pct'))} % of the {step_label}, "
+        return (f"Withdrawn, as a share passed 100 %: {md_text(v('category'))} is {f(v('share_pct'))} % of the {step_label}, "
                 f"so the step basis cannot hold the work it divides; the dominant share, boundness and the levers "
                 f"rest on it.")
     if g.invariant == "busy_at_most_period":
@@ -110,8 +111,8 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
     if g.invariant == "below_peak":
         bw = f"{f(v('pct_peak_bw'))} % of peak memory bandwidth" if v("pct_peak_bw") is not None else ""
         fl = f"{f(v('pct_peak_flops'))} % of peak compute" if v("pct_peak_flops") is not None else ""
-        return (f"Withdrawn, {g.subject}'s roofline: it reads {' and '.join(x for x in (bw, fl) if x)} of the "
-                f"{v('device')}, above the physical peak, so the bytes and FLOPs model does not fit this trace; "
+        return (f"Withdrawn, {md_text(g.subject)}'s roofline: it reads {' and '.join(x for x in (bw, fl) if x)} of the "
+                f"{md_text(v('device'))}, above the physical peak, so the bytes and FLOPs model does not fit this trace; "
                 f"it is no sign the kernels run at the roofline.")
     if g.invariant == "clocks_agree":
         return ("Withdrawn, as the ranks' clocks disagree (stage 05 flagged them): every cross-rank claim, transfer "
@@ -122,7 +123,7 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
                 f"trusted.")
     if g.invariant == "communication_has_collectives":
         k = v("kernels") or ()
-        named = f" (its largest: `{_short(k[0])}`)" if k else ""
+        named = f" (its largest: {md_code(_short(k[0]))})" if k else ""
         return (f"Withdrawn, the communication claims: {f(v('comm_ms'))} ms {per_step(step_label)} is filed as communication on "
                 f"one rank with no collective kernel{named}, so it is other work misfiled, not communication.")
     if g.invariant == "steady_state" and "gap_levers" in g.withdrawn and "levers" not in g.withdrawn:
@@ -135,7 +136,7 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
                 f"faster, above the {f(v('bound_x'))}× a steady state allows: one part holding that much of the step "
                 f"says the trace is no run of repeated steps (a capture, a warm-up, one stall).")
     if g.invariant == "lever_coherent":
-        return (f"{g.subject} is not named as a lever: its {f(v('n_names'))} distinct kernels are a grab-bag, the "
+        return (f"{md_text(g.subject)} is not named as a lever: its {f(v('n_names'))} distinct kernels are a grab-bag, the "
                 f"largest {f(v('top_kernels'))} holding only {f(v('top_share_pct'))} % of its time (one lever from "
                 f"{f(v('dominant_share_pct'))} %), so no one fix reaches it.")
     return f"Withdrawn, as the invariant {g.invariant} failed."
@@ -156,14 +157,14 @@ def guard_clause(g: Guard, step_label: str = "step") -> str:
         "kind_takes_verdict": "the trace is a capture, so no lever or ceiling is given",
         "share_at_most_step": f"a share passed 100 % of the {step_label}, so the shares and levers are withdrawn",
         "busy_at_most_period": f"the device is busy longer than the {step_label}, so the shares and levers are withdrawn",
-        "below_peak": f"{g.subject}'s roofline reads above the device's peak, so it is withdrawn",
+        "below_peak": f"{md_text(g.subject)}'s roofline reads above the device's peak, so it is withdrawn",
         "clocks_agree": "the ranks' clocks disagree, so the cross-rank claims are withdrawn",
         "classes_add_up": "the categories' exposed times do not add up to busy, so no lever is trusted",
         "communication_has_collectives": "work filed as communication has no collective kernel, so the communication "
                                          "claims are withdrawn",
         "steady_state": (f"one part would make the {step_label} {f(v('ceiling_x'))}× faster, more than a steady state "
                          "allows, so no lever is named"),
-        "lever_coherent": f"{g.subject} is a grab-bag of {f(v('n_names'))} kernels, not one lever",
+        "lever_coherent": f"{md_text(g.subject)} is a grab-bag of {f(v('n_names'))} kernels, not one lever",
     }
     return clauses.get(g.invariant, f"the invariant {g.invariant} failed, so the claims resting on it are withdrawn")
 
@@ -187,7 +188,7 @@ def dominant_sentence(d: Dominant) -> str:
     over = f" over {steps(d.n_steps, d.step_label)}" if d.n_steps else ""
     share = (f", {f(d.share_pct)} % of a {f(d.step_ms)} ms {d.step_label} ({d.denominator})"
              if d.share_pct is not None and d.step_ms else "")
-    return f"{d.category} is the largest category{over}: {f(d.ms_per_step)} ms {per_step(d.step_label)}{share}."
+    return f"{md_text(d.category)} is the largest category{over}: {f(d.ms_per_step)} ms {per_step(d.step_label)}{share}."
 
 
 def communication_sentence(c: Communication, step_label: str = "step") -> str:
@@ -224,7 +225,7 @@ def comm_split_sentences(s: CommSplit, step_label: str = "step") -> list[str]:
                    f"collectives (fusion, a custom all-reduce, a faster link) shorten that part.")
     if s.wait_ms is not None:
         who = f", straggler rank {f(s.straggler_rank)}" if s.straggler_rank is not None else ""
-        of = f" of the {s.skew_category} calls" if s.skew_category else ""
+        of = f" of the {md_text(s.skew_category)} calls" if s.skew_category else ""
         skew = f"; p90 arrival skew{of} {f(s.skew_p90_us)} µs{who}" if s.skew_p90_us is not None else ""
         spread = (f", from {f(s.least_wait_ms)} ms on rank {f(s.least_wait_rank)} to {f(s.most_wait_ms)} ms on rank "
                   f"{f(s.most_wait_rank)}" if s.least_wait_rank is not None else "")
@@ -257,10 +258,10 @@ def boundness_sentence(b: Boundness, step_label: str = "step") -> str:
                 f"gaps between {unit} (host-bound from {f(b.micro_threshold_pct)} %){delay}: the step is "
                 f"host-bound, so {fix}.")
     if b.status == "stall":
-        where = (f" between `{_short(b.gap_before)}` and `{_short(b.gap_after)}`" if b.gap_before or b.gap_after
+        where = (f" between {md_code(_short(b.gap_before))} and {md_code(_short(b.gap_after))}" if b.gap_before or b.gap_after
                  else "")
         if b.gap_host_call:
-            where += f", while the host was in `{_short(b.gap_host_call)}`"
+            where += f", while the host was in {md_code(_short(b.gap_host_call))}"
         return (f"The {dev} idles {f(b.idle_pct)} % of {each} ({basis}), but gaps of {f(b.macro_gap_ms)} ms "
                 f"or more hold {f(b.macro_pct_of_idle)} % of that idle (the longest, {f(b.largest_gap_ms)} ms"
                 f"{where}), while short gaps between {unit} are only {f(b.micro_idle_pct)} %: a stall to "
@@ -334,7 +335,7 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
     what kernels at the device's peaks would buy (less than removing the category)."""
     best = levers[0]
     lead = "Among the categories, the biggest lever is" if among_categories else "The biggest single lever is"
-    txt = (f"{lead} {best.category}: removing all of its exposed time "
+    txt = (f"{lead} {md_text(best.category)}: removing all of its exposed time "
            f"({f(best.exposed_ms)} ms {per_step(step_label)}) would make a {step_label} at most {f(best.ceiling_x)}× faster "
            f"(Amdahl, on the {best.denominator} of {f(best.step_ms)} ms)")
     what = lever_what_clause(best)
@@ -344,14 +345,14 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
         txt += "; " + _at_peak_clause(at_peak, step_label)
     if best.transfer_ms is not None and best.transfer_ms < best.exposed_ms:
         txt += (f"; of it, {f(best.transfer_ms)} ms {per_step(step_label)} is transfer (last arrival to completion) and the rest is "
-                f"time the ranks wait for each other, so a faster {best.category} alone makes a {step_label} at most "
+                f"time the ranks wait for each other, so a faster {md_text(best.category)} alone makes a {step_label} at most "
                 f"{f(best.transfer_ceiling_x)}× faster")
     elif best.transfer_ms is not None:
         txt += (f"; its matched calls spend {f(best.transfer_ms)} ms {per_step(step_label)} from the last rank's arrival to "
-                f"completion, all of its exposed time: transfer, not ranks waiting, so a faster {best.category} "
+                f"completion, all of its exposed time: transfer, not ranks waiting, so a faster {md_text(best.category)} "
                 f"reaches it")
     if len(levers) > 1:
-        txt += f"; next is {levers[1].category} at {f(levers[1].ceiling_x)}×"
+        txt += f"; next is {md_text(levers[1].category)} at {f(levers[1].ceiling_x)}×"
     return txt + "."
 
 
@@ -363,8 +364,8 @@ def lever_what_clause(lv: Lever) -> str:
 
     parts = []
     if lv.module and lv.module_share_pct is not None and lv.module_share_pct >= 100 * LEVER_DOMINANT_SHARE:
-        parts.append(f"{f(lv.module_share_pct)} % of it runs inside `{lv.module}`")
-    names = [f"`{_short(n, 60)}`" for n in lv.top_kernels]
+        parts.append(f"{f(lv.module_share_pct)} % of it runs inside {md_code(lv.module)}")
+    names = [md_code(_short(n, 60)) for n in lv.top_kernels]
     if len(names) == 1 and lv.n_names == 1:
         parts.append(f"its one kernel is {names[0]}")
     elif names and lv.top_share_pct is not None:
@@ -375,7 +376,7 @@ def lever_what_clause(lv: Lever) -> str:
 
 def agreement_sentence(g: Agreement) -> str:
     other = g.same_implementation is False
-    impl = (f"stage 03 timed {g.micro_backend}, but the engine ran {g.trace_implementation}" if other else "")
+    impl = (f"stage 03 timed {md_text(g.micro_backend)}, but the engine ran {g.trace_implementation}" if other else "")
     if g.agree:
         return (f"The trace's {g.quantity} per step ({f(g.trace_ms)} ms) agrees with the micro-benchmark's "
                 f"prediction ({f(g.predicted_ms)} ms; ratio {f(g.ratio)}, within ±{f(g.tolerance_pct)} %)"
@@ -398,13 +399,13 @@ def roofline_sentence(r: RooflineFinding, step_label: str = "step", at_peak: boo
     micro = (f"; stage 02's micro-benchmark reaches {f(r.micro_gbps)} GB/s at the same shapes (trace / micro "
              f"{f(r.micro_vs_trace)})" if r.micro_gbps is not None and r.micro_vs_trace is not None else "")
     if not r.peak_known or r.pct_peak_bw is None:
-        dev = f" ({r.device})" if r.device else ""
-        return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s; the device's peak{dev} is unknown, so "
+        dev = f" ({md_text(r.device)})" if r.device else ""
+        return (f"On the trace {md_text(r.category)} moves {f(r.achieved_gbps)} GB/s; the device's peak{dev} is unknown, so "
                 f"no % of peak is given{micro}.")
     flops = (f" and {f(r.achieved_tflops)} TFLOP/s ({f(r.pct_peak_flops)} % of peak compute)"
              if r.pct_peak_flops is not None else "")
     at_peak = f": {_at_peak_clause(r, step_label)}" if at_peak and r.at_peak_ms is not None else ""
-    return (f"On the trace {r.category} moves {f(r.achieved_gbps)} GB/s, {f(r.pct_peak_bw)} % of the {r.device}'s "
+    return (f"On the trace {md_text(r.category)} moves {f(r.achieved_gbps)} GB/s, {f(r.pct_peak_bw)} % of the {md_text(r.device)}'s "
             f"peak memory bandwidth{flops}{micro}{at_peak}.")
 
 
@@ -532,7 +533,7 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
 def dominant_headline(d: Dominant, idle: Boundness | None = None) -> str:
     share = f", {f(d.share_pct)} % of its {d.denominator}" if d.share_pct is not None and d.denominator else ""
     idles = f"; the {idle.device_word} idles {f(idle.idle_pct)} %" if idle is not None else ""
-    return (f"{d.category} takes the most time: {f(d.ms_per_step)} ms {per_step(d.step_label, named=True)}"
+    return (f"{md_text(d.category)} takes the most time: {f(d.ms_per_step)} ms {per_step(d.step_label, named=True)}"
             f"{share}{idles}.")
 
 
