@@ -157,3 +157,15 @@ def test_cpu_moe_and_mla_op_names(name, cat, category):
     from stepscope.trace.categorize import classify_name
 
     assert classify_name(name, cat, make_rules()) == category
+
+
+def test_the_mla_kv_cache_write_is_the_index_put_inside_the_update_op(moe):
+    """On the CPU MLA path the KV-cache write is a plain `aten::index_put_` inside
+    `vllm::unified_mla_kv_cache_update`: kv_cache_write by the op, not elementwise by its name."""
+    _, work, ops = moe
+    inside = _json_calls_and_us(ops, lambda e: e["name"] == "aten::index_put_"
+                                and "vllm::unified_mla_kv_cache_update" in e["ancestors"])
+    assert inside == _json_calls_and_us(ops, lambda e: e["name"] == "aten::index_put_") and inside[0] > 0
+    put = work["name"] == "aten::index_put_"
+    assert set(work.loc[put.to_numpy(), "category"]) == {"kv_cache_write"}
+    assert _calls_and_us(work, put) == (inside[0], pytest.approx(inside[1], rel=1e-6))
