@@ -148,7 +148,7 @@ def test_docs_name_every_category_and_context_rule():
         assert f"| `{cat}` | {klass} |" in doc, cat
     assert {r.category for r in context_rules()} == {"norm", "rotary", "conv", "lm_head", "loss", "optimizer",
                                                      "all_reduce", "all_gather", "other_collective", "attention",
-                                                     "sampling", "moe_routing", "name"}
+                                                     "sampling", "moe_routing", "kv_cache_write", "name"}
 
 
 def test_summary_reports_catch_all_beside_other(real_traces: Path, tmp_path: Path):
