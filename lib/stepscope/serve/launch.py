@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass
@@ -616,6 +617,12 @@ def attach(params: Params, run_dir: str | Path) -> ServerHandle:
     if not s.url:
         raise ServerError("attach mode needs server.url", where="params: server.url",
                           hint="e.g. url: http://127.0.0.1:8000")
+    if urllib.parse.urlsplit(s.url).username is not None:
+        # urllib would take `user:pass@host` for a host name, and the URL is written everywhere
+        raise ServerError("server.url holds a user name or password (`user:password@`), which stepscope "
+                          "neither sends nor writes down", where="params: server.url",
+                          hint="drop them from the URL; put the server's API key in the environment "
+                               "variable that server.api_key_env names")
     base_url = s.url.rstrip("/")
     key = api_key_for(s.api_key_env)
     for path in ("/health", "/v1/models"):  # /health alone passes a server failing everything else

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 
 from stepscope import schema
 from stepscope.errors import ServerError, StageInputMissing
+from stepscope.redaction import scrub, secret_env
 from stepscope.sweep.arrivals import arrival_offsets_s
 from stepscope.sweep.metrics import RequestRecord
 
@@ -52,7 +52,7 @@ class ServerInfo:
 
     @property
     def headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        key = secret_env(self.api_key_env)  # from here on, scrub blanks it wherever it shows
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def url(self, path: str) -> str:
@@ -67,6 +67,7 @@ def load_server(run_dir: str | Path) -> ServerInfo:
             "needs 00_deploy/server.json, which is not there", where=str(path),
             hint=f"run the deploy stage first: stepscope run <params> --run-id {Path(run_dir).name} --stages 00")
     d = schema.read(path, schema.ServerRecord)
+    secret_env(d.api_key_env)  # the key is blanked from everything this stage writes
     missing = [k for k in ("base_url", "served_model") if not getattr(d, k)]
     if missing:
         raise StageInputMissing(f"server.json lacks {', '.join(missing)}", where=str(path),
@@ -291,6 +292,13 @@ class Silence:
     def heard(self, now: float) -> None:
         self.last_heard = now
 
+    def check_events(self, eventless_s: float, pending_bytes: int) -> None:
+        """A stream whose bytes keep coming (so the level never falls silent) but make no
+        complete SSE event for the timeout fails its request (BadReply) with the reason."""
+        if eventless_s >= self.timeout_s:
+            raise BadReply(f"no complete SSE event for {eventless_s:.1f} s while bytes kept arriving "
+                           f"({pending_bytes} bytes without an event end; silence timeout {self.timeout_s:g} s)")
+
     def closed(self) -> None:
         self.open.discard(asyncio.current_task())
 
@@ -402,65 +410,157 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
         silence.closed()
 
 
+MAX_SSE_EVENT_BYTES = 1 << 20
+"""The most bytes one SSE event may hold before its end (a blank line): a completion chunk is
+a few hundred bytes, and a stream that never sends the blank line must not grow a buffer."""
+MAX_STREAM_BYTES_PER_TOKEN = 16 << 10
+"""A stream may send MAX_SSE_EVENT_BYTES plus this much per requested token in all (about 50x
+what vLLM sends): past that the request fails, so a server that never stops cannot hold a level."""
+ERROR_BODY_CHARS = 500
+"""How much of a non-200 reply's body its request's error keeps (read no further)."""
+USAGE_SLACK_TOKENS = 16
+"""A usage count may pass what the request allows by this much (special tokens a server adds
+to the prompt, e.g. BOS); beyond it the count is impossible and the request fails."""
+
+
+class BadReply(Exception):
+    """A reply no OpenAI-compatible server sends (an event that is not a JSON object, a usage
+    count that cannot be): its request fails with this reason, as vLLM's benchmark fails a
+    request whose reply it cannot parse."""
+
+
+@dataclass(frozen=True)
+class ReplyLimits:
+    """What one request's reply may hold."""
+
+    max_completion_tokens: int
+    max_prompt_tokens: int
+    max_stream_bytes: int
+
+    @classmethod
+    def of(cls, payload: dict[str, Any]) -> "ReplyLimits":
+        max_tokens = int(payload.get("max_tokens") or 0)
+        prompt = payload.get("prompt")
+        # every token covers a byte or more of text (byte-level and byte-fallback tokenizers)
+        n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt or "").encode())
+        return cls(max_tokens + USAGE_SLACK_TOKENS, n_prompt + USAGE_SLACK_TOKENS,
+                   MAX_SSE_EVENT_BYTES + max_tokens * MAX_STREAM_BYTES_PER_TOKEN)
+
+
 async def _stream(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], rec: RequestRecord,
                   timeout_s: float, on_first_chunk, silence: Silence | None) -> RequestRecord:
-    chunks, request_id = rec.chunk_times_s, rec.request_id
     try:
         async with session.post(url, json=payload,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
-                body = (await resp.text())[:500]
-                rec.error = f"HTTP {resp.status} {resp.reason}: {body}"
+                body = (await resp.content.read(4 * ERROR_BODY_CHARS)).decode("utf-8", "replace")
+                rec.error = scrub(f"HTTP {resp.status} {resp.reason}: {body[:ERROR_BODY_CHARS]}")
                 rec.end_s = time.perf_counter()
                 return rec
-            buf = b""
-            done = False
-            async for data in resp.content.iter_any():
-                now = time.perf_counter()
-                if silence is not None:
-                    silence.heard(now)
-                buf += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-                while True:
-                    sep = buf.find(b"\n\n")
-                    if sep < 0:
-                        break
-                    event, buf = buf[:sep], buf[sep + 2:]
-                    for line in event.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue  # comments (":ping"), event names, ids
-                        body = line[5:].strip()
-                        if body == b"[DONE]":
-                            done = True
-                            continue
-                        msg = _decode(body)
-                        if msg.get("choices"):
-                            chunks.append(now)
-                            if on_first_chunk is not None and len(chunks) == 1:
-                                on_first_chunk(request_id)
-                        elif "error" in msg or msg.get("object") == "error":
-                            err = msg.get("error", msg)
-                            rec.error = "SSE error: " + (err.get("message", str(err))
-                                                         if isinstance(err, dict) else str(err))
-                        usage = msg.get("usage")
-                        if usage:
-                            if usage.get("completion_tokens") is not None:
-                                rec.output_tokens = int(usage["completion_tokens"])
-                            if usage.get("prompt_tokens") is not None:
-                                rec.input_tokens = int(usage["prompt_tokens"])
+            done = await _read_events(resp, rec, ReplyLimits.of(payload), on_first_chunk, silence)
             rec.end_s = time.perf_counter()
             if rec.error is None and not done:
                 rec.error = "stream closed before [DONE]"
-            rec.success = rec.error is None and bool(chunks)
-            if rec.error is None and not chunks:
+            rec.success = rec.error is None and bool(rec.chunk_times_s)
+            if rec.error is None and not rec.chunk_times_s:
                 rec.error = "stream ended without a token-bearing chunk"
     except asyncio.TimeoutError:
         rec.error = f"timeout after {timeout_s:g} s"
-    except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
+    except BadReply as exc:
+        rec.error, rec.success = scrub(f"bad reply: {exc}"), False
+    except (aiohttp.ClientError, ConnectionError) as exc:
+        rec.error = scrub(f"{type(exc).__name__}: {exc}")
     if rec.end_s is None:
         rec.end_s = time.perf_counter()
     return rec
+
+
+async def _read_events(resp: aiohttp.ClientResponse, rec: RequestRecord, limits: ReplyLimits,
+                       on_first_chunk, silence: Silence | None) -> bool:
+    """Read the SSE stream into `rec`; True when it ended with [DONE]. A reply that breaks a
+    limit, or bytes that make no event for the silence timeout, raise BadReply."""
+    buf, done, n_bytes = b"", False, 0
+    last_event_s = time.perf_counter()
+    async for data in resp.content.iter_any():
+        now = time.perf_counter()
+        if silence is not None:
+            silence.heard(now)
+        buf += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        events = buf.split(b"\n\n")
+        buf = events.pop()  # what follows the last blank line: an event not yet complete
+        if len(buf) > MAX_SSE_EVENT_BYTES:
+            raise BadReply(f"{len(buf)} bytes arrived with no SSE event end (a blank line): over the "
+                           f"{MAX_SSE_EVENT_BYTES} bytes one event may hold")
+        n_bytes += len(data)
+        if n_bytes > limits.max_stream_bytes:
+            raise BadReply(f"the stream passed {limits.max_stream_bytes} bytes, more than its "
+                           f"{limits.max_completion_tokens - USAGE_SLACK_TOKENS} tokens can need")
+        if events:
+            last_event_s = now
+        elif silence is not None:
+            silence.check_events(now - last_event_s, len(buf))
+        for event in events:
+            done |= _read_event(event, rec, now, limits, on_first_chunk)
+    return done
+
+
+def _read_event(event: bytes, rec: RequestRecord, now: float, limits: ReplyLimits, on_first_chunk) -> bool:
+    """One SSE event into `rec` (its token chunk, error, usage); True for `data: [DONE]`."""
+    done = False
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue  # comments (":ping"), event names, ids
+        body = line[5:].strip()
+        if body == b"[DONE]":
+            done = True
+            continue
+        try:
+            msg = _decode(body)
+        except msgspec.DecodeError as exc:
+            raise BadReply(f"an SSE event is not JSON ({exc}): {_clip(body)}") from None
+        if not isinstance(msg, dict):
+            raise BadReply(f"an SSE event is JSON but not an object: {_clip(body)}")
+        choices = msg.get("choices")
+        if choices is not None and not isinstance(choices, list):
+            raise BadReply(f"`choices` is not a list: {_clip(body)}")
+        if choices:
+            rec.chunk_times_s.append(now)
+            if on_first_chunk is not None and len(rec.chunk_times_s) == 1:
+                on_first_chunk(rec.request_id)
+        elif "error" in msg or msg.get("object") == "error":
+            err = msg.get("error", msg)
+            rec.error = scrub("SSE error: " + str(err.get("message", err) if isinstance(err, dict) else err))
+        usage = msg.get("usage")
+        if usage is not None:
+            _read_usage(usage, rec, limits, body)
+    return done
+
+
+def _read_usage(usage: Any, rec: RequestRecord, limits: ReplyLimits, body: bytes) -> None:
+    if not isinstance(usage, dict):
+        raise BadReply(f"`usage` is not an object: {_clip(body)}")
+    if usage.get("completion_tokens") is not None:
+        rec.output_tokens = _count(usage["completion_tokens"], "completion_tokens", limits.max_completion_tokens,
+                                   "max_tokens")
+    if usage.get("prompt_tokens") is not None:
+        rec.input_tokens = _count(usage["prompt_tokens"], "prompt_tokens", limits.max_prompt_tokens,
+                                  "the prompt's length")
+
+
+def _count(value: Any, name: str, most: int, basis: str) -> int:
+    """A usage count that can be: a whole number from 0 to `most`."""
+    if type(value) is not int:
+        raise BadReply(f"usage.{name} is {_clip(repr(value).encode())}, not a whole number")
+    if not 0 <= value <= most:
+        raise BadReply(f"usage.{name} is {value}, outside the 0 to {most} this request allows "
+                       f"({basis} {most - USAGE_SLACK_TOKENS} + {USAGE_SLACK_TOKENS})")
+    return value
+
+
+def _clip(raw: bytes, n: int = 120) -> str:
+    text = raw[:n].decode("utf-8", "replace")
+    return text + ("..." if len(raw) > n else "")
 
 
 # --------------------------------------------------------------------------- load shapes

@@ -26,6 +26,7 @@ from stepscope import schema
 from stepscope import server_metrics as sm
 from stepscope.config import SweepParams
 from stepscope.errors import ServerError
+from stepscope.redaction import dumps as scrubbed_json, scrub_plain
 from stepscope.runfolder import atomic_open, read_json, write_json
 from stepscope.schema.sweep import SweepPlan
 from stepscope.sweep import client as cl
@@ -214,8 +215,8 @@ def write_level(out_dir: Path, level: Level, records: list[RequestRecord], meta:
     d = levels_dir(out_dir)
     with atomic_open(d / f"{level.name}.jsonl") as fh:
         for r in records:
-            fh.write(json.dumps(r.to_dict()) + "\n")
-    write_json(d / f"{level.name}.meta.json", meta)
+            fh.write(scrubbed_json(r.to_dict()) + "\n")
+    write_json(d / f"{level.name}.meta.json", scrub_plain(meta))
     partial_path(out_dir, level).unlink(missing_ok=True)
 
 
@@ -419,7 +420,7 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
         with open(partial, "w") as keep:
 
             def done(r: RequestRecord) -> None:
-                keep.write(json.dumps(r.to_dict()) + "\n")
+                keep.write(scrubbed_json(r.to_dict()) + "\n")
                 keep.flush()
                 bar.update(1)
 
@@ -491,14 +492,19 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
     m = _Measurer(server, params, out_dir, keep_or_clear_levels(out_dir, identities, resume))
     write_plan(out_dir, plan, [lv for lv in recorded if lv.name in m.reused and lv.name not in
                                {p.name for p in plan}])
-    died = None
-    for i, level in enumerate(progress.bar(plan, desc="sweep levels")):
-        died = m.measure(level, identities[level.name], seed + i)
-        if died:
-            break
-    search = None
-    if died is None and params.slo_search is not None:
-        search, died = _search(m, plan, recorded, seed)
+    died, search = None, None
+    try:
+        for i, level in enumerate(progress.bar(plan, desc="sweep levels")):
+            died = m.measure(level, identities[level.name], seed + i)
+            if died:
+                break
+        if died is None and params.slo_search is not None:
+            search, died = _search(m, plan, recorded, seed)
+    except Exception as exc:
+        # what was measured reaches levels.csv and summary.json before the error goes on
+        finish(out_dir, params.knee_gain, messages=m.messages, slo=params.slo, reused=m.reused)
+        exc.add_note(f"the sweep stopped there; its {m.n_done} finished level(s) are in {out_dir / 'levels.csv'}")
+        raise
     return finish(out_dir, params.knee_gain, died=died, messages=m.messages, slo=params.slo,
                   reused=m.reused, search=search)
 
@@ -533,6 +539,10 @@ class _Measurer:
         try:
             records, meta = cl.run_sync(_run_level(self.server, level, params, self.pool, seed, partial,
                                                    self.tokenizer))
+        except Exception as exc:
+            exc.add_note(f"during sweep level {level.name} ({level.mode} "
+                         f"{level.concurrency or level.request_rate or level.label})")
+            raise
         except (KeyboardInterrupt, asyncio.CancelledError):
             n_kept = len(partial.read_text().splitlines()) if partial.is_file() else 0
             finish(out_dir, params.knee_gain, messages=self.messages, slo=params.slo, reused=self.reused)

@@ -1,7 +1,8 @@
 """A fake OpenAI-style streaming server, for measuring and testing the client.
 
 It is not a model: it streams fixed chunks as fast as it is told to, and can misbehave
-on purpose (HTTP errors, SSE errors, dropped connections, dying mid-run). It also fakes
+on purpose (HTTP errors, SSE errors, dropped connections, dying mid-run, and the hostile
+replies of `BAD_REPLIES`). It also fakes
 vLLM's and SGLang's profiler endpoints, writing small trace files, so the capture code
 can be tested without a real server. It runs its own event loop in a thread, so
 synchronous code (which calls `asyncio.run`) can talk to it.
@@ -22,6 +23,16 @@ from typing import Any
 from aiohttp import web
 
 
+BAD_REPLIES = ("list_event", "usage_many", "usage_huge", "endless_bytes", "trickle_bytes", "endless_error_page")
+"""Replies no real server sends, for `FakeBehaviour.bad_reply`: `list_event` streams a token,
+then `data: [1,2,3]`; `usage_many` and `usage_huge` stream every token, then a usage of
+`"many"` or 10**12 completion tokens; `endless_bytes` sends bytes with no SSE event end, as fast
+as it can; `trickle_bytes` sends a few such bytes every 50 ms; `endless_error_page` answers HTTP 500
+with an HTML page that never ends (1 KiB every 10 ms)."""
+BAD_BYTES_LIMIT_S = 30.0
+"""The longest the fake keeps up `endless_bytes` or `trickle_bytes` when no client stops it."""
+
+
 @dataclass
 class FakeBehaviour:
     chunk_delay_s: float = 0.0
@@ -40,6 +51,17 @@ class FakeBehaviour:
     so a load test measures the client."""
     fail_every: int = 0
     """Answer HTTP 500 to every n-th request (0: never)."""
+    error_body: str | None = None
+    """The body of `fail_every`'s answers (default a JSON error), e.g. an HTML page."""
+    error_content_type: str = "application/json"
+    bad_reply: str | None = None
+    """One of BAD_REPLIES: every `bad_reply_every`-th completion after the first
+    `bad_reply_after` ones gets it."""
+    bad_reply_every: int = 1
+    bad_reply_after: int = 0
+    echo_key_401: bool = False
+    """Answer every completion with 401 and a body that quotes the key its request sent (a
+    server that tells the client which key it refused)."""
     sse_error_every: int = 0
     """Send an SSE error event instead of finishing every n-th request."""
     reset_every: int = 0
@@ -217,13 +239,22 @@ class FakeServer:
             request.transport.close()
             raise web.HTTPServiceUnavailable()
         body = await request.json()
+        if b.echo_key_401:
+            sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            return web.json_response({"error": {"message": f"the key {sent!r} is not valid here"}}, status=401)
         if b.fail_every and n % b.fail_every == 0:
+            if b.error_body is not None:
+                return web.Response(text=b.error_body, status=500, content_type=b.error_content_type)
             return web.json_response({"error": {"message": "fake overload"}}, status=500)
         if b.hang_every and n % b.hang_every == 0:
             await asyncio.sleep(b.hang_s)
         max_tokens = int(body.get("max_tokens", 16))
         prompt = body.get("prompt")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+        if b.bad_reply == "endless_error_page" and self._bad(n):
+            page = web.StreamResponse(status=500, headers={"Content-Type": "text/html"})
+            await page.prepare(request)
+            return await self._bad_bytes(page, b"<p>" + b"x" * 1021, 0.01)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if b.first_chunk_delay_s:
@@ -232,9 +263,27 @@ class FakeServer:
             await asyncio.sleep(b.cold_delay_s)
         self._streaming += 1
         try:
+            if b.bad_reply in ("endless_bytes", "trickle_bytes") and self._bad(n):
+                fast = b.bad_reply == "endless_bytes"
+                return await self._bad_bytes(resp, b"x" * (1 << 16 if fast else 16), 0 if fast else 0.05)
             return await self._stream(request, resp, body, n, max_tokens, prompt_tokens)
         finally:
             self._streaming -= 1
+
+    def _bad(self, n: int) -> bool:
+        b = self.behaviour
+        return b.bad_reply is not None and n > b.bad_reply_after and (n - b.bad_reply_after) % b.bad_reply_every == 0
+
+    async def _bad_bytes(self, resp: web.StreamResponse, piece: bytes, pause_s: float) -> web.StreamResponse:
+        """Bytes that never make an SSE event, until the client closes (or BAD_BYTES_LIMIT_S)."""
+        until = time.monotonic() + BAD_BYTES_LIMIT_S
+        try:
+            while time.monotonic() < until:
+                await resp.write(piece)
+                await asyncio.sleep(pause_s)
+        except ConnectionError:  # the client gave up on the stream: nothing more to send
+            pass
+        return resp
 
     async def _stream(self, request: web.Request, resp: web.StreamResponse, body: dict, n: int,
                       max_tokens: int, prompt_tokens: int) -> web.StreamResponse:
@@ -252,6 +301,9 @@ class FakeServer:
                 await resp.write(b"".join(pending))
                 await resp.write(b'data: {"error": {"message": "fake engine error", "code": 500}}\n\n')
                 await resp.write(b"data: [DONE]\n\n")
+                return resp
+            if b.bad_reply == "list_event" and self._bad(n) and i == 1:
+                await resp.write(b"".join(pending) + b"data: [1,2,3]\n\ndata: [DONE]\n\n")
                 return resp
             chunk = {"id": f"cmpl-{n}", "object": "text_completion", "model": body.get("model"),
                      "choices": [{"index": 0, "text": " tok" * k, "finish_reason":
@@ -271,8 +323,9 @@ class FakeServer:
             delay_s = b.chunk_delay_s + b.chunk_delay_per_stream_s * self._streaming
             if delay_s:
                 await asyncio.sleep(delay_s)
+        completion = {"usage_many": "many", "usage_huge": 10**12}.get(b.bad_reply, sent) if self._bad(n) else sent
         usage = {"id": f"cmpl-{n}", "choices": [], "usage": {
-            "prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}}
+            "prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + sent}}
         await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
