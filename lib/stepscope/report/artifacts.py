@@ -22,6 +22,7 @@ import yaml
 
 from stepscope import schema
 from stepscope.errors import StageInputMissing
+from stepscope.micro.collectives import prediction_for_trace
 from stepscope.server_metrics import METRICS_SCRAPES, SpecDecodeStats, spec_decode_delta, stage_scrapes
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class RunArtifacts:
     collectives: pd.DataFrame | None = None
     burst: pd.DataFrame | None = None
     comm_prediction: schema.CommPrediction | None = None
+    """Stage 03's prediction, re-pointed at the collective implementation the reference rank's
+    trace shows the engine ran (`micro.collectives.prediction_for_trace`)."""
     manifest: schema.CaptureManifest | None = None
     capture_latency: schema.CaptureLatency | None = None
     trace_summary: schema.TraceSummary | None = None
@@ -136,6 +139,10 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.decode_categories = _reference_rank(a.decode_categories_all, ref)
     a.amdahl = _reference_rank(_csv(a, "05_categorize/amdahl.csv"), ref)
     a.category_kernels = _reference_rank(_csv(a, "05_categorize/category_kernels.csv"), ref)
+    # Stage 03 timed every collective implementation it could; predict with the one the trace ran.
+    k = a.category_kernels
+    a.comm_prediction = prediction_for_trace(
+        a.comm_prediction, k.groupby("name")["sum_ms_per_step"].sum().to_dict() if k is not None else None)
     a.category_levers = _reference_rank(_csv(a, "05_categorize/category_levers.csv"), ref)
     a.rank_categories = _csv(a, "05_categorize/rank_categories.csv")
     a.steps = _csv(a, "05_categorize/steps.csv")

