@@ -55,7 +55,7 @@ def test_prefill_with_token_square_is_not_a_decode_step(tmp_path: Path):
 def test_step_like_annotation_of_no_known_form_is_flagged_by_name(tmp_path: Path):
     odd = "execute_context_2[7]_generation_1[1]"
     ev = [_ann("execute_context_0(0)_generation_1(1)", 0.0, 50.0), _ann(odd, 100.0, 50.0),
-          _launch(10.0, 1), _kernel(20.0, 1)]
+          _launch(10.0, 1), _kernel(20.0, 1), _kernel(30.0, 1)]  # two: one event alone is refused
     an = _analyse([_write(tmp_path, ev)], tmp_path / "out")
     flag = [f for f in an.flags if f.code == "unknown_step_annotation"]
     assert len(flag) == 1 and odd in flag[0].message

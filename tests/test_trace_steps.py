@@ -49,7 +49,7 @@ def test_execute_model_frame_fallback(tmp_path: Path):
              "ts": 0.0, "dur": 500.0}
     ev = [noise, frame, {**frame, "ts": 100.0}, _rt(10.0, 1), _k(20.0, 1), _rt(110.0, 2), _k(120.0, 2)]
     r = _analyse(_write(tmp_path, ev))
-    assert r.step_source == "execute_model_frames"
+    assert r.step_source == "engine_frames"
     assert r.steps_tot["n_events"].tolist() == [1, 1]
 
 

@@ -90,6 +90,20 @@ GRAPH_REPLAY_MIN_SHARE = 0.5
 launched by graph launches (`cudaGraphLaunch`, `hipGraphLaunch`): most of the step then costs
 one launch, so "use CUDA graphs" is no lever for it."""
 
+STEP_SOURCE_PIECES_RATIO = 4.0
+"""A step source with at least this many times the steps of another source present, whose steps
+wholly enclose most of its own, is refused: its steps are pieces of a step (vLLM V1's piecewise CUDA
+graphs: 81 graph launches in each `execute_model` step, 729 "steps" of 0.375 ms for 9 real ones).
+Two `ProfilerStep`s beside one `Optimizer.step` (a toy loop on MI250) are no such pieces."""
+DEGENERATE_MIN_WORK_EVENTS = 2
+"""A rank with fewer work events than this is refused: one event has no gap, no overlap and no
+step beside it to say anything of (a libkineto unit test's output: 1 kernel of 0.02 µs read as
+"device busy 100 %")."""
+DEGENERATE_MIN_WORK_US = 1.0
+"""A rank whose work sums to less than this many µs is refused: below a single kernel launch's
+own cost, too little device time to describe (the smallest real trace in the corpus, an SGLang
+graph capture, runs 2 kernels for 11 µs)."""
+
 # --- comparing runs (compare, campaign, the regression gate) ----------------------------
 
 CHANGE_NOISE_REL = 0.05

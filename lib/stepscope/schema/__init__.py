@@ -30,7 +30,8 @@ from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryL
                                          DecodeCategoryRow, DecodeSummary, Flag, LargestGap, PeriodStat,
                                          RankCategoryRow, RankSummary, Roofline, RooflineDevice, RooflineRow,
                                          SpecDecodeSteps, CategoryTotals, ClassTotals, CountStat, MixedReading,
-                                         StepRow, StepTimes, TimelineRow, TraceInfo, TraceSummary)
+                                         StepRow, StepSourceChoice, StepTimes, TimelineRow, TraceInfo,
+                                         TraceSummary)
 from stepscope.schema.deploy import ModelCard, ModelsResponse, ServerRecord
 from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel, LoadWindow, ServerMetricsInfo,
                                    ServerMetricsRow)
@@ -198,7 +199,7 @@ __all__ = [
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
-    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepTimes", "SweepPlan", "SweepSummary",
+    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "record_of", "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
     "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",

@@ -88,7 +88,11 @@ class RankSummary(Record, kw_only=True):
     n_decode_steps: int = 0
     """Steps labelled decode that hold work."""
     step_source: str | None = None
-    """`annotation:vllm`, `annotation:sglang`, `annotation:profiler_step`, or the fallback used."""
+    """`annotation:vllm`, `annotation:sglang`, `engine_frames`, `annotation:profiler_step`,
+    `iteration_markers`, `benchmark_annotations`, `graph_launches` or `whole_trace`: the strongest
+    source present that passed its check."""
+    step_sources: list[StepSourceChoice] = []
+    """Every step source the trace holds, the chosen one first, each refused or outranked one with why."""
     unattributed_events: int = 0
     """Work that belongs to no recorded step (left out of per-step figures)."""
     attribution: dict[str, int] = {}
@@ -109,6 +113,22 @@ class RankSummary(Record, kw_only=True):
     no rule matched at all."""
     catch_all_top_names: list[NamedTime] | None = None
     """Its largest names."""
+
+
+class StepSourceChoice(Record, kw_only=True):
+    """One step source a rank's trace holds (`trace.step_sources.STEP_SOURCES`), and what became of it."""
+
+    source: str
+    """`annotation:vllm`, `engine_frames`, `graph_launches`, ... (docs/trace-analysis.md#step-sources)."""
+    n_steps: int
+    """Steps it yields."""
+    status: str
+    """`chosen`, `refused` (its steps are pieces of a coarser source's) or `outranked` (a stronger
+    source was chosen)."""
+    reason: str | None = None
+    """Why it was refused or outranked."""
+    kind_from: str | None = None
+    """How its steps got their kind where no annotation says it (vLLM's frames: graph replay)."""
 
 
 class StepTimes(Record, kw_only=True):
@@ -247,6 +267,9 @@ class CollectivesCheck(Record, kw_only=True):
     """The TP size the expectation used."""
     tp_source: str | None = None
     """`params`, `trace` or `default`."""
+    steps_failing: list[int] | None = None
+    """Decode steps whose own all-reduce count is not the expected one (`trace.info.steps_off_architecture`):
+    each is flagged (`steps_off_architecture`); null without an expectation."""
 
 
 class WeightFormatNamed(Record, kw_only=True):

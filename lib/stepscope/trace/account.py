@@ -25,6 +25,7 @@ import pandas as pd
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.trace.categorize import CATEGORY_CLASS, COLLECTIVE_CATEGORIES
 from stepscope.trace.codes import count_codes, factorize_keys, lookup, text_column_codes
+from stepscope.trace.step_sources import EXCLUDED_KINDS
 
 
 def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -401,8 +402,8 @@ def account_rank(work: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
 
 
 def select_decode_steps(step_totals: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Decode steps with work; without decode labels, every step with work (and say so)."""
-    has_work = step_totals["n_events"] > 0
+    """Decode steps with work; without decode labels, every step with work but a warm-up (and say so)."""
+    has_work = (step_totals["n_events"] > 0) & ~step_totals["kind"].isin(EXCLUDED_KINDS)
     dec = step_totals[(step_totals["label"] == "decode") & has_work]
     if len(dec):
         return dec, "decode"

@@ -19,12 +19,14 @@ from stepscope.trace.budget import give_back_free_heap, require_budget, return_f
 from stepscope.trace.categorize import CATCH_ALL_CATEGORY, make_rules
 from stepscope.trace.period import decode_period, step_idle
 from stepscope.trace.roofline import roofline, roofline_quantization
-from stepscope.trace.info import detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence, trace_info, weight_formats_named
+from stepscope.trace.info import (detect_engine, input_token_shape, host_only_of_gpu_job, kind_evidence,
+                                  steps_off_architecture, trace_info, weight_formats_named)
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS, RankTrace, load_ranks, new_flag
 from stepscope.wording import capture_delivery, short_names
-from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, empty_launches, build_work, find_steps,
-                                   split_device_rows, spec_decode_steps,
+from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, empty_launches, build_work, degenerate_reason,
+                                   find_steps, split_device_rows, spec_decode_steps,
                                    unknown_step_names)
+from stepscope.trace.step_sources import NOT_ANNOTATED
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.codes import in_values, map_codes, value_counts
 
@@ -296,6 +298,9 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
         raise TraceError(f"no work to analyse: no device event, and none of its {n_ops} CPU op(s) lies inside one "
                          f"of its {len(steps)} step(s) on the thread that carries the step annotations",
                          where=str(rt.path), hint="profile a window that holds whole steps of the work")
+    if (why := degenerate_reason(work)) is not None:
+        raise TraceError(f"too little to analyse: {why}", where=str(rt.path),
+                         hint="profile a window that holds whole steps of the work")
     give_back_free_heap()  # the build's temporaries, before the accounting's
     args = work.pop(ARGS_COLUMN) if ARGS_COLUMN in work else None  # the kernels' collective args
     step_cats, step_tot = acc.account_steps(work, steps)
@@ -383,6 +388,7 @@ def _rank_summary(r: RankResult) -> schema.RankSummary:
                              for n, x in catch_top.iterrows()],
         other_top_names=[schema.NamedTime(**o) for o in r.other_top],
         n_steps=int(len(r.steps)), n_decode_steps=n_decode, step_source=r.step_source,
+        step_sources=schema.record_of(r.steps.attrs.get("step_sources", []), list[schema.StepSourceChoice]),
         unattributed_events=int((r.work["step_id"] < 0).sum()),
         attribution={str(k): int(v) for k, v in value_counts(r.work["attribution"]).items()},
         excluded={k: v for k, v in r.info.items() if k != "origin_us"},
@@ -598,7 +604,18 @@ def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[schem
         flags.append(new_flag("collectives_mismatch", "warning",
                            "collectives per decode step differ from the architecture: "
                            + "; ".join(check.explanation)))
+    if expected is not None:
+        check.steps_failing = steps_off_architecture(ref.steps_tot, expected.all_reduce)
+        if check.steps_failing:
+            flags.append(new_flag("steps_off_architecture", "warning", _steps_off_words(check, expected)))
     return check
+
+
+def _steps_off_words(check: schema.CollectivesCheck, expected: schema.ExpectedCollectives) -> str:
+    ids = check.steps_failing or []
+    return (f"{len(ids)} of {check.observed.n_steps} decode steps (ids {ids[:5]}{' ...' if len(ids) > 5 else ''}) do "
+            f"not hold the {expected.all_reduce} all-reduces the architecture runs per step: they are no forward pass "
+            "of the model as its architecture runs it (a graph piece, merged steps, a cut step)")
 
 
 def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[schema.Flag],
@@ -638,7 +655,7 @@ def _rank_flags(ranks_summary: list[schema.RankSummary]) -> list[schema.Flag]:
             flags.append(new_flag("no_launch_events", "info", rank=rs.rank, n_events=rs.attribution["work_time"]))
         if rs.step_source == WHOLE_TRACE:
             flags.append(new_flag("no_step_marker", "warning", rank=rs.rank))
-        elif rs.step_source.startswith(("graph", "exec")):
+        elif rs.step_source in NOT_ANNOTATED:
             flags.append(new_flag("step_fallback", "info", rank=rs.rank, step_source=rs.step_source))
     return flags
 

@@ -6,11 +6,14 @@ python frame, an `aten::native_layer_norm` op, an `Optimizer.step#AdamW.step` an
 Stack traces hold millions of python frames and GPU traces as many cpu_ops, so the loader
 keeps only the frames that can name a purpose (a small fraction, see `keep_frame`):
 
-- python frames: every module frame (`nn.Module: <Class>_<n>`), the step fallback
-  (`execute_model`) and functions whose names say what they do (rotary, norm, logits, loss);
+- python frames: every module frame (`nn.Module: <Class>_<n>`), the engines' own step frames
+  (`steps.ENGINE_STEP_FRAME`: vLLM's `execute_model`, SGLang's `run_batch` and `forward_decode`,
+  TensorRT-LLM's `_forward_step`) and functions whose names say what they do (rotary, norm,
+  logits, loss);
 - cpu_ops on GPU traces: ops that name a purpose (norms, rotary, convolutions, losses,
-  optimizers, logits, and the backward nodes of those); on CPU traces every cpu_op is work and
-  is kept anyway.
+  optimizers, logits, and the backward nodes of those) and the step markers a 2021-format trace
+  records as ops (`ProfilerStep#N` under `cat: "Operator"`, a benchmark's
+  `[param|...|measure|forward]`); on CPU traces every cpu_op is work and is kept anyway.
 
 The categories these frames give are decided in `categorize` (rules.yaml `context:`);
 this module only decides what survives parsing, so it stays pandas-free and fast.
@@ -25,7 +28,8 @@ NAME_CAP_CHARS = 4096
 """Names are cut to this before a rule sees them (re-exported by `parse`, its one home)."""
 
 _FUNCTION_FRAME = re.compile(
-    r"execute_model|\): (?:\w*rotary\w*|apply_rotary\w*|rotate_half|\w*_rope\w*|rope_\w*"
+    r"execute_model|\): (?:run_batch|forward_batch_generation|forward_(?:decode|extend|idle)|_forward_step"
+    r"|\w*rotary\w*|apply_rotary\w*|rotate_half|\w*_rope\w*|rope_\w*"
     r"|\w*rms_?norm\w*|\w*layer_?norm\w*|compute_logits|\w*lm_head\w*|\w*cross_entropy\w*"
     r"|\w*_loss\w*|loss\w*"
     r"|_capture_cudagraphs|capture_model|compile_or_warm_up_model|capture_one_batch_size|capture_begin"
@@ -40,8 +44,10 @@ steady-state step (`trace.info.kind_evidence`); and activation checkpointing's
 _CONTEXT_OP = re.compile(
     r"(?i)norm|rotary|rope|conv|loss|cross_entropy|nll|logits|lm_head"
     r"|^Optimizer\.|_foreach_|_fused_(adam|adamw|sgd|adagrad)"
-    r"|^vllm::unified_(mla_)?attention|^vllm::moe_forward")  # MLA's absorbed bmms, the router's top-k
-"""cpu_op names that name a purpose (matched by `re.search`)."""
+    r"|^vllm::unified_(mla_)?attention|^vllm::moe_forward"  # MLA's absorbed bmms, the router's top-k
+    r"|^ProfilerStep#\d+$|^\[param\|.*\|(?:warmup|measure)\|")
+"""cpu_op names that name a purpose (matched by `re.search`), and the step markers older traces
+record as ops (`trace.steps`)."""
 
 
 def keep_frame(name: object) -> bool:

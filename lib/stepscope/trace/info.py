@@ -22,6 +22,7 @@ import pandas as pd
 from stepscope.thresholds import GRAPH_REPLAY_MIN_SHARE, LOW_CONFIDENCE_STEPS
 from stepscope.trace.account import in_steps
 from stepscope.trace.load import LAUNCH_CATS as LAUNCH_CATS_INFO
+from stepscope.trace.step_sources import EXCLUDED_KINDS
 from stepscope.trace.steps import TRAINING_ANN, TRAINING_KERNEL, WHOLE_TRACE
 from stepscope.wording import short_name
 from stepscope.trace.codes import count_codes, in_values, used_values
@@ -270,7 +271,7 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
     """The `trace_info` block of summary.json from analysed ranks (`RankResult`s with `meta`)."""
     ref = ranks[0]
     st = ref.steps_tot
-    with_work = st[st["n_events"] > 0]
+    with_work = st[(st["n_events"] > 0) & ~st["kind"].isin(EXCLUDED_KINDS)]  # a warm-up is never judged
     kinds = {str(k): int(v) for k, v in with_work["kind"].value_counts().items()}
     evidence = dict(ref.meta.get("kind_evidence") or {})
     kind, judged = _kind(kinds, shape_hint, evidence)
@@ -307,7 +308,8 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
         "tp_source": source,
         "tp_disagreement": bool(tp_params and world and int(tp_params) != int(world)),
         # A trace with no step marker is read whole, as one window: it holds no steps to count.
-        "n_steps": None if ref.step_source == WHOLE_TRACE else int(len(st)),
+        # A warm-up pass is no step of the work: counted in steps.csv, never here.
+        "n_steps": None if ref.step_source == WHOLE_TRACE else int((~st["kind"].isin(EXCLUDED_KINDS)).sum()),
         "step_source": ref.step_source,
         "n_decode_steps": int(kinds.get("decode", 0)),
         "step_kinds": kinds,
@@ -393,3 +395,18 @@ def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
            for fmt, hits in found.items()]
     return sorted(out, key=lambda r: -r["ms_per_step"])
 
+
+def steps_off_architecture(steps_tot: pd.DataFrame, expected_all_reduce: int | None) -> list[int]:
+    """The judged decode steps (with work, `account.select_decode_steps`) whose all-reduce count
+    is not the architecture's (2L+1 for a TP decoder: `model.expected_collectives`): each is no
+    forward pass of the model as the architecture runs it (a graph piece, two steps merged, a
+    step the trace cut). Empty without an expectation or decode steps."""
+    from stepscope.trace.account import select_decode_steps
+
+    if expected_all_reduce is None or "all_reduce_calls" not in steps_tot:
+        return []
+    dec, which = select_decode_steps(steps_tot)
+    if which != "decode":
+        return []
+    off = dec["all_reduce_calls"].to_numpy() != expected_all_reduce
+    return [int(i) for i in dec["step_id"].to_numpy()[off]]

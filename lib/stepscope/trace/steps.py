@@ -1,9 +1,11 @@
 """Engine steps and the attribution of every piece of work to one step.
 
-Steps come from the engine's own annotations (vLLM's three `execute_...` forms,
-SGLang's `step[DECODE bs=N]`, torch's `ProfilerStep#N`). Without them the fallbacks
-are, in order: CUDA/HIP graph launches, `execute_model` Python frames, one step for the
-whole trace; the table says which source was used.
+Steps come from the strongest evidence the trace holds (`step_sources`, in rank order): the
+engine's own annotations (vLLM's three `execute_...` forms, SGLang's `step[DECODE bs=N]`), the
+engine's step frames (`execute_model`, ...), torch's `ProfilerStep#N`, `Optimizer.step`
+iteration markers, a benchmark's warm-up and measure annotations, CUDA/HIP graph launches; with
+none of them, one window for the whole trace. The table says which source was used, and its
+`attrs["step_sources"]` why the others were not.
 
 A device event belongs to the step whose annotation encloses its *launch* on the
 launching thread (kernel `correlation` -> launch event), never to the step its own
@@ -20,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
-from stepscope.trace.codes import in_values, lookup, take_codes, text_codes
+from stepscope.trace import step_sources as sources
+from stepscope.trace.codes import in_values, lookup, take_codes, text_codes, used_values
 from stepscope.trace.context import WorkContext, launch_context, op_context
 from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 from stepscope.trace.modules import in_recompute_frames
@@ -46,13 +49,16 @@ STEP_LIKE = re.compile(r"^execute_(?!diffusion_)|_context_\d|_generation_\d|^ste
 # evidence of the trace's kind, see trace.info.kind_evidence.)
 
 WHOLE_TRACE = "whole_trace"
-"""The step source of a trace with no step marker (no engine or profiler step annotation, no
-graph launch, no `execute_model` frame): its one row is the whole trace, one window, not a step."""
+"""The step source of a trace with no step marker (none of `step_sources.STEP_SOURCES`): its one
+row is the whole trace, one window, not a step."""
 
-STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "unknown")
-"""Per-step `kind`: the engine's label where the annotation says it; `training` for a
-`ProfilerStep` of a trace that runs backward or an optimizer; `profiler_step` for
-another `ProfilerStep`; `unknown` for fallback steps (graph launches, frames, whole trace)."""
+STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "warmup", "measure", "unknown")
+"""Per-step `kind`: the engine's label where the annotation or an engine frame says it (or, for
+vLLM's `execute_model` frames, graph replay: `step_sources.GRAPH_KIND_READING`); `training` for a
+`ProfilerStep` of a trace that runs backward or an optimizer, and for an `Optimizer.step`
+iteration; `profiler_step` for another `ProfilerStep`; `warmup` and `measure` for a benchmark's
+phases (warm-up steps are judged with no other step); `unknown` for graph launches and the
+whole trace."""
 
 STEP_COLUMNS = ["rank", "step_id", "name", "source", "label", "kind", "n_requests", "n_tokens",
                 "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
@@ -140,61 +146,71 @@ def looks_like_training(ev: pd.DataFrame) -> bool:
 
 
 def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
-    """The step table of one rank and the source it came from."""
-    ann = ev[ev["cat"] == "user_annotation"]
-    parsed = {n: parse_step_name(n) for n in ann["name"].astype(str).unique()}
-    families = {p["family"] for p in parsed.values() if p}
-    rows: list[dict] = []
-    source = None
+    """The step table of one rank and the source it came from: the strongest source the trace
+    holds that passes its check (`step_sources`). The table's `attrs["step_sources"]` says, per
+    source present, whether it was chosen, refused (and why) or outranked."""
     # Device work on GPU traces (their few cpu_ops are only context frames), ops on CPU traces.
     # By mask, not a copy of the work rows (most of a kernel-dense trace's table).
     work_rows = in_values(ev["cat"], DEVICE_CATS)
     if not work_rows.any():
         work_rows = (ev["cat"] == "cpu_op").to_numpy()
     t0, t1 = _work_span(ev["ts"].to_numpy(float), ev["dur"].to_numpy(float), work_rows)
-    for fam in _FAMILY_ORDER:
-        if fam in families:
-            source = f"annotation:{fam}"
-            names = [n for n, p in parsed.items() if p and p["family"] == fam]
-            sel = ann[ann["name"].astype(str).isin(names)].sort_values("ts")
-            kind_ps = "training" if fam == "profiler_step" and looks_like_training(ev) else None
-            for r in sel.itertuples(index=False):
-                p = parsed[str(r.name)]
-                kind = kind_ps or ("profiler_step" if fam == "profiler_step" else p["label"])
-                rows.append(dict(name=str(r.name), label=p["label"], kind=kind,
-                                 **{k: p[k] for k in ("n_requests", "n_tokens", "prefill_requests",
-                                                      "prefill_tokens", "decode_requests",
-                                                      "decode_tokens")},
-                                 pid=r.pid, tid=r.tid, ts=r.ts, dur=r.dur))
-            break
+    candidates = _annotation_steps(ev)
+    candidates["engine_frames"], frame_kinds = sources.engine_frame_steps(ev)
+    candidates["iteration_markers"] = sources.iteration_steps(ev)
+    candidates["benchmark_annotations"] = sources.benchmark_steps(ev)
+    candidates["graph_launches"] = sources.graph_steps(ev, t0, t1)
+    source, record = sources.choose(candidates, {"engine_frames": frame_kinds})
     if source is None:
-        rt = ev[in_values(ev["cat"], LAUNCH_CATS)]
-        graph = rt[rt["name"].astype(str).str.match(_GRAPH_LAUNCH)].sort_values("ts")
-        if len(graph):
-            source = "graph_launches"
-            # One step per graph launch: from this launch to the next on the same thread.
-            # The first step also takes the work launched before it.
-            for (pid, tid), g in graph.groupby(["pid", "tid"], sort=False):
-                ts = g["ts"].to_numpy()
-                for i in range(len(ts)):
-                    start = min(t0, ts[0]) if i == 0 else ts[i]
-                    end = ts[i + 1] if i + 1 < len(ts) else max(t1, ts[-1])
-                    rows.append(_unknown_step(str(g["name"].iloc[i]), pid, tid, start, end - start))
-    if source is None:
-        frames = ev[(ev["cat"] == "python_function")
-                    & ev["name"].str.contains("execute_model", regex=False)]
-        if len(frames):
-            source = "execute_model_frames"
-            for r in frames.sort_values("ts").itertuples(index=False):
-                rows.append(_unknown_step(str(r.name), r.pid, r.tid, r.ts, r.dur))
-    if source is None:
-        source = WHOLE_TRACE
-        rows.append(_unknown_step("whole trace", -1, -1, t0, t1 - t0))
-    steps = pd.DataFrame(rows)
+        source, steps = WHOLE_TRACE, pd.DataFrame([_unknown_step("whole trace", -1, -1, t0, t1 - t0)])
+    else:
+        steps = candidates[source].reset_index(drop=True)
     steps.insert(0, "step_id", np.arange(len(steps), dtype=np.int64))
     steps.insert(0, "rank", rank)
     steps["source"] = source
-    return steps[STEP_COLUMNS], source
+    out = steps[STEP_COLUMNS]
+    out.attrs["step_sources"] = record
+    return out, source
+
+
+def _annotation_steps(ev: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The steps of each annotation family present: vLLM's and SGLang's on `user_annotation`,
+    `ProfilerStep#N` on an annotation or a (2021-format) op, keyed by source name."""
+    ann = ev[in_values(ev["cat"], sources.HOST_MARK_CATS)]
+    parsed = {n: parse_step_name(n) for n in used_values(ann["name"]) if isinstance(n, str)}
+    out: dict[str, pd.DataFrame] = {}
+    for fam in _FAMILY_ORDER:
+        names = [n for n, p in parsed.items() if p and p["family"] == fam]
+        if not names:
+            continue
+        # the engines annotate; only ProfilerStep appears as an op too (2021 Kineto's `Operator`)
+        cat_ok = ann["cat"] == "user_annotation" if fam != "profiler_step" else True
+        sel = ann[cat_ok & in_values(ann["name"], names)].sort_values("ts", kind="stable")
+        kind_ps = "training" if fam == "profiler_step" and looks_like_training(ev) else None
+        rows = []
+        for r in sel.itertuples(index=False):
+            p = parsed[str(r.name)]
+            kind = kind_ps or ("profiler_step" if fam == "profiler_step" else p["label"])
+            rows.append(dict(name=str(r.name), label=p["label"], kind=kind,
+                             **{k: p[k] for k in ("n_requests", "n_tokens", "prefill_requests", "prefill_tokens",
+                                                  "decode_requests", "decode_tokens")},
+                             pid=r.pid, tid=r.tid, ts=r.ts, dur=r.dur))
+        out[f"annotation:{fam}"] = pd.DataFrame(rows)
+    return out
+
+
+def degenerate_reason(work: pd.DataFrame) -> str | None:
+    """Why one rank's work is too little to say anything of (`thresholds.DEGENERATE_MIN_WORK_EVENTS`,
+    `DEGENERATE_MIN_WORK_US`), or None."""
+    from stepscope.thresholds import DEGENERATE_MIN_WORK_EVENTS, DEGENERATE_MIN_WORK_US
+
+    n, total_us = len(work), float(work["dur_us"].sum()) if len(work) else 0.0
+    if n < DEGENERATE_MIN_WORK_EVENTS:
+        return (f"{n} work event(s) ({total_us:.3g} µs), under {DEGENERATE_MIN_WORK_EVENTS}: no gap, overlap "
+                "or step beside it to describe")
+    if total_us < DEGENERATE_MIN_WORK_US:
+        return f"{n} work events summing to {total_us:.3g} µs, under {DEGENERATE_MIN_WORK_US:g} µs of work"
+    return None
 
 
 def _work_span(ts: np.ndarray, dur: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
@@ -211,9 +227,7 @@ def _work_span(ts: np.ndarray, dur: np.ndarray, rows: np.ndarray) -> tuple[float
 
 
 def _unknown_step(name: str, pid, tid, ts: float, dur: float) -> dict:
-    return dict(name=name, label="unknown", kind="unknown", n_requests=-1, n_tokens=-1, prefill_requests=-1,
-                prefill_tokens=-1, decode_requests=-1, decode_tokens=-1, pid=pid, tid=tid,
-                ts=ts, dur=dur)
+    return sources.step_row(name, pid, tid, ts, dur)
 
 
 def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndarray,
