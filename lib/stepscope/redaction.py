@@ -52,7 +52,9 @@ def redact(obj: Any, key: str = "") -> Any:
 
 
 # user:password@ in a URL, and secret-looking query parameters (?token=..., &api_key=...).
-_URL_USERINFO_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@", re.I)
+# (Anchored on "://" by a look-behind: a scheme pattern tried at every letter made a 13 MB
+# artifact take 1.1 s.)
+_URL_USERINFO_RE = re.compile(r"(?<=://)[^/@\s:]+(?::[^/@\s]*)?@")
 _URL_QUERY_SECRET_RE = re.compile(
     r"(?P<name>[?&](?:[a-z0-9_.-]*(?:api[_-]?key|token|secret|password|passwd|auth|signature|"
     r"credential)[a-z0-9_.-]*))=(?P<value>[^&#\s'\"]+)", re.I)
@@ -68,8 +70,12 @@ def redact_text(text: str) -> str:
     """Redact URL credentials and `--secret-flag value` pairs inside one string."""
     if not text or not any(c in text for c in ":=-"):
         return text
-    text = _URL_USERINFO_RE.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
-    text = _URL_QUERY_SECRET_RE.sub(lambda m: m.group("name") + "=" + REDACTED, text)
+    if "://" in text and "@" in text:
+        text = _URL_USERINFO_RE.sub(REDACTED + "@", text)
+    if "=" in text:
+        text = _URL_QUERY_SECRET_RE.sub(lambda m: m.group("name") + "=" + REDACTED, text)
+    if "--" not in text:
+        return text
     return _TEXT_FLAG_RE.sub(
         lambda m: m.group("flag") + m.group("sep") + REDACTED
         if SECRET_KEY_RE.search(m.group("flag").lstrip("-")) and m.group("value") != REDACTED

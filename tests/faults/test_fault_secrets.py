@@ -10,10 +10,11 @@ import os
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from faultkit import stand_in_notebooks
-from stepscope import paths
+from stepscope import paths, schema
 from stepscope.config import SweepParams
 from stepscope.errors import ServerError
 from stepscope.redaction import REDACTED, scrub
@@ -64,6 +65,21 @@ def test_environment_tokens_bearer_values_and_url_passwords_in_replies_are_blank
         f"HTTP 500 Internal Server Error: upstream http://{REDACTED}@10.0.0.1/v1 refused token {REDACTED} "
         f"(Authorization: Bearer {REDACTED})")
     assert files_holding(tmp_path, token, bearer, password) == []
+
+
+class ErrorRow(schema.Row):
+    """A table with a text column, as a stage writes one."""
+
+    request_id: int
+    error: str
+
+
+def test_a_table_cell_holding_a_secret_is_blanked_and_the_rest_kept(tmp_path):
+    df = pd.DataFrame({"request_id": [0, 1], "error": ["overload, x=1", "GET http://u:pw1234@h/health, 401"]})
+    schema.write_table(df, tmp_path / "failures.csv", ErrorRow)
+    back = pd.read_csv(tmp_path / "failures.csv")
+    assert back["error"].tolist() == ["overload, x=1", f"GET http://{REDACTED}@h/health, 401"]
+    assert back["request_id"].tolist() == [0, 1]
 
 
 def test_the_filter_keeps_ordinary_text():
