@@ -22,7 +22,7 @@ from stepscope.redaction import scrub
 from stepscope.runfolder import save_figure
 from stepscope.thresholds import (BUNCHED_FLAG_SHARE, CHANGE_NOISE_REL, NOISE_BAND_SIGMAS, READINGS_AGREE_REL,
                                   STALL_GAP_S, STALLED_LEVEL_SHARE, TPOT_GAP_SHARE)
-from stepscope.wording import HEADLINE_MARK, md_code, md_text
+from stepscope.wording import HEADLINE_MARK, figure_text, md_code, md_text
 
 FIG_THROUGHPUT = "campaign_output_tok_s_vs_concurrency.png"
 FIG_CATEGORIES = "campaign_decode_ms_per_step_by_category.png"
@@ -474,7 +474,8 @@ def make_figures(c: ca.Campaign, out: Path) -> dict[str, str]:
     if not cats.empty:
         steps = {v: ca._mean([ca.step_ms(r) for r in c.runs[v]]) for v in cats.columns}
         n = {v: c.runs[v][0].ctx["totals"].get("n_decode_steps") for v in cats.columns}
-        save_figure(cp.plot_category_by_variant(cats, steps, n), out / "figures" / FIG_CATEGORIES)
+        shown = cats.rename(index=figure_text)  # a `$` in a category name would start mathtext
+        save_figure(cp.plot_category_by_variant(shown, steps, n), out / "figures" / FIG_CATEGORIES)
         figs[FIG_CATEGORIES] = f"figures/{FIG_CATEGORIES}"
     return figs
 

@@ -31,7 +31,8 @@ from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AG
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
 from stepscope.wording import (HEADLINE_MARK, WINDOW, Md, capture_delivery, in_steps, md_code, md_fence, md_text,
-                               per_step, per_step_header, plural, short_name, work_unit)
+                               figure_text, per_step, per_step_header, plural, short_name,
+                               work_unit)
 
 STAGE_ID = "06_writeup"
 FIGURE_LINK_PREFIX = "../figures/"
@@ -72,7 +73,13 @@ def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
     else:
         labels = pd.Series(["decode step (mean)"] * len(d), index=d.index)
     ms = d["union_ms_mean"] if "union_ms_mean" in d else d["ms_per_step_mean"]  # stage rows, or the table
-    return pd.DataFrame({"label": labels, "category": d["category"], "ms_per_step": ms.astype(float)})
+    return pd.DataFrame({"label": labels, "category": _figure_names(d["category"]), "ms_per_step": ms.astype(float)})
+
+
+def _figure_names(names: pd.Series) -> pd.Series:
+    """Category names as figure text (`wording.figure_text`): a `$` in a params rule's category
+    would start mathtext, and a bad one fails the figure."""
+    return names.map(figure_text)
 
 
 def _same_as_stage_step_figure(a: RunArtifacts, bars: pd.DataFrame, n_steps, totals: dict) -> bool:
@@ -109,14 +116,17 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
             save("stacked", "step_category_ms_stacked.png",
                  cat.plot_decode_category_time_stacked(bars, markers, n, label))
         if "share_of_step" in decode:
-            save("shares", "step_category_shares.png", cat.plot_category_shares(decode, n, label))
+            save("shares", "step_category_shares.png",
+                 cat.plot_category_shares(decode.assign(category=_figure_names(decode["category"])), n, label))
     if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns) \
             and not _stage_figures(a.run_dir, "05_step_timeline"):
         lane = "thread" if totals.get("mode") == "cpu" else "stream"
         save("timeline", "step_timeline_rank0_by_lane.png",
              cat.plot_decode_step_timeline(a.timeline, lane=lane, step_label=label))
     if ctx["amdahl"] is not None:
-        save("amdahl", "step_amdahl_ceiling_by_category.png", cat.plot_amdahl_ceiling(ctx["amdahl"], label))
+        am = ctx["amdahl"]
+        save("amdahl", "step_amdahl_ceiling_by_category.png",
+             cat.plot_amdahl_ceiling(am.assign(category=_figure_names(am["category"])), label))
     if ctx["whatif"] is not None:
         save("whatif", "whatif_speculative_decoding_tpot.png",
              fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"]))

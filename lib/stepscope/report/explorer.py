@@ -9,7 +9,6 @@ categories and step attribution as the report).
 
 from __future__ import annotations
 
-import html
 import io
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pandas as pd
 
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.trace.plots import plot_decode_step_timeline
-from stepscope.wording import step_label
+from stepscope.wording import html_text, step_label
 
 EXPLORER_DPI = 72
 """Low resolution keeps each rendered timeline around 30 kB in a saved notebook."""
@@ -173,7 +172,7 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
     if _batch_shell():
         return HTML("<p><b>Step explorer:</b> interactive, so not built in this batch run (no one to "
                     "click it). Open this notebook with <code>stepscope lab "
-                    f"{html.escape(str(run_dir))}</code> and run this cell to use it.</p>")
+                    f"{html_text(run_dir)}</code> and run this cell to use it.</p>")
     ex = StepExplorer(run_dir, extra_rules)
     if not ex.available:
         return HTML("<p><b>Step explorer:</b> not available: stage 05 (05_categorize/steps.csv, "
@@ -197,7 +196,7 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
             ev = ex.step_events(rank_dd.value, step_dd.value)
             if ev is None or not len(ev):
                 display(HTML(f"<p>No device events for rank {rank_dd.value}, step {step_dd.value}. "
-                             + "; ".join(ex.notes[-1:]) + "</p>"))
+                             + html_text("; ".join(ex.notes[-1:])) + "</p>"))
                 return
             cats = ["(all)"] + sorted(ev["category"].astype(str).unique())
             if list(cat_dd.options) != cats:
@@ -209,7 +208,7 @@ def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
             tab = step_category_table(ev)
             display(HTML(tab.to_html(index=False, float_format=lambda v: f"{v:,.1f}")))
             if chosen:
-                display(HTML(f"<b>{chosen}</b>: top kernels in this step"
+                display(HTML(f"<b>{html_text(chosen)}</b>: top kernels in this step"
                              + category_top_names(ev, chosen).to_html(index=False,
                                                                       float_format=lambda v: f"{v:,.1f}")))
             fig = plot_decode_step_timeline(ev, title_note=f"(rank {rank_dd.value}, step {step_dd.value})",

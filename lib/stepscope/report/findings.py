@@ -31,6 +31,7 @@ from stepscope import thresholds
 from stepscope.config import WriteupParams
 from stepscope.errors import StepscopeError
 from stepscope.report.verdict import Verdict
+from stepscope.wording import html_text
 
 
 @dataclass(frozen=True, repr=False)
@@ -101,7 +102,8 @@ class Findings:
         return f" (thresholds: {', '.join(f'{k}={v:g}' for k, v in self.overrides)})" if self.overrides else ""
 
     def _repr_html_(self) -> str:
-        return f"<p>Findings of {self.run_dir.name}{self._said()}</p>" + self.get_findings().to_html(index=False)
+        return (f"<p>Findings of {html_text(self.run_dir.name)}{self._said()}</p>"
+                + self.get_findings().to_html(index=False))  # to_html escapes its cells
 
 
 def verdict(run_dir: str | Path, writeup: WriteupParams | None = None,
