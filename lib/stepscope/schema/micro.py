@@ -24,7 +24,7 @@ class GemmRow(Row, kw_only=True):
     batch: int | None = None
     """Batched GEMM count (MLA's per-head bmm), else 1."""
     experts: int | None = None
-    """Grouped routed-expert rows (`gemm` ending `(fused)`): the distinct experts the one
+    """Grouped routed-expert rows (`gemm` `routed_experts_fused`): the distinct experts the one
     fused call runs, D(M) rounded; n, k are one expert's gate_up shape. Empty otherwise."""
     rows_per_expert: float | None = None
     """Grouped routed-expert rows: tokens per expert, M·top_k / experts."""
