@@ -112,3 +112,60 @@ def test_analyze_reports_bad_rank_in_flags(real_traces: Path, tmp_path: Path):
     assert [r.rank for r in an.summary.ranks] == [0]
     assert any(f.code == "rank_unreadable" and "rank7.json.gz" in f.message
                for f in an.summary.flags)
+
+
+# --------------------------------------------------------------------------- one bad event (issue 39)
+
+FULLGRAPH = Path(__file__).parent / "data" / "traces" / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"
+
+
+def _fullgraph_with(tmp_path: Path, bad_kernels: int, value: str = "NaN") -> tuple[Path, list[float]]:
+    """The real mi300x decode trace with the `dur` of its first `bad_kernels` kernels replaced
+    by `value` (written raw: JSON has no NaN); returns the file and the durations replaced."""
+    with gzip.open(FULLGRAPH, "rt") as fh:
+        doc = json.load(fh)
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    lost = []
+    for e in kernels[10:10 + bad_kernels]:  # inside the decode step, not its first kernel
+        lost.append(e["dur"])
+        e["dur"] = "BAD_DUR"
+    p = tmp_path / "rank0.json.gz"
+    with gzip.open(p, "wt") as fh:
+        fh.write(json.dumps(doc).replace('"BAD_DUR"', value))
+    return p, lost
+
+
+@pytest.mark.parametrize("value", ["NaN", '"many"'])
+def test_one_bad_event_of_a_real_trace_is_dropped_and_flagged_and_the_rank_kept(tmp_path: Path, value: str):
+    """One NaN (or non-numeric) `dur` among the 434 work events of a real decode trace refused
+    the whole rank as damaged (0.23 % over a 0.1 % tolerance): it is dropped, flagged with its
+    count and share, and every other number is the trace's own."""
+    from stepscope.thresholds import BAD_EVENT_SHARE_LIMIT
+
+    bad, (lost_us,) = _fullgraph_with(tmp_path, 1, value)
+    full = analyze_traces(FULLGRAPH, tmp_path / "full", perfetto=False, progress=False)
+    one = analyze_traces(bad, tmp_path / "bad", perfetto=False, progress=False)
+    assert [r.rank for r in one.summary.ranks] == [0]
+    flag, = [f for f in one.summary.flags if f.code == "bad_durations"]
+    assert (flag.rank, flag.n_events, flag.limit_share) == (0, 1, BAD_EVENT_SHARE_LIMIT)
+    assert flag.share == pytest.approx(1 / 434)
+    assert "dropped 1 work events (0.23% of them; a rank is refused above 1%)" in flag.message
+    rf, rb = full.summary.ranks[0], one.summary.ranks[0]
+    assert (rf.n_device_events, rb.n_device_events) == (434, 433)
+    assert rb.kernel_sum_us == pytest.approx(rf.kernel_sum_us - lost_us, rel=1e-12)
+    assert (rb.step_source, rb.step_kinds, rb.n_steps) == (rf.step_source, rf.step_kinds, rf.n_steps)
+    assert rb.span_us == rf.span_us
+    written = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    assert {"code": "bad_durations", "n_events": 1, "share": pytest.approx(1 / 434)}.items() <= \
+        next(f for f in written["flags"] if f["code"] == "bad_durations").items()
+
+
+def test_bad_events_over_the_share_refuse_the_rank_naming_the_share_and_the_limit(tmp_path: Path):
+    bad, _ = _fullgraph_with(tmp_path, 5)  # 5 of 434: 1.15 %, over 1 %
+    with pytest.raises(TraceError) as err:
+        load_rank(bad)
+    msg = str(err.value)
+    assert "5 of 434 work events (1.15%) have a missing or negative duration" in msg
+    assert "over the 1% of its work events a rank may lose (thresholds.BAD_EVENT_SHARE_LIMIT)" in msg
+    assert str(bad) in msg
+    assert load_rank(_fullgraph_with(tmp_path, 4)[0]).flags[0].n_events == 4  # 0.92 %: kept

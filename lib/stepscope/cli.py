@@ -28,10 +28,21 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         from stepscope.model.arch import get_preset
 
         get_preset(args.arch_preset)
+    _require_trace_files(args.paths)
     code, _ = run_analyze(args.paths, model_config=args.model, tp=args.tp, out=args.out,
                           progress=not args.no_progress, arch_preset=args.arch_preset,
                           memory_budget_gb=args.memory_budget_gb)
     return code
+
+
+def _require_trace_files(paths: list[str]) -> None:
+    """Refuse (exit 2) a given path that is neither a folder nor a regular file, before anything
+    opens it: a FIFO hung `analyze` silently and /dev/zero was read to MemoryError."""
+    from stepscope.trace.parse import require_regular_file
+
+    for p in map(Path, paths):
+        if os.path.lexists(p) and not p.is_dir():
+            require_regular_file(p)
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:

@@ -140,13 +140,14 @@ def test_a_dense_trace_of_tiny_ops_is_estimated_per_event(tmp_path: Path):
     import importlib.util
 
     from stepscope.runner import EXIT_OVER_BUDGET
-    from stepscope.trace.budget import CPU_WORK_BYTES_PER_EVENT, IMPORTS_BYTES, check_budget, count_events
+    from stepscope.trace.budget import CPU_WORK_BYTES_PER_EVENT, IMPORTS_BYTES, check_budget, count_stream
 
     spec = importlib.util.spec_from_file_location("hostile_bench", REPO_ROOT / "benchmarks" / "hostile_traces.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     tiny = bench.write_gz(tmp_path / "tiny.json.gz", bench.tiny_events(300_000))
-    assert count_events(tiny) == (300_000, 0)
+    n = count_stream(tiny)
+    assert (n.events, n.has_device, n.complete) == (300_000, False, True)
     c = check_budget([tiny], 0.4)  # 3x its 24 MB of JSON would fit; 300,000 ops at 1,800 B do not
     assert c.cpu_work_events == 300_000 and c.over
     assert c.estimate_bytes == IMPORTS_BYTES + CPU_WORK_BYTES_PER_EVENT * 300_000
@@ -154,4 +155,107 @@ def test_a_dense_trace_of_tiny_ops_is_estimated_per_event(tmp_path: Path):
     text = p.stdout + p.stderr
     assert p.returncode == EXIT_OVER_BUDGET, text
     assert "1,800 bytes for each of 300,000 events of traces with no device event" in text
-    assert count_events(FULLGRAPH)[1] > 0 and check_budget([FULLGRAPH], 0.4).cpu_work_events is None
+    assert count_stream(FULLGRAPH).has_device and check_budget([FULLGRAPH], 0.4).cpu_work_events is None
+
+
+# --------------------------------------------------------------------------- gzip trailers (issue 39)
+
+_BOMB_MB = 200
+"""A JSON string of this many MB: ~210 KB of gzip, which could hold ~217 MB (deflate's 1032:1)."""
+
+
+def _member(*parts: bytes, repeat_mb: int = 0) -> bytes:
+    """One gzip member of `parts`, then `repeat_mb` MB of the letter a (isal: 200 MB in 0.03 s)."""
+    from isal import isal_zlib
+
+    z = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)
+    out = [z.compress(p) for p in parts] + [z.compress(b"a" * (1 << 20)) for _ in range(repeat_mb)]
+    return b"".join(out) + z.flush()
+
+
+def _isize(data: bytes, isize: int) -> bytes:
+    """`data` with its gzip trailer's size field (the decompressed size modulo 4 GiB) set to `isize`."""
+    return data[:-4] + (isize % 2**32).to_bytes(4, "little")
+
+
+def _head() -> bytes:
+    return b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "'
+
+
+def _refused_quickly(path: Path, budget_gb: float) -> str:
+    import time
+
+    from stepscope.trace.budget import MemoryBudgetExceeded, require_budget
+
+    t0 = time.monotonic()
+    with pytest.raises(MemoryBudgetExceeded) as err:
+        require_budget([path], budget_gb)
+    took = time.monotonic() - t0
+    assert took < 10.0, f"{took:.1f} s to refuse"
+    return str(err.value)
+
+
+def test_a_gzip_bomb_whose_trailer_understates_is_counted_and_refused(tmp_path: Path):
+    """A trace over 4 GiB has a trailer that wrapped (8 MB holding one 8 GiB string passed the
+    budget and ran stage 05 for 300 s at 4 GB): here the same at small scale, a 200 MB string
+    whose trailer was written to say 1 MB. The stream is counted, stopped once past what the
+    budget allows (128 MiB of JSON at 2x under 0.5 GB), and refused naming the bytes counted."""
+    bomb = tmp_path / "rank0.json.gz"
+    bomb.write_bytes(_isize(_member(_head(), repeat_mb=_BOMB_MB), 1 << 20))
+    assert bomb.stat().st_size < 1 << 20  # the trailer's 1 MB is more than the file's size: plausible alone
+    msg = _refused_quickly(bomb, 0.5)
+    assert str(bomb) in msg and "counted in the decompressed streams" in msg
+    assert f"{bomb} decompresses to more than 142,606,337 bytes (counting stopped there; its gzip trailer " \
+           "says 1,048,576)" in msg
+    assert "--memory-budget-gb" in msg and "analysis.memory_budget_gb" in msg
+
+
+def test_concatenated_gzip_members_are_counted_whole(tmp_path: Path):
+    """The trailer sizes only the last member: a small last member hid a 200 MB first one."""
+    tail = b'", "pid": 0, "tid": 7, "ts": 1.0, "dur": 1.0}]}' + b" " * (1 << 20)
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(_member(_head(), repeat_mb=_BOMB_MB) + _member(tail))
+    from stepscope.trace.split import json_size_estimate
+
+    assert json_size_estimate(p) == len(tail)  # what the budget read before
+    assert "decompresses to more than 142,606,337 bytes" in _refused_quickly(p, 0.5)
+    from stepscope.trace.budget import count_stream
+
+    whole = count_stream(p)  # with no limit, to the end of the last member
+    assert whole.json_bytes == len(_head()) + (_BOMB_MB << 20) + len(tail) and whole.complete
+
+
+@pytest.mark.parametrize("isize", [3 << 30, 1000])
+def test_a_trailer_that_disagrees_with_the_file_is_not_believed(tmp_path: Path, isize: int):
+    """A size over 1032x the compressed one (deflate cannot expand more), or under it (read as
+    wrapped: 4 GiB more), refused a 33 KB trace as over a 1 GB budget. The stream is counted
+    instead, and the load then names what is wrong with the file."""
+    from stepscope.errors import TraceError
+    from stepscope.trace.budget import check_budget
+    from stepscope.trace.load import load_rank
+
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(_isize(FULLGRAPH.read_bytes(), isize))
+    c = check_budget([p], 1.0)
+    assert c.counted and not c.over
+    assert c.json_bytes < len(gzip.decompress(FULLGRAPH.read_bytes()))  # read until the length check failed
+    with pytest.raises(TraceError, match="cannot decompress: Incorrect length of data produced"):
+        load_rank(p)
+
+
+def test_analyze_refuses_a_gzip_bomb_in_seconds_with_exit_5(tmp_path: Path):
+    import time
+
+    from stepscope.runner import EXIT_OVER_BUDGET
+
+    bomb = tmp_path / "rank0.json.gz"
+    bomb.write_bytes(_isize(_member(_head(), repeat_mb=_BOMB_MB), 1 << 20))
+    t0 = time.monotonic()
+    p = _cli("analyze", str(bomb), "--out", str(tmp_path / "out"), "--no-progress", "--memory-budget-gb", "0.5",
+             timeout=120)
+    took = time.monotonic() - t0
+    text = p.stdout + p.stderr
+    assert p.returncode == EXIT_OVER_BUDGET, text
+    assert "decompresses to more than 142,606,337 bytes" in text and "--memory-budget-gb" in text
+    assert took < 30.0, f"{took:.1f} s"
+    assert not (tmp_path / "out" / "05_categorize").exists()

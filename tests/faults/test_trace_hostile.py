@@ -105,7 +105,7 @@ cli.console()
 _HOSTILE = _benchmark("hostile_traces")
 _HEAD, _ev, _BASE = _HOSTILE.HEAD, _HOSTILE.event, _HOSTILE.BASE
 """The trace head, one event and 2,000 kernels of 2 µs (one hostile event among them stays
-under BAD_DUR_TOLERANCE), shared with benchmarks/hostile_traces.py."""
+under thresholds.BAD_EVENT_SHARE_LIMIT), shared with benchmarks/hostile_traces.py."""
 
 
 def _write(path: Path, *parts: bytes | str) -> Path:
@@ -245,3 +245,71 @@ def test_the_json_size_comes_from_the_gzip_trailer_not_a_ratio(tmp_path: Path):
     p = _write(tmp_path / "rank0.json.gz", text)
     assert p.stat().st_size * 30 < len(text)
     assert json_size_estimate(p) == len(text)
+
+
+# --------------------------------------------------------------------------- not regular files (issue 39)
+
+_AS_LIMIT = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # the old code read /dev/zero to MemoryError
+from stepscope.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _analyze_capped(path: Path, out: Path) -> subprocess.CompletedProcess:
+    """`stepscope analyze path` under a 3 GB address-space cap and a 60 s timeout: a FIFO hung it
+    silently, /dev/zero was read until memory ran out."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib")}
+    try:
+        return subprocess.run([sys.executable, "-c", _AS_LIMIT, "analyze", str(path), "--out", str(out),
+                               "--no-progress"], env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"analyze {path} still running after 60 s")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "a link to /dev/zero"])
+def test_a_path_that_is_no_regular_file_is_refused_up_front(tmp_path: Path, kind: str):
+    from stepscope.runner import EXIT_BAD_INPUT
+
+    if kind == "fifo":
+        path = tmp_path / "rank0.json"
+        os.mkfifo(path)
+        said = "it is a FIFO (named pipe)"
+    elif kind == "/dev/zero":
+        path, said = Path("/dev/zero"), "it is a character device"
+    else:
+        path = tmp_path / "rank0.json.gz"
+        path.symlink_to("/dev/zero")
+        said = "not a trace file (a link to /dev/zero): it is a character device"
+    t0 = time.monotonic()
+    p = _analyze_capped(path, tmp_path / "out")
+    text = p.stdout + p.stderr
+    assert p.returncode == EXIT_BAD_INPUT == 2, text
+    assert f"error: {path}: " in text and said in text and "fix:" in text
+    assert "bug" not in text and "Traceback" not in text and "MemoryError" not in text
+    assert time.monotonic() - t0 < 30.0
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fifo_among_rank_traces_is_a_rank_unreadable_flag_not_a_hang(tmp_path: Path):
+    """In stage 05 (a folder or a params list) the others are still read: the FIFO is never
+    opened, by the budget nor the cache key."""
+    from stepscope.trace.load import load_ranks
+
+    def hung(*_):
+        raise TimeoutError("load_ranks still waiting on the FIFO after 30 s")
+
+    good = _write(tmp_path / "rank0.json.gz", _HEAD + ",".join(_BASE) + "]}")
+    os.mkfifo(tmp_path / "rank1.json")
+    before = signal.signal(signal.SIGALRM, hung)  # open() of a FIFO blocks until a writer comes
+    signal.alarm(30)
+    try:
+        ranks, flags = load_ranks([good, tmp_path / "rank1.json"], cache_dir=tmp_path / "cache", workers=1,
+                                  progress=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert [r.rank for r in ranks] == [0]
+    flag, = flags
+    assert flag.code == "rank_unreadable" and "rank1.json: not a trace file: it is a FIFO" in flag.message

@@ -2,19 +2,26 @@
 parsed, and over the budget the stage stops with a message naming the files, the estimate,
 the budget and how to raise it, instead of being OOM-killed part way.
 
-The estimate is linear in the traces' JSON bytes (read from the gzip trailer,
-`split.json_size_estimate`, so nothing is decompressed), with the slope of a kernel-dense
-trace (benchmarks/trace_load.py --kernels --analysis), whose device events each cost stage 05
-a work-table row. A trace with no device event is different: its ops are its work, and a
-dense one of tiny ops costs 18-21x its JSON. So when the budget could not hold even that worst
-case, the events are counted in the decompressed stream (no JSON decoded) and such a trace is
-estimated per event. Every rank is loaded before the first is analysed, so the ranks add up.
+The estimate is linear in the traces' JSON bytes, with the slope of a kernel-dense trace
+(benchmarks/trace_load.py --kernels --analysis), whose device events each cost stage 05 a
+work-table row. A trace with no device event is different: its ops are its work, and a dense
+one of tiny ops costs 18-21x its JSON, so such a trace is estimated per event.
+
+The JSON bytes come from the gzip trailer (`split.json_size_estimate`, nothing decompressed)
+only when even the most the files could hold fits the budget: the trailer's size wraps at
+4 GiB, names the last member only, and says what its writer wrote (issue 39: a gzip bomb of
+8 MB holding one 8 GiB string passed it). Otherwise the decompressed streams are counted, bytes
+and events, each pass stopping once past what the budget allows. Every rank is loaded before
+the first is analysed, so the ranks add up.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +68,11 @@ class BudgetCheck:
     budget_source: str  # "analysis.memory_budget_gb" or the share of available memory
     cpu_work_events: int | None = None
     """Events of the traces with no device event, when they were counted and set the estimate."""
+    counted: bool = False
+    """The JSON bytes were counted in the decompressed streams, not read from the gzip trailers."""
+    stopped: tuple[tuple[str, int, int], ...] = ()
+    """(file, bytes counted, bytes its gzip trailer says) of each file whose count stopped once
+    past what the budget allows: a gzip bomb, or a trace over 4 GiB whose trailer wrapped."""
 
     @property
     def over(self) -> bool:
@@ -78,67 +90,119 @@ def estimate_peak_bytes(json_bytes: int) -> int:
     return int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * json_bytes)
 
 
-_DEVICE_CATS = tuple(f'"cat":{sp}"{c}"'.encode() for c in ("kernel", "gpu_memcpy", "gpu_memset") for sp in ("", " "))
+MAX_DEFLATE_RATIO = 1032
+"""The most deflate expands (zlib's stated bound, 1032:1): a .gz file, all its members together,
+holds at most this times its own size of JSON, whatever its trailer says."""
+COUNT_CHUNK_BYTES = 8 << 20
+_DEVICE_CAT_RE = re.compile(rb'"cat": ?"(?:kernel|gpu_memcpy|gpu_memset)"')
 
 
-def count_events(path: Path) -> tuple[int, int]:
-    """(events, device events) of one trace, counted in its decompressed stream: a pass of
-    byte counts (about a second per GB of JSON), no JSON decoded."""
-    from stepscope.trace.parse import open_stream
+@dataclass(frozen=True)
+class StreamCount:
+    """One pass over a trace's decompressed stream: bytes and events counted, no JSON decoded."""
 
-    n = dev = 0
-    tail = b""
-    with open_stream(Path(path)) as fh:
-        while chunk := fh.read(8 << 20):
-            buf = tail + chunk  # a mark cut by the chunk's edge is whole here; the tail's own were counted
-            n += buf.count(b'"ph"') - tail.count(b'"ph"')
-            dev += sum(buf.count(m) - tail.count(m) for m in _DEVICE_CATS)
-            tail = buf[-32:]
-    return n, dev
-
-
-def _counted(path: Path) -> tuple[int, int]:
-    """count_events, or (0, 1) for a file that cannot be read to its end: the parse names
-    what is wrong with it, and a damaged file gets the per-byte estimate."""
-    st = path.stat()
-    return _counted_once(str(path), st.st_size, st.st_mtime_ns)
+    json_bytes: int
+    events: int
+    """`"ph"` keys: one an event."""
+    has_device: bool
+    """A device event (kernel, memcpy, memset) was seen."""
+    complete: bool = True
+    """False: the pass stopped once past its byte limit, so `json_bytes` is a floor."""
+    damaged: str | None = None
+    """Why the stream could not be read to its end (truncated or corrupt gzip): the parse names it."""
 
 
-@functools.lru_cache(maxsize=64)
-def _counted_once(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
-    """One pass per file version: `analyze` checks the budget before stage 05 and stage 05
-    checks it again in the same process, and a pass costs about a second per GB of JSON."""
+def count_stream(path: Path, stop_after_bytes: int | None = None) -> StreamCount:
+    """Count a trace's decompressed bytes and events (about a second per GB of JSON), stopping
+    as soon as more than `stop_after_bytes` were read: a gzip bomb is refused in the time its
+    budget's worth of bytes takes, not the time its whole takes."""
     import zlib
 
     from isal.isal_zlib import error as isal_error
 
+    from stepscope.trace.parse import open_stream
+
+    n = nbytes = 0
+    dev, tail = False, b""
     try:
-        return count_events(Path(path))
+        with open_stream(Path(path)) as fh:
+            while chunk := fh.read(COUNT_CHUNK_BYTES):
+                nbytes += len(chunk)
+                buf = tail + chunk  # a mark cut by the chunk's edge is whole here; the tail's own were counted
+                n += buf.count(b'"ph"') - tail.count(b'"ph"')
+                dev = dev or _DEVICE_CAT_RE.search(buf) is not None
+                tail = buf[-32:]
+                if stop_after_bytes is not None and nbytes > stop_after_bytes and fh.read(1):  # not at its end
+                    return StreamCount(nbytes + 1, n, dev, complete=False)
     except (OSError, EOFError, ValueError, zlib.error, isal_error) as exc:  # truncated or corrupt gzip
-        log.debug("%s: events not counted for the memory estimate (%s)", path, exc)
-        return 0, 1
+        log.debug("%s: stream read to byte %d only (%s)", path, nbytes, exc)
+        return StreamCount(nbytes, n, True, damaged=str(exc))  # a damaged file gets the per-byte estimate
+    return StreamCount(nbytes, n, dev)
+
+
+_COUNTS: dict[tuple[str, int, int], StreamCount] = {}
+"""count_stream's passes by file version: `analyze` checks the budget before stage 05 and stage
+05 again in the same process, and a pass costs about a second per GB of JSON."""
+
+
+def _counted(path: Path, stop_after_bytes: int) -> StreamCount:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    hit = _COUNTS.get(key)
+    if hit is not None and (hit.complete or hit.json_bytes > stop_after_bytes):
+        return hit
+    if len(_COUNTS) >= 64:
+        _COUNTS.pop(next(iter(_COUNTS)))
+    c = _COUNTS[key] = count_stream(path, stop_after_bytes)
+    return c
+
+
+def _most_json_bytes(path: Path) -> int:
+    """The most JSON a file can hold: its size, or MAX_DEFLATE_RATIO times it for a gzip file."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        return size * MAX_DEFLATE_RATIO if fh.read(2) == b"\x1f\x8b" else size
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
     """The estimate for analysing `paths` together against the budget (GB = 2**30 bytes;
-    None: the default share of available memory)."""
-    sizes = [split.json_size_estimate(Path(p)) for p in paths]
-    json_bytes = sum(sizes)
+    None: the default share of available memory).
+
+    A gzip trailer's size is the decompressed size modulo 4 GiB, of the last member only, and
+    says whatever its writer wrote: it decides only when even the most the file could hold
+    (MAX_DEFLATE_RATIO) fits the budget. Otherwise, and when even the worst case per byte
+    (WORST_BYTES_PER_JSON_BYTE) does not fit, every file's stream is counted, each pass stopping
+    once past what the budget allows. Paths that are no regular file are left to the load,
+    which refuses each with its reason; they are never opened here."""
+    paths = [Path(p) for p in paths if _regular(Path(p))]
     if budget_gb is None:
         budget, source = default_budget_bytes(), (f"{MEMORY_BUDGET_AVAILABLE_SHARE:.0%} of the memory "
                                                   "available when the stage started")
     else:
         budget, source = int(budget_gb * 2**30), "analysis.memory_budget_gb"
-    estimate, cpu_events = estimate_peak_bytes(json_bytes), None
-    if IMPORTS_BYTES + WORST_BYTES_PER_JSON_BYTE * json_bytes > budget:
-        counts = [_counted(Path(p)) for p in paths]
-        cpu_events = sum(n for n, dev in counts if dev == 0) or None
-        if cpu_events:
-            # per-byte for the traces with device events, per event for those without
-            gpu_json = sum(size for size, (_, dev) in zip(sizes, counts) if dev)
-            estimate = max(estimate, int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * gpu_json
-                                         + CPU_WORK_BYTES_PER_EVENT * cpu_events))
-    return BudgetCheck(json_bytes, estimate, budget, source, cpu_events)
+    sizes = [split.json_size_estimate(p) for p in paths]
+    most = [_most_json_bytes(p) for p in paths]
+    if all(map(int.__le__, sizes, most)) and max(  # a trailer saying more than its file can hold is no reading
+            estimate_peak_bytes(sum(most)), IMPORTS_BYTES + WORST_BYTES_PER_JSON_BYTE * sum(sizes)) <= budget:
+        return BudgetCheck(sum(sizes), estimate_peak_bytes(sum(sizes)), budget, source)
+    allowed = max(0, int((budget - IMPORTS_BYTES) / PEAK_BYTES_PER_JSON_BYTE))
+    counts = [_counted(p, allowed) for p in paths]
+    json_bytes = sum(c.json_bytes for c in counts)
+    estimate = estimate_peak_bytes(json_bytes)
+    cpu_events = sum(c.events for c in counts if not c.has_device) or None
+    if cpu_events:  # per-byte for the traces with device events, per event for those without
+        gpu_json = sum(c.json_bytes for c in counts if c.has_device)
+        estimate = max(estimate, int(IMPORTS_BYTES + PEAK_BYTES_PER_JSON_BYTE * gpu_json
+                                     + CPU_WORK_BYTES_PER_EVENT * cpu_events))
+    stopped = tuple((str(p), c.json_bytes, size) for p, c, size in zip(paths, counts, sizes) if not c.complete)
+    return BudgetCheck(json_bytes, estimate, budget, source, cpu_events, counted=True, stopped=stopped)
 
 
 def require_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
@@ -146,10 +210,11 @@ def require_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
     c = check_budget(paths, budget_gb)
     if c.over:
         gb = 2**30
+        about = "more than" if c.stopped else "about"
         raise MemoryBudgetExceeded(
-            f"analysing {len(paths)} trace file(s) would peak at about {c.estimate_bytes / gb:.2f} GB "
+            f"analysing {len(paths)} trace file(s) would peak at {about} {c.estimate_bytes / gb:.2f} GB "
             f"({_how(c)} + {IMPORTS_BYTES >> 20} MB for the interpreter), over the memory budget of "
-            f"{c.budget_bytes / gb:.2f} GB ({c.budget_source}); nothing was parsed",
+            f"{c.budget_bytes / gb:.2f} GB ({c.budget_source}); nothing was parsed{_stopped(c)}",
             where=", ".join(map(str, paths)),
             hint="raise the budget: params analysis.memory_budget_gb (stepscope run) or "
                  "`stepscope analyze --memory-budget-gb N`; or analyse fewer ranks at once, on a machine "
@@ -158,10 +223,17 @@ def require_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
 
 
 def _how(c: BudgetCheck) -> str:
-    if c.cpu_work_events:
+    if c.cpu_work_events and not c.stopped:
         return (f"{CPU_WORK_BYTES_PER_EVENT:,} bytes for each of {c.cpu_work_events:,} events of traces with no "
                 f"device event, whose ops are their work")
-    return f"{PEAK_BYTES_PER_JSON_BYTE:g} x their {c.json_bytes / 2**20:,.0f} MB of JSON, read from the gzip trailers"
+    where = "counted in the decompressed streams" if c.counted else "read from the gzip trailers"
+    return f"{PEAK_BYTES_PER_JSON_BYTE:g} x their {c.json_bytes / 2**20:,.0f} MB of JSON, {where}"
+
+
+def _stopped(c: BudgetCheck) -> str:
+    """Each file whose count stopped once over the budget: its bytes counted and its trailer's."""
+    return "".join(f"; {f} decompresses to more than {n:,} bytes (counting stopped there; its gzip trailer "
+                   f"says {t:,})" for f, n, t in c.stopped)
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,17 +27,18 @@ from stepscope.wording import flag_message
 from stepscope.filenames import parse_name, rank_from_filename, sglang_stage
 from stepscope.trace import split
 from stepscope.trace.cache import cache_key, cache_read, cache_write
-from stepscope.trace.parse import (ANNOTATION_CATS, BAD_DUR_TOLERANCE, CAT_ALIASES, CHUNK_BYTES,
+from stepscope.thresholds import BAD_EVENT_SHARE_LIMIT
+from stepscope.trace.parse import (ANNOTATION_CATS, CAT_ALIASES, CHUNK_BYTES,
                                    DEVICE_CATS, IGNORED_CATS, KEPT_CATS, KNOWN_CATS, LAUNCH_CATS,
                                    LOADER_VERSION, NAME_CAP_CHARS, SLIM_COLUMNS, ParsedTrace, parse_trace,
-                                   read_trace)
+                                   read_trace, require_regular_file)
 from stepscope.trace.split import MAX_SPLIT, SPLIT_MIN_JSON_BYTES, usable_cores
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "ANNOTATION_CATS", "BAD_DUR_TOLERANCE", "CAT_ALIASES", "CHUNK_BYTES", "DEVICE_CATS",
+    "ANNOTATION_CATS", "BAD_EVENT_SHARE_LIMIT", "CAT_ALIASES", "CHUNK_BYTES", "DEVICE_CATS",
     "IGNORED_CATS", "KEPT_CATS", "KNOWN_CATS", "LAUNCH_CATS", "LOADER_VERSION", "MAX_SPLIT",
     "SLIM_COLUMNS", "SPLIT_MIN_JSON_BYTES", "ParsedTrace", "RankTrace", "cache_key",
     "default_workers", "load_rank", "load_ranks", "parse_name", "parse_trace",
@@ -91,7 +92,9 @@ def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Pat
 
 def _from_cache(path: Path, cache_dir: str | Path | None, rank: int | None,
                 allow_no_rank: bool) -> tuple[str | None, RankTrace | None]:
-    """(cache key, the rank from the Parquet cache or None); (None, None) without a cache."""
+    """(cache key, the rank from the Parquet cache or None); (None, None) without a cache.
+    TraceError first for a path that is no regular file: the cache key reads it."""
+    require_regular_file(path)
     if cache_dir is None:
         return None, None
     key = cache_key(path)
@@ -177,23 +180,37 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
         raise TraceError("the trace holds no device events (kernel/memcpy/memset) and no cpu_op "
                          "events, so there is no work to account", where=str(path),
                          hint="capture with the CUDA activity enabled (or CPU ops on a CPU build)")
-    bad = int(meta.get("n_bad_dur", 0))
-    if bad:
-        ex = "; ".join(meta.get("bad_dur_examples") or [])
-        if bad > BAD_DUR_TOLERANCE * (n_work + bad):
-            raise TraceError(
-                f"{bad} of {n_work + bad} work events have a missing or negative duration, or a "
-                f"non-finite or out-of-range duration or timestamp (e.g. {ex})", where=str(path),
-                hint="the trace is damaged (profiler buffer overflow?); capture again")
-        flags.append(new_flag("bad_durations", "warning",
-                           f"rank {rank}: dropped {bad} work events with a missing or negative duration, or a "
-                           f"non-finite or out-of-range duration or timestamp (e.g. {ex})"))
+    flags.extend(_bad_work_events(path, int(rank), meta, n_work))
     flags.extend(_dropped_or_cut_flags(rank, meta))
     if unknown:
         flags.append(new_flag("unknown_event_category", "warning", rank=int(rank),
                               categories={str(c): int(n) for c, n in unknown.items()}))
     meta["mode"] = "gpu" if n_dev else "cpu"
     return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
+
+
+_BAD_WORK = ("a missing or negative duration, or a non-numeric, non-finite or out-of-range duration or "
+             "timestamp")
+
+
+def _bad_work_events(path: Path, rank: int, meta: dict[str, Any], n_work: int) -> list[schema.Flag]:
+    """The flag for the work events the parser dropped for an unusable ts or dur, with their
+    count and share; TraceError when they are more than BAD_EVENT_SHARE_LIMIT of the rank's
+    work events (the trace is damaged, not ragged)."""
+    bad = int(meta.get("n_bad_dur", 0))
+    if not bad:
+        return []
+    share = bad / (n_work + bad)
+    ex = "; ".join(meta.get("bad_dur_examples") or [])
+    if share > BAD_EVENT_SHARE_LIMIT:
+        raise TraceError(
+            f"{bad:,} of {n_work + bad:,} work events ({share:.2%}) have {_BAD_WORK} (e.g. {ex}): over the "
+            f"{BAD_EVENT_SHARE_LIMIT:.0%} of its work events a rank may lose (thresholds.BAD_EVENT_SHARE_LIMIT)",
+            where=str(path), hint="the trace is damaged (profiler buffer overflow?); capture again")
+    return [new_flag("bad_durations", "warning",
+                     f"rank {rank}: dropped {bad:,} work events ({share:.2%} of them; a rank is refused above "
+                     f"{BAD_EVENT_SHARE_LIMIT:.0%}) with {_BAD_WORK} (e.g. {ex})",
+                     rank=rank, n_events=bad, share=share, limit_share=BAD_EVENT_SHARE_LIMIT)]
 
 
 def _dropped_or_cut_flags(rank: int, meta: dict[str, Any]) -> list[schema.Flag]:

@@ -20,7 +20,9 @@ few named functions, and `execute_model` (a step fallback).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 from array import array
 from dataclasses import dataclass, field
 from itertools import compress
@@ -65,10 +67,6 @@ CAT_ALIASES = {
     "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op",
 }
 KNOWN_CATS = frozenset(KEPT_CATS) | IGNORED_CATS | frozenset(CAT_ALIASES)
-
-BAD_DUR_TOLERANCE = 0.001
-"""Up to this share of work events may lack a usable duration: they are dropped and
-flagged. Above it the rank is rejected (the trace is damaged, not just ragged)."""
 
 MAX_DUR_US = 1e11
 """A duration above this (28 hours) is no measurement: the event is dropped like one with a
@@ -128,6 +126,37 @@ _WS = b" \t\r\n"
 
 
 # --------------------------------------------------------------------------- reading
+
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a folder", "pass the trace files in it, or the folder to `stepscope analyze`"),
+    (stat.S_ISFIFO, "a FIFO (named pipe): reading it waits for a writer and has no size to check",
+     "write the trace to a file first, then pass the file"),
+    (stat.S_ISCHR, "a character device: it can stream bytes without end",
+     "pass a trace file"),
+    (stat.S_ISBLK, "a block device", "pass a trace file"),
+    (stat.S_ISSOCK, "a socket", "write the trace to a file first, then pass the file"),
+)
+"""(test of st_mode, what the path is, the fix) for each kind of path that is no regular file."""
+
+
+def require_regular_file(path: Path) -> None:
+    """Refuse, before anything opens it, a path that is no regular file once its symlinks are
+    followed: a FIFO hung `analyze` silently, and /dev/zero was read to MemoryError."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise TraceError("trace file not found", where=str(path)) from None
+    except OSError as exc:  # a symlink loop, no permission
+        raise TraceError(f"cannot read it: {exc.strerror}", where=str(path),
+                         hint="pass a readable trace file (.json / .json.gz)") from None
+    if stat.S_ISREG(mode):
+        return
+    kind, hint = next(((k, h) for is_kind, k, h in _NOT_REGULAR if is_kind(mode)),
+                      (f"no regular file (mode {stat.filemode(mode)})", "pass a trace file"))
+    resolved = os.path.realpath(path)
+    seen_as = "" if resolved == os.path.abspath(path) else f" (a link to {resolved})"
+    raise TraceError(f"not a trace file{seen_as}: it is {kind}", where=str(path), hint=hint)
 
 
 def open_stream(path: Path, threaded: bool = True):
@@ -313,7 +342,7 @@ class _Collector:
 
     def _drop_bad(self, kept: list, cis: list, bad: list[int]) -> tuple[list, list]:
         """Drop the events without a usable ts/dur, counting them (work events against
-        BAD_DUR_TOLERANCE); an annotation with no duration at all marks an instant."""
+        thresholds.BAD_EVENT_SHARE_LIMIT); an annotation with no duration at all marks an instant."""
         drop = set()
         for i in bad:
             e, ci = kept[i], cis[i]
@@ -668,8 +697,7 @@ def parse_trace(path: str | Path, *, progress: Callable[[int], None] | None = No
     Raises TraceError for a truncated gzip, invalid JSON, or JSON that is not a trace.
     """
     path = Path(path)
-    if not path.is_file():
-        raise TraceError("trace file not found", where=str(path))
+    require_regular_file(path)
     n = split.split_count(path, processes)
     shares = split.parse_split(path, n, parse_share, keep_cpu_ops, progress) if n > 1 else None
     if shares is None:
