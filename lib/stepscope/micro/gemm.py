@@ -589,11 +589,11 @@ def _target_prediction(table: pd.DataFrame, t: GemmTarget, cfg: dict) -> dict[st
 
 def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     """The measured rows in a compact, readable order (µs, TFLOP/s, GB/s, % of peak)."""
-    cols = ["model", "gemm", "m", "n", "k", "batch", "dtype", "backend", "mode", "time_us_median", "time_us_p10",
-            "time_us_p90", "tflops", "gbps", "pct_peak_bw", "status", "reason"]
+    cols = ["model", "gemm", "m", "n", "k", "batch", "experts", "dtype", "backend", "kernel", "mode", "time_us_median",
+            "time_us_p10", "time_us_p90", "tflops", "gbps", "pct_peak_bw", "status", "reason"]
     out = table[cols].round({"time_us_median": 1, "time_us_p10": 1, "time_us_p90": 1, "tflops": 3, "gbps": 2,
                              "pct_peak_bw": 1})
-    return out.astype({c: "Int64" for c in ("m", "n", "k", "batch")})
+    return out.astype({c: "Int64" for c in ("m", "n", "k", "batch", "experts")})
 
 
 def describe_run(stage: GemmStage) -> str:
