@@ -44,7 +44,9 @@ def test_trace_and_sweep_are_set_side_by_side_and_the_gap_explained(run_dir):
     text = " ".join(c.explanations)
     assert "7 of the window's 20 steps were mixed" in text
     assert "up to 3 waiting" in text
-    assert "covered 45%" in text  # the CPU steps' work leaves gaps inside their periods
+    # the gaps inside a step are inside its period on both sides: no reason for the rate gap
+    # (the level's parts are, from load_reconciliation.json: tests/test_load_moe.py)
+    assert "covered" not in text and "gaps between and inside steps" not in text
 
 
 def test_the_section_renders_from_the_typed_values(run_dir):

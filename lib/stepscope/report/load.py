@@ -1,8 +1,9 @@
 """The report's step under load: trace-predicted beside measured throughput at each captured
 concurrency, the anatomy figure, the per-category fits, and why a prediction misses.
 
-Reads `05_categorize/load_anatomy.{csv,json}`, `01_macro_sweep/levels.csv` and
-`01_macro_sweep/server_metrics.csv`; computes nothing stage 05 already wrote.
+Reads `05_categorize/load_anatomy.{csv,json}`, `05_categorize/load_reconciliation.json`,
+`01_macro_sweep/levels.csv` and `01_macro_sweep/server_metrics.csv`; computes nothing stage 05
+already wrote.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.report.noise import make_delta
-from stepscope.thresholds import LOAD_GAP_SHARE, LOAD_LEVER_SHIFT
+from stepscope.thresholds import LOAD_LEVER_SHIFT
+from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
 from stepscope.wording import md_text
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
@@ -68,15 +70,38 @@ def _max(col: pd.Series) -> float | None:
     return float(v.max()) if len(v) else None
 
 
-def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None) -> list[str]:
-    """Why the trace's throughput and the sweep's may differ, from what the data show."""
-    out = []
+def read_reconciliation(run_dir: str | Path) -> schema.LoadReconciliation | None:
+    """05_categorize/load_reconciliation.json, or None when stage 05 wrote none."""
+    path = Path(run_dir) / "05_categorize" / "load_reconciliation.json"
+    return schema.read(path, schema.LoadReconciliation) if path.is_file() else None
+
+
+PART_WORDS = {"decode_steps": "decode steps × their period", "prefill_mixed_steps": "prefill and mixed steps",
+              "stalls": "server-wide stalls", "client_overhead": "no request waiting for a token (the client's own time)",
+              "ramp_up": "ramp-up", "turnaround": "turnaround between requests", "drain": "drain",
+              "unexplained": "unexplained"}
+"""How the report names each part of a level's time (trace.load_reconcile.PART_ORDER)."""
+
+
+def reconciliation_sentence(rec: schema.LoadReconciliationLevel, n: int = 3) -> str:
+    """Where the level's time went, its largest measured parts first, then what is left
+    unexplained when it is beyond the tolerance; every number from `rec`."""
+    top = sorted(((k, v) for k, v in rec.parts.items() if k != "unexplained"), key=lambda kv: -kv[1])[:n]
+    parts = ", ".join(f"{PART_WORDS.get(k, k)} {v:.2f} s ({v / rec.level_s:.0%})" for k, v in top)
+    left = rec.parts.get("unexplained", 0.0)
+    tail = ("" if rec.adds_up else f"; {left:+.2f} s ({rec.unexplained_share:+.0%}) is left unexplained"
+            + (" (the trace's steps were slower than the sweep's)" if left < 0 else ""))
+    return f"of the sweep level's {rec.level_s:.2f} s, the largest parts were {parts}{tail}"
+
+
+def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
+            rec: schema.LoadReconciliationLevel | None = None) -> list[str]:
+    """Why the trace's throughput and the sweep's may differ, from what the data show: first the
+    level's time part by part (`load_reconciliation.json`), when stage 05 wrote it."""
+    out = [reconciliation_sentence(rec)] if rec is not None else []
     if lv.n_steps and lv.n_mixed_steps:
         out.append(f"{lv.n_mixed_steps} of the window's {lv.n_steps} steps were mixed (prefill chunks "
                    "beside decodes): a request that ends is replaced, and its prefill shares a step")
-    if lv.busy_share is not None and lv.busy_share < LOAD_GAP_SHARE:
-        out.append(f"the steps' work covered {lv.busy_share:.0%} of their periods: the rest is gaps between "
-                   "and inside steps (host scheduling, the API process)")
     if lv.decode_requests_mean is not None and lv.decode_requests_mean < 0.9 * lv.concurrency:
         out.append(f"the steps decoded {lv.decode_requests_mean:.1f} requests on average, fewer than the "
                    f"{lv.concurrency} in flight")
@@ -99,6 +124,8 @@ def compare_levels(run_dir: str | Path, summary: schema.LoadAnatomySummary,
     bound = {}
     if levels is not None and {"concurrency", "client_bound"} <= set(levels.columns):
         bound = {int(c): bool(b) for c, b in zip(levels["concurrency"].fillna(0), levels["client_bound"].fillna(False))}
+    rec = read_reconciliation(run_dir)
+    recs = {r.concurrency: r for r in (rec.levels if rec is not None else [])}
     out = []
     for lv in summary.levels:
         d = make_delta("trace", "output tok/s", f"c={lv.concurrency}",
@@ -106,7 +133,7 @@ def compare_levels(run_dir: str | Path, summary: schema.LoadAnatomySummary,
                        [lv.predicted_output_tok_s] if lv.predicted_output_tok_s is not None else [], True)
         agrees = None if d.delta is None else not d.real
         why = [] if agrees in (True, None) else explain(lv, level_server_view(run_dir, lv.concurrency),
-                                                         bound.get(lv.concurrency))
+                                                         bound.get(lv.concurrency), recs.get(lv.concurrency))
         out.append(LoadComparison(lv.concurrency, lv.predicted_output_tok_s, lv.measured_output_tok_s,
                                   lv.capture_output_tok_s, d.band, d.band_source, agrees, lv.decode_requests_mean,
                                   lv.n_mixed_steps / lv.n_steps if lv.n_steps else None, why))
@@ -114,17 +141,67 @@ def compare_levels(run_dir: str | Path, summary: schema.LoadAnatomySummary,
 
 
 def fastest_sentence(summary: schema.LoadAnatomySummary) -> str:
-    """The fit's reading in one sentence, rendered from the typed fits."""
-    fits = {f.category: f for f in summary.fits}
+    """The fit's reading in one sentence, rendered from the typed fits (a collective by its
+    transfer: its wait is rank skew), then what the collectives' waits and the routed experts did."""
+    fits = {f.category: f for f in summary.fits if f.measure != "wait"}
     cat = summary.fastest_category
     if cat is None or cat not in fits:
-        return ("No category's ms per decode step grows with the batch beyond twice its slope's standard "
+        text = ("No category's ms per decode step grows with the batch beyond twice its slope's standard "
                 "error over the captured levels.")
-    f = fits[cat]
-    return (f"**{md_text(cat)}** grows fastest with the batch: {f.slope_ms_per_request:.4f} ± {f.slope_se_ms:.4f} ms per "
-            f"decode request (least squares over {f.n_steps} decode steps at {f.n_batches} batch sizes), "
-            f"{f.ms_at_batch_min:.3f} ms per step at batch {f.batch_min} and {f.ms_at_batch_max:.3f} ms at "
-            f"batch {f.batch_max}.")
+    else:
+        f = fits[cat]
+        what = " (its transfer, last arrival to completion)" if f.measure == "transfer" else ""
+        text = (f"**{md_text(cat)}**{what} grows fastest with the batch: {f.slope_ms_per_request:.4f} ± "
+                f"{f.slope_se_ms:.4f} ms per decode request (least squares over {f.n_steps} decode steps at "
+                f"{f.n_batches} batch sizes), {f.ms_at_batch_min:.3f} ms per step at batch {f.batch_min} and "
+                f"{f.ms_at_batch_max:.3f} ms at batch {f.batch_max}.")
+    return " ".join([text, *skew_sentences(summary), *([experts_sentence(summary.experts)] if summary.experts else [])])
+
+
+def skew_sentences(summary: schema.LoadAnatomySummary) -> list[str]:
+    """A collective whose wait grows while its transfer does not: rank skew, said as such."""
+    out = []
+    transfer = {f.category: f for f in summary.fits if f.measure == "transfer"}
+    for w in (f for f in summary.fits if f.measure == "wait"):
+        t = transfer.get(w.category)
+        if t is None or not _grows(w):
+            continue
+        out.append(f"{md_text(w.category)}'s wait for the other ranks goes from {w.ms_at_batch_min:.3f} to "
+                   f"{w.ms_at_batch_max:.3f} ms per step (batch {w.batch_min} to {w.batch_max}) while its transfer "
+                   f"goes from {t.ms_at_batch_min:.3f} to {t.ms_at_batch_max:.3f} ms: that is rank skew (the ranks "
+                   "arriving apart), not the collective growing.")
+    return out
+
+
+def _grows(f: schema.LoadFit) -> bool:
+    from stepscope.thresholds import LOAD_SLOPE_SIGMAS
+
+    return (f.slope_ms_per_request is not None and f.slope_se_ms is not None and f.slope_ms_per_request > 0
+            and f.slope_ms_per_request > LOAD_SLOPE_SIGMAS * f.slope_se_ms)
+
+
+def experts_sentence(e: schema.ExpertGrowth) -> str:
+    """The routed experts beside D(M): the cost per layer per distinct expert at each level."""
+    per = "; ".join(f"c={lv.concurrency}: D(M) {lv.expert_layers / e.n_moe_layers:.1f} per layer, "
+                    f"{lv.ms_mean:.3f} ms, {_pm(lv.us_per_expert_layer, lv.us_per_expert_layer_se)} µs"
+                    for lv in e.by_level)
+    verdict = {True: "the same at every level within its spread: the experts' time follows the distinct "
+                     "experts touched, D(M), not the tokens",
+               False: "not the same at every level within its spread: the experts' time does not follow "
+                      "D(M) alone (more rows per expert, or a noisy level)",
+               None: "too few levels with a spread to say whether it follows D(M)"}[e.follows_distinct_experts]
+    slope = _pm(None if e.slope_ms_per_expert_layer is None else 1e3 * e.slope_ms_per_expert_layer,
+                None if e.slope_se_ms is None else 1e3 * e.slope_se_ms)
+    return (f"The routed experts (**{md_text(e.category)}**, {e.n_routed_experts} experts, top-{e.top_k}, "
+            f"{e.n_moe_layers} MoE layers) per decode step against D(M) = E·(1 − (1 − k/E)^M) distinct experts "
+            f"per layer: {per} per layer per distinct expert; least squares on D(M)·layers gives {slope} µs "
+            f"per layer per distinct expert. The cost per distinct expert is {verdict}.")
+
+
+def _pm(v: float | None, se: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.1f}" if se is None else f"{v:.1f} ± {se:.1f}"
 
 
 def _comparison_table(rows: list[LoadComparison]) -> str:
@@ -143,7 +220,8 @@ def _comparison_table(rows: list[LoadComparison]) -> str:
 def _fits_table(summary: schema.LoadAnatomySummary) -> str:
     from stepscope.report.markdown_util import md_table
 
-    df = pd.DataFrame([{"category": f.category, "slope": f.slope_ms_per_request, "se": f.slope_se_ms,
+    df = pd.DataFrame([{"category": f.category if f.measure == "union" else f"{f.category} ({f.measure})",
+                        "slope": f.slope_ms_per_request, "se": f.slope_se_ms,
                         "a": f.intercept_ms, "lo": f.ms_at_batch_min, "hi": f.ms_at_batch_max,
                         "batches": f"{f.batch_min}–{f.batch_max}"} for f in summary.fits])
     if df.empty:
@@ -151,6 +229,35 @@ def _fits_table(summary: schema.LoadAnatomySummary) -> str:
     return md_table(df, [("category", "category"), ("slope", "slope (ms per decode request)"), ("se", "± standard error"),
                          ("a", "intercept (ms)"), ("lo", "ms at smallest batch"), ("hi", "ms at largest batch"),
                          ("batches", "batch sizes")])
+
+
+def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
+    """Each captured level's time, part by part (seconds), as a table with its method."""
+    from stepscope.report.markdown_util import md_table
+
+    if rec is None or not rec.levels:
+        return ""
+    names = list(dict.fromkeys(k for lv in rec.levels for k in lv.parts))
+    df = pd.DataFrame([{"concurrency": lv.concurrency, "level_s": lv.level_s, **lv.parts,
+                        "adds_up": "yes" if lv.adds_up else "**no**"} for lv in rec.levels])
+    cols = [("concurrency", "concurrency"), ("level_s", "level (s)"),
+            *[(k, f"{PART_WORDS.get(k, k)} (s)") for k in names], ("adds_up", f"within {rec.tolerance_share:.0%}")]
+    borrowed = [lv.concurrency for lv in rec.levels if lv.prefill_steps_borrowed]
+    note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
+            "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
+            if borrowed else "")
+    return ("\nWhere each captured sweep level's time went (stage 05's `load_reconciliation.json`): the level's "
+            "wall time cut into measured parts. Decode and prefill steps are the tokens the client received "
+            "while the level's concurrency was in flight, over the tokens a step of each kind emits in the "
+            "level's trace, times that kind's median period; stalls are the sweep's server-wide silences; "
+            "ramp-up, turnaround and drain are time with fewer requests waiting for a token than the "
+            "concurrency; the rest is unexplained. The gaps inside a step are inside its period on both "
+            "sides, so they cannot open a gap between the trace's rate and the sweep's.\n\n"
+            + md_table(df, cols, formats={k: _seconds for k in ["level_s", *names]}, md_columns=("adds_up",)) + note)
+
+
+def _seconds(v) -> str:
+    return "–" if v is None or pd.isna(v) else f"{v:.2f}"
 
 
 def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: str | None = None,
@@ -168,6 +275,7 @@ def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: st
              "decode and mixed steps generated over the summed step periods; the sweep's is measured "
              "client-side over a whole level.\n\n")
     text += _comparison_table(rows)
+    text += reconciliation_section(read_reconciliation(run_dir))
     for r in rows:
         if r.agrees is False:
             text += (f"\n*c={r.concurrency}: the trace predicts {r.predicted_tok_s:.0f} tok/s against "
@@ -216,6 +324,8 @@ class LoadGrowth:
     knee_concurrency: int | None
     shifted_levers: tuple[tuple[str, float, float], ...] = ()
     """(category, share of the period below, above) for shares that moved by LOAD_LEVER_SHIFT or more."""
+    experts: schema.ExpertGrowth | None = None
+    """The routed experts beside D(M) (load_anatomy.json), for an MoE."""
 
 
 def _level_anatomy(run_dir, table: pd.DataFrame, c: int) -> LevelAnatomy:
@@ -242,7 +352,7 @@ def load_growth(run_dir, knee_concurrency: int | None) -> LoadGrowth | None:
         lo = max([c for c in levels if c <= knee_concurrency], default=lo)
         hi = min([c for c in levels if c > lo], default=hi)
     below, above = _level_anatomy(run_dir, table, lo), _level_anatomy(run_dir, table, hi)
-    fit = next((f for f in summary.fits if f.category == summary.fastest_category), None)
+    fit = next((f for f in summary.fits if f.category == summary.fastest_category and f.measure != "wait"), None)
     shifted = []
     for cat in sorted(set(below.category_ms) | set(above.category_ms)):
         a = below.category_ms.get(cat, 0.0) / below.period_ms if below.period_ms else None
@@ -250,7 +360,7 @@ def load_growth(run_dir, knee_concurrency: int | None) -> LoadGrowth | None:
         if a and b and max(a, b) / min(a, b) >= LOAD_LEVER_SHIFT and max(a, b) >= 0.05:
             shifted.append((cat, a, b))
     return LoadGrowth(summary.fastest_category, fit.slope_ms_per_request if fit else None,
-                      fit.slope_se_ms if fit else None, below, above, knee_concurrency, tuple(shifted))
+                      fit.slope_se_ms if fit else None, below, above, knee_concurrency, tuple(shifted), summary.experts)
 
 
 def growth_sentences(g: LoadGrowth) -> list[str]:
@@ -261,12 +371,15 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
     out = [f"The decode step's period goes from {lo.period_ms:.2f} ms at c={lo.concurrency} to "
            f"{hi.period_ms:.2f} ms at c={hi.concurrency} ({where})."]
     if g.category is not None:
-        out.append(f"The category that grows fastest with the batch is **{md_text(g.category)}** "
+        what = " (the routed experts)" if g.category == EXPERTS_CATEGORY else ""
+        out.append(f"The category that grows fastest with the batch is **{md_text(g.category)}**{what} "
                    f"({g.slope_ms_per_request:.4f} ± {g.slope_se_ms:.4f} ms per decode request): "
                    f"{lo.category_ms.get(g.category, 0.0):.3f} ms per step at c={lo.concurrency}, "
                    f"{hi.category_ms.get(g.category, 0.0):.3f} ms at c={hi.concurrency}; removing it would speed "
                    f"the step up at most {_x(lo.ceiling_x(g.category))} at c={lo.concurrency} and "
                    f"{_x(hi.ceiling_x(g.category))} at c={hi.concurrency}.")
+        if g.category == EXPERTS_CATEGORY and g.experts is not None:
+            out.append(experts_sentence(g.experts))
     else:
         out.append("No category's growth with the batch clears its spread, so none is named as the one "
                    "that takes the step there.")

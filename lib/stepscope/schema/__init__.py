@@ -33,7 +33,8 @@ from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryL
                                          StepRow, StepSourceChoice, StepTimes, TimelineRow, TraceInfo,
                                          TraceSummary)
 from stepscope.schema.deploy import ModelCard, ModelsResponse, ServerRecord
-from stepscope.schema.load import (LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel, LoadWindow, ServerMetricsInfo,
+from stepscope.schema.load import (ExpertGrowth, ExpertLevel, LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel,
+                                   LoadReconciliation, LoadReconciliationLevel, LoadWindow, ServerMetricsInfo,
                                    ServerMetricsRow)
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmConfig, GemmPrediction, GemmRow
 from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
@@ -111,6 +112,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/load_anatomy.json", "05_categorize", "per captured concurrency: steps, "
              "trace-predicted against measured throughput; per category the fit against batch",
              LoadAnatomySummary, optional=True),
+    Artifact("05_categorize/load_reconciliation.json", "05_categorize", "per captured sweep level: its wall "
+             "time cut into measured parts (decode and prefill steps, stalls, client overhead, ramp-up, "
+             "turnaround, drain) and the unexplained remainder", LoadReconciliation, optional=True),
     Artifact("05_categorize/c<C>/", "05_categorize", "stage 05's whole analysis of the load capture at "
              "concurrency C", optional=True),
     Artifact("05_categorize/summary.json", "05_categorize", "per-rank totals, the decode summary, "
@@ -198,7 +202,7 @@ __all__ = [
     "CategoryLeverRow", "CollectiveSizeRow", "ModuleRow",
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
-    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
+    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepSummary",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "record_of", "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",

@@ -1,6 +1,7 @@
 """The step under load: the server's /metrics during the sweep (`01_macro_sweep/server_metrics.*`),
 the load captures (`04_profiler_capture/c<C>/`) and the step anatomy against batch size
-(`05_categorize/load_anatomy.*`)."""
+(`05_categorize/load_anatomy.*`) and where each captured level's time went
+(`05_categorize/load_reconciliation.json`)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ class LoadFit(Record, kw_only=True):
     least squares over the decode steps of every captured level."""
 
     category: str
+    measure: str = "union"
+    """What is fitted: `union` (the category's interval union per step), or for a collective
+    matched across ranks `transfer` (last arrival to completion, summed over the step's
+    instances) and `wait` (this rank's arrival to the last arrival: rank skew, never named
+    as what grows)."""
     n_steps: int
     n_batches: int
     """Distinct batch sizes among those steps (a slope needs two)."""
@@ -132,6 +138,47 @@ class LoadLevel(Record, kw_only=True):
     client-bound level, profiler overhead)."""
 
 
+class ExpertLevel(Record, kw_only=True):
+    """The routed experts at one captured level: fused_moe ms per decode step beside D(M)."""
+
+    concurrency: int
+    n_steps: int
+    """Decode steps of the level."""
+    decode_requests_mean: float
+    """M, mean over those steps."""
+    expert_layers: float
+    """D(M)·MoE layers, mean over the steps, with D(M) = E·(1 − (1 − k/E)^M) the expected
+    distinct experts M tokens touch in one layer."""
+    ms_mean: float
+    """fused_moe's interval union per decode step, mean, ms."""
+    ms_se: float | None = None
+    """Standard error of that mean, ms (None with one step)."""
+    us_per_expert_layer: float | None = None
+    """ms_mean / expert_layers, µs: the cost of one distinct expert in one layer."""
+    us_per_expert_layer_se: float | None = None
+
+
+class ExpertGrowth(Record, kw_only=True):
+    """fused_moe (the routed experts) against the distinct experts touched: least squares of ms
+    per decode step on D(M)·MoE layers over the decode steps of every captured level."""
+
+    category: str = "fused_moe"
+    n_routed_experts: int
+    top_k: int
+    n_moe_layers: int
+    n_steps: int
+    n_batches: int
+    intercept_ms: float | None = None
+    slope_ms_per_expert_layer: float | None = None
+    """ms per step per distinct expert per MoE layer (the fit's slope)."""
+    slope_se_ms: float | None = None
+    by_level: list[ExpertLevel] = []
+    follows_distinct_experts: bool | None = None
+    """Every level's us_per_expert_layer within LOAD_SLOPE_SIGMAS combined standard errors of the
+    lowest level's: the experts' time grows with the experts touched, not with the tokens.
+    None with fewer than two levels that have a spread."""
+
+
 class LoadAnatomySummary(Record, kw_only=True):
     """`05_categorize/load_anatomy.json`: the levels, the fits, the fastest-growing category."""
 
@@ -140,8 +187,55 @@ class LoadAnatomySummary(Record, kw_only=True):
     fits: list[LoadFit] = []
     fastest_category: str | None = None
     """The category whose ms per step grows fastest with batch (largest slope, beyond twice
-    its standard error); null when no slope clears its spread."""
+    its standard error; a collective by its transfer, never its wait); null when no slope
+    clears its spread."""
+    experts: ExpertGrowth | None = None
+    """The routed experts beside D(M); null for a dense model or without an architecture."""
     notes: list[str] = []
+
+
+class LoadReconciliationLevel(Record, kw_only=True):
+    """One captured sweep level's wall time cut into measured parts (trace.load_reconcile)."""
+
+    concurrency: int
+    level_s: float
+    """First measured request's start to last one's end, s (the sweep's `duration_s`)."""
+    parts: dict[str, float]
+    """name -> seconds, summing to level_s: `decode_steps`, `prefill_mixed_steps`, `stalls`,
+    `client_overhead`, `ramp_up`, `turnaround`, `drain` and `unexplained` (the remainder;
+    negative when the trace's steps were slower than the sweep's)."""
+    unexplained_share: float
+    adds_up: bool
+    """|unexplained| within `tolerance_share` of level_s."""
+    n_requests: int
+    prefills: float
+    """Requests whose first token arrived with the level's concurrency in flight."""
+    decode_tokens: float
+    """Their other tokens received then."""
+    decode_steps: float
+    """decode tokens (less the prefill and mixed steps' own) / decode_tokens_per_step."""
+    prefill_mixed_steps: float
+    """prefills / prefills_per_step."""
+    decode_period_ms: float | None = None
+    """Median period of the level's decode steps in its trace, ms."""
+    decode_tokens_per_step: float | None = None
+    prefill_period_ms: float | None = None
+    """Median period of the prefill and mixed steps, ms."""
+    prefills_per_step: float | None = None
+    prefill_step_decode_tokens: float = 0.0
+    """Decode tokens a prefill or mixed step emits beside its prefills, mean."""
+    prefill_steps_borrowed: bool = False
+    """The level's window held no prefill or mixed step: another captured level's gave them."""
+    records: str
+    """The sweep level's records, relative to the run folder."""
+
+
+class LoadReconciliation(Record, kw_only=True):
+    """`05_categorize/load_reconciliation.json`: each captured level's time, part by part."""
+
+    tolerance_share: float
+    """A level adds up when its unexplained part is within this share of its time."""
+    levels: list[LoadReconciliationLevel] = []
 
 
 class LoadWindow(Record, kw_only=True):

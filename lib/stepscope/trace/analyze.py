@@ -976,21 +976,25 @@ def write_load_anatomy(run_dir: str | Path, out_dir: Path, batch1: Analysis, **k
     """Each load capture (04_profiler_capture/c<C>/) analysed into out_dir/c<C>/, then
     load_anatomy.csv and .json over batch 1 and those levels; None (nothing written) when
     stage 04 captured no load level."""
-    from stepscope.trace import load_anatomy as la
+    from stepscope.trace import load_anatomy as la, load_reconcile
 
     dirs = la.load_capture_dirs(run_dir)
     if not dirs:
         return None
     ref = batch1.reference
-    levels = [(1, "04_profiler_capture/traces", ref.steps_tot, ref.step_categories)]
+    levels = [la.LevelTrace(1, "04_profiler_capture/traces", ref.steps_tot, ref.step_categories,
+                            batch1.collective_instances)]
     for c, d in dirs:
         an_c = analyze_traces([d / "traces"], out_dir / f"c{c}", progress=False, perfetto=False, **kwargs)
         r = an_c.reference
-        levels.append((c, f"04_profiler_capture/{d.name}/traces",
-                       r.steps_tot, r.step_categories))
-    table, summary = la.build(levels, run_dir, rank=ref.rank)
+        levels.append(la.LevelTrace(c, f"04_profiler_capture/{d.name}/traces", r.steps_tot, r.step_categories,
+                                    an_c.collective_instances))
+    table, summary = la.build(levels, run_dir, rank=ref.rank, arch=kwargs.get("arch"))
     schema.write_table(table, out_dir / "load_anatomy.csv", schema.LoadAnatomyRow)
     schema.write(out_dir / "load_anatomy.json", summary, schema.LoadAnatomySummary)
+    rec = load_reconcile.build(run_dir, [(lv.concurrency, lv.steps) for lv in levels])
+    if rec is not None:
+        schema.write(out_dir / "load_reconciliation.json", rec, schema.LoadReconciliation)
     return summary
 
 

@@ -15,11 +15,20 @@ Per group and category: the interval union per step (as `account.decode_categori
 it), its share of the group's step period. A least-squares line per category over every
 decode step of every level, ms = a + b * decode requests, says which category grows with the
 batch; the trace's own throughput is generated tokens over the summed step periods.
+
+A collective's time on one rank is its own transfer plus its wait for the slowest rank. Under
+load the wait grows with whatever makes the ranks drift apart, not with the message, so a
+collective's growth is judged on its transfer (last arrival to completion, per matched
+instance: `trace.collectives`) and its wait is fitted beside it as rank skew, never named as
+what grows. The routed experts (`fused_moe`) are set beside D(M), the distinct experts M
+tokens touch per layer (`model.shapes.distinct_experts`): decode weights are read once per
+touched expert, so their time should follow D(M)·layers, not M.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -32,7 +41,21 @@ LOAD_KINDS = ("decode", "mixed", "prefill")
 
 ANATOMY_COLUMNS = ["concurrency", "step_kind", "decode_requests", "prefill_tokens", "n_steps", "category",
                    "ms_per_step", "share_of_period", "period_ms", "busy_ms"]
+EXPERTS_CATEGORY = "fused_moe"
+"""The routed experts' category, set beside D(M)."""
 
+
+class LevelTrace(NamedTuple):
+    """One captured level as stage 05 analysed it (reference rank)."""
+
+    concurrency: int
+    trace_dir: str
+    """Relative to the run folder."""
+    steps: pd.DataFrame
+    """step_totals (`RankResult.steps_tot`)."""
+    step_categories: pd.DataFrame
+    instances: pd.DataFrame | None = None
+    """collective_instances (`Analysis.collective_instances`); None for one rank."""
 
 
 def load_steps(step_totals: pd.DataFrame) -> pd.DataFrame:
@@ -94,40 +117,131 @@ def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
     return a, b, math.sqrt(float((resid ** 2).sum()) / (n - 2) / sxx)
 
 
-def fit_categories(levels: list[tuple[pd.DataFrame, pd.DataFrame]]) -> list[dict]:
-    """One LoadFit per category over the decode steps of every level ((step_totals,
-    step_categories) each), largest slope first."""
-    xs, frames = [], []
-    for st, sc in levels:
+def collective_parts(instances: pd.DataFrame | None, step_ids: pd.Series, rank: int | None) -> pd.DataFrame | None:
+    """steps x (category, `transfer` | `wait`), ms: per collective category, the summed transfer
+    of the step's matched instances (last arrival to completion; an asymmetric instance has none)
+    and this rank's summed wait (its arrival to the last arrival: the skew it absorbed). None
+    without a cross-rank match."""
+    if instances is None or instances.empty:
+        return None
+    col = f"wait_us_r{rank}" if rank is not None else None
+    if col not in instances.columns:
+        col = next((c for c in instances.columns if c.startswith("wait_us_r")), None)
+    if col is None:
+        return None
+    g = instances[instances["step_id"].isin(step_ids)].groupby(["step_id", "category"])
+    parts = pd.concat({"transfer": g["transfer_us"].sum() / 1e3, "wait": g[col].sum() / 1e3}, axis=1)
+    wide = parts.unstack("category").swaplevel(axis=1)
+    return wide.reindex(step_ids).fillna(0.0)
+
+
+def fit_series(steps: pd.DataFrame, step_cats: pd.DataFrame, instances: pd.DataFrame | None = None,
+               rank: int | None = None) -> pd.DataFrame:
+    """steps x (category, measure), ms per step: each category's union (`union`), except a
+    collective matched across ranks, which gives its transfer and its wait instead."""
+    wide = per_step_categories(steps, step_cats)
+    wide.columns = pd.MultiIndex.from_tuples([(c, "union") for c in wide.columns])
+    coll = collective_parts(instances, steps["step_id"], rank)
+    if coll is None:
+        return wide
+    keep = [c for c in wide.columns if c[0] not in set(coll.columns.get_level_values(0))]
+    return pd.concat([wide[keep], coll.set_axis(wide.index)], axis=1)
+
+
+def _decode_series(levels: list[tuple], rank: int | None) -> tuple[np.ndarray, np.ndarray, pd.DataFrame] | None:
+    """(decode requests per step, each step's level index, fit_series rows) over the decode steps
+    of every level ((step_totals, step_categories[, instances]) each); None without a decode step."""
+    xs, idx, frames = [], [], []
+    for i, (st, sc, *rest) in enumerate(levels):
         steps = load_steps(st)
         steps = steps[steps["step_kind"] == "decode"]
         if steps.empty:
             continue
         xs.append(steps["decode_requests"].to_numpy())
-        frames.append(per_step_categories(steps, sc).reset_index(drop=True))
+        idx.append(np.full(len(steps), i))
+        frames.append(fit_series(steps, sc, rest[0] if rest else None, rank).reset_index(drop=True))
     if not frames:
+        return None
+    return np.concatenate(xs), np.concatenate(idx), pd.concat(frames, ignore_index=True).fillna(0.0)
+
+
+def fit_categories(levels: list[tuple], rank: int | None = None) -> list[dict]:
+    """One LoadFit per category and measure over the decode steps of every level
+    ((step_totals, step_categories[, collective instances]) each), largest slope first."""
+    got = _decode_series(levels, rank)
+    if got is None:
         return []
-    x = np.concatenate(xs)
-    wide = pd.concat(frames, ignore_index=True).fillna(0.0)
+    x, _, wide = got
     fits = []
-    for cat in wide.columns:
-        y = wide[cat].to_numpy(float)
+    for cat, measure in wide.columns:
+        y = wide[(cat, measure)].to_numpy(float)
         a, b, se = ols(x, y)
         lo, hi = int(x.min()), int(x.max())
-        fits.append({"category": cat, "n_steps": int(len(x)), "n_batches": int(len(np.unique(x))),
-                     "intercept_ms": _num(a), "slope_ms_per_request": _num(b), "slope_se_ms": se,
-                     "ms_at_batch_min": float(y[x == lo].mean()), "ms_at_batch_max": float(y[x == hi].mean()),
-                     "batch_min": lo, "batch_max": hi})
+        fits.append({"category": cat, "measure": measure, "n_steps": int(len(x)),
+                     "n_batches": int(len(np.unique(x))), "intercept_ms": _num(a), "slope_ms_per_request": _num(b),
+                     "slope_se_ms": se, "ms_at_batch_min": float(y[x == lo].mean()),
+                     "ms_at_batch_max": float(y[x == hi].mean()), "batch_min": lo, "batch_max": hi})
     return sorted(fits, key=lambda f: -(f["slope_ms_per_request"] or -math.inf))
 
 
 def fastest_growing(fits: list[dict]) -> str | None:
-    """The category with the largest slope that clears LOAD_SLOPE_SIGMAS standard errors."""
+    """The category with the largest slope that clears LOAD_SLOPE_SIGMAS standard errors; a
+    collective's wait is rank skew, never what grows."""
     for f in fits:
         b, se = f["slope_ms_per_request"], f["slope_se_ms"]
+        if f.get("measure") == "wait":
+            continue
         if b is not None and se is not None and b > 0 and b > LOAD_SLOPE_SIGMAS * se:
             return f["category"]
     return None
+
+
+def expert_growth(levels: list[LevelTrace], arch: Any) -> dict | None:
+    """An ExpertGrowth: fused_moe ms per decode step against D(M)·MoE layers over the decode steps
+    of every level, and per level the cost per layer per distinct expert; None for a dense
+    model (or no architecture)."""
+    from stepscope.model.shapes import distinct_experts
+
+    if arch is None or not getattr(arch, "is_moe", False):
+        return None
+    got = _decode_series([(lv.steps, lv.step_categories) for lv in levels], None)
+    if got is None or (EXPERTS_CATEGORY, "union") not in got[2].columns:
+        return None
+    m, idx, wide = got
+    y = wide[(EXPERTS_CATEGORY, "union")].to_numpy(float)
+    layers = int(arch.n_moe_layers)
+    x = np.asarray(distinct_experts(arch.n_routed_experts, arch.top_k, m), float) * layers
+    a, b, se = ols(x, y)
+    by_level = [_expert_level(levels[i].concurrency, m[idx == i], y[idx == i], x[idx == i]) for i in np.unique(idx)]
+    return {"category": EXPERTS_CATEGORY, "n_routed_experts": int(arch.n_routed_experts), "top_k": int(arch.top_k),
+            "n_moe_layers": layers, "n_steps": int(len(y)), "n_batches": int(len(np.unique(m))),
+            "intercept_ms": _num(a), "slope_ms_per_expert_layer": _num(b), "slope_se_ms": se,
+            "by_level": by_level, "follows_distinct_experts": _follows(by_level)}
+
+
+def _expert_level(concurrency: int, m: np.ndarray, ms: np.ndarray, expert_layers: np.ndarray) -> dict:
+    """One level's fused_moe ms per decode step (mean, standard error of the mean) and the cost
+    per layer per distinct expert it implies (the mean over the mean D(M)·layers)."""
+    se = float(ms.std(ddof=1) / math.sqrt(len(ms))) if len(ms) > 1 else None
+    per = 1e3 / float(expert_layers.mean()) if expert_layers.mean() > 0 else None
+    layers_d = float(expert_layers.mean())
+    return {"concurrency": int(concurrency), "n_steps": int(len(ms)), "decode_requests_mean": float(m.mean()),
+            "expert_layers": layers_d, "ms_mean": float(ms.mean()), "ms_se": se,
+            "us_per_expert_layer": float(ms.mean()) * per if per else None,
+            "us_per_expert_layer_se": se * per if per and se is not None else None}
+
+
+def _follows(by_level: list[dict]) -> bool | None:
+    """Whether every level's cost per layer per distinct expert agrees with the lowest level's
+    within LOAD_SLOPE_SIGMAS combined standard errors: the time follows D(M), not M. None with
+    fewer than two levels that have a spread."""
+    rows = [r for r in by_level if r["us_per_expert_layer_se"] is not None]
+    if len(rows) < 2:
+        return None
+    base = rows[0]
+    return all(abs(r["us_per_expert_layer"] - base["us_per_expert_layer"])
+               <= LOAD_SLOPE_SIGMAS * math.hypot(r["us_per_expert_layer_se"], base["us_per_expert_layer_se"])
+               for r in rows[1:])
 
 
 def _num(v: float) -> float | None:
@@ -179,19 +293,22 @@ def sweep_throughput(run_dir) -> dict[int, float]:
     return {int(c): float(t) for c, t in zip(lv["concurrency"], lv["output_throughput_tok_s"])}
 
 
-def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=None, rank: int | None = None
+def build(levels: list[LevelTrace | tuple], run_dir=None, rank: int | None = None, arch: Any = None
           ) -> tuple[pd.DataFrame, dict]:
-    """(load_anatomy.csv, load_anatomy.json) from (concurrency, trace folder, step_totals,
-    step_categories) of each captured level, batch 1 included; the sweep's and the capture
-    client's throughput set beside the trace's where the run folder has them."""
+    """(load_anatomy.csv, load_anatomy.json) from each captured level (LevelTrace, or its first
+    four fields as a tuple), batch 1 included; the sweep's and the capture client's throughput
+    set beside the trace's where the run folder has them, the routed experts beside D(M) when
+    `arch` is an MoE."""
     from pathlib import Path
 
-    table = pd.concat([anatomy(st, sc, c) for c, _, st, sc in levels], ignore_index=True) \
+    levels = [LevelTrace(*lv) for lv in levels]
+    table = pd.concat([anatomy(lv.steps, lv.step_categories, lv.concurrency) for lv in levels], ignore_index=True) \
         if levels else pd.DataFrame(columns=ANATOMY_COLUMNS)
-    fits = fit_categories([(st, sc) for _, _, st, sc in levels])
+    series = [(lv.steps, lv.step_categories, lv.instances) for lv in levels]
+    fits = fit_categories(series, rank)
     measured = sweep_throughput(run_dir) if run_dir is not None else {}
     out_levels = []
-    for c, tdir, st, _ in levels:
+    for c, tdir, st, *_ in levels:
         lv = level_summary(st, c, tdir)
         lv["measured_output_tok_s"] = measured.get(c)
         win = Path(run_dir) / "04_profiler_capture" / f"c{c}" / "load_window.json" if run_dir else None
@@ -207,7 +324,7 @@ def build(levels: list[tuple[int, str, pd.DataFrame, pd.DataFrame]], run_dir=Non
         notes.append("every decode step has the same batch size: no slope can be fitted; capture more "
                      "levels (capture.concurrency)")
     return table, {"rank": rank, "levels": out_levels, "fits": fits, "fastest_category": fastest_growing(fits),
-                   "notes": notes}
+                   "experts": expert_growth(levels, arch), "notes": notes}
 
 
 def read_outputs(out_dir) -> tuple[pd.DataFrame, dict] | None:
