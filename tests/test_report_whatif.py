@@ -177,3 +177,23 @@ def test_under_load_the_whatif_uses_the_batch_it_was_measured_at(tmp_path, real_
     assert f"At c=16 ({fmt_num(base.batch)} decode requests per step, measured) the best case" in sec
     row = next(ln for ln in sec.splitlines() if ln.startswith("| 16 |"))
     assert "dense_gemm" in row and "all_reduce" in row  # no stage 02/03 here: their x1 is said, per level
+
+
+def test_the_routed_experts_grow_with_the_distinct_experts_touched():
+    """fused_moe scales by D(batch·M) / D(batch), not by the GEMM curve nor ×1: at batch 1 and
+    M = 3 a 64-expert top-8 layer touches 8 → 21.1 experts, 2.64× (issue 34's tiny DeepSeek-V3)."""
+    parts = (Part("fused_moe", 0.17, "experts"), Part("idle and between steps", 5.0, "unchanged"))
+    base = SpecBaseline(step_ms=5.17, step_basis="period", parts=parts, batch=1.0, gemm_us_by_tokens=GEMM,
+                        experts=(64, 8))
+    (moe, _) = predict_spec_decode_tpot(base, 2.0, 0.0, draft_tokens=2).parts
+    assert moe.scale == pytest.approx((1 - (7 / 8) ** 3) / (1 - 7 / 8))   # 2.640625
+    assert moe.ms == pytest.approx(0.17 * 2.640625)
+    assert "E = 64, top-8: 8.0 → 21.1 experts per layer" in moe.source
+    # at batch 16 most experts are already touched: 56.4 → 63.6 per layer, 1.13×
+    (moe16, _) = predict_spec_decode_tpot(SpecBaseline(**{**base.__dict__, "batch": 16.0}), 2.0, 0.0,
+                                          draft_tokens=2).parts
+    assert moe16.scale == pytest.approx((1 - (7 / 8) ** 48) / (1 - (7 / 8) ** 16))
+    # without the architecture the experts follow stage 02's GEMM curve, and say so
+    (gemm, _) = predict_spec_decode_tpot(SpecBaseline(**{**base.__dict__, "experts": None}), 2.0, 0.0,
+                                         draft_tokens=2).parts
+    assert gemm.scale == pytest.approx(110.0 / 100.0) and gemm.law.startswith("stage 02's GEMM time")

@@ -3,8 +3,10 @@
 A verify step scores M = k + 1 tokens per request (k drafted, plus the one the target
 model always emits) and emits the acceptance length `a` on average. Each part of the
 measured step grows with M by its own law (`LAWS`): GEMMs by stage 02's GEMM time against
-M, attention, KV writes, logits and the all-gather by tokens, all-reduces by their message
-size on stage 03's latency curve; host idle and the rest are unchanged. The draft costs a
+M, the routed experts by the distinct experts the tokens touch (D(batch·M) / D(batch): decode
+reads each touched expert's weights once), attention, KV writes, logits and the all-gather by
+tokens, all-reduces by their message size on stage 03's latency curve; host idle and the rest
+are unchanged. The draft costs a
 fixed time per drafted token. TPOT = (verify + k x draft per token) / a.
 
 `predict_spec_decode_tpot(baseline, acceptance_length, draft_ms_per_token, draft_tokens)`
@@ -34,7 +36,11 @@ LM head is a GEMM, `lm_head` in GEMM_CATEGORIES: it follows stage 02's curve.)""
 SIZE_CATEGORIES = frozenset({"all_reduce", "other_collective", "communication"})
 """Collectives whose message is [tokens, hidden]: their time follows the latency-vs-size curve."""
 
+EXPERT_CATEGORIES = frozenset({"fused_moe"})
+"""The routed experts: their time follows the distinct experts touched, D(M)."""
+
 LAWS = {"gemm": "stage 02's GEMM time at the verify tokens / at the measured tokens",
+        "experts": "distinct experts touched, D(verify tokens) / D(measured tokens), D(M) = E·(1 − (1 − k/E)^M)",
         "tokens": "tokens scored (× M)",
         "message size": "stage 03's all-reduce time at the M-times larger message / at the measured one",
         "unchanged": "unchanged (per-step work that does not grow with tokens)"}
@@ -70,6 +76,9 @@ class SpecBaseline:
     concurrency: int | None = None
     """The load level whose trace gave the step (stage 04's c<C> capture); None for the batch-1
     capture. Its `batch` is then the decode requests per step that trace measured."""
+    experts: tuple[int, int] | None = None
+    """(routed experts E, top-k) of an MoE, for the routed experts' law; None for a dense model or
+    when the architecture is unknown (the experts then follow stage 02's GEMM curve)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +131,13 @@ def _scale(part: Part, base: SpecBaseline, batch: float, m: int) -> tuple[float,
     tokens0, tokens1 = batch, batch * m
     if part.law == "tokens":
         return float(m), "law (no measurement needed)"
-    if part.law == "gemm":
+    if part.law == "experts" and base.experts is not None:
+        from stepscope.model.shapes import distinct_experts
+
+        e, k = base.experts
+        d0, d1 = float(distinct_experts(e, k, tokens0)), float(distinct_experts(e, k, tokens1))
+        return (d1 / d0 if d0 > 0 else 1.0), f"law: D(M) with E = {e}, top-{k}: {d0:.1f} → {d1:.1f} experts per layer"
+    if part.law in ("gemm", "experts"):
         c = base.gemm_us_by_tokens
         if not c:
             return 1.0, "default: ×1, no GEMM prediction from stage 02 (decode GEMMs read weights, so a few more rows cost little)"
@@ -181,7 +196,8 @@ def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, d
     parts = []
     for p in baseline.parts:
         s, src = _scale(p, baseline, batch, m)
-        parts.append(ScaledPart(name=p.name, base_ms=p.ms, scale=s, ms=p.ms * s, law=LAWS[p.law], source=src))
+        law = p.law if p.law != "experts" or baseline.experts is not None else "gemm"
+        parts.append(ScaledPart(name=p.name, base_ms=p.ms, scale=s, ms=p.ms * s, law=LAWS[law], source=src))
         if src.startswith("default") and p.ms > 0 and p.law != "unchanged":
             assumptions.append(f"{p.name}: {src}")
     verify = sum(p.ms for p in parts)
@@ -197,6 +213,8 @@ def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, d
 
 
 def _law(category: str) -> str:
+    if category in EXPERT_CATEGORIES:
+        return "experts"
     if category in GEMM_CATEGORIES:
         return "gemm"
     if category in TOKEN_CATEGORIES:
@@ -237,7 +255,30 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
     gemm_curve, ar_curve, per_tok = _micro_curves(a)
     return SpecBaseline(step_ms=float(step), step_basis=basis, parts=tuple(parts), batch=batch,
                         gemm_us_by_tokens=gemm_curve, allreduce_us_by_bytes=ar_curve,
-                        allreduce_bytes_per_token=per_tok)
+                        allreduce_bytes_per_token=per_tok, experts=experts_of(a))
+
+
+def experts_of(a: RunArtifacts) -> tuple[int, int] | None:
+    """(routed experts, top-k) of the run's model: stage 05's load anatomy when it read them,
+    else the params' architecture; None for a dense model or when neither can say."""
+    path = a.run_dir / "05_categorize" / "load_anatomy.json"
+    if path.is_file():
+        from stepscope import schema
+
+        try:
+            e = schema.read(path, schema.LoadAnatomySummary).experts
+        except (schema.ArtifactError, OSError):
+            e = None
+        if e is not None:
+            return e.n_routed_experts, e.top_k
+    try:
+        from stepscope.config import params_from_dict
+        from stepscope.model import architecture_from_params
+
+        arch = architecture_from_params(params_from_dict(a.params or {}, "params.yaml"))
+    except (StepscopeError, OSError, ValueError):
+        return None  # no model named, or its config is not here: the experts follow the GEMM curve
+    return (arch.n_routed_experts, arch.top_k) if arch.is_moe else None
 
 
 def _micro_curves(a: RunArtifacts) -> tuple[dict[int, float] | None, dict[int, float] | None, float | None]:
@@ -269,6 +310,7 @@ def load_baselines(a: RunArtifacts, table: pd.DataFrame | None) -> list[SpecBase
         return []
     dec = table[(table["step_kind"] == "decode") & (table["concurrency"] > 1)]
     gemm_curve, ar_curve, per_tok = _micro_curves(a)
+    experts = experts_of(a)
     out = []
     for c, t in dec.groupby("concurrency", sort=True):
         groups = t.drop_duplicates("decode_requests")
@@ -286,7 +328,7 @@ def load_baselines(a: RunArtifacts, table: pd.DataFrame | None) -> list[SpecBase
         parts.append(Part(name="idle and between steps", ms=max(step - sum(p.ms for p in parts), 0.0), law="unchanged"))
         out.append(SpecBaseline(step_ms=step, step_basis="period", parts=tuple(parts), batch=batch,
                                 gemm_us_by_tokens=gemm_curve, allreduce_us_by_bytes=ar_curve,
-                                allreduce_bytes_per_token=per_tok, concurrency=int(c)))
+                                allreduce_bytes_per_token=per_tok, concurrency=int(c), experts=experts))
     return out
 
 
