@@ -33,7 +33,11 @@ CHECKS = ("kind", "n_steps", "world_size", "rank_shown", "device_events", "devic
 SUM_TOL_MS = 0.01
 SHARE_TOL = 1e-4  # 0.01 %: the SGLang extend step's exposed times sum to 100.001 % of busy, float noise
 
-KNOWN_FAILING: dict[tuple[str, str], str] = {}
+KNOWN_FAILING: dict[tuple[str, str], str] = {
+    ("tracemap-mi300x-vllm-v1-llama80l-tp4-c32", "headline"):
+        "issue 35 (boundness from the step's own numbers): the decode step idles 61 % in one host gap, yet the "
+        "headline names dense_gemm and a lever in 63 words; it should say host-bound and name the host frame",
+}
 
 
 @cache

@@ -171,12 +171,13 @@ def test_covered_time_inside_windows_is_exact():
 
 def test_cpu_only_nccl_job_counts_each_nccl_annotation_once(real_traces: Path, tmp_path: Path):
     # HTA's CPU-only export of an NCCL job: no kernel and no c10d:: op, but ProcessGroupNCCL's
-    # six `nccl:all_to_all` annotations in the step, each inside a `record_param_comms` op.
+    # six `nccl:all_to_all` annotations in the step, each inside a `record_param_comms` op: six
+    # all-to-alls, counted per step with the collectives other than all-reduce and all-gather.
     an = analyze_traces([real_traces / "hta-cpu-only.json.gz"], tmp_path, progress=False, perfetto=False)
     w = an.ranks[0].work
     calls = w[w["collective_call"]]
     assert len(calls) == 6 and set(calls["name"]) == {"record_param_comms"}
-    assert set(calls["category"].astype(str)) == {"other_collective"}
+    assert set(calls["category"].astype(str)) == {"all_to_all"}
     assert an.summary.collectives_check.observed.other_collective.median == 6
     # the six shorter record_param_comms ops after the calls (their waits) are no calls
     rpc = w[(w["name"] == "record_param_comms") & w["is_call"]]

@@ -84,10 +84,11 @@ def test_communication_keeps_its_name_inside_any_frame(real_traces: Path):
 
 def test_sendrecv_kernels_are_named_by_the_collective_that_issued_them(real_traces: Path):
     # The sampled 128-rank trace runs its all-reduces and all-gathers as ncclKernel_SendRecv
-    # too: once 10 other_collective kernels, "0 all_reduce per step".
+    # too: once 10 other_collective kernels, "0 all_reduce per step". Its all-to-alls (under
+    # nccl:all_to_all) are all_to_all, a category of their own.
     w = _work(real_traces, "hta-sampled-rank-0.json.gz")
     sr = w[w["name"].str.startswith("ncclKernel_SendRecv")]
-    assert sr["category"].astype(str).value_counts().to_dict() == {"all_reduce": 4, "other_collective": 4,
+    assert sr["category"].astype(str).value_counts().to_dict() == {"all_reduce": 4, "all_to_all": 4,
                                                                    "all_gather": 2}
     assert set(sr["category_source"]) == {"context"}
     assert set(sr.loc[sr["category"] == "all_gather", "op_context"]) == {"nccl:_all_gather_base"}
@@ -147,7 +148,7 @@ def test_docs_name_every_category_and_context_rule():
     for cat, klass in CATEGORY_CLASS.items():
         assert f"| `{cat}` | {klass} |" in doc, cat
     assert {r.category for r in context_rules()} == {"norm", "rotary", "conv", "lm_head", "loss", "optimizer",
-                                                     "all_reduce", "all_gather", "other_collective", "attention",
+                                                     "all_reduce", "all_gather", "all_to_all", "other_collective", "attention",
                                                      "sampling", "moe_routing", "kv_cache_write", "name"}
 
 

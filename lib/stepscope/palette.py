@@ -13,6 +13,7 @@ import hashlib
 CATEGORY_ORDER: tuple[str, ...] = (
     "all_reduce",
     "all_gather",
+    "all_to_all",
     "other_collective",
     "communication",
     "collective_wait",
@@ -44,6 +45,7 @@ CATEGORY_ORDER: tuple[str, ...] = (
 CATEGORY_COLORS: dict[str, str] = {
     "all_reduce": "#d62728",
     "all_gather": "#ff7f0e",
+    "all_to_all": "#f16913",
     "other_collective": "#8c1c13",
     # A run that does not split communication gets the all-reduce red: it is nearly always
     # all-reduce, and the colour then means the same thing across runs.
@@ -78,7 +80,7 @@ IDLE_COLOR = "#ffffff"
 """Gaps in a timeline: drawn as background, never as a category."""
 
 COMMUNICATION_CATEGORIES: frozenset[str] = frozenset(
-    {"all_reduce", "all_gather", "other_collective", "communication", "collective_wait"}
+    {"all_reduce", "all_gather", "all_to_all", "other_collective", "communication", "collective_wait"}
 )
 GEMM_CATEGORIES: frozenset[str] = frozenset({"quant_gemm", "dense_gemm", "fused_moe", "lm_head"})
 

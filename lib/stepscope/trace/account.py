@@ -307,7 +307,8 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         "memory_exposed_us": busy - cm_len,
         "all_reduce_calls": calls_of("all_reduce"),
         "all_gather_calls": calls_of("all_gather"),
-        "other_collective_calls": calls_of("other_collective"),
+        # every call neither an all-reduce nor an all-gather, all-to-alls too (no column of their own)
+        "other_collective_calls": calls_of("other_collective") + calls_of("all_to_all"),
         "first_start_us": starts,
     })
     tot["idle_us"] = tot["span_us"] - tot["busy_us"]

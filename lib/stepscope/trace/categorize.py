@@ -39,6 +39,7 @@ CATCH_ALL_CATEGORY = "unattributed_elementwise"
 CATEGORY_CLASS: dict[str, str] = {
     "all_reduce": "communication",
     "all_gather": "communication",
+    "all_to_all": "communication",
     "other_collective": "communication",
     "quant_gemm": "compute",
     "dense_gemm": "compute",
@@ -70,7 +71,7 @@ rule matched; `other` is what no rule matched. `conv`, `lm_head`, `loss` and `op
 come mostly from context (the enclosing module, op or annotation)."""
 
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_CLASS)
-COLLECTIVE_CATEGORIES = ("all_reduce", "all_gather", "other_collective")
+COLLECTIVE_CATEGORIES = ("all_reduce", "all_gather", "all_to_all", "other_collective")
 # A CPU wait on a collective is time spent in that collective: resolved per thread to
 # the category of the collective op issued just before it.
 WAIT_CATEGORY = "collective_wait"
@@ -78,10 +79,15 @@ WAIT_CATEGORY = "collective_wait"
 
 @dataclass(frozen=True)
 class Rule:
+    """A name rule. `generic`: the name says only the work's class, not which category (a
+    collective kernel that does not say which collective: `ncclDevKernel_Generic_2`,
+    `ncclKernel_SendRecv_...`); an enclosing op of that class decides (`_context_applies`)."""
+
     category: str
     pattern: str
     cat: str | None = None
     catch_all: bool = False
+    generic: bool = False
 
     @property
     def regex(self) -> re.Pattern:
@@ -128,8 +134,8 @@ def _rules_yaml() -> dict:
 
 def builtin_rules() -> list[Rule]:
     """The packaged name rules, in order."""
-    return [Rule(r["category"], r.get("pattern") or "", r.get("cat"), bool(r.get("catch_all")))
-            for r in _rules_yaml()["rules"]]
+    return [Rule(r["category"], r.get("pattern") or "", r.get("cat"), bool(r.get("catch_all")),
+                 bool(r.get("generic"))) for r in _rules_yaml()["rules"]]
 
 
 def context_rules() -> list[ContextRule]:
@@ -168,8 +174,9 @@ def classify_name(name: str, cat: str | None, rules: list[Rule]) -> str:
     return _classify(name, cat, rules)[0]
 
 
-def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str]:
-    """(category, source): source `name`, `catch_all` or `none`. Every named rule is tried
+def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str, bool]:
+    """(category, source, generic): source `name`, `catch_all` or `none`; generic: the rule
+    that matched says only the work's class (`Rule.generic`). Every named rule is tried
     before any catch-all, wherever the catch-all sits in the list and whatever Kineto category
     it is for: a catch-all says only "a library op", so `_C::cpu_fused_moe` must reach the MoE
     rule before the CPU catch-all's `^_C::` takes it."""
@@ -178,18 +185,18 @@ def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str]:
             if r.catch_all != catch_all or (r.cat is not None and r.cat != cat):
                 continue
             if r.regex.search(name):
-                return r.category, ("catch_all" if catch_all else "name")
-    return "other", "none"
+                return r.category, ("catch_all" if catch_all else "name"), r.generic
+    return "other", "none", False
 
 
-_DECIDED: dict[tuple[Rule, ...], dict[tuple[str, str], tuple[str, str]]] = {}
+_DECIDED: dict[tuple[Rule, ...], dict[tuple[str, str], tuple[str, str, bool]]] = {}
 """Per rule set, each (name, cat) pair's `_classify` result: the ranks of one job, and the load
 levels beside batch 1, share most names, and a rule is a regex searched in a kernel name of
 hundreds of characters (the rules cost about 1 ms a name)."""
 _DECIDED_MAX_PAIRS = 200_000
 
 
-def _decided(rules: list[Rule]) -> dict[tuple[str, str], tuple[str, str]]:
+def _decided(rules: list[Rule]) -> dict[tuple[str, str], tuple[str, str, bool]]:
     """The memo of `rules`' decisions, emptied once it holds `_DECIDED_MAX_PAIRS`."""
     key = tuple(rules)
     if key not in _DECIDED and len(_DECIDED) >= 8:  # a long-lived kernel trying many rule sets
@@ -211,14 +218,6 @@ _NAME_WINS = {"communication", "memory"}
 _NAME_WINS_CATEGORIES = {"framework", "collective_wait"}
 NAME_DECIDES = "name"
 """A context rule's category that stops outer frames' rules: the name decides inside it."""
-GENERIC_COLLECTIVE_NAME = re.compile(r"(?i)ncclDevKernel_Generic|^msccl|nccl(?:Dev)?Kernel_(?:SendRecv|Send|Recv)")
-"""A collective kernel whose name does not say which collective it is (NCCL 2.19+'s
-`ncclDevKernel_Generic` for the LL128/SIMPLE protocols, MSCCL's kernels), or names only its
-transport: NCCL runs an all-reduce or an all-gather as `ncclKernel_SendRecv_...` too (a
-sampled 128-rank trace does, under `nccl:all_reduce` and `nccl:_all_gather_base`). The
-enclosing op (`nccl:all_reduce`, `c10d::allreduce_`) names it; outside one it keeps its
-name's category. A kernel whose name says its collective (`ncclKernel_AllReduce_...`) keeps
-it, and a collective op never turns a compute kernel into communication."""
 
 
 def collective_of(name: str) -> str | None:
@@ -232,15 +231,24 @@ def collective_of(name: str) -> str | None:
 
 
 def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str | None:
-    """The category a frame's decision gives to work whose name says `name_cat` (`generic`: a
-    collective kernel whose name does not say which one), or None."""
+    """The category a frame's decision gives to work whose name says `name_cat`, or None (the
+    name decides). One rule for every op: the op decides what the name leaves open, and only
+    that. A generic name (`generic`: its rule says the class, not the category) takes the op's
+    category when the op is of its class (an RCCL `ncclDevKernel_Generic_2` inside
+    `vllm::all_reduce` is an all-reduce); a name that says its category keeps it, except compute
+    work inside a compute op that refines it (the op's `only:` categories, or every compute
+    category when it lists none: a softmax inside an attention op is attention). A collective op
+    never makes compute work communication, nor does a compute op reach communication, memory or
+    framework work."""
     if not decision:
         return None
     ctx, _, only = decision.partition("|")
     if ctx == NAME_DECIDES:
         return None
+    if generic:
+        return ctx if CATEGORY_CLASS.get(ctx) == CATEGORY_CLASS.get(name_cat) else None
     if CATEGORY_CLASS.get(ctx) == "communication":
-        return ctx if generic else None
+        return None
     if CATEGORY_CLASS.get(name_cat, "compute") in _NAME_WINS or name_cat in _NAME_WINS_CATEGORIES:
         return None
     if only and name_cat not in only.split(","):
@@ -290,8 +298,11 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     # int16 codes (a rule set names far fewer categories), looked up a slice at a time
     category = lookup_keys(len(n_codes), pair, p_u, np.array([at[g[0]] for g in got], dtype=np.int16))
     source = lookup_keys(len(n_codes), pair, p_u, np.array([at[g[1]] for g in got], dtype=np.int16))
+    # per distinct name: generic rules name no Kineto category, so a name's pairs agree
+    generic_by_name = np.zeros(max(len(n_u), 1), dtype=np.int64)
+    generic_by_name[[int(p // nc) for p, g in zip(p_u, got) if g[2]]] = 1
     if context is not None and len(context) and len(category):
-        _context_decides(category, source, n_codes, n_u, context, table, at)
+        _context_decides(category, source, n_codes, generic_by_name, context, table, at)
     if as_codes:
         return (pd.Categorical.from_codes(category, categories=pd.Index(table, dtype=object)),
                 pd.Categorical.from_codes(source, categories=pd.Index(table, dtype=object)))
@@ -299,16 +310,16 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
     return objs[category], objs[source]
 
 
-def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarray, n_u: Any,
+def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarray, generic: np.ndarray,
                      context: np.ndarray | pd.Categorical, table: list, at: dict) -> None:
     """Where an enclosing frame's decision overrides the name's category (`_context_applies`),
-    in place: `category` becomes the frame's and `source` "context". `table`/`at` (the codes'
-    values) grow by any category only a frame gives."""
+    in place: `category` becomes the frame's and `source` "context". `generic`: per name code,
+    1 where its rule is generic. `table`/`at` (the codes' values) grow by any category only a
+    frame gives."""
     x_codes, x_u = _factorize32(context if isinstance(context, pd.Categorical) else
                                 np.asarray(context, dtype=object))
     x_u = np.asarray(x_u, dtype=object)
     nx = max(len(x_u), 1)
-    generic = np.array([bool(GENERIC_COLLECTIVE_NAME.search(str(n))) for n in n_u], dtype=np.int64)
     def key(s: slice) -> np.ndarray:
         return (category[s].astype(np.int64) * nx + x_codes[s]) * 2 + generic[n_codes[s]]
 

@@ -45,6 +45,7 @@ _CONTEXT_OP = re.compile(
     r"(?i)norm|rotary|rope|conv|loss|cross_entropy|nll|logits|lm_head"
     r"|^Optimizer\.|_foreach_|_fused_(adam|adamw|sgd|adagrad)"
     r"|^vllm::unified_(mla_)?attention|^vllm::moe_forward"  # MLA's absorbed bmms, the router's top-k
+    r"|^vllm::(all_reduce|all_gather|reduce_scatter)$"  # vLLM's collectives name RCCL's generic kernels
     r"|^ProfilerStep#\d+$|^\[param\|.*\|(?:warmup|measure)\|")
 """cpu_op names that name a purpose (matched by `re.search`), and the step markers older traces
 record as ops (`trace.steps`)."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.trace.categorize import categorize_work, class_of, collective_of, resolve_waits
+from stepscope.trace.categorize import COLLECTIVE_CATEGORIES, categorize_work, class_of, collective_of, resolve_waits
 from stepscope.trace import step_sources as sources
 from stepscope.trace.codes import in_values, lookup, take_codes, text_codes, used_values
 from stepscope.trace.context import WorkContext, launch_context, op_context
@@ -698,7 +698,7 @@ def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: st
     else:
         work, launches = _cpu_work(ev, steps, rules, rank, info), empty_launches()
     work["class"] = class_of(work["category"])
-    coll = in_values(work["category"], ["all_reduce", "all_gather", "other_collective"])
+    coll = in_values(work["category"], COLLECTIVE_CATEGORIES)
     if mode == "cpu":
         # Count each collective once: at its entry op (see _C10D_CALL), not its
         # _c10d_functional wrapper or the wait on it.

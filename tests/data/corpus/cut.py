@@ -2,9 +2,9 @@
 
 Kept: the metadata (everything outside `traceEvents`), every `cpu_op`, annotation, runtime
 call, device event (kernel, memcpy, memset) with its args, and the `python_function` frames
-that say what the trace is (`nn.Module: ...` frames and frames of a graph capture, compile or
-warm-up). Dropped: other `python_function` frames (the bulk of a stack-enabled trace),
-`ac2g` flows and `cpu_instant_event` markers. With `--until-us`, only events that start
+that say what the trace is (`nn.Module: ...` frames, frames of a graph capture, compile or
+warm-up, and vLLM's `execute_model`, a step's frame). Dropped: other `python_function` frames
+(the bulk of a stack-enabled trace), `ac2g` flows and `cpu_instant_event` markers. With `--until-us`, only events that start
 before that many microseconds after the trace's first event are kept, so whole steps stay
 whole when the cut is placed at a step's end.
 
@@ -17,7 +17,8 @@ import argparse
 import gzip
 import json
 
-KEEP_FRAME_WORDS = ("nn.Module:", "capture", "cudagraph", "compile_or_warm_up", "warm_up", "warmup", "checkpoint")
+KEEP_FRAME_WORDS = ("nn.Module:", "capture", "cudagraph", "compile_or_warm_up", "warm_up", "warmup", "checkpoint",
+                    "execute_model")  # vLLM's step frame: the step of a trace with no step annotation
 DROP_CATS = {"ac2g", "cpu_instant_event"}
 
 
