@@ -138,20 +138,42 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_PROGRESS_HELP = "no progress bars (a log file then gets one line per event, not a redrawn bar)"
+
+# One example per subcommand, shown under its --help: the first thing a newcomer types.
+EXAMPLES = {
+    "run": "stepscope run params/cpu-moe.yaml\n  stepscope run params/cpu-demo.yaml --stages 05,06 --run-id cpu-demo-X",
+    "analyze": "stepscope analyze /tmp/vllm_profile --tp 8 --arch-preset kimi-k2.5\n"
+               "  stepscope analyze rank0.pt.trace.json.gz --out outputs/my-trace",
+    "tiny-model": "stepscope tiny-model outputs/models/tiny-dsv3 --arch deepseek_v3",
+    "compare": "stepscope compare outputs/cpu-demo-A outputs/cpu-demo-B\n"
+               "  stepscope compare outputs/base outputs/candidate --fail-on-regression",
+    "campaign": "stepscope campaign params/cpu-campaign.yaml --repeats 2",
+    "lab": "stepscope lab\n  stepscope lab outputs/cpu-moe-20261204-101500",
+    "validate": "stepscope validate params/*.yaml",
+}
+
+
+def _sub(sub, name: str, help: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".",
+                          epilog="example:\n  " + EXAMPLES[name],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stepscope", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run the notebook pipeline on a params file")
+    r = _sub(sub, "run", "run the notebook pipeline on a params file")
     r.add_argument("params", help="params YAML, e.g. params/cpu-demo.yaml")
     r.add_argument("--stages", help="comma-separated stage numbers or ids, e.g. 02,03")
     r.add_argument("--run-id", help="run folder name under outputs/ (default: <name>-<timestamp>): one path "
                    "segment of letters, digits, '.', '_', '-', starting with a letter or digit")
     r.add_argument("--resume", action="store_true", help="skip stages that already finished in --run-id")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     r.set_defaults(func=_cmd_run)
 
-    a = sub.add_parser("analyze", help="categorize and write up traces captured elsewhere")
+    a = _sub(sub, "analyze", "categorize and write up traces captured elsewhere")
     a.add_argument("paths", nargs="+", help="trace files or folders")
     a.add_argument("--model", help="the model's config.json, for the architecture cross-check")
     a.add_argument("--arch-preset", help="a built-in architecture instead of --model (e.g. qwen3-8b, "
@@ -161,11 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--memory-budget-gb", type=float, default=None,
                    help="stop before parsing when the analysis's estimated peak is over this many GB "
                         "(default: 0.8x the available memory; exit code 5)")
-    a.add_argument("--no-progress", action="store_true")
+    a.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     a.set_defaults(func=_cmd_analyze)
 
-    t = sub.add_parser("tiny-model", help="write a random tiny model, Llama or DeepSeek-V3 (nothing downloaded)")
-    t.add_argument("dir")
+    t = _sub(sub, "tiny-model", "write a random tiny model, Llama or DeepSeek-V3 (nothing downloaded)")
+    t.add_argument("dir", help="folder to write the checkpoint and tokenizer into")
     t.add_argument("--arch", choices=("llama", "deepseek_v3"), default="llama",
                    help="deepseek_v3: MLA, 64 routed experts (top-8), one shared expert, the first layer "
                         "dense; defaults 3 layers, hidden 256 (docs/methods.md#the-tiny-deepseek-v3)")
@@ -179,15 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "0.32 on an AVX2 CPU dies at the first request with SIGILL)")
     t.set_defaults(func=_cmd_tiny_model)
 
-    c = sub.add_parser("compare", help="compare two run folders")
-    c.add_argument("run_a")
-    c.add_argument("run_b")
+    c = _sub(sub, "compare", "compare two run folders")
+    c.add_argument("run_a", help="the baseline run folder (or run id under outputs/)")
+    c.add_argument("run_b", help="the candidate run folder; B/A and B-A are reported against A")
     c.add_argument("--out", help="default: <run_b>/06_writeup/compare_vs_<run_a>/")
     c.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 when a macro metric or a category's per-step time got worse beyond noise (for CI)")
     c.set_defaults(func=_cmd_compare)
 
-    g = sub.add_parser("campaign", help="run a baseline and its variants, then compare them (docs/campaigns.md)")
+    g = _sub(sub, "campaign", "run a baseline and its variants, then compare them (docs/campaigns.md)")
     g.add_argument("params", help="params YAML with a campaign section, e.g. params/cpu-campaign.yaml")
     g.add_argument("--campaign-id", help="campaign folder under outputs/ (default: <name>-<timestamp>)")
     g.add_argument("--resume", action="store_true",
@@ -195,17 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repeats", type=int, help="runs per variant, interleaved (default: campaign.repeats)")
     g.add_argument("--stages", help="with --campaign-id: run these stages again in every run (e.g. 05,06 after "
                                     "an upgrade), then write the report again")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     g.set_defaults(func=_cmd_campaign)
 
-    j = sub.add_parser("lab", help="open the workbook (or a run's executed notebooks) in JupyterLab")
+    j = _sub(sub, "lab", "open the workbook (or a run's executed notebooks) in JupyterLab")
     j.add_argument("run", nargs="?", help="a run folder or run id under outputs/ (default: notebooks/)")
     j.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     j.add_argument("--port", type=int, help="default: a free port")
     j.set_defaults(func=_cmd_lab)
 
-    v = sub.add_parser("validate", help="validate params files without running anything")
-    v.add_argument("params", nargs="+")
+    v = _sub(sub, "validate", "validate params files without running anything")
+    v.add_argument("params", nargs="+", help="params YAML files")
     v.add_argument("--run-id", help="also check this run id and its folder, as `run --run-id` would use them")
     v.set_defaults(func=_cmd_validate)
     return p
