@@ -64,7 +64,7 @@ def test_the_spec_variant_really_speculates_and_its_steps_are_counted(live_campa
 def test_the_report_puts_predicted_beside_measured_tpot(live_campaign):
     _, cdir, _ = live_campaign
     from stepscope.campaign import analysis as ca
-    from stepscope.report.numbers import fmt_num
+    from stepscope.wording import fmt_num
 
     c = ca.load_campaign(cdir)
     preds = ca.spec_predictions(c)

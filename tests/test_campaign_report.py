@@ -15,7 +15,7 @@ from stepscope.server_metrics import spec_decode_delta
 from stepscope.campaign.report import FIG_CATEGORIES, FIG_THROUGHPUT, build_campaign_report
 from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report import whatif as wi
-from stepscope.report.numbers import fmt_num
+from stepscope.wording import fmt_num
 from stepscope import schema
 from stepscope.testing.synthetic import make_synthetic_run
 

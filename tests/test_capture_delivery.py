@@ -18,7 +18,7 @@ from stepscope import schema
 from stepscope.capture import _write_requests_and_latency
 from stepscope.config import CaptureParams
 from stepscope.report.analysis import reconciliation
-from stepscope.report.numbers import fmt_num
+from stepscope.wording import fmt_num
 from stepscope.sweep.metrics import RequestRecord
 from stepscope.trace.analyze import capture_tpot
 

@@ -271,7 +271,7 @@ def test_many_kernels_inside_one_module_are_one_lever():
 def test_the_lever_sentence_names_its_kernels_and_module(tmp_path, real_traces):
     # HF Qwen1.5 eager: dense_gemm is one cuBLAS kernel; rotary's 11 names run 99.7 % inside
     # Qwen2Attention, so a fix to it is a fix to that module.
-    from stepscope.report.numbers import fmt_num
+    from stepscope.wording import fmt_num
     from stepscope.report.prose import lever_sentence, lever_what_clause
 
     md, ctx, _, _ = _report(_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"]))

@@ -18,7 +18,7 @@ from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.report import prose
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
-from stepscope.report.numbers import NUMBER_RE, fmt_num
+from stepscope.wording import NUMBER_RE, fmt_num
 from stepscope.report.verdict import RooflineFinding, biggest_lever
 from stepscope.wording import short_name, short_names
 from stepscope.thresholds import COMM_EXPOSED_SHARE, HOST_BOUND_MICRO_IDLE_SHARE, LOW_CONFIDENCE_STEPS

@@ -9,7 +9,7 @@ import pytest
 
 from stepscope.errors import StepscopeError
 from stepscope.report import build_report
-from stepscope.report.numbers import fmt_num
+from stepscope.wording import fmt_num
 from stepscope.report.whatif import Part, SpecBaseline, predict_spec_decode_tpot
 from stepscope.testing.synthetic import make_synthetic_run
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from stepscope.report import build_report
-from stepscope.report.numbers import fmt_num
+from stepscope.wording import fmt_num
 from stepscope.trace import account as acc
 from stepscope.trace import analyze_traces
 

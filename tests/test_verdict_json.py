@@ -14,7 +14,7 @@ from stepscope import runner, schema
 from stepscope.report import build_report, prose
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
-from stepscope.report.numbers import fmt_num
+from stepscope.wording import fmt_num
 from stepscope.report.verdict import caveats, headline_findings
 
 HEADLINE_WORDS = 60

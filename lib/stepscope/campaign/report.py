@@ -16,7 +16,7 @@ from stepscope.campaign import analysis as ca
 from stepscope.campaign import plots as cp
 from stepscope.report.compare import KERNEL_CATEGORIES_COMPARED, compare_kernels
 from stepscope.report.markdown_util import code_names, markdown_to_html, md_table, missing_box
-from stepscope.report.numbers import fmt_num as f
+from stepscope.wording import fmt_num as f
 from stepscope.report.prose import verdict_sentences
 from stepscope.redaction import scrub
 from stepscope.runfolder import save_figure

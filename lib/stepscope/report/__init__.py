@@ -24,7 +24,7 @@ How the report thinks (docs/verdict.md): `report.verdict.verdict(...)` returns t
 device, levers with Amdahl ceilings on the period, micro-vs-trace agreement, roofline,
 plateau); `report.prose` writes them as sentences and computes nothing;
 `report.whatif.predict_spec_decode_tpot` is the speculative-decoding model (pure, explicit
-inputs); `report.numbers.fmt_num` is the one number formatter.
+inputs); `wording.fmt_num` is the one number formatter.
 
 Figures written to `<run>/figures/`, each drawn by the one function its stage uses (category
 figures: `stepscope.trace.plots`, colours from `stepscope.palette`; sweep: `stepscope.sweep.plots`;

@@ -17,7 +17,7 @@ from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.markdown_util import code_name
-from stepscope.report.numbers import fmt_num as _fmt
+from stepscope.wording import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
 from stepscope.wording import WINDOW, Md, flag_message, md_code, md_text, per_step, work_unit

@@ -16,7 +16,7 @@ from stepscope.trace.plots import save_figure  # noqa: E402,F401  (compare saves
 from stepscope.trace.plots import new_figure as _new  # noqa: E402
 
 import pandas as pd  # noqa: E402
-from stepscope.report.numbers import fmt_num  # noqa: E402
+from stepscope.wording import fmt_num  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.report.numbers import fmt_num as f
+from stepscope.wording import fmt_num as f
 from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
 from stepscope.wording import md_code, md_text
 from stepscope.wording import short_name as _short

@@ -28,7 +28,7 @@ import pandas as pd
 from stepscope.errors import StepscopeError
 from stepscope.palette import GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
-from stepscope.report.numbers import fmt_num
+from stepscope.wording import fmt_num
 
 TOKEN_CATEGORIES = frozenset({"attention", "kv_cache_write", "logits", "sampling", "all_gather"})
 """Work proportional to the tokens scored: each verified token reads and writes its own. (The
