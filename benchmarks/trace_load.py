@@ -1,6 +1,6 @@
 """Trace loading speed and memory: stepscope's loader vs gzip alone, json.loads and HTA.
 
-    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short | --tiny]] [--source NAME] [--keep DIR] [--analysis]
+    .venv/bin/python benchmarks/trace_load.py [--mb 260 | --kernels 2000000 [--short | --tiny | --shape SHAPE]] [--source NAME] [--keep DIR] [--analysis [--figures]]
 
 --analysis runs the whole of stage 05 on the trace instead (issue 26: <= 0.5x the JSON), and
 also polls the RSS of the process and its parse processes together. Kernel-dense, 10 M kernels,
@@ -16,6 +16,15 @@ side by side, 2026-12-03 (c5619b7 -> now):
   1,277 -> 915, 42 -> 33 s.
 Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
 trace.budget's estimate reads these.
+--shape (issue 39; 2-core machine shared with other work, load average 1.7-2.0): peak RSS of
+--analysis, MB (x the JSON; bytes per device event above the imports' 146 MB):
+- tiny: 1 M 255 (2.27x; 114), 2 M 319 (1.42x; 91);
+- no-steps-no-launches: 1 M 271 (2.38x; 132), 2 M 291 (1.27x; 76); before period._gaps_one
+  went slice by slice 409 (3.58x; 276) and 624 (2.72x; 251);
+- interleaved-streams: 1 M 252 (2.24x; 112), 2 M 298 (1.32x; 80).
+With --figures at 1 M: no-steps 268 (811, 698 bytes an event, before the gaps went by slices and
+the step timeline was capped at analyze.TIMELINE_MAX_EVENTS); tiny and interleaved-streams 491 (the
+per-step bar chart, `plots.plot_decode_steps`, ~170 KB and ~10 ms a step: 2,000 steps here).
 
 Builds a trace of at least --mb MB of JSON by replicating the events of a real trace in tests/data/traces
 (timestamps shifted per copy), gzips it, then runs each loader in its own subprocess so
@@ -55,7 +64,7 @@ elif kind == "stepscope_df":
     from stepscope.trace.load import read_trace
 elif kind == "hta":
     from hta.trace_analysis import TraceAnalysis
-elif kind == "analysis":
+elif kind in ("analysis", "analysis_figures"):
     # Stage 05 on this one trace, as `stepscope analyze` runs it (pandas and the analysis
     # imported first: their RSS is counted in the peak, not in the time).
     import tempfile
@@ -120,9 +129,15 @@ elif kind == "stepscope":
 elif kind == "stepscope_df":
     df, meta = read_trace(path)
     n = len(df)
-elif kind == "analysis":
+elif kind in ("analysis", "analysis_figures"):
     with tempfile.TemporaryDirectory() as out:
         an = analyze_traces(Path(path), Path(out), perfetto=False, progress=False)
+        if kind == "analysis_figures":  # and stage 05's figures, as its notebook draws them
+            import matplotlib
+            matplotlib.use("Agg")
+            from stepscope.trace.plots import stage_figures
+            for name, fig in stage_figures(an).items():
+                fig.savefig(Path(out) / f"{name}.png")
     n = sum(r.n_device_events for r in an.summary.ranks)
 elif kind == "hta":
     import os
@@ -196,19 +211,30 @@ TINY_KERNEL_NAMES = ("unrolled", "gemm_bf16", "flash_fwd", "AllReduce", "rms_nor
 """Names of at most 9 characters in the same categories (`--tiny`)."""
 
 
+SHAPES = ("tiny", "no-steps-no-launches", "interleaved-streams")
+"""Kernel-dense shapes (`--shape`), each in --tiny's compact JSON (~110-121 bytes a kernel):
+- tiny: issue 26's, 500 kernels in each annotated decode step, launched by one cudaGraphLaunch;
+- no-steps-no-launches: issue 39's probe, kernels alone, 1 us apart, no annotation, no launch
+  (each kernel still names its launch's correlation id, as Kineto writes them);
+- interleaved-streams: tiny's steps, their kernels on 4 streams (threads) at once, overlapping."""
+
+
 def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short: bool = False,
-                       tiny: bool = False) -> tuple[Path, int, int]:
+                       tiny: bool = False, shape: str | None = None) -> tuple[Path, int, int]:
     """A GPU trace of `n_kernels` tiny kernel events, `per_step` kernels inside each annotated
     decode step; gzipped. With the full kernel names and Kineto's spacing each kernel is ~187
     bytes of JSON; `short` writes no spaces and SHORT_KERNEL_NAMES, ~144 bytes; `tiny` no spaces,
     TINY_KERNEL_NAMES and no stream in the args (the kernel's thread is its stream), ~121 bytes:
     the shape of issue 26's hostile trace, 10 M such events in 1.22 GB of JSON; its host events
-    carry a 22-bit pid and tid, as on Linux, so those columns cannot be narrow.
+    carry a 22-bit pid and tid, as on Linux, so those columns cannot be narrow. `shape` (SHAPES)
+    is `tiny`'s format in another arrangement; "tiny" is `tiny=True`.
 
     The CPU-op-heavy replica above holds few device events per byte; this one is the
     loader's worst case per byte."""
     from isal import igzip
 
+    shape = shape or ("tiny" if tiny else None)
+    tiny = tiny or shape is not None
     gz = out_dir / "rank0.pt.trace.json.gz"
     header = ('{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", '
               '"totalGlobalMem": 85031714816}], "distributedInfo": {"backend": "nccl", "rank": 0, '
@@ -219,7 +245,7 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short
            '"pid": 100, "tid": 100, "ts": %.3f, "dur": %.3f},\n' \
            '{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 100, "tid": 100, ' \
            '"ts": %.3f, "dur": 20.0, "args": {"correlation": %d}},\n'
-    kern = '{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": 7, "ts": %.3f, "dur": %.3f, ' \
+    kern = '{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": %d, "ts": %.3f, "dur": %.3f, ' \
            '"args": {"correlation": %d, "stream": 7}}'
     names = TINY_KERNEL_NAMES if tiny else SHORT_KERNEL_NAMES if short else KERNEL_NAMES
     if tiny:  # and the host's pid and tid as Linux numbers them (22 bits): int32 columns
@@ -235,19 +261,37 @@ def build_kernel_dense(n_kernels: int, out_dir: Path, per_step: int = 500, short
         done = 0
         while done < n_kernels:
             k = min(per_step, n_kernels - done)
-            corr = done // per_step + 1
-            parts = [step % (ts, k * 2.5 + 30.0, ts + 1.0, corr)]
-            parts += [kern % (names[i % len(names)], ts + 25.0 + i * 2.5, 2.0 + (i % 7) * 0.05,
-                              corr) + (",\n" if done + i + 1 < n_kernels else "\n") for i in range(k)]
-            chunk = "".join(parts).encode()
+            chunk, ts, events = _kernels_chunk(shape, step, kern, names, k, done, per_step, ts,
+                                               last=done + k >= n_kernels)
             fh.write(chunk)
             json_bytes += len(chunk)
-            n += k + 2
+            n += events
             done += k
-            ts += k * 2.5 + 50.0
         fh.write(b"]}\n")
         json_bytes += 3
     return gz, json_bytes, n
+
+
+def _kernels_chunk(shape: str | None, step: str, kern: str, names: tuple[str, ...], k: int, done: int,
+                   per_step: int, ts: float, last: bool) -> tuple[bytes, float, int]:
+    """(JSON of the next `k` kernels, with their step's annotation and launch where the shape has
+    them; the next step's start; events written)."""
+    sep = [",\n"] * k
+    if last:
+        sep[-1] = "\n"
+    if shape == "no-steps-no-launches":  # 1 us apart, each 0.5 us long, each its own launch's (none is in the trace)
+        parts = [kern % (names[i % len(names)], 7, ts + i, 0.5, done + i + 1) + sep[i] for i in range(k)]
+        return "".join(parts).encode(), ts + k, k
+    corr = done // per_step + 1
+    if shape == "interleaved-streams":  # 4 streams at once, each kernel overlapping its neighbours'
+        span = (k // 4 + 1) * 2.5 + 30.0
+        parts = [kern % (names[i % len(names)], 7 + i % 4, ts + 25.0 + (i // 4) * 2.5 + (i % 4) * 0.4,
+                         2.0 + (i % 7) * 0.05, corr) + sep[i] for i in range(k)]
+    else:
+        span = k * 2.5 + 30.0
+        parts = [kern % (names[i % len(names)], 7, ts + 25.0 + i * 2.5, 2.0 + (i % 7) * 0.05, corr) + sep[i]
+                 for i in range(k)]
+    return (step % (ts, span, ts + 1.0, corr) + "".join(parts)).encode(), ts + span + 20.0, k + 2
 
 
 def run(kind: str, path: Path, extra_path: str | None = None) -> dict | None:
@@ -290,6 +334,10 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true",
                     help="with --kernels: names of at most 9 characters, no spaces and no stream arg, ~121 bytes of "
                          "JSON per kernel (issue 26's own shape: 10 M in 1.22 GB)")
+    ap.add_argument("--shape", choices=SHAPES, default=None,
+                    help="with --kernels: the kernels' arrangement, in --tiny's format (SHAPES): tiny (= --tiny), "
+                         "no-steps-no-launches (issue 39's probe: kernels 1 us apart, nothing else), "
+                         "interleaved-streams (annotated steps, 4 overlapping streams)")
     ap.add_argument("--source", default="hf-h100-qwen1.5-0.5b-eager.json.gz",
                     help="trace in tests/data/traces whose events are replicated (a mix of stacks, ops, launches, kernels)")
     ap.add_argument("--keep", type=Path, default=None,
@@ -301,6 +349,9 @@ def main() -> None:
     ap.add_argument("--analysis", action="store_true",
                     help="run only the full stage-05 analysis (analyze_traces) and print its peak RSS per JSON "
                          "byte and per device event")
+    ap.add_argument("--figures", action="store_true",
+                    help="with --analysis: and stage 05's figures (trace.plots.stage_figures), as its notebook "
+                         "draws them")
     args = ap.parse_args()
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -311,14 +362,15 @@ def main() -> None:
         info = json.loads((tmp / "built.json").read_text())
         json_bytes, n = info["json_bytes"], info["n"]
     else:
-        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp, short=args.short, tiny=args.tiny) if args.kernels
+        gz, json_bytes, n = (build_kernel_dense(args.kernels, tmp, short=args.short, tiny=args.tiny,
+                                                          shape=args.shape) if args.kernels
                              else build(SHARED / args.source, args.mb, tmp))
         if args.keep is not None:
             (tmp / "built.json").write_text(json.dumps({"json_bytes": json_bytes, "n": n}))
     print(f"built {gz} : {json_bytes / 2**20:.0f} MB JSON, {gz.stat().st_size / 2**20:.0f} MB gz, "
           f"{n:,} events ({time.perf_counter() - t:.0f} s)")
     if args.analysis:
-        report_analysis(run("analysis", gz), json_bytes)
+        report_analysis(run("analysis_figures" if args.figures else "analysis", gz), json_bytes)
         return
     hta_path = args.hta_path or os.environ.get("STEPSCOPE_HTA_PATH")
     probe = subprocess.run([sys.executable, "-c", "import hta"], capture_output=True,

@@ -43,21 +43,28 @@ def _trace_load_benchmark():
     return mod
 
 
-@pytest.fixture(scope="module")
-def kernel_dense_trace(tmp_path_factory) -> Path:
+SHAPES = (None, "no-steps-no-launches", "interleaved-streams")
+"""The default kernel-dense trace (annotated steps, full names), and two of benchmarks/trace_load.py's
+SHAPES: issue 39's probe (no step marker, no launch: the whole trace is one step, whose gaps were
+~165 bytes a kernel in `period.step_idle`) and overlapping streams."""
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=lambda s: s or "annotated-steps")
+def kernel_dense_trace(tmp_path_factory, request) -> Path:
     out = tmp_path_factory.mktemp("kernel-dense")
-    gz, _, _ = _trace_load_benchmark().build_kernel_dense(200_000, out)
+    gz, _, _ = _trace_load_benchmark().build_kernel_dense(200_000, out, shape=request.param)
     return gz
 
 
 def test_analysing_a_kernel_dense_rank_peaks_under_the_stated_bytes_per_event(kernel_dense_trace, monkeypatch):
-    from stepscope.trace import account, codes, context, steps
+    from stepscope.trace import account, codes, context, period, steps
     from stepscope.trace.analyze import analyze_rank
     from stepscope.trace.categorize import make_rules
     from stepscope.trace.load import load_ranks
 
     for module, name in ((account, "UNION_CHUNK_ROWS"), (codes, "FACTORIZE_CHUNK_ROWS"),
-                         (steps, "ENCLOSING_CHUNK_ROWS"), (context, "CONTEXT_CHUNK_ROWS")):
+                         (steps, "ENCLOSING_CHUNK_ROWS"), (context, "CONTEXT_CHUNK_ROWS"),
+                         (period, "GAP_CHUNK_ROWS")):
         monkeypatch.setattr(module, name, SLICE_ROWS)
     rules = make_rules(())
     tracemalloc.start()
@@ -78,3 +85,16 @@ def test_analysing_a_kernel_dense_rank_peaks_under_the_stated_bytes_per_event(ke
     assert set(result.work["category"].astype(str)) == {"all_reduce", "attention", "dense_gemm", "elementwise",
                                                          "norm"}
     assert peak / n < ANALYSIS_PEAK_BYTES_PER_DEVICE_EVENT, f"{peak / n:.0f} bytes per device event"
+
+
+def test_the_step_timeline_of_a_trace_with_no_step_marker_is_capped(tmp_path: Path):
+    """With no step marker the whole trace is one step, and its timeline (CSV and stage 05's figure)
+    held every kernel: drawing 200,000 took 23 s and ~0.5 KB each, 10 M would take GBs."""
+    from stepscope.trace.analyze import TIMELINE_MAX_EVENTS, analyze_traces
+
+    gz, _, _ = _trace_load_benchmark().build_kernel_dense(TIMELINE_MAX_EVENTS + 1000, tmp_path,
+                                                          shape="no-steps-no-launches")
+    an = analyze_traces(gz, tmp_path / "out", perfetto=False, progress=False)
+    assert an.summary.ranks[0].step_source == "whole_trace"
+    assert len(an.timeline) == TIMELINE_MAX_EVENTS
+    assert an.timeline["start_us"].iloc[-1] == TIMELINE_MAX_EVENTS - 1.0  # its first events, 1 us apart

@@ -844,16 +844,21 @@ def _records(df: pd.DataFrame) -> list[dict]:
     return json.loads(df.to_json(orient="records"))
 
 
+TIMELINE_MAX_EVENTS = 50_000
+"""The step timeline (its CSV and figure) keeps a step's first this many events: a trace with no
+step marker is one step of all its work, and drawing 200,000 kernels took 23 s and ~0.5 KB each."""
+
+
 def representative_timeline(r: RankResult) -> pd.DataFrame:
-    """The work of the median-length decode step: stream, category, start (from the
-    step's first work), duration, name. For the report's timeline figure."""
+    """The work of the median-length decode step (its first TIMELINE_MAX_EVENTS): stream, category,
+    start (from the step's first work), duration, name. For the report's timeline figure."""
     dec, _ = acc.select_decode_steps(r.steps_tot)
     cols = ["rank", "step_id", "stream", "category", "class", "start_us", "dur_us", "name"]
     if dec.empty:
         return pd.DataFrame(columns=cols)
     med = dec["span_us"].median()
     sid = int(dec.iloc[(dec["span_us"] - med).abs().argsort().iloc[0]]["step_id"])
-    w = r.work[r.work["step_id"] == sid]
+    w = r.work.iloc[(r.work["step_id"].to_numpy() == sid).nonzero()[0][:TIMELINE_MAX_EVENTS]]
     t0 = w["start_us"].min()
     out = w.assign(start_us=w["start_us"] - t0)[cols]
     return out.reset_index(drop=True)

@@ -56,25 +56,43 @@ def step_periods(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return out, from_device
 
 
+GAP_CHUNK_ROWS = 1 << 16
+"""Rows `_gaps_one` reads at a time. A trace with no step marker is one step, the whole trace:
+its gaps, running ends and names made whole were ~165 bytes a kernel (issue 39)."""
+
+
 def _gaps_one(w: pd.DataFrame) -> tuple[float, float, float, float, str, str]:
-    """(micro, macro, largest, its start, before, after) idle of one step's work (by start)."""
-    if len(w) < 2:
+    """(micro, macro, largest, its start, before, after) idle of one step's work (by start), a
+    slice of GAP_CHUNK_ROWS at a time, the running end carried from slice to slice."""
+    n = len(w)
+    if n < 2:
         return 0.0, 0.0, 0.0, np.nan, "", ""
     s = w["start_us"].to_numpy(float)
-    e = account.end_us(w)
-    run = np.maximum.accumulate(e)
-    gap = s[1:] - run[:-1]
-    gap = np.where(gap > 0, gap, 0.0)
-    big = gap >= MACRO_GAP_US
-    i = int(np.argmax(gap))
-    if gap[i] <= 0:
-        return float(gap.sum()), 0.0, 0.0, np.nan, "", ""
-    # The work that ended last before the gap, and the work that starts it again.
-    ended = int(np.flatnonzero(e[: i + 1] == run[i])[-1])
-    names = w["name"].to_numpy()
-    cats = w["category"].to_numpy()
-    return (float(gap[~big].sum()), float(gap[big].sum()), float(gap[i]), float(run[i]),
-            f"{cats[ended]}: {names[ended]}"[:NAME_CHARS], f"{cats[i + 1]}: {names[i + 1]}"[:NAME_CHARS])
+    ends = account.Ends(s, w["dur_us"].to_numpy(float))
+    micro = macro = largest = 0.0
+    i = -1  # the largest gap lies after row i's running end, before row i + 1's start
+    run_i = carried = -np.inf
+    for lo in range(0, n - 1, GAP_CHUNK_ROWS):
+        hi = min(lo + GAP_CHUNK_ROWS, n - 1)
+        run = np.maximum(np.maximum.accumulate(ends[lo:hi]), carried)
+        carried = run[-1]
+        gap = s[lo + 1:hi + 1] - run
+        gap = np.where(gap > 0, gap, 0.0)
+        big = gap >= MACRO_GAP_US
+        micro, macro = micro + float(gap[~big].sum()), macro + float(gap[big].sum())
+        k = int(np.argmax(gap))
+        if gap[k] > largest:
+            largest, i, run_i = float(gap[k]), lo + k, float(run[k])
+    if i < 0:
+        return micro, 0.0, 0.0, np.nan, "", ""
+    # The work that ended last before the gap (the last row up to i whose end is the running end),
+    # and the work that starts it again.
+    ended = next(lo + int(np.flatnonzero(ends[lo:hi] == run_i)[-1])
+                 for hi in range(i + 1, 0, -GAP_CHUNK_ROWS) for lo in [max(0, hi - GAP_CHUNK_ROWS)]
+                 if (ends[lo:hi] == run_i).any())
+    names, cats = w["name"], w["category"]
+    return (micro, macro, largest, run_i, f"{cats.iloc[ended]}: {names.iloc[ended]}"[:NAME_CHARS],
+            f"{cats.iloc[i + 1]}: {names.iloc[i + 1]}"[:NAME_CHARS])
 
 
 def host_call_during(host: pd.DataFrame, start: float, end: float) -> str:
@@ -210,10 +228,10 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.Da
     ok = steps_tot["step_id"].isin(judged["step_id"]).to_numpy() & same_next
     period_ms = steps_tot["period_us"].to_numpy(float)[ok] / 1e3
     p = _stats(period_ms)
+    # The basis itself is chosen once, by `account.step_basis`; this says why it is what it is.
     if p["n"]:
-        denominator, reason = "period", "step start to next step start, same kind of step"
+        reason = "step start to next step start, same kind of step"
     else:
-        denominator = "span"
         window = "source" in steps_tot and (steps_tot["source"] == WHOLE_TRACE).all()
         reason = ("no step marker: the whole trace is one window, with no next step to measure a period against"
                   if window else "one step only: no next step to measure a period against" if len(judged) <= 1
@@ -223,7 +241,7 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.Da
         reason = (f"step start to next step start, same kind of step; in {n_dev} of {p['n']} steps the host's "
                   f"period was shorter than the device's busy time, so the device's step (first device event "
                   f"to the next step's) was used")
-    out: dict = {"period_ms": p, "denominator": denominator, "denominator_reason": reason,
+    out: dict = {"period_ms": p, "denominator_reason": reason,
                  "period_from_device_n": n_dev}
     if judged.empty:
         out.update(idle_micro_ms=None, idle_macro_ms=None, largest_gap=None,
