@@ -750,24 +750,37 @@ def _followed_by_same_kind(step_totals: pd.DataFrame, chosen: pd.DataFrame) -> n
     return step_totals["step_id"].isin(chosen["step_id"]).to_numpy() & same_next
 
 
-def amdahl(decode_cats: pd.DataFrame, step_times: dict) -> pd.DataFrame:
-    """Speedup of the decode step if a category's exposed time were zero: step / (step - exposed).
+def ceiling_x(step_ms: float, removed_ms: float) -> float:
+    """Amdahl's ceiling: how many times faster a step of `step_ms` gets without `removed_ms` of
+    it (infinite when nothing is left). The one home of the formula: stage 05's amdahl.csv, the
+    verdict's levers and the campaign's ceilings all call it."""
+    rest = step_ms - removed_ms
+    return step_ms / rest if rest > 0 else float("inf")
 
-    The step is the mean decode period (step start to next step start), which TPOT
-    measures; with no period (one step), the mean span of a step's work. `denominator`
-    says which.
-    """
-    period_ms = (step_times.get("period_ms") or {}).get("mean")
-    step_ms = period_ms or (step_times.get("span_ms") or {}).get("mean")
+
+def step_basis(step_times: dict) -> tuple[str | None, float | None]:
+    """(denominator, ms) of every share and Amdahl ceiling: the mean decode period (step start to
+    next step start, what TPOT measures), else the mean span of a step's work (one step, or a
+    trace read whole), else its busy time. Chosen here only: the summary and the report read it."""
+    for name, key in (("period", "period_ms"), ("span", "span_ms"), ("union", "union_ms")):
+        ms = (step_times.get(key) or {}).get("mean")
+        if ms:
+            return name, float(ms)
+    return None, None
+
+
+def amdahl(decode_cats: pd.DataFrame, step_times: dict) -> pd.DataFrame:
+    """Per category: the speed-up of the decode step if its exposed time were zero, on
+    `step_basis` (`denominator` says which)."""
+    denominator, step_ms = step_basis(step_times)
     if not step_ms or decode_cats.empty:
         return pd.DataFrame(columns=["rank", "category", "class", "step_ms", "denominator",
                                      "exposed_ms", "speedup_ceiling"])
     d = decode_cats[["rank", "category", "class", "exposed_ms_mean"]].rename(
         columns={"exposed_ms_mean": "exposed_ms"})
     d.insert(3, "step_ms", step_ms)
-    d.insert(4, "denominator", "period" if period_ms else "span")
-    rest = step_ms - d["exposed_ms"]
-    d["speedup_ceiling"] = np.where(rest > 0, step_ms / rest.where(rest > 0, np.nan), np.inf)
+    d.insert(4, "denominator", denominator)
+    d["speedup_ceiling"] = [ceiling_x(step_ms, float(x)) for x in d["exposed_ms"]]
     return d.sort_values("speedup_ceiling", ascending=False, kind="stable").reset_index(drop=True)
 
 

@@ -589,7 +589,8 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
 
 def _decode_summary(ref: RankResult, times: dict, period: dict, amd: pd.DataFrame) -> schema.DecodeSummary:
     """The reference rank's decode summary: its step readings, period, categories and ceilings."""
-    return schema.record_of({"rank": ref.rank, "steps": times, **period, "categories": _records(ref.decode),
+    return schema.record_of({"rank": ref.rank, "steps": times, **period, "denominator": acc.step_basis(times)[0],
+                             "categories": _records(ref.decode),
                              "amdahl": _records(amd), "spec_decode": spec_decode_steps(ref.steps_tot)},
                             schema.DecodeSummary)
 
