@@ -349,6 +349,12 @@ _FLAG_WORDS = {
     "unknown_event_category": (("rank", "categories"), lambda f: (
         f"rank {f.rank}: ignored events of unknown category "
         + ", ".join(f"{c!r} ({n})" for c, n in sorted(f.categories.items())))),
+    "unread_device_work": (("rank", "top_names"), lambda f: (
+        f"rank {f.rank}: "
+        + ", ".join(f"{t.count:,} device events in {t.name!r} ({t.sum_us / 1e3:,.1f} ms)" for t in f.top_names)
+        + " are an accelerator's work that stepscope does not read as kernels; "
+        + ("the analysis covers the host ops only and claims nothing of the device"
+           if f.cpu else "the device figures cover only the kernels it read"))),
     "rank_assumed": (("file",), lambda f: (
         f"{f.file}: no distributedInfo.rank and no rank in the file name; a single trace was given, so it is "
         "treated as rank 0")),

@@ -531,7 +531,8 @@ class Flag(Record, kw_only=True, omit_defaults=True):
     names: list[str] | None = None
     """Annotation names no known step form matches (`unknown_step_annotation`)."""
     top_names: list[NamedTime] | None = None
-    """The largest names in `other` (`other_share_high`), at most three."""
+    """The largest names in `other` (`other_share_high`), at most three; the device event
+    categories not read, with their events and summed µs (`unread_device_work`)."""
     by_reason: dict[str, int] | None = None
     """{why a work event found no step: events} (`unattributed`)."""
     categories: dict[str, int] | None = None

@@ -130,7 +130,7 @@ Artifacts in `05_categorize/`
   - `flags`: [{`code`, `severity` (info/warning/error), `message`, and the values the
     sentence is written from (`schema.Flag`; `wording.flag_message` writes it)}]; codes:
     rank_unreadable, rank_unanalysable, duplicate_rank, rank_assumed, bad_durations,
-    unknown_event_category, other_share_high, unattributed, no_launch_events, step_fallback,
+    unknown_event_category, unread_device_work, other_share_high, unattributed, no_launch_events, step_fallback,
     collectives_mismatch, text_table_mismatch, kernel_sum_above_tpot, span_below_tpot, mixed_modes,
     sglang_stage_split, unknown_step_annotation, tp_disagreement, low_confidence,
     ranks_missing, clock_disagreement, collective_count_mismatch, period_tpot_mismatch.

@@ -285,7 +285,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     ev = ev.assign(ts=ev["ts"] - origin)
     steps, source = find_steps(ev, rt.rank)
     meta = {**rt.meta, "engine": detect_engine(ev, rt.meta), "kind_evidence": kind_evidence(ev),
-            "host_only_of_gpu_job": host_only_of_gpu_job(ev, rt.mode),
+            "host_only_of_gpu_job": host_only_of_gpu_job(ev, rt.mode, rt.meta.get("unread_device")),
             "unknown_step_names": unknown_step_names(
                 ev.loc[ev["cat"] == "user_annotation", "name"].unique())}
     dev = None

@@ -325,14 +325,17 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
     }
 
 
-def host_only_of_gpu_job(ev: pd.DataFrame, mode: str) -> list[str]:
-    """Evidence that a trace with no device activity recorded a job that ran on GPUs (its host
-    ops name NCCL or the CUDA/HIP runtime), from one rank's events; empty for a trace with
-    device events or a CPU engine's, whose ops name neither."""
+def host_only_of_gpu_job(ev: pd.DataFrame, mode: str, unread_device: dict | None = None) -> list[str]:
+    """Evidence that a trace with no device activity read recorded a job that ran on an
+    accelerator: its host ops name NCCL or the CUDA/HIP runtime, or it holds device events
+    stepscope does not read (`parse.UNREAD_DEVICE_CATS`, with `unread_device` the loader's
+    counts). Empty for a trace with device events read, or a CPU engine's."""
     if mode != "cpu":
         return []
+    unread = [f"{int(v['n_events']):,} device events in {cat!r} ({v['dur_us'] / 1e3:,.1f} ms) not read"
+              for cat, v in sorted((unread_device or {}).items())]
     host = in_values(ev["cat"], ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"))
-    return _hits(ev["name"][host].astype(str), _GPU_LIBRARY_OP, "op")
+    return unread + _hits(ev["name"][host].astype(str), _GPU_LIBRARY_OP, "op")
 
 
 def mixed_reading(steps: pd.DataFrame) -> dict[str, Any] | None:

@@ -185,6 +185,10 @@ def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], rank: int | None
     if unknown:
         flags.append(new_flag("unknown_event_category", "warning", rank=int(rank),
                               categories={str(c): int(n) for c, n in unknown.items()}))
+    if meta.get("unread_device"):
+        flags.append(new_flag("unread_device_work", "warning", rank=int(rank), cpu=n_dev == 0, top_names=[
+            schema.NamedTime(name=str(c), sum_us=float(v["dur_us"]), count=int(v["n_events"]))
+            for c, v in sorted(meta["unread_device"].items())]))
     meta["mode"] = "gpu" if n_dev else "cpu"
     return RankTrace(rank=int(rank), path=path, events=df, meta=meta, flags=flags)
 

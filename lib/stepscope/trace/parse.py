@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LOADER_VERSION = 11
+LOADER_VERSION = 12
 """Bump when the slim table's columns or meaning change: it keys the Parquet cache."""
 
 CHUNK_BYTES = 4 << 20
@@ -61,6 +61,10 @@ IGNORED_CATS = frozenset({
     "kineto_metadata", "privateuse1_runtime", "privateuse1_driver", "mtia_runtime",
     "mtia_ccp_events", "Trace Collector", "gpu_kernel_memory",
 })
+UNREAD_DEVICE_CATS = frozenset({"mtia_ccp_events"})
+"""Device work of accelerators whose events stepscope does not read as kernels (an MTIA's
+command processor: DMA requests, event waits and ops in one stream). Counted and summed, so
+that a trace of such a job is never described as if it had no device work."""
 # Older Kineto releases capitalised the categories; map them onto today's names.
 CAT_ALIASES = {
     "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
@@ -239,6 +243,7 @@ class _Collector:
         self.ids: dict[Any, int] = {}
         self.n_total = 0
         self.unknown: dict[str, int] = {}
+        self.unread: dict[str, list[float]] = {}  # {category: [events, summed dur µs]}
         self.seen_device = False  # True: cpu_ops are no longer collected
         self.has_device = False
         self.bad_dur: list[str] = []
@@ -266,6 +271,7 @@ class _Collector:
         unknown = set(map(_get_cat, events)) - _KNOWN_OR_NONE
         for c in unknown:  # rare: count only what the summary must name
             self.unknown[c] = self.unknown.get(c, 0) + sum(1 for e in events if e.cat == c)
+        self._count_unread([e for e in events if e.cat in UNREAD_DEVICE_CATS])
         keep = _KEEP_GPU_NO_FRAMES if self.seen_device else _KEEP_ALL_NO_PYFN
         frame_cats = _FRAME_CATS_GPU if self.seen_device else _FRAME_CATS_ALL
         kept = [e for e in events if e.cat in keep
@@ -286,6 +292,7 @@ class _Collector:
         Frames (python frames; cpu_ops on GPU traces) are kept by name through a memo, so
         each distinct name is judged once; they follow the chunk's other kept events."""
         self.n_total += len(events)
+        self._count_unread(list(compress(events, map(_UNREAD_TYPES.__contains__, map(type, events)))))
         gpu = self.seen_device
         keep = _TYPES_GPU_NO_FRAMES if gpu else _TYPES_ALL_NO_PYFN
         kept = list(compress(events, map(keep.__contains__, map(type, events))))
@@ -299,6 +306,14 @@ class _Collector:
         if not kept:
             return
         self._columns(kept, list(map(_TYPE_CI.__getitem__, map(type, kept))))
+
+    def _count_unread(self, events: list) -> None:
+        """Count device events of `UNREAD_DEVICE_CATS` and sum their usable durations."""
+        for e in events:
+            got = self.unread.setdefault(e.cat, [0, 0.0])
+            got[0] += 1
+            if _usable(0.0, e.dur):
+                got[1] += e.dur
 
     def _columns(self, kept: list, cis: list) -> None:
         if not self.has_device and any(ci < 3 for ci in cis):
@@ -441,6 +456,7 @@ class _Collector:
         return _Share(arrays=arrays, names=list(self.names), colls=list(self.colls),
                       ids=dict(self.ids), segments=segments, n_total=self.n_total,
                       n_bad_dur=self.n_bad_dur, bad_dur=list(self.bad_dur), unknown=dict(self.unknown),
+                      unread={c: tuple(v) for c, v in self.unread.items()},
                       counts={"n_bad_other": self.n_bad_other, "n_names_capped": self.n_capped,
                               "n_huge_ids": self.n_huge_ids},
                       seen_device=self.seen_device, has_device=self.has_device, top=top)
@@ -479,6 +495,8 @@ class _Share:
     """The trace's top-level metadata; only share 0 reads the trailer."""
     counts: dict[str, int] = field(default_factory=dict)
     """What was dropped or cut on the way (n_bad_other, n_names_capped, n_huge_ids)."""
+    unread: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """{unread device category: (events, summed dur µs)} (`UNREAD_DEVICE_CATS`)."""
 
 
 def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
@@ -514,9 +532,20 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
         "bad_dur_examples": [x for sh in shares for x in sh.bad_dur][:3],
         **{k: sum(sh.counts.get(k, 0) for sh in shares) for k in ("n_bad_other", "n_names_capped", "n_huge_ids")},
         "unknown_cats": unknown,
+        "unread_device": _unread_totals(shares),
     }
     return ParsedTrace(columns=columns, names=names, collectives=colls,
                        top=shares[0].top or {}, stats=stats)
+
+
+def _unread_totals(shares: list[_Share]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for sh in shares:
+        for c, (n, dur_us) in sh.unread.items():
+            got = out.setdefault(c, {"n_events": 0, "dur_us": 0.0})
+            got["n_events"] += n
+            got["dur_us"] += dur_us
+    return out
 
 
 def _by_first_use(codes: np.ndarray, table: list[str], keep: int | None = None) -> tuple[np.ndarray, list[str]]:
@@ -635,9 +664,14 @@ for _cat in list(KEPT_CATS) + list(CAT_ALIASES):
     _t = _kept_struct(_cat)
     _TYPE_CI[_t] = _CAT_INDEX[CAT_ALIASES.get(_cat, _cat)]
     _tagged_types.append(_t)
+_UNREAD_TYPES: set[type] = set()
 for _cat in sorted(IGNORED_CATS - set(KEPT_CATS)):
-    _tagged_types.append(msgspec.defstruct(f"_Skip_{_cat.replace(' ', '_')}", [], tag=_cat,
-                                           tag_field="cat", gc=False, module=__name__))
+    _fields = [("ts", Any, None), ("dur", Any, None)] if _cat in UNREAD_DEVICE_CATS else []
+    _tagged_types.append(msgspec.defstruct(f"_Skip_{_cat.replace(' ', '_')}", _fields, tag=_cat,
+                                           tag_field="cat", gc=False, module=__name__,
+                                           namespace={"cat": _cat} if _fields else None))
+    if _fields:
+        _UNREAD_TYPES.add(_tagged_types[-1])
 _TYPES_ALL = frozenset(_TYPE_CI)
 _PYFN_TYPE = next(t for t, ci in _TYPE_CI.items() if ci == _PYFN)
 _TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
