@@ -169,7 +169,7 @@ def test_removing_communication_sets_the_amdahl_ceiling_beside_the_measured_spee
     assert set(k.removed) == {"all_reduce", "all_gather"}
     base = c.first("tp2")
     amd = base.ctx["amdahl"]
-    gone = float(amd[amd["category"].isin(k.removed)]["exposed_ms_per_step"].sum())
+    gone = float(amd[amd["category"].isin(k.removed)]["exposed_ms"].sum())
     step = ca.step_ms(base)
     assert k.ceiling_x == pytest.approx(step / (step - gone))
     assert k.measured_x == pytest.approx(step / ca.step_ms(c.first("tp1")))

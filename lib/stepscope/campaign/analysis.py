@@ -33,7 +33,8 @@ from stepscope.report.deltas import changed_findings, run_deltas
 from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_se  # noqa: F401  (the campaign's API)
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import report_context, writeup_params_from
-from stepscope.report.verdict import Verdict, amdahl_x, biggest_lever
+from stepscope.report.verdict import Verdict, biggest_lever
+from stepscope.trace import account
 from stepscope.wording import capture_delivery
 
 MACRO_COLUMNS = {"output_throughput_tok_s": "output tok/s", "tpot_ms_median": "TPOT median (ms)",
@@ -510,7 +511,7 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
     bstep = _mean([step_ms(r) for r in base])
     if amdahl is None or not bstep:
         return []
-    exposed = dict(zip(amdahl["category"].astype(str), amdahl["exposed_ms_per_step"].astype(float)))
+    exposed = dict(zip(amdahl["category"].astype(str), amdahl["exposed_ms"].astype(float)))
     bcats = {k: _mean([x for x, _ in v]) for k, v in category_values(base).items()}
     out = []
     for v in c.variants:
@@ -524,7 +525,7 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
         gone = sum(exposed.get(k, 0.0) for k in removed)
         if gone >= bstep:
             continue
-        ceiling = amdahl_x(bstep, gone)
+        ceiling = account.ceiling_x(bstep, gone)
         d = make_delta(v, "decode_step_ms", "step", [step_ms(r) for r in base], [step_ms(r) for r in runs], False)
         if not d.value:
             continue

@@ -1,7 +1,7 @@
 """The report's numbers: derived from the artifacts, never from a notebook.
 
 Pure functions over `RunArtifacts` (or plain values) returning dicts and DataFrames: the
-step readings, the category table, Amdahl ceilings, micro-vs-trace, macro headlines, the
+step readings (on stage 05's step basis), the category table, micro-vs-trace, macro headlines, the
 reconciliation and the caveats. The verdict's judgements are typed findings in
 `report.verdict`, written out by `report.prose`.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from stepscope import schema
@@ -27,15 +26,12 @@ from stepscope.wording import WINDOW, Md, flag_message, md_code, md_text, per_st
 
 
 def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
-    """Per-decode-step wall and kernel readings in ms, with what each is based on.
-
-    `step_ms` is the basis for shares and Amdahl ceilings: the period (start of one step to
-    the start of the next, what TPOT measures) when stage 05 gives it, else the span (first to
-    last device event of a step), else the union, else the capture TPOT. `basis_reason` says
-    why the period was not used.
-    """
+    """Per-decode-step wall and kernel readings in ms, beside stage 05's step basis: `step_ms`
+    (`step_basis` names it, `basis_reason` says why the period was not used), which every share
+    and Amdahl ceiling divides by (`RunArtifacts.step_basis`: chosen by stage 05, read here)."""
     d = a.decode
     st = d.steps
+    basis, step_ms, reason = a.step_basis()
     # Means throughout: Amdahl ceilings and shares are computed against them.
     out: dict[str, Any] = {
         "kernel_sum_ms": st.kernel_sum_ms.mean,
@@ -49,20 +45,12 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         "source": "05_categorize/summary.json",
         "mode": a.ranks[0].mode if a.ranks else "gpu",
         "rank": d.rank,
+        "period_ms": num(d.period_ms.mean) if d.period_ms else None,
+        "period_n": d.period_ms.n if d.period_ms else None,
+        "step_ms": step_ms, "step_basis": basis if step_ms else None, "basis_reason": reason,
     }
     span, union = out["span_ms"], out["union_ms"]
-    out["period_ms"] = num(d.period_ms.mean) if d.period_ms else None
-    out["period_n"] = d.period_ms.n if d.period_ms else None
-    use_period = out["period_ms"] is not None and (d.denominator or "period") == "period"
     out["idle_ms"] = span - union if span is not None and union is not None else None
-    if use_period:
-        out["step_ms"], out["step_basis"], out["basis_reason"] = out["period_ms"], "period", None
-    else:
-        out["step_ms"] = span or union or out["tpot_capture_ms"]
-        out["step_basis"] = "span" if span else ("union" if union else ("capture TPOT" if out["step_ms"] else None))
-        out["basis_reason"] = (words(d.denominator_reason) or
-                               ("stage 05 gave no step period" if out["period_ms"] is None else
-                                f"stage 05 chose the {d.denominator}"))
     return out
 
 
@@ -81,23 +69,6 @@ def decode_category_table(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFra
     if step:
         df["share_of_step"] = df["ms_per_step_mean"] / step
     return df.sort_values("ms_per_step_mean", ascending=False, kind="stable").reset_index(drop=True)
-
-
-def amdahl_ceilings(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | None:
-    """Per category: exposed ms per step and the step speed-up if it were removed.
-
-    max_speedup = step / (step - exposed), on the report's step basis (the period when
-    known). Stage 05's ceiling is used only when the basis is unknown.
-    """
-    if a.amdahl is None:
-        return None
-    df = pd.DataFrame({"category": a.amdahl["category"], "exposed_ms_per_step": a.amdahl["exposed_ms"],
-                       "max_speedup": a.amdahl["speedup_ceiling"]})
-    step = totals.get("step_ms")
-    if step:
-        remaining = step - df["exposed_ms_per_step"].astype(float)
-        df["max_speedup"] = np.where(remaining > 0, step / remaining.where(remaining > 0, np.nan), np.inf)
-    return df.sort_values("max_speedup", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def capture_tpot_is_delivery(a: RunArtifacts) -> bool:

@@ -94,6 +94,18 @@ class RunArtifacts:
         """Stage 05's decode summary (empty when stage 05 did not run)."""
         return self.trace_summary.decode if self.trace_summary is not None else schema.DecodeSummary.empty()
 
+    def step_basis(self) -> tuple[str | None, float | None, str | None]:
+        """(denominator, ms, why not the period) of every share and ceiling: stage 05's choice
+        (`trace.account.step_basis`), read here, never made. A summary older than its
+        `denominator` key is read through amdahl.csv's; before the period existed that was the span."""
+        d, amd = self.decode, self.amdahl
+        old = amd["denominator"].iloc[0] if amd is not None and len(amd) and "denominator" in amd else None
+        name = d.denominator or (old if isinstance(old, str) else None) or ("span" if d.period_ms is None else None)
+        ms = {"period": d.period_ms.mean if d.period_ms else None, "span": d.steps.span_ms.mean,
+              "union": d.steps.union_ms.mean}.get(name or "")
+        why = words(d.denominator_reason) or ("stage 05 gave no step period" if d.period_ms is None else None)
+        return name, num(ms), None if name == "period" else why
+
     @property
     def ranks(self) -> list[schema.RankSummary]:
         return self.trace_summary.ranks if self.trace_summary is not None else []

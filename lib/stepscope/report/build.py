@@ -954,7 +954,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
     """Every derived number the report shows, computed once."""
     totals = an.decode_step_totals(a)
     decode = an.decode_category_table(a, totals)
-    amdahl = an.amdahl_ceilings(a, totals)
+    amdahl = a.amdahl  # stage 05's ceilings, on its step basis
     mvt = an.micro_vs_trace(a)
     macro = an.macro_headlines(a)
     ctx: dict[str, Any] = {"totals": totals, "decode": decode, "amdahl": amdahl, "mvt": mvt, "macro": macro,

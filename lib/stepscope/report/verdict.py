@@ -23,6 +23,7 @@ from stepscope import schema, wording
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.load import LoadGrowth, load_growth
+from stepscope.trace.account import ceiling_x
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.steps import WHOLE_TRACE
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, HEADLINE_IDLE_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
@@ -537,9 +538,10 @@ def spec_decode_seen(a: RunArtifacts, basis: StepBasis) -> SpecDecodeSeen | None
                           ms_per_token=basis.step_ms / per_step if per_step and basis.step_ms else None)
 
 
-def step_basis(totals: dict[str, Any]) -> StepBasis:
-    return StepBasis(denominator=totals.get("step_basis"), step_ms=totals.get("step_ms"),
-                     reason=totals.get("basis_reason"))
+def step_basis(a: RunArtifacts) -> StepBasis:
+    """Stage 05's step basis (`RunArtifacts.step_basis`), as a finding."""
+    denominator, step_ms, reason = a.step_basis()
+    return StepBasis(denominator=denominator if step_ms else None, step_ms=step_ms, reason=reason)
 
 
 def dominant(decode: pd.DataFrame | None, basis: StepBasis, ident: TraceIdentity) -> Dominant | None:
@@ -564,7 +566,7 @@ def communication(decode: pd.DataFrame | None, amdahl: pd.DataFrame | None) -> C
         exposed = float(sub["exposed_ms_mean"].sum())
     elif amdahl is not None:
         s2 = amdahl[amdahl["category"].isin(COMMUNICATION_CATEGORIES)]
-        exposed = float(s2["exposed_ms_per_step"].sum()) if len(s2) else None
+        exposed = float(s2["exposed_ms"].sum()) if len(s2) else None
     if exposed is None:
         return Communication(status="unknown", comm_ms=comm)
     frac = exposed / comm
@@ -678,11 +680,6 @@ def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps 
                         ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
 
 
-def amdahl_x(step_ms: float, saved_ms: float) -> float:
-    """Amdahl's ceiling: how many times faster a step of `step_ms` gets without `saved_ms` of it."""
-    return step_ms / (step_ms - saved_ms)
-
-
 def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None = None) -> tuple[Lever, ...]:
     """Every category's Amdahl ceiling; a collective matched across ranks (in `a`) also gets
     the ceiling of a faster transfer."""
@@ -692,15 +689,15 @@ def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None
     by_cat = (cm.by_category if cm is not None else None) or {}
     out = []
     for _, r in amdahl.iterrows():
-        if num(r.get("max_speedup")) is None:
+        if num(r.get("speedup_ceiling")) is None:
             continue
-        lever = Lever(category=str(r["category"]), exposed_ms=float(r["exposed_ms_per_step"]),
-                      ceiling_x=float(r["max_speedup"]), step_ms=basis.step_ms, denominator=basis.denominator)
+        lever = Lever(category=str(r["category"]), exposed_ms=float(r["exposed_ms"]),
+                      ceiling_x=float(r["speedup_ceiling"]), step_ms=basis.step_ms, denominator=basis.denominator)
         stats = by_cat.get(lever.category)
         transfer = num(stats.transfer_ms_per_step) if stats is not None else None
         if transfer is not None:
             cut = min(lever.exposed_ms, transfer)
-            lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=amdahl_x(basis.step_ms, cut))
+            lever = replace(lever, transfer_ms=transfer, transfer_ceiling_x=ceiling_x(basis.step_ms, cut))
         out.append(_with_stage05_reading(lever, a.category_levers if a is not None else None))
     return tuple(out)
 
@@ -783,7 +780,7 @@ def _at_peak(r: RooflineFinding, basis: StepBasis | None, lever: Lever | None) -
         return r
     at_peak = r.time_ms_per_step * max(pcts) / 100
     cut = min(lever.exposed_ms, max(r.time_ms_per_step - at_peak, 0.0))
-    return replace(r, at_peak_ms=at_peak, at_peak_ceiling_x=amdahl_x(basis.step_ms, cut), step_ms=basis.step_ms,
+    return replace(r, at_peak_ms=at_peak, at_peak_ceiling_x=ceiling_x(basis.step_ms, cut), step_ms=basis.step_ms,
                    denominator=basis.denominator)
 
 
@@ -816,7 +813,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     they sit above this module; `report.build.report_context` applies them), and
     `report.prose.verdict_sentences` writes out what is left."""
     ident = trace_identity(a)
-    basis = step_basis(totals)
+    basis = step_basis(a)
     comm = communication(decode, amdahl)
     category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident)
     gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
@@ -843,7 +840,7 @@ def gap_levers(a: RunArtifacts, basis: StepBasis, cpu: bool = False) -> tuple[Ga
         idle = num(d.get(key))
         if step and idle is not None and 0 < idle < step:
             out.append(GapLever(kind=kind, idle_ms=idle, step_ms=step, denominator=basis.denominator,
-                                ceiling_x=amdahl_x(step, idle), cpu=cpu))
+                                ceiling_x=ceiling_x(step, idle), cpu=cpu))
     return tuple(out)
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from stepscope import schema
+from stepscope.trace.account import ceiling_x
 
 ALL_STAGES = ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst",
               "04_profiler_capture", "05_categorize")
@@ -207,8 +208,10 @@ def _write_categorize(d: Path, *, comm_exposed: bool, launch_bound: bool, s: flo
     n_dec = 155 if kind == "decode" else 0
     n_judged = n_dec or 165
     dec, xr = _write_decode_tables(d, cats, n_dec, union, span)
-    amdahl = pd.DataFrame([{"rank": 0, "category": c, "class": k, "step_ms": span, "exposed_ms": e,
-                            "speedup_ceiling": span / (span - e)} for c, k, _, _, e in cats]
+    # Stage 05's ceilings on its basis: the period where the summary has one (`_add_contract_keys`).
+    step, basis = (span * PERIOD_OVER_SPAN, "period") if contract_keys else (span, None)
+    amdahl = pd.DataFrame([{"rank": 0, "category": c, "class": k, "step_ms": step, "denominator": basis,
+                            "exposed_ms": e, "speedup_ceiling": ceiling_x(step, e)} for c, k, _, _, e in cats]
                           ).sort_values("speedup_ceiling", ascending=False)
     schema.write_table(amdahl, d / "amdahl.csv", schema.AmdahlRow)
     summary = _summary(cats, dec, xr, amdahl, kind=kind, n_dec=n_dec, n_judged=n_judged, kernel_sum=kernel_sum,
@@ -337,10 +340,14 @@ def _write_steps(d: Path, kind: str, kernel_sum: float, union: float, span: floa
     schema.write_table(pd.DataFrame(steps), d / "steps.csv", schema.StepRow)
 
 
+PERIOD_OVER_SPAN = 1.04
+"""The synthetic run's decode period over its span: the time between steps."""
+
+
 def _add_contract_keys(summary: dict, *, kind: str, n_judged: int, n_dec: int, union: float, span: float,
                        launch_bound: bool, stall: bool, ranks_missing: bool, s: float) -> None:
     """The newer stage-05 keys (PROTOCOL's contract): trace_info, period, idle split, matching, roofline."""
-    period = span * 1.04
+    period = span * PERIOD_OVER_SPAN
     idle = period - union
     micro = idle * (0.1 if stall else 0.8 if launch_bound else 0.5)
     summary["trace_info"] = {

@@ -270,16 +270,16 @@ def plot_category_shares(decode: pd.DataFrame, n_steps: int | None = None,
 
 def plot_amdahl_ceiling(amdahl: pd.DataFrame, step_label: str = "decode step") -> Figure:
     """Horizontal bars of the Amdahl ceiling per category (× faster if its exposed time were 0)."""
-    df = amdahl[np.isfinite(amdahl["max_speedup"].astype(float))].sort_values("max_speedup")
+    df = amdahl[np.isfinite(amdahl["speedup_ceiling"].astype(float))].sort_values("speedup_ceiling")
     fig, ax = new_figure(8.0, max(2.5, 0.32 * len(df) + 1.2))
-    ax.barh(df["category"], df["max_speedup"] - 1.0, left=1.0,
+    ax.barh(df["category"], df["speedup_ceiling"] - 1.0, left=1.0,
             color=[color_for(c) for c in df["category"]])
-    for y, v in enumerate(df["max_speedup"]):
+    for y, v in enumerate(df["speedup_ceiling"]):
         ax.text(v, y, f" {v:.2f}×", va="center", fontsize=8)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel(f"{step_label} speed-up if the category's exposed time were removed (×)")
     ax.set_title("Amdahl ceiling per category (step time / (step time − exposed time))")
-    ax.set_xlim(1.0, max(1.1, float(df["max_speedup"].max()) * 1.08) if len(df) else 2.0)
+    ax.set_xlim(1.0, max(1.1, float(df["speedup_ceiling"].max()) * 1.08) if len(df) else 2.0)
     ax.grid(axis="x", alpha=0.3)
     return fig
 
