@@ -8,7 +8,8 @@ The ranking, strongest first (`STEP_SOURCES`; docs/trace-analysis.md#step-source
    `run_batch`, TensorRT-LLM's `_forward_step`), the outermost per thread, those that launch
    nothing dropped;
 3. `ProfilerStep#N`, as an annotation or (2021 Kineto) an `Operator`;
-4. iteration markers: one `Optimizer.step#...` per training iteration;
+4. iteration markers: one `Optimizer.step#...` per training iteration (a first one holding the
+   set-up before the loop is kind `warmup`);
 5. a benchmark's warm-up and measure annotations (`[param|...|warmup|forward]`); warm-up
    steps are kind `warmup` and judged with no other step;
 6. graph launches (`cudaGraphLaunch`), one step each.
@@ -53,7 +54,8 @@ STEP_SOURCES = (
     StepSource("annotation:profiler_step", "`ProfilerStep#N`, an annotation or a 2021-format `Operator`",
                "not many more steps than a coarser source that encloses them"),
     StepSource("iteration_markers", "one `Optimizer.step#...` per training iteration, each step ending "
-               "where its optimizer step ends", "as ProfilerStep"),
+               "where its optimizer step ends; the first, from the trace's start, is kind `warmup` when it is "
+               "many iterations long (the set-up before the loop)", "as ProfilerStep"),
     StepSource("benchmark_annotations", "a benchmark's `[param|...|warmup|...]` and "
                "`[param|...|measure|...]` annotations; warm-up steps are kind `warmup`", "as ProfilerStep"),
     StepSource("graph_launches", "one step per `cudaGraphLaunch`/`hipGraphLaunch`", "as ProfilerStep"),
@@ -182,8 +184,13 @@ def iteration_steps(ev: pd.DataFrame) -> pd.DataFrame:
     marks = marks[marks["name"].astype(str) == top]
     ends = marks["ts"].to_numpy(float) + marks["dur"].to_numpy(float)
     starts = np.r_[min(float(ev["ts"].min()), float(marks["ts"].iloc[0])), ends[:-1]]
-    return pd.DataFrame([step_row(top, pid, tid, s, e - s, kind="training")
-                         for pid, tid, s, e in zip(marks["pid"], marks["tid"], starts, ends)])
+    kinds = ["training"] * len(ends)
+    # no mark starts the first iteration: from the trace's start it also holds the script's set-up
+    # (1 s before PARAM's 25 ms linear iterations), so when it is many iterations long it is a warm-up
+    if len(ends) > 1 and ends[0] - starts[0] > STEP_SOURCE_PIECES_RATIO * float(np.median(np.diff(ends))):
+        kinds[0] = "warmup"
+    return pd.DataFrame([step_row(top, pid, tid, s, e - s, kind=k)
+                         for pid, tid, s, e, k in zip(marks["pid"], marks["tid"], starts, ends, kinds)])
 
 
 def benchmark_steps(ev: pd.DataFrame) -> pd.DataFrame:
