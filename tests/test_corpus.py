@@ -37,6 +37,15 @@ KNOWN_FAILING: dict[tuple[str, str], str] = {
     ("tracemap-mi300x-vllm-v1-llama80l-tp4-c32", "headline"):
         "issue 35 (boundness from the step's own numbers): the decode step idles 61 % in one host gap, yet the "
         "headline names dense_gemm and a lever in 63 words; it should say host-bound and name the host frame",
+    ("kineto-v100-resnet50-dataloader-w0", "must_say"):
+        "issue 35 class 8: each step waits 63-73 ms in enumerate(DataLoader)#...__next__ between steps (period "
+        "minus span), the step's largest item, yet the report never names it and calls conv the biggest lever",
+    ("param-2080ti-resnet-sgd", "may_not_say"):
+        "the body says the step is mostly a DataLoader stall (remove it and profile again), yet the headline "
+        "calls conv 'the biggest lever' (1.41x) and never names the stall",
+    ("hta-rank1-of-2-alltoall-training", "busy_at_most_period"):
+        "steps overlap on the device: the median step's busy time (124 ms) exceeds its period (111 ms); the "
+        "steps_apart guard withdraws the levers but the per-step busy time is still reported past the period",
 }
 
 

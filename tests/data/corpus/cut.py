@@ -4,7 +4,8 @@ Kept: the metadata (everything outside `traceEvents`), every `cpu_op`, annotatio
 call, device event (kernel, memcpy, memset) with its args, and the `python_function` frames
 that say what the trace is (`nn.Module: ...` frames, frames of a graph capture, compile or
 warm-up, and vLLM's `execute_model`, a step's frame). Dropped: other `python_function` frames
-(the bulk of a stack-enabled trace), `ac2g` flows and `cpu_instant_event` markers. With `--until-us`, only events that start
+(the bulk of a stack-enabled trace), `ac2g` flows and `cpu_instant_event` markers (in the 2021
+format: `async` flows and `[memory]` instants). With `--until-us`, only events that start
 before that many microseconds after the trace's first event are kept, so whole steps stay
 whole when the cut is placed at a step's end.
 
@@ -19,12 +20,18 @@ import json
 
 KEEP_FRAME_WORDS = ("nn.Module:", "capture", "cudagraph", "compile_or_warm_up", "warm_up", "warmup", "checkpoint",
                     "execute_model")  # vLLM's step frame: the step of a trace with no step annotation
-DROP_CATS = {"ac2g", "cpu_instant_event"}
+DROP_CATS = {"ac2g", "cpu_instant_event",
+             "async"}  # the 2021 Kineto format's flow arrows (today's `ac2g`)
+
+
+def _memory_instant(e: dict) -> bool:
+    # the 2021 format's memory instants: `ph: "i"`, name `[memory]`, no category (today's cpu_instant_event)
+    return e.get("ph") == "i" and e.get("name") == "[memory]"
 
 
 def keep(e: dict) -> bool:
     cat = e.get("cat")
-    if cat in DROP_CATS:
+    if cat in DROP_CATS or _memory_instant(e):
         return False
     if cat == "python_function":
         name = str(e.get("name", "")).lower()

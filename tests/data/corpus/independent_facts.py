@@ -18,7 +18,15 @@ import json
 import re
 import sys
 
-DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset",
+               "Kernel", "Memcpy", "Memset"}  # the 2021 Kineto format's names of the same events
+# a step marker's category: today's annotation, or the 2021 format's `Operator`
+STEP_CATS = {"user_annotation", "Operator"}
+# device work of an accelerator recorded in a category of its own (Meta's MTIA): counted apart
+OTHER_DEVICE_CATS = {"mtia_ccp_events"}
+# one per training iteration where no ProfilerStep marks it, and the wait for each batch
+ITERATION_MARK = re.compile(r"^Optimizer\.step#")
+DATALOADER_WAIT = re.compile(r"^enumerate\(DataLoader\)#")
 # at the name's start or as the kernel's own name: template arguments such as `..._broadcast_...` are no collective
 COLL_KERNEL = re.compile(r"^(nccl|rccl)|all_?reduce_kernel|cross_device_reduce|all_gather_kernel", re.I)
 COLL_OP = re.compile(r"^(c10d::\w+|nccl:\w+|record_param_comms|gloo:\w+|_C::shm_\w+)")
@@ -59,9 +67,9 @@ def facts(path: str) -> dict:
     ev = [e for e in doc.get("traceEvents", []) if e.get("ph") == "X"]
     dist = doc.get("distributedInfo") or {}
     dev = [e for e in ev if e.get("cat") in DEVICE_CATS]
-    kernels = [e for e in dev if e.get("cat") == "kernel"]
+    kernels = [e for e in dev if e.get("cat") in ("kernel", "Kernel")]
     steps = sorted({e["name"] for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")
-                    and e.get("cat") == "user_annotation"})
+                    and e.get("cat") in STEP_CATS})
     engine = collections.Counter(e["name"] for e in ev if e.get("cat") == "user_annotation"
                                  and STEP_ANN.match(e["name"]) and not e["name"].startswith("ProfilerStep#"))
     coll_k = collections.Counter(e["name"][:60] for e in kernels if COLL_KERNEL.search(e["name"]))
@@ -83,6 +91,20 @@ def facts(path: str) -> dict:
         "collective_ops_per_step": collectives_per_step(ev),
         "top_kernels_ms": {k: round(v / 1000, 3) for k, v in by_name.most_common(5)},
         "kind_evidence": {k: v for k, v in kinds.items() if v},
+        **loop_facts(ev),
+    }
+
+
+def loop_facts(ev: list[dict]) -> dict:
+    """What a training loop or an accelerator without CUDA categories leaves: iteration marks,
+    DataLoader waits (ms, in order) and device events in a category of their own."""
+    other = [e for e in ev if e.get("cat") in OTHER_DEVICE_CATS]
+    return {
+        "iteration_marks": sum(1 for e in ev if ITERATION_MARK.match(str(e.get("name", "")))),
+        "dataloader_waits_ms": [round(float(e.get("dur", 0)) / 1000, 1) for e in sorted(
+            (e for e in ev if DATALOADER_WAIT.match(str(e.get("name", "")))), key=lambda e: float(e["ts"]))],
+        "other_device_events": len(other),
+        "other_device_sum_ms": round(sum(float(e.get("dur", 0)) for e in other) / 1000, 3),
     }
 
 
