@@ -75,11 +75,15 @@ def demo(tmp_path) -> Path:
     return params
 
 
-def test_default_run_is_the_newest_demo_run_with_its_params_file(demo, capsys):
+def test_default_run_is_the_newest_demo_runs_scratch_copy_with_its_params_file(demo, capsys):
     newest = demo.parent / "outputs" / "cpu-demo-20260102-080000"
     assert newest_run(demo) == newest
-    assert default_run(None, None, demo_params=demo) == (demo.resolve(), newest)
-    assert capsys.readouterr().out == f"no parameters injected: run {newest}, params {demo.resolve()}\n"
+    copy = demo.parent / "outputs" / ".lab" / newest.name  # a notebook opened by hand never writes the run
+    assert default_run(None, None, demo_params=demo) == (demo.resolve(), copy)
+    assert capsys.readouterr().out == (f"no parameters injected: run {copy} (its scratch copy; the run {newest} "
+                                       f"is not written), params {demo.resolve()}\n")
+    assert (copy / "run.json").read_bytes() == (newest / "run.json").read_bytes()
+    assert newest_run(demo) == newest  # the copy is no run of its own
 
 
 def test_injected_parameters_pass_through(demo, tmp_path):
@@ -113,3 +117,116 @@ def test_every_notebook_defaults_its_parameters_the_same_way(stage):
     nxt = next(c for c in nb.cells[i + 1:] if c.cell_type == "code").source
     assert "params_file, run_dir = default_run(params_file, run_dir)" in nxt
     assert nxt.index("default_run(") < nxt.index("open_stage(")
+
+
+# --------------------------------------------------------------------------- the lab's scratch copy
+
+
+def _executed_run(root: Path) -> Path:
+    """A run folder with an executed notebook (papermill's injected cell), a params snapshot,
+    a small artifact and a trace larger than the copy limit (sparse: no disk used)."""
+    from stepscope.scratch import COPY_LIMIT_BYTES
+
+    run = root / "outputs" / "cpu-demo-20260105-000000"
+    (run / "notebooks").mkdir(parents=True)
+    (run / "params.yaml").write_text("run: {name: cpu-demo}\n")
+    (run / "06_writeup").mkdir()
+    (run / "06_writeup" / "report.md").write_text("# the run's report\n")
+    (run / "04_profiler_capture").mkdir()
+    with open(run / "04_profiler_capture" / "rank0.pt.trace.json.gz", "wb") as fh:
+        fh.truncate(COPY_LIMIT_BYTES + 1)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("params_file = None\nrun_dir = None", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(f"# Parameters\nparams_file = {str(run / 'params.yaml')!r}\n"
+                                          f"run_dir = {str(run)!r}\n", metadata={"tags": ["injected-parameters"]})]
+    nbformat.write(nb, run / "notebooks" / "06_writeup.ipynb")
+    (run / "notebooks" / ".ipynb_checkpoints").mkdir()
+    (run / "notebooks" / ".ipynb_checkpoints" / "06_writeup-checkpoint.ipynb").write_text("{}")
+    return run
+
+
+def _injected(nb_path: Path) -> dict:
+    nb = nbformat.read(nb_path, as_version=4)
+    cell = next(c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", []))
+    ns: dict = {}
+    exec(cell.source, ns)
+    return {k: ns[k] for k in ("params_file", "run_dir")}
+
+
+def test_a_run_opens_in_a_scratch_copy_beside_it(tmp_path):
+    from stepscope.lab import checkpoints_dir, lab_folder
+
+    run = _executed_run(tmp_path)
+    root, start = lab_folder(run)
+    copy = tmp_path / "outputs" / ".lab" / run.name
+    assert (root, start) == (copy, "notebooks")
+    # the copy's notebook writes into the copy; the run's own notebook still points at the run
+    assert _injected(copy / "notebooks" / "06_writeup.ipynb") == {"params_file": str(copy / "params.yaml"),
+                                                                   "run_dir": str(copy)}
+    assert _injected(run / "notebooks" / "06_writeup.ipynb")["run_dir"] == str(run)
+    # small files copied, a large one linked (read, never written through: writes rename over the link)
+    trace = copy / "04_profiler_capture" / "rank0.pt.trace.json.gz"
+    assert trace.is_symlink() and trace.resolve() == (run / "04_profiler_capture" / "rank0.pt.trace.json.gz")
+    report = copy / "06_writeup" / "report.md"
+    assert not report.is_symlink() and report.read_text() == "# the run's report\n"
+    assert not (copy / "notebooks" / ".ipynb_checkpoints").exists()
+    # checkpoints outside the run, whichever folder JupyterLab serves
+    assert checkpoints_dir(copy) == copy / ".checkpoints"
+    assert checkpoints_dir(run.resolve()) == copy / ".checkpoints"  # --write-run
+    argv = lab_argv(copy, LOOPBACK, 8888)
+    assert f"--FileCheckpoints.checkpoint_dir={copy / '.checkpoints'}" in argv
+    assert lab_folder(run, write_run=True) == (run.resolve(), "notebooks")
+
+
+def test_the_scratch_copy_keeps_the_users_notebooks_and_follows_the_run(tmp_path):
+    from stepscope.lab import lab_folder
+
+    run = _executed_run(tmp_path)
+    copy, _ = lab_folder(run)
+    nb = copy / "notebooks" / "06_writeup.ipynb"
+    nb.write_text(nb.read_text().replace("# Parameters", "# Parameters (my edit)"))
+    (run / "06_writeup" / "report.md").write_text("# analysed again\n")
+    assert lab_folder(run)[0] == copy
+    assert "(my edit)" in nb.read_text()
+    assert (copy / "06_writeup" / "report.md").read_text() == "# analysed again\n"
+
+
+def test_the_scratch_copy_is_never_inside_the_run(tmp_path):
+    from stepscope.scratch import make_scratch
+
+    run = _executed_run(tmp_path)
+    with pytest.raises(StepscopeError) as e:
+        make_scratch(run, run / "scratch")
+    assert e.value.where == str(run / "scratch")
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_run_all_on_notebook_06_in_the_lab_leaves_the_run_byte_identical(tmp_path, real_traces):
+    """Issue 38: "Run All" on an executed notebook 06 in `stepscope lab RUN` rewrote that run's
+    report, verdict and figures. Run All here is the scratch copy's notebook executed as it
+    stands (its injected parameters), in this process."""
+    from stepscope import inprocess
+    from stepscope.lab import lab_folder
+
+    run = tmp_path / "outputs" / "analyze-tp2"
+    traces = [real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)]
+    assert main(["analyze", *map(str, traces), "--tp", "2", "--out", str(run), "--no-progress"]) == 0
+    before = _digests(run)
+    assert "06_writeup/report.md" in before and "06_writeup/verdict.json" in before
+    copy, _ = lab_folder(run)
+    nb = copy / "notebooks" / "06_writeup.ipynb"
+    report = copy / "06_writeup" / "report.md"
+    report.write_text("stale")
+    inprocess.execute_notebook(nb, nb, _injected(nb), cwd=REPO_ROOT / "notebooks")
+    assert _digests(run) == before
+    assert report.read_text().startswith("# ") and "stale" not in report.read_text()  # written in the copy
+    # the same Run All on the run itself (`--write-run`) rewrites it: what the copy prevents
+    own = run / "notebooks" / "06_writeup.ipynb"
+    inprocess.execute_notebook(own, own, _injected(own), cwd=REPO_ROOT / "notebooks")
+    assert {k for k, v in _digests(run).items() if before.get(k) != v} >= {"notebooks/06_writeup.ipynb"}

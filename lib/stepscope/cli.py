@@ -98,7 +98,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
 def _cmd_lab(args: argparse.Namespace) -> int:
     from stepscope.lab import run_lab
 
-    return run_lab(args.run, host=args.host, port=args.port)
+    return run_lab(args.run, host=args.host, port=args.port, write_run=args.write_run)
 
 
 def _require_run_folder(path: Path) -> None:
@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("run", nargs="?", help="a run folder or run id under outputs/ (default: notebooks/)")
     j.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     j.add_argument("--port", type=int, help="default: a free port")
+    j.add_argument("--write-run", action="store_true",
+                   help="open RUN itself, so that a notebook run there rewrites the run's files (default: a "
+                        "scratch copy beside it, outputs/.lab/<run id>/, that the run never sees)")
     j.set_defaults(func=_cmd_lab)
 
     v = _sub(sub, "validate", "validate params files without running anything")

@@ -13,6 +13,11 @@ JupyterLab dies with `stepscope lab`, however that dies: it is started by `lifel
 (`stepscope.lifeline`) stops it and its kernels (which Jupyter starts in sessions of their
 own) when the `stepscope lab` process is gone, `kill -9` included. A server left running
 would keep executing code for anyone holding the token.
+
+A run's executed notebooks open in a scratch copy of the run (`stepscope.scratch`,
+`<outputs>/.lab/<run id>/`): "Run All" there writes into the copy, never into the finished
+run, unless `--write-run` asks for the run itself. JupyterLab's checkpoints go to the lab's
+own folder (`FileCheckpoints.checkpoint_dir`), never beside a run's notebooks.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepscope import lifeline
+from stepscope import lifeline, scratch
 from stepscope.errors import StepscopeError
 from stepscope.paths import REPO_ROOT
 
@@ -102,11 +107,23 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def checkpoints_dir(root: Path) -> Path:
+    """Where JupyterLab keeps checkpoints: the lab's folder beside the runs (a run's scratch copy
+    holds its own), never a run folder."""
+    if scratch.is_scratch(root):
+        return root / scratch.CHECKPOINTS_DIR
+    if root == REPO_ROOT:
+        return REPO_ROOT / "outputs" / scratch.LAB_DIR / scratch.CHECKPOINTS_DIR
+    return scratch.scratch_dir(root) / scratch.CHECKPOINTS_DIR  # --write-run: the run is the root
+
+
 def lab_argv(root: Path, host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "jupyterlab", "--no-browser",
             f"--ServerApp.ip={host}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
             f"--ServerApp.root_dir={root}", "--ServerApp.log_level=WARN", "--LabApp.log_level=WARN",
             "--LabApp.news_url=None", f"--LabApp.app_settings_dir={LAB_SETTINGS_DIR}",
+            # An absolute checkpoint_dir is one folder for every notebook (os.path.join keeps it).
+            f"--FileCheckpoints.checkpoint_dir={checkpoints_dir(root)}",
             "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
             # containers often run as root; Jupyter refuses that unless told
             *(["--ServerApp.allow_root=True"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
@@ -130,16 +147,26 @@ def _ready(base_url: str, token: str) -> bool:
         return False
 
 
+def lab_folder(run: str | Path | None, write_run: bool = False) -> tuple[Path, str]:
+    """(root, start path) JupyterLab serves: a run's scratch copy (`stepscope.scratch`), made or
+    brought up to date here, unless `write_run` asks for the run itself."""
+    root, start = lab_root(run)
+    if run is None or write_run:
+        return root, start
+    return scratch.make_scratch(root), start
+
+
 def start_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int | None = None,
               env: dict[str, str] | None = None, log_path: str | Path | None = None,
-              timeout_s: float = START_TIMEOUT_S) -> LabServer:
-    """Start JupyterLab and return once it answers; the caller stops it (`LabServer.stop`)."""
+              timeout_s: float = START_TIMEOUT_S, write_run: bool = False) -> LabServer:
+    """Start JupyterLab and return once it answers; the caller stops it (`LabServer.stop`).
+    A run opens in its scratch copy unless `write_run`."""
     try:
         import jupyterlab  # noqa: F401
     except ImportError as e:
         raise StepscopeError("JupyterLab is not installed in this environment", where=sys.executable,
                              hint="run `bash .ci/setup`, or `pip install jupyterlab`") from e
-    root, start = lab_root(run)
+    root, start = lab_folder(run, write_run)
     port = port or _free_port(host)
     token = secrets.token_urlsafe(24)
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
@@ -172,13 +199,16 @@ def _interrupt(signum, frame):
 
 
 def run_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int | None = None,
-            echo=print) -> int:
+            echo=print, write_run: bool = False) -> int:
     """`stepscope lab`: start, print the URL, serve until Ctrl-C."""
     if not is_loopback(host):
         echo(f"warning: JupyterLab listens on {host}: anyone who can reach it and holds the token "
              "can run code as you")
-    server = start_lab(run, host=host, port=port)
+    server = start_lab(run, host=host, port=port, write_run=write_run)
     echo(f"JupyterLab at {server.root / server.start_path}")
+    if scratch.is_scratch(server.root):
+        echo(f"  a scratch copy of {lab_root(run)[0]}: what runs here writes into the copy, never into the run "
+             "(--write-run opens the run itself)")
     echo(f"  {server.url}")
     echo("Ctrl-C stops it (and its kernels).")
     # The server runs in its own session (so Ctrl-C reaches it once, through us): a SIGTERM

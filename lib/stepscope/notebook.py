@@ -12,6 +12,7 @@ from stepscope.errors import StepscopeError
 from stepscope.paths import REPO_ROOT
 from stepscope.redaction import REDACTED, secret_env
 from stepscope.runfolder import params_snapshot_path, stage_dir
+from stepscope.scratch import make_scratch
 from stepscope.stages import STAGE_BY_ID
 
 DEMO_PARAMS = REPO_ROOT / "params" / "cpu-demo.yaml"
@@ -37,16 +38,20 @@ def newest_run(params_file: str | Path = DEMO_PARAMS) -> Path | None:
 def default_run(params_file: str | Path | None, run_dir: str | Path | None, *,
                 demo_params: str | Path = DEMO_PARAMS) -> tuple[Path, Path]:
     """What papermill injects, for a notebook run by hand (JupyterLab): the newest CPU-demo
-    run and the params file it was run with. Injected values pass through unchanged."""
+    run's scratch copy (`stepscope.scratch`: exploring never rewrites a finished run) and the
+    params file it was run with. Injected values, and a run_dir set by hand, pass through unchanged."""
     if params_file is not None and run_dir is not None:
         return Path(params_file), Path(run_dir)
+    where = ""
     if run_dir is None:
-        run_dir = newest_run(demo_params)
-        if run_dir is None:
+        newest = newest_run(demo_params)
+        if newest is None:
             raise NoRunYet("no CPU-demo run yet: run `stepscope run params/cpu-demo.yaml` first, "
                            "or set run_dir and params_file in the parameters cell")
+        run_dir = make_scratch(newest)
+        where = f" (its scratch copy; the run {newest} is not written)"
     params_file = Path(params_file or params_file_of(run_dir))
-    print(f"no parameters injected: run {run_dir}, params {params_file}")
+    print(f"no parameters injected: run {run_dir}{where}, params {params_file}")
     return params_file, Path(run_dir)
 
 
@@ -74,12 +79,56 @@ def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> t
     `server.api_key_env` does), never the placeholder."""
     if stage_id not in STAGE_BY_ID:
         raise KeyError(f"unknown stage {stage_id!r}; stages are {list(STAGE_BY_ID)}")
+    format_tables()
     params = load_params(params_file)
     secret_env(params.server.api_key_env)  # whatever this stage writes, the key is blanked from it
     env = {k: v for k, v in params.server.env.items() if v != REDACTED}
     if env != params.server.env:
         params = msgspec.structs.replace(params, server=msgspec.structs.replace(params.server, env=env))
     return params, stage_dir(run_dir, stage_id)
+
+
+TABLE_NA = "–"
+"""A missing value in a displayed table, as the report writes it."""
+
+
+def table_html(df) -> str:
+    """A DataFrame as a notebook shows it: every float through the report's formatter
+    (`wording.fmt_num`, three significant digits: 12.5 µs, not 12.474713), pandas' row limits kept."""
+    import pandas as pd
+
+    from stepscope.wording import fmt_num
+
+    return df.to_html(float_format=fmt_num, na_rep=TABLE_NA, max_rows=pd.get_option("display.max_rows"),
+                      max_cols=pd.get_option("display.max_columns"), show_dimensions=len(df) > 60, notebook=True)
+
+
+def table_text(df) -> str:
+    """The same table as text (an executed notebook's plain-text copy, a console)."""
+    import pandas as pd
+
+    from stepscope.wording import fmt_num
+
+    return df.to_string(float_format=fmt_num, na_rep=TABLE_NA, max_rows=pd.get_option("display.max_rows"),
+                        max_cols=pd.get_option("display.max_columns"))
+
+
+def format_tables() -> bool:
+    """Make the running IPython shell (a JupyterLab kernel, papermill's, `stepscope analyze`'s)
+    display DataFrames through `table_html`/`table_text`; False outside IPython. pandas' own
+    options stay untouched, so nothing outside a notebook's display changes."""
+    try:
+        import pandas as pd
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    sh = get_ipython()
+    if sh is None:
+        return False
+    formatters = sh.display_formatter.formatters
+    formatters["text/html"].for_type(pd.DataFrame, table_html)
+    formatters["text/plain"].for_type(pd.DataFrame, lambda df, p, cycle: p.text(table_text(df)))
+    return True
 
 
 def resuming(run_dir: str | Path) -> bool:

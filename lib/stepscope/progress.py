@@ -1,7 +1,9 @@
 """Progress bars that suit where they are shown: every bar of the library is made here.
 
 - In a terminal: tqdm's bar, redrawn in place.
-- In a Jupyter kernel (a notebook, papermill): `tqdm.auto`, a widget where one is available.
+- In a Jupyter kernel a person watches (JupyterLab): `tqdm.auto`, a widget where one is available.
+  In papermill's kernels (`runfolder.batch_run`) whole lines, as on a pipe: a widget would be
+  saved in the executed notebook as a bar frozen at "0 %".
 - Anywhere else (a pipe, a file, a CI log): one whole line at most every `LINE_INTERVAL_S`
   and the last state when the bar closes. tqdm's own bar redraws with carriage returns,
   which on a pipe pile up into one line that never ends (server start-up made 8 KB of it).
@@ -75,12 +77,20 @@ class LineBar(_std_tqdm):
         self._decr_instances(self)
 
 
+def _batch_kernel() -> bool:
+    """A kernel papermill runs for `stepscope run`: its widget bar would be saved in the executed
+    notebook frozen at "0 %" (no widget state is saved), so it gets whole text lines instead."""
+    from stepscope.runfolder import batch_run
+
+    return batch_run()
+
+
 def bar(iterable: Any = None, **kwargs: Any) -> _std_tqdm:
     """A progress bar (tqdm's arguments) drawn to suit its stream: see the module's docstring."""
     stream = kwargs.get("file") or sys.stderr
     if kwargs.get("disable"):
         return _std_tqdm(iterable, **kwargs)
-    if _in_kernel():
+    if _in_kernel() and not _batch_kernel():
         from tqdm.auto import tqdm as auto_tqdm
 
         return auto_tqdm(iterable, **kwargs)
