@@ -176,14 +176,14 @@ def transfer_readings(a: RunArtifacts) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
 
 
-def _category_ms(decode: pd.DataFrame | None, cats: frozenset[str]) -> float | None:
+def category_ms(decode: pd.DataFrame | None, cats: frozenset[str]) -> float | None:
     if decode is None:
         return None
     sub = decode[decode["category"].isin(cats)]
     return float(sub["union_ms_mean"].sum()) if len(sub) else None
 
 
-def _gemm_prediction_ms(a: RunArtifacts, m: int = 1) -> float | None:
+def gemm_prediction_ms(a: RunArtifacts, m: int = 1) -> float | None:
     if a.gemm_prediction is None:
         return None
     v = num(a.gemm_prediction.gemm_us_per_decode_step.get(str(m)))
@@ -238,8 +238,8 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
     """Trace GEMM and communication time per decode step against the micro predictions."""
     rows = []
     dec = a.decode_categories
-    pred_gemm = _gemm_prediction_ms(a, 1)
-    trace_gemm = _category_ms(dec, GEMM_CATEGORIES)
+    pred_gemm = gemm_prediction_ms(a, 1)
+    trace_gemm = category_ms(dec, GEMM_CATEGORIES)
     if pred_gemm is not None or trace_gemm is not None:
         gp = a.gemm_prediction
         cfg = gp.config if gp is not None else None
@@ -252,7 +252,7 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
                      "trace_implementation": code_name(gemm, 60) if gemm else None})
     cp = a.comm_prediction
     pred_comm = cp.comm_us_per_decode_step if cp is not None else None
-    trace_comm = _category_ms(dec, COMMUNICATION_CATEGORIES)
+    trace_comm = category_ms(dec, COMMUNICATION_CATEGORIES)
     if pred_comm is not None or trace_comm is not None:
         how = (f"{cp.k if cp.k is not None else '?'} × {_fmt(cp.per_op_us)} µs, "
                f"{cp.size_bytes if cp.size_bytes is not None else '?'} B, {cp.backend or '?'} {cp.mode or '?'}"

@@ -709,6 +709,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                                ("ratio_trace_over_micro", "trace / predicted"), ("agree", "agree?"),
                                ("prediction_method", "prediction"),
                                ("trace_implementation", "what the trace ran")], md_columns=("trace_implementation",))
+        text += prose.step_prediction_table(ctx["verdict"].step_prediction)
     else:
         need = [f for f in ("02_gemm_micro/prediction.json", "03_nccl_burst/prediction.json",
                             "05_categorize/decode_categories.csv") if not (a.run_dir / f).is_file()]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from stepscope.wording import fmt_num as f
 from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
 from stepscope.wording import md_code, md_text
@@ -17,7 +19,8 @@ from stepscope.wording import short_name as _short
 from stepscope.report.verdict import Caveat, headline_findings
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
                                       Lever, Overlap,
-                                      Plateau, RooflineFinding, SpecDecodeSeen, TpotGap, TraceIdentity, Verdict)
+                                      Plateau, RooflineFinding, SpecDecodeSeen, StepPrediction, TpotGap, TraceIdentity,
+                                      Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
 """A sentence and the findings its numbers come from."""
@@ -393,6 +396,40 @@ def agreement_sentence(g: Agreement) -> str:
             f"prediction ({f(g.predicted_ms)} ms): {why}.")
 
 
+def offsetting_clause(sp: StepPrediction) -> str:
+    """What an offsetting agreement is made of: the total, then the components off their bands."""
+    off = "; ".join(f"{c.name} {f(c.predicted_ms)} ms predicted against {f(c.trace_ms)} ms" for c in sp.components if c.off)
+    return (f"the micro-predicted step ({f(sp.predicted_ms)} ms) agrees with the trace's ({f(sp.trace_ms)} ms) only "
+            f"because its errors offset: {off}")
+
+
+def step_prediction_sentence(sp: StepPrediction) -> str:
+    """The micro-predicted step against the trace's, said by its components when they offset."""
+    if sp.offsetting:
+        return f"An offsetting agreement: {offsetting_clause(sp)}."
+    verb = "agrees with" if sp.agree else f"is {f(sp.trace_ms / sp.predicted_ms)}× of"
+    return (f"The trace's step ({f(sp.trace_ms)} ms) {verb} the micro-predicted one ({f(sp.predicted_ms)} ms, "
+            f"within ±{f(sp.tolerance_pct)} % counts as agreeing).")
+
+
+def step_prediction_table(sp: StepPrediction | None) -> str:
+    """The micro-predicted step beside the trace's, one row per component and the total."""
+    from stepscope.report.markdown_util import md_table
+
+    if sp is None:
+        return ""
+    rows = [{"component": c.name, "trace": c.trace_ms, "predicted": c.predicted_ms,
+             "within": "**no**" if c.off else "yes"} for c in sp.components]
+    rows.append({"component": "**step**", "trace": sp.trace_ms, "predicted": sp.predicted_ms,
+                 "within": "**offsetting**" if sp.offsetting else "yes" if sp.agree else "**no**"})
+    return ("\nThe micro-predicted step by component (stage 02's GEMMs and stage 03's transfer in place of the "
+            "trace's; a burst predicts no waiting; attention and the rest are the trace's own). A total that "
+            "agrees while its components are off both ways is an offsetting agreement:\n\n"
+            + md_table(pd.DataFrame(rows), [("component", "component"), ("trace", "trace ms/step"),
+                                            ("predicted", "predicted ms/step"), ("within", f"within ±{f(sp.tolerance_pct)} %?")],
+                       md_columns=("component", "within")) + "\n")
+
+
 def roofline_sentence(r: RooflineFinding, step_label: str = "step", at_peak: bool = True) -> str:
     """The category's achieved bandwidth and compute against the device's peaks; with `at_peak`,
     what kernels at the roofline would buy (the lever sentence says it for the biggest lever)."""
@@ -478,6 +515,8 @@ def sentences(v: Verdict) -> list[Sentence]:
     in_lever = _lever_at_peak(v)
     out += [((r,), roofline_sentence(r, v.identity.step_label, at_peak=r is not in_lever)) for r in v.roofline]
     out += [((g,), agreement_sentence(g)) for g in v.agreements]
+    if v.step_prediction is not None:
+        out.append(((v.step_prediction,), step_prediction_sentence(v.step_prediction)))
     if v.plateau is not None:  # the sweep's reading, said once the step's are (no longer in the headline)
         out.append(((v.plateau,), plateau_sentence(v.plateau)))
     return out
@@ -579,6 +618,8 @@ def caveat_clause(c: Caveat, step_label: str) -> str:
     if c.code == "tpot_gap":
         return (f"{f(x.gap_ms)} ms of the {f(x.tpot_ms)} ms TPOT ({f(x.gap_pct)} %) lies outside the device steps, "
                 "where no kernel fix reaches")
+    if c.code == "offsetting_agreement":
+        return offsetting_clause(x)
     if c.code == "prediction_disagrees":
         other = "; the engine ran other collectives than stage 03 timed" if x.same_implementation is False else ""
         return (f"the micro-benchmarks predict {f(x.predicted_ms)} ms of {x.quantity} per step, the trace shows "

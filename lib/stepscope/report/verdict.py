@@ -276,6 +276,35 @@ class Agreement:
 
 
 @dataclass(frozen=True)
+class Component:
+    """One part of a micro-predicted step beside the trace's: GEMM, collective transfer,
+    collective wait, attention (with KV writes) or the rest."""
+
+    name: str
+    trace_ms: float
+    predicted_ms: float
+    off: bool
+    """Beyond its band: the two differ by more than PREDICTION_TOLERANCE of the larger."""
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """The micro-predicted step against the trace's, whole and by component. Stage 02 predicts
+    the GEMMs, stage 03 the collectives' transfer (a burst's ranks start together, so it predicts
+    no wait); attention and the rest are the trace's own."""
+
+    trace_ms: float
+    predicted_ms: float
+    agree: bool
+    components: tuple[Component, ...]
+    offsetting: bool
+    """The total agrees only because errors cancel: components are off both ways, and their
+    gaps, taken at their sizes, add up to more than the total's band."""
+    denominator: str | None = None
+    tolerance_pct: float = 100 * PREDICTION_TOLERANCE
+
+
+@dataclass(frozen=True)
 class RooflineFinding:
     category: str
     time_ms_per_step: float | None
@@ -404,6 +433,7 @@ class Verdict:
     roofline: tuple[RooflineFinding, ...] = ()
     roofline_reason: str | None = None
     """Why stage 05 computed no roofline row (no architecture, a CPU trace), when it says."""
+    step_prediction: StepPrediction | None = None
     plateau: Plateau | None = None
     load_growth: LoadGrowth | None = None
     """The step under load either side of the knee (`report.load`), when stage 04 captured load levels."""
@@ -748,6 +778,46 @@ def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
     return tuple(out)
 
 
+def component_check(trace: dict[str, float], predicted: dict[str, float],
+                    denominator: str | None = None) -> StepPrediction:
+    """The predicted step against the trace's, component by component (same keys, ms per step):
+    each component off or within its band, the total agreeing or not, and whether an agreeing
+    total is an accident of offsetting errors."""
+    comps = tuple(Component(name=k, trace_ms=t, predicted_ms=predicted[k],
+                            off=abs(predicted[k] - t) > PREDICTION_TOLERANCE * max(abs(predicted[k]), abs(t)))
+                  for k, t in trace.items())
+    total_t, total_p = sum(trace.values()), sum(predicted.values())
+    agree = total_p > 0 and abs(total_t / total_p - 1) <= PREDICTION_TOLERANCE
+    off = [c for c in comps if c.off]
+    both_ways = any(c.predicted_ms > c.trace_ms for c in off) and any(c.predicted_ms < c.trace_ms for c in off)
+    spread = sum(abs(c.predicted_ms - c.trace_ms) for c in off)
+    return StepPrediction(trace_ms=total_t, predicted_ms=total_p, agree=agree, components=comps,
+                          offsetting=agree and both_ways and spread > PREDICTION_TOLERANCE * total_t,
+                          denominator=denominator)
+
+
+def step_prediction(a: RunArtifacts, basis: StepBasis) -> StepPrediction | None:
+    """The batch-1 step as the micro-benchmarks predict it, beside the trace's, by component;
+    None without both predictions or a step basis."""
+    from stepscope.report.analysis import category_ms, gemm_prediction_ms
+    from stepscope.report.load import SCALED_WITH_BATCH
+
+    dec, cp = a.decode_categories, a.comm_prediction
+    gemm_p = gemm_prediction_ms(a, 1)
+    comm_p = num(cp.comm_us_per_decode_step) if cp is not None else None
+    if dec is None or gemm_p is None or comm_p is None or not basis.step_ms:
+        return None
+    gemm, comm = category_ms(dec, GEMM_CATEGORIES) or 0.0, category_ms(dec, COMMUNICATION_CATEGORIES) or 0.0
+    attention = category_ms(dec, frozenset(SCALED_WITH_BATCH)) or 0.0
+    cm = a.trace_summary.collectives_matched if a.trace_summary is not None else None
+    matched = num(cm.transfer_ms_per_step) if cm is not None else None  # unmatched: all of it counts as transfer
+    transfer = comm if matched is None else min(matched, comm)
+    trace = {"GEMM": gemm, "collective transfer": transfer, "collective wait": comm - transfer,
+             "attention": attention, "rest": basis.step_ms - gemm - comm - attention}
+    predicted = {**trace, "GEMM": gemm_p, "collective transfer": comm_p / 1e3, "collective wait": 0.0}
+    return component_check(trace, predicted, basis.denominator)
+
+
 def roofline(a: RunArtifacts, basis: StepBasis | None = None,
              levers: tuple[Lever, ...] = ()) -> tuple[RooflineFinding, ...]:
     """GEMM-like rows of stage 05's on-trace roofline, with the device they were judged against
@@ -823,6 +893,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
                    overlap=overlap(totals), tpot_gap=tpot_gap(totals, ident), levers=category_levers,
                    between_steps=between, gap_levers=gaps, biggest=biggest(category_levers, between, gaps),
                    agreements=agreements(mvt), roofline=roofline(a, basis, category_levers), roofline_reason=_roofline_reason(a),
+                   step_prediction=step_prediction(a, basis),
                    plateau=plateau(macro), load_growth=_load_growth(a, macro))
 
 
@@ -873,7 +944,8 @@ class Caveat:
 
     code: str
     """`not_analysed`, `host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
-    `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`: the order they matter in."""
+    `offsetting_agreement`, `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`: the order
+    they matter in."""
     finding: Any
 
 
@@ -908,6 +980,8 @@ def caveats(v: Verdict) -> tuple[Caveat, ...]:
     found += [Caveat("ranks_missing", i)] if i.ranks_missing else []
     found += [Caveat("low_confidence", i)] if i.low_confidence and i.n_judged_steps is not None else []
     found += [Caveat("tpot_gap", v.tpot_gap)] if v.tpot_gap is not None else []
+    sp = v.step_prediction
+    found += [Caveat("offsetting_agreement", sp)] if sp is not None and sp.offsetting else []
     found += [Caveat("prediction_disagrees", g) for g in v.agreements if not g.agree][:1]
     found += [Caveat("overlap", v.overlap)] if v.overlap is not None else []
     found += [Caveat("plateau_stalls", v.plateau)] if v.plateau is not None and v.plateau.stall_pct is not None else []
