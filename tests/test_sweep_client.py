@@ -36,9 +36,11 @@ def test_clean_sweep_writes_levels_and_exact_metrics(tmp_path):
     assert list(res.levels.columns) == LEVEL_COLUMNS
     assert res.levels["level"].tolist() == ["c0001", "c0002"]
     assert res.levels["n_completed"].tolist() == [4, 8] and res.levels["n_failed"].sum() == 0
-    lines = [json.loads(x) for x in (tmp_path / "levels" / "c0001.jsonl").read_text().splitlines()]
-    assert sum(x["warmup"] for x in lines) == 1 and len(lines) == 5
-    measured = [x for x in lines if not x["warmup"]]
+    measured = [json.loads(x) for x in (tmp_path / "levels" / "c0001.jsonl").read_text().splitlines()]
+    warm = [json.loads(x) for x in (tmp_path / "levels" / "c0002.warmup.jsonl").read_text().splitlines()]
+    # the warm-ups in a file of their own (a full wave of 2 before c0002), the measured ones alone
+    assert len(measured) == 4 and not any(x["warmup"] for x in measured)
+    assert [x["warmup"] for x in warm] == [True, True]
     # exact lengths: the fake reports the prompt length it received and the tokens it sent
     assert {x["input_tokens"] for x in measured} == {7} and {x["output_tokens"] for x in measured} == {5}
     assert all(len(x["chunk_times_s"]) == 5 for x in measured)

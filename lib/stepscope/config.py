@@ -221,6 +221,10 @@ class SweepParams(_Section):
     gpu_telemetry: bool = True
     """Sample NVML (SM and memory clocks, power, temperature, memory, utilisation) every
     0.5 s during each level into gpu_telemetry.csv; without NVML or a GPU, a 'not available' record."""
+    percentiles: tuple[float, ...] = (25.0, 50.0, 75.0, 90.0, 95.0, 99.0)
+    """Percentiles (0 < p <= 100) of TTFT, TPOT, ITL and E2EL in levels.csv (`<metric>_ms_p<p>`,
+    beside mean, median, std, min, max, p90 and p99, which are always there) and in each
+    level's `vllm_bench/<level>.vllm.json` (vLLM `--metric-percentiles`)."""
 
 
 class GemmMicroParams(_Section):
@@ -534,7 +538,7 @@ LIMITS: dict[str, tuple[Any, Any]] = {
     "sweep.concurrency": _WORKERS, "sweep.request_rates": (">0", MAX_RATE_RPS), "sweep.input_len": _TOKENS,
     "sweep.output_len": _TOKENS, "sweep.min_requests": _COUNT, "sweep.warmup_requests": _NONNEG_COUNT,
     "sweep.request_timeout_s": _DURATION, "sweep.silence_timeout_s": _DURATION, "sweep.knee_gain": (">0", 100),
-    "sweep.min_level_duration_s": (0, MAX_DURATION_S),
+    "sweep.min_level_duration_s": (0, MAX_DURATION_S), "sweep.percentiles": (">0", 100),
     **{f"sweep.slo.{k}": (">0", MAX_DURATION_S * 1000) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
     "sweep.slo.min_share": (">0", 1), "sweep.burstiness": (">0", 1000),
     "sweep.slo_search.max_extra_levels": (1, 20), "sweep.slo_search.min_rate_step_share": (">0", 1),

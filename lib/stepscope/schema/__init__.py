@@ -38,7 +38,8 @@ from stepscope.schema.load import (ExpertGrowth, ExpertLevel, LoadAnatomyRow, Lo
                                    ServerMetricsRow)
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmConfig, GemmPrediction, GemmRow
 from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
-from stepscope.schema.sweep import GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepPlan, SweepSummary
+from stepscope.schema.sweep import (GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepPlan, SweepRequestRow,
+                                   SweepSummary, VllmBenchResult)
 from stepscope.schema.verdict import (BiggestLeverRecord, CaveatRecord, DominantCost, RanksRecord, VerdictFile,
                                       VerdictSentence)
 from stepscope.schema.writeup import GuardResult, GuardsFile
@@ -55,11 +56,19 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "redacted, profiler_dir, tp", ServerRecord),
     Artifact("00_deploy/server.log", "00_deploy", "the launched server's log", optional=True),
     Artifact("01_macro_sweep/levels/<level>.jsonl", "01_macro_sweep",
-             "raw per-request records; an interrupted level leaves `<level>.partial.jsonl` "
-             "(its finished requests)"),
+             "raw per-request records of the measured requests; an interrupted level leaves "
+             "`<level>.partial.jsonl` (its finished requests); run folders written before warm-ups had a "
+             "file of their own hold them here too, flagged `\"warmup\": true`"),
+    Artifact("01_macro_sweep/levels/<level>.warmup.jsonl", "01_macro_sweep",
+             "the level's warm-up requests, raw records (absent when it sent none)", optional=True),
     Artifact("01_macro_sweep/levels/<level>.meta.json", "01_macro_sweep",
              "level settings, client CPU, server /metrics snapshots; marks a finished level"),
     Artifact("01_macro_sweep/levels.csv", "01_macro_sweep", "one row per level", LevelRow),
+    Artifact("01_macro_sweep/vllm_bench/<level>.vllm.json", "01_macro_sweep", "each level as `vllm bench serve "
+             "--save-result` writes a run (vLLM 0.32.0's keys and units)", VllmBenchResult, optional=True),
+    Artifact("01_macro_sweep/requests.csv", "01_macro_sweep", "one row per measured request of every level "
+             "(AIPerf's per-request export): latencies, tokens, times, success and error (absent in run "
+             "folders of older stepscope)", SweepRequestRow, optional=True),
     Artifact("01_macro_sweep/imported_vllm_bench.csv", "01_macro_sweep",
              "the `sweep.import_results` files (`vllm bench serve --save-result`) in the same columns, "
              "one row per imported result", LevelRow, optional=True),
@@ -203,7 +212,8 @@ __all__ = [
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
-    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepSummary",
+    "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepRequestRow", "SweepSummary",
+    "VllmBenchResult",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "record_of", "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
     "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",

@@ -124,7 +124,12 @@ class SweepSummary(Record, kw_only=True):
 
 
 class LevelRow(Row, kw_only=True):
-    """One sweep level (a concurrency, or a request rate), measured requests only."""
+    """One sweep level (a concurrency, or a request rate), measured requests only.
+
+    Each latency (TTFT, TPOT, ITL, E2EL; ms) has mean, median, p90, p99, std (population, as
+    vLLM's), min and max, and one `<metric>_ms_p<P>` column per other percentile in
+    `sweep.percentiles` (default 25, 50, 75, 90, 95, 99: p25, p75 and p95 are added; p50 is
+    the median; 99.9 is spelled `p99.9`, as vLLM spells it)."""
 
     level: str
     """`c0004` (closed loop, concurrency 4) or `r2.5` (open loop, 2.5 req/s)."""
@@ -143,6 +148,14 @@ class LevelRow(Row, kw_only=True):
     output_throughput_tok_s: float | None
     total_throughput_tok_s: float | None
     """Input + output tokens per second."""
+    total_input_tokens: int | None = None
+    """Prompt tokens of the completed requests (vLLM's `total_input_tokens`)."""
+    total_output_tokens: int | None = None
+    """Output tokens of the completed requests (usage; chunks where the server sent none)."""
+    output_tok_s_per_user: float | None = None
+    """Output tok/s one user sees: per completed request output tokens / E2EL (TTFT included),
+    averaged over requests (GuideLLM's per-request rate). AIPerf's "output token throughput per
+    user" is 1000 / TPOT instead (decode only): from `requests.csv` or the TPOT columns."""
     goodput_rps: float | None = None
     """Requests per second that completed within every `sweep.slo` bound (vLLM's goodput)."""
     goodput_tok_s: float | None = None
@@ -173,6 +186,30 @@ class LevelRow(Row, kw_only=True):
     e2el_ms_median: float | None = None
     e2el_ms_p90: float | None = None
     e2el_ms_p99: float | None = None
+    ttft_ms_std: float | None = None
+    ttft_ms_min: float | None = None
+    ttft_ms_max: float | None = None
+    ttft_ms_p25: float | None = None
+    ttft_ms_p75: float | None = None
+    ttft_ms_p95: float | None = None
+    tpot_ms_std: float | None = None
+    tpot_ms_min: float | None = None
+    tpot_ms_max: float | None = None
+    tpot_ms_p25: float | None = None
+    tpot_ms_p75: float | None = None
+    tpot_ms_p95: float | None = None
+    itl_ms_std: float | None = None
+    itl_ms_min: float | None = None
+    itl_ms_max: float | None = None
+    itl_ms_p25: float | None = None
+    itl_ms_p75: float | None = None
+    itl_ms_p95: float | None = None
+    e2el_ms_std: float | None = None
+    e2el_ms_min: float | None = None
+    e2el_ms_max: float | None = None
+    e2el_ms_p25: float | None = None
+    e2el_ms_p75: float | None = None
+    e2el_ms_p95: float | None = None
     littles_concurrency: float | None = None
     """Mean requests in flight by Little's law (throughput x mean E2EL)."""
     peak_output_tok_s_1s: float | None = None
@@ -257,3 +294,78 @@ class GpuTelemetryInfo(Record, kw_only=True):
     n_samples: int = 0
     n_gpus: int = 0
     period_s: float = 0.5
+
+
+class VllmBenchResult(Record, kw_only=True):
+    """`01_macro_sweep/vllm_bench/<level>.vllm.json`: one level in the keys and units of `vllm bench
+    serve --save-result` (vLLM 0.32.0, `vllm/benchmarks/serve.py`), those stepscope measures.
+    Besides the keys below: `mean_`, `median_`, `std_` and `p<P>_` `<metric>_ms` for TTFT,
+    TPOT, ITL and E2EL, one `p<P>` per `sweep.percentiles` (`p99_ttft_ms`, `p99.9_itl_ms`).
+    A latency with no sample is null (vLLM writes 0)."""
+
+    label: str | None = None
+    """`stepscope <level>`."""
+    model_id: str | None = None
+    """The served model name the requests named."""
+    num_prompts: int | None = None
+    """Measured requests sent (warm-ups not counted)."""
+    request_rate: float | str | None = None
+    """Open loop: req/s; closed loop: `"inf"` (vLLM's spelling with --max-concurrency)."""
+    burstiness: float | None = None
+    max_concurrency: int | None = None
+    """Closed loop: requests in flight; null for open loop."""
+    duration: float | None = None
+    """s, first dispatch to last completion."""
+    completed: int | None = None
+    failed: int | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    request_throughput: float | None = None
+    """Completed requests/s."""
+    request_goodput: float | None = None
+    """Requests/s within every `sweep.slo` bound; null without an SLO (as vLLM without --goodput)."""
+    output_throughput: float | None = None
+    """Output tok/s."""
+    total_token_throughput: float | None = None
+    """Input + output tok/s."""
+    max_output_tokens_per_s: float | None = None
+    """Most output tokens in one whole second (vLLM counts one per chunk; here a chunk weighs its tokens)."""
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    median_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    median_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
+
+
+class SweepRequestRow(Row, kw_only=True):
+    """`01_macro_sweep/requests.csv`: one measured request of a sweep level (AIPerf's
+    per-request export), warm-ups left out. Latencies in ms, as `stepscope.sweep.metrics` defines them."""
+
+    level: str
+    mode: str
+    concurrency: float | None
+    request_rate: float | None
+    request_id: int
+    success: bool
+    """Completed with at least one token-bearing chunk."""
+    error: str | None = None
+    http_status: float | None = None
+    """Empty when the request got no HTTP status (a reset, a timeout)."""
+    input_tokens: int
+    output_tokens: int
+    """usage.completion_tokens; the chunk count when the server sent no usage; 0 when it failed."""
+    output_tokens_from_usage: bool | None = None
+    n_chunks: int | None = None
+    start_s: float
+    """Dispatch, on the client's monotonic clock (time.perf_counter, s): only differences mean something."""
+    end_s: float | None = None
+    """The response's end, same clock."""
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    """(E2EL - TTFT) / (output tokens - 1); empty for one output token."""
+    e2el_ms: float | None = None
+    output_tok_s: float | None = None
+    """Output tokens / E2EL (s): this request's rate, whose mean is levels.csv `output_tok_s_per_user`."""

@@ -8,7 +8,8 @@ and `plots.sweep_figures` / `plots.save_figures`. Metric definitions live in one
 
 Artifacts in `01_macro_sweep/`:
 
-- `levels/<level>.jsonl`: raw records, one request per line: request_id, warmup, start_s,
+- `levels/<level>.jsonl`: raw records of the measured requests, one per line (warm-ups in
+  `levels/<level>.warmup.jsonl`; older run folders hold them here, flagged): request_id, warmup, start_s,
   end_s, chunk_times_s (perf_counter at each token-bearing chunk), input_tokens,
   output_tokens (usage), success, error, http_status. Level names: `c0004` (closed loop,
   concurrency 4), `r2.5` (open loop, 2.5 req/s Poisson).
@@ -22,9 +23,11 @@ Artifacts in `01_macro_sweep/`:
   interrupted level (Ctrl-C, a killed kernel) leaves one.
 - `levels.csv`: one row per level: level, mode, concurrency, request_rate, n_requests,
   n_completed, n_failed, duration_s, request_throughput_rps, output_throughput_tok_s,
-  total_throughput_tok_s, goodput_rps, goodput_tok_s, slo_met_share and
+  total_throughput_tok_s, total_input_tokens, total_output_tokens, output_tok_s_per_user
+  (mean over requests of output tokens / E2EL), goodput_rps, goodput_tok_s, slo_met_share and
   slo_{ttft,tpot,itl,e2el}_share (under `sweep.slo`; `stepscope.sweep.goodput`),
-  {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99},
+  {ttft,tpot,itl,e2el}_ms_{mean,median,p90,p99,std,min,max} and _p<P> for each other
+  `sweep.percentiles` (default p25, p75, p95),
   littles_concurrency, peak_output_tok_s_1s, bunched_chunk_share (inter-chunk gaps under
   0.05 ms), merged_token_share (output tokens that arrived in another token's chunk),
   stall_count, stall_total_s, stall_max_s, stall_share (server-wide stalls: every stream
@@ -33,6 +36,8 @@ Artifacts in `01_macro_sweep/`:
   (`stepscope.sweep.workloads`), gpu_sm_clock_drop_share, gpu_memory_used_share_max,
   gpu_power_w_max (NVML; `stepscope.sweep.gpu_telemetry`), client_cpu_pct, client_bound,
   server_running_max, server_waiting_max, kv_cache_usage_max (0-1), complete, source.
+- `vllm_bench/<level>.vllm.json` (each level in `vllm bench serve --save-result`'s keys) and
+  `requests.csv` (one row per measured request): `stepscope.sweep.exports`.
 - `imported_vllm_bench.csv`: the `sweep.import_results` files in the levels.csv columns
   (only when some are listed).
 - `summary.json`: knee_concurrency, plateau_output_tok_s, knee_gain, gains_per_doubling

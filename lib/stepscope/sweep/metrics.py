@@ -16,7 +16,12 @@ Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py; docs/methods.md
 - Peak 1-s output tok/s: tokens bucketed by whole seconds since the first successful
   dispatch (vLLM's method). vLLM counts one token per chunk; here a chunk weighs
   output_tokens / n_chunks, which is the same when every chunk carries one token.
-- Percentiles: linear interpolation (`numpy.percentile`).
+- Percentiles: linear interpolation (`numpy.percentile`); std is the population standard
+  deviation (`numpy.std`), as vLLM's `std_*_ms`.
+- Output tok/s per user: each completed request's output tokens / its E2EL (TTFT included:
+  what one user receives per second of waiting), averaged over requests (GuideLLM's
+  per-request output rate). AIPerf's "output token throughput per user" is 1 / its
+  per-request inter-token latency, i.e. 1000 / TPOT here: the decode rate only.
 
 Failed requests (HTTP errors, SSE errors, resets, timeouts, streams without a token) count
 in `n_failed` and are left out of every latency statistic and of the token totals.
@@ -33,7 +38,31 @@ import pandas as pd
 
 from stepscope.thresholds import BUNCHED_GAP_MS
 
-PERCENTILES = (50.0, 90.0, 99.0)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+LEGACY_PERCENTILES = (90.0, 99.0)
+"""Always in levels.csv, whatever `sweep.percentiles` says: the columns readers had first."""
+DEFAULT_PERCENTILES = (25.0, 50.0, 75.0, 90.0, 95.0, 99.0)
+"""`sweep.percentiles`' default (stepscope.config.SweepParams)."""
+SPREAD_STATS = ("std", "min", "max")
+
+
+def percentile_word(p: float) -> str:
+    """`99` for 99.0, `99.9` for 99.9: vLLM's spelling of a percentile in its keys."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def latency_stat_names(percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> list[str]:
+    """One metric's statistics, as levels.csv suffixes: mean, median, p90, p99 (the first
+    columns), std, min, max, then every other chosen percentile in order (p50 is the median)."""
+    extra = sorted({float(p) for p in percentiles} - {50.0, *LEGACY_PERCENTILES})
+    return ["mean", "median", *(f"p{percentile_word(p)}" for p in LEGACY_PERCENTILES), *SPREAD_STATS,
+            *(f"p{percentile_word(p)}" for p in extra)]
+
+
+def latency_columns(percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> list[str]:
+    """levels.csv's latency columns: `<metric>_ms_<stat>` for TTFT, TPOT, ITL and E2EL."""
+    stats = latency_stat_names(percentiles)
+    return [f"{m}_ms_{s}" for m in LATENCY_METRICS for s in stats]
 
 
 @dataclass
@@ -147,17 +176,22 @@ def itl_ms(records: Iterable[RequestRecord | Mapping[str, Any]]) -> np.ndarray:
     return np.concatenate(gaps) * 1e3 if gaps else np.array([], dtype=float)
 
 
-def _stats(values: np.ndarray | pd.Series, name: str) -> dict[str, float]:
+def _stats(values: np.ndarray | pd.Series, name: str,
+           percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """`<name>_ms_<stat>` for every stat of `latency_stat_names`; NaN for all when no value."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
+    stats = latency_stat_names(percentiles)
     if v.size == 0:
-        return {f"{name}_ms_mean": math.nan, f"{name}_ms_median": math.nan,
-                **{f"{name}_ms_p{int(p)}": math.nan for p in PERCENTILES if p != 50.0}}
-    out = {f"{name}_ms_mean": float(np.mean(v)), f"{name}_ms_median": float(np.median(v))}
-    for p in PERCENTILES:
-        if p != 50.0:
-            out[f"{name}_ms_p{int(p)}"] = float(np.percentile(v, p))
-    return out
+        return {f"{name}_ms_{s}": math.nan for s in stats}
+    known = {"mean": np.mean(v), "median": np.median(v), "std": np.std(v), "min": np.min(v), "max": np.max(v)}
+    return {f"{name}_ms_{s}": float(known[s] if s in known else np.percentile(v, float(s[1:]))) for s in stats}
+
+
+def output_tok_s_per_request(table: pd.DataFrame) -> pd.Series:
+    """Each request's output tokens / its E2EL in s (`request_table` rows); NaN for a failed one."""
+    e2el_s = table["e2el_ms"] / 1e3
+    return (table["output_tokens"] / e2el_s.where(e2el_s > 0)).where(table["success"])
 
 
 def peak_output_tok_s_1s(records: Iterable[RequestRecord | Mapping[str, Any]]) -> float:
@@ -193,8 +227,10 @@ def merged_token_share(done: pd.DataFrame) -> float:
     return max(0.0, (tokens - int(d["n_chunks"].sum())) / tokens)
 
 
-def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]]) -> dict[str, Any]:
-    """Every serving metric of one load level, from its raw records (warm-ups ignored)."""
+def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]],
+                  percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """Every serving metric of one load level, from its raw records (warm-ups ignored), with
+    `percentiles` of each latency (`latency_stat_names`)."""
     recs = [r for r in _as_records(records) if not r.warmup]
     table = request_table(recs)
     done = table[table["success"]]
@@ -220,11 +256,12 @@ def level_metrics(records: Iterable[RequestRecord | Mapping[str, Any]]) -> dict[
         "output_throughput_tok_s": per_s(total_out),
         "total_throughput_tok_s": per_s(total_in + total_out),
     }
-    out.update(_stats(done["ttft_ms"], "ttft"))
-    out.update(_stats(done["tpot_ms"], "tpot"))
-    out.update(_stats(itl_ms(recs), "itl"))
-    out.update(_stats(done["e2el_ms"], "e2el"))
     gaps = itl_ms(recs)
+    for name, values in (("ttft", done["ttft_ms"]), ("tpot", done["tpot_ms"]), ("itl", gaps),
+                         ("e2el", done["e2el_ms"])):
+        out.update(_stats(values, name, percentiles))
+    per_user = output_tok_s_per_request(done).dropna()
+    out["output_tok_s_per_user"] = float(per_user.mean()) if len(per_user) else math.nan
     # Chunks that land in the same network read (gap under BUNCHED_GAP_MS) were held back
     # somewhere (a starved API process, a proxy's buffer): per-token latencies then
     # describe the delivery, not the decode. The share makes that visible.

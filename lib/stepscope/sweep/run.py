@@ -1,8 +1,10 @@
 """Stage 01's sweep: load levels against the live server, persisted level by level.
 
-Each level writes `levels/<level>.jsonl` (one raw request record per line, warm-ups
-flagged) and then `levels/<level>.meta.json`; the meta file is written last, so its
-presence means the level finished. A re-run with --resume keeps finished levels whose identity
+Each level writes `levels/<level>.jsonl` (one raw measured request record per line),
+`levels/<level>.warmup.jsonl` (its warm-up requests, when it sent any) and then
+`levels/<level>.meta.json`; the meta file is written last, so its presence means the level
+finished. Run folders from before the warm-ups had their own file hold them in `<level>.jsonl`
+flagged `"warmup": true`: every reader of records leaves flagged ones out, so both read alike. A re-run with --resume keeps finished levels whose identity
 (`level_identity`: load settings and the server's argv) matches; without it, all are measured.
 """
 
@@ -15,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -31,10 +33,11 @@ from stepscope.runfolder import atomic_open, read_json, write_json
 from stepscope.schema.sweep import SweepPlan
 from stepscope.sweep import client as cl
 from stepscope.thresholds import BUNCHED_FLAG_SHARE
-from stepscope.sweep.metrics import RequestRecord, failures_table, level_metrics
+from stepscope.sweep.metrics import (DEFAULT_PERCENTILES, RequestRecord, failures_table, latency_columns,
+                                     level_metrics)
 from stepscope.sweep.goodput import GOODPUT_COLUMNS, goodput_metrics, slo_flags, slo_summary
 from stepscope.sweep.stalls import stall_metrics
-from stepscope.sweep import gpu_telemetry
+from stepscope.sweep import console as sweep_console, exports, gpu_telemetry
 from stepscope.sweep import slo_search as ss
 from stepscope.sweep import workloads as wl
 from stepscope.thresholds import STALL_GAP_S
@@ -49,18 +52,24 @@ in the API process, which a 2-core machine already starves: at 1 s that is about
 that process, at the 0.25 s used before about 6 %. Under the demo's load a scrape is slower
 (median 43 ms, p90 106 ms over its 81 scrapes): about 4 % at 1 s."""
 
-LEVEL_COLUMNS = [
-    "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
-    "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
-    *GOODPUT_COLUMNS,
-    *[f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")],
-    "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "merged_token_share",
-    "stall_count", "stall_total_s", "stall_max_s", "stall_share",
-    "n_timed_out", "silent_s", "silence_health",
-    *wl.WORKLOAD_COLUMNS, *gpu_telemetry.LEVEL_COLUMNS,
-    "client_cpu_pct", "client_bound",
-    "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source", "slo_search",
-]
+def level_columns(percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> list[str]:
+    """levels.csv's columns, in order; the latency statistics follow `sweep.percentiles`."""
+    return [
+        "level", "mode", "concurrency", "request_rate", "n_requests", "n_completed", "n_failed",
+        "duration_s", "request_throughput_rps", "output_throughput_tok_s", "total_throughput_tok_s",
+        "total_input_tokens", "total_output_tokens", "output_tok_s_per_user",
+        *GOODPUT_COLUMNS, *latency_columns(percentiles),
+        "littles_concurrency", "peak_output_tok_s_1s", "bunched_chunk_share", "merged_token_share",
+        "stall_count", "stall_total_s", "stall_max_s", "stall_share",
+        "n_timed_out", "silent_s", "silence_health",
+        *wl.WORKLOAD_COLUMNS, *gpu_telemetry.LEVEL_COLUMNS,
+        "client_cpu_pct", "client_bound",
+        "server_running_max", "server_waiting_max", "kv_cache_usage_max", "complete", "source", "slo_search",
+    ]
+
+
+LEVEL_COLUMNS = level_columns()
+"""The columns under the default `sweep.percentiles`."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +166,8 @@ def level_identity(level: Level, params: SweepParams, server: cl.ServerInfo, see
             **wl.load_shape_identity(params)}
 
 
-LEVEL_FILE_SUFFIXES = (".meta.json", ".jsonl", ".partial.jsonl")
+LEVEL_FILE_SUFFIXES = (".meta.json", ".warmup.jsonl", ".partial.jsonl", ".jsonl")
+"""A level's files; the longer suffixes first, so that `c0004.warmup.jsonl` is c0004's."""
 PLAN_FILE = "plan.json"
 
 
@@ -212,10 +222,18 @@ def levels_dir(out_dir: str | Path) -> Path:
 
 
 def write_level(out_dir: Path, level: Level, records: list[RequestRecord], meta: dict[str, Any]) -> None:
+    """The level's measured records, its warm-ups in a file of their own (none: no file), then
+    its meta, which marks the level finished."""
     d = levels_dir(out_dir)
-    with atomic_open(d / f"{level.name}.jsonl") as fh:
-        for r in records:
-            fh.write(scrubbed_json(r.to_dict()) + "\n")
+    warm = [r for r in records if r.warmup]
+    for path, recs in ((d / f"{level.name}.jsonl", [r for r in records if not r.warmup]),
+                       (d / f"{level.name}.warmup.jsonl", warm)):
+        if path.name.endswith(".warmup.jsonl") and not warm:
+            path.unlink(missing_ok=True)
+            continue
+        with atomic_open(path) as fh:
+            for r in recs:
+                fh.write(scrubbed_json(r.to_dict()) + "\n")
     write_json(d / f"{level.name}.meta.json", scrub_plain(meta))
     partial_path(out_dir, level).unlink(missing_ok=True)
 
@@ -225,10 +243,11 @@ def read_level_records(path: str | Path) -> list[RequestRecord]:
         return [RequestRecord.from_dict(json.loads(line)) for line in fh if line.strip()]
 
 
-def level_row(meta: dict[str, Any], records: list[RequestRecord], slo: Any = None) -> dict[str, Any]:
-    """One levels.csv row: the level's metrics plus its client and server health; goodput
-    and the shares meeting each bound when `slo` (SloParams) sets any."""
-    m = level_metrics(records)
+def level_row(meta: dict[str, Any], records: list[RequestRecord], slo: Any = None,
+              percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """One levels.csv row: the level's metrics (latency `percentiles`) plus its client and
+    server health; goodput and the shares meeting each bound when `slo` (SloParams) sets any."""
+    m = level_metrics(records, percentiles)
     m.update(stall_metrics(records, m["duration_s"]))
     m.update(goodput_metrics(records, slo, m["duration_s"]))
     done = [r for r in records if not r.warmup and r.success and r.chunk_times_s]
@@ -254,15 +273,23 @@ def level_row(meta: dict[str, Any], records: list[RequestRecord], slo: Any = Non
     return row
 
 
-def levels_table(out_dir: str | Path, slo: Any = None) -> pd.DataFrame:
+def levels_table(out_dir: str | Path, slo: Any = None,
+                 percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> pd.DataFrame:
     """Rebuild the per-level table from `levels/*.jsonl` + meta on disk (goodput under `slo`)."""
-    rows = []
+    rows = [level_row(meta, records, slo, percentiles) for meta, records in finished_levels(out_dir)]
+    return _order(pd.DataFrame(rows, columns=level_columns(percentiles)))
+
+
+def finished_levels(out_dir: str | Path) -> list[tuple[dict[str, Any], list[RequestRecord]]]:
+    """(meta, records) of every finished level on disk, in name order: the measured records,
+    and in a run folder from before warm-ups had their own file its flagged warm-ups too."""
+    out = []
     for meta_path in sorted(levels_dir(out_dir).glob("*.meta.json")):
         meta = read_json(meta_path)
         jsonl = meta_path.with_name(meta["level"] + ".jsonl")
         if jsonl.is_file():
-            rows.append(level_row(meta, read_level_records(jsonl), slo))
-    return _order(pd.DataFrame(rows, columns=LEVEL_COLUMNS))
+            out.append((meta, read_level_records(jsonl)))
+    return out
 
 
 def _order(df: pd.DataFrame) -> pd.DataFrame:
@@ -489,7 +516,7 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
     recorded = recorded_search_levels(out_dir) if resume and params.slo_search is not None else []
     for k, lv in enumerate(recorded):  # the seeds the search gave them (search_seed)
         identities.setdefault(lv.name, level_identity(lv, params, server, seed + len(plan) + k))
-    m = _Measurer(server, params, out_dir, keep_or_clear_levels(out_dir, identities, resume))
+    m = _Measurer(server, params, out_dir, keep_or_clear_levels(out_dir, identities, resume), n_planned=len(plan))
     write_plan(out_dir, plan, [lv for lv in recorded if lv.name in m.reused and lv.name not in
                                {p.name for p in plan}])
     died, search = None, None
@@ -502,11 +529,12 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
             search, died = _search(m, plan, recorded, seed)
     except Exception as exc:
         # what was measured reaches levels.csv and summary.json before the error goes on
-        finish(out_dir, params.knee_gain, messages=m.messages, slo=params.slo, reused=m.reused)
+        finish(out_dir, params.knee_gain, messages=m.messages, slo=params.slo, reused=m.reused,
+               percentiles=params.percentiles)
         exc.add_note(f"the sweep stopped there; its {m.n_done} finished level(s) are in {out_dir / 'levels.csv'}")
         raise
     return finish(out_dir, params.knee_gain, died=died, messages=m.messages, slo=params.slo,
-                  reused=m.reused, search=search)
+                  reused=m.reused, search=search, percentiles=params.percentiles)
 
 
 @dataclass
@@ -519,6 +547,7 @@ class _Measurer:
     reused: list[str]
     messages: list[str] = field(default_factory=list)
     n_done: int = 0
+    n_planned: int = 0
     pool: list[int] | None = None
     tokenizer: Any = None
 
@@ -530,6 +559,7 @@ class _Measurer:
             self.messages.append(f"level {level.name}: already measured with the same settings and server, "
                                  "kept (--resume)")
             self.n_done += 1
+            progress.event(f"  level {level.name} [{self.n_done}/{self.n_planned}]: kept from the earlier run (--resume)")
             return None
         if self.pool is None:
             self.pool = cl.run_sync(_tokens(self.server))
@@ -545,7 +575,8 @@ class _Measurer:
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
             n_kept = len(partial.read_text().splitlines()) if partial.is_file() else 0
-            finish(out_dir, params.knee_gain, messages=self.messages, slo=params.slo, reused=self.reused)
+            finish(out_dir, params.knee_gain, messages=self.messages, slo=params.slo, reused=self.reused,
+                   percentiles=params.percentiles)
             progress.write(f"sweep interrupted during level {level.name}: its {n_kept} finished requests are "
                            f"in {partial}; the {self.n_done} earlier level(s) are complete and in levels.csv. "
                            "Run again with --resume to keep them and measure the rest.", file=sys.stderr)
@@ -553,6 +584,8 @@ class _Measurer:
         meta["settings"], meta["slo_search"] = settings, search
         write_level(out_dir, level, records, meta)
         i, self.n_done = self.n_done, self.n_done + 1
+        tag = "SLO search" if search else f"{self.n_done}/{self.n_planned}"
+        progress.event(sweep_console.level_line(level_row(meta, records, params.slo, params.percentiles), tag))
         if meta["complete"]:
             return None
         n_fail = sum(1 for r in records if not r.success and not r.warmup)
@@ -625,18 +658,15 @@ async def _tokens(server: cl.ServerInfo) -> list[int]:
 
 def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | None = None,
            messages: list[str] | None = None, slo: Any = None,
-           reused: list[str] | None = None, search: dict[str, Any] | None = None) -> SweepResult:
-    """Tables from what is on disk: levels.csv, failures and summary.json (with goodput and
-    the SLO-boundary level when `slo` sets a bound)."""
+           reused: list[str] | None = None, search: dict[str, Any] | None = None,
+           percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> SweepResult:
+    """Tables from what is on disk: levels.csv (latency `percentiles`), failures and
+    summary.json (with goodput and the SLO-boundary level when `slo` sets a bound), and the
+    exports other tools read (`stepscope.sweep.exports`)."""
     out_dir = Path(out_dir)
-    levels = levels_table(out_dir, slo)
-    fails = []
-    for meta_path in sorted(levels_dir(out_dir).glob("*.meta.json")):
-        name = meta_path.name[: -len(".meta.json")]
-        jsonl = meta_path.with_name(name + ".jsonl")
-        if jsonl.is_file():
-            f = failures_table(read_level_records(jsonl))
-            fails.append(f.assign(level=name))
+    levels = levels_table(out_dir, slo, percentiles)
+    done = finished_levels(out_dir)
+    fails = [failures_table(records).assign(level=meta["level"]) for meta, records in done]
     failures = (pd.concat(fails, ignore_index=True) if fails
                 else pd.DataFrame(columns=["request_id", "http_status", "error", "level"]))
     failures = failures[["level", "request_id", "http_status", "error"]]
@@ -652,6 +682,7 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
     write_server_metrics(out_dir)
     schema.write_table(levels, out_dir / "levels.csv", schema.LevelRow)
     schema.write(out_dir / "summary.json", summary, schema.SweepSummary)
+    exports.write_exports(out_dir, levels, done, percentiles)
     return SweepResult(levels=levels, summary=summary, failures=failures, out_dir=out_dir,
                        messages=list(messages or []))
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from stepscope.errors import StepscopeError
 from stepscope.paths import REPO_ROOT
-from stepscope.sweep.metrics import RequestRecord, level_metrics
+from stepscope.sweep.metrics import LATENCY_METRICS, RequestRecord, latency_stat_names, level_metrics
 from stepscope.sweep.run import LEVEL_COLUMNS
 
 
@@ -86,6 +86,18 @@ def _detailed_records(d: dict[str, Any]) -> list[RequestRecord] | None:
     return recs
 
 
+def _vllm_keys(metric: str, stat: str) -> tuple[str, ...]:
+    """The keys vLLM may hold one statistic under (`p90_ttft_ms`, or `p90.0_ttft_ms` from
+    releases that did not round the percentile's name); none for min and max, which it does not write."""
+    if stat in ("min", "max"):
+        return ()
+    if stat == "median":
+        return (f"median_{metric}_ms", f"p50_{metric}_ms")
+    if stat.startswith("p") and "." not in stat:
+        return (f"{stat}_{metric}_ms", f"{stat}.0_{metric}_ms")
+    return (f"{stat}_{metric}_ms",)
+
+
 def result_row(d: dict[str, Any], source: str = "vllm bench serve") -> dict[str, Any]:
     """One levels-table row from one result object."""
     rate = d.get("request_rate")
@@ -125,11 +137,9 @@ def result_row(d: dict[str, Any], source: str = "vllm bench serve") -> dict[str,
             "total_throughput_tok_s": _num(d, "total_token_throughput", "total_throughput"),
             "peak_output_tok_s_1s": _num(d, "max_output_tokens_per_s"),
         })
-        for metric in ("ttft", "tpot", "itl", "e2el"):
-            row[f"{metric}_ms_mean"] = _num(d, f"mean_{metric}_ms")
-            row[f"{metric}_ms_median"] = _num(d, f"median_{metric}_ms", f"p50_{metric}_ms")
-            row[f"{metric}_ms_p90"] = _num(d, f"p90_{metric}_ms", f"p90.0_{metric}_ms")
-            row[f"{metric}_ms_p99"] = _num(d, f"p99_{metric}_ms", f"p99.0_{metric}_ms")
+        for metric in LATENCY_METRICS:
+            for stat in latency_stat_names():
+                row[f"{metric}_ms_{stat}"] = _num(d, *_vllm_keys(metric, stat))
         lat = d.get("latencies")
         if lat and duration:
             row["littles_concurrency"] = sum(float(x) for x in lat) / duration

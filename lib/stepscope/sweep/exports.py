@@ -1,0 +1,127 @@
+"""The sweep in the shapes other tools read: per level a `vllm bench serve --save-result` JSON,
+and one table of every measured request (AIPerf's per-request export, for notebooks).
+
+- `vllm_bench/<level>.vllm.json`: the keys and units of vLLM 0.32.0's `vllm/benchmarks/serve.py`
+  (`VLLM_SCHEMA`) that stepscope measures, from the level's levels.csv row, so the numbers are
+  stepscope's definitions (`stepscope.sweep.metrics`, vLLM's own). Where a level has no sample
+  of a latency (every request failed) the key is null; vLLM writes 0 there.
+- `requests.csv`: one row per measured request of every level (warm-ups are in
+  `levels/<level>.warmup.jsonl`, not here), latencies in ms, times on the client's monotonic
+  clock (`time.perf_counter`, s: differences mean something, the origin does not).
+
+Both are rewritten from the files on disk whenever stage 01 finishes (`run.finish`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from stepscope import schema
+from stepscope.sweep.metrics import (LATENCY_METRICS, RequestRecord, output_tok_s_per_request, percentile_word,
+                                     request_table)
+
+VLLM_SCHEMA = "vllm 0.32.0 (vllm/benchmarks/serve.py, --save-result)"
+"""Whose keys `vllm_bench/<level>.vllm.json` follows."""
+VLLM_DIR = "vllm_bench"
+VLLM_SUFFIX = ".vllm.json"
+"""`vllm_bench/c0004.vllm.json`: a name no other run-folder JSON file ends in."""
+REQUESTS_CSV = "requests.csv"
+
+REQUEST_COLUMNS = ["level", "mode", "concurrency", "request_rate", "request_id", "success", "error",
+                   "http_status", "input_tokens", "output_tokens", "output_tokens_from_usage", "n_chunks",
+                   "start_s", "end_s", "ttft_ms", "tpot_ms", "e2el_ms", "output_tok_s"]
+
+_TOTALS = {"duration": "duration_s", "completed": "n_completed", "failed": "n_failed",
+           "total_input_tokens": "total_input_tokens", "total_output_tokens": "total_output_tokens",
+           "request_throughput": "request_throughput_rps", "request_goodput": "goodput_rps",
+           "output_throughput": "output_throughput_tok_s", "total_token_throughput": "total_throughput_tok_s",
+           "max_output_tokens_per_s": "peak_output_tok_s_1s"}
+"""vLLM's result key: the levels.csv column it is read from."""
+
+
+def _plain(v: Any) -> Any:
+    """A JSON value: NaN (not measured) as null, numpy numbers as Python's."""
+    if v is None:
+        return None
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def vllm_latency_keys(metric: str, percentiles: Iterable[float]) -> dict[str, str]:
+    """{vLLM key: levels.csv column} of one latency: `mean_ttft_ms`, `median_ttft_ms`,
+    `std_ttft_ms`, then `p<P>_ttft_ms` per chosen percentile (p50 is the median's column)."""
+    keys = {f"{s}_{metric}_ms": f"{metric}_ms_{s}" for s in ("mean", "median", "std")}
+    for p in percentiles:
+        word = percentile_word(float(p))
+        keys[f"p{word}_{metric}_ms"] = f"{metric}_ms_median" if float(p) == 50.0 else f"{metric}_ms_p{word}"
+    return keys
+
+
+def vllm_result(row: Mapping[str, Any], percentiles: Iterable[float],
+                settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One level (its levels.csv row, and its meta's `settings`) as `vllm bench serve
+    --save-result` writes a run: traffic keys, totals, throughputs, then each latency's mean,
+    median, std and percentiles in ms."""
+    settings = settings or {}
+    closed = row.get("mode") == "concurrency"
+    out: dict[str, Any] = {"label": f"stepscope {row.get('level')}", "model_id": settings.get("served_model"),
+                           "num_prompts": _plain(row.get("n_requests")),
+                           "request_rate": "inf" if closed else _plain(row.get("request_rate")),
+                           "burstiness": settings.get("burstiness", 1.0),
+                           "max_concurrency": _plain(row.get("concurrency")) if closed else None}
+    ramp = settings.get("ramp")
+    if isinstance(ramp, dict):
+        out.update({"ramp_up_strategy": ramp.get("strategy"), "ramp_up_start_rps": ramp.get("start_rps"),
+                    "ramp_up_end_rps": ramp.get("end_rps"), "request_rate": None})
+    out.update({key: _plain(row.get(col)) for key, col in _TOTALS.items()})
+    for metric in LATENCY_METRICS:
+        out.update({key: _plain(row.get(col)) for key, col in vllm_latency_keys(metric, percentiles).items()})
+    if isinstance(out["max_concurrency"], float):
+        out["max_concurrency"] = int(out["max_concurrency"])
+    return out
+
+
+def level_requests(meta: Mapping[str, Any], records: list[RequestRecord]) -> pd.DataFrame:
+    """The measured requests of one level, REQUEST_COLUMNS (warm-ups of an older run folder's
+    mixed file left out)."""
+    measured = [r for r in records if not r.warmup]
+    table = request_table(measured)
+    table["output_tok_s"] = output_tok_s_per_request(table)
+    table["http_status"] = pd.array([r.http_status for r in measured], dtype="Int64")
+    table["level"], table["mode"] = meta.get("level"), meta.get("mode")
+    for key in ("concurrency", "request_rate"):  # numbers in every row: a ramp level has neither
+        table[key] = math.nan if meta.get(key) is None else float(meta[key])
+    return table[REQUEST_COLUMNS]
+
+
+def requests_table(done: list[tuple[Mapping[str, Any], list[RequestRecord]]]) -> pd.DataFrame:
+    """`level_requests` of every finished level ((meta, records), `run.finished_levels`), in order."""
+    frames = [level_requests(meta, records) for meta, records in done]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=REQUEST_COLUMNS)
+
+
+def write_exports(out_dir: str | Path, levels: pd.DataFrame,
+                  done: list[tuple[Mapping[str, Any], list[RequestRecord]]],
+                  percentiles: Iterable[float]) -> dict[str, Path]:
+    """`vllm_bench/<level>.vllm.json` for every level of `levels` measured here (imported ones are
+    vLLM's already; files of levels no longer on disk are removed) and `requests.csv`."""
+    out_dir = Path(out_dir)
+    vdir = out_dir / VLLM_DIR
+    vdir.mkdir(parents=True, exist_ok=True)
+    settings = {meta["level"]: meta.get("settings") or {} for meta, _ in done}
+    for stale in vdir.glob(f"*{VLLM_SUFFIX}"):
+        if stale.name[: -len(VLLM_SUFFIX)] not in settings:
+            stale.unlink()
+    written = {}
+    for _, row in levels.iterrows():
+        name = str(row["level"])
+        written[name] = schema.write(vdir / f"{name}{VLLM_SUFFIX}", vllm_result(row, percentiles, settings.get(name)),
+                                     schema.VllmBenchResult)
+    written["requests"] = schema.write_table(requests_table(done), out_dir / REQUESTS_CSV, schema.SweepRequestRow)
+    return written
