@@ -37,6 +37,7 @@ def test_analyze_folder_without_traces_fails_stage_05_with_a_message(tmp_path, c
     empty.mkdir()
     out = tmp_path / "an"
     assert main(["analyze", str(empty), "--out", str(out), "--no-progress"]) == 4  # EXIT_NO_RANK
+    assert capsys.readouterr().out.splitlines()[0] == f"stepscope analyze: {out.resolve()}"  # its own header
     record = json.loads((out / "run.json").read_text())
     assert record["stages"]["05_categorize"]["status"] == "failed"
     assert "empty" in record["stages"]["05_categorize"]["error"]

@@ -197,3 +197,75 @@ def test_a_secret_on_the_command_line_stays_out_of_run_json(stand_ins, monkeypat
     text = (run_dir / "run.json").read_text()
     assert "sk-argv-0123456789" not in text
     assert json.loads(text)["argv"][-2:] == ["--api-key", "***redacted***"]
+
+
+SWEEP_STAND_IN = """from pathlib import Path
+from stepscope.config import load_params
+from stepscope.sweep import load_server, run_sweep
+out = Path(run_dir) / '01_macro_sweep'
+out.mkdir(exist_ok=True)
+run_sweep(load_server(run_dir), load_params(params_file).sweep, out)"""
+
+
+def test_the_console_says_each_sweep_level_as_it_ends_then_the_level_table(tmp_path, monkeypatch, capfd):
+    """The real sweep in a real papermill kernel against the fake server: one line per level
+    reaches the runner's console while stage 01 runs, the run ends with the level table, and
+    nothing on stderr is redrawn with carriage returns (stderr is no terminal here)."""
+    import pandas as pd
+
+    from stepscope.sweep.console import level_line
+    from stepscope.testing.fake_server import FakeBehaviour, FakeServer
+
+    nbdir = tmp_path / "nbs"
+    _stand_in_notebooks(nbdir, {})
+    nb = nbformat.read(nbdir / "01_macro_sweep.ipynb", as_version=4)
+    nb.cells[1].source = SWEEP_STAND_IN
+    nbformat.write(nb, nbdir / "01_macro_sweep.ipynb")
+    monkeypatch.setattr(paths, "NOTEBOOKS_DIR", nbdir)
+    params = tmp_path / "p.yaml"
+    params.write_text(f"run: {{name: t, outputs_dir: {tmp_path / 'out'}}}\n"
+                      "sweep: {concurrency: [1, 2], input_len: 4, output_len: 3, min_requests: 4, "
+                      "warmup_requests: 0, gpu_telemetry: false}\n")
+    lines: list[str] = []
+    with FakeServer(FakeBehaviour(chunk_delay_s=0.005)) as fake:
+        deploy = tmp_path / "out" / "r5" / "00_deploy"
+        deploy.mkdir(parents=True)
+        (deploy / "server.json").write_text(json.dumps({"mode": "attach", "engine": "vllm",
+                                                        "base_url": fake.base_url, "served_model": "fake"}))
+        code, run_dir = run_pipeline(params, run_id="r5", stages="01", progress=True, echo=lines.append)
+    assert code == 0, lines
+    levels = pd.read_csv(run_dir / "01_macro_sweep" / "levels.csv")
+    running, ok = lines.index("  01_macro_sweep: running"), next(i for i, ln in enumerate(lines) if "01_macro_sweep: ok" in ln)
+    assert lines[running + 1:ok] == [level_line(levels.iloc[0], "1/2"), level_line(levels.iloc[1], "2/2")]
+    assert lines[running + 1].startswith("  level c0001 [1/2] (c=1): 4 ok, 0 failed; ")
+    table = lines[ok + 1:]
+    assert "Serving Benchmark Result" in table[0] and table[1].split()[:4] == ["level", "load", "ok", "failed"]
+    assert table[2].split()[:4] == ["c0001", "c=1", "4", "0"] and table[3].split()[:4] == ["c0002", "c=2", "8", "0"]
+    from stepscope.wording import fmt_num
+
+    assert table[3].split()[5] == fmt_num(levels.iloc[1]["output_throughput_tok_s"])
+    assert lines[0] == f"stepscope run: {run_dir}"
+    assert "\r" not in capfd.readouterr().err
+
+
+def test_papermill_draws_its_cell_bar_only_on_a_terminal(tmp_path, monkeypatch):
+    import io
+
+    import papermill
+
+    from stepscope.progress import notebook_bar
+    from stepscope.runner import execute_notebook
+    from stepscope.stages import STAGE_BY_ID
+
+    seen: list[object] = []
+    monkeypatch.setattr(papermill, "execute_notebook", lambda nb, out, **kw: seen.append(kw["progress_bar"]))
+    execute_notebook(STAGE_BY_ID["01_macro_sweep"], tmp_path / "params.yaml", tmp_path, progress=True)
+    assert seen == [False]  # pytest's stderr is no terminal: no bar, no carriage returns
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    bar = notebook_bar(True, "01_macro_sweep", stream=Tty())
+    assert bar["desc"] == "01_macro_sweep" and "remaining" not in bar["bar_format"]  # no ETA from cell counts
+    assert notebook_bar(False, "01_macro_sweep", stream=Tty()) is False

@@ -14,6 +14,7 @@ import contextlib
 from pathlib import Path
 
 from stepscope import paths, runfolder
+from stepscope.progress import notebook_bar
 from stepscope.redaction import scrub
 from stepscope.stages import Stage
 
@@ -28,7 +29,7 @@ def with_kernel(stage: Stage, params_file: Path, run_dir: Path, progress: bool) 
         pm.execute_notebook(
             str(stage.notebook), str(out_nb),
             parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
-            kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR), progress_bar=progress,
+            kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR), progress_bar=notebook_bar(progress, stage.id),
             log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
             # The kernel's own log is noise on the console: its start-up warnings ("running over
             # TCP without encryption" on loopback), and "ERROR | KeyboardInterrupt caught in

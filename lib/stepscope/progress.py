@@ -1,4 +1,4 @@
-"""Progress bars that suit where they are shown: every bar of the library is made here.
+"""Progress that suits where it is shown: every bar and progress line of the library is made here.
 
 - In a terminal: tqdm's bar, redrawn in place.
 - In a Jupyter kernel a person watches (JupyterLab): `tqdm.auto`, a widget where one is available.
@@ -7,14 +7,25 @@
 - Anywhere else (a pipe, a file, a CI log): one whole line at most every `LINE_INTERVAL_S`
   and the last state when the bar closes. tqdm's own bar redraws with carriage returns,
   which on a pipe pile up into one line that never ends (server start-up made 8 KB of it).
+
+Events (`event`: a sweep level finished) are whole lines. A stage's notebook runs in a kernel
+with no console of its own, so the runner `relay`s them: the kernel appends each to a file the
+runner names in `EVENTS_ENV`, and the runner says it on its console as it comes. papermill's
+own bar counts cells, whose times differ by minutes, so it is drawn only on a terminal and
+without an ETA (`notebook_bar`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import sys
+import tempfile
+import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from tqdm.std import tqdm as _std_tqdm
 
@@ -102,3 +113,89 @@ def bar(iterable: Any = None, **kwargs: Any) -> _std_tqdm:
 def write(message: str, file: Any = None) -> None:
     """A line printed between bars without breaking them."""
     _std_tqdm.write(message, file=file or sys.stderr)
+
+
+EVENTS_ENV = "STEPSCOPE_PROGRESS_EVENTS"
+"""The file a stage appends its progress lines to while the runner `relay`s them (a kernel
+started inside inherits it)."""
+
+RELAY_POLL_S = 0.5
+"""How often the runner looks for new progress lines, s."""
+
+
+def event(line: str) -> None:
+    """One line of progress for the person running (a sweep level finished): printed here (a
+    notebook's output, a terminal) and, under `relay`, appended to its file for the runner's console."""
+    line = line.replace("\r", " ").replace("\n", " ")
+    write(line)
+    path = os.environ.get(EVENTS_ENV)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError:
+            pass  # the console misses a line; the stage's files and notebook have it
+
+
+class _Tail:
+    """The whole lines appended to a file since the last look."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.rest = path, 0, b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        *whole, self.rest = (self.rest + data).split(b"\n")
+        return [ln.decode("utf-8", "replace") for ln in whole if ln.strip()]
+
+
+@contextlib.contextmanager
+def relay(echo: Callable[[str], None], poll_s: float = RELAY_POLL_S) -> Iterator[Path]:
+    """Say on `echo`, as they come, the `event` lines of whatever runs inside (a papermill
+    kernel, or this process); every line is said by the time the block ends."""
+    fd, name = tempfile.mkstemp(prefix="stepscope-progress-", suffix=".log")
+    os.close(fd)
+    tail, stop, before = _Tail(Path(name)), threading.Event(), os.environ.get(EVENTS_ENV)
+
+    def say() -> None:
+        for line in tail.lines():
+            with _std_tqdm.external_write_mode():  # a bar on the terminal is cleared, then redrawn
+                echo(line)
+
+    def follow() -> None:
+        while not stop.wait(poll_s):
+            say()
+
+    os.environ[EVENTS_ENV] = name
+    thread = threading.Thread(target=follow, name="stepscope-progress-relay", daemon=True)
+    thread.start()
+    try:
+        yield Path(name)
+    finally:
+        stop.set()
+        thread.join()
+        say()
+        if before is None:
+            os.environ.pop(EVENTS_ENV, None)
+        else:
+            os.environ[EVENTS_ENV] = before
+        Path(name).unlink(missing_ok=True)
+
+
+NOTEBOOK_BAR = {"unit": "cell", "bar_format": "{desc}: {n_fmt}/{total_fmt} cells [{elapsed}]"}
+"""papermill's bar on a terminal: cells done and time spent, no ETA (a sweep cell takes minutes,
+the next cell a second: a rate per cell predicts nothing)."""
+
+
+def notebook_bar(show: bool, desc: str, stream: Any = None) -> dict[str, Any] | bool:
+    """papermill's `progress_bar`: its bar on a terminal; off on a pipe or file, where the
+    runner's own lines (a stage started, each sweep level, a stage done) say the progress."""
+    if not show or not _is_terminal(stream or sys.stderr):
+        return False
+    return {**NOTEBOOK_BAR, "desc": desc}

@@ -43,6 +43,7 @@ from stepscope.runfolder import (
 )
 from stepscope.execute import in_process
 from stepscope.execute import with_kernel as execute_notebook
+from stepscope.progress import relay as progress_relay
 from stepscope.stages import STAGES, Stage, param_inputs
 
 log = logging.getLogger(__name__)
@@ -250,8 +251,9 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
                  run_id: str | None = None, resume: bool = False, progress: bool = True,
                  run_dir: str | Path | None = None,
                  notebook_executor: Callable[[Stage, Path, Path, bool], Path] = execute_notebook,
-                 echo: Callable[[str], None] = print) -> tuple[int, Path]:
-    """Run the selected stages. Returns (exit code, run folder)."""
+                 echo: Callable[[str], None] = print, command: str = "run") -> tuple[int, Path]:
+    """Run the selected stages. Returns (exit code, run folder). `command` names the run in
+    the console's first line (`stepscope analyze: <folder>`)."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)  # fails before anything starts
     secret_env(params.server.api_key_env)  # the key is blanked from all this run writes and says
@@ -259,6 +261,7 @@ def run_pipeline(params_file: str | Path, *, stages: str | Sequence[str] | None 
     selected = select_stages(stages)
     run_dir = _run_folder(params, run_id, run_dir, resume)
     with run_folder_lock(run_dir, say=echo):  # a second process on this folder is refused, naming us
+        echo(f"stepscope {command}: {run_dir}")
         return _run_locked(params_file, params, selected, run_dir, resume, progress, notebook_executor, echo)
 
 
@@ -276,7 +279,6 @@ def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_di
     (`server.api_key_env`, and `server.env` values: see stepscope.notebook.open_stage)."""
     snapshot = write_yaml(params_snapshot_path(run_dir), redact(params_to_dict(params)))
     record = _RunRecord(run_dir, params, params_file, sys.argv, resume)
-    echo(f"stepscope run: {run_dir}")
 
     server = _ServerOwnership()
     results: dict[str, StageResult] = {}
@@ -325,6 +327,9 @@ def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_di
                 echo(f"  server stopped, but its record could not be updated: {exc}")
         record.retry_save(echo)
     failed = [r for r in results.values() if r.status != "ok"]
+    if "01_macro_sweep" in results:  # the sweep's levels, as `vllm bench serve` ends with its result
+        for line in sweep_table_lines(run_dir / "01_macro_sweep"):
+            echo(line)
     report = run_dir / "06_writeup" / "report.html"
     if report.is_file():
         echo(f"report: {report}")
@@ -335,6 +340,13 @@ def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_di
         echo("failed or skipped: " + ", ".join(f"{r.stage_id} ({r.status})" for r in failed))
         return EXIT_STAGE_FAILED, run_dir
     return EXIT_OK, run_dir
+
+
+def sweep_table_lines(stage_dir: Path) -> list[str]:
+    """Stage 01's levels as a table for the console (`stepscope.sweep.console`); [] without levels.csv."""
+    from stepscope.sweep.console import run_table_lines
+
+    return run_table_lines(stage_dir)
 
 
 def verdict_headline(run_dir: Path, width: int = 100) -> str | None:
@@ -410,7 +422,8 @@ def _execute_stage(stage: Stage, params, params_file: Path, run_dir: Path, progr
         if stage.uses_server:
             server.started_here |= _ensure_server(params, run_dir, progress, echo, record, stage.id)
         echo(f"  {stage.id}: running")
-        nb = notebook_executor(stage, params_file, run_dir, progress)
+        with progress_relay(echo):  # the stage's progress lines (each sweep level), said as they come
+            nb = notebook_executor(stage, params_file, run_dir, progress)
     except KeyboardInterrupt:
         record.set_stage(StageResult(stage.id, "interrupted", time.monotonic() - t0, "interrupted",
                                      _partial_notebook(run_dir, stage)))
@@ -627,7 +640,7 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     with run_folder_lock(run_dir, say=echo):  # before analyze_params.yaml: a second analyze is refused
         params_file = write_yaml(run_dir / "analyze_params.yaml", data)
         code, run_dir = run_pipeline(params_file, stages=["05_categorize", "06_writeup"], run_dir=run_dir,
-                                     progress=progress, echo=echo, notebook_executor=in_process)
+                                     progress=progress, echo=echo, notebook_executor=in_process, command="analyze")
     if code == EXIT_INTERRUPTED:
         return code, run_dir
     missing_code = report_unanalysed_ranks(run_dir, tp, echo)
