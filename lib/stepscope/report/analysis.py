@@ -47,6 +47,9 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
         "rank": d.rank,
         "period_ms": num(d.period_ms.mean) if d.period_ms else None,
         "period_n": d.period_ms.n if d.period_ms else None,
+        # Medians for steps_apart: one descheduled step's span must not read as every step overlapping.
+        "span_median_ms": st.span_ms.median,
+        "period_median_ms": num(d.period_ms.median) if d.period_ms else None,
         "step_ms": step_ms, "step_basis": basis if step_ms else None, "basis_reason": reason,
     }
     span, union = out["span_ms"], out["union_ms"]
