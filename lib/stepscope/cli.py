@@ -65,9 +65,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     for run in (args.run_a, args.run_b):
         _require_run_folder(Path(run))
+    print(f"stepscope compare: A {args.run_a} against B {args.run_b}")
     paths = compare_runs(Path(args.run_a), Path(args.run_b), Path(args.out) if args.out else None)
+    line = paths.pop("line")
     for key, path in paths.items():
-        print(f"{key}: {path}")
+        print(f"  {key}: {path}")
+    print(line)
     if getattr(args, "fail_on_regression", False):
         return _regression_gate(args.run_a, args.run_b)
     return 0

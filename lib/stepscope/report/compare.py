@@ -378,6 +378,33 @@ def _changes_text(changes: dict[str, list[str]]) -> str:
     return text
 
 
+def result_line(tables: dict[str, pd.DataFrame | None], setups: SetupComparison) -> str:
+    """The comparison in one console line: the step period, output tok/s at the highest level both
+    runs measured, how many rows changed beyond noise, and the setup differences."""
+    parts = []
+    head = tables.get("headlines")
+    step = head[head["metric"] == HEADLINE_TOTALS["decode_step_ms"]] if head is not None else head
+    for label, rows, unit in (("decode step", step, " ms"), ("output tok/s", _top_level_tput(tables.get("macro")), "")):
+        if rows is not None and len(rows) and pd.notna(rows.iloc[0]["a"]) and pd.notna(rows.iloc[0]["b"]):
+            r = rows.iloc[0]
+            where = f" at {r['level']}" if "level" in r else ""
+            ratio = f" ({r['ratio_b_over_a']:.2f}×)" if pd.notna(r["ratio_b_over_a"]) else ""
+            parts.append(f"{label}{where} {fmt_num(r['a'])} → {fmt_num(r['b'])}{unit}{ratio}")
+    flags = [df["flag"].map(_group) for key, df in tables.items() if df is not None and key != "kernels" and "flag" in df]
+    n, of = sum(int(f.eq("changed").sum()) for f in flags), sum(len(f) for f in flags)
+    said = (f"B vs A: {', '.join(parts) or 'no step period or sweep level in both'}; "
+            f"{n} of {of} compared readings changed beyond noise")
+    return said + (f"; the setups differ in {setting_names(setups.differing)}" if setups.differing else "")
+
+
+def _top_level_tput(macro: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The output tok/s row of the last level both runs measured (the macro table's order)."""
+    if macro is None:
+        return None
+    rows = macro[(macro["metric"] == "output_throughput_tok_s") & macro["a"].notna() & macro["b"].notna()]
+    return rows.iloc[-1:]
+
+
 def setup_section(setups: SetupComparison) -> str:
     """The setups side by side, what differs named first: the table every number below is read against."""
     differing = setups.differing
@@ -485,7 +512,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | Non
     md_path.write_text(scrub(text))
     html_path = out / "compare.html"
     html_path.write_text(scrub(markdown_to_html(scrub(text), out, f"stepscope compare: {name_a} vs {name_b}", figure_dirs=(out,))))
-    result: dict[str, Any] = {"markdown": md_path, "html": html_path}
+    result: dict[str, Any] = {"markdown": md_path, "html": html_path, "line": result_line(tables, setups)}
     for key, df in tables.items():
         if df is not None:
             p = out / f"compare_{key}.csv"
