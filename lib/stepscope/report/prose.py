@@ -26,6 +26,13 @@ Sentence = tuple[tuple[Any, ...], str]
 """A sentence and the findings its numbers come from."""
 
 
+
+
+def _job(host_ops) -> str:
+    """Whose trace a host-only export is: device events of a category stepscope does not read
+    (an MTIA's) make it an accelerator's, not a GPU's."""
+    return "an accelerator job's" if any("not read" in str(h) for h in host_ops or ()) else "a GPU job's"
+
 def steps(n: int | None, label: str) -> str:
     """"1 decode step", "155 decode steps"; for a trace read whole (`label` `WINDOW`) "the whole
     trace, one window" (it holds no steps to count)."""
@@ -95,7 +102,7 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
         return ("Withdrawn, as the trace is a capture: the dominant category, the levers and their ceilings, "
                 "boundness and communication (each would describe a steady step this trace does not hold).")
     if g.invariant == "device_work_recorded":
-        return (f"Withdrawn, the levers and their ceilings, boundness and communication: this is a GPU job's trace "
+        return (f"Withdrawn, the levers and their ceilings, boundness and communication: this is {_job(v('host_ops'))} trace "
                 f"({v('host_ops')[0]}) with no device activity, so its times are host ops and what the GPUs did, "
                 f"which any of these would describe, is not in it. Profile with the device activities on.")
     if g.invariant == "share_at_most_step":
@@ -155,7 +162,7 @@ def guard_clause(g: Guard, step_label: str = "step") -> str:
         return (f"consecutive {step_label}s overlap on the device (each spans {f(v('span_ms'))} ms of a "
                 f"{f(v('period_ms'))} ms period), so its idle is not split")
     if g.invariant == "device_work_recorded":
-        return f"a GPU job's trace with no device activity ({v('host_ops')[0]}): its times are host ops, so no lever is given"
+        return f"{_job(v('host_ops'))} trace with no device activity ({v('host_ops')[0]}): its times are host ops, so no lever is given"
     clauses = {
         "kind_takes_verdict": "the trace is a capture, so no lever or ceiling is given",
         "share_at_most_step": f"a share passed 100 % of the {step_label}, so the shares and levers are withdrawn",
