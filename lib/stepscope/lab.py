@@ -194,6 +194,30 @@ def start_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int 
     return server
 
 
+def perfetto_link(root: Path, echo=print, ui_url: str | None = None, port: int | None = None):
+    """Say how to open the run's merged Perfetto file (stage 05's `perfetto/`): when Perfetto's
+    UI answers from here, serve the file to it on loopback and print the link that opens it
+    there; else say where the file is. Returns the file server (the caller shuts it down) or None."""
+    from stepscope.trace import perfetto
+
+    merged = root / "05_categorize" / "perfetto" / perfetto.MERGED_NAME
+    if not merged.is_file():
+        return None
+    ui = ui_url or perfetto.UI_URL
+    if perfetto.ui_reachable(ui):
+        try:
+            server, link = perfetto.serve_for_ui(merged, port=perfetto.UI_PORT if port is None else port, origin=ui)
+        except OSError as exc:  # the port is taken (another trace served to the UI)
+            echo(f"Perfetto: {merged} (not served to {ui}: {exc}); open it there with Open trace file")
+            return None
+        echo(f"Perfetto (every rank, one clock; which step to look at: {merged.parent / 'README.md'}):")
+        echo(f"  {link}")
+        return server
+    echo(f"Perfetto: {ui} is not reachable from here; open {merged} there (Open trace file) from a machine "
+         f"that reaches it (which step to look at: {merged.parent / 'README.md'})")
+    return None
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -210,6 +234,7 @@ def run_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int | 
         echo(f"  a scratch copy of {lab_root(run)[0]}: what runs here writes into the copy, never into the run "
              "(--write-run opens the run itself)")
     echo(f"  {server.url}")
+    files = perfetto_link(server.root, echo) if run is not None else None
     echo("Ctrl-C stops it (and its kernels).")
     # The server runs in its own session (so Ctrl-C reaches it once, through us): a SIGTERM
     # to this process must stop it too, not leave it orphaned.
@@ -220,5 +245,7 @@ def run_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int | 
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if files is not None:
+            files.shutdown()
         server.stop()
     return 0 if server.proc.returncode in (0, -signal.SIGTERM, None) else 1

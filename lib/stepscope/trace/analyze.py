@@ -883,15 +883,13 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     if an.text_tables is not None and not an.text_tables.empty:
         an.text_tables.to_csv(out_dir / "text_tables.csv", index=False)
     if perfetto:
-        from stepscope.trace.perfetto import export_perfetto
+        from stepscope.trace.perfetto import write_perfetto_files
 
-        # Every rank when small; for big captures the reference rank around its
-        # representative decode step (the file is for reading one step by eye).
+        # Every rank when small; for big captures the reference rank around its representative
+        # decode step (the file is for reading one step by eye); the merged file and its README always.
         big = sum(len(r.work) for r in an.ranks) > 400_000
         focus = int(an.timeline["step_id"].iloc[0]) if len(an.timeline) else None
-        for r in (an.ranks[:1] if big else an.ranks):
-            export_perfetto(r, out_dir / "perfetto" / f"rank{r.rank}.categorized.json.gz",
-                            focus_step=focus if r is an.reference else None)
+        write_perfetto_files(an.ranks, an.reference, focus, out_dir / "perfetto", big=big)
 
 
 # --------------------------------------------------------------------------- run folder
