@@ -29,8 +29,18 @@ def _dropdown(page, label: str):
 
 
 def _explorer_output(page):
-    """The explorer's output area (the table, the top names and the timeline image)."""
+    """The explorer's table area (the step's categories, the top names)."""
+    return page.locator(".widget-vbox .widget-output").first
+
+
+def _timeline_output(page):
+    """The explorer's timeline area (the image, and the events in its time window)."""
     return page.locator(".widget-vbox .widget-output").last
+
+
+def _step_box(page):
+    """The "go to step" box beside the step slider."""
+    return page.locator(".widget-text:has(label:text-is('go to step')) input").last
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +85,17 @@ def test_explorer_renders_and_follows_its_selections(lab, browser, tmp_path):
 
     page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
     page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-    for label in ("rank", "steps", "step", "category"):
+    for label in ("rank", "steps", "category"):
         _dropdown(page, label).wait_for(timeout=RUN_ALL_S)
-    out = _explorer_output(page)
-    out.locator("img").first.wait_for(timeout=60_000)
+    out, timeline = _explorer_output(page), _timeline_output(page)
+    timeline.locator("img").first.wait_for(timeout=60_000)
     page.locator(".widget-vbox").last.screenshot(path=str(tmp_path / "explorer.png"))
     assert "union_us" in out.inner_text()  # the per-category table of the step
+    assert "In the window" in timeline.inner_text() and "category" in timeline.inner_text()  # events, for hover
+    assert page.locator(".widget-hslider:has(label:text-is('step'))").count() == 1  # a slider, not a dropdown
+    assert page.locator(".widget-hslider:has(label:text-is('window µs'))").count() == 1
     assert _dropdown(page, "rank").locator("option").all_inner_texts() == ["0", "1"]
-    first_img = out.locator("img").first.get_attribute("src")
+    first_img = timeline.locator("img").first.get_attribute("src")
 
     # A category: its top kernels in this step appear under the table.
     categories = _dropdown(page, "category").locator("option").all_inner_texts()
@@ -92,18 +105,22 @@ def test_explorer_renders_and_follows_its_selections(lab, browser, tmp_path):
     out.locator("text=top kernels in this step").wait_for(timeout=60_000)
     assert "all_reduce" in out.inner_text()
 
-    # Another step: loaded from the rank's trace, drawn as a different timeline.
-    step = _dropdown(page, "step")
-    current = step.input_value()
-    other = next(v for v in step.locator("option").all_inner_texts() if v != current)
-    step.select_option(other)
-    step_img = _wait_for_new_image(page, out, first_img, "the step")
-    assert step.input_value() == other
+    # Another step, typed into the box: loaded from the rank's trace, drawn as a different timeline.
+    import pandas as pd
 
-    # Another rank: its steps replace the step list, and its trace is drawn.
+    steps = pd.read_csv(lab.root / "05_categorize" / "steps.csv")
+    decode = [int(s) for s in steps[(steps["rank"] == 0) & (steps["label"] == "decode")]["step_id"]]
+    box = _step_box(page)
+    current = int(box.input_value())
+    other = next(s for s in decode if s != current)
+    box.fill(str(other))
+    box.press("Enter")
+    step_img = _wait_for_new_image(page, timeline, first_img, "the step")
+    assert int(box.input_value()) == other
+
+    # Another rank: its trace is drawn.
     _dropdown(page, "rank").select_option("1")
-    _wait_for_new_image(page, out, step_img, "the rank")
-    assert step.locator("option").count() >= 5
+    _wait_for_new_image(page, timeline, step_img, "the rank")
     assert not errors, errors
     # JupyterLab never asked whether to fetch news (its toast would say "official Jupyter news").
     assert page.locator(".Toastify__toast").filter(has_text="news").count() == 0

@@ -1,5 +1,11 @@
 """Interactive step explorer: pick a rank, a step and a category; see its table and timeline.
 
+Steps are chosen with a slider over the steps of the chosen kind (decode, prefill, ...), or by
+typing a step id; the timeline zooms with a time-window slider (each change redraws it), and
+the events in the window are listed under it, one row per kernel (or op) with its start,
+duration, category and name: what hovering would show (ipympl, which would give a live plot,
+is not installed).
+
 The first render uses stage 05's saved artifacts only (steps.csv and the representative
 step in timeline_rank0_step.csv), so running the notebook under papermill is cheap and
 keeps the executed notebook small. Choosing another rank or step loads that rank's events
@@ -9,6 +15,7 @@ categories and step attribution as the report).
 
 from __future__ import annotations
 
+import contextlib
 import io
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,8 @@ from stepscope.report.artifacts import load_run_artifacts
 from stepscope.trace.plots import plot_decode_step_timeline
 from stepscope.wording import html_text, step_label
 
+WINDOW_ROWS = 25
+"""Events listed under the timeline: the first ones in the time window."""
 EXPLORER_DPI = 72
 """Low resolution keeps each rendered timeline around 30 kB in a saved notebook."""
 TOP_NAMES = 8
@@ -46,6 +55,26 @@ def step_category_table(events: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["share_of_span_pct"] = 100.0 * df["union_us"] / span
     return df.sort_values("union_us", ascending=False).reset_index(drop=True)
+
+
+def window_events(events: pd.DataFrame, lo_us: float, hi_us: float, n: int = WINDOW_ROWS) -> pd.DataFrame:
+    """The events that overlap [lo_us, hi_us] (µs since the step's first event), in start order:
+    start, duration, lane, category and name, at most `n` rows."""
+    cols = [c for c in ("start_us", "dur_us", "stream", "category", "name") if c in events]
+    if events is None or not len(events):
+        return pd.DataFrame(columns=cols)
+    start = events["start_us"].astype(float) - float(events["start_us"].min())
+    inside = (start <= hi_us) & (start + events["dur_us"].astype(float) >= lo_us)
+    out = events.assign(start_us=start)[inside].sort_values("start_us", kind="stable")
+    return out[cols].head(n).reset_index(drop=True)
+
+
+def step_span_us(events: pd.DataFrame | None) -> float:
+    """First start to last end of a step's events, µs (0 without events)."""
+    if events is None or not len(events):
+        return 0.0
+    start = events["start_us"].astype(float)
+    return float((start + events["dur_us"].astype(float)).max() - start.min())
 
 
 def category_top_names(events: pd.DataFrame, category: str, n: int = TOP_NAMES) -> pd.DataFrame:
@@ -164,68 +193,144 @@ def _batch_shell() -> bool:
     return sh is not None and getattr(sh, "kernel", None) is None
 
 
+def _note(text: str) -> Any:
+    from IPython.display import HTML
+
+    return HTML(f"<p><b>Step explorer:</b> {text}</p>")
+
+
 def step_explorer(run_dir: str | Path, extra_rules: tuple = ()) -> Any:
     """An ipywidgets explorer for the run's steps, or a one-line note when there is nothing
     to explore (stage 05 not run) or ipywidgets is missing."""
-    from IPython.display import HTML, Image, display
-
     if _batch_shell():
-        return HTML("<p><b>Step explorer:</b> interactive, so not built in this batch run (no one to "
-                    "click it). Open this notebook with <code>stepscope lab "
-                    f"{html_text(run_dir)}</code> and run this cell to use it.</p>")
+        return _note("interactive, so not built in this batch run (no one to click it). Open this notebook with "
+                     f"<code>stepscope lab {html_text(run_dir)}</code> and run this cell to use it.")
     ex = StepExplorer(run_dir, extra_rules)
     if not ex.available:
-        return HTML("<p><b>Step explorer:</b> not available: stage 05 (05_categorize/steps.csv, "
-                    "timeline_rank0_step.csv) has not been run for this run folder.</p>")
+        return _note("not available: stage 05 (05_categorize/steps.csv, timeline_rank0_step.csv) has not been "
+                     "run for this run folder.")
     try:
-        import ipywidgets as w
+        import ipywidgets  # noqa: F401
     except ImportError:
-        return HTML("<p><b>Step explorer:</b> needs ipywidgets (pip install ipywidgets).</p>")
+        return _note("needs ipywidgets (pip install ipywidgets).")
+    return _ExplorerWidget(ex).box
 
-    rank0, step0 = ex.default_selection()
-    rank_dd = w.Dropdown(options=ex.ranks(), value=rank0, description="rank")
-    kind_dd = w.Dropdown(options=["decode", "prefill", "mixed", "all"], value="decode", description="steps")
-    steps0 = ex.step_ids(rank0) or [step0]
-    step_dd = w.Dropdown(options=steps0, value=step0 if step0 in steps0 else steps0[0], description="step")
-    cat_dd = w.Dropdown(options=["(all)"], value="(all)", description="category")
-    out = w.Output()
 
-    def render(*_):
-        with out:
-            out.clear_output(wait=True)
-            ev = ex.step_events(rank_dd.value, step_dd.value)
+class _ExplorerWidget:
+    """The widgets and their wiring: rank, step kind, step (slider, or a typed id), category,
+    and the timeline's time window."""
+
+    def __init__(self, ex: StepExplorer):
+        import ipywidgets as w
+
+        self.ex = ex
+        rank0, step0 = ex.default_selection()
+        steps0 = ex.step_ids(rank0) or [step0]
+        self.rank = w.Dropdown(options=ex.ranks(), value=rank0, description="rank")
+        self.kind = w.Dropdown(options=["decode", "prefill", "mixed", "all"], value="decode", description="steps")
+        self.step = w.SelectionSlider(options=steps0, value=step0 if step0 in steps0 else steps0[0],
+                                      description="step", continuous_update=False,
+                                      layout=w.Layout(width="420px"))
+        self.goto = w.IntText(value=self.step.value, description="go to step", continuous_update=False,
+                              layout=w.Layout(width="180px"))
+        self.cat = w.Dropdown(options=["(all)"], value="(all)", description="category")
+        self.window = w.FloatRangeSlider(value=(0.0, 1.0), min=0.0, max=1.0, step=0.1, description="window µs",
+                                         continuous_update=False, readout_format=",.1f",
+                                         layout=w.Layout(width="600px"))
+        self.out, self.plot = w.Output(), w.Output()
+        self.events: pd.DataFrame | None = None
+        self._busy = False
+        self.rank.observe(self.on_rank_or_kind, "value")
+        self.kind.observe(self.on_rank_or_kind, "value")
+        self.step.observe(self.render, "value")
+        self.goto.observe(self.on_goto, "value")
+        self.cat.observe(self.render, "value")
+        self.window.observe(self.draw, "value")
+        self.box = w.VBox([w.HBox([self.rank, self.kind, self.cat]), w.HBox([self.step, self.goto]), self.out,
+                           self.window, self.plot])
+        self.render()
+
+    @contextlib.contextmanager
+    def _quiet(self):
+        """Set widget values without their observers redrawing (the caller draws once, after)."""
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+
+    def on_rank_or_kind(self, *_) -> None:
+        ids = self.ex.step_ids(self.rank.value, self.kind.value) or [0]
+        with self._quiet():
+            self.step.options, self.step.value = ids, ids[len(ids) // 2]
+        self.render()
+
+    def on_goto(self, *_) -> None:
+        """A typed step id: that step, or the nearest one of the chosen kind."""
+        if self._busy:
+            return
+        nearest = min(self.step.options, key=lambda s: abs(s - self.goto.value))
+        if nearest != self.step.value:
+            self.step.value = nearest  # renders, and shows the id in the box
+        elif nearest != self.goto.value:
+            with self._quiet():
+                self.goto.value = nearest
+
+    def render(self, *_) -> None:
+        """The chosen step: its category table, the chosen category's top names, the timeline."""
+        from IPython.display import HTML, display
+
+        from stepscope.notebook import table_html
+
+        if self._busy:
+            return
+        ex, rank, step = self.ex, self.rank.value, self.step.value
+        with self._quiet():
+            self.goto.value = step
+        ev = self.events = ex.step_events(rank, step)
+        with self.out:
+            self.out.clear_output(wait=True)
             if ev is None or not len(ev):
-                display(HTML(f"<p>No device events for rank {rank_dd.value}, step {step_dd.value}. "
+                display(HTML(f"<p>No device events for rank {rank}, step {step}. "
                              + html_text("; ".join(ex.notes[-1:])) + "</p>"))
+                self.plot.clear_output()
                 return
             cats = ["(all)"] + sorted(ev["category"].astype(str).unique())
-            if list(cat_dd.options) != cats:
-                keep = cat_dd.value if cat_dd.value in cats else "(all)"
-                cat_dd.unobserve(render, "value")
-                cat_dd.options, cat_dd.value = cats, keep
-                cat_dd.observe(render, "value")
-            chosen = None if cat_dd.value == "(all)" else cat_dd.value
-            tab = step_category_table(ev)
-            display(HTML(tab.to_html(index=False, float_format=lambda v: f"{v:,.1f}")))
-            if chosen:
-                display(HTML(f"<b>{html_text(chosen)}</b>: top kernels in this step"
-                             + category_top_names(ev, chosen).to_html(index=False,
-                                                                      float_format=lambda v: f"{v:,.1f}")))
-            fig = plot_decode_step_timeline(ev, title_note=f"(rank {rank_dd.value}, step {step_dd.value})",
-                                            highlight=chosen, lane=ex.lane, step_label=step_label(kind_dd.value))
+            if list(self.cat.options) != cats:
+                with self._quiet():
+                    self.cat.options, self.cat.value = cats, self.cat.value if self.cat.value in cats else "(all)"
+            display(HTML(table_html(step_category_table(ev))))
+            if self.cat.value != "(all)":
+                display(HTML(f"<b>{html_text(self.cat.value)}</b>: top kernels in this step"
+                             + table_html(category_top_names(ev, self.cat.value))))
+        span = max(step_span_us(ev), 1.0)
+        with self._quiet():
+            self.window.max, self.window.step = span, max(span / 1000.0, 0.01)
+            self.window.value = (0.0, span)
+        self.draw()
+
+    def draw(self, *_) -> None:
+        """The timeline of the window, and the events in it (what a hover would name)."""
+        from IPython.display import HTML, Image, display
+
+        from stepscope.notebook import table_html
+
+        ev = self.events
+        if self._busy:
+            return
+        with self.plot:
+            self.plot.clear_output(wait=True)
+            if ev is None or not len(ev):
+                return
+            lo, hi = self.window.value
+            chosen = None if self.cat.value == "(all)" else self.cat.value
+            fig = plot_decode_step_timeline(ev, title_note=f"(rank {self.rank.value}, step {self.step.value})",
+                                            highlight=chosen, lane=self.ex.lane, step_label=step_label(self.kind.value))
+            fig.axes[0].set_xlim(lo, hi if hi > lo else lo + 1.0)
             display(Image(data=_png(fig)))
+            import matplotlib.pyplot as plt
 
-    def on_rank_or_kind(*_):
-        ids = ex.step_ids(rank_dd.value, kind_dd.value) or [0]
-        step_dd.unobserve(render, "value")
-        step_dd.options = ids
-        step_dd.value = ids[len(ids) // 2]
-        step_dd.observe(render, "value")
-        render()
-
-    rank_dd.observe(on_rank_or_kind, "value")
-    kind_dd.observe(on_rank_or_kind, "value")
-    step_dd.observe(render, "value")
-    cat_dd.observe(render, "value")
-    render()
-    return w.VBox([w.HBox([rank_dd, kind_dd, step_dd, cat_dd]), out])
+            plt.close(fig)
+            rows = window_events(ev, lo, hi)
+            display(HTML(f"<b>In the window {lo:,.1f}–{hi:,.1f} µs</b> (first {WINDOW_ROWS} {self.ex.lane} events)"
+                         + table_html(rows)))
