@@ -6,9 +6,8 @@ Perfetto's UI when the UI answers (here a loopback server stands in for it: no n
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
-import threading
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -66,28 +65,15 @@ def test_the_readme_says_how_to_open_them_and_which_step(stage05):
     assert f"starting {start / 1000:,.3f} ms into the merged file" in readme
 
 
-class _StandInUI(http.server.BaseHTTPRequestHandler):
-    def do_HEAD(self):  # noqa: N802
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-def test_lab_serves_the_merged_file_to_a_reachable_ui_and_says_where_it_is_otherwise(stage05):
+def test_lab_serves_the_merged_file_on_loopback_and_says_where_it_is(stage05):
+    """No probe of the UI (the user's browser reaches it, not stepscope): the link and the file."""
     run, _ = stage05
     said: list[str] = []
-    assert perfetto_link(run, said.append, ui_url="http://127.0.0.1:1") is None  # nothing listens there
-    assert said[0].startswith("Perfetto: http://127.0.0.1:1 is not reachable from here; open ")
-    assert str(run / "05_categorize" / "perfetto" / perfetto.MERGED_NAME) in said[0]
-    ui = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandInUI)
-    threading.Thread(target=ui.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{ui.server_address[1]}"
-    said.clear()
+    origin = "http://127.0.0.1:1"  # a stand-in origin: nothing is ever sent to it
     files = perfetto_link(run, said.append, ui_url=origin, port=0)
     try:
-        link = said[1].strip()
+        assert str(run / "05_categorize" / "perfetto" / perfetto.MERGED_NAME) in said[1]
+        link = said[0].split(": ", 1)[1].strip()
         url = link.split("?url=", 1)[1]
         assert link.startswith(f"{origin}/#!/?url=http://127.0.0.1:") and url.endswith("/" + perfetto.MERGED_NAME)
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -97,4 +83,14 @@ def test_lab_serves_the_merged_file_to_a_reachable_ui_and_says_where_it_is_other
             urllib.request.urlopen(url.rsplit("/", 1)[0] + "/README.md", timeout=5)
     finally:
         files.shutdown()
-        ui.shutdown()
+
+
+def test_a_taken_port_says_where_the_file_is(stage05):
+    run, _ = stage05
+    said: list[str] = []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert perfetto_link(run, said.append, port=taken.getsockname()[1]) is None
+    assert str(run / "05_categorize" / "perfetto" / perfetto.MERGED_NAME) in said[0]
+    assert "not served on loopback" in said[0]

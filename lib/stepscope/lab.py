@@ -195,27 +195,26 @@ def start_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int 
 
 
 def perfetto_link(root: Path, echo=print, ui_url: str | None = None, port: int | None = None):
-    """Say how to open the run's merged Perfetto file (stage 05's `perfetto/`): when Perfetto's
-    UI answers from here, serve the file to it on loopback and print the link that opens it
-    there; else say where the file is. Returns the file server (the caller shuts it down) or None."""
+    """Say how to open the run's merged Perfetto file (stage 05's `perfetto/`): serve it on loopback
+    for Perfetto's UI and print the link that opens it there, and the file itself for a browser that
+    cannot reach the UI. stepscope itself never contacts the UI (the browser does): these machines
+    often reach no internet, and a probe would be traffic nobody asked for. Returns the file server
+    (the caller shuts it down) or None."""
     from stepscope.trace import perfetto
 
     merged = root / "05_categorize" / "perfetto" / perfetto.MERGED_NAME
     if not merged.is_file():
         return None
     ui = ui_url or perfetto.UI_URL
-    if perfetto.ui_reachable(ui):
-        try:
-            server, link = perfetto.serve_for_ui(merged, port=perfetto.UI_PORT if port is None else port, origin=ui)
-        except OSError as exc:  # the port is taken (another trace served to the UI)
-            echo(f"Perfetto: {merged} (not served to {ui}: {exc}); open it there with Open trace file")
-            return None
-        echo(f"Perfetto (every rank, one clock; which step to look at: {merged.parent / 'README.md'}):")
-        echo(f"  {link}")
-        return server
-    echo(f"Perfetto: {ui} is not reachable from here; open {merged} there (Open trace file) from a machine "
-         f"that reaches it (which step to look at: {merged.parent / 'README.md'})")
-    return None
+    where = f"{merged} (Open trace file in {ui}; which step to look at: {merged.parent / 'README.md'})"
+    try:
+        server, link = perfetto.serve_for_ui(merged, port=perfetto.UI_PORT if port is None else port, origin=ui)
+    except OSError as exc:  # the port is taken (another trace served to the UI)
+        echo(f"Perfetto: {where}; not served on loopback: {exc}")
+        return None
+    echo(f"Perfetto (every rank, one clock): {link}")
+    echo(f"  or open {where}")
+    return server
 
 
 def _interrupt(signum, frame):

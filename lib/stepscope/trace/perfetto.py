@@ -15,8 +15,6 @@ from __future__ import annotations
 import gzip
 import http.server
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import msgspec
@@ -136,15 +134,6 @@ def readme_text(ranks, focus_step: int | None, step_label: str = "decode step") 
         lines += [f"Look at step {focus_step} (the representative {step_label} of rank {ref.rank}: the one the "
                   f"report's timeline draws){at}. Type `step {focus_step} ` in the search box to find it.", ""]
     return "\n".join(lines)
-
-
-def ui_reachable(url: str = UI_URL, timeout_s: float = 2.0) -> bool:
-    """Whether Perfetto's UI answers from here (these machines often reach no internet)."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s) as resp:
-            return resp.status < 400
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def serve_for_ui(path: str | Path, host: str = "127.0.0.1", port: int = UI_PORT,
