@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepscope.testing.report import section
 from stepscope import schema
 from stepscope.cli import main
 from stepscope.errors import TraceError
@@ -45,7 +46,7 @@ def test_capture_gets_a_description_not_a_verdict(tmp_path, real_traces):
     assert v.identity.kind == "capture" and list(_failed(g)) == ["kind_takes_verdict"]
     assert v.dominant is None and v.levers == () and v.biggest is None and v.boundness is None
     assert "9,464" not in md and "biggest single lever" not in md
-    assert "> **Verdict withheld.** This is a CUDA-graph capture" in md
+    assert "**Verdict withheld.**\n\n- This is a CUDA-graph capture" in md
     assert "`capture_32_DECODE` ×2" in md and "Not projected: this is a CUDA-graph capture" in md
 
 
@@ -152,7 +153,7 @@ def test_a_cpu_only_nccl_job_keeps_its_communication(tmp_path, real_traces):
     # 1.87 of its 1.87 ms per step").
     host = next(r for r in g.guards if r.invariant == "device_work_recorded")
     assert not host.holds and {"communication", "comm_split", "levers"} <= set(host.withdrawn)
-    said = md.split("> **Verdict.** ", 1)[1]
+    said = section(md, "Verdict")
     assert "Communication is exposed" not in said and "Whether that time is transfer or ranks waiting" not in said
     assert "of – ranks" not in md
 

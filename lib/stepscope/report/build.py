@@ -9,28 +9,31 @@ from typing import Any, Sequence
 
 import msgspec
 import pandas as pd
-import yaml
 
-from stepscope.report.load import micro_curve, read_load, section_load
+from stepscope.report.load import fits_table, micro_curve, read_load, section_load
 from stepscope.trace.load_plots import LOAD_FIGURE, plot_load_anatomy
-from stepscope.config import WriteupParams, redact, redact_argv, redact_params_text
+from stepscope.config import WriteupParams
 from stepscope.report import analysis as an
 from stepscope import schema
 from stepscope.redaction import scrub
 from stepscope.report import guards, prose
 from stepscope.report import verdict as vd
 from stepscope.report import whatif as wi
+from stepscope.report.appendix import write_appendix
+from stepscope.report.opening import opening, trace_only
+from stepscope.schema.writeup import APPENDIX_HTML, APPENDIX_MD, REPORT_HTML, REPORT_MD
 from stepscope.micro.collectives import plot_latency_vs_size
 from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
 from stepscope.report.markdown_util import (code_name, code_names, fmt_num, image, kv_table, markdown_to_html, md_table,
-                                            missing_box)
+                                            measured_only, compact_table, constant_caption, missing_box,
+                                            number_sections)
 from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import (HEADLINE_MARK, WINDOW, Md, capture_delivery, in_steps, md_code, md_fence, md_text,
+from stepscope.wording import (WINDOW, Md, capture_delivery, in_steps, md_code, md_text,
                                figure_text, per_step, per_step_header, plural, short_name,
                                work_unit)
 
@@ -251,7 +254,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
          if run else None),
     ]
     pairs = [(k, v) for k, v in pairs if v not in (None, "", "? ")]
-    text = "## 1. Setup\n\n" + kv_table(pairs, ("", "value"))
+    text = "## Setup\n\n" + kv_table(pairs, ("", "value"))
     sw = params.get("sweep") or {}
     cap = params.get("capture") or {}
     bits = []
@@ -262,7 +265,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
         bits.append(f"profiler capture: {md_text(cap.get('requests', '?'))} requests × "
                     f"{md_text(cap.get('output_len', '?'))} output tokens at batch 1")
     if bits:
-        text += "\nKey parameters: " + "; ".join(bits) + ". The full params file is in the appendix.\n"
+        text += "\nKey parameters: " + "; ".join(bits) + f". The full params file is in the [appendix]({APPENDIX_MD}).\n"
     if a.run is None and a.server is None:
         text += "\n" + missing_box("Provenance (hardware, engine version, date)", ["run.json", "00_deploy/server.json"])
     return text
@@ -335,7 +338,7 @@ def _slo_paragraph(slo, search=None) -> str:
 
 
 def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
-    text = "## 2. Macro results: throughput and latency under load\n\n"
+    text = "## Macro results: throughput and latency under load\n\n"
     if a.levels is None:
         return text + missing_box("The load sweep", ["01_macro_sweep/levels.csv"], _why(a, "01_macro_sweep"))
     h = macro
@@ -354,7 +357,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
         if bunched is not None and bunched > BUNCHED_FLAG_SHARE:
             parts[-1] += (f", but {fmt_num(100 * bunched)} % of that level's token chunks arrived together with "
                           f"the previous one, so its TPOT measures delivery, not decode (the step period in "
-                          f"section 4 is the engine's own clock)")
+                          f"the profiler breakdown is the engine's own clock)")
     if parts:
         text += "In this sweep " + "; ".join(parts) + ".\n\n"
     text += (_slo_paragraph(a.sweep_summary.slo, a.sweep_summary.slo_search) if a.sweep_summary is not None
@@ -368,19 +371,25 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     for share, pct in (("bunched_chunk_share", "bunched_pct"), ("stall_share", "stall_pct")):
         if share in lv:
             lv[pct] = 100 * lv[share].astype(float)
-    text += (f"Per level ({len(lv)} levels; per-request statistics as `vllm bench serve` defines them: TPOT = "
-             f"(E2EL − TTFT)/(output tokens − 1); ms, tok/s):\n\n")
-    text += md_table(lv, [("mode", "mode"), ("concurrency", "concurrency"), ("request_rate", "rate (req/s)"),
-                          ("done_failed", "done / failed"),
-                          ("output_throughput_tok_s", "output tok/s"), ("total_throughput_tok_s", "total tok/s"),
-                          *_goodput_columns(lv),
-                          ("ttft_ms_median", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"),
-                          ("tpot_ms_median", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
-                          ("itl_ms_median", "ITL p50"), ("e2el_ms_median", "E2EL p50"),
-                          ("littles_concurrency", "Little's L"), ("peak_output_tok_s_1s", "peak 1 s tok/s"),
-                          *_workload_columns(lv),
-                          ("client_cpu_pct", "client CPU %"), ("client_bound", "client-bound?"),
-                          ("bunched_pct", "chunks bunched %"), ("stall_pct", "stalled % of level")])
+    keys = [("mode", "mode"), ("concurrency", "concurrency"), ("request_rate", "rate (req/s)")]
+    lv, keys = measured_only(lv, keys, keys=[])
+    keys, same = constant_caption(lv, keys, keep=("concurrency",))
+    text += (f"Per level ({len(lv)} levels{', ' + same if same else ''}; per-request statistics as "
+             f"`vllm bench serve` defines them: TPOT = (E2EL − TTFT)/(output tokens − 1)), in three tables:\n\n")
+    for title, cols in (("Throughput (tok/s)", [("done_failed", "done / failed"),
+                                                ("output_throughput_tok_s", "output tok/s"),
+                                                ("total_throughput_tok_s", "total tok/s"), *_goodput_columns(lv),
+                                                ("peak_output_tok_s_1s", "peak 1 s tok/s"),
+                                                ("littles_concurrency", "Little's L")]),
+                        ("Latency (ms)", [("ttft_ms_median", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"),
+                                          ("tpot_ms_median", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
+                                          ("itl_ms_median", "ITL p50"), ("e2el_ms_median", "E2EL p50")]),
+                        ("Whether a level measured the server", [*_workload_columns(lv),
+                                                                 ("client_cpu_pct", "client CPU %"),
+                                                                 ("client_bound", "client-bound?"),
+                                                                 ("bunched_pct", "chunks bunched %"),
+                                                                 ("stall_pct", "stalled % of level")])):
+        text += _level_table(lv, title, keys, cols)
     if "bunched_pct" in lv or "stall_pct" in lv:
         text += (f"\n*chunks bunched %*: token chunks that arrived with the previous one (gap under "
                  f"{fmt_num(BUNCHED_GAP_MS)} ms); above "
@@ -396,22 +405,103 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     return text
 
 
+def _level_table(lv: pd.DataFrame, title: str, keys: list[tuple[str, str]], cols: list[tuple[str, str]]) -> str:
+    """One of the sweep's tables: the level's keys and a few columns, narrow enough to read whole;
+    a column with one value in every row is said once in the caption instead."""
+    lv, shown = measured_only(lv, keys + cols, keys=[c for c, _ in keys])
+    shown, same = constant_caption(lv, shown, keep=("concurrency",))
+    if not [c for c in shown if c not in keys]:
+        return ""
+    return f"*{title}*" + (f" (every level: {same})" if same else "") + ":\n\n" + md_table(lv, shown) + "\n"
+
+
+def _gemm_tables(ok: pd.DataFrame, only: str | None = None, skip: str | None = None) -> str:
+    """Stage 02's timed points pivoted to one row per shape and a column per M, one table per
+    model, each with only the M it timed (a reference model timed at M=1 shows no empty columns);
+    `only` keeps one model's table, `skip` leaves one out."""
+    if "model" in ok and only is not None and (ok["model"].astype(str) == only).any():
+        ok = ok[ok["model"].astype(str) == only]
+    if "model" in ok and skip is not None:
+        ok = ok[ok["model"].astype(str) != skip]
+    if ok.empty:
+        return ""
+    keys = [c for c in ("model", "gemm", "n", "k", "dtype", "backend", "mode") if c in ok]
+    piv = ok.pivot_table(index=keys, columns="m", values="time_us_median", aggfunc="median")
+    piv.columns = [f"M={int(c)}" for c in piv.columns]
+    piv = piv.reset_index()
+    text = ""
+    for model, part in (piv.groupby("model", sort=True) if "model" in piv else [(None, piv)]):
+        table, cols = measured_only(part, [(c, c) for c in piv.columns if c != "model"], keys=keys)
+        cols, same = constant_caption(table, cols)
+        text += f"*{md_text(model)}*" + (f" ({same})" if same else "") + ":\n\n" if model is not None else ""
+        text += md_table(table, cols) + "\n"
+    return text
+
+
+def _collective_table(c: pd.DataFrame) -> str:
+    c = c.assign(range=c["time_us_rank_min"].map(fmt_num) + "–" + c["time_us_rank_max"].map(fmt_num))
+    return ("Per-op time in µs (median, min–max across ranks), algbw = bytes/time, busbw with the nccl-tests "
+            "factor (all-reduce 2(n−1)/n):\n\n"
+            + compact_table(c, [("op", "op"), ("backend", "backend"), ("world_size", "ranks"), ("mode", "mode"),
+                                ("size_bytes", "bytes"), ("time_us_rank_median", "µs median"),
+                                ("range", "µs min–max"), ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")],
+                            keys=("op", "backend", "size_bytes"), settings=("world_size",)))
+
+
+def appendix_tables(a: RunArtifacts, split: vd.CommSplit | None) -> str:
+    """The measurements the report shows as figures or summaries, in full, for the appendix."""
+    parts = []
+    if a.gemm is not None and "status" in a.gemm and (a.gemm["status"].astype(str) == "ok").any():
+        ok = a.gemm[a.gemm["status"].astype(str) == "ok"]
+        served = a.gemm_prediction.model if a.gemm_prediction is not None else None
+        rest = _gemm_tables(ok, skip=served) if served is not None else ""
+        if rest:
+            parts.append("### GEMM timings of the other models (stage 02, median µs per call)\n\n" + rest)
+    if a.collectives is not None and len(a.collectives):
+        parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
+    fits = fits_table(a.run_dir)
+    if fits:
+        parts.append("### Growth with the batch per category (stage 05's fits of the load captures)\n\n" + fits)
+    table = _cross_rank_table(a, split)
+    if table is not None:
+        parts.append("### Busy time per category across ranks (stage 05, ms per step)\n\n" + _cross_rank_spread(table))
+    return "\n".join(parts)
+
+
+def _burst_table(b: pd.DataFrame) -> str:
+    """Stage 03's bursts: the timed ones in a table, the ones not timed in a line with the reason."""
+    b = b.assign(total_over_k_us=b["total_us"] / b["k"])
+    timed = b["status"].astype(str) == "ok" if "status" in b else pd.Series(True, index=b.index)
+    text = compact_table(b[timed], [("k", "K"), ("batch_m", "batch M"), ("size_bytes", "bytes"), ("mode", "mode"),
+                                    ("backend", "backend"), ("world_size", "ranks"), ("total_us", "total µs"),
+                                    ("per_op_us", "per-op µs"), ("total_over_k_us", "total / K µs"),
+                                    ("status", "status")], keys=("k", "mode", "backend"),
+                         settings=("batch_m", "size_bytes", "world_size")) if timed.any() else ""
+    skipped = b[~timed]
+    if len(skipped):
+        why = skipped.groupby([skipped["status"].astype(str), skipped["reason"].astype(str)], sort=False)
+        text += "\nNot timed: " + "; ".join(
+            f"{md_text(' and '.join(dict.fromkeys(f'{m} ({be})' for m, be in zip(g['mode'], g['backend']))))}, "
+            f"{md_text(status)}: {md_text(reason)}" for (status, reason), g in why) + ".\n"
+    return text
+
+
 def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
-    text = "## 3. Micro-benchmarks at the model's shapes\n\n### GEMMs\n\n"
+    text = "## Micro-benchmarks at the model's shapes\n\n### GEMMs\n\n"
     g = a.gemm
     if g is None:
         text += missing_box("GEMM timings", ["02_gemm_micro/gemm.csv"], _why(a, "02_gemm_micro"))
     else:
         ok = g[g["status"].astype(str) == "ok"]
         bad = g[g["status"].astype(str) != "ok"]
-        keys = [c for c in ("model", "gemm", "n", "k", "dtype", "backend", "mode") if c in ok]
         if len(ok):
-            piv = ok.pivot_table(index=keys, columns="m", values="time_us_median", aggfunc="median")
-            piv.columns = [f"M={int(c)}" for c in piv.columns]
-            piv = piv.reset_index()
             text += (f"Median time per call in µs ({len(ok)} timed points; spread p10–p90, TFLOP/s, GB/s and % of "
                      f"peak bandwidth per point are in `02_gemm_micro/gemm.csv`), one row per shape:\n\n")
-            text += md_table(piv, [(c, c) for c in piv.columns])
+            served = a.gemm_prediction.model if a.gemm_prediction is not None else None
+            text += _gemm_tables(ok, only=served)
+            if served is not None and "model" in ok and (ok["model"].astype(str) != served).any():
+                others = ", ".join(md_text(m) for m in sorted(set(ok["model"].astype(str)) - {served}))
+                text += f"The other models' shapes ({others}) are in the [appendix]({APPENDIX_MD}#measurements-in-full).\n"
             if "pct_peak_bw" in ok and ok["pct_peak_bw"].notna().any():
                 best = ok.loc[ok["pct_peak_bw"].astype(float).idxmax()]
                 text += (f"\nBest bandwidth use: {fmt_num(best['pct_peak_bw'])} % of peak "
@@ -435,13 +525,8 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     if c is None:
         text += missing_box("Collective timings", ["03_nccl_burst/collectives.csv"], _why(a, "03_nccl_burst"))
     else:
-        text += (f"Per-op time in µs (median, min–max across ranks; {len(c)} rows), algbw = bytes/time, busbw with "
-                 f"the nccl-tests factor (all-reduce 2(n−1)/n):\n\n")
-        c = c.copy()
-        c["range"] = c["time_us_rank_min"].map(fmt_num) + "–" + c["time_us_rank_max"].map(fmt_num)
-        text += md_table(c, [("op", "op"), ("backend", "backend"), ("world_size", "ranks"), ("mode", "mode"),
-                             ("size_bytes", "bytes"), ("time_us_rank_median", "µs median"), ("range", "µs min–max"),
-                             ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")])
+        text += (f"Per-op time against message size, {len(c)} points (median over ranks): the figure; the table, "
+                 f"with the spread across ranks and bandwidths, is in the [appendix]({APPENDIX_MD}#measurements-in-full).\n")
         for name in _stage_figures(a.run_dir, "collective_"):
             text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
         if "coll" in figs:
@@ -450,12 +535,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     if b is not None:
         text += ("\nBursts of K back-to-back all-reduces, the way a decode step issues them (count, total, per-op "
                  "time and mode always together):\n\n")
-        b = b.copy()
-        b["total_over_k_us"] = b["total_us"] / b["k"]
-        text += md_table(b, [("k", "K"), ("batch_m", "batch M"), ("size_bytes", "bytes"), ("mode", "mode"),
-                             ("backend", "backend"), ("world_size", "ranks"), ("total_us", "total µs"),
-                             ("per_op_us", "per-op µs"), ("total_over_k_us", "total / K µs"),
-                             ("status", "status"), ("reason", "reason")])
+        text += _burst_table(b)
     elif c is not None:
         text += "\n" + missing_box("The burst measurement", ["03_nccl_burst/burst.csv"])
     cp = a.comm_prediction
@@ -476,7 +556,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
 
 def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
     ident = ctx["verdict"].identity
-    text = f"## 4. Profiler breakdown of a {ident.step_label}\n\n" + _capture_line(a)
+    text = f"## Profiler breakdown of a {ident.step_label}\n\n" + _capture_line(a)
     decode, totals = ctx["decode"], ctx["totals"]
     if decode is None:
         return text + missing_box("The per-category breakdown", ["05_categorize/summary.json",
@@ -535,11 +615,12 @@ def _category_table(decode: pd.DataFrame, totals: dict, ident: vd.TraceIdentity)
     text += (f"*{ms}* is the category's busy time (the union of its kernels, so its own overlaps count once); "
              "*summed* adds every kernel's duration; *exposed* is the part no higher-priority work covers "
              "(compute, then communication, then memory).\n\n")
-    return text + md_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", f"{ms} mean"),
-                               ("ms_per_step_median", f"{ms} median"), ("ms_per_step_p90", f"{ms} p90"),
-                               ("sum_ms_mean", f"summed {ms}"), ("exposed_ms_mean", f"exposed {ms}"),
-                               ("share_pct", f"% of {share_of}"),
-                               ("calls_per_step", per_step_header("calls", label)), ("us_per_call", "µs/call")])
+    return text + compact_table(d, [("category", "category"), ("class", "class"), ("ms_per_step_mean", f"{ms} mean"),
+                                    ("ms_per_step_median", f"{ms} median"), ("ms_per_step_p90", f"{ms} p90"),
+                                    ("sum_ms_mean", f"summed {ms}"), ("exposed_ms_mean", f"exposed {ms}"),
+                                    ("share_pct", f"% of {share_of}"),
+                                    ("calls_per_step", per_step_header("calls", label)), ("us_per_call", "µs/call")],
+                                keys=("category",))
 
 
 KERNEL_CATEGORIES_SHOWN = 3
@@ -622,31 +703,50 @@ def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -
     return text
 
 
-def _across_ranks(a: RunArtifacts, split: vd.CommSplit | None) -> str:
-    """The per-category spread across ranks, with both transfer readings; none for a sample of ranks."""
+def _cross_rank_table(a: RunArtifacts, split: vd.CommSplit | None) -> pd.DataFrame | None:
+    """Stage 05's per-category spread across ranks with the matched transfer beside it; None for
+    one rank, or for a sample of ranks (it would describe the sample, not the job)."""
     cr = a.cross_rank
-    if cr is None or not len(cr) or "category" not in cr:
-        return ""
-    if split is not None and split.status == "ranks missing":
+    if cr is None or not len(cr) or "category" not in cr or (split is not None and split.status == "ranks missing"):
+        return None
+    if "n_ranks" in cr and cr["n_ranks"].max() <= 1:
+        return None
+    readings = an.transfer_readings(a)
+    return cr if readings is None else cr.merge(readings[["category", "transfer_ms_matched"]], on="category", how="left")
+
+
+def _cross_rank_spread(table: pd.DataFrame) -> str:
+    return compact_table(table, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
+                                 ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
+                                 ("min_rank", "min on rank"), ("max_rank", "max on rank")], keys=("category",),
+                         settings=("n_ranks", "min_rank", "max_rank"))
+
+
+def _across_ranks(a: RunArtifacts, split: vd.CommSplit | None) -> str:
+    """The collectives' transfer and wait across ranks, and the spread of every category (in the
+    appendix when stage 05's figure shows it)."""
+    if split is not None and split.status == "ranks missing" and a.cross_rank is not None and len(a.cross_rank):
         return (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
                 f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
                 f"the job; the table is left out.\n")
-    if "n_ranks" in cr and cr["n_ranks"].max() <= 1:
+    table = _cross_rank_table(a, split)
+    if table is None:
         return ""
-    readings = an.transfer_readings(a)
-    table = cr if readings is None else cr.merge(readings[["category", "transfer_ms_matched"]], on="category",
-                                                  how="left")
-    text = ("\nAcross ranks (busy ms per step). For a collective, the least-waiting rank's mean time "
-            "estimates the transfer (one rank's time, its own waits included); the transfer matched instance "
-            "by instance (last arrival to the median end), which the verdict uses, stands beside it when "
-            "stage 05 matched the collectives:\n\n")
-    text += md_table(table, [("category", "category"), ("n_ranks", "ranks"), ("ms_per_step_min", "min"),
-                             ("ms_per_step_median", "median"), ("ms_per_step_max", "max"),
-                             ("min_rank", "min on rank"), ("max_rank", "max on rank"),
-                             ("transfer_ms_est", "transfer est. (least-waiting rank)"),
-                             ("transfer_ms_matched", "transfer (matched instances)"),
-                             ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")])
-    return text + _transfer_reading_notes(readings)
+    text = "\nAcross ranks (busy ms per step):"
+    if _stage_figures(a.run_dir, "05_cross_rank"):
+        text += f" the spread per category is the figure above (the table is in the [appendix]({APPENDIX_MD}#measurements-in-full)).\n"
+    else:
+        text += "\n\n" + _cross_rank_spread(table)
+    comm = table[table["transfer_ms_est"].notna()] if "transfer_ms_est" in table else table.iloc[:0]
+    if len(comm):  # the transfer and wait readings exist for collectives only
+        text += ("\nFor a collective, the least-waiting rank's mean time estimates the transfer (its own waits "
+                 "included); the transfer matched instance by instance (last arrival to the median end), which the "
+                 "verdict uses, stands beside it when stage 05 matched the collectives (ms per step):\n\n")
+        text += compact_table(comm, [("category", "category"), ("transfer_ms_est", "transfer est. (least-waiting rank)"),
+                                     ("transfer_ms_matched", "transfer (matched instances)"),
+                                     ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")],
+                              keys=("category",))
+    return text + _transfer_reading_notes(an.transfer_readings(a))
 
 
 def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
@@ -671,7 +771,7 @@ def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
 
 def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     label = ctx["verdict"].identity.step_label
-    text = f"## 5. Cross-checks\n\n### Collectives {per_step(label) if label == WINDOW else 'per ' + label}\n\n"
+    text = f"## Cross-checks\n\n### Collectives {per_step(label) if label == WINDOW else 'per ' + label}\n\n"
     ts = a.trace_summary
     if ts is not None:
         cc = ts.collectives_check
@@ -716,7 +816,12 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
         text += missing_box("Trace against prediction", need or ["a GEMM or communication prediction"])
     text += "\n### Profiler text table against the trace\n\n"
     tt = ts.text_table_check if ts is not None else []
-    if tt:
+    if tt and all(c.self_cuda_total_us is None for c in tt):  # CPU tables: nothing to set against the trace
+        totals = "; ".join(f"{md_text(Path(c.file).name)} {fmt_num(c.self_cpu_total_us)} µs" for c in tt
+                           if c.self_cpu_total_us is not None)
+        text += (f"No text table holds a kernel total to set against the trace: {md_text(tt[0].remark())}"
+                 + (f" (Self CPU totals: {totals})" if totals else "") + ".\n")
+    elif tt:
         text += ("The text table's `Self CUDA time total` against the trace's summed kernel time (a difference "
                  "above 1 % is flagged; a CPU op's CUDA time is never added as kernel time):\n\n")
         df = pd.DataFrame([{"file": Path(c.file).name, "rank": c.rank, "layout": c.layout,
@@ -726,52 +831,83 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
         cols = [("file", "file"), ("rank", "rank"), ("layout", "layout"),
                 ("self_cuda_total_us", "Self CUDA total µs"), ("trace_kernel_sum_us", "trace kernel sum µs"),
                 ("diff_pct", "difference %"), ("self_cpu_total_us", "Self CPU total µs"), ("remark", "remark")]
-        text += md_table(df, cols)
+        text += compact_table(df, cols, keys=("file",))
     else:
         text += missing_box("The text-table cross-check", ["profiler_out_*.txt parsed into 05_categorize/summary.json"])
     return text
 
 
 def _section_verdict(ctx: dict) -> str:
-    text = "## 6. Verdict\n\n"
+    text = "## Verdict\n\n"
     v: vd.Verdict = ctx["verdict"]
     am = ctx["amdahl"]
     if v.dominant is None and v.failed_guards:
         # Withdrawn, not missing: the guards say why, and the trace is described instead.
-        return text + "> **Verdict withheld.** " + " ".join(prose.verdict_sentences(v)) + "\n"
+        return text + "**Verdict withheld.**\n\n" + _finding_list(v)
     if v.dominant is None:
         return text + missing_box("The verdict", ["05_categorize/decode_categories.csv"])
     d = v.dominant
     text += (f"**Dominant category: {md_text(d.category)}**, {fmt_num(d.share_pct)} % of a {d.step_label} "
-             f"({d.denominator}).\n\n")
-    text += "> **Verdict.** " + " ".join(prose.verdict_sentences(v)) + "\n\n"
+             f"({d.denominator}). The findings, one per line:\n\n" + _finding_list(v) + "\n")
     if v.levers:
-        text += (f"Amdahl ceiling per category, on the {v.basis.denominator} of {fmt_num(v.basis.step_ms)} ms "
-                 f"({v.basis.denominator} / ({v.basis.denominator} − exposed time); exposed = time no "
-                 f"higher-priority work covers: compute, then communication, then memory):\n\n")
-        for lv in v.levers:
-            text += (f"- Removing all exposed **{md_text(lv.category)}** ({fmt_num(lv.exposed_ms)} "
-                     f"{per_step_header('ms', v.identity.step_label)}) "
-                     f"would make a {v.identity.step_label} at most **{fmt_num(lv.ceiling_x)}×** faster.\n")
+        text += _lever_table(v)
         if "amdahl" in ctx["figs"]:
             text += "\n" + _img(ctx["figs"]["amdahl"], "Amdahl ceiling per category")
     elif am is None:
         text += missing_box("Amdahl ceilings", ["05_categorize/amdahl.csv"])
     if v.roofline:
         text += "\nOn-trace roofline of the GEMM categories (stage 05; % of the device's peak):\n\n"
-        text += md_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
+        text += compact_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
                          [("category", "category"), ("time_ms_per_step", per_step_header("ms", v.identity.step_label)),
                           ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
                           ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
                           ("micro_gbps", "stage 02 GB/s"), ("micro_vs_trace", "trace / stage 02"),
-                          ("device", "device")])
+                          ("device", "device")], keys=("category",))
     elif v.roofline_reason:
         text += f"\nNo roofline on the trace: {md_text(v.roofline_reason)}.\n"
     return text
 
 
+def _finding_list(v: vd.Verdict) -> str:
+    """The verdict's sentences as a list, one bullet per finding: consecutive sentences written
+    from the same findings (a split's transfer and wait) share theirs."""
+    bullets: list[tuple[tuple, list[str]]] = []
+    for src, sentence in prose.sentences(v):
+        if bullets and bullets[-1][0] == src:
+            bullets[-1][1].append(sentence)
+        else:
+            bullets.append((src, [sentence]))
+    return "".join(f"- {' '.join(said)}\n" for _, said in bullets)
+
+
+LEVER_TABLE_MIN_X = 1.01
+"""Category levers below this ceiling are named in one line under the table, not given a row each."""
+
+
+def _lever_table(v: vd.Verdict) -> str:
+    """Every lever's Amdahl ceiling in one table, biggest first: the categories' exposed time,
+    the time between steps and the gaps inside the step, on the verdict's one basis."""
+    label = v.identity.step_label
+    rows = [{"lever": lv.category, "ms": lv.exposed_ms, "x": lv.ceiling_x} for lv in v.levers]
+    if v.between_steps is not None:
+        rows.append({"lever": prose.lever_name(v.between_steps), "ms": v.between_steps.gap_ms,
+                     "x": v.between_steps.ceiling_x})
+    rows += [{"lever": prose.lever_name(g), "ms": g.idle_ms, "x": g.ceiling_x} for g in v.gap_levers]
+    rows.sort(key=lambda r: -r["x"])
+    shown = [r for r in rows if r["x"] >= LEVER_TABLE_MIN_X] or rows[:1]
+    small = [md_text(r["lever"]) for r in rows if r not in shown]
+    text = (f"\nAmdahl ceilings, on the {v.basis.denominator} of {fmt_num(v.basis.step_ms)} ms: removing a lever's "
+            f"time makes a {label} at most {v.basis.denominator} / ({v.basis.denominator} − its time) faster "
+            "(a category's exposed time: what no higher-priority work covers):\n\n")
+    text += md_table(pd.DataFrame(shown), [("lever", "lever"), ("ms", f"removable {per_step_header('ms', label)}"),
+                                           ("x", f"{label} at most × faster")])
+    if small:
+        text += f"\nUnder {fmt_num(LEVER_TABLE_MIN_X)}× each: {', '.join(small)} (every category is in the figure).\n"
+    return text
+
+
 def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
-    text = "## 7. What-if: speculative / multi-token decoding\n\n"
+    text = "## What-if: speculative / multi-token decoding\n\n"
     w = ctx["whatif"]
     ident = ctx["verdict"].identity
     if not ident.takes_decode_verdict:
@@ -812,23 +948,14 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
              "tpot_ms": p.tpot_ms, "tok_s": p.tok_s_per_stream, "speedup": p.speedup,
              "defaults": _defaulted(p.assumptions)}
             for p in preds]
-    text += md_table(pd.DataFrame(rows), [
+    text += compact_table(pd.DataFrame(rows), [
         ("acceptance", "acceptance"), ("k", "drafted k"), ("M", "verify M"), ("batch", "batch"),
         ("draft_per_token_ms", "draft ms/token"), ("verify_ms", "verify ms"), ("draft_ms", "draft ms"),
         ("tpot_ms", "TPOT ms"), ("tok_s", "tok/s per stream"), ("speedup", "speed-up"),
-        ("defaults", "assumed by default")])
-    by_m = {p.verify_tokens: p for p in preds}
-    parts = []
-    for i, part in enumerate(base.parts):
-        row = {"part": part.name, "ms": part.ms, "law": wi.LAWS[part.law],
-               "source": next(iter(by_m.values())).parts[i].source}
-        for m, p in sorted(by_m.items()):
-            row[f"x{m}"] = p.parts[i].scale
-        parts.append(row)
+        ("defaults", "assumed by default")], keys=("acceptance", "k", "M"), settings=("batch",))
     text += ("\nHow each part of the measured step grows in a verify step (exposed ms per step; × at each M; "
              "`default` marks an assumption where a stage's measurement was missing):\n\n")
-    text += md_table(pd.DataFrame(parts), [("part", "part"), ("ms", "measured ms"), ("law", "grows with")]
-                     + [(f"x{m}", f"× at M={m}") for m in sorted(by_m)] + [("source", "source")])
+    text += _parts_table(base, preds)
     best = max(preds, key=lambda p: p.speedup)
     text += (f"\nThe best case here, acceptance {fmt_num(best.acceptance_length)} with {fmt_num(best.draft_tokens)} "
              f"drafted tokens at {fmt_num(best.draft_ms / best.draft_tokens)} ms each, projects "
@@ -837,6 +964,21 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     if "whatif" in ctx["figs"]:
         text += "\n" + _img(ctx["figs"]["whatif"], "speculative decoding what-if")
     return text + _whatif_under_load(ctx.get("whatif_load") or [], best)
+
+
+def _parts_table(base: wi.SpecBaseline, preds: list[wi.Prediction]) -> str:
+    """The measured step's parts, one row per way of growing (law, source and × at each M alike),
+    each part named with its measured ms."""
+    by_m = dict(sorted({p.verify_tokens: p for p in preds}.items()))
+    groups: dict[tuple, list[str]] = {}
+    for i, part in enumerate(base.parts):
+        src = next(iter(by_m.values())).parts[i].source
+        key = (wi.LAWS[part.law], src, *(p.parts[i].scale for p in by_m.values()))
+        groups.setdefault(key, []).append(f"{md_text(part.name)} {fmt_num(part.ms)}")
+    rows = [{"parts": ", ".join(names), "law": key[0], "source": key[1],
+             **{f"x{m}": x for m, x in zip(by_m, key[2:])}} for key, names in groups.items()]
+    return md_table(pd.DataFrame(rows), [("parts", "parts (measured ms)"), ("law", "grows with")]
+                    + [(f"x{m}", f"× at M={m}") for m in by_m] + [("source", "source")], md_columns=("parts",))
 
 
 def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]], batch1: wi.Prediction) -> str:
@@ -858,10 +1000,10 @@ def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
             "over its decode steps), not at batch 1: a verify step there scores batch × M tokens, so the GEMMs "
             "and all-reduces grow along stage 02's and 03's curves from that batch. Same grid as above; the "
             f"batch-1 row is the best case above ({fmt_num(batch1.speedup)}× at batch {fmt_num(batch1.batch)}).\n\n")
-    text += md_table(pd.DataFrame(rows), [
+    text += compact_table(pd.DataFrame(rows), [
         ("concurrency", "concurrency"), ("batch", "batch (measured)"), ("step_ms", "measured step ms"),
         ("best", "best speed-up"), ("best_tpot", "best TPOT ms"), ("worst", "worst speed-up"),
-        ("assumed", "assumed by default (×1: no stage 02 or 03 curve)")],
+        ("assumed", "assumed by default (×1: no stage 02 or 03 curve)")], keys=("concurrency",),
         formats={"concurrency": lambda v: f"{int(v)}"})
     top = max(rows, key=lambda r: r["concurrency"])
     verb = "still gains" if top["best"] > 1 else "loses"
@@ -880,65 +1022,10 @@ def _defaulted(assumptions: tuple[str, ...]) -> str:
 
 
 def _section_caveats(items: list[str]) -> str:
-    text = "## 8. Caveats\n\n"
+    text = "## Caveats\n\n"
     if not items:
         return text + "No data-quality flag was raised.\n"
     return text + "\n".join(f"- {c}" for c in items) + "\n"
-
-
-def _section_appendix(a: RunArtifacts) -> str:
-    text = "## Appendix\n\n### Command lines\n\n"
-    run, server = a.run, a.server
-    cmds = []
-    if run is not None and run.argv:
-        cmds.append(("stepscope", " ".join(redact_argv(run.argv))))
-    if server is not None and server.argv:
-        cmds.append(("server", " ".join(redact_argv(server.argv))))
-    if cmds:
-        for who, line in cmds:
-            text += f"{who}:\n\n{md_fence(line)}\n"
-    else:
-        text += missing_box("Command lines", ["run.json (argv)", "00_deploy/server.json (argv)"])
-    if run is not None and run.stages:
-        rows = [{"stage": k, "status": v.status, "duration_s": v.duration_s, "error": v.error or ""}
-                for k, v in run.stages.items()]
-        text += "\n### Stages\n\n" + md_table(pd.DataFrame(rows))
-    if run is not None and run.packages:
-        text += "\n### Packages\n\n" + kv_table(sorted(run.packages.items()), ("package", "version"))
-    text += "\n### Params file\n\n"
-    if a.params_text is not None:
-        try:
-            safe = yaml.safe_dump(redact(yaml.safe_load(a.params_text)), sort_keys=False)
-        except yaml.YAMLError:
-            # Unparsable text is still shown, but never with a secret in it.
-            safe = redact_params_text(a.params_text)
-        text += md_fence(safe, "yaml")
-    else:
-        text += missing_box("The params snapshot", ["params.yaml"])
-    text += "\n### Files in the run folder\n\n" + md_table(file_manifest(a.run_dir), [("path", "path"), ("bytes", "bytes")])
-    return text
-
-
-def file_manifest(run_dir: Path, collapse: tuple[str, ...] = ("cache", "perfetto", "traces", "levels")) -> pd.DataFrame:
-    """Every file under the run folder with its size; bulky folders collapse into one row each."""
-    rows = []
-    for root, dirs, files in os.walk(run_dir):
-        dirs.sort()
-        rel_root = Path(root).relative_to(run_dir)
-        if rel_root.name in collapse and rel_root != Path("."):
-            total, count = 0, 0
-            for r2, _, f2 in os.walk(root):
-                for f in f2:
-                    total += (Path(r2) / f).stat().st_size
-                    count += 1
-            rows.append({"path": f"{rel_root.as_posix()}/ ({count} files)", "bytes": total})
-            dirs[:] = []
-            continue
-        for f in sorted(files):
-            if f.startswith("."):
-                continue
-            rows.append({"path": (rel_root / f).as_posix(), "bytes": (Path(root) / f).stat().st_size})
-    return pd.DataFrame(rows, columns=["path", "bytes"])
 
 
 def _why(a: RunArtifacts, stage_id: str) -> str | None:
@@ -986,27 +1073,23 @@ def report_title(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str
 
 
 def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
-    step = ctx["verdict"].identity.step_label
-    head = f"# {md_text(report_title(a, ctx, wp))}\n\n"
-    short = prose.headline(ctx["verdict"])
-    if short:
-        head += HEADLINE_MARK + " ".join(short) + "\n\n"
-    times = "for the whole trace, read as one window," if step == WINDOW else f"per {step}"
-    head += (f"*Written by stepscope from the run folder's artifacts alone. Times are {times} unless "
-             "stated; units are in every column header.*\n\n[TOC]\n\n")
-    sections = [head, _section_setup(a, ctx["verdict"].identity), _section_macro(a, ctx["macro"], ctx["figs"]),
-                _section_micro(a, ctx["figs"]), _section_breakdown(a, ctx, ctx["figs"]),
-                *_section_load(a, ctx, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx, wp),
-                _section_caveats(ctx["caveats"]), _section_appendix(a)]
-    return "\n".join(sections)
+    """The report: the opening screen, then the sections in reading order, numbered."""
+    head = opening(a, ctx["verdict"], md_text(report_title(a, ctx, wp))) + "[TOC]\n\n"
+    # A trace-only run never measured a server: its opening says so once, instead of a box per stage.
+    measured = [] if trace_only(a) else [_section_macro(a, ctx["macro"], ctx["figs"]), _section_micro(a, ctx["figs"])]
+    sections = [_section_setup(a, ctx["verdict"].identity), *measured, _section_breakdown(a, ctx, ctx["figs"]),
+                *_section_load(a, ctx, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx),
+                _section_whatif(ctx, wp), _section_caveats(ctx["caveats"])]
+    return head + number_sections("\n".join(sections))
 
 
 def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
                  draw_figures: bool = True) -> dict[str, Path]:
-    """Write `06_writeup/report.md`, `06_writeup/report.html` and `06_writeup/verdict.json`
-    from the run folder alone.
+    """Write `06_writeup/report.md` and `.html`, `appendix.md` and `.html` (the run's provenance)
+    and `verdict.json` from the run folder alone.
 
-    Returns {"markdown", "html", "verdict", "figures" (folder)} plus one entry per figure drawn. Sections
+    Returns {"markdown", "html", "appendix_markdown", "appendix_html", "verdict", "figures" (folder)}
+    plus one entry per figure drawn. Sections
     whose artifacts are missing render as a visible "not measured" box. `draw_figures=False`
     renders the text only (stage PNGs are still linked): seconds faster, for re-renders and tests.
     """
@@ -1015,6 +1098,7 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     ctx = report_context(a, wp)
     ctx["figs"] = make_figures(a, ctx) if draw_figures else {}
     text = render_report_markdown(a, ctx, wp)
+    title = report_title(a, ctx, wp)
     out_dir = a.run_dir / STAGE_ID
     out_dir.mkdir(parents=True, exist_ok=True)
     # The invariants the verdict rests on, on disk beside the report that states them.
@@ -1023,13 +1107,14 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     # The findings as data, for the CLI's closing lines and exit code (and whoever reads a run).
     verdict_path = schema.write(out_dir / "verdict.json", schema.to_builtins(
         vd.verdict_file(a, v, prose.headline_sentences(v), prose.sentences(v))), schema.VerdictFile)
-    md_path = out_dir / "report.md"
+    md_path = out_dir / REPORT_MD
     md_path.write_text(scrub(text.replace("[TOC]\n\n", "")))
-    title = report_title(a, ctx, wp)
-    html_path = out_dir / "report.html"
-    html_path.write_text(scrub(markdown_to_html(scrub(text), out_dir, title, figure_dirs=(a.run_dir / "figures",))))
-    paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "verdict": verdict_path,
-                              "figures": a.run_dir / "figures"}
+    html_path = out_dir / REPORT_HTML
+    html_text = text.replace(f"]({APPENDIX_MD}", f"]({APPENDIX_HTML}")  # anchors kept
+    html_path.write_text(scrub(markdown_to_html(scrub(html_text), out_dir, title, figure_dirs=(a.run_dir / "figures",))))
+    appendix_md, appendix_html = write_appendix(a, out_dir, title, appendix_tables(a, ctx["verdict"].comm_split))
+    paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "appendix_markdown": appendix_md,
+                              "appendix_html": appendix_html, "verdict": verdict_path, "figures": a.run_dir / "figures"}
     for key, name in ctx["figs"].items():
         paths[f"figure_{key}"] = a.run_dir / "figures" / name
     return paths
@@ -1046,4 +1131,6 @@ def report_markdown_for_notebook(md_path: str | Path, run_dir: str | Path, cwd: 
     view_dir = run_dir / "notebooks" if run_dir.is_absolute() else Path(cwd or Path.cwd())
     rel = os.path.relpath((run_dir / "figures").resolve() if not run_dir.is_absolute() else run_dir / "figures",
                           view_dir.resolve() if not run_dir.is_absolute() else view_dir)
-    return Path(md_path).read_text().replace(f"]({FIGURE_LINK_PREFIX}", f"]({Path(rel).as_posix()}/")
+    text = Path(md_path).read_text().replace(f"]({FIGURE_LINK_PREFIX}", f"]({Path(rel).as_posix()}/")
+    appendix = Path(rel).parent / STAGE_ID / APPENDIX_MD  # beside report.md, seen from the notebook's folder
+    return text.replace(f"]({APPENDIX_MD}", f"]({appendix.as_posix()}")

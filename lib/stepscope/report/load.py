@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from stepscope import schema
+from stepscope.schema.writeup import APPENDIX_MD
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
@@ -217,8 +218,15 @@ def _comparison_table(rows: list[LoadComparison]) -> str:
                          ("band", "noise band (± tok/s)"), ("agrees", "within the band")], md_columns=("agrees",))
 
 
+def fits_table(run_dir: str | Path) -> str:
+    """Each category's least-squares growth with the batch (stage 05's fits), for the appendix; ''
+    without load captures."""
+    got = read_load(run_dir)
+    return _fits_table(got[1]) if got is not None else ""
+
+
 def _fits_table(summary: schema.LoadAnatomySummary) -> str:
-    from stepscope.report.markdown_util import md_table
+    from stepscope.report.markdown_util import compact_table
 
     df = pd.DataFrame([{"category": f.category if f.measure == "union" else f"{f.category} ({f.measure})",
                         "slope": f.slope_ms_per_request, "se": f.slope_se_ms,
@@ -226,14 +234,14 @@ def _fits_table(summary: schema.LoadAnatomySummary) -> str:
                         "batches": f"{f.batch_min}–{f.batch_max}"} for f in summary.fits])
     if df.empty:
         return ""
-    return md_table(df, [("category", "category"), ("slope", "slope (ms per decode request)"), ("se", "± standard error"),
-                         ("a", "intercept (ms)"), ("lo", "ms at smallest batch"), ("hi", "ms at largest batch"),
-                         ("batches", "batch sizes")])
+    return compact_table(df, [("category", "category"), ("slope", "slope (ms per decode request)"),
+                              ("se", "± standard error"), ("a", "intercept (ms)"), ("lo", "ms at smallest batch"),
+                              ("hi", "ms at largest batch"), ("batches", "batch sizes")], keys=("category",))
 
 
 def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     """Each captured level's time, part by part (seconds), as a table with its method."""
-    from stepscope.report.markdown_util import md_table
+    from stepscope.report.markdown_util import compact_table
 
     if rec is None or not rec.levels:
         return ""
@@ -246,14 +254,12 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
             "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
             if borrowed else "")
-    return ("\nWhere each captured sweep level's time went (stage 05's `load_reconciliation.json`): the level's "
-            "wall time cut into measured parts. Decode and prefill steps are the tokens the client received "
-            "while the level's concurrency was in flight, over the tokens a step of each kind emits in the "
-            "level's trace, times that kind's median period; stalls are the sweep's server-wide silences; "
-            "ramp-up, turnaround and drain are time with fewer requests waiting for a token than the "
-            "concurrency; the rest is unexplained. The gaps inside a step are inside its period on both "
-            "sides, so they cannot open a gap between the trace's rate and the sweep's.\n\n"
-            + md_table(df, cols, formats={k: _seconds for k in ["level_s", *names]}, md_columns=("adds_up",)) + note)
+    return ("\nWhere each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
+            "client's tokens over the tokens a step of each kind emits, times its median period; ramp-up, "
+            "turnaround and drain are time with fewer requests waiting than the concurrency. Gaps inside a step "
+            "lie inside its period on both sides, so they cannot open a gap between the two rates.\n\n"
+            + compact_table(df, cols, keys=("concurrency",), formats={k: _seconds for k in ["level_s", *names]},
+                            md_columns=("adds_up",)) + note)
 
 
 def _seconds(v) -> str:
@@ -269,11 +275,9 @@ def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: st
     _, summary = got
     rows = compare_levels(run_dir, summary, levels)
     text = f"## {SECTION_TITLE}\n\n"
-    text += ("Stage 04 profiled a bounded window of engine steps at each captured concurrency while that many "
-             "requests were in flight (`capture.concurrency`); stage 05 grouped the steps by what each one "
-             "processed, from the engine's own step annotations. The trace's throughput is the tokens its "
-             "decode and mixed steps generated over the summed step periods; the sweep's is measured "
-             "client-side over a whole level.\n\n")
+    text += ("Stage 04 profiled engine steps at each captured concurrency (`capture.concurrency`). The trace's "
+             "throughput is its decode and mixed steps' tokens over their summed periods; the sweep's is the "
+             "client's, over a whole level (method: `docs/methods.md`, \"The step under load\").\n\n")
     text += _comparison_table(rows)
     text += reconciliation_section(read_reconciliation(run_dir))
     for r in rows:
@@ -284,11 +288,12 @@ def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: st
                      + "\n")
     if figure_md:
         text += "\n" + figure_md + "\n"
-    text += "\n" + fastest_sentence(summary) + "\n\n" + _fits_table(summary)
+    text += "\n" + fastest_sentence(summary) + (f" Every category's fit is in the [appendix]({APPENDIX_MD}#"
+                                                 "measurements-in-full).\n" if summary.fits else "\n")
     for note in summary.notes:
         text += f"\n*{note}*\n"
-    if growth is not None:
-        text += "\n### The plateau, step by step\n\n" + " ".join(growth_sentences(growth)) + "\n"
+    if growth is not None:  # one finding per bullet: a paragraph of them is not read
+        text += "\n### The plateau, step by step\n\n" + "".join(f"- {x}\n" for x in growth_sentences(growth))
     return text + micro_curve_section(micro or [])
 
 

@@ -27,6 +27,82 @@ def _cell(v: Any, f: Callable[[Any], str] | None) -> str:
     return one_line(s).replace("|", "\\|")
 
 
+def _missing(col: pd.Series) -> pd.Series:
+    """Cells a table would print as "–" or leave blank."""
+    return col.isna() | col.astype(str).str.strip().isin(["", "–"])
+
+
+def measured_only(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keys: Sequence[str] = ()
+                  ) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """The rows and columns of a table that hold a measurement: a column missing in every row
+    goes, and so does a row whose cells outside `keys` (the columns that name a row) are all missing."""
+    cols = [(c, h) for c, h in columns if c in df.columns and not _missing(df[c]).all()]
+    values = [c for c, _ in cols if c not in keys]
+    if values and len(df):
+        df = df[~pd.concat([_missing(df[c]) for c in values], axis=1).all(axis=1)]
+    return df, cols
+
+
+def _printed(df: pd.DataFrame, c: str, formats: dict[str, Callable[[Any], str]] | None) -> list[str]:
+    """A column's cells as the table prints them (Python scalars: numpy's bool is no bool)."""
+    return [_cell(v, (formats or {}).get(c)) for v in df[c].tolist()]
+
+
+ZERO_CELLS = frozenset({"0", "0.00", "0.0"})
+
+
+def constant_caption(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keep: Sequence[str] = (),
+                     formats: dict[str, Callable[[Any], str]] | None = None, settings: Sequence[str] = ()
+                     ) -> tuple[list[tuple[str, str]], str]:
+    """Columns that print one value in every row (of two or more) leave the table for its caption:
+    ("columns left", "header: value; header: value"). A number goes only when it is zero or a
+    setting (`settings`): two measurements that agree are still measurements. `keep` stays regardless."""
+    if len(df) < 2:
+        return list(columns), ""
+
+    def movable(c: str) -> bool:
+        cells = set(_printed(df, c, formats))
+        numeric = pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool
+        return len(cells) == 1 and (not numeric or c in settings or cells <= ZERO_CELLS)
+    same = [(c, h) for c, h in columns if c in df.columns and c not in keep and movable(c)]
+    caption = "; ".join(f"{md_text(h)}: {_printed(df, c, formats)[0]}" for c, h in same)
+    return [x for x in columns if x not in same], caption
+
+
+DUPLICATE_MIN_ROWS = 3
+"""Two columns alike over fewer rows may agree by chance."""
+
+
+def duplicate_caption(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keys: Sequence[str] = (),
+                      formats: dict[str, Callable[[Any], str]] | None = None) -> tuple[list[tuple[str, str]], str]:
+    """Columns that read the same as an earlier one in every row leave the table for the caption:
+    ("columns left", "b = a"), compared as printed."""
+    printed = {c: _printed(df, c, formats) for c, _ in columns if c in df.columns}
+    kept: list[tuple[str, str]] = []
+    said = []
+    for c, h in columns:
+        twin = next((k for k in kept if k[0] not in keys and c not in keys and printed.get(k[0]) == printed.get(c)), None)
+        if twin is not None and len(df) >= DUPLICATE_MIN_ROWS:
+            said.append(f"{md_text(h)} = {md_text(twin[1])}")
+        else:
+            kept.append((c, h))
+    return kept, "; ".join(said)
+
+
+def compact_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keys: Sequence[str] = (),
+                  keep: Sequence[str] = (), settings: Sequence[str] = (), **kw: Any) -> str:
+    """`md_table` of what was measured (`measured_only`), with the columns that hold one value in
+    every row (`constant_caption`; numeric `settings` among them) or repeat another column
+    (`duplicate_caption`) said once above it; `kw` goes to `md_table`."""
+    table, cols = measured_only(df, columns, keys)
+    formats = kw.get("formats")
+    cols, same = constant_caption(table, cols, keep=[*keys, *keep], formats=formats, settings=settings)
+    table, cols = measured_only(table, cols, keys)  # a row that held only the caption's values goes too
+    cols, twins = duplicate_caption(table, cols, [*keys, *keep], formats=formats)
+    caption = "; ".join(x for x in (same, twins) if x)
+    return (f"*In every row: {caption}.*\n\n" if caption else "") + md_table(table, cols, **kw)
+
+
 def md_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]] | None = None,
              formats: dict[str, Callable[[Any], str]] | None = None, max_rows: int | None = None,
              md_columns: Sequence[str] = ()) -> str:
@@ -83,6 +159,16 @@ def missing_box(what: str, files: Sequence[str], why: str | None = None) -> str:
     text = f"> **{MISSING_MARK}:** {what}. This section needs {need}, which the run folder does not hold"
     text += f" ({why if isinstance(why, Md) else md_text(why)})." if why else "."
     return text + "\n"
+
+
+_SECTION_RE = re.compile(r"^## (?!\d+\. )", re.M)
+
+
+def number_sections(md: str) -> str:
+    """Number the `## ` sections 1, 2, ... in the order they appear: a section that is present
+    only for some runs (the step under load) takes its place without a gap or a stray title."""
+    n = iter(range(1, 1000))
+    return _SECTION_RE.sub(lambda _: f"## {next(n)}. ", md)
 
 
 def image(rel_path: str, alt: str) -> str:

@@ -157,6 +157,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/cache/", "05_categorize", "slim per-rank event tables (Parquet)"),
     Artifact("06_writeup/report.md", "06_writeup", "the report"),
     Artifact("06_writeup/report.html", "06_writeup", "the same as one self-contained HTML file"),
+    Artifact("06_writeup/appendix.md", "06_writeup", "linked from the report: the measurements its figures show, "
+             "in full (GEMM timings of the other models, collectives per size, growth with the batch, the spread "
+             "across ranks), then command lines, stages, packages, the params file (secrets redacted) and every "
+             "file in the run folder (absent in run folders of older stepscope)", optional=True),
+    Artifact("06_writeup/appendix.html", "06_writeup", "the same as one self-contained HTML file", optional=True),
     Artifact("06_writeup/verdict.json", "06_writeup", "the verdict as data: the headline's sentences with the "
              "findings they came from, the dominant cost, the biggest lever, the caveat, the ranks analysed "
              "(absent in run folders of older stepscope)", VerdictFile, optional=True),

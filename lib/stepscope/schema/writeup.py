@@ -1,8 +1,14 @@
-"""`06_writeup/guards.json`: the invariants the report's verdict rests on (`report.guards`)."""
+"""`06_writeup/`: the report's file names, and `guards.json`, the invariants the report's verdict
+rests on (`report.guards`)."""
 
 from __future__ import annotations
 
 from stepscope.schema._base import Record, Setting
+
+REPORT_MD, REPORT_HTML = "report.md", "report.html"
+APPENDIX_MD, APPENDIX_HTML = "appendix.md", "appendix.html"
+"""The report and its appendix, side by side in 06_writeup/ and linked to each other: the markdown
+pair by their .md names, the HTML pair by their .html names."""
 
 
 class GuardResult(Record, kw_only=True):
