@@ -299,3 +299,80 @@ def test_a_trace_without_a_step_marker_is_reported_as_one_window(tmp_path, real_
     assert "step annotation (host-side" not in md  # a window has no step annotation to read
     assert ("This is a training trace (from the trace: kernel `batch_norm_backward_kernel` ×20" in md
             and "the whole trace was read as one window" in md)
+
+
+REPORT_MAX_BYTES = 25_000
+PARAGRAPH_MAX_WORDS = 120
+
+
+def test_the_report_reads_in_a_minute(full):
+    # Issue 37: the demo's report was 44 KB, its verdict one 522-word blockquote, its sections
+    # numbered 1-4, then an unnumbered one, then 5-8, and half its lines the appendix.
+    md, html, paths = full
+    assert len(md.encode()) <= REPORT_MAX_BYTES
+    longest = max(paragraphs(md), key=lambda p: len(p.split()))
+    assert len(longest.split()) <= PARAGRAPH_MAX_WORDS, longest
+    numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", md, re.M)]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 8
+    assert not re.search(r"^## (?!\d+\. )", md, re.M)  # every section numbered
+    # the opening screen: In short, then the findings list under the verdict, then no appendix
+    assert md.index("> **In short:**") < md.index("## 1. Setup")
+    assert "## Appendix" not in md and "```yaml" not in md and "[appendix](appendix.md)" in md
+    assert '<a href="appendix.html">appendix</a>' in html
+    appendix = paths["appendix_markdown"].read_text()
+    assert "## Params file" in appendix and "## Files in the run folder" in appendix and "## Command lines" in appendix
+    assert "<pre>" in paths["appendix_html"].read_text()
+
+
+def test_no_table_row_is_all_dashes(full):
+    md, _, _ = full
+    for line in md.splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split("|")][1:]
+            assert cells and any(c not in ("–", "") for c in cells), line
+
+
+def test_what_to_try_names_the_setting_that_moves_the_biggest_lever(tmp_path):
+    # A launch-bound step whose biggest lever is the short gaps, served eager: the change to try
+    # is the params key that turns CUDA graphs on, said right after the headline.
+    import yaml
+
+    from stepscope.report.try_next import server_settings
+
+    run = make_synthetic_run(tmp_path / "run", launch_bound=True)
+    p = run / "params.yaml"
+    params = yaml.safe_load(p.read_text())
+    params["server"]["enforce_eager"] = True
+    p.write_text(yaml.safe_dump(params))
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert "The biggest lever is the short gaps between kernels" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("**What to try first:**"))
+    assert line.startswith("**What to try first:** CUDA graphs are off (`server.enforce_eager: true`): try "
+                           "`enforce_eager: false`. *Evidence:* the short gaps between ops take ")
+    assert md.index("> **In short:**") < md.index(line) < md.index("## 1. Setup")
+    # an attached server's flags and an analyze run's defaults describe no server stepscope launched
+    assert server_settings({"server": {"mode": "attach", "enforce_eager": True}}).enforce_eager is None
+    assert server_settings({"analysis": {"trace_paths": ["x"]}, "server": {"enforce_eager": False}}).enforce_eager is None
+
+
+def test_an_analyze_report_says_it_covers_the_trace_only(tmp_path):
+    run = make_synthetic_run(tmp_path / "run", stages=("05_categorize",))
+    p = run / "params.yaml"
+    p.write_text(p.read_text() + "analysis:\n  trace_paths: [/traces/rank0.json.gz]\n")
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    assert md.count("This report covers the trace only (`stepscope analyze`)") == 1
+    for what in ("The load sweep", "GEMM timings", "Collective timings"):
+        assert f"**{MISSING_MARK}:** {what}." not in md
+    assert "Macro results" not in md and "## 2. Profiler breakdown" in md
+
+
+def test_decision_caveats_come_first(tmp_path):
+    from stepscope.testing.synthetic import set_level_columns
+
+    run = set_level_columns(make_synthetic_run(tmp_path / "run"), bunched_chunk_share=[0.9, 0.6, 0.1, 0.1],
+                            stall_share=[0.0, 0.1, 0.6, 0.2])
+    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    head = md.split("## 1. Setup", 1)[0]
+    assert ("- At 2 of 4 sweep levels the TPOT and ITL measure delivery, not decode: up to 90.0 % of token "
+            "chunks arrived together with the previous one") in head
+    assert "- Server-wide stalls took up to 60.0 % of a sweep level's time (concurrency 4)" in head

@@ -143,7 +143,7 @@ def test_per_gpu_chart_divides_by_tp_and_marks_the_slo_and_the_knee():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "SLO TPOT <= 25 ms: 40.0 tok/s per user" in labels
     assert "SLO boundary: C=2" in labels and "knee: C=4" in labels
-    assert "TP=2" in ax.get_ylabel() and "3 levels, 32-32 completed requests each" in ax.get_title()
+    assert "TP=2" in ax.get_ylabel() and "3 levels, 32-32 completed requests each" in ax.get_title().replace("\n", " ")
 
 
 def _run_with_slo(path, share_of_level):

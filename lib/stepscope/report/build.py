@@ -33,7 +33,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import (WINDOW, Md, capture_delivery, in_steps, md_code, md_text,
+from stepscope.wording import (WINDOW, Md, in_steps, md_code, md_text,
                                figure_text, per_step, per_step_header, plural, short_name,
                                work_unit)
 
@@ -415,16 +415,25 @@ def _level_table(lv: pd.DataFrame, title: str, keys: list[tuple[str, str]], cols
     return f"*{title}*" + (f" (every level: {same})" if same else "") + ":\n\n" + md_table(lv, shown) + "\n"
 
 
-def _gemm_tables(ok: pd.DataFrame, only: str | None = None, skip: str | None = None) -> str:
+def _prediction_rows(ok: pd.DataFrame, pred: schema.GemmPrediction | None) -> pd.DataFrame:
+    """The timed points stage 02's prediction reads: its model's, at its backend, dtype and mode
+    (the routed experts' own backend too); every point when there is no prediction."""
+    if pred is None:
+        return ok
+    rows = ok[ok["model"].astype(str) == pred.model] if "model" in ok and pred.model else ok
+    cfg = pred.config
+    keep = pd.Series(True, index=rows.index)
+    for col, want in (("backend", cfg.backend), ("dtype", cfg.dtype), ("mode", cfg.mode)):
+        if want is not None and col in rows:
+            keep &= rows[col].astype(str) == want
+    if cfg.routed_backend and {"backend", "dtype"} <= set(rows.columns):
+        keep |= (rows["backend"].astype(str) == cfg.routed_backend[0]) & (rows["dtype"].astype(str) == cfg.routed_backend[-1])
+    return rows[keep] if keep.any() else rows
+
+
+def _gemm_tables(ok: pd.DataFrame) -> str:
     """Stage 02's timed points pivoted to one row per shape and a column per M, one table per
-    model, each with only the M it timed (a reference model timed at M=1 shows no empty columns);
-    `only` keeps one model's table, `skip` leaves one out."""
-    if "model" in ok and only is not None and (ok["model"].astype(str) == only).any():
-        ok = ok[ok["model"].astype(str) == only]
-    if "model" in ok and skip is not None:
-        ok = ok[ok["model"].astype(str) != skip]
-    if ok.empty:
-        return ""
+    model, each with only the M it timed (a reference model timed at M=1 shows no empty columns)."""
     keys = [c for c in ("model", "gemm", "n", "k", "dtype", "backend", "mode") if c in ok]
     piv = ok.pivot_table(index=keys, columns="m", values="time_us_median", aggfunc="median")
     piv.columns = [f"M={int(c)}" for c in piv.columns]
@@ -453,10 +462,7 @@ def appendix_tables(a: RunArtifacts, split: vd.CommSplit | None) -> str:
     parts = []
     if a.gemm is not None and "status" in a.gemm and (a.gemm["status"].astype(str) == "ok").any():
         ok = a.gemm[a.gemm["status"].astype(str) == "ok"]
-        served = a.gemm_prediction.model if a.gemm_prediction is not None else None
-        rest = _gemm_tables(ok, skip=served) if served is not None else ""
-        if rest:
-            parts.append("### GEMM timings of the other models (stage 02, median µs per call)\n\n" + rest)
+        parts.append("### GEMM timings (stage 02, median µs per call)\n\n" + _gemm_tables(ok))
     if a.collectives is not None and len(a.collectives):
         parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
     fits = fits_table(a.run_dir)
@@ -495,13 +501,11 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
         ok = g[g["status"].astype(str) == "ok"]
         bad = g[g["status"].astype(str) != "ok"]
         if len(ok):
-            text += (f"Median time per call in µs ({len(ok)} timed points; spread p10–p90, TFLOP/s, GB/s and % of "
-                     f"peak bandwidth per point are in `02_gemm_micro/gemm.csv`), one row per shape:\n\n")
-            served = a.gemm_prediction.model if a.gemm_prediction is not None else None
-            text += _gemm_tables(ok, only=served)
-            if served is not None and "model" in ok and (ok["model"].astype(str) != served).any():
-                others = ", ".join(md_text(m) for m in sorted(set(ok["model"].astype(str)) - {served}))
-                text += f"The other models' shapes ({others}) are in the [appendix]({APPENDIX_MD}#measurements-in-full).\n"
+            used = _prediction_rows(ok, a.gemm_prediction)
+            text += (f"Median time per call in µs, one row per shape, of the {len(used)} points the prediction "
+                     f"reads ({len(ok)} timed in all: every one in the [appendix]({APPENDIX_MD}#measurements-in-full); "
+                     "spread p10–p90, TFLOP/s, GB/s and % of peak bandwidth per point in `02_gemm_micro/gemm.csv`):\n\n")
+            text += _gemm_tables(used)
             if "pct_peak_bw" in ok and ok["pct_peak_bw"].notna().any():
                 best = ok.loc[ok["pct_peak_bw"].astype(float).idxmax()]
                 text += (f"\nBest bandwidth use: {fmt_num(best['pct_peak_bw'])} % of peak "
@@ -581,8 +585,8 @@ def _capture_line(a: RunArtifacts) -> str:
     if an.capture_tpot_is_delivery(a):
         text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
                  f"{fmt_num(cl.output_len)} tokens: TTFT mean {fmt_num(cl.ttft_ms_mean)} ms; their TPOT "
-                 f"(mean {fmt_num(cl.tpot_ms_mean)} ms) measures delivery, not decode: {capture_delivery(cl)}. "
-                 "It is not compared with the trace; the step period is the engine's own clock.")
+                 f"(mean {fmt_num(cl.tpot_ms_mean)} ms) measures delivery, not decode (why: *Read with care* at "
+                 "the top), so the step period, the engine's own clock, stands in for it.")
     elif cl is not None:
         text += (f" During capture the client measured {fmt_num(cl.n_requests)} requests × "
                  f"{fmt_num(cl.output_len)} tokens: TPOT mean {fmt_num(cl.tpot_ms_mean)} ms, "
@@ -925,11 +929,9 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     batch = preds[0].batch
     text += (f"Projected from the measured decode step of **{fmt_num(base.step_ms)} ms** ({base.step_basis}) at "
              f"**{fmt_num(batch)} {plural('request', batch)} per step**, for acceptance lengths {list(wp.acceptance_lengths)} and "
-             f"draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token. A verify step "
-             f"scores M = k + 1 tokens per request (k drafted: ⌈acceptance⌉ − 1 + writeup.verify_extra_tokens, "
-             f"here {wp.verify_extra_tokens}) "
-             f"and emits the acceptance length on average; TPOT = (verify step + k × draft per token) / "
-             f"acceptance. The model is `stepscope.report.whatif.predict_spec_decode_tpot`.\n\n")
+             f"draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token: a verify step "
+             f"scores M = k + 1 tokens per request (k = ⌈acceptance⌉ − 1 + {wp.verify_extra_tokens}); TPOT = "
+             f"(verify step + k × draft per token) / acceptance (`report.whatif.predict_spec_decode_tpot`).\n\n")
     sd = ctx["verdict"].spec_decode
     if sd is not None:
         text += (f"**This run already decodes speculatively** ({fmt_num(sd.n_verify_steps)} of "
@@ -994,12 +996,10 @@ def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
         rows.append({"concurrency": base.concurrency, "batch": base.batch, "step_ms": base.step_ms,
                      "best": best.speedup, "best_tpot": best.tpot_ms, "worst": worst.speedup,
                      "assumed": ", ".join(assumed) or "no default used"})
-    text = ("\n### Under load: at the batch each level was measured at\n\nEach captured load level's own decode "
-            "step (its mean period over the level's decode steps, its categories' ms per step from "
-            "`load_anatomy.csv`) projected at **the batch that trace measured** (decode requests per step, mean "
-            "over its decode steps), not at batch 1: a verify step there scores batch × M tokens, so the GEMMs "
-            "and all-reduces grow along stage 02's and 03's curves from that batch. Same grid as above; the "
-            f"batch-1 row is the best case above ({fmt_num(batch1.speedup)}× at batch {fmt_num(batch1.batch)}).\n\n")
+    text = ("\n### Under load: at the batch each level was measured at\n\nEach captured level's own decode step "
+            "(`load_anatomy.csv`) projected at **the batch that trace measured**: a verify step there scores "
+            "batch × M tokens, and the GEMMs and all-reduces grow along stage 02's and 03's curves from it. Same "
+            f"grid as above (at batch 1 the best case is {fmt_num(batch1.speedup)}×).\n\n")
     text += compact_table(pd.DataFrame(rows), [
         ("concurrency", "concurrency"), ("batch", "batch (measured)"), ("step_ms", "measured step ms"),
         ("best", "best speed-up"), ("best_tpot", "best TPOT ms"), ("worst", "worst speed-up"),
@@ -1054,8 +1054,10 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
         preds = wi.whatif_table(baseline, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
         ctx["whatif_baseline"], ctx["whatif_predictions"] = baseline, preds
         ctx["whatif_base_ms"] = baseline.step_ms
+        # The fraction is recomputed from ms, so 0.1 comes back as 0.09999999999999999 for some steps: rounded,
+        # it is one group key (one line of the figure, one legend entry) per params value again.
         ctx["whatif"] = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
-                                       "draft_cost_fraction": p.draft_ms / p.draft_tokens / baseline.step_ms}
+                                       "draft_cost_fraction": round(p.draft_ms / p.draft_tokens / baseline.step_ms, 9)}
                                       for p in preds])
         load = read_load(a.run_dir)
         ctx["whatif_load"] = [(b, wi.whatif_table(b, wp.acceptance_lengths, wp.draft_cost_fractions,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from stepscope.runfolder import save_figures  # noqa: F401  (the one saver; re-exported)
 
@@ -26,6 +28,34 @@ FIGURE_NAMES = {
 _PLAIN = FuncFormatter(lambda v, _pos: f"{v:g}")
 # On a log axis spanning less than a decade, label the 2s and 5s between the powers of ten too.
 _PLAIN_25 = FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:e}"[0] in "25" else "")
+LOG_MINOR_LABEL_DECADES = 1.5
+
+
+def _log_ticks(axis, values: pd.Series) -> None:
+    """Plain labels on a log axis (`ax.xaxis`, `ax.yaxis`); the 2s and 5s between powers of ten only
+    where the data span under LOG_MINOR_LABEL_DECADES (over four decades, 0.05 and 0.1 were drawn on
+    top of each other)."""
+    v = values[values > 0]
+    axis.set_major_formatter(_PLAIN)
+    span = float(np.log10(v.max() / v.min())) if len(v) else 0.0
+    axis.set_minor_formatter(_PLAIN_25 if span < LOG_MINOR_LABEL_DECADES else NullFormatter())
+
+
+def _latency_yscale(ax, values: pd.Series) -> None:
+    """A log latency axis, so a p50 stays readable beside a p99 ten times its size; symlog where a
+    value is 0 (a bunched level's TPOT), which a log axis would drop."""
+    v = values.dropna()
+    if (v > 0).all():
+        ax.set_yscale("log")
+    elif (v > 0).any():
+        ax.set_yscale("symlog", linthresh=float(v[v > 0].min()))
+    _log_ticks(ax.yaxis, v)
+
+
+def _title(text: str, width_in: float, fontsize: float = 10) -> str:
+    """A title wrapped to the figure's width, so no end of it is cut off."""
+    chars = max(30, int(0.9 * width_in * 72 / (0.6 * fontsize)))  # DejaVu Sans: about 0.6 em a character
+    return "\n".join(textwrap.wrap(text, chars))
 
 
 def _concurrency_axis(ax) -> None:
@@ -82,11 +112,12 @@ def plot_latency_vs_concurrency(levels: pd.DataFrame) -> Figure:
         ax.plot(c["concurrency"], c[f"{metric}_ms_median"], "o-", label=f"{label} p50")
         ax.plot(c["concurrency"], c[f"{metric}_ms_p99"], "s--", label=f"{label} p99")
         _concurrency_axis(ax)
+        _latency_yscale(ax, pd.concat([c[f"{metric}_ms_median"], c[f"{metric}_ms_p99"]]))
         ax.set_xlabel("concurrency C")
-        ax.set_ylabel(f"{label} (ms)")
+        ax.set_ylabel(f"{label} (ms, log scale)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Latency vs concurrency, per request ({_count_note(c)}); TPOT = (E2EL-TTFT)/(out-1)",
+    fig.suptitle(_title(f"Latency vs concurrency, per request ({_count_note(c)}); TPOT = (E2EL-TTFT)/(out-1)", 10),
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -146,7 +177,7 @@ def plot_per_gpu_vs_per_user(points: pd.DataFrame, tp: int, summary: dict[str, A
     ax.set_xlabel("tok/s per user (1000 / median TPOT in ms)")
     ax.set_ylabel(f"output tok/s per GPU (throughput / TP={tp})")
     share = f", SLO met by >= {100 * slo['min_share']:g} % of requests" if slo.get("min_share") else ""
-    ax.set_title(f"Throughput per GPU vs interactivity ({_count_note(points)}{share})", fontsize=10)
+    ax.set_title(_title(f"Throughput per GPU vs interactivity ({_count_note(points)}{share})", 7), fontsize=10)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -203,8 +234,7 @@ def plot_latency_distributions(samples: pd.DataFrame) -> Figure:
                          log_scale=True, ax=ax, legend=False)
         for c in levels:
             ax.plot([], [], color=palette[c], label=f"C={c} (n={int(counts.get(c, 0))})")
-        ax.xaxis.set_major_formatter(_PLAIN)
-        ax.xaxis.set_minor_formatter(_PLAIN_25)
+        _log_ticks(ax.xaxis, d["value_ms"])
         ax.set_xlabel(f"{label} (ms, log scale)")
         ax.set_ylabel(f"fraction of {per} at or below")
         ax.set_title(f"{label}: {int(counts.sum())} {per} over {len(counts)} levels", fontsize=10)

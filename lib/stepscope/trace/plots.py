@@ -32,6 +32,36 @@ def new_figure(width: float = 8.0, height: float = 4.2) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
+def tick_labels_overlap(ax: Axes, axis: str = "x") -> bool:
+    """Whether two of an axis's tick labels overlap as drawn (laid out by the figure's engine)."""
+    fig = ax.get_figure()
+    if not hasattr(fig.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    get = ax.get_xticklabels if axis == "x" else ax.get_yticklabels
+    boxes = sorted((t.get_window_extent(renderer) for t in [*get(), *get(minor=True)] if t.get_visible() and t.get_text()),
+                   key=lambda b: b.x0 if axis == "x" else b.y0)
+    return any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+
+
+def keep_tick_labels_apart(ax: Axes) -> None:
+    """Rotate the x tick labels, then show every other one, until none overlaps another."""
+    for rotation in (30, 90):
+        if not tick_labels_overlap(ax):
+            return
+        ax.tick_params(axis="x", rotation=rotation)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right" if rotation == 30 else "center")
+    while tick_labels_overlap(ax):
+        shown = [t for t in ax.get_xticklabels() if t.get_visible()]
+        if len(shown) < 3:
+            return
+        for t in shown[1::2]:
+            t.set_visible(False)
+
+
 
 # --------------------------------------------------------------------------- stacked bars
 
@@ -70,9 +100,10 @@ def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequenc
                     marker=_STEP_MARKERS[i % len(_STEP_MARKERS)], markersize=10 if n <= 40 else 6,
                     markeredgewidth=1.5, label=name)
     every = max(1, int(np.ceil(n / 40)))  # at most ~40 tick labels, however many steps
-    ax.set_xticks(x[::every], labels[::every])
-    if n > 4:
-        ax.tick_params(axis="x", rotation=90 if n > 12 else 30, labelsize=7 if n > 12 else None)
+    # A few bars named "c=16, batch 13 (n=1)" read best on two lines, upright.
+    ax.set_xticks(x[::every], [lbl.replace(", ", "\n") if n <= 12 else lbl for lbl in labels[::every]])
+    if n > 12:
+        ax.tick_params(axis="x", rotation=90, labelsize=7)
     ax.set_xlim(-0.6, n - 0.4)
     if xlabel:
         ax.set_xlabel(xlabel)
@@ -80,6 +111,7 @@ def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequenc
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
+    keep_tick_labels_apart(ax)
     return fig
 
 
@@ -175,18 +207,26 @@ def plot_step_category_distribution(bars: pd.DataFrame, *, which: str = "decode 
     return fig
 
 
+HEATMAP_MAX_WIDTH_IN = 10.0
+"""At the figures' DPI, about the report page's width (1,100 px), so the page shows it unshrunk."""
+HEATMAP_FONT_PT = 9
+
+
 def plot_step_category_heatmap(matrix: pd.DataFrame, *, which: str = "decode steps") -> Figure:
     """Category busy ms in every step (colour), rows = categories, columns = steps in order:
     warm-up steps and outliers stand out as columns unlike their neighbours."""
     import seaborn as sns
 
     n_steps = matrix.shape[1]
-    fig, ax = new_figure(min(18.0, max(7.0, 0.08 * n_steps + 4.0)), max(3.0, 0.32 * len(matrix) + 1.6))
-    sns.heatmap(matrix, ax=ax, cmap="rocket_r", xticklabels=max(1, int(np.ceil(n_steps / 40))),
+    # At most HEATMAP_MAX_WIDTH_IN wide: a wider figure is shrunk to the page, and its text with it
+    # (18 in at 155 steps read as 5 px text in the report).
+    fig, ax = new_figure(min(HEATMAP_MAX_WIDTH_IN, max(7.0, 0.08 * n_steps + 4.0)), max(3.0, 0.32 * len(matrix) + 1.6))
+    sns.heatmap(matrix, ax=ax, cmap="rocket_r", xticklabels=max(1, int(np.ceil(n_steps / 20))),
                 cbar_kws={"label": "ms per step (busy time)"})
     ax.set_xlabel("step id")
     ax.set_ylabel("")
-    ax.tick_params(axis="x", labelsize=7)
+    ax.tick_params(axis="both", labelsize=HEATMAP_FONT_PT)
+    keep_tick_labels_apart(ax)
     ax.set_title(f"Category time in each of {n_steps} {which} (ms, union of each category's work)",
                  fontsize=10)
     return fig
