@@ -2,8 +2,9 @@
 hashes of the params a stage reads, and a sweep level is kept only when its recorded identity
 matches. A change to how params are built or flattened (dataclasses to msgspec Structs, issue
 24) that moved any of these would make every existing run folder re-measure everything.
-Re-pinned once on purpose: `model.tiny.arch` (issue 34) adds `"arch": "llama"` to every tiny model's
-plain form; without that key the old hashes come back exactly."""
+Re-pinned twice on purpose: `model.tiny.arch` (issue 34) adds `"arch": "llama"` to every tiny model's
+plain form, and `sweep.percentiles` (issue 38) adds the chosen percentiles to every sweep's;
+without those keys the old hashes come back exactly."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def _json_sha(obj) -> str:
 
 
 @pytest.mark.parametrize("name, sha", [
-    ("cpu-demo", "2049b21a122d6c3d"), ("smoke", "8614a32ea4c4bc4a"),
-    ("kimi-k25-int4-tp8-pcie", "e2df469d99990f48"), ("cpu-campaign", "222efe671748edcf"),
-    ("kimi-k25-int4-tp8-campaign", "b2e0832ebac6fbd5"),
+    ("cpu-demo", "3433168b902cb88b"), ("smoke", "2ab88289adef9143"),
+    ("kimi-k25-int4-tp8-pcie", "6775e3d2cd240c28"), ("cpu-campaign", "c89e8d6ce7250019"),
+    ("kimi-k25-int4-tp8-campaign", "51b841fe3348b958"),
 ])
 def test_the_plain_form_of_each_shipped_params_file_is_unchanged(name, sha):
     assert _json_sha(params_to_dict(load_params(REPO / "params" / f"{name}.yaml"))) == sha
@@ -49,7 +50,7 @@ def test_the_runners_params_fingerprints_of_the_demo_are_unchanged():
     p = load_params(DEMO)
     per_stage = {s.id: {k: v for k, v in input_fingerprints(s, p, REPO / "no-such-run").items()
                         if k.startswith("params:")} for s in STAGES}
-    assert short_hash(per_stage) == "db1cc2a449a3f22d"
+    assert short_hash(per_stage) == "2f087800efde9dbd"
 
 
 def test_a_sweep_levels_load_shape_identity_is_unchanged():

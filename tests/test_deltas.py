@@ -85,7 +85,7 @@ def test_compare_sets_the_verdicts_side_by_side_from_verdict_json(tmp_path):
 
     a, b = make_synthetic_run(tmp_path / "a"), make_synthetic_run(tmp_path / "b", scale=0.8)
     md = compare_runs(a, b, tmp_path / "out0")["markdown"].read_text()
-    assert "06_writeup/verdict.json (missing in A `" in md  # before stage 06, the file it needs is named
+    assert "`06_writeup/verdict.json` (missing in A `" in md  # before stage 06, the file it needs is named
     for run in (a, b):
         build_report(run, draw_figures=False)
     va, vb = load_run_artifacts(a).verdict, load_run_artifacts(b).verdict

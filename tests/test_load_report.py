@@ -94,7 +94,9 @@ def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, t
 def test_compare_shows_the_anatomy_change_per_captured_concurrency(run_dir, tmp_path):
     import shutil
 
-    from stepscope.report.compare import load_section
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.compare import label_rows, load_section
+    from stepscope.report.setups import compare_setups, is_communication
 
     b = tmp_path / "b"
     shutil.copytree(run_dir, b)
@@ -105,7 +107,12 @@ def test_compare_shows_the_anatomy_change_per_captured_concurrency(run_dir, tmp_
     changed = cmp[cmp["beyond_noise"]]
     assert list(changed["quantity"]) == ["all_reduce"] and list(changed["concurrency"]) == [16]
     assert changed["ratio_b_over_a"].iloc[0] == pytest.approx(0.5)
-    assert "## The step under load, per captured concurrency" in load_section(cmp)
+    ra, rb = load_run_artifacts(run_dir), load_run_artifacts(b)
+    labelled = label_rows(cmp, compare_setups(ra, rb), cmp["quantity"].map(is_communication))
+    ar = labelled[labelled["quantity"] == "all_reduce"]
+    assert ar.loc[ar["concurrency"] == 16, "flag"].tolist() == ["changed"]  # same setup: a change, not a switch
+    section = load_section(labelled)
+    assert "## The step under load, per captured concurrency" in section and "**changed**" in section
     assert rl.compare_load(run_dir, tmp_path / "no-load") is None and load_section(None) == ""
 
 

@@ -168,9 +168,9 @@ def test_bug5_a_missing_stage_names_the_run_that_lacks_it(tmp_path):
     a = make_synthetic_run(tmp_path / "a")
     b = make_synthetic_run(tmp_path / "b", stages=("05_categorize",))
     md = compare_runs(a, b)["markdown"].read_text()
-    assert "01_macro_sweep/levels.csv (missing in B `" in md
+    assert "`01_macro_sweep/levels.csv` (missing in B `" in md
     # A holds every stage but 06 (the synthetic run has no verdict.json): only that is missing in A.
-    assert "levels.csv (missing in A" not in md and "summary.json (missing in A" not in md
+    assert "levels.csv` (missing in A" not in md and "summary.json` (missing in A" not in md
 
 
 def test_bug8_a_stage_whose_input_stage_was_skipped_is_skipped(tmp_path, notebooks):
