@@ -76,7 +76,13 @@ HOST_BOUND_MICRO_IDLE_SHARE = 0.15
 """Micro idle (short gaps between kernels inside a step) above this share of the step: the
 device waits on launches, so the step is host-bound. Idle in one long gap does not count."""
 STALL_GAP_SHARE = 0.5
-"""One gap holding more than this share of a step's idle is a stall to name, not a host-bound step."""
+"""One gap holding more than this share of a step's idle is a stall to name, not a host-bound step
+(unless the device idles most of the step: HOST_GAP_IDLE_SHARE)."""
+HOST_GAP_IDLE_SHARE = 0.5
+"""Device idle above this share of the step, with one gap per step holding most of it
+(STALL_GAP_SHARE): the step is host-bound, by the host frame running during that gap, not a
+busy step with one stall (vLLM V1 decode on an MI300X: 61 % idle, 93 % of it in one 22-28 ms gap
+per step while the host ran the model's Python forward)."""
 GAP_FRAME_COVER_SHARE = 0.5
 """A host frame covering at least this share of a macro gap is what the host was doing during
 it; the innermost such frame names the stall's cause (a DataLoader's `__next__` covered 99.6 %

@@ -20,6 +20,7 @@ from stepscope.report import guards, prose
 from stepscope.report import verdict as vd
 from stepscope.report import whatif as wi
 from stepscope.report.appendix import write_appendix
+from stepscope.report.kinds import kinds_section
 from stepscope.report.opening import opening, trace_only
 from stepscope.schema.writeup import APPENDIX_HTML, APPENDIX_MD, REPORT_HTML, REPORT_MD
 from stepscope.micro.collectives import plot_latency_vs_size
@@ -568,6 +569,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                                   _why(a, "05_categorize"))
     text += _category_table(decode, totals, ident)
     text += _category_kernels(a.category_kernels, decode, totals, ident.step_label)
+    text += kinds_section(a, ident.step_label)
     text += _step_readings(totals, ident)
     text += _breakdown_figures(a, figs, ident.step_label)
     return text + _across_ranks(a, ctx["verdict"].comm_split)
@@ -938,7 +940,7 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
                  f"{fmt_num(sd.n_decode_steps)} decode steps verify drafts): the baseline below mixes plain and "
                  f"verify steps, so set a projection against a run without speculative decoding instead.\n\n")
     b = ctx["verdict"].boundness
-    if b is not None and b.status == "stall":
+    if b is not None and b.status in ("stall", "host gap"):
         text += (f"**The measured step holds one {fmt_num(b.largest_gap_ms)} ms stall** (see the verdict), which "
                  f"the projection carries unchanged in every row: remove the stall first, or read these figures "
                  f"as a bound set by it.\n\n")

@@ -16,6 +16,7 @@ from stepscope.wording import fmt_num as f
 from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
 from stepscope.wording import md_code, md_text
 from stepscope.wording import short_name as _short
+from stepscope.report.kinds import KindApart
 from stepscope.report.verdict import Caveat, headline_findings
 from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
                                       Lever, Overlap,
@@ -201,6 +202,15 @@ def dominant_sentence(d: Dominant) -> str:
     return f"{md_text(d.category)} is the largest category{over}: {f(d.ms_per_step)} ms {per_step(d.step_label)}{share}."
 
 
+def kind_apart_sentence(k: KindApart, step_label: str) -> str:
+    """Another kind of step, read on its own steps: its largest categories and their shares of its span."""
+    parts = [f"{md_text(c.category)}, {f(c.ms_per_step)} ms ({f(c.pct_of_span)} %)" for c in k.top]
+    largest = ", then ".join(parts)
+    return (f"The {f(k.n_steps)} {md_text(k.kind)} {plural('step', k.n_steps)} {'is' if k.n_steps == 1 else 'are'} "
+            f"read apart, never averaged into the {step_label}s: per step, of its {f(k.span_ms)} ms span, "
+            f"{largest}.")
+
+
 def communication_sentence(c: Communication, step_label: str = "step") -> str:
     per = per_step(step_label)
     if c.status == "none":
@@ -254,6 +264,8 @@ def boundness_sentence(b: Boundness, step_label: str = "step") -> str:
         return (f"The {dev} is busy {f(b.busy_pct)} % of {each} ({basis}, idle {f(b.idle_pct)} %; "
                 f"device-bound up to {f(b.device_bound_pct)} % idle), so the step is bound by the work itself, "
                 f"not by launch gaps.")
+    if b.status == "host gap":
+        return host_gap_sentence(b, step_label)
     if b.status == "host-bound":
         if b.cpu:
             fix = "per-op overhead (Python, scheduling, synchronisation) comes before faster ops"
@@ -288,6 +300,42 @@ def boundness_sentence(b: Boundness, step_label: str = "step") -> str:
             f"work itself dominates.")
 
 
+def _host_frame_clause(frame: str | None, in_frame: int | None, n: int | None, what: str = "steps") -> str:
+    """Where the host was during a gap: its frame, and in how many of the steps or intervals."""
+    if not frame:
+        return ", while no recorded host frame holds it"
+    of = f" (in {f(in_frame)} of {f(n)} {what})" if in_frame is not None and n and in_frame < n else ""
+    return f", while the host was in {md_code(_short(frame))}{of}"
+
+
+PYTHON_TRACING = ("the profiler recorded Python frames inside it (Python-stack tracing, `with_stack`, ran then), "
+                  "and that tracing adds its own cost to every Python call, so the gap may be shorter untraced")
+"""The note on a host gap holding Python frames: the stack tracer may inflate it."""
+
+
+def host_gap_sentence(b: Boundness, step_label: str = "step") -> str:
+    """A mostly idle step whose idle is one gap per step: host-bound, by the host frame running then."""
+    unit = work_unit(b.cpu)
+    longest = f"; the longest {f(b.largest_gap_ms)} ms" if b.largest_gap_ms is not None else ""
+    where = _host_frame_clause(b.host_frame, b.host_frame_steps, b.n_steps)
+    note = f" {PYTHON_TRACING[0].upper()}{PYTHON_TRACING[1:]}." if b.python_frames else ""
+    return (f"The {b.device_word} idles {f(b.idle_pct)} % of each {step_label} ({b.denominator} {f(b.step_ms)} ms, "
+            f"busy {f(b.busy_ms)} ms), and one gap per step holds {f(b.host_gap_pct_of_idle)} % of that idle "
+            f"({f(b.host_gap_ms)} ms {per_step(step_label)}{longest}){where}: the step is host-bound (over "
+            f"{f(b.host_gap_idle_pct)} % idle, most of it in one gap), so faster {unit} would not touch it; shorten "
+            f"that host work or overlap it with the device's.{note}")
+
+
+def host_gap_headline(b: Boundness, step_label: str) -> str:
+    """The headline's host-bound sentence: the share of idle in one gap, and where the host was."""
+    where = f"while the host runs {md_code(_short(b.host_frame))}" if b.host_frame else "in no recorded host frame"
+    note = " (Python-stack tracing may inflate it)" if b.python_frames else ""
+    steps = (f"in {f(b.host_frame_steps)} of {f(b.n_steps)} steps" if b.host_frame and b.host_frame_steps is not None
+             and b.n_steps and b.host_frame_steps < b.n_steps else "per step")
+    return (f"The {step_label} is host-bound: the {b.device_word} idles {f(b.idle_pct)} %, {f(b.host_gap_pct_of_idle)} % "
+            f"of it in one gap {steps}, {where}{note}.")
+
+
 def _idle_split(b: Boundness) -> str:
     """Where the idle lies: short gaps, long gaps, between steps (each when measured)."""
     parts = []
@@ -314,9 +362,12 @@ def tpot_gap_sentence(t: TpotGap) -> str:
 def between_steps_sentence(b: BetweenSteps, step_label: str, biggest: bool = False) -> str:
     over = f", mean over {f(b.n_intervals)} intervals" if b.n_intervals else ""
     lead = "The biggest lever lies between steps: " if biggest else "Between steps, "
+    what = ("the engine's host work outside the step (scheduling, input preparation, output processing)"
+            if not b.host_frame else "host work outside the step")
+    where = _host_frame_clause(b.host_frame, b.host_frame_intervals, b.n_intervals, "intervals") if b.host_frame else ""
     return (f"{lead}{f(b.gap_ms)} ms {per_step(step_label)} ({f(b.gap_pct)} % of the {f(b.period_ms)} ms period{over}) "
-            f"pass with none of the steps' recorded work running: the engine's host work outside the step "
-            f"(scheduling, input preparation, output processing), which no kernel or collective fix reaches. "
+            f"pass with none of the steps' recorded work running{where}: {what}, which no kernel or collective "
+            f"fix reaches. "
             f"Removing it would make a {step_label} at most {f(b.ceiling_x)}× faster (period / span of "
             f"{f(b.span_ms)} ms){', more than any other lever' if biggest else ''}.")
 
@@ -506,6 +557,7 @@ def sentences(v: Verdict) -> list[Sentence]:
         out.append(((v.spec_decode,), spec_decode_sentence(v.spec_decode)))
     if v.dominant is not None:
         out.append(((v.dominant,), dominant_sentence(v.dominant)))
+    out += [((k, *k.top), kind_apart_sentence(k, v.identity.step_label)) for k in v.kinds_apart]
     if v.communication is not None:
         out.append(((v.communication,), communication_sentence(v.communication, v.identity.step_label)))
     # A split of hidden communication would advertise a lever the step cannot feel.
@@ -542,8 +594,10 @@ def _lever_sentences(v: Verdict) -> list[Sentence]:
         out.append(((between,), between_steps_sentence(between, label, biggest=True)))
     if v.levers:
         peak = _lever_at_peak(v)
+        host_gap = v.boundness is not None and v.boundness.status == "host gap"  # the gap outranks every category
         out.append((v.levers[:2] + ((peak,) if peak else ()),
-                    lever_sentence(v.levers, label, among_categories=kind not in (None, "category"), at_peak=peak)))
+                    lever_sentence(v.levers, label, among_categories=host_gap or kind not in (None, "category"),
+                                   at_peak=peak)))
     if between is not None and kind != "between steps":
         out.append(((between,), between_steps_sentence(between, label)))
     return out
@@ -568,6 +622,8 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
     if h.dominant is not None:
         src = (h.dominant,) if h.idle is None else (h.dominant, h.idle)
         out.append((src, dominant_headline(h.dominant, h.idle)))
+    if h.host_gap is not None:
+        out.append(((h.host_gap,), host_gap_headline(h.host_gap, label)))
     if h.lever is not None:
         same = isinstance(h.lever, Lever) and h.dominant is not None and h.lever.category == h.dominant.category
         out.append(((h.lever,), lever_headline(h.lever, label, same_as_dominant=same, buys_little=h.lever_buys_little)))

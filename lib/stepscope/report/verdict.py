@@ -22,12 +22,13 @@ import pandas as pd
 from stepscope import schema, wording
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
+from stepscope.report.kinds import KindApart, judged_kind, kind_table, kinds_apart
 from stepscope.report.load import LoadGrowth, load_growth
 from stepscope.trace.account import ceiling_x
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.steps import WHOLE_TRACE
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, HEADLINE_IDLE_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
-                                  HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE,
+                                  HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE, HOST_GAP_IDLE_SHARE,
                                   LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
                                   STALLED_LEVEL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
 
@@ -181,7 +182,9 @@ class Boundness:
     """Host-bound, device-bound, one stall, or between."""
 
     status: str
-    """`device-bound`, `host-bound`, `stall`, `host-ahead gaps`, `mixed`, `undetermined`."""
+    """`device-bound`, `host gap` (host-bound: one gap per step, in a host frame, holds most of the
+    idle of a mostly idle step), `host-bound` (short gaps), `stall`, `host-ahead gaps`, `mixed`,
+    `undetermined`."""
     device_word: str
     """`device` or `CPU worker`."""
     step_ms: float
@@ -203,6 +206,18 @@ class Boundness:
     gap_host_call: str | None = None
     """What the host was doing during the largest gap (e.g. a blocking copy), when stage 05 found it."""
     launch_delay_median_us: float | None = None
+    host_gap_ms: float | None = None
+    """Each step's one long gap (its largest, a macro gap), mean per step (stage 05's `host_gap`)."""
+    host_gap_pct_of_idle: float | None = None
+    """Those gaps over the steps' idle (period minus busy), %."""
+    host_frame: str | None = None
+    """The host frame most of those gaps lie in: what the host ran while the device waited."""
+    host_frame_steps: int | None = None
+    """Steps whose gap lies in `host_frame`, of `n_steps`."""
+    n_steps: int | None = None
+    python_frames: int | None = None
+    """Python frames the profiler recorded inside such a gap (median): Python-stack tracing ran
+    during it, at its own cost per Python call, so the gap may be shorter untraced."""
     graph_replay: bool | None = None
     cpu: bool = False
     device_bound_pct: float = 100 * DEVICE_BOUND_IDLE_SHARE
@@ -211,6 +226,7 @@ class Boundness:
     macro_gap_ms: float = MACRO_GAP_US / 1e3
     """A gap at least this long is macro idle (stage 05's split)."""
     stall_threshold_pct: float = 100 * STALL_GAP_SHARE
+    host_gap_idle_pct: float = 100 * HOST_GAP_IDLE_SHARE
     host_ahead_us: float = HOST_AHEAD_LAUNCH_DELAY_US
 
 
@@ -341,6 +357,11 @@ class BetweenSteps:
     ceiling_x: float
     n_intervals: int | None = None
     threshold_pct: float = 100 * BETWEEN_STEPS_SHARE
+    host_frame: str | None = None
+    """The host frame holding most of the device's gaps between steps (stage 05's
+    `between_steps`), e.g. a DataLoader's `__next__`: what the host ran then."""
+    host_frame_intervals: int | None = None
+    """Intervals whose gap lies in `host_frame`, of `n_intervals`."""
 
 
 @dataclass(frozen=True)
@@ -439,6 +460,9 @@ class Verdict:
     """The step under load either side of the knee (`report.load`), when stage 04 captured load levels."""
     guards: tuple[Guard, ...] = ()
     """Every invariant checked, holding or not; the failing ones' claims are already withdrawn."""
+    kinds_apart: tuple[KindApart, ...] = ()
+    """Every step kind but the judged one, read on its own steps (`report.kinds`): a prefill
+    step's all-reduce is said of the prefill step, never pooled into the decode figures."""
 
     @property
     def failed_guards(self) -> tuple[Guard, ...]:
@@ -648,7 +672,10 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
 
 def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               ident: TraceIdentity) -> Boundness | None:
-    """Device- or host-bound from idle on the step basis; host-bound only on micro idle."""
+    """Device- or host-bound from the step's own numbers, on the step basis: host-bound where the
+    device idles over HOST_GAP_IDLE_SHARE of the step and one gap per step holds most of that idle
+    (`host gap`, named by the host frame it lies in), or where short gaps hold over
+    HOST_BOUND_MICRO_IDLE_SHARE of it (launch overhead)."""
     step, busy, span = basis.step_ms, totals.get("union_ms"), totals.get("span_ms")
     if not step or busy is None:
         return None
@@ -671,9 +698,14 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               macro_pct_of_idle=100 * macro / idle_ms if macro is not None and idle_ms > 0 else None,
               gap_before=_known(gap.get("before")), gap_after=_known(gap.get("after")),
               gap_host_call=_known(gap.get("host_frame") or gap.get("host_call")),
-              launch_delay_median_us=delay, graph_replay=ident.graph_replay)
+              launch_delay_median_us=delay, graph_replay=ident.graph_replay, **_host_gap(d.get("host_gap")))
     if idle_frac <= DEVICE_BOUND_IDLE_SHARE:
         return Boundness(status="device-bound", **kw)
+    one_gap = kw.get("host_gap_pct_of_idle")
+    # one step's one gap is a stall: a single step cannot say the host holds every step
+    if (idle_frac > HOST_GAP_IDLE_SHARE and one_gap is not None and one_gap >= 100 * STALL_GAP_SHARE
+            and (kw.get("n_steps") or 0) > 1):
+        return Boundness(status="host gap", **kw)
     if micro is None:
         # Without the split one long stall and many launch gaps look alike: decide nothing.
         return Boundness(status="undetermined" if idle_frac >= LAUNCH_BOUND_IDLE_SHARE else "mixed", **kw)
@@ -683,6 +715,17 @@ def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
     if macro is not None and idle_ms > 0 and macro / idle_ms >= STALL_GAP_SHARE:
         return Boundness(status="stall", **kw)
     return Boundness(status="mixed", **kw)
+
+
+def _host_gap(g: Any) -> dict[str, Any]:
+    """Boundness's fields from stage 05's `host_gap` block (each step's one long gap and the host
+    frame it lies in); none where the run predates it."""
+    if not isinstance(g, dict) or num(g.get("ms_per_step")) is None:
+        return {}
+    share = num(g.get("share_of_idle"))
+    return dict(host_gap_ms=num(g.get("ms_per_step")), host_gap_pct_of_idle=None if share is None else 100 * share,
+                host_frame=_known(g.get("frame")), host_frame_steps=_int(g.get("n_steps_in_frame")),
+                n_steps=_int(g.get("n_steps")), python_frames=_int(g.get("python_frames")))
 
 
 def overlap(totals: dict[str, Any]) -> Overlap | None:
@@ -701,13 +744,18 @@ def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
                    gap_pct=100 * j.gap_share)
 
 
-def between_steps(totals: dict[str, Any], ident: TraceIdentity) -> BetweenSteps | None:
-    """The period minus the span, when decode steps have a period and the gap is worth a lever."""
+def between_steps(totals: dict[str, Any], ident: TraceIdentity, a: RunArtifacts | None = None) -> BetweenSteps | None:
+    """The period minus the span, when the judged steps have a period (of any kind: a training
+    step's DataLoader wait lies there too) and the gap is worth a lever; named by the host frame
+    stage 05 found over the device's gaps between steps (`a`'s `decode.between_steps`)."""
     period, span = num(totals.get("period_ms")), num(totals.get("span_ms"))
-    if not ident.has_decode or not period or not span or period - span <= BETWEEN_STEPS_SHARE * period:
+    if ident.kind == "capture" or not period or not span or period - span <= BETWEEN_STEPS_SHARE * period:
         return None
+    g = _plain(a.decode).get("between_steps") if a is not None else None
+    g = g if isinstance(g, dict) else {}
     return BetweenSteps(gap_ms=period - span, period_ms=period, span_ms=span, gap_pct=100 * (period - span) / period,
-                        ceiling_x=period / span, n_intervals=_int(totals.get("period_n")))
+                        ceiling_x=period / span, n_intervals=_int(totals.get("period_n")),
+                        host_frame=_known(g.get("frame")), host_frame_intervals=_int(g.get("n_steps_in_frame")))
 
 
 def levers(amdahl: pd.DataFrame | None, basis: StepBasis, a: RunArtifacts | None = None) -> tuple[Lever, ...]:
@@ -885,7 +933,7 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
     ident = trace_identity(a)
     basis = step_basis(a)
     comm = communication(decode, amdahl)
-    category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident)
+    category_levers, between = levers(amdahl, basis, a), between_steps(totals, ident, a)
     gaps = gap_levers(a, basis, cpu=totals.get("mode") == "cpu")
     return Verdict(identity=ident, basis=basis, spec_decode=spec_decode_seen(a, basis),
                    dominant=dominant(decode, basis, ident), communication=comm,
@@ -894,7 +942,8 @@ def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None
                    between_steps=between, gap_levers=gaps, biggest=biggest(category_levers, between, gaps),
                    agreements=agreements(mvt), roofline=roofline(a, basis, category_levers), roofline_reason=_roofline_reason(a),
                    step_prediction=step_prediction(a, basis),
-                   plateau=plateau(macro), load_growth=_load_growth(a, macro))
+                   plateau=plateau(macro), load_growth=_load_growth(a, macro),
+                   kinds_apart=kinds_apart(kind_table(a.run_dir, a.decode.rank), judged_kind(a) or ident.kind))
 
 
 BETWEEN_STEPS_LEVER = "time between steps"
@@ -962,6 +1011,9 @@ class Headline:
     idle: Boundness | None = None
     """The boundness finding, when the device idles over HEADLINE_IDLE_SHARE of the step and the
     lever is no gap (which would say where the idle goes)."""
+    host_gap: Boundness | None = None
+    """The boundness finding when it is `host gap`: the headline then says the step is host-bound
+    and where the host was, in place of a category lever (no kernel fix reaches that idle)."""
 
 
 def caveats(v: Verdict) -> tuple[Caveat, ...]:
@@ -1001,11 +1053,22 @@ def headline_findings(v: Verdict) -> Headline:
         lever = next((g for g in v.gap_levers if g.kind == kind), None)
     found = caveats(v)
     b = v.boundness
+    if b is not None and b.status == "host gap":
+        # the host-bound sentence says what the stall guard's caveat would: the next caveat instead
+        found = tuple(c for c in found if not _says_stall(c))
+        return Headline(dominant=v.dominant, lever=None, caveat=found[0] if found else None, host_gap=b)
     return Headline(dominant=v.dominant, lever=lever, caveat=found[0] if found else None,
                     lever_buys_little=lever is not None and v.biggest.ceiling_x < LEVER_MIN_X,
                     # a gap or between-steps lever already says where the idle time goes
                     idle=(b if b is not None and b.idle_pct > 100 * HEADLINE_IDLE_SHARE
                           and not isinstance(lever, (BetweenSteps, GapLever)) else None))
+
+
+def _says_stall(c: Caveat) -> bool:
+    """The steady-state guard's caveat that the step is mostly one host stall."""
+    g = c.finding
+    return (c.code == "claims_withdrawn" and isinstance(g, Guard) and g.invariant == "steady_state"
+            and "levers" not in g.withdrawn)
 
 
 UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")

@@ -27,7 +27,8 @@ from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryL
                                          CollectiveSizeRow, CollectivesCheck, CrossRankRow, ExpectedCollectives,
                                          ModuleRow, NamedTime, ObservedCollectives, Percentiles, RankReconcile,
                                          TextTableCheck,
-                                         DecodeCategoryRow, DecodeSummary, Flag, LargestGap, PeriodStat,
+                                         DecodeCategoryRow, DecodeSummary, Flag, HostGapTime, KindCategoryRow,
+                                         LargestGap, PeriodStat,
                                          RankCategoryRow, RankSummary, Roofline, RooflineDevice, RooflineRow,
                                          SpecDecodeSteps, CategoryTotals, ClassTotals, CountStat, MixedReading,
                                          StepRow, StepSourceChoice, StepTimes, TimelineRow, TraceInfo,
@@ -131,6 +132,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/decode_categories.csv", "05_categorize", "per rank and category over "
              "decode steps", DecodeCategoryRow),
     Artifact("05_categorize/steps.csv", "05_categorize", "one row per step and rank", StepRow),
+    Artifact("05_categorize/kind_categories.csv", "05_categorize", "per rank, step kind and category: "
+             "the kinds side by side (prefill, decode, verify, warm-up, ...), never averaged together",
+             KindCategoryRow, optional=True),
     Artifact("05_categorize/rank_categories.csv", "05_categorize", "per rank and category, whole trace",
              RankCategoryRow),
     Artifact("05_categorize/cross_rank.csv", "05_categorize", "per category across ranks", CrossRankRow),
@@ -224,5 +228,5 @@ __all__ = [
     "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",
     "ModelCard", "ModelsResponse", "NamedTime", "ObservedCollectives", "Percentiles", "RankReconcile", "RunEvent",
     "StartProfileBody", "TextTableCheck", "LargestGap", "PeriodStat", "Roofline", "RooflineDevice", "RooflineRow",
-    "SpecDecodeSteps", "CategoryTotals", "ClassTotals", "CountStat", "MixedReading",
+    "SpecDecodeSteps", "CategoryTotals", "ClassTotals", "CountStat", "MixedReading", "HostGapTime", "KindCategoryRow",
 ]

@@ -167,6 +167,30 @@ class LargestGap(Record, kw_only=True):
     way the gap lies inside the step's work."""
 
 
+class HostGapTime(Record, kw_only=True):
+    """One gap per step in which the device waits on the host, over the judged steps: the
+    largest gap inside each step (a macro gap), or the device's gap between consecutive steps."""
+
+    ms_per_step: float
+    """Mean per step over `n_steps` (0 for a step without such a gap)."""
+    n_steps: int
+    share_of_idle: float | None = None
+    """Its time over the device's idle time (period minus busy) of the steps with a period,
+    0-1; span minus busy where no step has one."""
+    frame: str | None = None
+    """The host frame (annotation, op or Python frame) holding most of its time, e.g.
+    `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`; None when no recorded frame
+    holds the gaps."""
+    frame_ms_per_step: float | None = None
+    """The gaps' time inside `frame`, per step (over `n_steps`)."""
+    n_steps_in_frame: int = 0
+    python_frames: int | None = None
+    """Python frames (`python_function`) starting inside a gap held by `frame`, median over its
+    steps, of those stepscope keeps (module and step frames; the parse drops the rest). Any at all
+    says the profiler's Python tracer ran during the gap, and it adds its own cost to every Python
+    call: the gap may be shorter untraced."""
+
+
 class SpecDecodeSteps(Record, kw_only=True):
     """Verify steps under speculative decoding, counted from the step annotations (a step
     `..._generation_R(T)` with T > R scored drafts) beside plain ones. Emitted tokens are
@@ -215,6 +239,13 @@ class DecodeSummary(Record, kw_only=True):
     micro + macro = span - busy; the time between steps is period - span."""
     largest_gap: LargestGap | None = None
     """The longest gap in any decode step."""
+    host_gap: HostGapTime | None = None
+    """Each judged step's largest gap (a macro gap), together: per step, its share of the
+    steps' idle and the host frame it lies in. The boundness finding reads it (one host gap
+    holding most of the idle of a mostly idle step: host-bound)."""
+    between_steps: HostGapTime | None = None
+    """The device's gap between consecutive steps of the judged kind (period minus span), with the
+    host frame running then (a DataLoader's `__next__` between training steps)."""
     launch_delay_us: dict[str, float | None] | None = None
     """{median, p90}: launch to kernel start (GPU traces)."""
     spec_decode: SpecDecodeSteps | None = None
@@ -646,6 +677,31 @@ class DecodeCategoryRow(Row, kw_only=True):
     """sum / calls, µs."""
 
 
+class KindCategoryRow(Row, kw_only=True):
+    """Per rank, step kind and category, over that kind's steps: the kinds side by side, never
+    averaged together (a prefill step's all-reduce is not a decode step's)."""
+
+    rank: int
+    kind: str
+    """The steps' kind (`decode`, `prefill`, `mixed`, `training`, `warmup`, ...), or `verify` for a
+    decode step that scores drafted tokens."""
+    n_steps: int
+    """Steps of this kind with work."""
+    category: str
+    class_: str = field(name="class")
+    union_ms_mean: float
+    """The category's busy time per step of this kind, ms (mean over its steps)."""
+    exposed_ms_mean: float | None = None
+    """Per step of this kind: the part no higher-priority class covers, ms."""
+    sum_ms_mean: float | None = None
+    """Summed durations per step of this kind, ms."""
+    calls_per_step: float | None = None
+    busy_ms_mean: float | None = None
+    """The kind's steps' busy time (union of all their work), ms per step: the same on each of the kind's rows."""
+    span_ms_mean: float | None = None
+    """The kind's steps' span (first to last work), ms per step."""
+
+
 class CategoryKernelRow(Row, kw_only=True):
     """The largest kernels (ops on a CPU trace) of each category, per rank, over the decode
     steps (all steps when none is labelled decode): at most `account.KERNELS_PER_CATEGORY`
@@ -831,6 +887,12 @@ class StepRow(Row, kw_only=True):
     gap_host_call: str | None = None
     gap_host_frame: str | None = None
     """The innermost host frame holding the whole largest gap (a macro gap only)."""
+    gap_python_frames: int | None = None
+    """Python frames (`python_function`, those stepscope keeps) starting inside the largest gap (a
+    macro gap only): any says the profiler's Python tracer ran during it."""
+    between_host_frame: str | None = None
+    """The innermost host frame holding the device's gap from this step's last work to the next
+    step's first (when at least `thresholds.MACRO_GAP_US`): what the host did between steps."""
     launch_delay_us: float | None = None
     """Median launch-to-start delay of the step's kernels (GPU traces)."""
 

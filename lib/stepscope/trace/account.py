@@ -448,6 +448,44 @@ def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame,
     return out[DECODE_COLUMNS].reset_index(drop=True)
 
 
+def step_groups(step_totals: pd.DataFrame) -> np.ndarray:
+    """Each step's group for the per-kind table: its kind, except a decode step that scores
+    drafted tokens (`decode_tokens` > `decode_requests`, `steps.spec_decode_steps`), which is a
+    verify step. Kinds are never pooled: a prefill's all-reduce is not a decode step's."""
+    kinds = step_totals["kind"].fillna("unknown").astype(str).to_numpy(object)
+    if {"decode_tokens", "decode_requests"} <= set(step_totals):
+        req, tok = step_totals["decode_requests"].to_numpy(float), step_totals["decode_tokens"].to_numpy(float)
+        kinds = np.where((kinds == "decode") & (req > 0) & (tok > req), "verify", kinds)
+    return kinds
+
+
+def kind_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFrame:
+    """Per step kind (`step_groups`: prefill, decode, verify, mixed, warm-up, ...) and category,
+    over that kind's steps with work on one rank: ms per step (union, exposed, summed) and calls
+    per step, beside the kind's own busy time and span per step. The kinds side by side: the
+    decode figures elsewhere hold decode steps only, and this is where the others are."""
+    groups = step_groups(step_totals)
+    has_work = step_totals["n_events"].to_numpy() > 0
+    rows = []
+    for kind in pd.unique(groups[has_work]):
+        st = step_totals[has_work & (groups == kind)]
+        ids, n = st["step_id"].to_numpy(), len(st)
+        sc = step_cats[step_cats["step_id"].isin(ids)]
+        for cat, g in sc.groupby("category", sort=False):
+            cnt = g["count"].sum()
+            rows.append({"rank": int(step_totals["rank"].iloc[0]), "kind": str(kind), "n_steps": n,
+                         "category": cat, "class": CATEGORY_CLASS.get(cat, "compute"),
+                         "union_ms_mean": g["union_us"].sum() / 1e3 / n, "exposed_ms_mean": g["exposed_us"].sum() / 1e3 / n,
+                         "sum_ms_mean": g["sum_us"].sum() / 1e3 / n, "calls_per_step": cnt / n,
+                         "busy_ms_mean": float(st["busy_us"].mean()) / 1e3, "span_ms_mean": float(st["span_us"].mean()) / 1e3})
+    out = pd.DataFrame(rows, columns=KIND_COLUMNS)
+    return out.sort_values(["kind", "union_ms_mean"], ascending=[True, False], kind="stable").reset_index(drop=True)
+
+
+KIND_COLUMNS = ["rank", "kind", "n_steps", "category", "class", "union_ms_mean", "exposed_ms_mean", "sum_ms_mean",
+                "calls_per_step", "busy_ms_mean", "span_ms_mean"]
+
+
 DECODE_COLUMNS = ["rank", "category", "class", "n_steps", "union_ms_mean", "union_ms_median",
                   "union_ms_p90", "sum_ms_mean", "exposed_ms_mean", "share_of_span",
                   "share_of_period", "exposed_share_of_busy", "calls_per_step", "us_per_call"]

@@ -74,6 +74,8 @@ class RankResult:
     """Collectives by op, dtype and size, with bandwidth per call (`collectives.collective_sizes`)."""
     launches: pd.DataFrame = field(default_factory=empty_launches)
     """Each launch's call and first kernel per step (`steps.LAUNCH_COLUMNS`; GPU traces)."""
+    kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per step kind and category (`account.kind_categories`): the kinds side by side."""
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Analysis:
     text_tables: pd.DataFrame = field(default_factory=pd.DataFrame)
     collective_instances: pd.DataFrame = field(default_factory=pd.DataFrame)
     category_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    kind_categories: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Every rank's `RankResult.kinds`: per step kind and category, the kinds never pooled."""
 
     @property
     def reference(self) -> RankResult:
@@ -305,7 +309,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
     args = work.pop(ARGS_COLUMN) if ARGS_COLUMN in work else None  # the kernels' collective args
     step_cats, step_tot = acc.account_steps(work, steps)
     host = ev.loc[in_values(ev["cat"], LAUNCH_CATS), ["ts", "dur", "name"]]
-    frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name"]]
+    frames = ev.loc[in_values(ev["cat"], ("user_annotation", "cpu_op", "python_function")), ["ts", "dur", "name", "cat"]]
     step_tot = step_tot.merge(step_idle(work, step_tot, launches, host, frames), on="step_id", how="left")
     sizes = _collective_sizes(work, args, step_tot, rt.rank, rt.meta.get("world_size"), rt.mode)
     del args  # a byte a kernel, let go before the category tables' peak (issue 26)
@@ -323,6 +327,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
                       steps=steps, work=work, step_categories=step_cats, rank_categories=rank_cats,
                       totals=totals, decode=dec, decode_times=times, other_top=other_top, info=info,
                       steps_tot=step_tot, meta=meta, launches=launches, collective_sizes=sizes,
+                      kinds=acc.kind_categories(step_cats, step_tot),
                       **_by_module(ev, work, step_tot, rt.rank))
 
 
@@ -583,7 +588,8 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     an = Analysis(ranks=results, summary=summary, decode_categories=dec_all,
                   steps=steps_all, collective_instances=instances, rank_categories=rank_cats, cross_rank=xr, amdahl=amd,
                   timeline=timeline, text_tables=tt_df,
-                  category_kernels=pd.concat([r.kernels for r in results], ignore_index=True))
+                  category_kernels=pd.concat([r.kernels for r in results], ignore_index=True),
+                  kind_categories=pd.concat([r.kinds for r in results], ignore_index=True))
     return an
 
 
@@ -870,6 +876,7 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     schema.write(out_dir / "summary.json", an.summary, schema.TraceSummary)
     schema.write_table(an.decode_categories, out_dir / "decode_categories.csv", schema.DecodeCategoryRow)
     schema.write_table(an.steps, out_dir / "steps.csv", schema.StepRow)
+    schema.write_table(an.kind_categories, out_dir / "kind_categories.csv", schema.KindCategoryRow)
     schema.write_table(an.rank_categories, out_dir / "rank_categories.csv", schema.RankCategoryRow)
     schema.write_table(an.cross_rank, out_dir / "cross_rank.csv", schema.CrossRankRow)
     schema.write_table(an.amdahl, out_dir / "amdahl.csv", schema.AmdahlRow)

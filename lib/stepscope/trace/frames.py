@@ -46,9 +46,10 @@ _CONTEXT_OP = re.compile(
     r"|^Optimizer\.|_foreach_|_fused_(adam|adamw|sgd|adagrad)"
     r"|^vllm::unified_(mla_)?attention|^vllm::moe_forward"  # MLA's absorbed bmms, the router's top-k
     r"|^vllm::(all_reduce|all_gather|reduce_scatter)$"  # vLLM's collectives name RCCL's generic kernels
-    r"|^ProfilerStep#\d+$|^\[param\|.*\|(?:warmup|measure)\|")
-"""cpu_op names that name a purpose (matched by `re.search`), and the step markers older traces
-record as ops (`trace.steps`)."""
+    r"|^ProfilerStep#\d+$|^\[param\|.*\|(?:warmup|measure)\|"
+    r"|^enumerate\(DataLoader\)#")  # the host's wait for a batch, an op in 2021-format traces
+"""cpu_op names that name a purpose (matched by `re.search`), the step markers older traces
+record as ops (`trace.steps`), and the DataLoader's `__next__` (the stall it names, `trace.period`)."""
 
 
 def keep_frame(name: object) -> bool:

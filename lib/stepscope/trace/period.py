@@ -25,11 +25,12 @@ import pandas as pd
 from stepscope.thresholds import MACRO_GAP_US
 from stepscope.trace import account
 from stepscope.trace.account import in_steps, rows_of
-from stepscope.trace.steps import WHOLE_TRACE
+from stepscope.trace.step_sources import ENGINE_STEP_FRAME
+from stepscope.trace.steps import STEP_LIKE, WHOLE_TRACE
 
 PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "idle_micro_us", "idle_macro_us",
                   "largest_gap_us", "largest_gap_start_us", "gap_before", "gap_after", "gap_host_call",
-                  "gap_host_frame", "launch_delay_us"]
+                  "gap_host_frame", "gap_python_frames", "between_host_frame", "launch_delay_us"]
 NAME_CHARS = 160
 """Kernel names beside a gap are cut to this many characters (templated names run to 1,000+)."""
 
@@ -112,7 +113,9 @@ def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
     """The innermost host frame (an annotation, op or kept python frame: `ts`, `dur`, `name`)
     covering at least GAP_FRAME_COVER_SHARE of the gap [start, end): what the host was doing
     while the device waited, e.g. `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`.
-    The step's own annotations (`skip`) name no cause. "" when no frame covers it."""
+    The step's own annotations (`skip`) and any step marker or engine step frame (`steps.STEP_LIKE`,
+    `step_sources.ENGINE_STEP_FRAME`: SGLang's `step[DECODE bs=32]` around a vLLM-annotated step)
+    name no cause: they hold the whole step. "" when no frame covers it."""
     from stepscope.thresholds import GAP_FRAME_COVER_SHARE
 
     if frames is None or not len(frames) or not np.isfinite(start) or end <= start:
@@ -122,10 +125,34 @@ def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
     names = frames["name"].astype(str).to_numpy()
     cover = np.minimum(s + d, end) - np.maximum(s, start)
     ok = (cover >= GAP_FRAME_COVER_SHARE * (end - start)) & ~np.isin(names, list(skip))
+    ok[ok] = [not (STEP_LIKE.search(n) or ENGINE_STEP_FRAME.search(n)) for n in names[ok]]
     if not ok.any():
         return ""
     i = np.flatnonzero(ok)[np.argmin(d[ok])]
     return str(names[i])
+
+
+def python_frames_in(frames: pd.DataFrame | None, start: float, end: float) -> int:
+    """How many Python frames (`cat` `python_function`, those the parse keeps) start inside
+    [start, end): any says the profiler's Python tracer ran then, at its own cost per Python call,
+    so a host gap holding them may be longer than it runs untraced. 0 without a `cat` column."""
+    if frames is None or "cat" not in frames or not np.isfinite(start):
+        return 0
+    ts = frames["ts"].to_numpy(float)
+    return int(((frames["cat"].to_numpy() == "python_function") & (ts >= start) & (ts < end)).sum())
+
+
+def _between_frames(steps_tot: pd.DataFrame, frames: pd.DataFrame | None, skip: frozenset[str]) -> list[str]:
+    """Per step (in step order), the host frame holding the device's gap between this step's
+    last work and the next step's first (`host_frame_around`), when that gap is a macro gap:
+    what the host did between steps, e.g. `enumerate(DataLoader)#...__next__`. "" otherwise."""
+    first = steps_tot["first_start_us"].to_numpy(float) if "first_start_us" in steps_tot else np.array([])
+    if len(first) < 2:
+        return [""] * len(steps_tot)
+    last_end = first + steps_tot["span_us"].to_numpy(float)
+    nxt = np.r_[first[1:], np.nan]
+    return [host_frame_around(frames, a, b, skip) if np.isfinite(a) and np.isfinite(b) and b - a >= MACRO_GAP_US
+            else "" for a, b in zip(last_end.tolist(), nxt.tolist())]
 
 
 def launch_delays(launches: pd.DataFrame, step_ids: np.ndarray | None = None) -> np.ndarray:
@@ -190,6 +217,7 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
     if len(start) > 1 and not (start[1:] >= start[:-1]).all():  # build_work sorts it: no copy then
         att = att.sort_values("start_us", kind="stable")
     delay = _launch_delay_by_step(launches) if launches is not None else {}
+    between = _between_frames(steps_tot, frames, skip)
     for sid, w in _by_step(att):
         rows[sid] = (*_gaps_one(w), delay.get(sid, np.nan))
     out = []
@@ -198,12 +226,15 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
             sid, (0.0, 0.0, 0.0, np.nan, "", "", np.nan))
         call = host_call_during(host, g0, g0 + largest) if (
             host is not None and largest >= MACRO_GAP_US) else ""
-        frame = host_frame_around(frames, g0, g0 + largest, skip) if largest >= MACRO_GAP_US else ""
+        macro_gap = largest >= MACRO_GAP_US
+        frame = host_frame_around(frames, g0, g0 + largest, skip) if macro_gap else ""
         out.append({"step_id": sid, "period_us": period[k], "period_from_device": bool(from_device[k]),
                     "between_steps_us": period[k] - span[k] if np.isfinite(period[k]) else np.nan,
                     "idle_micro_us": micro, "idle_macro_us": macro, "largest_gap_us": largest,
                     "largest_gap_start_us": g0, "gap_before": before, "gap_after": after,
-                    "gap_host_call": call, "gap_host_frame": frame, "launch_delay_us": delay})
+                    "gap_host_call": call, "gap_host_frame": frame,
+                    "gap_python_frames": python_frames_in(frames, g0, g0 + largest) if macro_gap else 0,
+                    "between_host_frame": between[k], "launch_delay_us": delay})
     return pd.DataFrame(out, columns=PERIOD_COLUMNS)
 
 
@@ -244,9 +275,10 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.Da
     out: dict = {"period_ms": p, "denominator_reason": reason,
                  "period_from_device_n": n_dev}
     if judged.empty:
-        out.update(idle_micro_ms=None, idle_macro_ms=None, largest_gap=None,
+        out.update(idle_micro_ms=None, idle_macro_ms=None, largest_gap=None, host_gap=None, between_steps=None,
                    launch_delay_us={"median": None, "p90": None})
         return out
+    out["host_gap"], out["between_steps"] = host_gaps(steps_tot, judged, ok)
     out["idle_micro_ms"] = float(judged["idle_micro_us"].mean() / 1e3)
     out["idle_macro_ms"] = float(judged["idle_macro_us"].mean() / 1e3)
     g = judged.loc[judged["largest_gap_us"].idxmax()]
@@ -259,4 +291,52 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.Da
     d = launch_delays(launches, judged["step_id"].to_numpy())
     out["launch_delay_us"] = {"median": float(np.median(d)) if len(d) else None,
                               "p90": float(np.percentile(d, 90)) if len(d) else None}
+    return out
+
+
+def host_gaps(steps_tot: pd.DataFrame, judged: pd.DataFrame, ok: np.ndarray) -> tuple[dict | None, dict | None]:
+    """(inside, between): the judged steps' one long gap each (the largest, when a macro gap) and
+    the device's gap between consecutive steps (period minus span, steps with a period), each as
+    `_gap_time`: time per step, share of the steps' idle and the host frame holding most of it.
+    `ok`: the rows of `steps_tot` the period is measured over."""
+    rows = steps_tot[steps_tot["step_id"].isin(judged["step_id"])]
+    if rows.empty or "largest_gap_us" not in rows:
+        return None, None
+    big = rows["largest_gap_us"].to_numpy(float)
+    big = np.where(big >= MACRO_GAP_US, big, 0.0)
+    with_period = ok[steps_tot["step_id"].isin(judged["step_id"]).to_numpy()]
+    idle = rows["period_us"].to_numpy(float) - rows["busy_us"].to_numpy(float)
+    if not with_period.any():  # no period: the idle inside the span is all there is
+        with_period = np.ones(len(rows), bool)
+        idle = rows["span_us"].to_numpy(float) - rows["busy_us"].to_numpy(float)
+    inside = _gap_time(big, idle, with_period, rows["gap_host_frame"], rows.get("gap_python_frames"))
+    per = steps_tot[ok]
+    between = per["between_steps_us"].to_numpy(float) if len(per) else np.array([])
+    between = np.where(np.isfinite(between) & (between > 0), between, 0.0)
+    out = None
+    if len(per) and between.any() and "between_host_frame" in per:
+        idle_p = per["period_us"].to_numpy(float) - per["busy_us"].to_numpy(float)
+        out = _gap_time(between, idle_p, np.ones(len(per), bool), per["between_host_frame"], None)
+    return (inside if big.any() else None), out
+
+
+def _gap_time(gap_us: np.ndarray, idle_us: np.ndarray, counted: np.ndarray, frame: pd.Series,
+              python_frames: pd.Series | None) -> dict:
+    """One gap per step, together: its mean per step (ms), its share of those steps' idle
+    (`counted` rows: the steps with a period), and the host frame holding most of its time, with
+    that frame's time per step, its steps and the Python frames recorded in its gaps (median)."""
+    names = frame.fillna("").astype(str).to_numpy()
+    idle = float(np.nansum(idle_us[counted]))
+    out = {"ms_per_step": float(gap_us.mean() / 1e3), "n_steps": int(len(gap_us)),
+           "share_of_idle": float(gap_us[counted].sum() / idle) if idle > 0 else None,
+           "frame": None, "frame_ms_per_step": None, "n_steps_in_frame": 0, "python_frames": None}
+    named = (names != "") & (gap_us > 0)
+    if not named.any():
+        return out
+    by = pd.Series(gap_us[named]).groupby(names[named], sort=False).sum().sort_values(ascending=False, kind="stable")
+    top = str(by.index[0])
+    mine = named & (names == top)
+    py = python_frames.to_numpy(float)[mine] if python_frames is not None else np.array([])
+    out.update(frame=top, frame_ms_per_step=float(by.iloc[0] / len(gap_us) / 1e3), n_steps_in_frame=int(mine.sum()),
+               python_frames=int(np.median(py)) if len(py) and np.isfinite(py).all() else None)
     return out

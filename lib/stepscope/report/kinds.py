@@ -1,0 +1,111 @@
+"""The step kinds side by side: stage 05's kind_categories.csv as the report reads it.
+
+A trace holds steps of several kinds (vLLM V1 serving: one prefill, then decode steps). The
+decode figures and the verdict describe the judged kind's steps only; this module reads the
+per-kind table (`trace.account.kind_categories`), gives the verdict each other kind's own
+reading (`kinds_apart`) and renders the kinds as columns of one table, never averaged together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from stepscope import schema
+from stepscope.report.artifacts import RunArtifacts
+from stepscope.wording import fmt_num, md_text, plural
+
+KIND_TABLE = "05_categorize/kind_categories.csv"
+"""Stage 05's per-kind table (`schema.KindCategoryRow`), relative to the run folder."""
+TOP_PER_KIND = 2
+"""Categories each other kind's verdict line names, largest first."""
+
+
+@dataclass(frozen=True)
+class KindCategory:
+    """One category of a kind's steps: its busy time per step and its share of the kind's span."""
+
+    category: str
+    ms_per_step: float
+    pct_of_span: float | None
+
+
+@dataclass(frozen=True)
+class KindApart:
+    """One step kind besides the judged one, read on its own steps (never pooled with them)."""
+
+    kind: str
+    n_steps: int
+    span_ms: float
+    """The kind's mean step span (first to last device work), the denominator of `top`'s shares."""
+    top: tuple[KindCategory, ...]
+    """Its largest categories first."""
+
+
+def kind_table(run_dir: str | Path, rank: int | None) -> pd.DataFrame | None:
+    """The per-kind rows of `rank` (every rank's when None), or None where stage 05 wrote none
+    (older runs) or the file is empty."""
+    p = Path(run_dir) / KIND_TABLE
+    if not p.is_file() or not p.stat().st_size:
+        return None
+    df = schema.check_frame(pd.read_csv(p), schema.KindCategoryRow, str(p))
+    df = df[df["rank"] == rank] if rank is not None else df
+    return df if len(df) else None
+
+
+def kinds_apart(table: pd.DataFrame | None, judged_kind: str | None) -> tuple[KindApart, ...]:
+    """Every kind but the judged one, the most steps first: its largest categories and their
+    shares of its own span. Empty with one kind only."""
+    if table is None or table["kind"].nunique() < 2:
+        return ()
+    out = []
+    for kind, g in _kinds_in_order(table, judged_kind):
+        if kind == judged_kind:
+            continue
+        span = float(g["span_ms_mean"].iloc[0])
+        top = g.sort_values("union_ms_mean", ascending=False, kind="stable").head(TOP_PER_KIND)
+        out.append(KindApart(kind=str(kind), n_steps=int(g["n_steps"].iloc[0]), span_ms=span,
+                             top=tuple(KindCategory(str(r.category), float(r.union_ms_mean),
+                                                    100 * float(r.union_ms_mean) / span if span else None)
+                                       for r in top.itertuples())))
+    return tuple(out)
+
+
+def _kinds_in_order(table: pd.DataFrame, judged_kind: str | None) -> list[tuple[str, pd.DataFrame]]:
+    """(kind, its rows): the judged kind first, then by steps, most first."""
+    groups = list(table.groupby("kind", sort=True))
+    return sorted(groups, key=lambda kg: (kg[0] != judged_kind, -int(kg[1]["n_steps"].iloc[0])))
+
+
+def judged_kind(a: RunArtifacts) -> str | None:
+    """The step kind the per-step figures describe (stage 05's `trace_info.judged_kind`)."""
+    info = a.trace_summary.trace_info if a.trace_summary is not None else None
+    return info.judged_kind if info is not None else None
+
+
+def kinds_section(a: RunArtifacts, step_label: str) -> str:
+    """The step kinds as columns of one table (ms per step, each over its own steps), with each
+    kind's busy time and span; "" where the trace holds one kind of step."""
+    from stepscope.report.markdown_util import md_table
+
+    judged = judged_kind(a)
+    table = kind_table(a.run_dir, a.decode.rank)
+    if table is None or table["kind"].nunique() < 2:
+        return ""
+    kinds = _kinds_in_order(table, judged)
+    cols = {kind: f"{md_text(kind)} ms/step ({fmt_num(int(g['n_steps'].iloc[0]))} {plural('step', int(g['n_steps'].iloc[0]))})"
+            for kind, g in kinds}
+    wide = table.pivot_table(index="category", columns="kind", values="union_ms_mean", aggfunc="first")
+    order = wide.max(axis=1).sort_values(ascending=False, kind="stable").index
+    # a kind that never ran a category: NaN, printed as a dash
+    rows = [{"category": md_text(str(c)), **{cols[k]: float(wide.loc[c].get(k, float("nan"))) for k, _ in kinds}}
+            for c in order]
+    for name, col in (("**busy** (all categories)", "busy_ms_mean"), ("**span** (first to last work)", "span_ms_mean")):
+        rows.append({"category": name, **{cols[k]: float(g[col].iloc[0]) for k, g in kinds}})
+    lead = (f"\nThe steps by kind, side by side: each column is one kind's own steps (ms per step, the category's "
+            f"busy time), never averaged with another's. The tables above and the verdict describe the "
+            f"{md_text(step_label)}s only; a dash is a category the kind never ran.\n\n")
+    return lead + md_table(pd.DataFrame(rows), [("category", "category")] + [(c, c) for c in cols.values()],
+                           md_columns=("category",)) + "\n"
