@@ -331,17 +331,15 @@ def test_kernels_that_came_or_went_per_variant(tmp_path):
     assert "Not compared for old: `05_categorize/category_kernels.csv` is missing" in section
 
 
-def test_the_campaign_headline_is_what_the_cli_prints(campaign, tmp_path):
-    from stepscope.runner import report_headline
+def test_the_campaign_headline_is_what_the_cli_prints(campaign):
+    from stepscope.runner import headline_text
 
     d, paths, c, _ = campaign
     line = next(ln for ln in paths["markdown"].read_text().splitlines() if ln.startswith("> **In short:** "))
-    printed = report_headline(paths["markdown"])
+    printed = headline_text(paths["headline"])  # the report's own values, never its markdown re-read
     assert printed.startswith("in short: ") and all(len(x) <= 100 for x in printed.splitlines())
     assert " ".join(printed.split()) == " ".join(("in short: " + line[16:].replace("**", "")).split())
-    assert report_headline(tmp_path / "absent.md") is None
-    (tmp_path / "plain.md").write_text("# a report without a headline\n")
-    assert report_headline(tmp_path / "plain.md") is None
+    assert headline_text([]) is None
 
 
 def test_a_stalled_level_is_shown_and_not_compared(campaign, tmp_path):

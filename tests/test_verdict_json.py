@@ -1,6 +1,6 @@
 """`06_writeup/verdict.json` on the real traces in tests/data/traces: the headline a person
 reads in ten seconds (at most three sentences, about 60 words, each from one finding), and
-the CLI's closing lines and `analyze` exit codes read from it."""
+the CLI's closing lines read from it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from stepscope import runner, schema
@@ -16,6 +17,7 @@ from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.wording import fmt_num
 from stepscope.report.verdict import caveats, headline_findings
+from stepscope.testing.synthetic import make_synthetic_run
 
 HEADLINE_WORDS = 60
 REAL = {  # trace files, and the caveat the headline must say (None: none applies)
@@ -83,30 +85,35 @@ def test_the_cli_closing_lines_are_the_verdict_headline(tmp_path, real_traces):
     assert runner.verdict_headline(tmp_path / "none") is None
 
 
-def _verdict(run: Path, analysed: int, not_analysed: list[dict]) -> None:
-    schema.write(run / "06_writeup" / "verdict.json",
-                 {"kind": "decode", "step_label": "decode step", "headline": [],
-                  "ranks": {"analysed": analysed, "not_analysed": not_analysed}}, schema.VerdictFile)
+def _summary(run: Path, analysed: int, not_analysed: list[dict]) -> None:
+    """Stage 05's summary.json with `analysed` ranks and these flags (a synthetic run's 8, cut down)."""
+    source = make_synthetic_run(run.parent / "synthetic", stages=("05_categorize",)) / "05_categorize" / "summary.json"
+    s = schema.read(source, schema.TraceSummary)
+    path = run / "05_categorize" / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    s = msgspec.structs.replace(s, ranks=s.ranks[:analysed],
+                                flags=[msgspec.convert(f, schema.Flag) for f in not_analysed])
+    schema.write(path, s, schema.TraceSummary)
 
 
-def test_analyze_exit_codes_come_from_the_verdict(tmp_path):
+def test_analyze_exit_codes_come_from_stage_05(tmp_path):
     run = tmp_path / "run"
-    (run / "05_categorize").mkdir(parents=True)
-    # stage 05's summary says two ranks; the verdict, which the exit code reads, one and a bad file
-    (run / "05_categorize" / "summary.json").write_text(json.dumps({"ranks": [{}, {}], "flags": []}))
     bad = {"code": "rank_unreadable", "severity": "error", "message": "rank1.json.gz: not gzip"}
-    _verdict(run, 1, [bad])
+    _summary(run, 1, [bad])
+    # stage 06's verdict, which says otherwise, is not what the exit code reads
+    schema.write(run / "06_writeup" / "verdict.json", {"kind": "decode", "step_label": "decode step", "headline": [],
+                                                       "ranks": {"analysed": 2}}, schema.VerdictFile)
     lines: list[str] = []
     assert runner.report_unanalysed_ranks(run, 2, lines.append) == runner.EXIT_RANKS_MISSING
     assert lines == ["  not analysed: rank1.json.gz: not gzip",
                      "analysed 1 rank(s) of the 2 expected (--tp 2); 1 trace file(s) could not be analysed"]
-    _verdict(run, 2, [])
+    _summary(run, 2, [])
     assert runner.report_unanalysed_ranks(run, 2, lines.append) == 0
-    _verdict(run, 0, [bad])
+    _summary(run, 0, [bad])
     assert runner.report_unanalysed_ranks(run, None, lines.append) == runner.EXIT_NO_RANK
 
 
-def test_without_a_verdict_the_exit_code_says_so(tmp_path):
+def test_without_stage_05s_summary_no_rank_was_analysed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     schema.write(run / "run.json", {"run_id": "run", "stages": {"05_categorize": {"status": "failed",
@@ -116,11 +123,9 @@ def test_without_a_verdict_the_exit_code_says_so(tmp_path):
     assert runner.report_unanalysed_ranks(run, None, lines.append) == runner.EXIT_NO_RANK
     # stage 05's FAILED line printed "no traces" already (runner._run_stage): it is not repeated
     assert lines == ["no rank was analysed: stage 05_categorize failed (its error is above)"]
-    (run / "05_categorize").mkdir()
-    (run / "05_categorize" / "summary.json").write_text("{}")  # stage 05 ran, stage 06 failed
+    _summary(run, 8, [])  # stage 05 ran and stage 06 wrote nothing: the ranks are still known
     lines.clear()
-    assert runner.report_unanalysed_ranks(run, None, lines.append) == 0
-    assert "no verdict.json" in lines[0]
+    assert runner.report_unanalysed_ranks(run, 8, lines.append) == 0 and lines == []
 
 
 def test_a_lever_that_buys_little_and_a_host_stall_are_said_plainly(tmp_path, real_traces):

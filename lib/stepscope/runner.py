@@ -352,36 +352,19 @@ def sweep_table_lines(stage_dir: Path) -> list[str]:
 def verdict_headline(run_dir: Path, width: int = 100) -> str | None:
     """The run's "In short" (`06_writeup/verdict.json`'s headline sentences), wrapped for a
     terminal: the conclusion without opening a browser. None when stage 06 wrote no verdict."""
-    import textwrap
-
-    verdict = read_verdict(run_dir)
-    if verdict is None or not verdict.headline:
-        return None
-    text = " ".join(s.text for s in verdict.headline).replace("**", "")
-    return textwrap.fill("in short: " + text, width, subsequent_indent="  ")
-
-
-def read_verdict(run_dir: Path) -> schema.VerdictFile | None:
-    """Stage 06's verdict record, or None when it wrote none (it failed, or did not run)."""
     path = Path(run_dir) / "06_writeup" / "verdict.json"
-    return schema.read(path, schema.VerdictFile) if path.is_file() else None
+    verdict = schema.read(path, schema.VerdictFile) if path.is_file() else None
+    return headline_text([s.text for s in verdict.headline] if verdict is not None else [], width)
 
 
-def report_headline(report_md: Path, width: int = 100) -> str | None:
-    """A report's "In short" paragraph as the report wrote it, wrapped for a terminal: the
-    campaign report's, which has no verdict.json (a run's comes from `verdict_headline`);
-    None when the report has none."""
+def headline_text(sentences: Sequence[str], width: int = 100) -> str | None:
+    """Headline sentences as the terminal prints them ("in short: ...", wrapped, no bold);
+    None without any. A run's come from its verdict.json, a campaign's from its report's values."""
     import textwrap
 
-    from stepscope.wording import HEADLINE_MARK
-
-    try:
-        line = next((ln for ln in report_md.read_text().splitlines() if ln.startswith(HEADLINE_MARK)), None)
-    except OSError:
+    if not sentences:
         return None
-    if line is None:
-        return None
-    return textwrap.fill("in short: " + line[len(HEADLINE_MARK):].replace("**", ""), width, subsequent_indent="  ")
+    return textwrap.fill("in short: " + " ".join(sentences).replace("**", ""), width, subsequent_indent="  ")
 
 
 def _run_folder(params, run_id: str | None, run_dir: str | Path | None, resume: bool) -> Path:
@@ -650,24 +633,25 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
 def report_unanalysed_ranks(run_dir: Path, tp: int | None, echo: Callable[[str], None]) -> int:
     """Name every trace that was not analysed, with its reason, on the console; return
     EXIT_NO_RANK when none was, EXIT_RANKS_MISSING when fewer than expected were (`tp`,
-    or every file given), else 0. Read from stage 06's verdict.json (`ranks`)."""
-    verdict = read_verdict(run_dir)
-    if verdict is None and (run_dir / "05_categorize" / "summary.json").is_file():
-        echo("stage 06 wrote no verdict.json: which ranks were analysed is not said here")
-        return 0  # the failed stage 06 already makes the run exit non-zero
-    ranks = verdict.ranks if verdict is not None else None
-    if ranks is None or (ranks.analysed == 0 and not ranks.not_analysed):
+    or every file given), else 0. Read from stage 05's summary.json, the stage that owns it."""
+    from stepscope.report.verdict import UNANALYSED_FLAGS
+
+    path = run_dir / "05_categorize" / "summary.json"
+    summary = schema.read(path, schema.TraceSummary) if path.is_file() else None
+    analysed = len(summary.ranks) if summary is not None else 0
+    missing = [f for f in summary.flags if f.code in UNANALYSED_FLAGS] if summary is not None else []
+    if analysed == 0 and not missing:
         stage = schema.read(run_dir / "run.json", schema.RunRecord).stages.get("05_categorize")
         failed = stage is not None and stage.status == "failed" and stage.error
         # the stage's FAILED line already printed its error: say where it is, not the error again
         echo("no rank was analysed" + (": stage 05_categorize failed (its error is above)" if failed else ""))
         return EXIT_NO_RANK
-    for f in ranks.not_analysed:
+    for f in missing:
         echo("  not analysed: " + f.message.replace("\n", "\n    "))
-    if ranks.analysed == 0:
+    if analysed == 0:
         return EXIT_NO_RANK
-    if ranks.not_analysed or (tp and ranks.analysed < tp):
-        echo(f"analysed {ranks.analysed} rank(s)" + (f" of the {tp} expected (--tp {tp})" if tp else "")
-             + f"; {len(ranks.not_analysed)} trace file(s) could not be analysed")
+    if missing or (tp and analysed < tp):
+        echo(f"analysed {analysed} rank(s)" + (f" of the {tp} expected (--tp {tp})" if tp else "")
+             + f"; {len(missing)} trace file(s) could not be analysed")
         return EXIT_RANKS_MISSING
     return 0

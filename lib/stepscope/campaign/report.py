@@ -445,7 +445,8 @@ def _headline(c: ca.Campaign, ds: list[ca.Delta], preds: list[ca.SpecPrediction]
     return out
 
 
-def render(c: ca.Campaign, figs: dict[str, str]) -> str:
+def render(c: ca.Campaign, figs: dict[str, str]) -> tuple[str, list[str]]:
+    """The report's markdown and its "In short" sentences (what the CLI prints, never re-read from the markdown)."""
     ds = ca.deltas(c)
     preds = ca.spec_predictions(c)
     ceilings = ca.ceiling_checks(c, ds)
@@ -459,7 +460,7 @@ def render(c: ca.Campaign, figs: dict[str, str]) -> str:
     text += _setup(c) + _macro(c, figs) + _categories(c, cats, figs) + _kernel_changes(c) + _verdicts(c) + _deltas(ds)
     text += _spec(c, preds) + _predictions(preds, ceilings)
     text += "## Method\n\nThe campaign method, the noise bands and the models tested here: `docs/campaigns.md`.\n"
-    return text
+    return text, short
 
 
 def make_figures(c: ca.Campaign, out: Path) -> dict[str, str]:
@@ -481,13 +482,14 @@ def make_figures(c: ca.Campaign, out: Path) -> dict[str, str]:
 
 
 def build_campaign_report(campaign_dir: str | Path) -> dict[str, Any]:
-    """Write campaign_report.md and .html into the campaign folder; return their paths."""
+    """Write campaign_report.md and .html into the campaign folder; return their paths and the
+    headline's sentences (`headline`)."""
     campaign_dir = Path(campaign_dir)
     c = ca.load_campaign(campaign_dir)
     figs = make_figures(c, campaign_dir)
-    text = render(c, figs)
+    text, headline = render(c, figs)
     md = campaign_dir / "campaign_report.md"
     md.write_text(scrub(text))
     html = campaign_dir / "campaign_report.html"
     html.write_text(scrub(markdown_to_html(scrub(text), campaign_dir, f"stepscope campaign {c.record.campaign_id}")))
-    return {"markdown": md, "html": html, "figures": figs}
+    return {"markdown": md, "html": html, "figures": figs, "headline": [scrub(x) for x in headline]}

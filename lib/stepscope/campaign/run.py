@@ -37,7 +37,7 @@ from stepscope.campaign.plan import REUSABLE_STAGES, CampaignPlan, PlannedRun, p
 from stepscope.config import load_params, redact
 from stepscope.errors import ParamsError, StepscopeError
 from stepscope.runfolder import write_yaml
-from stepscope.runner import execute_notebook, report_headline, resolve_outputs_dir, run_pipeline, select_stages
+from stepscope.runner import execute_notebook, headline_text, resolve_outputs_dir, run_pipeline, select_stages
 from stepscope.stages import STAGE_BY_ID, STAGES, Stage
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, res
         try:
             paths = build_campaign_report(campaign_dir)
             echo(f"campaign report: {paths['html']}")
-            headline = report_headline(paths["markdown"])
+            headline = headline_text(paths["headline"])
             if headline:
                 echo(headline)
         except (StepscopeError, ParamsError) as exc:
