@@ -355,6 +355,25 @@ def test_what_to_try_names_the_setting_that_moves_the_biggest_lever(tmp_path):
     assert server_settings({"analysis": {"trace_paths": ["x"]}, "server": {"enforce_eager": False}}).enforce_eager is None
 
 
+def test_on_a_cpu_trace_what_to_try_names_torch_compile_not_cuda_graphs(tmp_path):
+    # vLLM's CPU backend has no CUDA graphs: enforce_eager: false compiles the model instead.
+    import yaml
+
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.build import report_context, writeup_params_from
+    from stepscope.report.try_next import try_next
+
+    run = make_synthetic_run(tmp_path / "run", launch_bound=True)
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    params["server"]["enforce_eager"] = True
+    a = load_run_artifacts(run)
+    v = report_context(a, writeup_params_from(a))["verdict"]
+    cpu = try_next(v, params, cpu=True).change
+    assert cpu.startswith("the model runs op by op (`server.enforce_eager: true`): try `enforce_eager: false`, "
+                          "which on vLLM's CPU backend compiles it with torch.compile")
+    assert "CUDA graphs are off" not in cpu and try_next(v, params).change.startswith("CUDA graphs are off")
+
+
 def test_an_analyze_report_says_it_covers_the_trace_only(tmp_path):
     run = make_synthetic_run(tmp_path / "run", stages=("05_categorize",))
     p = run / "params.yaml"

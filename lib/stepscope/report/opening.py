@@ -75,7 +75,7 @@ def opening(a: RunArtifacts, v: vd.Verdict, title: Md) -> str:
     short = prose.headline(v)
     if short:
         text += HEADLINE_MARK + " ".join(short) + "\n\n"
-    t = try_next(v, a.params)
+    t = try_next(v, a.params, cpu=bool(a.ranks) and a.ranks[0].mode == "cpu")
     if t is not None:
         text += f"**What to try first:** {t.change}. *Evidence:* {t.evidence}.\n\n"
     cav = decision_caveats(a, v)

@@ -25,6 +25,9 @@ class ServerSettings:
     enforce_eager: bool | None = None
     extra_args: tuple[str, ...] = ()
     quantization: str | None = None
+    cpu: bool = False
+    """The trace ran on CPUs (vLLM's CPU backend): there are no CUDA graphs; `enforce_eager: false`
+    compiles the model with torch.compile (Inductor) instead."""
 
 
 @dataclass(frozen=True)
@@ -36,17 +39,18 @@ class TryNext:
     evidence: Md
 
 
-def server_settings(params: dict[str, Any] | None) -> ServerSettings:
+def server_settings(params: dict[str, Any] | None, cpu: bool = False) -> ServerSettings:
     """What the params snapshot says of the server; its defaults describe no server it did not launch."""
     p = params if isinstance(params, dict) else {}
     server, model = p.get("server") or {}, p.get("model") or {}
     quant = model.get("quantization")
     quant = str(quant) if quant is not None else None
     if (p.get("analysis") or {}).get("trace_paths") or server.get("mode") == "attach":
-        return ServerSettings(quantization=quant)
+        return ServerSettings(quantization=quant, cpu=cpu)
     eager = server.get("enforce_eager")
     return ServerSettings(engine=server.get("engine"), enforce_eager=eager if isinstance(eager, bool) else None,
-                          extra_args=tuple(str(x) for x in server.get("extra_args") or ()), quantization=quant)
+                          extra_args=tuple(str(x) for x in server.get("extra_args") or ()), quantization=quant,
+                          cpu=cpu)
 
 
 def lever_kind(lever: Lever | BetweenSteps | GapLever) -> str | None:
@@ -67,6 +71,13 @@ def _short_gaps(v: Verdict, lv: Any, s: ServerSettings) -> TryNext:
     ev = Md(f"the short gaps between ops take {fmt_num(lv.idle_ms)} ms {per_step(label)}; removing them would make "
             f"a {label} at most {fmt_num(lv.ceiling_x)}× faster")
     graphs = v.boundness.graph_replay if v.boundness is not None else None
+    if s.cpu:
+        return TryNext("short gaps", Md(
+            "the model runs op by op (`server.enforce_eager: true`): try `enforce_eager: false`, which on vLLM's "
+            "CPU backend compiles it with torch.compile (Inductor; there are no CUDA graphs on CPU), fusing the "
+            "small ops whose gaps these are" if s.enforce_eager else
+            "the gaps are host work between ops: profile the host with `server.profiler.with_stack: true` to "
+            "name it"), ev)
     if s.enforce_eager and not graphs:
         return TryNext("short gaps", Md("CUDA graphs are off (`server.enforce_eager: true`): try "
                                         "`enforce_eager: false`"), ev)
@@ -151,11 +162,11 @@ CHANGES: dict[str, Callable[[Verdict, Any, ServerSettings], TryNext]] = {
 """Lever kind (`lever_kind`) -> the change to try, written from the lever, the verdict and the settings."""
 
 
-def try_next(v: Verdict, params: dict[str, Any] | None) -> TryNext | None:
+def try_next(v: Verdict, params: dict[str, Any] | None, cpu: bool = False) -> TryNext | None:
     """The change to try for the verdict's biggest lever; None when there is no lever worth
     naming or no change on file for its kind."""
     h = headline_findings(v)
     if h.lever is None or h.lever_buys_little:
         return None
     rule = CHANGES.get(lever_kind(h.lever) or "")
-    return rule(v, h.lever, server_settings(params)) if rule is not None else None
+    return rule(v, h.lever, server_settings(params, cpu)) if rule is not None else None
