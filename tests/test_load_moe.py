@@ -16,6 +16,7 @@ import pytest
 from stepscope import schema
 from stepscope.model.arch import Architecture
 from stepscope.report import load as rl
+from stepscope.report.artifacts import load_run_artifacts
 from stepscope.sweep.metrics import RequestRecord, level_metrics
 from stepscope.trace import load_anatomy as la
 from stepscope.trace import load_reconcile as lr
@@ -90,7 +91,7 @@ def test_the_plateau_finding_names_the_routed_experts(levels, tmp_path):
     d.mkdir()
     schema.write_table(table, d / "load_anatomy.csv", schema.LoadAnatomyRow)
     schema.write(d / "load_anatomy.json", summary, schema.LoadAnatomySummary)
-    words = " ".join(rl.growth_sentences(rl.load_growth(tmp_path, None)))
+    words = " ".join(rl.growth_sentences(rl.load_growth(load_run_artifacts(tmp_path), None)))
     assert "**fused_moe** (the routed experts)" in words
     assert "c=4: D(M) 26.5 per layer, 0.382 ms, 7.2 ± 0.6 µs" in words
 

@@ -8,6 +8,7 @@ import pytest
 
 from stepscope import schema
 from stepscope.report import load as rl
+from stepscope.report.artifacts import load_run_artifacts
 from stepscope.trace import load_anatomy as la
 from stepscope.trace.analyze import analyze_traces
 from stepscope.trace.load_plots import load_bars
@@ -35,8 +36,8 @@ def run_dir(real_traces, tmp_path_factory):
 
 
 def test_trace_and_sweep_are_set_side_by_side_and_the_gap_explained(run_dir):
-    table, summary = rl.read_load(run_dir)
-    (c,) = rl.compare_levels(run_dir, summary, pd.read_csv(run_dir / "01_macro_sweep" / "levels.csv"))
+    summary = load_run_artifacts(run_dir).load_summary
+    (c,) = rl.compare_levels(load_run_artifacts(run_dir))
     assert c.concurrency == 16 and c.measured_tok_s == 600.0
     assert c.predicted_tok_s == pytest.approx(summary.levels[0].predicted_output_tok_s)
     assert c.band_tok_s == pytest.approx(0.05 * 600.0)  # one run per side: the fixed band
@@ -49,18 +50,18 @@ def test_trace_and_sweep_are_set_side_by_side_and_the_gap_explained(run_dir):
     assert "covered" not in text and "gaps between and inside steps" not in text
 
 
-def test_the_section_renders_from_the_typed_values(run_dir):
-    md = rl.section_load(run_dir, pd.read_csv(run_dir / "01_macro_sweep" / "levels.csv"), "![fig](x.png)")
+def test_the_section_renders_from_the_typed_values(run_dir, tmp_path):
+    a = load_run_artifacts(run_dir)
+    md = rl.section_load(a, "![fig](x.png)")
     assert md.startswith(f"## {rl.SECTION_TITLE}\n")
     assert "| 16 | 14.5 | 0.350 | 891 | 600 | – | 30 | **no** |" in md
     assert "beyond the band" in md and "![fig](x.png)" in md
-    _, summary = rl.read_load(run_dir)
-    assert rl.fastest_sentence(summary) in md
-    assert rl.section_load(run_dir / "nothing-here", None) == ""
+    assert rl.fastest_sentence(a.load_summary) in md
+    assert rl.section_load(load_run_artifacts(tmp_path)) == ""
 
 
 def test_the_figure_has_one_bar_per_level_and_batch_with_its_period(run_dir):
-    table, _ = rl.read_load(run_dir)
+    table = load_run_artifacts(run_dir).load_anatomy
     bars, periods, n = load_bars(table)
     assert list(dict.fromkeys(bars["label"])) == ["c=16, batch 14 (n=4)", "c=16, batch 15 (n=9)"]
     assert n == 13 and len(periods) == 2
@@ -69,7 +70,8 @@ def test_the_figure_has_one_bar_per_level_and_batch_with_its_period(run_dir):
 
 
 def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, tmp_path):
-    table, summary = rl.read_load(run_dir)
+    a = load_run_artifacts(run_dir)
+    table, summary = a.load_anatomy, a.load_summary
     # a second level built from the real one: c=4 with half the all-reduce time per step
     low = table.assign(concurrency=4)
     low.loc[low["category"] == "all_reduce", "ms_per_step"] *= 0.5
@@ -77,7 +79,7 @@ def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, t
     pd.concat([low, table]).to_csv(tmp_path / "05_categorize" / "load_anatomy.csv", index=False)
     schema.write(tmp_path / "05_categorize" / "load_anatomy.json",
                  {**schema.to_builtins(summary), "fastest_category": "all_reduce"}, schema.LoadAnatomySummary)
-    g = rl.load_growth(tmp_path, knee_concurrency=8)
+    g = rl.load_growth(load_run_artifacts(tmp_path), knee_concurrency=8)
     assert (g.below.concurrency, g.above.concurrency, g.category) == (4, 16, "all_reduce")
     dec = table[(table["step_kind"] == "decode") & (table["category"] == "all_reduce")]
     want_hi = float((dec["ms_per_step"] * dec["n_steps"]).sum() / dec["n_steps"].sum())
@@ -88,7 +90,7 @@ def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, t
     words = " ".join(rl.growth_sentences(g))
     assert "either side of the knee at concurrency 8" in words and "**all_reduce**" in words
     assert f"{want_hi:.3f} ms at c=16" in words
-    assert rl.load_growth(run_dir, None) is None  # one captured level: nothing to compare
+    assert rl.load_growth(a, None) is None  # one captured level: nothing to compare
 
 
 def test_compare_shows_the_anatomy_change_per_captured_concurrency(run_dir, tmp_path):
@@ -103,17 +105,18 @@ def test_compare_shows_the_anatomy_change_per_captured_concurrency(run_dir, tmp_
     t = pd.read_csv(b / "05_categorize" / "load_anatomy.csv")
     t.loc[t["category"] == "all_reduce", "ms_per_step"] *= 0.5
     t.to_csv(b / "05_categorize" / "load_anatomy.csv", index=False)
-    cmp = rl.compare_load(run_dir, b)
+    ra, rb = load_run_artifacts(run_dir), load_run_artifacts(b)
+    cmp = rl.compare_load(ra, rb)
     changed = cmp[cmp["beyond_noise"]]
     assert list(changed["quantity"]) == ["all_reduce"] and list(changed["concurrency"]) == [16]
     assert changed["ratio_b_over_a"].iloc[0] == pytest.approx(0.5)
-    ra, rb = load_run_artifacts(run_dir), load_run_artifacts(b)
     labelled = label_rows(cmp, compare_setups(ra, rb), cmp["quantity"].map(is_communication))
     ar = labelled[labelled["quantity"] == "all_reduce"]
     assert ar.loc[ar["concurrency"] == 16, "flag"].tolist() == ["changed"]  # same setup: a change, not a switch
     section = load_section(labelled)
     assert "## The step under load, per captured concurrency" in section and "**changed**" in section
-    assert rl.compare_load(run_dir, tmp_path / "no-load") is None and load_section(None) == ""
+    (tmp_path / "no-load").mkdir()
+    assert rl.compare_load(ra, load_run_artifacts(tmp_path / "no-load")) is None and load_section(None) == ""
 
 
 def test_the_micro_curve_adds_gemm_comm_and_batch_scaled_attention():
@@ -134,3 +137,11 @@ def test_the_micro_curve_adds_gemm_comm_and_batch_scaled_attention():
     assert p16.predicted_tok_s == pytest.approx(16e3 / p16.step_ms) and p16.measured_tok_s is None
     assert "| 16 | 1.60 | 3 | 8 | 8.00 | 6.50 | 19.1 | 838 | – |" in rl.micro_curve_section([p1, p4, p16])
     assert rl.micro_curve(gemm, comm, None, levels) == []
+
+
+def test_stage_05_reads_its_load_anatomy_back_typed(run_dir):
+    """The notebook's reader gives the schema's record, as the report's RunArtifacts does."""
+    table, summary = la.read_outputs(run_dir / "05_categorize")
+    assert isinstance(summary, schema.LoadAnatomySummary) and summary == load_run_artifacts(run_dir).load_summary
+    assert list(la.levels_table(summary).index) == [16] and set(table["concurrency"]) == {16}
+    assert la.read_outputs(run_dir / "nothing-here") is None

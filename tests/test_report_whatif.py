@@ -155,7 +155,7 @@ def test_under_load_the_whatif_uses_the_batch_it_was_measured_at(tmp_path, real_
     schema.write(run / "05_categorize" / "load_anatomy.json", summary, schema.LoadAnatomySummary)
 
     a = load_run_artifacts(run)
-    (base,) = load_baselines(a, table)
+    (base,) = load_baselines(a)
     dec = table[table["step_kind"] == "decode"].drop_duplicates("decode_requests")
     want = float((dec["decode_requests"] * dec["n_steps"]).sum() / dec["n_steps"].sum())
     assert base.concurrency == 16 and base.batch == pytest.approx(want) and 13 < base.batch <= 16

@@ -77,6 +77,12 @@ class RunArtifacts:
     steps: pd.DataFrame | None = None
     cross_rank: pd.DataFrame | None = None
     timeline: pd.DataFrame | None = None
+    load_anatomy: pd.DataFrame | None = None
+    """load_anatomy.csv: ms per step by category at each captured concurrency (only with load captures)."""
+    load_summary: schema.LoadAnatomySummary | None = None
+    """load_anatomy.json: the captured levels, the per-category fits against the batch, the routed experts."""
+    load_reconciliation: schema.LoadReconciliation | None = None
+    """load_reconciliation.json: each captured sweep level's wall time, part by part."""
     capture_counters: SpecDecodeStats | None = None
     """The server's speculative-decoding counters over the capture's profiled requests (stage
     04's reads of /metrics); None when it has none or stage 04 could not read them."""
@@ -160,6 +166,9 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.steps = _csv(a, "05_categorize/steps.csv")
     a.cross_rank = _csv(a, "05_categorize/cross_rank.csv")
     a.timeline = _csv(a, "05_categorize/timeline_rank0_step.csv")
+    a.load_anatomy = _csv(a, "05_categorize/load_anatomy.csv")
+    a.load_summary = _json(a, "05_categorize/load_anatomy.json")
+    a.load_reconciliation = _json(a, "05_categorize/load_reconciliation.json")
     return a
 
 

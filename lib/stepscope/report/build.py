@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import msgspec
 import pandas as pd
 
-from stepscope.report.load import fits_table, micro_curve, read_load, section_load
+from stepscope.report.load import fits_table, micro_curve, section_load
 from stepscope.trace.load_plots import LOAD_FIGURE, plot_load_anatomy
 from stepscope.config import WriteupParams
 from stepscope.report import analysis as an
@@ -148,12 +148,12 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
              plot_roofline(a.gemm, peak_bw_gbps=num(hw.get("peak_mem_bw_gbps")), peak_tflops=num(hw.get("peak_tflops"))))
     if a.collectives is not None and not _stage_figures(a.run_dir, "collective_"):
         save("coll", "writeup_collective_latency_vs_size.png", plot_latency_vs_size(a.collectives, a.burst))
-    load = read_load(a.run_dir)
-    if load is not None and (load[0]["step_kind"] == "decode").any():
+    load = a.load_anatomy
+    if load is not None and (load["step_kind"] == "decode").any():
         if _stage_figures(a.run_dir, LOAD_FIGURE):
             made["load"] = LOAD_FIGURE  # stage 05's own drawing of it
         else:
-            save("load", LOAD_FIGURE, plot_load_anatomy(load[0]))
+            save("load", LOAD_FIGURE, plot_load_anatomy(load))
     save_figures(drawn, a.run_dir)
     return made
 
@@ -162,7 +162,7 @@ def _section_load(a: RunArtifacts, ctx: dict[str, Any], figs: dict[str, str]) ->
     """The step under load (report.load), when stage 04 captured load levels; else nothing."""
     fig = _img(figs["load"], "ms per decode step by category against batch size") if "load" in figs else None
     micro = micro_curve(a.gemm_prediction, a.comm_prediction, a.decode_categories, a.levels)
-    text = section_load(a.run_dir, a.levels, fig, ctx["verdict"].load_growth, micro)
+    text = section_load(a, fig, ctx["verdict"].load_growth, micro)
     return [text] if text else []
 
 
@@ -466,7 +466,7 @@ def appendix_tables(a: RunArtifacts, split: vd.CommSplit | None) -> str:
         parts.append("### GEMM timings (stage 02, median µs per call)\n\n" + _gemm_tables(ok))
     if a.collectives is not None and len(a.collectives):
         parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
-    fits = fits_table(a.run_dir)
+    fits = fits_table(a.load_summary)
     if fits:
         parts.append("### Growth with the batch per category (stage 05's fits of the load captures)\n\n" + fits)
     table = _cross_rank_table(a, split)
@@ -1061,10 +1061,9 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
         ctx["whatif"] = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
                                        "draft_cost_fraction": round(p.draft_ms / p.draft_tokens / baseline.step_ms, 9)}
                                       for p in preds])
-        load = read_load(a.run_dir)
         ctx["whatif_load"] = [(b, wi.whatif_table(b, wp.acceptance_lengths, wp.draft_cost_fractions,
                                                   wp.verify_extra_tokens))
-                              for b in wi.load_baselines(a, load[0] if load else None)]
+                              for b in wi.load_baselines(a)]
     ctx["caveats"] = an.caveats(a, macro, totals, ident.step_label)
     return ctx
 

@@ -438,7 +438,7 @@ def verdict_section(a: RunArtifacts, b: RunArtifacts, name_a: str, name_b: str) 
 def compare_tables(a: RunArtifacts, b: RunArtifacts, setups: SetupComparison) -> dict[str, pd.DataFrame | None]:
     """Every table of the comparison, each row labelled against the setups (`label_rows`)."""
     ds = compare_deltas(a, b)  # the one engine's judgements, which every table below renders
-    dc, kernels, load = compare_decode_categories(a, b, ds), compare_kernels(a, b), compare_load(a.run_dir, b.run_dir)
+    dc, kernels, load = compare_decode_categories(a, b, ds), compare_kernels(a, b), compare_load(a, b)
 
     def comm(df: pd.DataFrame | None, col: str) -> pd.Series | None:
         return df[col].map(is_communication) if df is not None else None

@@ -1,9 +1,8 @@
 """The report's step under load: trace-predicted beside measured throughput at each captured
 concurrency, the anatomy figure, the per-category fits, and why a prediction misses.
 
-Reads `05_categorize/load_anatomy.{csv,json}`, `05_categorize/load_reconciliation.json`,
-`01_macro_sweep/levels.csv` and `01_macro_sweep/server_metrics.csv`; computes nothing stage 05
-already wrote.
+Reads stage 05's load anatomy and reconciliation and stage 01's levels through `RunArtifacts`,
+and `01_macro_sweep/server_metrics.csv`; computes nothing stage 05 already wrote.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.schema.writeup import APPENDIX_MD
+from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
@@ -40,16 +40,6 @@ class LoadComparison:
     explanations: list[str] = field(default_factory=list)
 
 
-def read_load(run_dir: str | Path) -> tuple[pd.DataFrame, schema.LoadAnatomySummary] | None:
-    """load_anatomy.csv and .json, or None when stage 05 captured no load level."""
-    d = Path(run_dir) / "05_categorize"
-    csv, js = d / "load_anatomy.csv", d / "load_anatomy.json"
-    if not (csv.is_file() and js.is_file()):
-        return None
-    table = schema.check_frame(pd.read_csv(csv), schema.LoadAnatomyRow, str(csv))
-    return table, schema.read(js, schema.LoadAnatomySummary)
-
-
 def level_server_view(run_dir: str | Path, concurrency: int) -> dict:
     """The sweep level's /metrics at this concurrency: most requests waiting, most KV in use,
     preemptions over the level (01_macro_sweep/server_metrics.csv); empty when not scraped."""
@@ -69,12 +59,6 @@ def level_server_view(run_dir: str | Path, concurrency: int) -> dict:
 def _max(col: pd.Series) -> float | None:
     v = col.dropna()
     return float(v.max()) if len(v) else None
-
-
-def read_reconciliation(run_dir: str | Path) -> schema.LoadReconciliation | None:
-    """05_categorize/load_reconciliation.json, or None when stage 05 wrote none."""
-    path = Path(run_dir) / "05_categorize" / "load_reconciliation.json"
-    return schema.read(path, schema.LoadReconciliation) if path.is_file() else None
 
 
 PART_WORDS = {"decode_steps": "decode steps × their period", "prefill_mixed_steps": "prefill and mixed steps",
@@ -118,14 +102,15 @@ def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
     return out
 
 
-def compare_levels(run_dir: str | Path, summary: schema.LoadAnatomySummary,
-                   levels: pd.DataFrame | None) -> list[LoadComparison]:
+def compare_levels(a: RunArtifacts) -> list[LoadComparison]:
     """Each captured level's trace-predicted tok/s beside the sweep's, judged within the noise band
-    (`report.noise.make_delta`: one run per side, so the fixed relative band)."""
+    (`report.noise.make_delta`: one run per side, so the fixed relative band); [] without load captures."""
+    summary, levels, rec = a.load_summary, a.levels, a.load_reconciliation
+    if summary is None:
+        return []
     bound = {}
     if levels is not None and {"concurrency", "client_bound"} <= set(levels.columns):
         bound = {int(c): bool(b) for c, b in zip(levels["concurrency"].fillna(0), levels["client_bound"].fillna(False))}
-    rec = read_reconciliation(run_dir)
     recs = {r.concurrency: r for r in (rec.levels if rec is not None else [])}
     out = []
     for lv in summary.levels:
@@ -133,7 +118,7 @@ def compare_levels(run_dir: str | Path, summary: schema.LoadAnatomySummary,
                        [lv.measured_output_tok_s] if lv.measured_output_tok_s is not None else [],
                        [lv.predicted_output_tok_s] if lv.predicted_output_tok_s is not None else [], True)
         agrees = None if d.delta is None else not d.real
-        why = [] if agrees in (True, None) else explain(lv, level_server_view(run_dir, lv.concurrency),
+        why = [] if agrees in (True, None) else explain(lv, level_server_view(a.run_dir, lv.concurrency),
                                                          bound.get(lv.concurrency), recs.get(lv.concurrency))
         out.append(LoadComparison(lv.concurrency, lv.predicted_output_tok_s, lv.measured_output_tok_s,
                                   lv.capture_output_tok_s, d.band, d.band_source, agrees, lv.decode_requests_mean,
@@ -218,16 +203,13 @@ def _comparison_table(rows: list[LoadComparison]) -> str:
                          ("band", "noise band (± tok/s)"), ("agrees", "within the band")], md_columns=("agrees",))
 
 
-def fits_table(run_dir: str | Path) -> str:
+def fits_table(summary: schema.LoadAnatomySummary | None) -> str:
     """Each category's least-squares growth with the batch (stage 05's fits), for the appendix; ''
     without load captures."""
-    got = read_load(run_dir)
-    return _fits_table(got[1]) if got is not None else ""
-
-
-def _fits_table(summary: schema.LoadAnatomySummary) -> str:
     from stepscope.report.markdown_util import compact_table
 
+    if summary is None:
+        return ""
     df = pd.DataFrame([{"category": f.category if f.measure == "union" else f"{f.category} ({f.measure})",
                         "slope": f.slope_ms_per_request, "se": f.slope_se_ms,
                         "a": f.intercept_ms, "lo": f.ms_at_batch_min, "hi": f.ms_at_batch_max,
@@ -266,20 +248,19 @@ def _seconds(v) -> str:
     return "–" if v is None or pd.isna(v) else f"{v:.2f}"
 
 
-def section_load(run_dir: str | Path, levels: pd.DataFrame | None, figure_md: str | None = None,
-                 growth: "LoadGrowth | None" = None, micro: list | None = None) -> str:
+def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGrowth | None" = None,
+                 micro: list | None = None) -> str:
     """The report's section on the step under load; '' when stage 05 captured no load level."""
-    got = read_load(run_dir)
-    if got is None:
+    summary = a.load_summary
+    if summary is None or a.load_anatomy is None:
         return ""
-    _, summary = got
-    rows = compare_levels(run_dir, summary, levels)
+    rows = compare_levels(a)
     text = f"## {SECTION_TITLE}\n\n"
     text += ("Stage 04 profiled engine steps at each captured concurrency (`capture.concurrency`). The trace's "
              "throughput is its decode and mixed steps' tokens over their summed periods; the sweep's is the "
              "client's, over a whole level (method: `docs/methods.md`, \"The step under load\").\n\n")
     text += _comparison_table(rows)
-    text += reconciliation_section(read_reconciliation(run_dir))
+    text += reconciliation_section(a.load_reconciliation)
     for r in rows:
         if r.agrees is False:
             text += (f"\n*c={r.concurrency}: the trace predicts {r.predicted_tok_s:.0f} tok/s against "
@@ -343,12 +324,11 @@ def _level_anatomy(run_dir, table: pd.DataFrame, c: int) -> LevelAnatomy:
     return LevelAnatomy(c, period, {k: float(v) for k, v in cats.items()}, level_server_view(run_dir, c))
 
 
-def load_growth(run_dir, knee_concurrency: int | None) -> LoadGrowth | None:
+def load_growth(a: RunArtifacts, knee_concurrency: int | None) -> LoadGrowth | None:
     """The plateau's reading from the load anatomy; None without two captured decode levels."""
-    got = read_load(run_dir)
-    if got is None:
+    table, summary = a.load_anatomy, a.load_summary
+    if table is None or summary is None:
         return None
-    table, summary = got
     levels = sorted(set(table.loc[table["step_kind"] == "decode", "concurrency"].astype(int)))
     if len(levels) < 2:
         return None
@@ -356,7 +336,7 @@ def load_growth(run_dir, knee_concurrency: int | None) -> LoadGrowth | None:
     if knee_concurrency is not None:
         lo = max([c for c in levels if c <= knee_concurrency], default=lo)
         hi = min([c for c in levels if c > lo], default=hi)
-    below, above = _level_anatomy(run_dir, table, lo), _level_anatomy(run_dir, table, hi)
+    below, above = _level_anatomy(a.run_dir, table, lo), _level_anatomy(a.run_dir, table, hi)
     fit = next((f for f in summary.fits if f.category == summary.fastest_category and f.measure != "wait"), None)
     shifted = []
     for cat in sorted(set(below.category_ms) | set(above.category_ms)):
@@ -416,19 +396,18 @@ def _pct(v: float | None) -> str:
     return f"{100 * v:.1f} %" if v is not None else "–"
 
 
-def compare_load(run_a, run_b) -> pd.DataFrame | None:
+def compare_load(run_a: RunArtifacts, run_b: RunArtifacts) -> pd.DataFrame | None:
     """Per captured concurrency both runs hold: ms per decode step by category (mean over the
     level's decode steps) and the decode period, A against B with the noise band of
     `report.noise.make_delta` (one run per side: the fixed relative band). None unless both
     runs captured load levels."""
-    got_a, got_b = read_load(run_a), read_load(run_b)
-    if got_a is None or got_b is None:
+    ta, tb = run_a.load_anatomy, run_b.load_anatomy
+    if ta is None or tb is None:
         return None
-    ta, tb = got_a[0], got_b[0]
     both = sorted(set(ta["concurrency"].astype(int)) & set(tb["concurrency"].astype(int)))
     rows = []
     for c in both:
-        la_, lb_ = _level_anatomy(run_a, ta, c), _level_anatomy(run_b, tb, c)
+        la_, lb_ = _level_anatomy(run_a.run_dir, ta, c), _level_anatomy(run_b.run_dir, tb, c)
         pairs = {"decode period": (la_.period_ms, lb_.period_ms)}
         for cat in sorted(set(la_.category_ms) | set(lb_.category_ms)):
             pairs[cat] = (la_.category_ms.get(cat, 0.0), lb_.category_ms.get(cat, 0.0))

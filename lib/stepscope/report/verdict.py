@@ -920,7 +920,7 @@ def plateau(macro: dict[str, Any] | None) -> Plateau | None:
 
 
 def _load_growth(a: RunArtifacts, macro: dict[str, Any] | None) -> LoadGrowth | None:
-    return load_growth(a.run_dir, _int((macro or {}).get("knee_concurrency")))
+    return load_growth(a, _int((macro or {}).get("knee_concurrency")))
 
 
 def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,

@@ -261,16 +261,9 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
 def experts_of(a: RunArtifacts) -> tuple[int, int] | None:
     """(routed experts, top-k) of the run's model: stage 05's load anatomy when it read them,
     else the params' architecture; None for a dense model or when neither can say."""
-    path = a.run_dir / "05_categorize" / "load_anatomy.json"
-    if path.is_file():
-        from stepscope import schema
-
-        try:
-            e = schema.read(path, schema.LoadAnatomySummary).experts
-        except (schema.ArtifactError, OSError):
-            e = None
-        if e is not None:
-            return e.n_routed_experts, e.top_k
+    e = a.load_summary.experts if a.load_summary is not None else None
+    if e is not None:
+        return e.n_routed_experts, e.top_k
     try:
         from stepscope.config import params_from_dict
         from stepscope.model import architecture_from_params
@@ -300,12 +293,13 @@ def _micro_curves(a: RunArtifacts) -> tuple[dict[int, float] | None, dict[int, f
     return gemm_curve or None, ar_curve, per_tok
 
 
-def load_baselines(a: RunArtifacts, table: pd.DataFrame | None) -> list[SpecBaseline]:
+def load_baselines(a: RunArtifacts) -> list[SpecBaseline]:
     """One baseline per captured load level above batch 1 (load_anatomy.csv), each at the
     batch its own trace measured: the decode steps' decode requests, mean over the level's
     decode steps; its step the decode steps' mean period, its parts their categories' ms per
     step (interval unions, so parts that overlap are each counted: an upper bound) and the
     rest of the period. Mixed and prefill steps are left out: the model is of a decode step."""
+    table = a.load_anatomy
     if table is None or not len(table):
         return []
     dec = table[(table["step_kind"] == "decode") & (table["concurrency"] > 1)]

@@ -327,20 +327,19 @@ def build(levels: list[LevelTrace | tuple], run_dir=None, rank: int | None = Non
                    "experts": expert_growth(levels, arch), "notes": notes}
 
 
-def read_outputs(out_dir) -> tuple[pd.DataFrame, dict] | None:
-    """Stage 05's load_anatomy.csv and .json (read through its schema, as builtins), or None
-    when it wrote none."""
+def read_outputs(out_dir) -> tuple[pd.DataFrame, schema.LoadAnatomySummary] | None:
+    """Stage 05's load_anatomy.csv and .json through their schema, or None when it wrote none."""
     from pathlib import Path
 
     csv, js = Path(out_dir) / "load_anatomy.csv", Path(out_dir) / "load_anatomy.json"
     if not (csv.is_file() and js.is_file()):
         return None
-    return pd.read_csv(csv), schema.to_builtins(schema.read(js, schema.LoadAnatomySummary))
+    return schema.check_frame(pd.read_csv(csv), schema.LoadAnatomyRow, str(csv)), schema.read(js, schema.LoadAnatomySummary)
 
 
-def levels_table(summary: dict) -> pd.DataFrame:
+def levels_table(summary: schema.LoadAnatomySummary) -> pd.DataFrame:
     """One row per captured level: its steps, batch, period and the trace's throughput beside
     the sweep's and the capture client's (for display)."""
     cols = ["concurrency", "n_steps", "n_decode_steps", "n_mixed_steps", "decode_requests_mean", "period_ms_mean",
             "busy_share", "predicted_output_tok_s", "measured_output_tok_s", "capture_output_tok_s"]
-    return pd.DataFrame(summary.get("levels") or [], columns=cols).set_index("concurrency")
+    return pd.DataFrame(schema.to_builtins(summary.levels), columns=cols).set_index("concurrency")
