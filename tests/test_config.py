@@ -169,13 +169,13 @@ def test_leaf_keys_cover_nested_sections():
     assert "analysis.extra_rules" in keys
 
 
-def test_readme_params_table_matches_schema(repo_root):
+def test_the_params_table_matches_the_schema(repo_root):
     from stepscope.config import schema_reference_markdown
 
-    readme = (repo_root / "README.md").read_text()
-    table = readme.split("<!-- PARAMS-TABLE:BEGIN -->\n", 1)[1].split("<!-- PARAMS-TABLE:END -->", 1)[0]
+    page = (repo_root / "docs" / "params.md").read_text()
+    table = page.split("<!-- PARAMS-TABLE:BEGIN -->\n", 1)[1].split("<!-- PARAMS-TABLE:END -->", 1)[0]
     assert table.strip() == schema_reference_markdown().strip(), \
-        "README params table is stale: regenerate it with `python -m stepscope.config README.md`"
+        "docs/params.md is stale: regenerate it with `python -m stepscope.config`"
 
 
 def test_the_documented_command_rewrites_the_table_with_its_docs(repo_root, tmp_path):
@@ -183,11 +183,11 @@ def test_the_documented_command_rewrites_the_table_with_its_docs(repo_root, tmp_
     import subprocess
     import sys
 
-    readme = tmp_path / "README.md"
-    readme.write_text((repo_root / "README.md").read_text())
-    subprocess.run([sys.executable, "-m", "stepscope.config", str(readme)], check=True, timeout=120)
-    assert readme.read_text() == (repo_root / "README.md").read_text()
-    assert "| `run.name` | a string | `required` | Run-id prefix;" in readme.read_text()
+    page = tmp_path / "params.md"
+    page.write_text((repo_root / "docs" / "params.md").read_text())
+    subprocess.run([sys.executable, "-m", "stepscope.config", str(page)], check=True, timeout=120)
+    assert page.read_text() == (repo_root / "docs" / "params.md").read_text()
+    assert "| `run.name` | a string | `required` | Run-id prefix;" in page.read_text()
 
 
 # --------------------------------------------------------------------------- campaign variants

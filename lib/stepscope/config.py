@@ -4,7 +4,7 @@ Validation happens before anything runs. Every error names the file, the key
 path, what was expected and, for an unknown key, the nearest valid key.
 
 Each pipeline section owns one Struct here. To add a parameter, add a field
-with a default to its section; the validator, the docs table in the README and
+with a default to its section; the validator, the params table in docs/params.md and
 the notebook contract test pick it up from the type hints.
 """
 
@@ -902,7 +902,7 @@ def variant_params_dict(base: Mapping[str, Any], variant: VariantParams | None) 
 
 
 def schema_reference() -> list[tuple[str, str, str, str]]:
-    """(key path, type, default, doc) for every leaf key: the README's params table.
+    """(key path, type, default, doc) for every leaf key: docs/params.md's table.
 
     Docs are the string literals written under each field in this file, read by
     `stepscope.fielddocs` so the table and the schema cannot drift apart.
@@ -939,11 +939,11 @@ def schema_reference_markdown() -> str:
 PARAMS_TABLE_MARKERS = ("<!-- PARAMS-TABLE:BEGIN -->\n", "<!-- PARAMS-TABLE:END -->")
 
 
-def update_readme_params_table(readme: str | Path) -> None:
-    """Rewrite the README's params table from the schema (`python -m stepscope.config README.md`)."""
+def update_params_table(path: str | Path = "docs/params.md") -> None:
+    """Rewrite docs/params.md's table from the schema (`python -m stepscope.config`)."""
     from stepscope.fielddocs import rewrite_between
 
-    rewrite_between(readme, PARAMS_TABLE_MARKERS, schema_reference_markdown())
+    rewrite_between(path, PARAMS_TABLE_MARKERS, schema_reference_markdown())
 
 
 if __name__ == "__main__":
@@ -951,6 +951,6 @@ if __name__ == "__main__":
 
     # The module imported by name: run as __main__, its classes would not be found under
     # stepscope.config, where stepscope.fielddocs reads their field docs.
-    from stepscope.config import update_readme_params_table as _update
+    from stepscope.config import update_params_table as _update
 
-    _update(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    _update(sys.argv[1] if len(sys.argv) > 1 else "docs/params.md")

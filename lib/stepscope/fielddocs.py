@@ -1,8 +1,8 @@
 """Generated docs read a field's meaning from the string literal written under it.
 
-Both generated references use this one reader: the params table in the README
-(`python -m stepscope.config README.md`, from `stepscope.config`) and the run folder's
-artifacts (`python -m stepscope.schema README.md docs/artifacts.md`, from `stepscope.schema`).
+Both generated references use this one reader: the params table in docs/params.md
+(`python -m stepscope.config`, from `stepscope.config`) and the run folder's artifacts in
+docs/artifacts.md (`python -m stepscope.schema`, from `stepscope.schema`).
 The literal is read with `ast` from the class's own module, so docs and schema cannot drift.
 """
 

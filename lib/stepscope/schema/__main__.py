@@ -1,8 +1,7 @@
-"""`python -m stepscope.schema [README.md [docs/artifacts.md]]`: regenerate the artifact docs."""
+"""`python -m stepscope.schema [docs/artifacts.md]`: regenerate the artifact docs."""
 
 import sys
 
 from stepscope.schema.docs import update
 
-args = sys.argv[1:]
-update(args[0] if args else "README.md", args[1] if len(args) > 1 else "docs/artifacts.md")
+update(sys.argv[1] if len(sys.argv) > 1 else "docs/artifacts.md")

@@ -1,7 +1,6 @@
-"""Generated documentation: the README's artifact section and docs/artifacts.md.
+"""Generated documentation: docs/artifacts.md, every file of the run folder.
 
-`python -m stepscope.schema README.md docs/artifacts.md` rewrites both from the schema; a
-test keeps them equal. A field's meaning is the string literal written under it in its
+`python -m stepscope.schema` rewrites it from the schema; a test keeps them equal. A field's meaning is the string literal written under it in its
 module, read by `stepscope.fielddocs` (which the params table uses too), so the files and
 the schema cannot drift apart.
 """
@@ -13,12 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from stepscope.fielddocs import field_doc, replace_between
+from stepscope.fielddocs import field_doc
 from stepscope.schema import ARTIFACTS, CAMPAIGN_ARTIFACTS, Artifact, Record, Row
-
-TREE_MARKERS = ("<!-- ARTIFACTS-TREE:BEGIN -->\n", "<!-- ARTIFACTS-TREE:END -->")
-SUMMARY_MARKERS = ("<!-- SUMMARY-JSON:BEGIN -->\n", "<!-- SUMMARY-JSON:END -->")
-
 
 def class_doc(cls: type) -> str:
     doc = cls.__doc__ or ""
@@ -103,21 +98,13 @@ def _columns_table(row: type[Row]) -> list[str]:
     return out
 
 
-def summary_json_markdown() -> str:
-    from stepscope.schema.categorize import TraceSummary
-
-    head = (f"{class_doc(TraceSummary)} Typed as `stepscope.schema.TraceSummary`; "
-            "every file and column: [docs/artifacts.md](docs/artifacts.md).").strip()
-    return head + "\n\n" + "\n".join(struct_bullets(TraceSummary, depth=1))
-
-
 def artifacts_markdown() -> str:
     """docs/artifacts.md: every file of the run folder, every key and column."""
     import stepscope.schema as schema
 
     out = ["# The run folder's artifacts", "",
-           "Generated from `lib/stepscope/schema/` by `python -m stepscope.schema README.md "
-           "docs/artifacts.md`; a test keeps this file equal to the schema. Edit the schema, not this file.",
+           "Generated from `lib/stepscope/schema/` by `python -m stepscope.schema`; a test keeps this file "
+           "equal to the schema. Edit the schema, not this file.",
            "", schema.__doc__.split("\n\n", 1)[1].strip(), "",
            f"Schema version: **{schema.SCHEMA_VERSION}** (written to `run.json` as `schema_version`).", "",
            "```", run_folder_tree(), "```", ""]
@@ -160,16 +147,7 @@ def _writer(a: Artifact) -> str:
     return "the runner" if a.stage == "run" else f"stage {a.stage}"
 
 
-def readme_with_artifacts(text: str, where: str = "README.md") -> str:
-    text = replace_between(text, TREE_MARKERS, "```\n" + run_folder_tree() + "\n```", where)
-    return replace_between(text, SUMMARY_MARKERS, summary_json_markdown(), where)
-
-
-def update(readme: str | Path | None = "README.md", artifacts_md: str | Path | None = "docs/artifacts.md") -> None:
-    if readme:
-        p = Path(readme)
-        p.write_text(readme_with_artifacts(p.read_text(), str(p)))
-    if artifacts_md:
-        p = Path(artifacts_md)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(artifacts_markdown() + "\n")
+def update(artifacts_md: str | Path = "docs/artifacts.md") -> None:
+    p = Path(artifacts_md)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(artifacts_markdown() + "\n")
