@@ -197,3 +197,21 @@ def test_the_routed_experts_grow_with_the_distinct_experts_touched():
     (gemm, _) = predict_spec_decode_tpot(SpecBaseline(**{**base.__dict__, "experts": None}), 2.0, 0.0,
                                          draft_tokens=2).parts
     assert gemm.scale == pytest.approx(110.0 / 100.0) and gemm.law.startswith("stage 02's GEMM time")
+
+
+def test_the_baseline_is_stage_05s_step_basis(tmp_path):
+    """Stage 05 chose the span (its period is unreliable here): the what-if's step is that span,
+    not a period it chose again for itself."""
+    from stepscope.report.analysis import decode_step_totals
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.whatif import spec_baseline
+
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["decode"]["denominator"], s["decode"]["denominator_reason"] = "span", "steps overlap"
+    p.write_text(json.dumps(s))
+    a = load_run_artifacts(run)
+    base = spec_baseline(a, decode_step_totals(a), a.decode_categories)
+    assert (base.step_basis, base.step_ms) == ("span", pytest.approx(s["decode"]["steps"]["span_ms"]["mean"]))
+    assert base.step_ms != pytest.approx(s["decode"]["period_ms"]["mean"])

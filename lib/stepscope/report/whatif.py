@@ -228,8 +228,8 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
                   batch: float | None = None) -> SpecBaseline | None:
     """The measured decode step of a run folder as a `SpecBaseline` (None without one).
 
-    The step is the period when stage 05 gives it (what TPOT measures), else the capture
-    TPOT, else the span. Parts are the categories' exposed times (they add up to the busy
+    The step is stage 05's step basis (`RunArtifacts.step_basis`: the period, what TPOT
+    measures, else the span, else the busy time). Parts are the categories' exposed times (they add up to the busy
     time) and the rest of the step, which no part of the model changes.
 
     Only a decode trace has one: a mixed step's GEMMs do a prefill's work, which the model's
@@ -240,11 +240,9 @@ def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame 
     info = a.trace_summary.trace_info if a.trace_summary is not None else None
     if info is not None and info.kind not in (None, "decode"):
         return None
-    step, basis = totals.get("period_ms"), "period"
-    if not step:
+    basis, step, _ = a.step_basis()
+    if not step:  # a summary with no step times at all: the capture's TPOT is then the only step there is
         step, basis = totals.get("tpot_capture_ms"), "capture TPOT"
-    if not step:
-        step, basis = totals.get("span_ms"), "span"
     if not step or decode is None or not len(decode):
         return None
     col = "exposed_ms_mean"
