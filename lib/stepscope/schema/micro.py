@@ -189,28 +189,7 @@ class CommImplementationPrediction(Record, kw_only=True):
     """One implementation's prediction (`CommPrediction.implementations`)."""
 
     k: int | None = None
-    comm_us_per_decode_step: float | None = None
-    """k x per_op_us at batch 1, µs."""
-    per_op_us: float | None = None
-    size_bytes: int | None = None
-    mode: str | None = None
-    by_batch: dict[str, CommBatchPrediction] = {}
-    eager_per_op_us_same_size: float | None = None
-    burst_over_eager_per_op: float | None = None
-    all_gather_us: float | None = None
-    all_gather_size_bytes: int | None = None
-
-
-class CommPrediction(Record, kw_only=True):
-    model: str | None = None
-    k: int | None = None
     """All-reduces per decode step."""
-    k_source: str | None = None
-    """Where `k` comes from (the architecture's 2L+1, or params)."""
-    backend: str | None = None
-    world_size: int | None = None
-    dtype: str | None = None
-    method: str | None = None
     comm_us_per_decode_step: float | None = None
     """k x per_op_us at batch 1, µs."""
     per_op_us: float | None = None
@@ -225,6 +204,19 @@ class CommPrediction(Record, kw_only=True):
     all_gather_us: float | None = None
     """One logits all-gather, µs."""
     all_gather_size_bytes: int | None = None
+
+
+class CommPrediction(CommImplementationPrediction, kw_only=True):
+    """Communication time per decode step, as stage 05 and the report use it: the engine's implementation's figures (the
+    fields it shares with `CommImplementationPrediction`), and every implementation beside it."""
+
+    model: str | None = None
+    k_source: str | None = None
+    """Where `k` comes from (the architecture's 2L+1, or params)."""
+    backend: str | None = None
+    world_size: int | None = None
+    dtype: str | None = None
+    method: str | None = None
     implementation: str | None = None
     """The implementation the numbers above describe (a key of `implementations`)."""
     implementation_reason: str | None = None
