@@ -395,3 +395,15 @@ def test_decision_caveats_come_first(tmp_path):
     assert ("- At 2 of 4 sweep levels the TPOT and ITL measure delivery, not decode: up to 90.0 % of token "
             "chunks arrived together with the previous one") in head
     assert "- Server-wide stalls took up to 60.0 % of a sweep level's time (concurrency 4)" in head
+
+
+def test_stage_01s_per_level_flags_are_one_caveat_naming_each_level():
+    """Five "chunks bunched" lines said one thing five times: one line keeps each level and its share."""
+    from stepscope.report.build import per_level_once
+
+    tail = "of token chunks arrived together with the previous one: TPOT/ITL here measure delivery, not decode"
+    items = ["[01] no knee", f"[01] level c0001: 92% {tail}", "[01] level c0001: client used 95 % of a core",
+             f"[01] level c0004: 64% {tail}", "[05 info] other"]
+    assert per_level_once(items) == ["[01] no knee", f"[01] levels c0001 (92%), c0004 (64%): that share {tail}",
+                                     "[01] level c0001: client used 95 % of a core", "[05 info] other"]
+    assert per_level_once(items[:2]) == items[:2]  # one level: as stage 01 wrote it

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import msgspec
 import pandas as pd
 
-from stepscope.report.load import fits_table, micro_curve, section_load
+from stepscope.report.load import load_appendix, micro_curve, section_load
 from stepscope.trace.load_plots import LOAD_FIGURE, plot_load_anatomy
 from stepscope.config import WriteupParams
 from stepscope.report import analysis as an
@@ -458,17 +459,22 @@ def _collective_table(c: pd.DataFrame) -> str:
                             keys=("op", "backend", "size_bytes"), settings=("world_size",)))
 
 
-def appendix_tables(a: RunArtifacts, split: vd.CommSplit | None) -> str:
+def appendix_tables(a: RunArtifacts, ctx: dict[str, Any]) -> str:
     """The measurements the report shows as figures or summaries, in full, for the appendix."""
+    split, preds = ctx["verdict"].comm_split, ctx.get("whatif_predictions")
     parts = []
     if a.gemm is not None and "status" in a.gemm and (a.gemm["status"].astype(str) == "ok").any():
         ok = a.gemm[a.gemm["status"].astype(str) == "ok"]
         parts.append("### GEMM timings (stage 02, median µs per call)\n\n" + _gemm_tables(ok))
     if a.collectives is not None and len(a.collectives):
         parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
-    fits = fits_table(a.load_summary)
-    if fits:
-        parts.append("### Growth with the batch per category (stage 05's fits of the load captures)\n\n" + fits)
+    load = load_appendix(a, micro_curve(a.gemm_prediction, a.comm_prediction, a.decode_categories, a.levels))
+    if load:
+        parts.append(load)
+    if ctx["verdict"].roofline:
+        parts.append(_roofline_table(ctx["verdict"]))
+    if preds and not _parts_assumed(preds):
+        parts.append("### The what-if's step, part by part\n\n" + PARTS_INTRO + _parts_table(ctx["whatif_baseline"], preds))
     table = _cross_rank_table(a, split)
     if table is not None:
         parts.append("### Busy time per category across ranks (stage 05, ms per step)\n\n" + _cross_rank_spread(table))
@@ -513,9 +519,11 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
                          f"({md_text(best.get('gemm'))}, M={fmt_num(best.get('m'))}, {md_text(best.get('backend'))} "
                          f"{md_text(best.get('dtype'))}).\n")
         if len(bad):
-            text += f"\nNot timed ({len(bad)} points):\n\n"
-            reasons = bad.groupby([c for c in ("backend", "status", "reason") if c in bad], dropna=False).size()
-            text += md_table(reasons.reset_index(name="points"))
+            keys = [c for c in ("backend", "status", "reason") if c in bad]
+            reasons = bad.groupby(keys, dropna=False).size().reset_index(name="points")
+            text += f"\nNot timed ({len(bad)} points): " + "; ".join(  # a line each: a table's rows were these lines
+                ", ".join(md_text(r[k]) for k in keys if pd.notna(r[k])) + f" ({fmt_num(int(r['points']))} points)"
+                for _, r in reasons.iterrows()) + ".\n"
         pred = a.gemm_prediction.gemm_us_per_decode_step if a.gemm_prediction else {}
         if pred:
             pts = ", ".join(f"M={m}: {fmt_num(v / 1000)} ms" for m, v in sorted(pred.items(), key=lambda kv: float(kv[0])))
@@ -759,19 +767,22 @@ def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
     """One line per collective whose two transfer readings cannot be compared or disagree."""
     if readings is None:
         return ""
-    lines = []
-    for r in readings.itertuples():
-        if r.agree is None:
-            lines.append(f"- {md_text(r.category)}: {fmt_num(r.n_asymmetric)} of {fmt_num(r.n_instances)} matched instances "
-                          f"are asymmetric (a rank finished before the last one arrived: a gather to one rank, or "
-                          f"a wait elsewhere) and have no transfer time, so the matched figure covers the other "
-                          f"{fmt_num(r.n_instances - r.n_asymmetric)} only and is not set against the estimate.")
-        elif not r.agree:
-            lines.append(f"- ⚠ {md_text(r.category)}: the two transfer readings differ by {fmt_num(100 * r.rel_diff)} % "
-                          f"({fmt_num(r.transfer_ms_est)} ms the least-waiting rank's mean, "
-                          f"{fmt_num(r.transfer_ms_matched)} ms matched instance by instance; they agree within "
-                          f"{fmt_num(100 * READINGS_AGREE_REL)} %): the rank that waits least on average still "
-                          f"waits on some calls, or finishes before the typical rank.")
+    lines = [f"- {md_text(r.category)}: {fmt_num(r.n_asymmetric)} of {fmt_num(r.n_instances)} matched instances "
+             f"are asymmetric (a rank finished before the last one arrived: a gather to one rank, or "
+             f"a wait elsewhere) and have no transfer time, so the matched figure covers the other "
+             f"{fmt_num(r.n_instances - r.n_asymmetric)} only and is not set against the estimate."
+             for r in readings.itertuples() if r.agree is None]
+    off = [r for r in readings.itertuples() if r.agree is False]
+    both = [f"{fmt_num(100 * r.rel_diff)} % ({fmt_num(r.transfer_ms_est)} ms the least-waiting rank's mean, "
+            f"{fmt_num(r.transfer_ms_matched)} ms matched instance by instance" for r in off]
+    agree, why = (f"{fmt_num(100 * READINGS_AGREE_REL)} %", "the rank that waits least on average still waits on "
+                  "some calls, or finishes before the typical rank.")
+    if len(off) == 1:
+        lines.append(f"- ⚠ {md_text(off[0].category)}: the two transfer readings differ by {both[0]}; they agree "
+                     f"within {agree}): {why}")
+    elif off:  # one line for all of them: the reason is the same
+        lines.append(f"- ⚠ The two transfer readings differ beyond the {agree} within which they agree: "
+                     + ", ".join(f"{md_text(r.category)} by {b})" for r, b in zip(off, both)) + f": {why}")
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 
@@ -861,17 +872,24 @@ def _section_verdict(ctx: dict) -> str:
             text += "\n" + _img(ctx["figs"]["amdahl"], "Amdahl ceiling per category")
     elif am is None:
         text += missing_box("Amdahl ceilings", ["05_categorize/amdahl.csv"])
-    if v.roofline:
-        text += "\nOn-trace roofline of the GEMM categories (stage 05; % of the device's peak):\n\n"
-        text += compact_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
-                         [("category", "category"), ("time_ms_per_step", per_step_header("ms", v.identity.step_label)),
-                          ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
-                          ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
-                          ("micro_gbps", "stage 02 GB/s"), ("micro_vs_trace", "trace / stage 02"),
-                          ("device", "device")], keys=("category",))
+    if v.roofline:  # each row is a finding above: the table is the appendix's
+        text += f"\nThe on-trace roofline of the GEMM categories as one table: [appendix]({APPENDIX_MD}#measurements-in-full).\n"
     elif v.roofline_reason:
         text += f"\nNo roofline on the trace: {md_text(v.roofline_reason)}.\n"
     return text
+
+
+def _roofline_table(v: vd.Verdict) -> str:
+    """The on-trace roofline of the GEMM categories (stage 05), for the appendix; '' without one."""
+    if not v.roofline:
+        return ""
+    return ("### On-trace roofline of the GEMM categories (stage 05; % of the device's peak)\n\n"
+            + compact_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
+                            [("category", "category"), ("time_ms_per_step", per_step_header("ms", v.identity.step_label)),
+                             ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
+                             ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
+                             ("micro_gbps", "stage 02 GB/s"), ("micro_vs_trace", "trace / stage 02"),
+                             ("device", "device")], keys=("category",)))
 
 
 def _finding_list(v: vd.Verdict) -> str:
@@ -957,9 +975,10 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
         ("draft_per_token_ms", "draft ms/token"), ("verify_ms", "verify ms"), ("draft_ms", "draft ms"),
         ("tpot_ms", "TPOT ms"), ("tok_s", "tok/s per stream"), ("speedup", "speed-up"),
         ("defaults", "assumed by default")], keys=("acceptance", "k", "M"), settings=("batch",))
-    text += ("\nHow each part of the measured step grows in a verify step (exposed ms per step; × at each M; "
-             "`default` marks an assumption where a stage's measurement was missing):\n\n")
-    text += _parts_table(base, preds)
+    if _parts_assumed(preds):  # what a default assumed is read beside the projection it changes
+        text += "\n" + PARTS_INTRO + _parts_table(base, preds)
+    else:
+        text += f"\nHow each part of the measured step grows in a verify step: [appendix]({APPENDIX_MD}#measurements-in-full).\n"
     best = max(preds, key=lambda p: p.speedup)
     text += (f"\nThe best case here, acceptance {fmt_num(best.acceptance_length)} with {fmt_num(best.draft_tokens)} "
              f"drafted tokens at {fmt_num(best.draft_ms / best.draft_tokens)} ms each, projects "
@@ -968,6 +987,15 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     if "whatif" in ctx["figs"]:
         text += "\n" + _img(ctx["figs"]["whatif"], "speculative decoding what-if")
     return text + _whatif_under_load(ctx.get("whatif_load") or [], best)
+
+
+PARTS_INTRO = ("How each part of the measured step grows in a verify step (exposed ms per step; × at each M; "
+               "`default` marks an assumption where a stage's measurement was missing):\n\n")
+
+
+def _parts_assumed(preds: list[wi.Prediction]) -> bool:
+    """Whether a part of the what-if's step grew by a default, not by a stage's measurement."""
+    return any(not x.startswith(("k = ", "batch:")) for p in preds for x in p.assumptions)
 
 
 def _parts_table(base: wi.SpecBaseline, preds: list[wi.Prediction]) -> str:
@@ -1001,7 +1029,7 @@ def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
     text = ("\n### Under load: at the batch each level was measured at\n\nEach captured level's own decode step "
             "(`load_anatomy.csv`) projected at **the batch that trace measured**: a verify step there scores "
             "batch × M tokens, and the GEMMs and all-reduces grow along stage 02's and 03's curves from it. Same "
-            f"grid as above (at batch 1 the best case is {fmt_num(batch1.speedup)}×).\n\n")
+            "grid as above.\n\n")
     text += compact_table(pd.DataFrame(rows), [
         ("concurrency", "concurrency"), ("batch", "batch (measured)"), ("step_ms", "measured step ms"),
         ("best", "best speed-up"), ("best_tpot", "best TPOT ms"), ("worst", "worst speed-up"),
@@ -1027,7 +1055,29 @@ def _section_caveats(items: list[str]) -> str:
     text = "## Caveats\n\n"
     if not items:
         return text + "No data-quality flag was raised.\n"
-    return text + "\n".join(f"- {c}" for c in items) + "\n"
+    return text + "\n".join(f"- {c}" for c in per_level_once(items)) + "\n"
+
+
+_PER_LEVEL = re.compile(r"\[01\] level (\S+): (\d+%) (.+)")
+"""Stage 01's flag said of one sweep level with its share (`sweep.run`): bunched or merged chunks."""
+
+
+def per_level_once(items: list[str]) -> list[str]:
+    """Stage 01's flags that say one thing of several levels, as one line naming each level and
+    its share (five "chunks bunched" lines were the longest part of the caveats)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for c in items:
+        if m := _PER_LEVEL.fullmatch(c):
+            groups.setdefault(m[3], []).append((m[1], m[2]))
+    out: list[str] = []
+    for c in items:
+        m = _PER_LEVEL.fullmatch(c)
+        if m is None or len(groups[m[3]]) < 2:
+            out.append(c)
+        elif groups[m[3]][0][0] == m[1]:  # the group's line, where its first level's stood
+            levels = ", ".join(f"{lv} ({share})" for lv, share in groups[m[3]])
+            out.append(f"[01] levels {levels}: that share {m[3]}")
+    return out
 
 
 def _why(a: RunArtifacts, stage_id: str) -> str | None:
@@ -1115,7 +1165,7 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     html_path = out_dir / REPORT_HTML
     html_text = text.replace(f"]({APPENDIX_MD}", f"]({APPENDIX_HTML}")  # anchors kept
     html_path.write_text(scrub(markdown_to_html(scrub(html_text), out_dir, title, figure_dirs=(a.run_dir / "figures",))))
-    appendix_md, appendix_html = write_appendix(a, out_dir, title, appendix_tables(a, ctx["verdict"].comm_split))
+    appendix_md, appendix_html = write_appendix(a, out_dir, title, appendix_tables(a, ctx))
     paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "appendix_markdown": appendix_md,
                               "appendix_html": appendix_html, "verdict": verdict_path, "figures": a.run_dir / "figures"}
     for key, name in ctx["figs"].items():

@@ -18,7 +18,7 @@ from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
-from stepscope.wording import md_text
+from stepscope.wording import fmt_num, md_text
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
 
@@ -236,7 +236,8 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
             "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
             if borrowed else "")
-    return ("\nWhere each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
+    return ("\n### Each captured sweep level's wall time, part by part (stage 05)\n\n"
+            "Where each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
             "client's tokens over the tokens a step of each kind emits, times its median period; ramp-up, "
             "turnaround and drain are time with fewer requests waiting than the concurrency. Gaps inside a step "
             "lie inside its period on both sides, so they cannot open a gap between the two rates.\n\n"
@@ -256,17 +257,19 @@ def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGro
         return ""
     rows = compare_levels(a)
     text = f"## {SECTION_TITLE}\n\n"
-    text += ("Stage 04 profiled engine steps at each captured concurrency (`capture.concurrency`). The trace's "
-             "throughput is its decode and mixed steps' tokens over their summed periods; the sweep's is the "
-             "client's, over a whole level (method: `docs/methods.md`, \"The step under load\").\n\n")
+    text += ("At each captured concurrency (`capture.concurrency`), the trace's throughput (its decode and mixed "
+             "steps' tokens over their summed periods) beside the sweep's (the client's, over a whole level); "
+             "method: `docs/methods.md`, \"The step under load\".\n\n")
     text += _comparison_table(rows)
-    text += reconciliation_section(a.load_reconciliation)
-    for r in rows:
-        if r.agrees is False:
-            text += (f"\n*c={r.concurrency}: the trace predicts {r.predicted_tok_s:.0f} tok/s against "
-                     f"{r.measured_tok_s:.0f} measured, beyond the band ({r.band_source}).*"
-                     + ("" if not r.explanations else " What the data show: " + "; ".join(r.explanations) + ".")
-                     + "\n")
+    if a.load_reconciliation is not None and a.load_reconciliation.levels:
+        text += f"\nEach captured sweep level's wall time, part by part: [appendix]({APPENDIX_MD}#measurements-in-full).\n"
+    off = [r for r in rows if r.agrees is False]
+    if off:  # the table holds both rates: said once, then what the data show at each level
+        text += (f"\n*The trace's throughput is beyond the band ({'; '.join(dict.fromkeys(r.band_source for r in off))}) "
+                 f"of the sweep's at {', '.join(f'c={r.concurrency}' for r in off)}.*\n")
+    for r in off:
+        if r.explanations:
+            text += f"\n*c={r.concurrency}, what the data show:* " + "; ".join(r.explanations) + ".\n"
     if figure_md:
         text += "\n" + figure_md + "\n"
     text += "\n" + fastest_sentence(summary) + (f" Every category's fit is in the [appendix]({APPENDIX_MD}#"
@@ -275,7 +278,15 @@ def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGro
         text += f"\n*{note}*\n"
     if growth is not None:  # one finding per bullet: a paragraph of them is not read
         text += "\n### The plateau, step by step\n\n" + "".join(f"- {x}\n" for x in growth_sentences(growth))
-    return text + micro_curve_section(micro or [])
+    return text + micro_curve_line(micro or [])
+
+
+def load_appendix(a: RunArtifacts, micro: list[MicroPoint]) -> str:
+    """The step under load's tables in full, for the appendix: each level's time part by part, the
+    micro-predicted curve, every category's fit; '' without any."""
+    fits = fits_table(a.load_summary)
+    return (reconciliation_section(a.load_reconciliation) + micro_curve_section(micro)
+            + (f"\n### Growth with the batch per category (stage 05's fits of the load captures)\n\n{fits}" if fits else ""))
 
 
 
@@ -368,11 +379,13 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
     else:
         out.append("No category's growth with the batch clears its spread, so none is named as the one "
                    "that takes the step there.")
-    for c, s in ((lo.concurrency, lo.server), (hi.concurrency, hi.server)):
-        if s:
-            out.append(f"At c={c} the server reported at most {_g(s.get('running_max'))} requests running, "
-                       f"{_g(s.get('waiting_max'))} waiting, KV cache {_pct(s.get('kv_cache_usage_max'))} used, "
-                       f"{_g(s.get('preemptions'))} preemptions.")
+    seen = [(c, s) for c, s in ((lo.concurrency, lo.server), (hi.concurrency, hi.server)) if s]
+    if seen:  # both levels in one line, each reading "low and high"
+        def both(key: str, fmt) -> str:
+            return " and ".join(fmt(s.get(key)) for _, s in seen)
+        out.append(f"At {' and '.join(f'c={c}' for c, _ in seen)} the server reported at most "
+                   f"{both('running_max', _g)} requests running, {both('waiting_max', _g)} waiting, KV cache "
+                   f"{both('kv_cache_usage_max', _pct)} used, {both('preemptions', _g)} preemptions.")
     for cat, a, b in g.shifted_levers:
         size = "large at the lower level and small at the higher" if a > b else "small at the lower level and large at the higher"
         out.append(f"{cat} is a lever whose size depends on the batch: {a:.0%} of the period at "
@@ -485,6 +498,20 @@ def micro_curve(gemm: schema.GemmPrediction | None, comm: schema.CommPrediction 
         out.append(MicroPoint(c, g / 1e3 if g is not None else None, cm, at, attn1 * c, rest, step,
                               1e3 * c / step if step else None, None if pd.isna(tok) else float(tok)))
     return out
+
+
+def micro_curve_line(points: list[MicroPoint]) -> str:
+    """The micro-predicted curve's top level with a measurement, in one line linking its table."""
+    both = [p for p in points if p.predicted_tok_s is not None and p.measured_tok_s]
+    if not points:
+        return ""
+    link = f"[appendix]({APPENDIX_MD}#measurements-in-full)"
+    if not both:
+        return f"\nThe micro-benchmarks' prediction of each sweep level, before any load trace: {link}.\n"
+    p = both[-1]
+    return (f"\nBefore any load trace, the micro-benchmarks predict {fmt_num(p.predicted_tok_s)} tok/s at "
+            f"c={p.concurrency} against {fmt_num(p.measured_tok_s)} measured "
+            f"({fmt_num(p.predicted_tok_s / p.measured_tok_s)}×); every sweep level, with the method: {link}.\n")
 
 
 def micro_curve_section(points: list[MicroPoint]) -> str:
