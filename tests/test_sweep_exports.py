@@ -184,3 +184,39 @@ def test_percentiles_outside_0_to_100_are_refused(bad):
 
     with pytest.raises(StepscopeError, match=r"sweep\.percentiles\[1\]"):
         params_from_dict({"run": {"name": "t"}, "sweep": {"percentiles": [50, bad]}}, source="t.yaml")
+
+
+def test_export_writes_the_exports_for_a_run_folder_made_before_them(tmp_path, capsys):
+    """A run folder whose stage 01 predates the exports (warm-ups flagged in the level's own file,
+    no vllm_bench/, no requests.csv): `stepscope export` writes them from its request records, the
+    same as a sweep that wrote them itself."""
+    from stepscope.cli import main
+
+    records = _records(20)
+    new = tmp_path / "new" / "01_macro_sweep"
+    _write(new, _warmups() + records)
+    finish(new, 0.1)
+    old_run = tmp_path / "old"
+    old = old_run / "01_macro_sweep"
+    _write(old, records)
+    (old / "levels" / "c0004.jsonl").write_text(
+        "\n".join(json.dumps(r.to_dict()) for r in _warmups() + records) + "\n")
+    (old_run / "run.json").write_text(json.dumps({"run_id": "old", "stages": {}}))
+    assert not (old / "vllm_bench").exists() and not (old / "requests.csv").exists()
+    assert main(["export", str(old_run)]) == 0
+    assert "2 file(s) written" in capsys.readouterr().out
+    want = json.loads((new / "vllm_bench" / "c0004.vllm.json").read_text())
+    got = json.loads((old / "vllm_bench" / "c0004.vllm.json").read_text())
+    assert got == want and got["completed"] == sum(r.success for r in records)
+    pd.testing.assert_frame_equal(pd.read_csv(old / "requests.csv"), pd.read_csv(new / "requests.csv"))
+    assert main(["export", str(old_run), "--format", "csv", "--out", str(tmp_path / "csv-only")]) == 0
+    assert [p.name for p in (tmp_path / "csv-only").iterdir()] == ["requests.csv"]
+
+
+def test_export_of_a_run_without_a_sweep_says_so(tmp_path, capsys):
+    from stepscope.cli import main
+
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "x", "stages": {}}))
+    assert main(["export", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no sweep levels to export" in err and "stepscope run PARAMS --stages 01" in err

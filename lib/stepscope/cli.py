@@ -76,6 +76,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from stepscope.sweep.run import export_run
+
+    _require_run_folder(Path(args.run))
+    formats = ("vllm", "csv") if args.format == "all" else (args.format,)
+    print(f"stepscope export: {args.run}")
+    written = export_run(args.run, args.out, formats)
+    for name, path in written.items():
+        print(f"  {name}: {path}")
+    print(f"{len(written)} file(s) written")
+    return 0
+
+
 def _regression_gate(run_a: str, run_b: str) -> int:
     from stepscope.campaign.gate import regression_message, regressions
 
@@ -154,6 +167,7 @@ EXAMPLES = {
     "campaign": "stepscope campaign params/cpu-campaign.yaml --repeats 2",
     "lab": "stepscope lab\n  stepscope lab outputs/cpu-moe-20261204-101500",
     "validate": "stepscope validate params/*.yaml",
+    "export": "stepscope export outputs/cpu-moe-20261204-101500 --format vllm",
 }
 
 
@@ -222,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "an upgrade), then write the report again")
     g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     g.set_defaults(func=_cmd_campaign)
+
+    x = _sub(sub, "export", "write a run's sweep as other tools read it: vLLM's per-level result JSON, a per-request table")
+    x.add_argument("run", help="a run folder whose stage 01 ran, older ones included")
+    x.add_argument("--format", choices=("all", "vllm", "csv"), default="all",
+                   help="vllm: vllm_bench/<level>.vllm.json as `vllm bench serve --save-result` writes it; "
+                        "csv: requests.csv, one row per measured request (default: both)")
+    x.add_argument("--out", help="folder to write into (default: the run's 01_macro_sweep/)")
+    x.set_defaults(func=_cmd_export)
 
     j = _sub(sub, "lab", "open the workbook (or a run's executed notebooks) in JupyterLab")
     j.add_argument("run", nargs="?", help="a run folder or run id under outputs/ (default: notebooks/)")

@@ -106,22 +106,29 @@ def requests_table(done: list[tuple[Mapping[str, Any], list[RequestRecord]]]) ->
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=REQUEST_COLUMNS)
 
 
+FORMATS = ("vllm", "csv")
+"""`stepscope export --format`: vLLM's per-level result JSON, the per-request table (AIPerf's kind)."""
+
+
 def write_exports(out_dir: str | Path, levels: pd.DataFrame,
                   done: list[tuple[Mapping[str, Any], list[RequestRecord]]],
-                  percentiles: Iterable[float]) -> dict[str, Path]:
+                  percentiles: Iterable[float], formats: Iterable[str] = FORMATS) -> dict[str, Path]:
     """`vllm_bench/<level>.vllm.json` for every level of `levels` measured here (imported ones are
     vLLM's already; files of levels no longer on disk are removed) and `requests.csv`."""
     out_dir = Path(out_dir)
+    written: dict[str, Path] = {}
+    if "csv" in formats:
+        written["requests"] = schema.write_table(requests_table(done), out_dir / REQUESTS_CSV, schema.SweepRequestRow)
+    if "vllm" not in formats:
+        return written
     vdir = out_dir / VLLM_DIR
     vdir.mkdir(parents=True, exist_ok=True)
     settings = {meta["level"]: meta.get("settings") or {} for meta, _ in done}
     for stale in vdir.glob(f"*{VLLM_SUFFIX}"):
         if stale.name[: -len(VLLM_SUFFIX)] not in settings:
             stale.unlink()
-    written = {}
     for _, row in levels.iterrows():
         name = str(row["level"])
         written[name] = schema.write(vdir / f"{name}{VLLM_SUFFIX}", vllm_result(row, percentiles, settings.get(name)),
                                      schema.VllmBenchResult)
-    written["requests"] = schema.write_table(requests_table(done), out_dir / REQUESTS_CSV, schema.SweepRequestRow)
     return written

@@ -22,12 +22,13 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 import psutil
+import yaml
 from stepscope import progress
 
 from stepscope import schema
 from stepscope import server_metrics as sm
 from stepscope.config import SweepParams
-from stepscope.errors import ServerError
+from stepscope.errors import ServerError, StepscopeError
 from stepscope.redaction import dumps as scrubbed_json, scrub_plain
 from stepscope.runfolder import atomic_open, read_json, write_json
 from stepscope.schema.sweep import SweepPlan
@@ -685,6 +686,31 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
     exports.write_exports(out_dir, levels, done, percentiles)
     return SweepResult(levels=levels, summary=summary, failures=failures, out_dir=out_dir,
                        messages=list(messages or []))
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path | None = None,
+               formats: Iterable[str] = exports.FORMATS) -> dict[str, Path]:
+    """Stage 01's exports (`stepscope.sweep.exports`) written again from a run folder's request
+    records, for a folder made before they existed: at the percentiles its params chose (or the
+    default), into `out_dir` (default: its 01_macro_sweep/)."""
+    sweep = Path(run_dir) / "01_macro_sweep"
+    if not any((sweep / "levels").glob("*.meta.json")):  # not levels_dir: it would create the folder
+        raise StepscopeError("no sweep levels to export", where=str(sweep / "levels"),
+                             hint="pass a run folder whose stage 01 ran (stepscope run PARAMS --stages 01)")
+    pct = _run_percentiles(Path(run_dir))
+    out = Path(out_dir) if out_dir is not None else sweep
+    out.mkdir(parents=True, exist_ok=True)
+    return exports.write_exports(out, levels_table(sweep, None, pct), finished_levels(sweep), pct, formats)
+
+
+def _run_percentiles(run_dir: Path) -> tuple[float, ...]:
+    """`sweep.percentiles` of the run's params snapshot; the default where it has none (older runs)."""
+    try:
+        params = yaml.safe_load((run_dir / "params.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return DEFAULT_PERCENTILES
+    got = ((params.get("sweep") or {}) if isinstance(params, dict) else {}).get("percentiles")
+    return tuple(float(p) for p in got) if isinstance(got, list) and got else DEFAULT_PERCENTILES
 
 
 def write_server_metrics(out_dir: Path) -> pd.DataFrame:
