@@ -59,8 +59,8 @@ def test_a_collectives_wait_is_rank_skew_not_growth(levels):
     assert (transfer["ms_at_batch_min"], transfer["ms_at_batch_max"]) == pytest.approx((0.0243, 0.1002), abs=1e-3)
     assert summary["fastest_category"] not in ("all_reduce", "all_gather")
     text = rl.fastest_sentence(schema.record_of(summary, schema.LoadAnatomySummary))
-    assert ("all_reduce's wait for the other ranks goes from 1.202 to 1.616 ms per step (batch 4 to 16) while its "
-            "transfer goes from 0.024 to 0.100 ms: that is rank skew") in text
+    assert ("all_reduce's wait for the other ranks goes from 1.20 to 1.62 ms per step (batch 4 to 16) while its "
+            "transfer goes from 0.0243 to 0.100 ms: that is rank skew") in text
     assert "**all_reduce** grows fastest" not in text
 
 
@@ -93,7 +93,7 @@ def test_the_plateau_finding_names_the_routed_experts(levels, tmp_path):
     schema.write(d / "load_anatomy.json", summary, schema.LoadAnatomySummary)
     words = " ".join(rl.growth_sentences(rl.load_growth(load_run_artifacts(tmp_path), None)))
     assert "**fused_moe** (the routed experts)" in words
-    assert "c=4: D(M) 26.5 per layer, 0.382 ms, 7.2 ± 0.6 µs" in words
+    assert "c=4: D(M) 26.5 per layer, 0.382 ms, 7.21 ± 0.553 µs" in words
 
 
 def test_a_levels_time_adds_up_from_its_records(levels, c4_records):
@@ -124,11 +124,11 @@ def test_the_report_explains_the_gap_by_the_levels_parts(levels, c4_records):
                            schema.LoadReconciliationLevel)
     lv = schema.record_of(la.level_summary(c4.steps, 4, "c4"), schema.LoadLevel)
     (why,) = rl.explain(lv, {}, None, rec)
-    assert why == ("of the sweep level's 15.15 s, the largest parts were decode steps × their period 13.73 s (91%), "
-                   "prefill and mixed steps 0.68 s (4%), turnaround between requests 0.25 s (2%)")
+    assert why == ("of the sweep level's 15.2 s, the largest parts were decode steps × their period 13.7 s (91 %), "
+                   "prefill and mixed steps 0.681 s (4.5 %), turnaround between requests 0.248 s (1.6 %)")
     assert "steps' work covered" not in " ".join(rl.explain(lv, {}, None, None))
     table = rl.reconciliation_section(schema.LoadReconciliation(tolerance_share=0.05, levels=[rec]))
-    assert "| 4 | 15.15 | 13.73 | 0.68 | 0.00 | 0.00 | 0.00 | 0.25 | 0.01 | 0.48 | yes |" in table
+    assert "| 4 | 15.2 | 13.7 | 0.681 | 0 | 0.0000173 | 0.000244 | 0.248 | 0.0120 | 0.480 | yes |" in table
 
 
 def test_unreadable_records_name_the_file_and_line(tmp_path):

@@ -12,6 +12,7 @@ from stepscope.report.artifacts import load_run_artifacts
 from stepscope.trace import load_anatomy as la
 from stepscope.trace.analyze import analyze_traces
 from stepscope.trace.load_plots import load_bars
+from stepscope.wording import fmt_num
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, t
     assert g.above.ceiling_x("all_reduce") == pytest.approx(p / (p - want_hi))
     words = " ".join(rl.growth_sentences(g))
     assert "either side of the knee at concurrency 8" in words and "**all_reduce**" in words
-    assert f"{want_hi:.3f} ms at c=16" in words
+    assert f"{fmt_num(want_hi)} ms at c=16" in words
     assert rl.load_growth(a, None) is None  # one captured level: nothing to compare
 
 

@@ -52,7 +52,7 @@ def test_markdown_and_html(compared):
     md = compared["markdown"].read_text()
     assert f"|B/A − 1| > {100 * NOISE_REL:g} %" in md
     assert "| all_reduce | 5.50 | 4.40 | -1.10 | 0.800× | 0.275 | fixed 5 % (above the step spread) | **changed** |" in md
-    assert "| all_reduce | 123 | 123 | 0 | 1.000× | no |" in md
+    assert "| all_reduce | 123 | 123 | 0 | 1.00× | no |" in md
     html = compared["html"].read_text()
     assert "<script" not in html and not re.search(r"""(src|href)=["']?(https?:)?//""", html)
     assert re.search(r'<img[^>]*src="data:image/png;base64,', html)
@@ -148,7 +148,7 @@ def test_compare_sets_the_setups_side_by_side_before_any_number(tmp_path, gloo_a
     assert "| TP | 2 (trace) | 2 (trace) | same |" in md and "| model | – | – | unknown |" in md
     changed = md[md.index("## Changes beyond noise"):md.index("## Differences that come with a setup difference")]
     assert "None: every compared quantity is within noise." in changed and "all_reduce" not in changed
-    assert "- all_reduce: 7.86 → 0.208 (0.026×); different implementation: A gloo, B shm" in md
+    assert "- all_reduce: 7.86 → 0.208 (0.0264×); different implementation: A gloo, B shm" in md
     cats = pd.read_csv(out["csv_decode_categories"]).set_index("category")
     assert cats.loc["all_reduce", "flag"] == cats.loc["all_gather", "flag"] == "different implementation: A gloo, B shm"
     assert cats.loc["dense_gemm", ["flag", "setup_change"]].tolist() == ["setup differs: speculative decoding",

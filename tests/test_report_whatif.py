@@ -188,7 +188,7 @@ def test_the_routed_experts_grow_with_the_distinct_experts_touched():
     (moe, _) = predict_spec_decode_tpot(base, 2.0, 0.0, draft_tokens=2).parts
     assert moe.scale == pytest.approx((1 - (7 / 8) ** 3) / (1 - 7 / 8))   # 2.640625
     assert moe.ms == pytest.approx(0.17 * 2.640625)
-    assert "E = 64, top-8: 8.0 → 21.1 experts per layer" in moe.source
+    assert "E = 64, top-8: 8.00 → 21.1 experts per layer" in moe.source
     # at batch 16 most experts are already touched: 56.4 → 63.6 per layer, 1.13×
     (moe16, _) = predict_spec_decode_tpot(SpecBaseline(**{**base.__dict__, "batch": 16.0}), 2.0, 0.0,
                                           draft_tokens=2).parts

@@ -235,6 +235,16 @@ def fmt_num(v: Any, digits: int = 3) -> str:
     return f"{f:,.{decimals}f}"
 
 
+def fmt_pct(share: Any, digits: int = 2, signed: bool = False) -> str:
+    """A share of 0–1 as the report writes a percent: `fmt_num` of its hundredfold to two
+    significant figures (a share needs no more), a space, "%" ("91 %", "4.5 %"); `signed` puts "+"
+    before a gain. None or NaN reads "–", as in `fmt_num`."""
+    if share is None or (isinstance(share, float) and math.isnan(share)):
+        return "–"
+    pct = 100 * float(share)
+    return f"{'+' if signed and pct > 0 else ''}{fmt_num(pct, digits)} %"
+
+
 def _runs_possessive(runs: Sequence[tuple[str, float]]) -> tuple[str, str]:
     """("B's", "82 %") or ("A's and B's", "82 % and 60 %") for the runs a comparison rule caught."""
     who = " and ".join(f"{name}'s" for name, _ in runs)

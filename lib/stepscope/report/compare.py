@@ -280,7 +280,7 @@ def _flag_cell(flag: str) -> Md:
 
 def _fmt_table(df: pd.DataFrame, first: list[tuple[str, str]]) -> str:
     d = df.copy()
-    d["ratio_txt"] = d["ratio_b_over_a"].map(lambda v: f"{v:.3f}×" if v is not None and math.isfinite(v) else "–")
+    d["ratio_txt"] = d["ratio_b_over_a"].map(lambda v: f"{fmt_num(v)}×" if v is not None and math.isfinite(v) else "–")
     d["flag"] = d["flag"].map(_flag_cell)
     return md_table(d, first + [("a", "A"), ("b", "B"), ("diff", "B − A"), ("ratio_txt", "B / A"),
                                 ("band", "noise band ±"), ("band_from", "band from"), ("flag", "judgement")],
@@ -345,7 +345,7 @@ def _item(r: pd.Series, label: str, group: str, unit: str = "") -> str:
     if group == "only":
         side = r["b"] if r["flag"] == "only in B" else r["a"]
         return f"{label}: {md_text(r['flag'])} ({fmt_num(side)}{unit})"
-    ratio = f" ({r['ratio_b_over_a']:.3f}×)" if pd.notna(r["ratio_b_over_a"]) else ""
+    ratio = f" ({fmt_num(r['ratio_b_over_a'])}×)" if pd.notna(r["ratio_b_over_a"]) else ""
     said = f"; {md_text(r['flag'])}" if group == "setup" else ""
     return f"{label}: {fmt_num(r['a'])} → {fmt_num(r['b'])}{unit}{ratio}{said}"
 
@@ -388,7 +388,7 @@ def result_line(tables: dict[str, pd.DataFrame | None], setups: SetupComparison)
         if rows is not None and len(rows) and pd.notna(rows.iloc[0]["a"]) and pd.notna(rows.iloc[0]["b"]):
             r = rows.iloc[0]
             where = f" at {r['level']}" if "level" in r else ""
-            ratio = f" ({r['ratio_b_over_a']:.2f}×)" if pd.notna(r["ratio_b_over_a"]) else ""
+            ratio = f" ({fmt_num(r['ratio_b_over_a'])}×)" if pd.notna(r["ratio_b_over_a"]) else ""
             parts.append(f"{label}{where} {fmt_num(r['a'])} → {fmt_num(r['b'])}{unit}{ratio}")
     flags = [df["flag"].map(_group) for key, df in tables.items() if df is not None and key != "kernels" and "flag" in df]
     n, of = sum(int(f.eq("changed").sum()) for f in flags), sum(len(f) for f in flags)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.trace.plots import plot_decode_step_timeline
-from stepscope.wording import html_text, step_label
+from stepscope.wording import fmt_num, html_text, step_label
 
 WINDOW_ROWS = 25
 """Events listed under the timeline: the first ones in the time window."""
@@ -332,5 +332,5 @@ class _ExplorerWidget:
 
             plt.close(fig)
             rows = window_events(ev, lo, hi)
-            display(HTML(f"<b>In the window {lo:,.1f}–{hi:,.1f} µs</b> (first {WINDOW_ROWS} {self.ex.lane} events)"
+            display(HTML(f"<b>In the window {fmt_num(lo)}–{fmt_num(hi)} µs</b> (first {WINDOW_ROWS} {self.ex.lane} events)"
                          + table_html(rows)))

@@ -18,7 +18,7 @@ from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
-from stepscope.wording import fmt_num, md_text
+from stepscope.wording import fmt_num, fmt_pct, md_text
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
 
@@ -72,11 +72,11 @@ def reconciliation_sentence(rec: schema.LoadReconciliationLevel, n: int = 3) -> 
     """Where the level's time went, its largest measured parts first, then what is left
     unexplained when it is beyond the tolerance; every number from `rec`."""
     top = sorted(((k, v) for k, v in rec.parts.items() if k != "unexplained"), key=lambda kv: -kv[1])[:n]
-    parts = ", ".join(f"{PART_WORDS.get(k, k)} {v:.2f} s ({v / rec.level_s:.0%})" for k, v in top)
+    parts = ", ".join(f"{PART_WORDS.get(k, k)} {fmt_num(v)} s ({fmt_pct(v / rec.level_s)})" for k, v in top)
     left = rec.parts.get("unexplained", 0.0)
-    tail = ("" if rec.adds_up else f"; {left:+.2f} s ({rec.unexplained_share:+.0%}) is left unexplained"
+    tail = ("" if rec.adds_up else f"; {'+' if left > 0 else ''}{fmt_num(left)} s ({fmt_pct(rec.unexplained_share, signed=True)}) is left unexplained"
             + (" (the trace's steps were slower than the sweep's)" if left < 0 else ""))
-    return f"of the sweep level's {rec.level_s:.2f} s, the largest parts were {parts}{tail}"
+    return f"of the sweep level's {fmt_num(rec.level_s)} s, the largest parts were {parts}{tail}"
 
 
 def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
@@ -88,7 +88,7 @@ def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
         out.append(f"{lv.n_mixed_steps} of the window's {lv.n_steps} steps were mixed (prefill chunks "
                    "beside decodes): a request that ends is replaced, and its prefill shares a step")
     if lv.decode_requests_mean is not None and lv.decode_requests_mean < 0.9 * lv.concurrency:
-        out.append(f"the steps decoded {lv.decode_requests_mean:.1f} requests on average, fewer than the "
+        out.append(f"the steps decoded {fmt_num(lv.decode_requests_mean)} requests on average, fewer than the "
                    f"{lv.concurrency} in flight")
     if server.get("waiting_max"):
         out.append(f"requests queued at the scheduler during the sweep level (up to {server['waiting_max']:g} waiting)")
@@ -97,7 +97,7 @@ def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
     if client_bound:
         out.append("the sweep's client used most of a core at this level: it may have been the bottleneck")
     if lv.capture_output_tok_s is not None and lv.measured_output_tok_s:
-        out.append(f"the capture's own client saw {lv.capture_output_tok_s:.0f} tok/s over the profiled window, "
+        out.append(f"the capture's own client saw {fmt_num(lv.capture_output_tok_s)} tok/s over the profiled window, "
                    "under the profiler's overhead")
     return out
 
@@ -137,10 +137,10 @@ def fastest_sentence(summary: schema.LoadAnatomySummary) -> str:
     else:
         f = fits[cat]
         what = " (its transfer, last arrival to completion)" if f.measure == "transfer" else ""
-        text = (f"**{md_text(cat)}**{what} grows fastest with the batch: {f.slope_ms_per_request:.4f} ± "
-                f"{f.slope_se_ms:.4f} ms per decode request (least squares over {f.n_steps} decode steps at "
-                f"{f.n_batches} batch sizes), {f.ms_at_batch_min:.3f} ms per step at batch {f.batch_min} and "
-                f"{f.ms_at_batch_max:.3f} ms at batch {f.batch_max}.")
+        text = (f"**{md_text(cat)}**{what} grows fastest with the batch: {fmt_num(f.slope_ms_per_request)} ± "
+                f"{fmt_num(f.slope_se_ms)} ms per decode request (least squares over {f.n_steps} decode steps at "
+                f"{f.n_batches} batch sizes), {fmt_num(f.ms_at_batch_min)} ms per step at batch {f.batch_min} and "
+                f"{fmt_num(f.ms_at_batch_max)} ms at batch {f.batch_max}.")
     return " ".join([text, *skew_sentences(summary), *([experts_sentence(summary.experts)] if summary.experts else [])])
 
 
@@ -152,9 +152,9 @@ def skew_sentences(summary: schema.LoadAnatomySummary) -> list[str]:
         t = transfer.get(w.category)
         if t is None or not _grows(w):
             continue
-        out.append(f"{md_text(w.category)}'s wait for the other ranks goes from {w.ms_at_batch_min:.3f} to "
-                   f"{w.ms_at_batch_max:.3f} ms per step (batch {w.batch_min} to {w.batch_max}) while its transfer "
-                   f"goes from {t.ms_at_batch_min:.3f} to {t.ms_at_batch_max:.3f} ms: that is rank skew (the ranks "
+        out.append(f"{md_text(w.category)}'s wait for the other ranks goes from {fmt_num(w.ms_at_batch_min)} to "
+                   f"{fmt_num(w.ms_at_batch_max)} ms per step (batch {w.batch_min} to {w.batch_max}) while its transfer "
+                   f"goes from {fmt_num(t.ms_at_batch_min)} to {fmt_num(t.ms_at_batch_max)} ms: that is rank skew (the ranks "
                    "arriving apart), not the collective growing.")
     return out
 
@@ -168,8 +168,8 @@ def _grows(f: schema.LoadFit) -> bool:
 
 def experts_sentence(e: schema.ExpertGrowth) -> str:
     """The routed experts beside D(M): the cost per layer per distinct expert at each level."""
-    per = "; ".join(f"c={lv.concurrency}: D(M) {lv.expert_layers / e.n_moe_layers:.1f} per layer, "
-                    f"{lv.ms_mean:.3f} ms, {_pm(lv.us_per_expert_layer, lv.us_per_expert_layer_se)} µs"
+    per = "; ".join(f"c={lv.concurrency}: D(M) {fmt_num(lv.expert_layers / e.n_moe_layers)} per layer, "
+                    f"{fmt_num(lv.ms_mean)} ms, {_pm(lv.us_per_expert_layer, lv.us_per_expert_layer_se)} µs"
                     for lv in e.by_level)
     verdict = {True: "the same at every level within its spread: the experts' time follows the distinct "
                      "experts touched, D(M), not the tokens",
@@ -187,7 +187,7 @@ def experts_sentence(e: schema.ExpertGrowth) -> str:
 def _pm(v: float | None, se: float | None) -> str:
     if v is None:
         return "–"
-    return f"{v:.1f}" if se is None else f"{v:.1f} ± {se:.1f}"
+    return fmt_num(v) if se is None else f"{fmt_num(v)} ± {fmt_num(se)}"
 
 
 def _comparison_table(rows: list[LoadComparison]) -> str:
@@ -231,7 +231,7 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     df = pd.DataFrame([{"concurrency": lv.concurrency, "level_s": lv.level_s, **lv.parts,
                         "adds_up": "yes" if lv.adds_up else "**no**"} for lv in rec.levels])
     cols = [("concurrency", "concurrency"), ("level_s", "level (s)"),
-            *[(k, f"{PART_WORDS.get(k, k)} (s)") for k in names], ("adds_up", f"within {rec.tolerance_share:.0%}")]
+            *[(k, f"{PART_WORDS.get(k, k)} (s)") for k in names], ("adds_up", f"within {fmt_pct(rec.tolerance_share)}")]
     borrowed = [lv.concurrency for lv in rec.levels if lv.prefill_steps_borrowed]
     note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
             "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
@@ -241,12 +241,8 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
             "client's tokens over the tokens a step of each kind emits, times its median period; ramp-up, "
             "turnaround and drain are time with fewer requests waiting than the concurrency. Gaps inside a step "
             "lie inside its period on both sides, so they cannot open a gap between the two rates.\n\n"
-            + compact_table(df, cols, keys=("concurrency",), formats={k: _seconds for k in ["level_s", *names]},
+            + compact_table(df, cols, keys=("concurrency",), formats={k: fmt_num for k in ["level_s", *names]},
                             md_columns=("adds_up",)) + note)
-
-
-def _seconds(v) -> str:
-    return "–" if v is None or pd.isna(v) else f"{v:.2f}"
 
 
 def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGrowth | None" = None,
@@ -364,14 +360,14 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
     lo, hi = g.below, g.above
     where = (f"either side of the knee at concurrency {g.knee_concurrency}" if g.knee_concurrency is not None
              else "at the lowest and highest captured levels")
-    out = [f"The decode step's period goes from {lo.period_ms:.2f} ms at c={lo.concurrency} to "
-           f"{hi.period_ms:.2f} ms at c={hi.concurrency} ({where})."]
+    out = [f"The decode step's period goes from {fmt_num(lo.period_ms)} ms at c={lo.concurrency} to "
+           f"{fmt_num(hi.period_ms)} ms at c={hi.concurrency} ({where})."]
     if g.category is not None:
         what = " (the routed experts)" if g.category == EXPERTS_CATEGORY else ""
         out.append(f"The category that grows fastest with the batch is **{md_text(g.category)}**{what} "
-                   f"({g.slope_ms_per_request:.4f} ± {g.slope_se_ms:.4f} ms per decode request): "
-                   f"{lo.category_ms.get(g.category, 0.0):.3f} ms per step at c={lo.concurrency}, "
-                   f"{hi.category_ms.get(g.category, 0.0):.3f} ms at c={hi.concurrency}; removing it would speed "
+                   f"({fmt_num(g.slope_ms_per_request)} ± {fmt_num(g.slope_se_ms)} ms per decode request): "
+                   f"{fmt_num(lo.category_ms.get(g.category, 0.0))} ms per step at c={lo.concurrency}, "
+                   f"{fmt_num(hi.category_ms.get(g.category, 0.0))} ms at c={hi.concurrency}; removing it would speed "
                    f"the step up at most {_x(lo.ceiling_x(g.category))} at c={lo.concurrency} and "
                    f"{_x(hi.ceiling_x(g.category))} at c={hi.concurrency}.")
         if g.category == EXPERTS_CATEGORY and g.experts is not None:
@@ -385,11 +381,11 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
             return " and ".join(fmt(s.get(key)) for _, s in seen)
         out.append(f"At {' and '.join(f'c={c}' for c, _ in seen)} the server reported at most "
                    f"{both('running_max', _g)} requests running, {both('waiting_max', _g)} waiting, KV cache "
-                   f"{both('kv_cache_usage_max', _pct)} used, {both('preemptions', _g)} preemptions.")
+                   f"{both('kv_cache_usage_max', fmt_pct)} used, {both('preemptions', _g)} preemptions.")
     for cat, a, b in g.shifted_levers:
         size = "large at the lower level and small at the higher" if a > b else "small at the lower level and large at the higher"
-        out.append(f"{cat} is a lever whose size depends on the batch: {a:.0%} of the period at "
-                   f"c={lo.concurrency}, {b:.0%} at c={hi.concurrency} ({size}).")
+        out.append(f"{cat} is a lever whose size depends on the batch: {fmt_pct(a)} of the period at "
+                   f"c={lo.concurrency}, {fmt_pct(b)} at c={hi.concurrency} ({size}).")
     return out
 
 
@@ -398,15 +394,11 @@ def _whole(v) -> str:
 
 
 def _x(v: float | None) -> str:
-    return f"{v:.2f}×" if v is not None else "–"
+    return f"{fmt_num(v)}×" if v is not None else "–"
 
 
 def _g(v: float | None) -> str:
     return f"{v:g}" if v is not None else "–"
-
-
-def _pct(v: float | None) -> str:
-    return f"{100 * v:.1f} %" if v is not None else "–"
 
 
 def compare_load(run_a: RunArtifacts, run_b: RunArtifacts) -> pd.DataFrame | None:

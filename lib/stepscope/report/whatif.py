@@ -136,7 +136,7 @@ def _scale(part: Part, base: SpecBaseline, batch: float, m: int) -> tuple[float,
 
         e, k = base.experts
         d0, d1 = float(distinct_experts(e, k, tokens0)), float(distinct_experts(e, k, tokens1))
-        return (d1 / d0 if d0 > 0 else 1.0), f"law: D(M) with E = {e}, top-{k}: {d0:.1f} → {d1:.1f} experts per layer"
+        return (d1 / d0 if d0 > 0 else 1.0), f"law: D(M) with E = {e}, top-{k}: {fmt_num(d0)} → {fmt_num(d1)} experts per layer"
     if part.law in ("gemm", "experts"):
         c = base.gemm_us_by_tokens
         if not c:
