@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from stepscope import schema
 from stepscope.config import params_from_dict
-from stepscope.micro import gemm, marlin
+from stepscope.micro import gemm, marlin, timing
 from stepscope.model import distinct_experts, gemm_shapes, load_architecture
 
 
@@ -352,10 +352,56 @@ def test_real_cpu_run_times_the_engine_kernels_and_grouped_experts(tmp_path):
     table = gemm.run_gemm_grid(grid, warmup=1, repeats=3, threads=1, device="cpu", progress=False)
     assert (table.status == "ok").all(), table[["gemm", "status", "reason"]]
     fused = table[table.gemm == gemm.FUSED_MOE_GEMM]
-    assert list(fused.m) == [1, 4] and set(fused.kernel) == {"_C::cpu_fused_moe"}
-    assert list(fused.experts) == [4, round(float(distinct_experts(16, 4, 4)))]
-    assert (fused.flops == [2 * m * 4 * 3 * 32 * 128 for m in (1, 4)]).all()
+    assert list(fused.m) == [1, 1, 4, 4] and set(fused.kernel) == {"_C::cpu_fused_moe"}
+    assert list(fused.experts) == [4, 4] + [round(float(distinct_experts(16, 4, 4)))] * 2
+    assert (fused.flops == [2 * m * 4 * 3 * 32 * 128 for m in (1, 1, 4, 4)]).all()
     engine = table[(table.backend == "vllm") & table.experts.isna()]
     # qkv, o_proj, router gate, expert gate_up, expert down, lm_head: 6 shapes x 2 M
-    assert set(engine.kernel) <= {vllm_cpu.ONEDNN_MM, vllm_cpu.SGL_LINEAR} and len(engine) == 6 * 2
+    # ... each hot and cold
+    assert set(engine.kernel) <= {vllm_cpu.ONEDNN_MM, vllm_cpu.SGL_LINEAR} and len(engine) == 6 * 2 * 2
+    assert list(fused["mode"]) == ["hot", "cold", "hot", "cold"]
+    assert fused[fused["mode"] == "cold"].reason.str.contains("weight copies rotated").all()
     assert set(table[table.backend == "torch"].kernel) == {"aten::linear"}
+
+
+def test_cpu_llc_is_the_largest_cache_sysfs_lists(tmp_path):
+    for i, (level, size) in enumerate([("1", "32K"), ("2", "1024K"), ("3", "32768K")]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "level").write_text(level + "\n")
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    size, source = timing.cpu_llc_bytes(tmp_path)
+    assert size == 32 << 20 and source.startswith("L3 of cpu0")
+    size, source = timing.cpu_llc_bytes(tmp_path / "absent")
+    assert size == timing.LLC_FALLBACK_BYTES and "assumed 64 MiB" in source
+
+
+def test_cold_fused_moe_rotation_reads_more_than_twice_the_cache():
+    if vllm_cpu.availability("cpu"):
+        pytest.skip(vllm_cpu.availability("cpu"))
+    moes = [vllm_cpu.engine_fused_moe(16, 64, 32, torch.bfloat16)]
+    x, out = torch.rand(1, 64, dtype=torch.bfloat16), torch.empty(1, 64, dtype=torch.bfloat16)
+    assert len(gemm._fused_moe_calls(moes, "hot", 1, 4, 4, x, out, 1 << 20)) == 1
+    calls = gemm._fused_moe_calls(moes, "cold", 1, 4, 4, x, out, 1 << 20)
+    # one expert: w13 [64, 64] + w2 [64, 32] in bf16 = 12 KiB; 4 per call; 2 MiB + one call's worth
+    assert moes[0].expert_bytes == 12 << 10
+    assert len(calls) * 4 * moes[0].expert_bytes > 2 * (1 << 20) and len(calls) == 44
+    # each copy serves 16 // 4 = 4 calls on disjoint experts: 11 copies, no more
+    assert len(moes) == 11 and len({m.w13.data_ptr() for m in moes}) == 11
+    timing.rotate(calls)()
+    assert torch.isfinite(out.float()).all()
+
+
+def test_the_prediction_reads_cold_rows_and_keeps_the_hot_sum_beside_it():
+    t = gemm.GemmTarget("tiny-moe", TINY_MOE, 2, (1, 4), "served")
+    hot = _fused_table(t, 3.0, lambda m: 20.0 + m)
+    cold = _fused_table(t, 9.0, lambda m: 50.0 + m).assign(mode="cold")
+    table = pd.concat([hot, cold[cold.backend == "vllm"]])  # torch rows stay hot, as on CPU
+    pred = gemm.build_prediction(table, [t], tiny_params(dtypes=["bfloat16"]))
+    assert (pred.config.backend, pred.config.mode, pred.config.routed_experts) == ("vllm", "cold", "fused")
+    assert pred.gemm_us_per_decode_step["1"] == pytest.approx(7 * 9.0 + 2 * 51.0)
+    assert pred.hot_gemm_us_per_decode_step["1"] == pytest.approx(7 * 3.0 + 2 * 21.0)
+    assert pred.routed_expert_us_per_decode_step["4"] == pytest.approx(2 * 54.0)
+    assert pred.hot_routed_expert_us_per_decode_step["4"] == pytest.approx(2 * 24.0)
+    assert pred.reference_config.mode == "hot"
+    only_hot = gemm.build_prediction(hot, [t], tiny_params(dtypes=["bfloat16"]))
+    assert only_hot.config.mode == "hot" and only_hot.hot_gemm_us_per_decode_step == {}

@@ -36,7 +36,7 @@ from stepscope.model import (
 )
 from stepscope.micro import marlin as marlin_mod
 from stepscope.micro import vllm_cpu
-from stepscope.micro.timing import summarize_us, time_cpu, time_cuda_graph, torch_threads
+from stepscope.micro.timing import cpu_llc_bytes, rotate, summarize_us, time_cpu, time_cuda_graph, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +229,10 @@ def _torch_fn(a, w, out):
     return lambda: F.linear(a, w)
 
 
-def _cold_copies(weight_bytes: float, l2_bytes: int, budget_bytes: float = 4e9) -> int:
-    """Weight copies to rotate through so the working set exceeds 2x L2."""
-    need = math.ceil(2 * l2_bytes / max(weight_bytes, 1)) + 1
+def _cold_copies(weight_bytes: float, cache_bytes: int, budget_bytes: float = 4e9) -> int:
+    """Weight copies to rotate through so the working set exceeds 2x the cache (a GPU's L2,
+    a CPU's last level): each call then reads its weights from memory, as a decode step does."""
+    need = math.ceil(2 * cache_bytes / max(weight_bytes, 1)) + 1
     return int(max(2, min(need, budget_bytes // max(weight_bytes, 1))))
 
 
@@ -241,8 +242,10 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
                   graph_calls: int = 50) -> pd.DataFrame:
     """Time every case of `grid`; returns a DataFrame with GEMM_COLUMNS.
 
-    CPU: one weight ("hot"), perf_counter with a fixed torch thread count. GPU: CUDA
-    graph of `graph_calls` calls timed with CUDA events, "hot" (one weight) and "cold"
+    CPU: perf_counter with a fixed torch thread count; torch rows "hot" (one weight), the
+    engine's kernels (`vllm`) "hot" and "cold" (weights rotated through more than 2x the
+    last-level cache: in the engine the other layers' weights run between two calls of a
+    layer). GPU: CUDA graph of `graph_calls` calls timed with CUDA events, "hot" and "cold"
     (weights rotated through more than 2x L2). Marlin without CUDA/vLLM: one `skipped`
     row per model with the reason. If `csv_path` is given, each row is appended there as
     soon as it is measured.
@@ -264,6 +267,7 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
     modes = ("hot", "cold") if device == "cuda" else ("hot",)
     # 50 MB when the property is missing: at least the L2 of current data-centre GPUs.
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20) if device == "cuda" else 0
+    llc = cpu_llc_bytes()[0] if device == "cpu" else 0
     groups = list(grid.groupby(["model", "tp", "backend", "dtype", "gemm", "n", "k", "batch"], sort=False))
     bar = _progress.bar(total=len(grid), desc="GEMM cases", disable=not progress)
     with torch_threads(threads if device == "cpu" else None):
@@ -288,7 +292,7 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
             try:
                 if backend == "vllm":
                     _time_vllm_group(cases, dtype=dtype, warmup=warmup, repeats=repeats, peak_bw=peak_bw_gbps,
-                                     threads=thr, emit=emit, bar=bar)
+                                     threads=thr, emit=emit, bar=bar, cache_bytes=llc)
                 else:
                     _time_group(base, cases, backend=backend, dtype=dtype, device=device, modes=modes, l2=l2,
                                 warmup=warmup, repeats=repeats, peak_bw=peak_bw_gbps, graph_calls=graph_calls,
@@ -359,57 +363,90 @@ def _time_group(base, cases, *, backend, dtype, device, modes, l2, warmup, repea
         bar.update(1)
 
 
+CPU_MODES = ("hot", "cold")
+"""The engine's kernels on CPU: hot (one weight, the kernel's best) and cold (the prediction's)."""
+
+
+def _cold_reason(calls: int, touched_bytes: float, cache_bytes: int) -> str:
+    return (f"{calls} weight copies rotated ({calls * touched_bytes / 1e6:.0f} MB read > 2x last-level cache "
+            f"= {2 * cache_bytes / 1e6:.0f} MB)")
+
+
 def _time_vllm_group(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: int, peak_bw: float | None,
-                     threads, emit, bar) -> None:
-    """One shape through the engine's own kernel on CPU (`stepscope.micro.vllm_cpu`), hot:
-    the weight packed once, as the engine packs it at load, then the op timed at each M.
-    MLA's batched matmuls are torch.bmm in the engine too."""
+                     threads, emit, bar, cache_bytes: int) -> None:
+    """One shape through the engine's own kernel on CPU (`stepscope.micro.vllm_cpu`): the
+    weight packed as the engine packs it at load, then the op timed at each M, hot (one
+    weight) and cold (`_cold_copies` packed copies, round robin). MLA's batched matmuls are
+    torch.bmm in the engine too."""
     import torch
 
     first = cases.iloc[0]
     if first["gemm"] == FUSED_MOE_GEMM:
         return _time_fused_moe(cases, dtype=dtype, warmup=warmup, repeats=repeats, peak_bw=peak_bw,
-                               threads=threads, emit=emit, bar=bar)
+                               threads=threads, emit=emit, bar=bar, cache_bytes=cache_bytes)
     n, k, batch = int(first["n"]), int(first["k"]), int(first["batch"])
     act = getattr(torch, dtype)
-    w = _torch_weight(n, k, batch, act, "cpu")
-    engine = vllm_cpu.engine_linear(w) if batch == 1 else None
+    weights = [_torch_weight(n, k, batch, act, "cpu")]
+    engines = [vllm_cpu.engine_linear(weights[0]) if batch == 1 else None]
+    w_bytes = batch * n * k * weights[0].element_size()
     for c in cases.to_dict("records"):
         m = int(c["m"])
         a = torch.rand(*((batch, m, k) if batch > 1 else (m, k)), dtype=act)
         out = torch.empty(*((batch, m, n) if batch > 1 else (m, n)), dtype=act)
-        fn = engine.call(a, out) if engine else _torch_fn(a, w, out)
-        stats = summarize_us(time_cpu(fn, warmup=warmup, repeats=repeats))
-        emit(_row(c, mode="hot", device="cpu", threads=threads, status="ok", reason="",
-                  kernel=engine.kernel if engine else "aten::bmm", **_metrics(c, stats, peak_bw)))
+        for mode in CPU_MODES:
+            count = _cold_copies(w_bytes, cache_bytes) if mode == "cold" else 1
+            while len(weights) < count:
+                weights.append(weights[0].clone())
+                engines.append(vllm_cpu.engine_linear(weights[-1]) if batch == 1 else None)
+            fns = [e.call(a, out) if e else _torch_fn(a, w, out) for e, w in zip(engines[:count], weights[:count])]
+            stats = summarize_us(time_cpu(rotate(fns), warmup=warmup, repeats=repeats))
+            emit(_row(c, mode=mode, device="cpu", threads=threads, status="ok",
+                      reason=_cold_reason(count, w_bytes, cache_bytes) if mode == "cold" else "",
+                      kernel=engines[0].kernel if engines[0] else "aten::bmm", **_metrics(c, stats, peak_bw)))
         bar.update(1)
 
 
+def _fused_moe_calls(moes: list, mode: str, m: int, d: int, top_k: int, x, out, cache_bytes: int) -> list:
+    """The calls a fused-MoE timing rotates through. Hot: one. Cold: enough that the experts
+    read exceed 2x the last-level cache; each packed copy serves E // d calls on disjoint
+    expert sets (ids shifted by d), so M=1's 8 experts need no copy of all E per call. Copies
+    are appended to `moes` (moes[0] the original)."""
+    ids, weights = vllm_cpu.routing(m, top_k, d)
+    if mode == "hot":
+        return [moes[0].call(x, out, ids, weights)]
+    calls, per_copy = _cold_copies(d * moes[0].expert_bytes, cache_bytes), moes[0].experts // d
+    while len(moes) * per_copy < calls:
+        moes.append(moes[0].copy())
+    return [moes[i // per_copy].call(x, out, ids + (i % per_copy) * d, weights) for i in range(calls)]
+
+
 def _time_fused_moe(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: int, peak_bw: float | None,
-                    threads, emit, bar) -> None:
+                    threads, emit, bar, cache_bytes: int) -> None:
     """The routed experts of one MoE layer as one `_C::cpu_fused_moe` call per M, on the
-    distinct experts D(M) touches (`fused_moe_cases`); only those experts are allocated, the
-    others would sit unread."""
+    distinct experts D(M) touches (`fused_moe_cases`), hot and cold (`_fused_moe_calls`); only
+    the largest D is allocated, the others would sit unread."""
     import torch
 
     act = getattr(torch, dtype)
     first = cases.iloc[0]
     inter, hidden = int(first["n"]) // 2, int(first["k"])
-    moe = vllm_cpu.engine_fused_moe(int(cases["experts"].max()), hidden, inter, act)
+    moes = [vllm_cpu.engine_fused_moe(int(cases["experts"].max()), hidden, inter, act)]
     for c in cases.to_dict("records"):
         m, d = int(c["m"]), int(c["experts"])
         top_k = int(round(c["rows_per_expert"] * d / m))
-        ids, weights = vllm_cpu.routing(m, top_k, d)
         x, out = torch.rand(m, hidden, dtype=act), torch.empty(m, hidden, dtype=act)
-        stats = summarize_us(time_cpu(moe.call(x, out, ids, weights), warmup=warmup, repeats=repeats))
-        t = stats["time_us_median"]
         flops = fused_moe_flops(m, top_k, hidden, inter)
         nbytes = fused_moe_bytes(m, d, hidden, inter, weight_bytes=_DTYPE_BYTES[dtype], act_bytes=_DTYPE_BYTES[dtype])
-        gbps = nbytes / t / 1e3
-        emit(_row(c, mode="hot", device="cpu", threads=threads, status="ok", kernel=moe.kernel,
-                  reason=f"isa {moe.isa}; {d} experts x {c['rows_per_expert']:.2f} rows",
-                  **stats, flops=flops, bytes=nbytes, tflops=flops / t / 1e6, gbps=gbps,
-                  pct_peak_bw=(100.0 * gbps / peak_bw) if peak_bw else np.nan))
+        for mode in CPU_MODES:
+            calls = _fused_moe_calls(moes, mode, m, d, top_k, x, out, cache_bytes)
+            stats = summarize_us(time_cpu(rotate(calls), warmup=warmup, repeats=repeats))
+            t = stats["time_us_median"]
+            gbps = nbytes / t / 1e3
+            reason = f"isa {moes[0].isa}; {d} experts x {c['rows_per_expert']:.2f} rows" + (
+                "; " + _cold_reason(len(calls), d * moes[0].expert_bytes, cache_bytes) if mode == "cold" else "")
+            emit(_row(c, mode=mode, device="cpu", threads=threads, status="ok", kernel=moes[0].kernel,
+                      reason=reason, **stats, flops=flops, bytes=nbytes, tflops=flops / t / 1e6, gbps=gbps,
+                      pct_peak_bw=(100.0 * gbps / peak_bw) if peak_bw else np.nan))
         bar.update(1)
 
 
@@ -544,7 +581,8 @@ def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> 
     """prediction.json as its typed record: model, tp, method, gemm_us_per_decode_step
     ({"<M>": µs}), ... for the served model, with each preset's prediction under `presets`.
     Where the served model's GEMMs ran through the engine's kernels, `reference_*` holds the
-    same sum over the torch rows."""
+    same sum over the torch rows; where the prediction reads cold rows, `hot_*` the same sum
+    over the hot ones."""
     cfg = choose_prediction_config(table, params)
     result: dict[str, Any] = {"model": None, "tp": None, "method": _method(cfg), "gemm_us_per_decode_step": {},
                               "config": {k: v for k, v in cfg.items()}, "presets": [], "notes": []}
@@ -559,6 +597,10 @@ def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> 
                 result["reference_gemm_us_per_decode_step"] = _target_prediction(table, t, ref)[
                     "gemm_us_per_decode_step"]
                 result["reference_config"] = ref
+            if cfg["mode"] == "cold":  # the kernel's best beside it: the gap is the weights' trip from memory
+                hot = _target_prediction(table, t, dict(tcfg, mode="hot"))
+                result["hot_gemm_us_per_decode_step"] = hot["gemm_us_per_decode_step"]
+                result["hot_routed_expert_us_per_decode_step"] = hot["routed_expert_us_per_decode_step"]
         else:
             entry.pop("routed_expert_us_per_decode_step")
             result["presets"].append(entry)
@@ -732,7 +774,9 @@ def run_stage(params, out_dir: str | Path, *, progress: bool = True) -> GemmStag
         prediction, device=device, peak_mem_bw_gbps=peak, peak_source=peak_source,
         timing=("CUDA graph of %d calls, CUDA events, hot and cold" % g.graph_calls if device == "cuda" else
                 f"perf_counter, warm-up {g.warmup}, {g.repeats} samples, "
-                f"{g.threads or torch.get_num_threads()} torch thread(s), one weight (hot)"),
+                f"{g.threads or torch.get_num_threads()} torch thread(s); torch: one weight (hot); the "
+                f"engine's kernels hot and cold (weights rotated through > 2x the last-level cache, "
+                f"{cpu_llc_bytes()[0] >> 20} MiB: {cpu_llc_bytes()[1]})"),
         notes=list(notes) + prediction.notes)
     schema.check_frame(table, schema.GemmRow, str(out_dir / "gemm.csv"))
     log.info("stage 02: %d GEMM points timed, %d skipped or failed", int((table["status"] == "ok").sum()),

@@ -10,10 +10,17 @@ Either way the result is a per-call time sample, summarised by median and p10/p9
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+
+CPU_CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
+LLC_FALLBACK_BYTES = 64 << 20
+"""The last-level cache assumed where sysfs does not say: more than any current server CPU's
+per-core-complex L3, so a rotation sized on it still spills to memory."""
 
 def summarize_us(samples_us: np.ndarray) -> dict[str, float]:
     """Median and p10/p90 (linear interpolation) of per-call times in µs."""
@@ -54,6 +61,38 @@ def time_cpu(fn: Callable[[], object], *, warmup: int, repeats: int, target_samp
             fn()
         out[r] = (time.perf_counter() - t0) / inner * 1e6
     return out
+
+
+def rotate(calls: list[Callable[[], object]]) -> Callable[[], object]:
+    """One call that runs the next of `calls` each time, round robin: `time_cpu` of it times a
+    rotation through weight copies (cold) where `calls` use different copies."""
+    if len(calls) == 1:  # hot: the call itself, no round-robin step in the timed loop
+        return calls[0]
+    nxt = itertools.cycle(calls).__next__
+    return lambda: nxt()()
+
+
+def _cache_size_bytes(text: str) -> int:
+    """sysfs's cache `size` ("32768K", "2M", "512") in bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def cpu_llc_bytes(sysfs: str | Path = CPU_CACHE_SYSFS) -> tuple[int, str]:
+    """The CPU's last-level cache in bytes (the largest cache sysfs lists for cpu0) and where
+    the figure came from; `LLC_FALLBACK_BYTES` where sysfs has none (not Linux, or a VM
+    that hides it)."""
+    sizes = []
+    for index in sorted(Path(sysfs).glob("index*")):
+        try:
+            sizes.append((_cache_size_bytes((index / "size").read_text()), (index / "level").read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    if not sizes:
+        return LLC_FALLBACK_BYTES, f"no cache sizes in {sysfs}; assumed {LLC_FALLBACK_BYTES >> 20} MiB"
+    size, level = max(sizes)
+    return size, f"L{level} of cpu0 ({sysfs})"
 
 
 def time_cuda_graph(calls: list[Callable[[], object]], *, warmup: int, repeats: int) -> np.ndarray:

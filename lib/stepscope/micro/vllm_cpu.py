@@ -15,6 +15,7 @@ Python wrapper around it, a few µs, is the trace's framework time).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -98,6 +99,16 @@ class EngineFusedMoE:
     padded_intermediate: int
     w13: object
     w2: object
+    experts: int
+
+    @property
+    def expert_bytes(self) -> float:
+        """Packed weight bytes of one expert (w13 and w2): what a call reads per expert touched."""
+        return (self.w13.numel() + self.w2.numel()) * self.w13.element_size() / self.experts
+
+    def copy(self) -> "EngineFusedMoE":
+        """The same packed experts at another address (a cold-timing rotation's next copy)."""
+        return dataclasses.replace(self, w13=self.w13.clone(), w2=self.w2.clone())
 
     def call(self, x, out, topk_ids, topk_weights) -> Callable[[], object]:
         import torch
@@ -127,4 +138,4 @@ def engine_fused_moe(n_experts: int, hidden: int, intermediate: int, dtype, weig
         w2 = torch.zeros(n_experts, hidden, inter, dtype=dtype)
         w2[:, :, :intermediate] = weights[1]
     return EngineFusedMoE(FUSED_MOE, isa, hidden, inter, ops.cpu_prepack_moe_weight(w13.contiguous(), isa),
-                          ops.cpu_prepack_moe_weight(w2.contiguous(), isa))
+                          ops.cpu_prepack_moe_weight(w2.contiguous(), isa), n_experts)

@@ -37,7 +37,8 @@ class GemmRow(Row, kw_only=True):
     """The op a trace shows for it: `aten::linear`, `aten::bmm`, `_C::onednn_mm`,
     `_C::weight_packed_linear`, `_C::cpu_fused_moe`, `marlin`."""
     mode: str
-    """`hot` (one weight, cache-resident) or `cold` (weights rotated through > 2x L2)."""
+    """`hot` (one weight, cache-resident) or `cold` (weights rotated through > 2x a GPU's L2 or a
+    CPU's last-level cache; on CPU for the engine's kernels only)."""
     device: str | None = None
     threads: int | None = None
     """CPU timing thread count."""
@@ -102,6 +103,13 @@ class GemmPrediction(Record, kw_only=True):
     (`config.backend` `vllm`): what torch.matmul alone would have predicted."""
     reference_config: GemmConfig | None = None
     """The rows the reference sum reads."""
+    hot_gemm_us_per_decode_step: dict[str, float] = {}
+    """{M: the same sum over the hot rows (one weight, re-read from cache)} where the prediction
+    reads cold rows (`config.mode` `cold`: weights rotated through more than 2x the cache, as a
+    decode step reads them). On the tiny MoE on a 2-core EPYC the cold rows run 2.3-2.6x the hot
+    ones and are what a trace's calls take (docs/methods.md#hot-and-cold-weights)."""
+    hot_routed_expert_us_per_decode_step: dict[str, float] = {}
+    """{M: the routed experts' part of hot_gemm_us_per_decode_step, µs}."""
     missing_shapes: list[str] = []
     """Shapes with no measured row (left out of the sum)."""
     clamped_shapes: list[str] = []
