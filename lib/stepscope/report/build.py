@@ -529,6 +529,10 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
             pts = ", ".join(f"M={m}: {fmt_num(v / 1000)} ms" for m, v in sorted(pred.items(), key=lambda kv: float(kv[0])))
             method = a.gemm_prediction.method or "sum over the model's GEMMs weighted by calls per step"
             text += f"\nPredicted GEMM time per decode step ({md_text(method)}): {pts}.\n"
+            if hot := a.gemm_prediction.hot_gemm_us_per_decode_step:  # docs/methods.md#hot-and-cold-weights
+                text += ("The same sum timed hot (one weight, re-read from cache): " + ", ".join(
+                    f"M={m}: {fmt_num(v / 1000)} ms" for m, v in sorted(hot.items(), key=lambda kv: float(kv[0])))
+                    + "; a decode step reads its weights from memory, as the cold rows do.\n")
         for name in _stage_figures(a.run_dir, "gemm_roofline"):
             text += "\n" + _img(name, "GEMM roofline")
         if "roofline" in figs:
