@@ -407,3 +407,14 @@ def test_stage_01s_per_level_flags_are_one_caveat_naming_each_level():
     assert per_level_once(items) == ["[01] no knee", f"[01] levels c0001 (92%), c0004 (64%): that share {tail}",
                                      "[01] level c0001: client used 95 % of a core", "[05 info] other"]
     assert per_level_once(items[:2]) == items[:2]  # one level: as stage 01 wrote it
+
+
+def test_checks_that_held_are_one_line_after_the_caveats_not_caveats():
+    from stepscope.report.build import _section_caveats
+
+    held = ["no kernel matched only a catch-all rule on any rank", "every device event was attributed to a step on every rank"]
+    text = _section_caveats(["[01] a sweep flag"], held)
+    assert text == ("## Caveats\n\n- [01] a sweep flag\n\nChecks that held: no kernel matched only a catch-all rule on "
+                    "any rank; every device event was attributed to a step on every rank.\n")
+    assert _section_caveats([], held).startswith("## Caveats\n\nNo data-quality flag was raised.\n\nChecks that held: ")
+    assert _section_caveats([]) == "## Caveats\n\nNo data-quality flag was raised.\n"

@@ -329,47 +329,67 @@ def _plateau_stalls(closed: pd.DataFrame, knee: int | None) -> dict[str, Any]:
 
 def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any],
             step_label: str = "decode step") -> list[str]:
-    """Data-quality caveats, each from a flag or a check on the artifacts; `step_label` names
-    the trace's steps as the verdict's identity does."""
+    """Data-quality caveats, each from a flag or a check on the artifacts that did not hold (the
+    checks that held are `checks_held`); `step_label` names the trace's steps as the verdict's
+    identity does."""
     out = (_trace_caveats(a, step_label) + _sweep_caveats(a, macro) + _capture_caveats(a)
            + _stage_caveats(a))
     return out + [f"Unreadable artifact: {md_text(p)}" for p in a.problems]
 
 
-def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
+def checks_held(a: RunArtifacts, step_label: str = "decode step") -> list[str]:
+    """The trace checks that held, each a clause for the report's one "Checks that held" line:
+    a reassurance is not a caveat."""
+    return _rank_checks(a, step_label)[1]
+
+
+def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[str], list[str]]:
+    """(caveats, checks that held) of the per-rank checks: "other", catch-all rules, unattributed
+    events and where the step boundaries came from."""
     out: list[str] = []
+    held: list[str] = []
     window = step_label == WINDOW
-    per = per_step(step_label, named=True)
     ranks = a.ranks
-    if ranks:
-        r = max(ranks, key=lambda x: x.other_share)
-        names = ", ".join(md_code(name_of(n)[:80]) for n in r.other_top_names[:5]) or "none listed"
+    if not ranks:
+        return out, held
+    r = max(ranks, key=lambda x: x.other_share)
+    names = ", ".join(md_code(name_of(n)[:80]) for n in r.other_top_names[:5]) or "none listed"
+    if r.other_share:
         out.append(f"\"other\" holds at most {_fmt(100 * r.other_share)} % of kernel time (rank {r.rank}); "
-                   f"its top names: {names}." if r.other_share else
-                   "No kernel time fell to \"other\" on any rank: every kernel matched a named category.")
-        caught = [x for x in ranks if x.catch_all_share is not None]
-        if caught:
-            c = max(caught, key=lambda x: x.catch_all_share)
-            top = ", ".join(md_code(name_of(n)[:80]) for n in (c.catch_all_top_names or [])[:5]) or "none listed"
-            # Beside "other": time a catch-all rule filed is not understood either.
+                   f"its top names: {names}.")
+    else:
+        held.append("no kernel time fell to \"other\" on any rank (every kernel matched a named category)")
+    caught = [x for x in ranks if x.catch_all_share is not None]
+    if caught:
+        c = max(caught, key=lambda x: x.catch_all_share)
+        top = ", ".join(md_code(name_of(n)[:80]) for n in (c.catch_all_top_names or [])[:5]) or "none listed"
+        # Beside "other": time a catch-all rule filed is not understood either.
+        if c.catch_all_share:
             out.append(f"Only a catch-all rule matched {_fmt(100 * c.catch_all_share)} % of kernel time (at most, "
-                       f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}."
-                       if c.catch_all_share else "No kernel matched only a catch-all rule on any rank.")
-        unattr = [(x.rank, x.unattributed_events) for x in ranks if x.unattributed_events]
-        if unattr:
-            out.append(f"{sum(n for _, n in unattr)} device events were not attributed to any step "
-                       f"(ranks {', '.join(str(r) for r, _ in unattr)}); they are left out of per-step figures.")
+                       f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}.")
         else:
-            out.append(f"Every device event was attributed to {'the window' if window else 'a step'} on every rank.")
-        sources = sorted({x.step_source for x in ranks if x.step_source})
-        if window:
-            out.append(f"No step boundaries: the trace has no step marker, so it was read whole, as one window "
-                       f"({md_text(', '.join(sources))}); its figures are the window's, not a step's.")
-        elif sources:
-            exact = all(s.startswith("annotation") for s in sources)
-            out.append(f"Step boundaries come from: {md_text(', '.join(sources))}"
-                       + (" (exact: the engine annotates each step)." if exact else
-                          " — a fallback, so step counts and per-step figures are approximate."))
+            held.append("no kernel matched only a catch-all rule on any rank")
+    unattr = [(x.rank, x.unattributed_events) for x in ranks if x.unattributed_events]
+    if unattr:
+        out.append(f"{sum(n for _, n in unattr)} device events were not attributed to any step "
+                   f"(ranks {', '.join(str(r) for r, _ in unattr)}); they are left out of per-step figures.")
+    else:
+        held.append(f"every device event was attributed to {'the window' if window else 'a step'} on every rank")
+    sources = sorted({x.step_source for x in ranks if x.step_source})
+    if window:
+        out.append(f"No step boundaries: the trace has no step marker, so it was read whole, as one window "
+                   f"({md_text(', '.join(sources))}); its figures are the window's, not a step's.")
+    elif sources and all(s.startswith("annotation") for s in sources):
+        held.append(f"step boundaries are exact (from {md_text(', '.join(sources))}: the engine annotates each step)")
+    elif sources:
+        out.append(f"Step boundaries come from: {md_text(', '.join(sources))} — a fallback, so step counts and "
+                   "per-step figures are approximate.")
+    return out, held
+
+
+def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
+    out = _rank_checks(a, step_label)[0]
+    per = per_step(step_label, named=True)
     if a.trace_summary is not None:
         cc = a.trace_summary.collectives_check
         exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)

@@ -1055,11 +1055,12 @@ def _defaulted(assumptions: tuple[str, ...]) -> str:
     return "; ".join(said) or "no default used"
 
 
-def _section_caveats(items: list[str]) -> str:
-    text = "## Caveats\n\n"
-    if not items:
-        return text + "No data-quality flag was raised.\n"
-    return text + "\n".join(f"- {c}" for c in per_level_once(items)) + "\n"
+def _section_caveats(items: list[str], held: Sequence[str] = ()) -> str:
+    """The caveats as a list; the checks that held as one line after it, so a reassurance is
+    never read as a caveat."""
+    text = "## Caveats\n\n" + ("\n".join(f"- {c}" for c in per_level_once(items)) if items
+                               else "No data-quality flag was raised.") + "\n"
+    return text + (f"\nChecks that held: {'; '.join(held)}.\n" if held else "")
 
 
 _PER_LEVEL = re.compile(r"\[01\] level (\S+): (\d+%) (.+)")
@@ -1119,6 +1120,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
                                                   wp.verify_extra_tokens))
                               for b in wi.load_baselines(a)]
     ctx["caveats"] = an.caveats(a, macro, totals, ident.step_label)
+    ctx["checks_held"] = an.checks_held(a, ident.step_label)
     return ctx
 
 
@@ -1136,7 +1138,7 @@ def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupPara
     measured = [] if trace_only(a) else [_section_macro(a, ctx["macro"], ctx["figs"]), _section_micro(a, ctx["figs"])]
     sections = [_section_setup(a, ctx["verdict"].identity), *measured, _section_breakdown(a, ctx, ctx["figs"]),
                 *_section_load(a, ctx, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx),
-                _section_whatif(ctx, wp), _section_caveats(ctx["caveats"])]
+                _section_whatif(ctx, wp), _section_caveats(ctx["caveats"], ctx["checks_held"])]
     return head + number_sections("\n".join(sections))
 
 
