@@ -177,10 +177,7 @@ def _sub(sub, name: str, help: str) -> argparse.ArgumentParser:
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stepscope", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_run(sub) -> None:
     r = _sub(sub, "run", "run the notebook pipeline on a params file")
     r.add_argument("params", help="params YAML, e.g. params/cpu-demo.yaml")
     r.add_argument("--stages", help="comma-separated stage numbers or ids, e.g. 02,03")
@@ -190,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     r.set_defaults(func=_cmd_run)
 
+
+def _add_analyze(sub) -> None:
     a = _sub(sub, "analyze", "categorize and write up traces captured elsewhere")
     a.add_argument("paths", nargs="+", help="trace files or folders")
     a.add_argument("--model", help="the model's config.json, for the architecture cross-check")
@@ -203,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     a.set_defaults(func=_cmd_analyze)
 
+
+def _add_tiny_model(sub) -> None:
     t = _sub(sub, "tiny-model", "write a random tiny model, Llama or DeepSeek-V3 (nothing downloaded)")
     t.add_argument("dir", help="folder to write the checkpoint and tokenizer into")
     t.add_argument("--arch", choices=("llama", "deepseek_v3"), default="llama",
@@ -218,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "0.32 on an AVX2 CPU dies at the first request with SIGILL)")
     t.set_defaults(func=_cmd_tiny_model)
 
+
+def _add_compare(sub) -> None:
     c = _sub(sub, "compare", "compare two run folders")
     c.add_argument("run_a", help="the baseline run folder (or run id under outputs/)")
     c.add_argument("run_b", help="the candidate run folder; B/A and B-A are reported against A")
@@ -226,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when a macro metric or a category's per-step time got worse beyond noise (for CI)")
     c.set_defaults(func=_cmd_compare)
 
+
+def _add_campaign(sub) -> None:
     g = _sub(sub, "campaign", "run a baseline and its variants, then compare them (docs/campaigns.md)")
     g.add_argument("params", help="params YAML with a campaign section, e.g. params/cpu-campaign.yaml")
     g.add_argument("--campaign-id", help="campaign folder under outputs/ (default: <name>-<timestamp>)")
@@ -237,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     g.set_defaults(func=_cmd_campaign)
 
+
+def _add_export(sub) -> None:
     x = _sub(sub, "export", "write a run's sweep as other tools read it: vLLM's per-level result JSON, a per-request table")
     x.add_argument("run", help="a run folder whose stage 01 ran, older ones included")
     x.add_argument("--format", choices=("all", "vllm", "csv"), default="all",
@@ -245,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", help="folder to write into (default: the run's 01_macro_sweep/)")
     x.set_defaults(func=_cmd_export)
 
+
+def _add_lab(sub) -> None:
     j = _sub(sub, "lab", "open the workbook (or a run's executed notebooks) in JupyterLab")
     j.add_argument("run", nargs="?", help="a run folder or run id under outputs/ (default: notebooks/)")
     j.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
@@ -254,10 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "scratch copy beside it, outputs/.lab/<run id>/, that the run never sees)")
     j.set_defaults(func=_cmd_lab)
 
+
+def _add_validate(sub) -> None:
     v = _sub(sub, "validate", "validate params files without running anything")
     v.add_argument("params", nargs="+", help="params YAML files")
     v.add_argument("--run-id", help="also check this run id and its folder, as `run --run-id` would use them")
     v.set_defaults(func=_cmd_validate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stepscope", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_analyze, _add_tiny_model, _add_compare, _add_campaign, _add_export, _add_lab, _add_validate):
+        add(sub)
     return p
 
 
