@@ -16,10 +16,9 @@ from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
 from stepscope.report.markdown_util import code_name
-from stepscope.wording import fmt_num as _fmt
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import WINDOW, Md, flag_message, md_code, md_text, per_step, work_unit
+from stepscope.wording import WINDOW, Md, flag_message, fmt_num, md_code, md_text, per_step, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -93,39 +92,39 @@ def reconciliation(totals: dict[str, Any], step_label: str = "step") -> list[str
     if s is not None and u is not None and u > 0:
         overlap = s - u
         if overlap > 0.005 * u:
-            out.append(f"{unit.capitalize()} overlap: the summed {one} time ({_fmt(s)} ms) exceeds the time the "
-                       f"{device_word(totals)} was busy ({_fmt(u)} ms) by {_fmt(overlap)} ms "
-                       f"({_fmt(100 * overlap / u, 2)} %), so adding up {one} durations overstates the "
+            out.append(f"{unit.capitalize()} overlap: the summed {one} time ({fmt_num(s)} ms) exceeds the time the "
+                       f"{device_word(totals)} was busy ({fmt_num(u)} ms) by {fmt_num(overlap)} ms "
+                       f"({fmt_num(100 * overlap / u, 2)} %), so adding up {one} durations overstates the "
                        f"{'window' if step_label == WINDOW else 'step'}.")
         else:
-            out.append(f"{unit.capitalize()} barely overlap: summed {one} time ({_fmt(s)} ms) and busy time "
-                       f"({_fmt(u)} ms) agree.")
+            out.append(f"{unit.capitalize()} barely overlap: summed {one} time ({fmt_num(s)} ms) and busy time "
+                       f"({fmt_num(u)} ms) agree.")
     if u is not None and sp is not None and sp > 0:
         idle = sp - u
         gaps = ("gaps between ops where the worker runs Python, scheduling or synchronisation instead of "
                 "counted work" if totals.get("mode") == "cpu" else
                 "gaps between kernels where the device waits for the host to launch work or for data")
-        out.append(f"Within {'the window' if step_label == WINDOW else 'a step'}'s span of {_fmt(sp)} ms the {device_word(totals)} is busy {_fmt(u)} ms and idle "
-                   f"{_fmt(idle)} ms ({_fmt(100 * idle / sp, 2)} % of the span): {gaps}.")
+        out.append(f"Within {'the window' if step_label == WINDOW else 'a step'}'s span of {fmt_num(sp)} ms the {device_word(totals)} is busy {fmt_num(u)} ms and idle "
+                   f"{fmt_num(idle)} ms ({fmt_num(100 * idle / sp, 2)} % of the span): {gaps}.")
     period = totals.get("period_ms")
     if period is not None and sp is not None and period > 0:
         n, work = totals.get("period_n"), "counted work" if unit == "ops" else "device work"
-        out.append(f"Consecutive steps start {_fmt(period)} ms apart (the period, mean"
-                   + (f" over {_fmt(n)} intervals" if n else "") + f"), against a span of {_fmt(sp)} ms: "
-                   f"{_fmt(max(period - sp, 0.0))} ms per step pass with no {work} of the step. Shares and "
+        out.append(f"Consecutive steps start {fmt_num(period)} ms apart (the period, mean"
+                   + (f" over {fmt_num(n)} intervals" if n else "") + f"), against a span of {fmt_num(sp)} ms: "
+                   f"{fmt_num(max(period - sp, 0.0))} ms per step pass with no {work} of the step. Shares and "
                    f"Amdahl ceilings divide by the period, because it is what TPOT measures.")
     j = tpot_against_step(tpot, period, sp)  # the one judgement, which stage 05's flag and the verdict read
     if j is not None:
         out.append(_tpot_sentence(j))
     elif tpot is not None and tpot > 0 and s is not None and sp is None:
-        out.append(f"The capture's TPOT is {_fmt(tpot)} ms against {_fmt(s)} ms of summed {one} time per step; "
+        out.append(f"The capture's TPOT is {fmt_num(tpot)} ms against {fmt_num(s)} ms of summed {one} time per step; "
                    f"without a span the gap cannot be split into overlap and idle time.")
     return out
 
 
 def _tpot_sentence(j: TpotAgainstStep) -> str:
     """The reconciliation's sentence for the TPOT judgement (`trace.tpot`), by reference and code."""
-    tpot, step, pct = _fmt(j.tpot_ms), _fmt(j.step_ms), _fmt(100 * j.gap_share, 2)
+    tpot, step, pct = fmt_num(j.tpot_ms), fmt_num(j.step_ms), fmt_num(100 * j.gap_share, 2)
     if j.reference == "period":
         if j.code == "agree":
             return (f"The period ({step} ms) and the TPOT the client measured during capture ({tpot} ms) agree "
@@ -143,11 +142,11 @@ def _tpot_sentence(j: TpotAgainstStep) -> str:
         return (f"The TPOT measured by the client during capture ({tpot} ms) matches the span ({step} ms) within "
                 f"{pct} %: the device steps account for the time per token.")
     if j.code == "tpot_above":
-        return (f"The TPOT measured during capture ({tpot} ms) is {_fmt(j.gap_ms)} ms above the span ({pct} % of "
+        return (f"The TPOT measured during capture ({tpot} ms) is {fmt_num(j.gap_ms)} ms above the span ({pct} % of "
                 f"TPOT): that time is spent between device steps, in the scheduler, host-side sampling, "
                 f"detokenization or streaming.")
     return (f"The span per step ({step} ms) exceeds the TPOT measured during capture ({tpot} ms) by "
-            f"{_fmt(-j.gap_ms)} ms: steps overlap in time (asynchronous scheduling) or the client's TPOT averages "
+            f"{fmt_num(-j.gap_ms)} ms: steps overlap in time (asynchronous scheduling) or the client's TPOT averages "
             f"in faster tokens.")
 
 
@@ -257,7 +256,7 @@ def micro_vs_trace(a: RunArtifacts) -> pd.DataFrame | None:
     pred_comm = cp.comm_us_per_decode_step if cp is not None else None
     trace_comm = category_ms(dec, COMMUNICATION_CATEGORIES)
     if pred_comm is not None or trace_comm is not None:
-        how = (f"{cp.k if cp.k is not None else '?'} × {_fmt(cp.per_op_us)} µs, "
+        how = (f"{cp.k if cp.k is not None else '?'} × {fmt_num(cp.per_op_us)} µs, "
                f"{cp.size_bytes if cp.size_bytes is not None else '?'} B, {cp.backend or '?'} {cp.mode or '?'}"
                if cp is not None else "n/a")
         traced = traced_collectives(a.category_kernels)
@@ -306,7 +305,7 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
             cb = lv[lv["client_bound"].astype(str).str.lower().isin(["true", "1"])]
             out["client_bound_levels"] = [
                 f"{r['mode']} {r['concurrency'] if pd.notna(r['concurrency']) else r['request_rate']}"
-                + (f" (client CPU {_fmt(r['client_cpu_pct'])} %)" if pd.notna(r.get("client_cpu_pct")) else "")
+                + (f" (client CPU {fmt_num(r['client_cpu_pct'])} %)" if pd.notna(r.get("client_cpu_pct")) else "")
                 for _, r in cb.iterrows()]
     return out
 
@@ -355,7 +354,7 @@ def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[str], list[str]
     r = max(ranks, key=lambda x: x.other_share)
     names = ", ".join(md_code(name_of(n)[:80]) for n in r.other_top_names[:5]) or "none listed"
     if r.other_share:
-        out.append(f"\"other\" holds at most {_fmt(100 * r.other_share)} % of kernel time (rank {r.rank}); "
+        out.append(f"\"other\" holds at most {fmt_num(100 * r.other_share)} % of kernel time (rank {r.rank}); "
                    f"its top names: {names}.")
     else:
         held.append("no kernel time fell to \"other\" on any rank (every kernel matched a named category)")
@@ -365,7 +364,7 @@ def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[str], list[str]
         top = ", ".join(md_code(name_of(n)[:80]) for n in (c.catch_all_top_names or [])[:5]) or "none listed"
         # Beside "other": time a catch-all rule filed is not understood either.
         if c.catch_all_share:
-            out.append(f"Only a catch-all rule matched {_fmt(100 * c.catch_all_share)} % of kernel time (at most, "
+            out.append(f"Only a catch-all rule matched {fmt_num(100 * c.catch_all_share)} % of kernel time (at most, "
                        f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}.")
         else:
             held.append("no kernel matched only a catch-all rule on any rank")
@@ -446,5 +445,5 @@ def _stage_caveats(a: RunArtifacts) -> list[str]:
 
 def _kv(d: Any) -> str:
     if isinstance(d, dict):
-        return ", ".join(f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in d.items())
+        return ", ".join(f"{k} {fmt_num(v) if isinstance(v, float) else v}" for k, v in d.items())
     return str(d)
