@@ -10,7 +10,8 @@ import pytest
 
 from stepscope.report import build_report
 from stepscope.testing.synthetic import make_synthetic_run
-from stepscope.report.markdown_util import MISSING_MARK, fmt_num
+from stepscope.report.markdown_util import MISSING_MARK
+from stepscope.wording import fmt_num
 from stepscope.testing.report import paragraphs, section
 
 # The synthetic run's exposed ms per decode step (see stepscope/testing/synthetic.py), re-stated here so a

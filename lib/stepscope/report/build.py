@@ -28,14 +28,14 @@ from stepscope.micro.collectives import plot_latency_vs_size
 from stepscope.micro.gemm import plot_roofline
 from stepscope.report import figures as fg
 from stepscope.report.artifacts import RunArtifacts, collective_counts, load_run_artifacts, num, words
-from stepscope.report.markdown_util import (code_name, code_names, fmt_num, image, kv_table, markdown_to_html, md_table,
+from stepscope.report.markdown_util import (code_name, code_names, image, kv_table, markdown_to_html, md_table,
                                             measured_only, compact_table, constant_caption, missing_box,
                                             number_sections)
 from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import (WINDOW, Md, in_steps, md_code, md_text,
+from stepscope.wording import (WINDOW, Md, fmt_num, in_steps, md_code, md_text,
                                figure_text, per_step, per_step_header, plural, short_name,
                                work_unit)
 

@@ -37,10 +37,10 @@ from stepscope.report.deltas import (MACRO_METRICS, VERDICT_FIELDS, bunched_reas
 from stepscope.report.noise import Delta
 from stepscope.report.setups import SetupComparison, compare_setups, is_communication, setting_names, setup_table_rows
 from stepscope.redaction import scrub
-from stepscope.report.markdown_util import code_names, fmt_num, markdown_to_html, md_table, missing_box
+from stepscope.report.markdown_util import code_names, markdown_to_html, md_table, missing_box
 from stepscope.palette import category_sort_key, color_for
 from stepscope.thresholds import CHANGE_NOISE_REL, NOISE_BAND_SIGMAS
-from stepscope.wording import Md, figure_text, md_code, md_text
+from stepscope.wording import Md, figure_text, fmt_num, md_code, md_text
 from stepscope.trace.account import KERNELS_PER_CATEGORY
 
 NOISE_REL = CHANGE_NOISE_REL  # one threshold for "beyond noise" (stepscope.thresholds)

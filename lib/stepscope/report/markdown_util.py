@@ -14,7 +14,7 @@ import markdown as md_lib
 import pandas as pd
 from markdown.treeprocessors import Treeprocessor
 
-from stepscope.wording import fmt_num  # noqa: F401  (re-exported for build.py)
+from stepscope.wording import fmt_num
 from stepscope.wording import Md, md_code, md_text, one_line, short_name, short_names
 
 MISSING_MARK = "⚠ Not measured"
