@@ -393,9 +393,9 @@ def test_decision_caveats_come_first(tmp_path):
                             stall_share=[0.0, 0.1, 0.6, 0.2])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     head = md.split("## 1. Setup", 1)[0]
-    assert ("- At 2 of 4 sweep levels the TPOT and ITL measure delivery, not decode: up to 90.0 % of token "
+    assert ("- At 2 of 4 sweep levels the TPOT and ITL measure delivery, not decode: up to 90 % of token "
             "chunks arrived together with the previous one") in head
-    assert "- Server-wide stalls took up to 60.0 % of a sweep level's time (concurrency 4)" in head
+    assert "- Server-wide stalls took up to 60 % of a sweep level's time (concurrency 4)" in head
 
 
 def test_stage_01s_per_level_flags_are_one_caveat_naming_each_level():

@@ -288,7 +288,7 @@ def test_a_bunched_level_tpot_is_not_quoted_as_decode(tmp_path):
     lv.to_csv(p, index=False)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     macro = md.split("## 2.", 1)[1].split("Per level", 1)[0]
-    assert ("but 92.0 % of that level's token chunks arrived together with the previous one, so its TPOT "
+    assert ("but 92 % of that level's token chunks arrived together with the previous one, so its TPOT "
             "measures delivery, not decode") in macro
 
 
@@ -504,7 +504,7 @@ def test_catch_all_share_is_reported_beside_other(tmp_path):
         r["catch_all_share"], r["catch_all_top_names"] = 0.031, [{"name": "aten::copy_ kernel", "sum_us": 9.0, "count": 3}]
     p.write_text(json.dumps(s))
     md = build_report(run, draw_figures=False)["markdown"].read_text()
-    assert "Only a catch-all rule matched 3.10 % of kernel time" in md and "`aten::copy_ kernel`" in md
+    assert "Only a catch-all rule matched 3.1 % of kernel time" in md and "`aten::copy_ kernel`" in md
 
 
 def test_one_rank_gets_no_across_ranks_table(tmp_path, real_traces):
@@ -707,8 +707,8 @@ def test_transfer_readings_that_disagree_are_flagged_with_both_values():
                          {"category": "all_gather", "transfer_ms_est": 1.0, "transfer_ms_matched": 1.01,
                           "n_instances": 10, "n_asymmetric": 0, "rel_diff": 0.01, "agree": True}])
     notes = _transfer_reading_notes(rows)
-    assert "⚠ all_reduce: the two transfer readings differ by 25.0 % (6.00 ms the least-waiting rank's mean, " \
-           "8.00 ms matched instance by instance; they agree within 5.00 %)" in notes
+    assert "⚠ all_reduce: the two transfer readings differ by 25 % (6.00 ms the least-waiting rank's mean, " \
+           "8.00 ms matched instance by instance; they agree within 5.0 %)" in notes
     assert "all_gather" not in notes
 
 

@@ -18,7 +18,7 @@ from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_co
 from stepscope.report.markdown_util import code_name
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import WINDOW, Md, flag_message, fmt_num, md_code, md_text, per_step, work_unit
+from stepscope.wording import WINDOW, Md, flag_message, fmt_num, fmt_pct, md_code, md_text, per_step, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -94,7 +94,7 @@ def reconciliation(totals: dict[str, Any], step_label: str = "step") -> list[str
         if overlap > 0.005 * u:
             out.append(f"{unit.capitalize()} overlap: the summed {one} time ({fmt_num(s)} ms) exceeds the time the "
                        f"{device_word(totals)} was busy ({fmt_num(u)} ms) by {fmt_num(overlap)} ms "
-                       f"({fmt_num(100 * overlap / u, 2)} %), so adding up {one} durations overstates the "
+                       f"({fmt_pct(overlap / u)}), so adding up {one} durations overstates the "
                        f"{'window' if step_label == WINDOW else 'step'}.")
         else:
             out.append(f"{unit.capitalize()} barely overlap: summed {one} time ({fmt_num(s)} ms) and busy time "
@@ -105,7 +105,7 @@ def reconciliation(totals: dict[str, Any], step_label: str = "step") -> list[str
                 "counted work" if totals.get("mode") == "cpu" else
                 "gaps between kernels where the device waits for the host to launch work or for data")
         out.append(f"Within {'the window' if step_label == WINDOW else 'a step'}'s span of {fmt_num(sp)} ms the {device_word(totals)} is busy {fmt_num(u)} ms and idle "
-                   f"{fmt_num(idle)} ms ({fmt_num(100 * idle / sp, 2)} % of the span): {gaps}.")
+                   f"{fmt_num(idle)} ms ({fmt_pct(idle / sp)} of the span): {gaps}.")
     period = totals.get("period_ms")
     if period is not None and sp is not None and period > 0:
         n, work = totals.get("period_n"), "counted work" if unit == "ops" else "device work"
@@ -124,25 +124,25 @@ def reconciliation(totals: dict[str, Any], step_label: str = "step") -> list[str
 
 def _tpot_sentence(j: TpotAgainstStep) -> str:
     """The reconciliation's sentence for the TPOT judgement (`trace.tpot`), by reference and code."""
-    tpot, step, pct = fmt_num(j.tpot_ms), fmt_num(j.step_ms), fmt_num(100 * j.gap_share, 2)
+    tpot, step, pct = fmt_num(j.tpot_ms), fmt_num(j.step_ms), fmt_pct(j.gap_share)
     if j.reference == "period":
         if j.code == "agree":
             return (f"The period ({step} ms) and the TPOT the client measured during capture ({tpot} ms) agree "
-                    f"within {pct} %.")
+                    f"within {pct}.")
         if j.code == "tpot_below":
-            return (f"**The period ({step} ms) and the client's TPOT ({tpot} ms) disagree** by {pct} % of TPOT. One "
+            return (f"**The period ({step} ms) and the client's TPOT ({tpot} ms) disagree** by {pct} of TPOT. One "
                     f"known cause of a TPOT below the period: when the server delivers output in bursts, the first "
                     f"chunk carries several tokens, TTFT absorbs their decode time and (E2EL − TTFT)/(tokens − 1) "
                     f"shrinks (the sweep flags such bursts). The period is the engine's own clock; shares and "
                     f"ceilings use it.")
-        return (f"**The period ({step} ms) and the client's TPOT ({tpot} ms) disagree**: TPOT is {pct} % above the "
+        return (f"**The period ({step} ms) and the client's TPOT ({tpot} ms) disagree**: TPOT is {pct} above the "
                 f"period, so time per token is spent outside the steps the trace recorded (scheduling between "
                 f"requests, streaming, detokenization).")
     if j.code == "agree":
         return (f"The TPOT measured by the client during capture ({tpot} ms) matches the span ({step} ms) within "
-                f"{pct} %: the device steps account for the time per token.")
+                f"{pct}: the device steps account for the time per token.")
     if j.code == "tpot_above":
-        return (f"The TPOT measured during capture ({tpot} ms) is {fmt_num(j.gap_ms)} ms above the span ({pct} % of "
+        return (f"The TPOT measured during capture ({tpot} ms) is {fmt_num(j.gap_ms)} ms above the span ({pct} of "
                 f"TPOT): that time is spent between device steps, in the scheduler, host-side sampling, "
                 f"detokenization or streaming.")
     return (f"The span per step ({step} ms) exceeds the TPOT measured during capture ({tpot} ms) by "
@@ -354,7 +354,7 @@ def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[str], list[str]
     r = max(ranks, key=lambda x: x.other_share)
     names = ", ".join(md_code(name_of(n)[:80]) for n in r.other_top_names[:5]) or "none listed"
     if r.other_share:
-        out.append(f"\"other\" holds at most {fmt_num(100 * r.other_share)} % of kernel time (rank {r.rank}); "
+        out.append(f"\"other\" holds at most {fmt_pct(r.other_share)} of kernel time (rank {r.rank}); "
                    f"its top names: {names}.")
     else:
         held.append("no kernel time fell to \"other\" on any rank (every kernel matched a named category)")
@@ -364,7 +364,7 @@ def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[str], list[str]
         top = ", ".join(md_code(name_of(n)[:80]) for n in (c.catch_all_top_names or [])[:5]) or "none listed"
         # Beside "other": time a catch-all rule filed is not understood either.
         if c.catch_all_share:
-            out.append(f"Only a catch-all rule matched {fmt_num(100 * c.catch_all_share)} % of kernel time (at most, "
+            out.append(f"Only a catch-all rule matched {fmt_pct(c.catch_all_share)} of kernel time (at most, "
                        f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}.")
         else:
             held.append("no kernel matched only a catch-all rule on any rank")

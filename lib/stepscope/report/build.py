@@ -35,7 +35,7 @@ from stepscope.runfolder import save_figures
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, BUNCHED_GAP_MS, READINGS_AGREE_REL, STALL_GAP_S
 from stepscope.sweep.plots import plot_latency_vs_concurrency, plot_throughput_vs_concurrency
 from stepscope.trace import plots as cat
-from stepscope.wording import (WINDOW, Md, fmt_num, in_steps, md_code, md_text,
+from stepscope.wording import (WINDOW, Md, fmt_num, fmt_pct, in_steps, md_code, md_text,
                                figure_text, per_step, per_step_header, plural, short_name,
                                work_unit)
 
@@ -357,7 +357,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
                      f"median TTFT **{fmt_num(h['c1_ttft_ms_median'])} ms**")
         bunched = h.get("c1_bunched_share")
         if bunched is not None and bunched > BUNCHED_FLAG_SHARE:
-            parts[-1] += (f", but {fmt_num(100 * bunched)} % of that level's token chunks arrived together with "
+            parts[-1] += (f", but {fmt_pct(bunched)} of that level's token chunks arrived together with "
                           f"the previous one, so its TPOT measures delivery, not decode (the step period in "
                           f"the profiler breakdown is the engine's own clock)")
     if parts:
@@ -395,7 +395,7 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
     if "bunched_pct" in lv or "stall_pct" in lv:
         text += (f"\n*chunks bunched %*: token chunks that arrived with the previous one (gap under "
                  f"{fmt_num(BUNCHED_GAP_MS)} ms); above "
-                 f"{fmt_num(100 * BUNCHED_FLAG_SHARE)} % a level's TPOT and ITL measure delivery, not decode. "
+                 f"{fmt_pct(BUNCHED_FLAG_SHARE)} a level's TPOT and ITL measure delivery, not decode. "
                  f"*stalled % of level*: time every open stream was silent at once for over "
                  f"{fmt_num(STALL_GAP_S)} s; the level's throughput is low by up to that share.\n")
     stage_pngs = _stage_figures(a.run_dir, "sweep_")
@@ -667,7 +667,7 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
     if mod:
         share = k["module_share"] if "module_share" in k else pd.Series(1.0, index=k.index)
         k["module"] = [m if pd.isna(m) else "/".join(str(m).split("/")[-2:])
-                       + (f" ({fmt_num(100 * float(x))} %)" if pd.notna(x) and float(x) < 0.995 else "")
+                       + (f" ({fmt_pct(float(x))})" if pd.notna(x) and float(x) < 0.995 else "")
                        for m, x in zip(k["module"], share)]
     over = "in the window" if label == WINDOW else "per step over the same steps"
     return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms {over}; "
@@ -777,9 +777,9 @@ def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
              f"{fmt_num(r.n_instances - r.n_asymmetric)} only and is not set against the estimate."
              for r in readings.itertuples() if r.agree is None]
     off = [r for r in readings.itertuples() if r.agree is False]
-    both = [f"{fmt_num(100 * r.rel_diff)} % ({fmt_num(r.transfer_ms_est)} ms the least-waiting rank's mean, "
+    both = [f"{fmt_pct(r.rel_diff)} ({fmt_num(r.transfer_ms_est)} ms the least-waiting rank's mean, "
             f"{fmt_num(r.transfer_ms_matched)} ms matched instance by instance" for r in off]
-    agree, why = (f"{fmt_num(100 * READINGS_AGREE_REL)} %", "the rank that waits least on average still waits on "
+    agree, why = (fmt_pct(READINGS_AGREE_REL), "the rank that waits least on average still waits on "
                   "some calls, or finishes before the typical rank.")
     if len(off) == 1:
         lines.append(f"- ⚠ {md_text(off[0].category)}: the two transfer readings differ by {both[0]}; they agree "

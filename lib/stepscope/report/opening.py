@@ -11,7 +11,7 @@ from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.try_next import try_next
 from stepscope.schema.writeup import APPENDIX_MD
 from stepscope.thresholds import BUNCHED_FLAG_SHARE, STALLED_LEVEL_SHARE
-from stepscope.wording import HEADLINE_MARK, WINDOW, Md, capture_delivery, fmt_num
+from stepscope.wording import HEADLINE_MARK, WINDOW, Md, capture_delivery, fmt_num, fmt_pct
 
 DECISION_CAVEATS = ("not_analysed", "host_only", "not_decode", "claims_withdrawn", "ranks_missing",
                     "low_confidence", "tpot_gap", "spec_decode")
@@ -38,7 +38,7 @@ def _sweep_delivery(levels: pd.DataFrame | None) -> Md | None:
     if bunched.empty:
         return None
     return Md(f"At {fmt_num(len(bunched))} of {fmt_num(len(levels))} sweep levels the TPOT and ITL measure delivery, "
-              f"not decode: up to {fmt_num(100 * bunched.max())} % of token chunks arrived together with the "
+              f"not decode: up to {fmt_pct(bunched.max())} of token chunks arrived together with the "
               "previous one; read the engine's step period instead.")
 
 
@@ -50,7 +50,7 @@ def _sweep_stalls(levels: pd.DataFrame | None) -> Md | None:
     if float(worst["stall_share"]) <= STALLED_LEVEL_SHARE:
         return None
     where = f" (concurrency {fmt_num(int(worst['concurrency']))})" if "concurrency" in worst else ""
-    return Md(f"Server-wide stalls took up to {fmt_num(100 * float(worst['stall_share']))} % of a sweep level's "
+    return Md(f"Server-wide stalls took up to {fmt_pct(float(worst['stall_share']))} of a sweep level's "
               f"time{where}: that level's throughput is low by up to that share.")
 
 
