@@ -83,11 +83,11 @@ def test_the_report_puts_predicted_beside_measured_tpot(live_campaign):
 
 
 def test_the_campaign_report_renders_in_headless_chromium(live_campaign, tmp_path):
-    from test_report_browser import CHROMIUM, _run_browser
+    from browser import CHROMIUM, run_browser
 
     if CHROMIUM is None:
         pytest.skip("chromium not installed (setup: apt-get install -y chromium)")
     _, cdir, _ = live_campaign
-    images, requests = _run_browser(cdir / "campaign_report.html", tmp_path, tmp_path / "campaign.png")
+    images, requests = run_browser(cdir / "campaign_report.html", tmp_path, tmp_path / "campaign.png")
     assert len(images) == 2 and all(i["complete"] and i["w"] > 0 for i in images), images
     assert all(u.startswith(("file://", "data:")) for u in requests), requests

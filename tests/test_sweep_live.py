@@ -29,7 +29,11 @@ def test_live_sweep_two_levels(live_vllm_server, tmp_path):
     n_chunks = [len(r["chunk_times_s"]) for r in measured]
     assert all(1 <= n <= 8 for n in n_chunks)
     assert lv.loc["c0002", "merged_token_share"] == pytest.approx((8 * 8 - sum(n_chunks)) / (8 * 8))
-    assert lv.loc["c0001", "tpot_ms_median"] > 0 and lv.loc["c0001", "ttft_ms_median"] > 0
+    assert lv.loc["c0001", "ttft_ms_median"] > 0
+    # TPOT is 0 for a request whose tokens all came in its first chunk (the API process starved
+    # on a loaded 2-core machine: seen in a fresh-clone run); with more than one chunk each, above 0
+    c1 = [len(json.loads(x)["chunk_times_s"]) for x in (tmp_path / "levels" / "c0001.jsonl").read_text().splitlines()]
+    assert lv.loc["c0001", "tpot_ms_median"] > 0 if min(c1) > 1 else lv.loc["c0001", "tpot_ms_median"] >= 0
     # /metrics was read around and during the level (a sub-second level may miss the
     # running gauge while it is non-zero, so only its presence is certain).
     meta = json.loads((tmp_path / "levels" / "c0002.meta.json").read_text())
