@@ -23,6 +23,6 @@ def test_compare_ends_with_a_one_line_result(tmp_path, capsys):
     assert tput["level"] == "c=8" and (tput["a"], tput["b"]) == (300, 375)
     n_changed = sum(int(pd.read_csv(out / f"compare_{k}.csv")["flag"].eq("changed").sum())
                     for k in ("headlines", "macro", "decode_categories", "collectives"))
-    assert lines[-1] == (f"B vs A: decode step {fmt_num(head['a'])} → {fmt_num(head['b'])} ms (0.80×), "
+    assert lines[-1] == (f"B vs A: decode step {fmt_num(head['a'])} → {fmt_num(head['b'])} ms (0.800×), "
                          f"output tok/s at c=8 300 → 375 (1.25×); {n_changed} of 55 compared readings changed "
                          "beyond noise")
