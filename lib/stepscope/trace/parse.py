@@ -292,12 +292,12 @@ class _Collector:
         Frames (python frames; cpu_ops on GPU traces) are kept by name through a memo, so
         each distinct name is judged once; they follow the chunk's other kept events."""
         self.n_total += len(events)
-        self._count_unread(list(compress(events, map(_UNREAD_TYPES.__contains__, map(type, events)))))
+        types = list(map(type, events))  # read by each filter below: one pass, not three
+        self._count_unread(list(compress(events, map(_UNREAD_TYPES.__contains__, types))))
         gpu = self.seen_device
         keep = _TYPES_GPU_NO_FRAMES if gpu else _TYPES_ALL_NO_PYFN
-        kept = list(compress(events, map(keep.__contains__, map(type, events))))
-        cand = list(compress(events, map((_FRAME_TYPES_GPU if gpu else _FRAME_TYPES_ALL).__contains__,
-                                         map(type, events))))
+        kept = list(compress(events, map(keep.__contains__, types)))
+        cand = list(compress(events, map((_FRAME_TYPES_GPU if gpu else _FRAME_TYPES_ALL).__contains__, types)))
         if cand:
             try:
                 kept += compress(cand, map(KEEP_FRAME.__getitem__, map(_get_name, cand)))
