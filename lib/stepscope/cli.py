@@ -21,6 +21,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from stepscope.runner import run_analyze
+    from stepscope.trace.remote import is_url
 
     if args.arch_preset:
         # Refused before anything runs (exit 2, the presets listed): an unknown name used to
@@ -28,11 +29,44 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         from stepscope.model.arch import get_preset
 
         get_preset(args.arch_preset)
-    _require_trace_files(args.paths)
+    _require_trace_files([p for p in args.paths if not is_url(p)])
+    if any(map(is_url, args.paths)):
+        return _analyze_remote(args)
     code, _ = run_analyze(args.paths, model_config=args.model, tp=args.tp, out=args.out,
                           progress=not args.no_progress, arch_preset=args.arch_preset,
                           memory_budget_gb=args.memory_budget_gb)
     return code
+
+
+def _analyze_remote(args: argparse.Namespace) -> int:
+    """`analyze` on s3:// gs:// http(s):// paths: listed and held to the memory budget first,
+    their traces then copied into the run folder (trace.remote) and analysed as local files."""
+    from stepscope.runfolder import run_folder_lock
+    from stepscope.runner import EXIT_OVER_BUDGET, run_analyze
+    from stepscope.trace.budget import MemoryBudgetExceeded
+    from stepscope.trace.remote import STAGING_DIR, fetched_traces, listed_sources
+
+    run_dir = Path(args.out).resolve() if args.out else _default_analyze_dir()
+    try:
+        sources = listed_sources(args.paths, args.memory_budget_gb)  # refusals before the run folder exists
+        with run_folder_lock(run_dir), fetched_traces(args.paths, sources, run_dir / STAGING_DIR,
+                                                      args.memory_budget_gb, keep=args.keep_downloads) as local:
+            code, _ = run_analyze(local, model_config=args.model, tp=args.tp, out=run_dir,  # takes the lock again
+                                  progress=not args.no_progress, arch_preset=args.arch_preset,
+                                  memory_budget_gb=args.memory_budget_gb)
+    except MemoryBudgetExceeded as exc:  # run_analyze's own exit for this
+        print(f"error: {exc}")
+        return EXIT_OVER_BUDGET
+    return code
+
+
+def _default_analyze_dir() -> Path:
+    """run_analyze's default run folder, chosen before it runs: the copies go inside it."""
+    from stepscope.config import params_from_dict
+    from stepscope.runner import new_run_id, resolve_outputs_dir
+
+    params = params_from_dict({"run": {"name": "analyze"}}, source="stepscope analyze")
+    return resolve_outputs_dir(params) / new_run_id(params)
 
 
 def _require_trace_files(paths: list[str]) -> None:
@@ -160,7 +194,8 @@ NO_PROGRESS_HELP = "no progress bars (a log file then gets one line per event, n
 EXAMPLES = {
     "run": "stepscope run params/cpu-moe.yaml\n  stepscope run params/cpu-demo.yaml --stages 05,06 --run-id cpu-demo-X",
     "analyze": "stepscope analyze /tmp/vllm_profile --tp 8 --arch-preset kimi-k2.5\n"
-               "  stepscope analyze rank0.pt.trace.json.gz --out outputs/my-trace",
+               "  stepscope analyze rank0.pt.trace.json.gz --out outputs/my-trace\n"
+               "  stepscope analyze s3://my-bucket/profiles/run1/ --tp 2",
     "tiny-model": "stepscope tiny-model outputs/models/tiny-dsv3 --arch deepseek_v3",
     "compare": "stepscope compare outputs/cpu-demo-A outputs/cpu-demo-B\n"
                "  stepscope compare outputs/base outputs/candidate --fail-on-regression",
@@ -190,7 +225,8 @@ def _add_run(sub) -> None:
 
 def _add_analyze(sub) -> None:
     a = _sub(sub, "analyze", "categorize and write up traces captured elsewhere")
-    a.add_argument("paths", nargs="+", help="trace files or folders")
+    a.add_argument("paths", nargs="+", help="trace files or folders, or s3://, gs://, http(s):// URLs of "
+                   "either (a prefix ends in '/'; docs/trace-analysis.md#traces-in-object-storage)")
     a.add_argument("--model", help="the model's config.json, for the architecture cross-check")
     a.add_argument("--arch-preset", help="a built-in architecture instead of --model (e.g. qwen3-8b, "
                    "kimi-k2.5): the collectives cross-check and the roofline on the trace")
@@ -199,6 +235,8 @@ def _add_analyze(sub) -> None:
     a.add_argument("--memory-budget-gb", type=float, default=None,
                    help="stop before parsing when the analysis's estimated peak is over this many GB "
                         "(default: 0.8x the available memory; exit code 5)")
+    a.add_argument("--keep-downloads", action="store_true",
+                   help="with URLs: keep the traces' copies in <out>/remote_traces/ (default: deleted once analysed)")
     a.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     a.set_defaults(func=_cmd_analyze)
 
