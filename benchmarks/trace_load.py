@@ -16,6 +16,10 @@ side by side, 2026-12-03 (c5619b7 -> now):
   1,277 -> 915, 42 -> 33 s.
 Earlier: 1,312 MB at 10 M (a5ffc33), 1,764 MB (be6c2e0), 2,555 MB (ec4d347), 4,049 MB (34dd664).
 trace.budget's estimate reads these.
+--shape at 10 M kernels (issue 39), 2026-12-05 at ea9308d: peak RSS of --analysis, MB (x the JSON;
+with the parse processes' own pages beside it): no-steps-no-launches 538 (0.47x; 0.46x),
+tiny 555 (0.49x; 0.48x), interleaved-streams 549 (0.48x; 0.48x); 45-47 bytes per device event
+above the imports' 109 MB, 31 of them the event columns themselves.
 --shape (issue 39; 2-core machine shared with other work, load average 1.7-2.0): peak RSS of
 --analysis, MB (x the JSON; bytes per device event above the imports' 146 MB):
 - tiny: 1 M 255 (2.27x; 114), 2 M 319 (1.42x; 91);
