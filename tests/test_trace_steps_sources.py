@@ -148,6 +148,31 @@ def test_sglang_forward_frames_name_the_kind(tmp_path: Path):
     assert r.steps["kind"].tolist() == ["prefill", "decode", "decode"]
 
 
+def _cpu_op(name, ts, dur=5.0):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+
+def test_vllm_v0_cpu_steps_by_their_attention_ops(tmp_path: Path):
+    """vLLM 0.8.5's V0 engine on CPU (the corpus's `vllm-cpu085-v0-tinyllama-tp2`): no annotation
+    and nothing launched. The driver's `execute_model` with nothing scheduled (it stops the
+    workers' loop) runs no op and is no step; SDPA makes a prefill, `paged_attention_v1` a
+    decode, both a mixed step. Before: every frame a step (67 of 65) and every kind unknown."""
+    worker, runner = "vllm/worker/worker_base.py(386): execute_model", "cpu_model_runner.py(607): execute_model"
+    attn = {"prefill": ["aten::scaled_dot_product_attention"], "decode": ["_C::paged_attention_v1"],
+            "mixed": ["aten::scaled_dot_product_attention", "_C::paged_attention_v1"], "stop": []}
+    ev = []
+    for i, kind in enumerate(("prefill", "decode", "decode", "stop", "mixed", "decode")):
+        t = 1000.0 * i
+        ev += [{"ph": "X", "cat": "python_function", "name": worker, "pid": 1, "tid": 1, "ts": t, "dur": 500.0}]
+        if kind != "stop":
+            ev += [{"ph": "X", "cat": "python_function", "name": runner, "pid": 1, "tid": 1, "ts": t + 5, "dur": 490.0},
+                   _cpu_op("aten::linear", t + 10)] + [_cpu_op(n, t + 20 + 10 * j) for j, n in enumerate(attn[kind])]
+    r = _analyse(tmp_path, ev)
+    assert r.step_source == "engine_frames" and r.steps["ts"].tolist() == [0.0, 1000.0, 2000.0, 4000.0, 5000.0]
+    assert r.steps["kind"].tolist() == ["prefill", "decode", "decode", "mixed", "decode"]
+    assert "paged_attention" in {c["source"]: c for c in r.steps.attrs["step_sources"]}["engine_frames"]["kind_from"]
+
+
 def test_the_engines_annotation_is_never_refused_for_a_wrapper(tmp_path: Path):
     """A `ProfilerStep` around a window of engine steps is coarser, but the engine's word on its
     own step wins: its steps are steps, not pieces."""

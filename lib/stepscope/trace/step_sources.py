@@ -6,7 +6,7 @@ The ranking, strongest first (`STEP_SOURCES`; docs/trace-analysis.md#step-source
 1. the engine's step annotation (vLLM's `execute_context_...`, SGLang's `step[...]`);
 2. the engine's own step frames (Python stack frames: vLLM's `execute_model`, SGLang's
    `run_batch`, TensorRT-LLM's `_forward_step`), the outermost per thread, those that launch
-   nothing dropped;
+   nothing (on a CPU trace: that run no op) dropped;
 3. `ProfilerStep#N`, as an annotation or (2021 Kineto) an `Operator`;
 4. iteration markers: one `Optimizer.step#...` per training iteration (a first one holding the
    set-up before the loop is kind `warmup`);
@@ -50,7 +50,7 @@ STEP_SOURCES = (
                "none: the engine's word on its own step"),
     StepSource("engine_frames", "the engine's step frames: vLLM's `execute_model`, SGLang's `run_batch`, "
                "TensorRT-LLM's `_forward_step` (the outermost per thread)",
-               "a frame that launches no device work is no step"),
+               "a frame that launches no device work (on a CPU trace: runs no op) is no step"),
     StepSource("annotation:profiler_step", "`ProfilerStep#N`, an annotation or a 2021-format `Operator`",
                "not many more steps than a coarser source that encloses them"),
     StepSource("iteration_markers", "one `Optimizer.step#...` per training iteration, each step ending "
@@ -85,6 +85,12 @@ GRAPH_KIND_READING = ("graph replay: a vLLM step that replays the captured graph
                       "captured batch (a decode step); one run eagerly beside such steps ran more tokens than "
                       "any captured size (a prefill)")
 """How `engine_frames` steps of vLLM get their kind when no frame names it."""
+_DECODE_ATTENTION = re.compile(r"paged_attention")
+_PREFILL_ATTENTION = re.compile(r"scaled_dot_product_attention|varlen")
+ATTENTION_KIND_READING = ("attention ops: vLLM V0 attends decode tokens with `paged_attention` over the KV cache "
+                          "and prompts with dense attention (`scaled_dot_product_attention`, a varlen kernel): "
+                          "a step with only the first is a decode, with only the second a prefill, with both mixed")
+"""How `engine_frames` steps get their kind with no graph replay to read (a V0 trace, a CPU trace)."""
 
 
 def step_row(name: str, pid, tid, ts: float, dur: float, kind: str = "unknown", label: str = "unknown") -> dict:
@@ -132,15 +138,16 @@ def _inside_count(steps: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
 def engine_frame_steps(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     """(steps from the engine's step frames, how their kind was read). A frame that launches no
     device work is dropped where the trace launches any (vLLM calls `execute_model` with nothing
-    scheduled); SGLang's `forward_decode`/`forward_extend` inside a step names its kind; else a
-    vLLM step's kind is read from graph replay (`GRAPH_KIND_READING`)."""
+    scheduled), one that runs no op where it launches none (a CPU trace: V0's call that stops the
+    workers' loop); SGLang's `forward_decode`/`forward_extend` inside a step names its kind; else a
+    vLLM step's kind is read from graph replay (`GRAPH_KIND_READING`), else from its attention ops
+    (`ATTENTION_KIND_READING`)."""
     fr = named(ev, ("python_function",), ENGINE_STEP_FRAME)
     if fr.empty:
         return pd.DataFrame(), None
     fr = _outermost(fr)
     launches = ev[in_values(ev["cat"], LAUNCH_CATS) & (ev["correlation"].to_numpy() >= 0)]
-    if len(launches):
-        fr = fr[_inside_count(fr, launches) > 0]
+    fr = fr[_inside_count(fr, launches if len(launches) else ev[in_values(ev["cat"], ("cpu_op",))]) > 0]
     if fr.empty:
         return pd.DataFrame(), None
     labels = _sglang_labels(ev, fr)
@@ -148,6 +155,8 @@ def engine_frame_steps(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     if labels is None:
         graphs = _inside_count(fr, launches[launches["name"].astype(str).str.match(_GRAPH_LAUNCH).to_numpy(bool)])
         labels, how = _graph_labels(graphs)
+    if how is None:
+        labels, how = _attention_labels(ev, fr, labels)
     rows = [step_row(str(r.name), r.pid, r.tid, r.ts, r.dur, kind=k, label=k)
             for r, k in zip(fr.itertuples(index=False), labels)]
     return pd.DataFrame(rows), how
@@ -172,6 +181,17 @@ def _graph_labels(graphs: np.ndarray) -> tuple[list[str], str | None]:
     if not (graphs > 0).any():
         return ["unknown"] * len(graphs), None
     return ["decode" if g > 0 else "prefill" for g in graphs], GRAPH_KIND_READING
+
+
+def _attention_labels(ev: pd.DataFrame, fr: pd.DataFrame, labels: list[str]) -> tuple[list[str], str | None]:
+    """Kinds from the attention ops inside each step (`ATTENTION_KIND_READING`); `labels`
+    unchanged where no step attends with paged attention (no V0 decode to tell apart)."""
+    paged = _inside_count(fr, named(ev, ("cpu_op",), _DECODE_ATTENTION))
+    if not (paged > 0).any():
+        return labels, None
+    dense = _inside_count(fr, named(ev, ("cpu_op",), _PREFILL_ATTENTION))
+    return (["mixed" if p and d else "decode" if p else "prefill" if d else "unknown" for p, d in zip(paged, dense)],
+            ATTENTION_KIND_READING)
 
 
 def iteration_steps(ev: pd.DataFrame) -> pd.DataFrame:
