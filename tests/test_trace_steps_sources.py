@@ -276,3 +276,56 @@ def test_decode_steps_checked_against_the_architecture(tmp_path: Path, n_layers,
     assert len(flags) == (1 if failing else 0)
     if failing:
         assert flags[0].message.startswith("9 of 9 decode steps (ids [1, 2, 3, 4, 5] ...) do not hold the 159")
+
+
+def _guarded_verdict(run: Path):
+    from stepscope.report.artifacts import load_run_artifacts
+    from stepscope.report.build import report_context, writeup_params_from
+
+    a = load_run_artifacts(run)
+    return report_context(a, writeup_params_from(a))["verdict"]
+
+
+def test_every_step_off_the_architecture_withdraws_the_claims_on_the_step(tmp_path: Path):
+    """Told L=79, none of the nine decode steps holds 159 all-reduces: none is a forward pass as
+    the architecture runs it, so the guard withdraws what would be said of "the step"."""
+    from stepscope.testing.vllm_v1_trace import write_fake_vllm_v1_trace
+
+    trace = write_fake_vllm_v1_trace(tmp_path / "rank0.pt.trace.json.gz")
+    an = analyze_traces([trace], tmp_path / "run" / "05_categorize", arch=_llama(79), tp=4, progress=False,
+                        perfetto=False)
+    assert an.summary.decode.steps.n_steps == 9  # nothing else to judge: nothing set apart
+    v = _guarded_verdict(tmp_path / "run")
+    g = next(g for g in v.guards if g.invariant == "steps_match_architecture")
+    assert not g.holds and dict(g.values)["n_failing"] == 9 and dict(g.values)["all_reduce"] == 159
+    assert v.dominant is None and v.levers == () and v.biggest is None and v.communication is None
+
+
+def test_a_cut_step_is_set_apart_and_the_others_judged(tmp_path: Path):
+    """The real vLLM V1 trace (H100, Llama 80 layers, TP=4) with its last decode step cut halfway,
+    as a profiler window that ends mid-step cuts it: that step holds too few of the 161
+    all-reduces, so it is set apart (kind `off_architecture`) and the other eight are judged."""
+    import gzip
+
+    src = Path(__file__).parent / "data" / "corpus" / "tracemap-h100-vllm-v1-llama80l-tp4-c32.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    frames = [e for e in doc["traceEvents"] if e.get("cat") == "python_function"
+              and e.get("name", "").endswith("gpu_worker.py(263): execute_model")]
+    last = sorted(frames, key=lambda e: e["ts"])[-2]  # the last with work (the final call runs nothing)
+    cut_us = last["ts"] + last["dur"] / 2
+    doc["traceEvents"] = [e for e in doc["traceEvents"]
+                          if e.get("cat") == "python_function" or float(e.get("ts", 0)) < cut_us]
+    trace = tmp_path / "rank0.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    an = analyze_traces([trace], tmp_path / "run" / "05_categorize", arch=_llama(80), tp=4, progress=False,
+                        perfetto=False)
+    failing = an.summary.collectives_check.steps_failing
+    assert len(failing) == 1
+    st = an.reference.steps_tot.set_index("step_id")
+    assert st.loc[failing[0], "kind"] == "off_architecture" and st.loc[failing[0], "all_reduce_calls"] < 161
+    assert an.summary.decode.steps.n_steps == 8
+    flag = next(f for f in an.flags if f.code == "steps_off_architecture")
+    assert flag.message.endswith("set apart (kind `off_architecture`) and the decode tables hold the other 8")
+    v = _guarded_verdict(tmp_path / "run")
+    assert all(g.holds for g in v.guards if g.invariant == "steps_match_architecture")
+    assert v.dominant is not None and v.dominant.n_steps == 8

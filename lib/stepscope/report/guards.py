@@ -26,6 +26,9 @@ The invariants, and the claims each one carries:
 - no Amdahl ceiling above `STEADY_STATE_MAX_X`, and no one gap over
   `STEADY_STATE_MAX_STALL_SHARE` of the step: one lever that large, or a step that is mostly one
   host stall, says the trace is no steady state (levers);
+- the judged steps are forward passes: when every decode step's all-reduce count is off the
+  architecture's 2L+1, nothing said of "the step" holds (stage 05 sets apart the failing steps
+  while others pass) (dominant share, boundness, levers, communication);
 - a lever is a coherent set of work, not a grab-bag of unrelated kernels (that lever): stage
   05's `coherent` mark in category_levers.csv, read here, judged there.
 
@@ -78,7 +81,7 @@ def check(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFr
     out = [kind, _device_work_recorded(v), _share_at_most_step(decode), _busy_at_most_period(totals),
            _steps_apart(totals),
            *_below_peak(v), _clocks_agree(v), _classes_add_up(decode, totals),
-           _communication_has_collectives(v, a), _steady_state(v)]
+           _communication_has_collectives(v, a), _steady_state(v), _steps_match_architecture(a)]
     out += _levers_coherent(v)
     return tuple(g for g in out if g is not None)
 
@@ -236,6 +239,21 @@ def _steady_state(v: Verdict) -> Guard | None:
                          ("stall_pct", None if stall_share is None else 100 * stall_share),
                          ("stall_bound_pct", 100 * STEADY_STATE_MAX_STALL_SHARE)),
                  withdrawn=withdrawn)
+
+
+def _steps_match_architecture(a: RunArtifacts) -> Guard | None:
+    """Every judged decode step off the architecture's collectives (2L+1 all-reduces for a TP
+    decoder): none is a forward pass of the model as it runs, so nothing said of "the step"
+    holds. Stage 05 sets apart failing steps while others pass, so this fails only when all do."""
+    cc = a.trace_summary.collectives_check if a.trace_summary is not None else None
+    if cc is None or not cc.steps_failing or cc.expected is None:
+        return None
+    n = cc.observed.n_steps if cc.observed is not None else 0
+    ok = len(cc.steps_failing) < n
+    return Guard("steps_match_architecture", holds=ok,
+                 values=(("n_failing", len(cc.steps_failing)), ("n_steps", n),
+                         ("all_reduce", cc.expected.all_reduce)),
+                 withdrawn=() if ok else (*DENOMINATOR_CLAIMS, *COMM_CLAIMS))
 
 
 def _levers_coherent(v: Verdict) -> list[Guard]:

@@ -146,6 +146,11 @@ def guard_sentence(g: Guard, step_label: str = "step") -> str:
         return (f"Withdrawn, every lever: the biggest, {v('lever')}, would make a {step_label} {f(v('ceiling_x'))}× "
                 f"faster, above the {f(v('bound_x'))}× a steady state allows: one part holding that much of the step "
                 f"says the trace is no run of repeated steps (a capture, a warm-up, one stall).")
+    if g.invariant == "steps_match_architecture":
+        return (f"Withdrawn, the dominant share, boundness, the levers and communication: none of the "
+                f"{f(v('n_steps'))} decode {step_label}s holds the {f(v('all_reduce'))} all-reduces the architecture "
+                f"runs in one forward pass, so each is a graph piece, merged steps or a cut step, not the step these "
+                f"claims would describe. Check the model and TP given, or profile whole steps.")
     if g.invariant == "lever_coherent":
         return (f"{md_text(g.subject)} is not named as a lever: its {f(v('n_names'))} distinct kernels are a grab-bag, the "
                 f"largest {f(v('top_kernels'))} holding only {f(v('top_share_pct'))} % of its time (one lever from "
@@ -175,6 +180,8 @@ def guard_clause(g: Guard, step_label: str = "step") -> str:
                                          "claims are withdrawn",
         "steady_state": (f"one part would make the {step_label} {f(v('ceiling_x'))}× faster, more than a steady state "
                          "allows, so no lever is named"),
+        "steps_match_architecture": (f"no decode {step_label} holds the architecture's {f(v('all_reduce'))} "
+                                     "all-reduces, so nothing is claimed of the step"),
         "lever_coherent": f"{md_text(g.subject)} is a grab-bag of {f(v('n_names'))} kernels, not one lever",
     }
     return clauses.get(g.invariant, f"the invariant {g.invariant} failed, so the claims resting on it are withdrawn")

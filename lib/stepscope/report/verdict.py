@@ -420,7 +420,7 @@ class Guard:
 
     invariant: str
     """`share_at_most_step`, `busy_at_most_period`, `below_peak`, `clocks_agree`,
-    `classes_add_up`, `communication_has_collectives`, `steady_state`, `lever_coherent`,
+    `classes_add_up`, `communication_has_collectives`, `steady_state`, `lever_coherent`, `steps_match_architecture`,
     `kind_takes_verdict`, `device_work_recorded`, `steps_apart`."""
     holds: bool
     values: tuple[tuple[str, Any], ...] = ()

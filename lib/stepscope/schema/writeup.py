@@ -17,7 +17,7 @@ class GuardResult(Record, kw_only=True):
     invariant: str
     """`kind_takes_verdict`, `share_at_most_step`, `busy_at_most_period`, `below_peak`,
     `clocks_agree`, `classes_add_up`, `communication_has_collectives`, `steady_state`,
-    `lever_coherent`, `device_work_recorded`, `steps_apart` (docs/verdict.md#guards)."""
+    `lever_coherent`, `steps_match_architecture`, `device_work_recorded`, `steps_apart` (docs/verdict.md#guards)."""
     holds: bool
     subject: str | None = None
     """What the check was about when it is one of several (a category)."""

@@ -26,7 +26,7 @@ from stepscope.wording import capture_delivery, short_names
 from stepscope.trace.steps import (ARGS_COLUMN, WHOLE_TRACE, empty_launches, build_work, degenerate_reason,
                                    find_steps, split_device_rows, spec_decode_steps,
                                    unknown_step_names)
-from stepscope.trace.step_sources import NOT_ANNOTATED
+from stepscope.trace.step_sources import NOT_ANNOTATED, OFF_ARCHITECTURE
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.codes import in_values, map_codes, value_counts
 
@@ -553,20 +553,22 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     ranks_summary = [_rank_summary(r) for r in results]
     flags.extend(_rank_flags(ranks_summary))
     ref = results[0]
+    info = trace_info(results, tp, _shape_hint(ref))
+    info["weight_formats_named"] = weight_formats_named(ref.kernels)
+    weights_q, weights_from = roofline_quantization(quantization, info["weight_formats_named"])
+    matched, instances, coll_steps = match_collectives(results, info, arch)
+    flags.extend(_matched_flags(matched))
+    ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
+    check = _collectives_check(ref, info, arch, flags)
+    if set_apart_off_architecture(results, check.steps_failing or []):  # the kinds counted again
+        info = {**trace_info(results, tp, _shape_hint(ref)), "weight_formats_named": info["weight_formats_named"]}
     dec_all = pd.concat([r.decode for r in results], ignore_index=True)
     rank_cats = pd.concat([r.rank_categories for r in results], ignore_index=True)
     times = acc.decode_step_times(ref.steps_tot, tpot_ms)
     amd = acc.amdahl(ref.decode, times)
     period = decode_period(ref.steps_tot, acc.select_decode_steps(ref.steps_tot)[0], ref.launches)
     xr = acc.cross_rank([r.decode for r in results])
-    info = trace_info(results, tp, _shape_hint(ref))
-    info["weight_formats_named"] = weight_formats_named(ref.kernels)
-    weights_q, weights_from = roofline_quantization(quantization, info["weight_formats_named"])
     flags.extend(_info_flags(info, results) + _period_flags(period))
-    matched, instances, coll_steps = match_collectives(results, info, arch)
-    flags.extend(_matched_flags(matched))
-    ref.steps_tot = ref.steps_tot.merge(coll_steps, on="step_id", how="left")
-    check = _collectives_check(ref, info, arch, flags)
     tt_df, tt_check = check_text_tables(tables, {r.rank: r for r in results})
     tt_check = schema.record_of(tt_check, list[schema.TextTableCheck])
     flags.extend(c.flag for c in tt_check if c.flag is not None)
@@ -618,11 +620,33 @@ def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[schem
     return check
 
 
+def set_apart_off_architecture(results: list[RankResult], failing: list[int]) -> bool:
+    """Decode steps off the architecture's collectives, set apart (kind `off_architecture`) on
+    every rank, and each rank's decode tables read again without them, when other decode steps
+    remain: no claim rests on a step that is no forward pass. When every one fails there is
+    nothing else to judge; the verdict's guard `steps_match_architecture` withdraws the claims."""
+    ref_dec, _ = acc.select_decode_steps(results[0].steps_tot)
+    if not failing or set(failing) >= set(ref_dec["step_id"].tolist()):
+        return False
+    for r in results:
+        off = r.steps_tot["step_id"].isin(failing) & (r.steps_tot["label"] == "decode")
+        r.steps_tot.loc[off, "kind"] = OFF_ARCHITECTURE
+        r.decode_times = acc.decode_step_times(r.steps_tot)
+        r.decode = acc.decode_categories(r.step_categories, r.steps_tot, r.decode_times)
+        r.kinds = acc.kind_categories(r.step_categories, r.steps_tot)
+        r.kernels, r.levers = acc.category_kernels(r.work, r.steps_tot), acc.category_levers(r.work, r.steps_tot)
+    return True
+
+
 def _steps_off_words(check: schema.CollectivesCheck, expected: schema.ExpectedCollectives) -> str:
     ids = check.steps_failing or []
-    return (f"{len(ids)} of {check.observed.n_steps} decode steps (ids {ids[:5]}{' ...' if len(ids) > 5 else ''}) do "
+    n = check.observed.n_steps
+    fate = ("no claim rests on them: every decode step fails, so the verdict withholds what it would say of "
+            "the step" if len(ids) >= (n or 0) else
+            f"they are set apart (kind `{OFF_ARCHITECTURE}`) and the decode tables hold the other {n - len(ids)}")
+    return (f"{len(ids)} of {n} decode steps (ids {ids[:5]}{' ...' if len(ids) > 5 else ''}) do "
             f"not hold the {expected.all_reduce} all-reduces the architecture runs per step: they are no forward pass "
-            "of the model as its architecture runs it (a graph piece, merged steps, a cut step)")
+            f"of the model as its architecture runs it (a graph piece, merged steps, a cut step); {fate}")
 
 
 def _analyse_ranks(loaded: list[RankTrace], rules, flags: list[schema.Flag],

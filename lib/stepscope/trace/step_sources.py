@@ -64,7 +64,10 @@ STEP_SOURCES = (
 RANK = {s.name: i for i, s in enumerate(STEP_SOURCES)}
 ENGINE_SOURCES = frozenset({"annotation:vllm", "annotation:sglang", "engine_frames"})
 """The engine's own steps: never refused for a coarser source around them."""
-EXCLUDED_KINDS = ("warmup",)
+OFF_ARCHITECTURE = "off_architecture"
+"""The kind a decode step is given when its collectives are not the architecture's while other
+decode steps' are (`analyze.set_apart_off_architecture`): no forward pass, so never judged."""
+EXCLUDED_KINDS = ("warmup", OFF_ARCHITECTURE)
 """Step kinds never judged, nor averaged with the others (`account.select_decode_steps`)."""
 NOT_ANNOTATED = frozenset(s.name for s in STEP_SOURCES if not s.name.startswith("annotation:"))
 """Sources whose steps no step annotation marks (the `step_fallback` flag names them)."""
