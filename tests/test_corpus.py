@@ -37,10 +37,6 @@ KNOWN_FAILING: dict[tuple[str, str], str] = {
     ("hta-rank1-of-2-alltoall-training", "busy_at_most_period"):
         "steps overlap on the device: the median step's busy time (124 ms) exceeds its period (111 ms); the "
         "steps_apart guard withdraws the levers but the per-step busy time is still reported past the period",
-    ("vllm-cpu085-v0-tinyllama-tp2", "headline"):
-        "the headline runs 64 words (cap 60): dominant all_reduce with the CPU worker idle 77.0 %, the all_reduce "
-        "lever at 1.16x, and the steady-state caveat (60.5 % of the step in long host gaps) each take a full "
-        "sentence; the verdict does not read the step as host-bound though 77 % of it is idle",
 }
 
 

@@ -622,6 +622,10 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         info["n_cpu_ops_other_threads"] = int((~on).sum())
         ops = ops[on]
     pieces = cpu_self_intervals(ops)
+    waits = unrecorded_waits(ev, ops)
+    info["unrecorded_wait_us"] = float((waits["end"] - waits["start"]).sum())
+    if len(waits):
+        pieces = pd.concat([pieces, waits], ignore_index=True)
     src = ops.loc[pieces["row"].to_numpy()]
     if threads is None:
         step = np.zeros(len(pieces), dtype=np.int32)
@@ -653,6 +657,57 @@ def _cpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
         "recompute": in_recompute_frames(ev, src["pid"].to_numpy(), src["tid"].to_numpy(), src["ts"].to_numpy()),
     })
     return work
+
+
+GLOO_WORK = re.compile(r"^gloo:\w+$")
+"""gloo's own annotation of a collective, on the thread that runs it (not the op's thread)."""
+GLOO_START_SLACK_US = 100.0
+"""A `gloo:<op>` annotation beginning at most this long after a `c10d::` call ends was enqueued by it."""
+
+
+def unrecorded_waits(ev: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """Pieces (row, start, end) for the time a worker thread waited on a collective that no op of
+    its records: gloo runs the collective on a thread of its own (`gloo:<op>`), and where the
+    issuing `c10d::` call returns first and nothing records the wait (vLLM V0's CPU communicator
+    calls `dist.all_reduce`, whose `wait()` is no op), the gap on the worker's thread that the
+    collective's end closes is that wait. It is the issuing call's, so it takes its category and
+    is no call of its own. A wait an op records (`_c10d_functional::wait_tensor`, there or after
+    the gap) adds nothing."""
+    empty = pd.DataFrame({"row": np.zeros(0, np.int64), "start": np.zeros(0), "end": np.zeros(0)})
+    ann = ev[ev["cat"] == "user_annotation"]
+    ann = ann[ann["name"].astype(str).str.match(GLOO_WORK).to_numpy(bool)]
+    if ann.empty or ops.empty:
+        return empty
+    parts = [_thread_waits(g, ann[(ann["pid"] == pid) & (ann["tid"] != tid)])
+             for (pid, tid), g in ops.groupby(["pid", "tid"], sort=False)]
+    return pd.concat([empty, *parts], ignore_index=True)
+
+
+def _thread_waits(ops: pd.DataFrame, coll: pd.DataFrame) -> pd.DataFrame:
+    """`unrecorded_waits` on one thread's ops, against the gloo collectives of its process."""
+    calls = ops[ops["name"].astype(str).str.startswith("c10d::").to_numpy(bool)].sort_values("ts")
+    if calls.empty or coll.empty:
+        return pd.DataFrame(columns=["row", "start", "end"])
+    s = ops["ts"].to_numpy(float)
+    order = np.argsort(s, kind="stable")
+    run_end = np.maximum.accumulate((s + ops["dur"].to_numpy(float))[order])  # the thread busy until
+    cs = calls["ts"].to_numpy(float)
+    ce = cs + calls["dur"].to_numpy(float)
+    c_start = coll["ts"].to_numpy(float)
+    c_end = c_start + coll["dur"].to_numpy(float)
+    ci = np.searchsorted(cs, c_start, side="right") - 1  # the last call to start before it began
+    k = np.searchsorted(s[order], c_end, side="right") - 1  # the last op to start before it ended
+    ok = (ci >= 0) & (k >= 0)
+    ci, k, c_start, c_end = ci[ok], k[ok], c_start[ok], c_end[ok]
+    gap_start = run_end[k]
+    # the thread records its wait (`wait_tensor`) after the gap: it ran Python meanwhile, not a wait
+    names = ops["name"].astype(str).to_numpy(object)[order]
+    waits_next = np.array([k_ + 1 < len(names) and "wait" in names[k_ + 1] for k_ in k.tolist()], dtype=bool)
+    keep = ((gap_start < c_end) & (gap_start >= ce[ci]) & (c_start <= ce[ci] + GLOO_START_SLACK_US)
+            & ~waits_next)
+    w = pd.DataFrame({"row": calls.index.to_numpy()[ci[keep]], "start": gap_start[keep], "end": c_end[keep]})
+    # two collectives ending in one gap: the thread waited once, until the later end
+    return w.sort_values("end").groupby("start", as_index=False).last()[["row", "start", "end"]]
 
 
 def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray) -> np.ndarray:
