@@ -36,7 +36,8 @@ def test_tp2_period_is_longer_than_the_span_and_carries_the_amdahl_ceilings(real
     assert cats.loc["all_reduce", "share_of_period"] == pytest.approx(
         cats.loc["all_reduce", "union_ms_mean"] / d.period_ms.mean)
     # CPU traces: idle is the gaps between the worker's ops; no launches to time.
-    assert d.idle_micro_ms == pytest.approx(6.38, abs=0.01)
+    # (6.38 ms before the all-gathers' unrecorded waits on gloo were counted as theirs)
+    assert d.idle_micro_ms == pytest.approx(6.15, abs=0.01)
     assert d.idle_macro_ms == pytest.approx(1.17, abs=0.01)
     assert d.launch_delay_us == {"median": None, "p90": None}
 
