@@ -204,7 +204,7 @@ def test_export_writes_the_exports_for_a_run_folder_made_before_them(tmp_path, c
     (old_run / "run.json").write_text(json.dumps({"run_id": "old", "stages": {}}))
     assert not (old / "vllm_bench").exists() and not (old / "requests.csv").exists()
     assert main(["export", str(old_run)]) == 0
-    assert "2 file(s) written" in capsys.readouterr().out
+    assert "3 file(s) written" in capsys.readouterr().out
     want = json.loads((new / "vllm_bench" / "c0004.vllm.json").read_text())
     got = json.loads((old / "vllm_bench" / "c0004.vllm.json").read_text())
     assert got == want and got["completed"] == sum(r.success for r in records)
@@ -220,3 +220,34 @@ def test_export_of_a_run_without_a_sweep_says_so(tmp_path, capsys):
     assert main(["export", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no sweep levels to export" in err and "stepscope run PARAMS --stages 01" in err
+
+
+def test_aiperf_export_holds_each_metrics_distribution_and_the_warmups_apart(tmp_path):
+    """aiperf/<level>/profile_export_aiperf.json in AIPerf's schema 1.4: per-request metrics over
+    the successful measured requests (checked against numpy on the records themselves), run-level
+    metrics with `unit` and `avg` only, the failures counted by error, the warm-up apart."""
+    from stepscope import schema
+
+    records = _records(40)
+    out = tmp_path / "run" / "01_macro_sweep"
+    _write(out, _warmups() + records)
+    finish(out, 0.1)
+    path = out / "aiperf" / "c0004" / "profile_export_aiperf.json"
+    doc = json.loads(path.read_text())
+    schema.read(path, schema.AiperfExport)
+    ok = [r for r in records if r.success]
+    e2el_ms = np.array([(r.chunk_times_s[-1] - r.start_s) * 1e3 for r in ok])
+    lat = doc["request_latency"]
+    assert lat["unit"] == "ms" and lat["count"] == len(ok) == 36
+    assert lat["avg"] == pytest.approx(e2el_ms.mean()) and lat["p99"] == pytest.approx(np.percentile(e2el_ms, 99))
+    assert lat["std"] == pytest.approx(e2el_ms.std(ddof=1)) and lat["sum"] == pytest.approx(e2el_ms.sum())
+    osl = doc["output_sequence_length"]
+    assert osl["unit"] == "tokens" and osl["sum"] == sum(r.output_tokens for r in ok)
+    assert doc["request_count"] == {"unit": "requests", "avg": 36.0}
+    assert doc["error_request_count"] == {"unit": "requests", "avg": 4.0}
+    assert doc["error_summary"] == [{"error": "reset", "count": 4}]
+    assert set(doc["output_token_throughput"]) == {"unit", "avg"}
+    assert doc["schema_version"] == "1.4" and doc["aiperf_version"] is None
+    assert doc["input_config"]["concurrency"] == 4 and doc["input_config"]["model"] == "tiny-llama"
+    warm = doc["warmup_metrics"]["request_latency"]
+    assert warm["count"] == 1 and warm["avg"] == pytest.approx(600.0)

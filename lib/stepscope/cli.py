@@ -111,10 +111,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from stepscope.sweep.exports import FORMATS
     from stepscope.sweep.run import export_run
 
     _require_run_folder(Path(args.run))
-    formats = ("vllm", "csv") if args.format == "all" else (args.format,)
+    formats = FORMATS if args.format == "all" else (args.format,)
     print(f"stepscope export: {args.run}")
     written = export_run(args.run, args.out, formats)
     for name, path in written.items():
@@ -282,11 +283,13 @@ def _add_campaign(sub) -> None:
 
 
 def _add_export(sub) -> None:
-    x = _sub(sub, "export", "write a run's sweep as other tools read it: vLLM's per-level result JSON, a per-request table")
+    x = _sub(sub, "export", "write a run's sweep as other tools read it: vLLM's and AIPerf's per-level "
+                            "results, a per-request table")
     x.add_argument("run", help="a run folder whose stage 01 ran, older ones included")
-    x.add_argument("--format", choices=("all", "vllm", "csv"), default="all",
+    x.add_argument("--format", choices=("all", "vllm", "aiperf", "csv"), default="all",
                    help="vllm: vllm_bench/<level>.vllm.json as `vllm bench serve --save-result` writes it; "
-                        "csv: requests.csv, one row per measured request (default: both)")
+                        "aiperf: aiperf/<level>/profile_export_aiperf.json as AIPerf writes its summary; "
+                        "csv: requests.csv, one row per measured request (default: all three)")
     x.add_argument("--out", help="folder to write into (default: the run's 01_macro_sweep/)")
     x.set_defaults(func=_cmd_export)
 

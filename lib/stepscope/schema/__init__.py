@@ -40,7 +40,7 @@ from stepscope.schema.load import (ExpertGrowth, ExpertLevel, LoadAnatomyRow, Lo
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmConfig, GemmPrediction, GemmRow
 from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
 from stepscope.schema.sweep import (GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepPlan, SweepRequestRow,
-                                   SweepSummary, VllmBenchResult)
+                                   SweepSummary, VllmBenchResult, AiperfExport, AiperfStats)
 from stepscope.schema.verdict import (BiggestLeverRecord, CaveatRecord, DominantCost, RanksRecord, VerdictFile,
                                       VerdictSentence)
 from stepscope.schema.writeup import GuardResult, GuardsFile
@@ -67,6 +67,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("01_macro_sweep/levels.csv", "01_macro_sweep", "one row per level", LevelRow),
     Artifact("01_macro_sweep/vllm_bench/<level>.vllm.json", "01_macro_sweep", "each level as `vllm bench serve "
              "--save-result` writes a run (vLLM 0.32.0's keys and units)", VllmBenchResult, optional=True),
+    Artifact("01_macro_sweep/aiperf/<level>/profile_export_aiperf.json", "01_macro_sweep", "each level as AIPerf's "
+             "summary export (its schema 1.4: per metric `unit`, `avg`, percentiles p1-p99; warm-ups apart)",
+             AiperfExport, optional=True),
     Artifact("01_macro_sweep/requests.csv", "01_macro_sweep", "one row per measured request of every level "
              "(AIPerf's per-request export): latencies, tokens, times, success and error (absent in run "
              "folders of older stepscope)", SweepRequestRow, optional=True),
@@ -223,6 +226,8 @@ __all__ = [
     "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepRequestRow", "SweepSummary",
     "VllmBenchResult",
+    "AiperfExport",
+    "AiperfStats",
     "TimelineRow", "TraceInfo", "TraceSummary", "artifact", "check_frame", "check_run_folder", "columns", "convert", "read",
     "record_of", "required_columns", "to_builtins", "validate", "write", "write_table", "read_if_present", "update",
     "ClockFlag", "CollectiveCategoryStats", "CollectivesMatched", "ExpectedCollectives", "GemmConfig", "HostHardware",

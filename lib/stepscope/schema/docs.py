@@ -57,11 +57,16 @@ def struct_bullets(cls: type, indent: int = 0, depth: int = 2, seen: tuple = ())
     """Nested bullets for every field of `cls`; Structs inside are expanded `depth` levels."""
     lines = []
     pad = "  " * indent
+    shown: set[type] = set()  # a record of several fields of one type is spelled out once
     for f in msgspec.structs.fields(cls):
         lines.append(f"{pad}- {_field_line(f, cls)}")
         inner = _struct_in(f.type)
         if inner is None or inner in seen:
             continue
+        if inner in shown:
+            lines.append(f"{pad}  - the fields of `{inner.__name__}` above")
+            continue
+        shown.add(inner)
         if issubclass(inner, Row):
             table = next((a.path.rsplit("/", 1)[-1] for a in ARTIFACTS if a.type is inner), None)
             if table:
@@ -80,12 +85,12 @@ def run_folder_tree() -> str:
         head, _, name = a.path.partition("/")
         when = " (when present)" if a.optional else ""
         if not head[:2].isdigit():
-            lines.append(f"  {a.path:<32}{a.what}{when}")
+            lines.append(f"  {a.path:<31} {a.what}{when}")
             continue
         if head != folder:
             folder = head
             lines.append(f"  {head}/")
-        lines.append(f"    {name:<30}{a.what}{when}")
+        lines.append(f"    {name:<29} {a.what}{when}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stepscope.schema._base import Record, Row
+from stepscope.schema._base import Record, Row, Setting
 
 
 class SweepFailure(Record, kw_only=True):
@@ -294,6 +294,62 @@ class GpuTelemetryInfo(Record, kw_only=True):
     n_samples: int = 0
     n_gpus: int = 0
     period_s: float = 0.5
+
+
+class AiperfStats(Record, kw_only=True):
+    """One metric's block in AIPerf's `profile_export_aiperf.json` (its schema 1.4, ai-dynamo/aiperf
+    `docs/reference/json-export-schema.md`): `unit` always, `avg`, and for a per-request metric
+    `min`, `max`, `std` (sample), `count`, `sum` and `p1`-`p99`. A key absent is not applicable to
+    the metric, as AIPerf omits it."""
+
+    unit: str
+    avg: float | None = None
+    min: float | None = None
+    max: float | None = None
+    std: float | None = None
+    count: int | None = None
+    sum: float | None = None
+    p1: float | None = None
+    p5: float | None = None
+    p10: float | None = None
+    p25: float | None = None
+    p50: float | None = None
+    p75: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+class AiperfExport(Record, kw_only=True):
+    """`01_macro_sweep/aiperf/<level>/profile_export_aiperf.json`: one level in the keys and units
+    of AIPerf's summary export (schema 1.4), for tools that read AIPerf's. The per-request metrics
+    are over the level's successful measured requests; `warmup_metrics` over its warm-ups. A
+    metric with no sample is absent."""
+
+    schema_version: str
+    """AIPerf's export schema this file follows (`1.4`)."""
+    aiperf_version: str | None = None
+    """Null: stepscope wrote it, not AIPerf (`producer`)."""
+    producer: str
+    benchmark_id: str
+    """`stepscope-<run>-<level>`."""
+    was_cancelled: bool = False
+    input_config: dict[str, Setting] = {}
+    """The level's traffic: model, concurrency or rate, endpoint, streaming."""
+    error_summary: list[dict[str, Setting]] = []
+    """Per distinct error of a failed request: `error` and `count`."""
+    request_latency: AiperfStats | None = None
+    time_to_first_token: AiperfStats | None = None
+    inter_token_latency: AiperfStats | None = None
+    input_sequence_length: AiperfStats | None = None
+    output_sequence_length: AiperfStats | None = None
+    output_token_throughput_per_user: AiperfStats | None = None
+    request_count: AiperfStats | None = None
+    error_request_count: AiperfStats | None = None
+    request_throughput: AiperfStats | None = None
+    output_token_throughput: AiperfStats | None = None
+    benchmark_duration: AiperfStats | None = None
+    warmup_metrics: dict[str, AiperfStats] | None = None
 
 
 class VllmBenchResult(Record, kw_only=True):

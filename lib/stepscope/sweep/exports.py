@@ -5,6 +5,8 @@ and one table of every measured request (AIPerf's per-request export, for notebo
   (`VLLM_SCHEMA`) that stepscope measures, from the level's levels.csv row, so the numbers are
   stepscope's definitions (`stepscope.sweep.metrics`, vLLM's own). Where a level has no sample
   of a latency (every request failed) the key is null; vLLM writes 0 there.
+- `aiperf/<level>/profile_export_aiperf.json`: AIPerf's summary export (its schema 1.4), each
+  per-request metric's distribution over the level's successful requests, the warm-ups apart.
 - `requests.csv`: one row per measured request of every level (warm-ups are in
   `levels/<level>.warmup.jsonl`, not here), latencies in ms, times on the client's monotonic
   clock (`time.perf_counter`, s: differences mean something, the origin does not).
@@ -106,19 +108,87 @@ def requests_table(done: list[tuple[Mapping[str, Any], list[RequestRecord]]]) ->
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=REQUEST_COLUMNS)
 
 
-FORMATS = ("vllm", "csv")
-"""`stepscope export --format`: vLLM's per-level result JSON, the per-request table (AIPerf's kind)."""
+AIPERF_SCHEMA = "1.4"
+AIPERF_DIR = "aiperf"
+AIPERF_NAME = "profile_export_aiperf.json"
+AIPERF_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+_AIPERF_RECORD = {"request_latency": ("e2el_ms", "ms"), "time_to_first_token": ("ttft_ms", "ms"),
+                  "inter_token_latency": ("tpot_ms", "ms"), "input_sequence_length": ("input_tokens", "tokens"),
+                  "output_sequence_length": ("output_tokens", "tokens"),
+                  "output_token_throughput_per_user": ("output_tok_s", "tokens/sec/user")}
+"""AIPerf's per-request metric: (requests.csv column, AIPerf's unit). Its inter-token latency is
+vLLM's TPOT: (last token - first) / (output tokens - 1)."""
+_AIPERF_RUN = {"request_count": ("n_completed", "requests"), "error_request_count": ("n_failed", "requests"),
+               "request_throughput": ("request_throughput_rps", "requests/sec"),
+               "output_token_throughput": ("output_throughput_tok_s", "tokens/sec"),
+               "benchmark_duration": ("duration_s", "sec")}
+"""AIPerf's run-level metric (`unit` and `avg` only): (levels.csv column, unit)."""
+
+
+def aiperf_stats(values: Iterable[float], unit: str) -> dict[str, Any] | None:
+    """One per-request metric's block: mean, extremes, sample std, count, sum and AIPerf's
+    percentiles (numpy's linear interpolation); None with no finite sample."""
+    import numpy as np
+
+    v = np.asarray(list(values), float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return None
+    out = {"unit": unit, "avg": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
+           "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "count": int(len(v)), "sum": float(v.sum())}
+    return out | {f"p{p}": float(np.percentile(v, p)) for p in AIPERF_PERCENTILES}
+
+
+def _aiperf_metrics(table: pd.DataFrame) -> dict[str, Any]:
+    ok = table[table["success"].astype(bool)] if len(table) else table
+    blocks = {name: aiperf_stats(ok[col], unit) for name, (col, unit) in _AIPERF_RECORD.items()}
+    return {k: v for k, v in blocks.items() if v is not None}
+
+
+def aiperf_result(row: Mapping[str, Any], table: pd.DataFrame, warmups: pd.DataFrame,
+                  settings: Mapping[str, Any] | None = None, run_id: str = "") -> dict[str, Any]:
+    """One level as AIPerf's `profile_export_aiperf.json`: its measured requests (`table`,
+    REQUEST_COLUMNS) per metric, its levels.csv `row` for the run-level metrics, and its warm-ups
+    (`warmups`) under `warmup_metrics`."""
+    from stepscope import __version__
+
+    settings = settings or {}
+    closed = row.get("mode") == "concurrency"
+    errors = table.loc[~table["success"].astype(bool), "error"].fillna("unknown") if len(table) else pd.Series([])
+    out: dict[str, Any] = {
+        "schema_version": AIPERF_SCHEMA, "aiperf_version": None, "producer": f"stepscope {__version__}",
+        "benchmark_id": f"stepscope-{run_id}-{row.get('level')}".replace("--", "-"), "was_cancelled": False,
+        "input_config": {"model": settings.get("served_model"), "endpoint_type": "completions", "streaming": True,
+                         "concurrency": _plain(row.get("concurrency")) if closed else None,
+                         "request_rate": None if closed else _plain(row.get("request_rate"))},
+        "error_summary": [{"error": str(e), "count": int(n)} for e, n in errors.value_counts().items()]}
+    out.update(_aiperf_metrics(table))
+    for name, (col, unit) in _AIPERF_RUN.items():
+        if (v := _plain(row.get(col))) is not None:
+            out[name] = {"unit": unit, "avg": float(v)}
+    if (warm := _aiperf_metrics(warmups)):
+        out["warmup_metrics"] = warm
+    return out
+
+
+FORMATS = ("vllm", "aiperf", "csv")
+"""`stepscope export --format`: vLLM's per-level result JSON, AIPerf's per-level summary, the
+per-request table (AIPerf's per-request kind)."""
 
 
 def write_exports(out_dir: str | Path, levels: pd.DataFrame,
                   done: list[tuple[Mapping[str, Any], list[RequestRecord]]],
-                  percentiles: Iterable[float], formats: Iterable[str] = FORMATS) -> dict[str, Path]:
+                  percentiles: Iterable[float], formats: Iterable[str] = FORMATS,
+                  warmups: Mapping[str, list[RequestRecord]] | None = None) -> dict[str, Path]:
     """`vllm_bench/<level>.vllm.json` for every level of `levels` measured here (imported ones are
-    vLLM's already; files of levels no longer on disk are removed) and `requests.csv`."""
+    vLLM's already; files of levels no longer on disk are removed), `aiperf/<level>/` and
+    `requests.csv`, as `formats` asks."""
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     if "csv" in formats:
         written["requests"] = schema.write_table(requests_table(done), out_dir / REQUESTS_CSV, schema.SweepRequestRow)
+    if "aiperf" in formats:
+        written.update(write_aiperf(out_dir, levels, done, warmups or {}))
     if "vllm" not in formats:
         return written
     vdir = out_dir / VLLM_DIR
@@ -131,4 +201,26 @@ def write_exports(out_dir: str | Path, levels: pd.DataFrame,
         name = str(row["level"])
         written[name] = schema.write(vdir / f"{name}{VLLM_SUFFIX}", vllm_result(row, percentiles, settings.get(name)),
                                      schema.VllmBenchResult)
+    return written
+
+
+def write_aiperf(out_dir: Path, levels: pd.DataFrame, done: list[tuple[Mapping[str, Any], list[RequestRecord]]],
+                 warmups: Mapping[str, list[RequestRecord]]) -> dict[str, Path]:
+    """`aiperf/<level>/profile_export_aiperf.json` for every level measured here (`aiperf_result`),
+    with its warm-ups (`warmups[level]`, and any flagged among an older folder's records)."""
+    from dataclasses import replace
+
+    by_level = {meta["level"]: (meta, records) for meta, records in done}
+    run_id = out_dir.parent.name
+    written: dict[str, Path] = {}
+    for _, row in levels.iterrows():
+        name = str(row["level"])
+        if name not in by_level:  # imported from vLLM's own result: no request records
+            continue
+        meta, records = by_level[name]
+        warm = [r for r in records if r.warmup] + list(warmups.get(name, ()))
+        warm_table = request_table([replace(r, warmup=False) for r in warm])
+        warm_table["output_tok_s"] = output_tok_s_per_request(warm_table)
+        result = aiperf_result(row, level_requests(meta, records), warm_table, meta.get("settings"), run_id)
+        written[f"aiperf:{name}"] = schema.write(out_dir / AIPERF_DIR / name / AIPERF_NAME, result, schema.AiperfExport)
     return written

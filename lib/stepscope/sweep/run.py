@@ -293,6 +293,12 @@ def finished_levels(out_dir: str | Path) -> list[tuple[dict[str, Any], list[Requ
     return out
 
 
+def level_warmups(out_dir: str | Path) -> dict[str, list[RequestRecord]]:
+    """{level: its warm-up records} from `levels/<level>.warmup.jsonl`, for the levels that sent any."""
+    d = Path(out_dir) / "levels"
+    return {p.name.removesuffix(".warmup.jsonl"): read_level_records(p) for p in sorted(d.glob("*.warmup.jsonl"))}
+
+
 def _order(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
@@ -683,7 +689,7 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
     write_server_metrics(out_dir)
     schema.write_table(levels, out_dir / "levels.csv", schema.LevelRow)
     schema.write(out_dir / "summary.json", summary, schema.SweepSummary)
-    exports.write_exports(out_dir, levels, done, percentiles)
+    exports.write_exports(out_dir, levels, done, percentiles, warmups=level_warmups(out_dir))
     return SweepResult(levels=levels, summary=summary, failures=failures, out_dir=out_dir,
                        messages=list(messages or []))
 
@@ -700,7 +706,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None,
     pct = _run_percentiles(Path(run_dir))
     out = Path(out_dir) if out_dir is not None else sweep
     out.mkdir(parents=True, exist_ok=True)
-    return exports.write_exports(out, levels_table(sweep, None, pct), finished_levels(sweep), pct, formats)
+    return exports.write_exports(out, levels_table(sweep, None, pct), finished_levels(sweep), pct, formats,
+                                 level_warmups(sweep))
 
 
 def _run_percentiles(run_dir: Path) -> tuple[float, ...]:
