@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -419,3 +420,22 @@ def test_checks_that_held_are_one_line_after_the_caveats_not_caveats():
                     "any rank; every device event was attributed to a step on every rank.\n")
     assert _section_caveats([], held).startswith("## Caveats\n\nNo data-quality flag was raised.\n\nChecks that held: ")
     assert _section_caveats([]) == "## Caveats\n\nNo data-quality flag was raised.\n"
+
+
+def test_report_links_the_merged_perfetto_file_and_names_the_drawn_step(tmp_path):
+    """Issue 38 item 6: the report links stage 05's merged Perfetto file (a link the HTML keeps)
+    and names the step its timeline draws, the step the file's README points to."""
+    from stepscope.report.build import build_report
+    from stepscope.trace import analyze_traces
+
+    data = Path(__file__).parent / "data" / "traces"
+    run = tmp_path / "run"
+    analyze_traces([data / f"vllm-cpu-tinyllama-tp2-rank{i}.pt.trace.json.gz" for i in (0, 1)],
+                   run / "05_categorize", progress=False, perfetto=True)
+    step = int(pd.read_csv(run / "05_categorize" / "timeline_rank0_step.csv")["step_id"].iloc[0])
+    out = build_report(run, draw_figures=False)
+    md = out["markdown"].read_text()
+    assert (f"open [ranks.merged.json.gz](../05_categorize/perfetto/ranks.merged.json.gz) (every rank" in md
+            and f"is step {step} of rank 0; type `step {step} `" in md)
+    assert f"Look at step {step} " in (run / "05_categorize" / "perfetto" / "README.md").read_text()
+    assert '<a href="../05_categorize/perfetto/ranks.merged.json.gz">' in out["html"].read_text()

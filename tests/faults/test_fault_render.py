@@ -197,7 +197,9 @@ def test_figures_are_embedded_only_from_the_figures_folder_and_under_the_cap(tmp
                                        ("jav&#x61;script:alert(1)", False), ("java\tscript:alert(1)", False),
                                        ("data:text/html,x", False), ("file:///etc/passwd", False),
                                        ("/etc/passwd", False), ("//evil.example", False), ("../../x", False),
-                                       ("mailto:a@b.c", False)])
+                                       ("../05_categorize/perfetto/ranks.merged.json.gz", True),
+                                       ("../05_categorize/../../x", False), ("../x/y", False),
+                                       ("../05_categorize/javascript:x", False), ("mailto:a@b.c", False)])
 def test_links_are_http_or_relative(tmp_path, href, kept):
     page = markdown_to_html(f"[here]({href})\n", tmp_path, "t")
     assert ("<a href=" in page) is kept, page.split("<body>")[1]

@@ -716,9 +716,24 @@ def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -
         text += "\n" + _img(name, timeline_alt)
     if "timeline" not in figs and not stage_timeline and a.timeline is None:  # say missing only when it is
         text += "\n" + missing_box(f"The {step_label} timeline", ["05_categorize/timeline_rank0_step.csv"])
+    text += _perfetto_pointer(a, step_label)
     for name in _stage_figures(a.run_dir, "05_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     return text
+
+
+def _perfetto_pointer(a: RunArtifacts, step_label: str) -> str:
+    """A paragraph linking stage 05's merged Perfetto file and naming the drawn step; "" where the
+    run has no such file or no drawn step."""
+    from stepscope.trace.perfetto import MERGED_NAME, UI_URL
+
+    merged = a.run_dir / "05_categorize" / "perfetto" / MERGED_NAME
+    t = a.timeline
+    if not merged.is_file() or t is None or "step_id" not in t or not len(t):
+        return ""
+    rank = int(t["rank"].iloc[0]) if "rank" in t else 0
+    href = f"../05_categorize/perfetto/{MERGED_NAME}"
+    return "\n" + prose.perfetto_sentence(int(t["step_id"].iloc[0]), rank, step_label, href, MERGED_NAME, UI_URL) + "\n"
 
 
 def _cross_rank_table(a: RunArtifacts, split: vd.CommSplit | None) -> pd.DataFrame | None:

@@ -221,12 +221,20 @@ def _local_target(src: str) -> bool:
     return bool(s) and not s.startswith(("/", "\\")) and "\\" not in s and ":" not in head
 
 
+_STAGE_SIBLING = re.compile(r"\.\./\d\d_[a-z_]+/")
+"""A report's link to a file of another stage of its run (`../05_categorize/perfetto/...`): the
+one folder a link may climb, as a stage's page sits one folder below the run's root."""
+
+
 def link_allowed(href: str) -> bool:
     """A link the HTML keeps: http(s), a fragment, or a relative path that climbs no folder
-    (no `..`); javascript:, data:, file:, mailto: and absolute paths are shown as text."""
+    (no `..`) but to a sibling stage's folder (`../05_categorize/...`); javascript:, data:, file:,
+    mailto: and absolute paths are shown as text."""
     s = _full_unescape(href).strip()
     if re.match(r"(?i)https?://[^\s]", s):
         return True
+    if m := _STAGE_SIBLING.match(s):
+        s = s[m.end():]
     return _local_target(s) and ".." not in re.split(r"[/?#]", s.split("#")[0])
 
 

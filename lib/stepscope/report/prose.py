@@ -705,3 +705,11 @@ def caveat_clause(c: Caveat, step_label: str) -> str:
 
 def headline(v: Verdict) -> list[str]:
     return [s for _, s in headline_sentences(v)]
+
+
+def perfetto_sentence(step_id: int, rank: int, step_label: str, href: str, file_name: str, ui_url: str) -> str:
+    """Where to look at the drawn step by eye: the merged Perfetto file and the step to find."""
+    return (f"To look at it by eye, open [{file_name}]({href}) (every rank, one process each, on one clock) in "
+            f"[{ui_url.removeprefix('https://')}]({ui_url}) (*Open trace file*): the {step_label} drawn above is "
+            f"step {f(step_id)} of rank {f(rank)}; type `step {step_id} ` in its search box. "
+            "The folder's README.md says where in the file it starts.")
