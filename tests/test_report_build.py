@@ -435,7 +435,7 @@ def test_report_links_the_merged_perfetto_file_and_names_the_drawn_step(tmp_path
     step = int(pd.read_csv(run / "05_categorize" / "timeline_rank0_step.csv")["step_id"].iloc[0])
     out = build_report(run, draw_figures=False)
     md = out["markdown"].read_text()
-    assert (f"open [ranks.merged.json.gz](../05_categorize/perfetto/ranks.merged.json.gz) (every rank" in md
+    assert ("open [ranks.merged.json.gz](../05_categorize/perfetto/ranks.merged.json.gz) (every rank" in md
             and f"is step {step} of rank 0; type `step {step} `" in md)
     assert f"Look at step {step} " in (run / "05_categorize" / "perfetto" / "README.md").read_text()
     assert '<a href="../05_categorize/perfetto/ranks.merged.json.gz">' in out["html"].read_text()
