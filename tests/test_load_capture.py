@@ -39,3 +39,18 @@ def test_the_client_window_counts_only_chunks_inside_it():
     assert w["token_chunks"] == 5  # 1.0, 1.5, 2.0 and 1.4, 1.6
     assert w["capture_output_tok_s"] == pytest.approx(5.0)
     assert (w["requests_overlapping"], w["requests_failed"]) == (2, 0)
+
+
+def test_each_captured_load_level_gets_one_console_line():
+    """Issue 38 item 2: a profiled load level in one line, as the sweep's levels: the window of
+    the demo's c=4 capture (cpu-moe-check1's load_window.json), its traces and what is missing."""
+    from stepscope.capture_load import capture_level_line
+
+    window = {"concurrency": 4, "window_s": 0.467923490999965, "token_chunks": 39,
+              "capture_output_tok_s": 83.34695895830312, "requests_overlapping": 5, "requests_failed": 0,
+              "window_method": "max_iterations", "notes": []}
+    assert capture_level_line(window, [0, 1], 2) == (
+        "  capture c=4: 468 ms window (max_iterations), 39 token chunks (83.3 /s under the profiler), "
+        "5 requests in flight, 0 failed; traces of 2 of 2 rank(s)")
+    assert capture_level_line({**window, "notes": ["timed"]}, [0], 2).endswith(
+        "traces of 1 of 2 rank(s), missing [1]; 1 note(s) in load_window.json")

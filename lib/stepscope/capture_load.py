@@ -238,7 +238,26 @@ def capture_load_level(server: cl.ServerInfo, capture: CaptureParams, sweep: Swe
                 "notes": notes, "files": files}
     schema.write(out_dir / "manifest.json", manifest, schema.CaptureManifest)
     schema.write(out_dir / "load_window.json", window, schema.LoadWindow)
+    from stepscope import progress
+
+    progress.event(capture_level_line(window, ranks_found, server.tp))
     return window
+
+
+def capture_level_line(window: dict[str, Any], ranks_found: list[int], tp: int) -> str:
+    """One profiled load level in a line, as the sweep prints each level: its window and how it
+    was bounded, the client's token chunks over it, failures, the ranks' traces and notes."""
+    from stepscope.wording import fmt_num
+
+    missing = [r for r in range(tp) if r not in ranks_found]
+    rate = window.get("capture_output_tok_s")
+    notes = window.get("notes") or []
+    return (f"  capture c={window['concurrency']}: {fmt_num(1e3 * window['window_s'])} ms window "
+            f"({window['window_method']}), {window['token_chunks']} token chunks"
+            + (f" ({fmt_num(rate)} /s under the profiler)" if rate is not None else "")
+            + f", {window['requests_overlapping']} requests in flight, {window['requests_failed']} failed; "
+            f"traces of {len(ranks_found)} of {tp} rank(s)" + (f", missing {missing}" if missing else "")
+            + (f"; {len(notes)} note(s) in load_window.json" if notes else ""))
 
 
 def capture_load_levels(server: cl.ServerInfo, capture: CaptureParams, sweep: SweepParams,
