@@ -146,6 +146,10 @@ class StepTimes(Record, kw_only=True):
     """The engine's host-side step annotation."""
     period_ms: Stat | None = None
     """Step start to the next step's start."""
+    period_busy_ms: Stat | None = None
+    """Where steps overlap on the device: the device's busy time within a period (any step's
+    work), the reading that a period can hold, beside `union_ms`, one step's own work, which it
+    cannot then. Null where steps do not overlap."""
     tpot_capture_ms: float | None = None
     """Mean TPOT the client measured during capture."""
 
@@ -875,6 +879,10 @@ class StepRow(Row, kw_only=True):
     period was shorter than the device work it launched."""
     between_steps_us: float | None = None
     """period_us - span_us: the part of the period outside the step's device work."""
+    period_busy_us: float | None = None
+    """Where consecutive steps overlap on the device (median span past the median period): the
+    time the device was busy in this step's period, from its first work, with any step's work
+    (at most the period); NaN where steps do not overlap, as the step's own busy time then is it."""
     idle_micro_us: float | None = None
     """Gaps between work inside the step, each shorter than `thresholds.MACRO_GAP_US`."""
     idle_macro_us: float | None = None

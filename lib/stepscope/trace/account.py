@@ -53,15 +53,21 @@ def covered_length(starts: np.ndarray, ends: np.ndarray, win_a: np.ndarray, win_
     """Total length of the union of [start, end) intervals that lies inside the windows
     [win_a, win_b) (disjoint windows; each counted once)."""
     ms, me = merged_intervals(starts, ends)
+    return float(covered_per_window(ms, me, np.asarray(win_a, float), np.asarray(win_b, float)).sum())
+
+
+def covered_per_window(ms: np.ndarray, me: np.ndarray, win_a: np.ndarray, win_b: np.ndarray) -> np.ndarray:
+    """Per window [win_a, win_b), the length of the disjoint sorted intervals [ms, me)
+    (`merged_intervals`) inside it; windows may overlap."""
     if not len(ms) or not len(win_a):
-        return 0.0
+        return np.zeros(len(win_a))
     cum = np.r_[0.0, np.cumsum(me - ms)]
 
     def upto(t: np.ndarray) -> np.ndarray:  # covered length before t (0 before the first interval)
         k = np.maximum(np.searchsorted(ms, t, side="right") - 1, 0)
         return cum[k] + np.clip(t - ms[k], 0.0, me[k] - ms[k])
 
-    return float((upto(np.asarray(win_b, float)) - upto(np.asarray(win_a, float))).sum())
+    return upto(win_b) - upto(win_a)
 
 
 def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
@@ -776,6 +782,10 @@ def decode_step_times(step_totals: pd.DataFrame, tpot_ms: float | None = None) -
     out["period_ms"] = {"mean": float(v.mean()) if len(v) else None,
                         "median": float(np.median(v)) if len(v) else None,
                         "p90": float(np.percentile(v, 90)) if len(v) else None}
+    pb = step_totals["period_busy_us"].to_numpy(float)[ok] / 1e3 if "period_busy_us" in step_totals else []
+    pb = np.asarray(pb)[np.isfinite(pb)] if len(pb) else np.array([])
+    out["period_busy_ms"] = ({"mean": float(pb.mean()), "median": float(np.median(pb)),
+                              "p90": float(np.percentile(pb, 90))} if len(pb) else None)
     out["tpot_capture_ms"] = tpot_ms
     return out
 

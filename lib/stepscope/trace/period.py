@@ -28,7 +28,8 @@ from stepscope.trace.account import in_steps, rows_of
 from stepscope.trace.step_sources import ENGINE_STEP_FRAME
 from stepscope.trace.steps import STEP_LIKE, WHOLE_TRACE
 
-PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "idle_micro_us", "idle_macro_us",
+PERIOD_COLUMNS = ["step_id", "period_us", "period_from_device", "between_steps_us", "period_busy_us",
+                  "idle_micro_us", "idle_macro_us",
                   "largest_gap_us", "largest_gap_start_us", "gap_before", "gap_after", "gap_host_call",
                   "gap_host_frame", "gap_python_frames", "between_host_frame", "launch_delay_us"]
 NAME_CHARS = 160
@@ -220,6 +221,7 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
     between = _between_frames(steps_tot, frames, skip)
     for sid, w in _by_step(att):
         rows[sid] = (*_gaps_one(w), delay.get(sid, np.nan))
+    busy_in = period_busy(att, steps_tot, period, span)
     out = []
     for k, sid in enumerate(steps_tot["step_id"].astype(int)):
         micro, macro, largest, g0, before, after, delay = rows.get(
@@ -230,12 +232,33 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
         frame = host_frame_around(frames, g0, g0 + largest, skip) if macro_gap else ""
         out.append({"step_id": sid, "period_us": period[k], "period_from_device": bool(from_device[k]),
                     "between_steps_us": period[k] - span[k] if np.isfinite(period[k]) else np.nan,
+                    "period_busy_us": busy_in[k],
                     "idle_micro_us": micro, "idle_macro_us": macro, "largest_gap_us": largest,
                     "largest_gap_start_us": g0, "gap_before": before, "gap_after": after,
                     "gap_host_call": call, "gap_host_frame": frame,
                     "gap_python_frames": python_frames_in(frames, g0, g0 + largest) if macro_gap else 0,
                     "between_host_frame": between[k], "launch_delay_us": delay})
     return pd.DataFrame(out, columns=PERIOD_COLUMNS)
+
+
+def period_busy(att: pd.DataFrame, steps_tot: pd.DataFrame, period: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Per step, the device's busy time within its period from its first work, any step's work
+    counted, where consecutive steps overlap (median span past the median period by more than
+    READINGS_AGREE_REL); NaN otherwise, and then no pass over the work is made (`att` is in start
+    order: its running end merges the intervals without a sort)."""
+    from stepscope.thresholds import READINGS_AGREE_REL
+
+    out = np.full(len(period), np.nan)
+    ok = np.isfinite(period) & np.isfinite(span)
+    if not ok.any() or np.median(span[ok]) <= np.median(period[ok]) * (1 + READINGS_AGREE_REL) or not len(att):
+        return out
+    s = att["start_us"].to_numpy(float)
+    run_end = np.maximum.accumulate(s + att["dur_us"].to_numpy(float))
+    first = np.r_[True, s[1:] > run_end[:-1]]  # each merged interval's first row
+    ms, me = s[first], run_end[np.r_[np.flatnonzero(first)[1:] - 1, len(s) - 1]]
+    a = steps_tot["first_start_us"].to_numpy(float)
+    out[ok] = account.covered_per_window(ms, me, a[ok], a[ok] + period[ok])
+    return out
 
 
 def _stats(v: np.ndarray) -> dict:
