@@ -881,7 +881,7 @@ class StepRow(Row, kw_only=True):
     """period_us - span_us: the part of the period outside the step's device work."""
     period_busy_us: float | None = None
     """Where consecutive steps overlap on the device (median span past the median period): the
-    time the device was busy in this step's period, from its first work, with any step's work
+    time the device was busy in this step's period, from its first work, with all work (any step's or none's)
     (at most the period); NaN where steps do not overlap, as the step's own busy time then is it."""
     idle_micro_us: float | None = None
     """Gaps between work inside the step, each shorter than `thresholds.MACRO_GAP_US`."""

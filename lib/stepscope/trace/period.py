@@ -221,7 +221,7 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
     between = _between_frames(steps_tot, frames, skip)
     for sid, w in _by_step(att):
         rows[sid] = (*_gaps_one(w), delay.get(sid, np.nan))
-    busy_in = period_busy(att, steps_tot, period, span)
+    busy_in = period_busy(work, steps_tot, period, span)
     out = []
     for k, sid in enumerate(steps_tot["step_id"].astype(int)):
         micro, macro, largest, g0, before, after, delay = rows.get(
@@ -241,11 +241,13 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
     return pd.DataFrame(out, columns=PERIOD_COLUMNS)
 
 
-def period_busy(att: pd.DataFrame, steps_tot: pd.DataFrame, period: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Per step, the device's busy time within its period from its first work, any step's work
-    counted, where consecutive steps overlap (median span past the median period by more than
-    READINGS_AGREE_REL); NaN otherwise, and then no pass over the work is made (`att` is in start
-    order: its running end merges the intervals without a sort)."""
+def period_busy(work: pd.DataFrame, steps_tot: pd.DataFrame, period: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Per step, the device's busy time within its period from its first work, all work counted
+    (any step's, and none's: a pipeline's copies launched outside the steps), where consecutive
+    steps overlap (median span past the median period by more than READINGS_AGREE_REL); NaN
+    otherwise, and then no pass over the work is made (`work` is in start order, as
+    `steps.build_work` leaves it: its running end merges the intervals without a sort)."""
+    att = work
     from stepscope.thresholds import READINGS_AGREE_REL
 
     out = np.full(len(period), np.nan)
