@@ -168,10 +168,12 @@ def test_guards_json_records_every_check(tmp_path, real_traces):
 
 def test_setup_counts_the_devices_the_run_used(tmp_path, real_traces):
     # One MI300X of an eight-GPU node: the trace's deviceProperties list 8, its world size is 1.
-    md, ctx, _, _ = _report(_run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"]))
+    run = _run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
+    md, ctx, _, _ = _report(run)
     line = next(ln for ln in md.splitlines() if ln.startswith("| Device |"))
     assert "1 × AMD Instinct MI300X (from the trace, world size" in line and "8 ×" not in line
-    assert re.search(r"device-time sum \(every kernel's, memcpy's and memset's duration", md)
+    appendix = (run / "06_writeup" / "appendix.md").read_text()  # the step readings' table (issue 37)
+    assert re.search(r"device-time sum \(every kernel's, memcpy's and memset's duration", appendix)
 
 
 def test_unknown_arch_preset_exits_2_and_lists_the_presets(tmp_path, real_traces, capsys):

@@ -146,3 +146,25 @@ def test_stage_05_reads_its_load_anatomy_back_typed(run_dir):
     assert isinstance(summary, schema.LoadAnatomySummary) and summary == load_run_artifacts(run_dir).load_summary
     assert list(la.levels_table(summary).index) == [16] and set(table["concurrency"]) == {16}
     assert la.read_outputs(run_dir / "nothing-here") is None
+
+
+@pytest.mark.parametrize("measure, lead_kept", [("union", False), ("transfer", True)])
+def test_the_fastest_category_is_said_once_unless_the_fit_reads_its_transfer(measure, lead_kept):
+    """Issue 37: the plateau's bullets name the fastest-growing category with the fit's slope, so
+    the paragraph above leaves its lead out; a collective fitted by its transfer keeps it (the
+    bullets give its busy time, waits included). The pointer to every fit closes the paragraph."""
+    from stepscope.report.load import LevelAnatomy, LoadGrowth, _says_fastest, fastest_paragraphs
+
+    fit = schema.LoadFit(category="all_gather", measure=measure, n_steps=171, n_batches=3, slope_ms_per_request=0.000278,
+                         slope_se_ms=0.0000714, ms_at_batch_min=0.00327, ms_at_batch_max=0.0075, batch_min=1,
+                         batch_max=16)
+    summary = schema.LoadAnatomySummary(fits=[fit], fastest_category="all_gather")
+    growth = LoadGrowth("all_gather", 0.000278, 0.0000714, LevelAnatomy(1, 3.82, {"all_gather": 0.0236}),
+                        LevelAnatomy(16, 4.5, {"all_gather": 0.209}), None)
+    assert _says_fastest(growth, summary) is not lead_kept
+    said = fastest_paragraphs(summary, lead=not _says_fastest(growth, summary))
+    what = " (its transfer, last arrival to completion)" if measure == "transfer" else ""
+    assert said == ([f"**all_gather**{what} grows fastest with the batch: 0.000278 ± 0.0000714 ms per decode "
+                     "request (least squares over 171 decode steps at 3 batch sizes), 0.00327 ms per step at batch 1 "
+                     "and 0.00750 ms at batch 16."] if lead_kept else [])
+    assert not _says_fastest(None, summary)

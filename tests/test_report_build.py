@@ -13,7 +13,7 @@ from stepscope.report import build_report
 from stepscope.testing.synthetic import make_synthetic_run
 from stepscope.report.markdown_util import MISSING_MARK
 from stepscope.wording import fmt_num
-from stepscope.testing.report import paragraphs, section
+from stepscope.testing.report import PARAGRAPH_MAX_WORDS, REPORT_MAX_BYTES, paragraphs, section
 
 # The synthetic run's exposed ms per decode step (see stepscope/testing/synthetic.py), re-stated here so a
 # change there cannot silently change what the test expects.
@@ -44,18 +44,24 @@ def test_full_report_shows_measured_numbers(full):
     # macro: knee, plateau, c=1 TPOT/TTFT
     assert "from concurrency 4" in md and "300 output tok/s" in md  # prose.plateau_sentence, unbolded since 2026-12-01
     assert "median TPOT is **13.3 ms**" in md and "median TTFT **28.0 ms**" in md
-    # micro: GEMM pivot row (settings said once above it) and the burst with count, total, per-op and mode
-    assert "*synthetic-moe* (dtype: w4a16; backend: marlin; mode: cold):" in md
-    assert "| experts.down | 7,168 | 256 | 11 | 12 | 14 | 18 |" in md
+    # micro: the GEMM pivot the prediction reads (settings said once above it) is the appendix's, linked by
+    # its anchor (issue 37); the burst with count, total, per-op and mode stays
+    appendix = paths["appendix_markdown"].read_text()
+    used = appendix.split("### GEMM timings the prediction reads (stage 02)", 1)[1].split("###", 1)[0]
+    assert "*synthetic-moe* (dtype: w4a16; backend: marlin; mode: cold):" in used
+    assert "| experts.down | 7,168 | 256 | 11 | 12 | 14 | 18 |" in used
+    assert "| experts.down |" not in md and "](appendix.md#gemm-timings-the-prediction-reads-stage-02)" in md
     assert "*In every row: batch M: 1; bytes: 14,336; ranks: 8; status: ok.*" in md
     assert "| 123 | cuda_graph | nccl | 4,300 | 35.0 | 35.0 |" in md
     assert "no CUDA on this machine" in md
     # breakdown: all_reduce 5.5 ms of a period of 12.11 * 1.05 * 1.04 ms
     assert "| all_reduce | communication | 5.50 |" in md
     assert f"| {fmt_num(100 * 5.5 / PERIOD)} |" in md
-    assert f"| period (start of one step to the start of the next) | {fmt_num(PERIOD)} |" in md
-    assert "| span (first to last device event of the step) | 12.7 |" in md
-    assert "| TPOT measured by the client during capture | 12.1 |" in md
+    # the step read several ways: the table is the appendix's, its reconciliation stays in the report
+    assert f"| period (start of one step to the start of the next) | {fmt_num(PERIOD)} |" in appendix
+    assert "| span (first to last device event of the step) | 12.7 |" in appendix
+    assert "| TPOT measured by the client during capture | 12.1 |" in appendix
+    assert "| TPOT measured by the client during capture |" not in md and "](appendix.md#step-readings-stage-05)" in md
     # cross-checks: collectives and micro-vs-trace ratio (5.7 ms traced / 4.3 ms predicted)
     assert "| all_reduce | 123 | 123 | yes |" in md
     assert f"| {fmt_num(5.7 / 4.3)} | no |" in md
@@ -208,11 +214,14 @@ def test_secrets_never_reach_the_report(tmp_path):
 
 
 def test_whatif_section_uses_params(full):
-    md, _, _ = full
+    md, _, paths = full
     assert "acceptance lengths [1.5, 2.0, 3.0] and draft costs [0.1, 0.2]" in md
     # acceptance 3: k = 3 drafted tokens, M = 4, batch 1 from the trace (the same in every row: said once)
+    # the figure draws the projection: its table is the appendix's (issue 37), linked by its anchor
     whatif = section(md, "What-if")
-    assert whatif.count("\n| 3.00 | 3 | 4 |") == 2 and "*In every row: batch: 1;" in whatif
+    assert "| 3.00 |" not in whatif and "](appendix.md#the-what-if-at-the-measured-batch)" in whatif
+    table = paths["appendix_markdown"].read_text().split("### The what-if at the measured batch", 1)[1].split("###")[0]
+    assert table.count("\n| 3.00 | 3 | 4 |") == 2 and "*In every row: batch: 1;" in table
 
 
 @pytest.mark.parametrize("v,s", [(None, "–"), (float("nan"), "–"), (12.1, "12.1"), (0.0123456, "0.0123"),
@@ -281,8 +290,9 @@ def test_the_tpot_reading_is_listed_for_decode_traces_only(tmp_path, real_traces
 
     run = tmp_path / "run"
     analyze_traces([real_traces / trace], run / "05_categorize", progress=False, perfetto=False)
-    md = build_report(run, draw_figures=False)["markdown"].read_text()
-    assert ("| TPOT measured by the client during capture | – |" in md) is tpot_row
+    appendix = build_report(run, draw_figures=False)["appendix_markdown"].read_text()  # the step readings' table
+    assert ("| TPOT measured by the client during capture | – |" in appendix) is tpot_row
+    assert "| span (first to last device event of the " in appendix
 
 
 def test_a_trace_without_a_step_marker_is_reported_as_one_window(tmp_path, real_traces):
@@ -303,8 +313,6 @@ def test_a_trace_without_a_step_marker_is_reported_as_one_window(tmp_path, real_
             and "the whole trace was read as one window" in md)
 
 
-REPORT_MAX_BYTES = 25_000
-PARAGRAPH_MAX_WORDS = 120
 
 
 def test_the_report_reads_in_a_minute(full):
@@ -409,6 +417,48 @@ def test_stage_01s_per_level_flags_are_one_caveat_naming_each_level():
     assert per_level_once(items) == ["[01] no knee", f"[01] levels c0001 (92%), c0004 (64%): that share {tail}",
                                      "[01] level c0001: client used 95 % of a core", "[05 info] other"]
     assert per_level_once(items[:2]) == items[:2]  # one level: as stage 01 wrote it
+
+
+@pytest.mark.parametrize("observed, kept", [(123.0, False), (122.0, True)])
+def test_why_a_collective_count_may_differ_is_said_only_when_one_does(tmp_path, observed, kept):
+    # issue 37: the reasons a count could differ were printed under counts that all matched
+    from stepscope.model.arch import Architecture
+    from stepscope.model.shapes import explain_collectives
+
+    arch = Architecture(name="tiny", family="llama", n_layers=61, n_dense_layers=61, hidden=256, vocab=2048, heads=4,
+                        kv_heads=4, head_dim=64, intermediate=512)
+    reasoning = explain_collectives(arch, 8)
+    run = make_synthetic_run(tmp_path / "run")
+    p = run / "05_categorize" / "summary.json"
+    s = json.loads(p.read_text())
+    s["collectives_check"]["expected"]["reasoning"] = reasoning
+    s["collectives_check"]["observed"]["all_reduce"] = {"median": observed, "min": observed, "max": observed}
+    p.write_text(json.dumps(s))
+    crosschecks = section(build_report(run, draw_figures=False)["markdown"].read_text(), "Cross-checks")
+    said = reasoning.split(" Observed counts can differ when")[0]
+    assert f"Expected from the architecture: {said}" in crosschecks
+    assert ("Observed counts can differ when: an all-reduce is fused with the next RMSNorm" in crosschecks) is kept
+
+
+def test_stage_01s_flags_explained_alike_are_one_line_and_a_table_of_each_levels_numbers():
+    """Six stall lines said one sentence six times (issue 37): the sentence once, naming the
+    levels, and each level's numbers in a table after the list."""
+    from stepscope.report.build import _section_caveats, per_level_table
+
+    tail = ("every open stream was silent at once for over 0.5 s, so throughput here is low by up to that share; "
+            "sweep.min_level_duration_s makes one stall weigh less")
+    items = ["[01] no knee", f"[01] level c0001: 3 server-wide stall(s), 2.50 s in all (longest 1.10 s, 16% of the "
+             f"level's 15.2 s): {tail}", "[01] level c0002: 3 of 9 requests failed",
+             f"[01] level c0016: 5 server-wide stall(s), 6.31 s in all (longest 1.41 s, 41% of the level's 15.3 s): {tail}"]
+    lines, tables = per_level_table(items)
+    assert lines == ["[01] no knee", f"[01] levels c0001, c0016 (their numbers in the table below): {tail}",
+                     "[01] level c0002: 3 of 9 requests failed"]
+    assert tables == ["| level | [01] flag |\n|---|---|\n"
+                      "| c0001 | 3 server-wide stall(s), 2.50 s in all (longest 1.10 s, 16% of the level's 15.2 s) |\n"
+                      "| c0016 | 5 server-wide stall(s), 6.31 s in all (longest 1.41 s, 41% of the level's 15.3 s) |\n"]
+    assert per_level_table(items[:2]) == (items[:2], [])  # one level: as stage 01 wrote it
+    text = _section_caveats(items)
+    assert text.index("- [01] level c0002") < text.index("| c0001 |") and text.count(tail) == 1
 
 
 def test_checks_that_held_are_one_line_after_the_caveats_not_caveats():

@@ -420,8 +420,10 @@ def test_tp2_cpu_report_separates_waiting_from_transfer(tmp_path, real_traces):
     # The per-step figures sum the instances of the judged (decode) steps, and the sentence counts those.
     assert cm["n_instances_judged"] == 60 and cm["n_instances"] == 72
     assert "over 60 matched collectives" in said
-    # The cross-rank table's estimate column is a time, and its header says so.
-    assert "| transfer est. (least-waiting rank) |" in md and "| least-waiting rank |" not in md
+    # The cross-rank table's estimate column is a time, and its header says so (the appendix's table, issue 37).
+    appendix = (run / "06_writeup" / "appendix.md").read_text()
+    assert "| transfer est. (least-waiting rank) |" in appendix and "| least-waiting rank |" not in appendix
+    assert "| transfer est." not in md and "](appendix.md#collective-transfer-and-wait-stage-05)" in md
     period = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["period_ms"]
     assert f"(the period, mean over {period['n']} intervals)" in md and period["n"] == 8
 
@@ -662,7 +664,9 @@ def test_a_cpu_trace_is_worded_in_ops_not_kernels(tmp_path, real_traces):
     said = _quote(md, "Verdict.")
     assert "The CPU worker idles" in said and "% in short gaps between ops (host-bound from" in said
     assert "faster ops" in said
-    assert "| op sum (every op's self time added up) |" in md and "| union (time the CPU worker was busy) |" in md
+    appendix = (run / "06_writeup" / "appendix.md").read_text()  # the step readings' table (issue 37)
+    assert "| op sum (every op's self time added up) |" in appendix
+    assert "| union (time the CPU worker was busy) |" in appendix
     assert "- Ops barely overlap: summed op time" in md and "pass with no counted work of the step" in md
     for kernel_word in ("between kernels", "Kernels barely", "kernel sum (", "faster kernels", "device work of"):
         assert kernel_word not in md, kernel_word
@@ -691,8 +695,9 @@ def test_both_transfer_readings_stand_side_by_side(tmp_path, real_traces):
     assert ar.transfer_ms_est == cr.loc["all_reduce", "transfer_ms_est"] and ar.agree
     assert abs(ar.transfer_ms_est - ar.transfer_ms_matched) / ar.transfer_ms_matched < 0.05
     assert r.loc["all_gather"].agree is None and r.loc["all_gather"].n_asymmetric == 1
-    assert "| transfer (matched instances) |" in md
-    row = next(line for line in section(md, "Profiler breakdown").split("For a collective", 1)[1].splitlines()
+    appendix = (run / "06_writeup" / "appendix.md").read_text()  # the readings' table (issue 37)
+    assert "| transfer (matched instances) |" in appendix and "| transfer (matched instances) |" not in md
+    row = next(line for line in appendix.split("For a collective", 1)[1].splitlines()
                if line.startswith("| all_reduce | "))
     assert f"| {fmt_num(ar.transfer_ms_est)} | {fmt_num(ar.transfer_ms_matched)} |" in row
     assert "- all_gather: 1 of 10 matched instances are asymmetric" in md
@@ -729,8 +734,8 @@ def test_kernel_names_that_differ_inside_stay_apart(tmp_path, real_traces):
     # their first 264 and last 155 (NTA0 against NTA4, NEPBS8 against NEPBS16), so the middle
     # cut printed them as two identical rows.
     run = _real_run(tmp_path, [real_traces / "vllm-mi300x-gptoss-decode-fullgraph.json.gz"])
-    md = build_report(run, draw_figures=False)["markdown"].read_text()
-    rows = [r for r in md.splitlines() if r.startswith("| dense_gemm | `Cijk_")]
+    appendix = build_report(run, draw_figures=False)["appendix_markdown"].read_text()  # the largest kernels' table
+    rows = [r for r in appendix.splitlines() if r.startswith("| dense_gemm | `Cijk_")]
     names = [r.split("`")[1] for r in rows]
     assert len(names) == len(set(names)) == 3 and all(len(n) <= 80 for n in names)
     assert "_NTA0_" in names[0] and "_NEPBS8_" in names[0] and "_NTA4_" in names[1] and "_NEPBS16_" in names[1]

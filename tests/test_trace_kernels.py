@@ -76,15 +76,19 @@ def test_report_prints_the_csv_values_and_calls_cpu_work_ops(tmp_path, real_trac
     # vLLM CPU, TP=2: 61 % of rank 0's all_reduce time is `_c10d_functional::wait_tensor`.
     run = tmp_path / "run"
     analyze_traces([real_traces / f for f in CPU_TP2], run / "05_categorize", progress=False, perfetto=False)
-    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    paths = build_report(run, draw_figures=False)
+    md, appendix = paths["markdown"].read_text(), paths["appendix_markdown"].read_text()
     k = pd.read_csv(run / "05_categorize" / "category_kernels.csv")
     top = k[k["rank"] == 0].iloc[0]
     assert (top["category"], top["name"]) == ("all_reduce", "_c10d_functional::wait_tensor")
     assert 0.55 < top["share_of_category"] < 0.65
-    assert "The largest ops of the 3 largest categories" in md and "| category | op |" in md
+    # the table is the appendix's; the report names it and links its anchor (issue 37)
+    assert "The largest ops of the 3 largest categories" in md and "](appendix.md#largest-ops-per-category-stage-05)" in md
+    assert "### Largest ops per category (stage 05)" in appendix and "| category | op |" in appendix
+    assert "| category | op |" not in md
     assert (f"| all_reduce | `_c10d_functional::wait_tensor` | of {int(top['n_names'])} | "
             f"{fmt_num(top['sum_ms_per_step'])} | {fmt_num(100 * top['share_of_category'])} | "
-            f"{fmt_num(int(top['calls_per_step']))} | {fmt_num(top['us_per_call'])} |") in md
+            f"{fmt_num(int(top['calls_per_step']))} | {fmt_num(top['us_per_call'])} |") in appendix
 
 
 def test_a_run_folder_without_the_table_still_reports(tmp_path, real_traces):
@@ -92,8 +96,10 @@ def test_a_run_folder_without_the_table_still_reports(tmp_path, real_traces):
     run = tmp_path / "run"
     analyze_traces([real_traces / GPTOSS], run / "05_categorize", progress=False, perfetto=False)
     (run / "05_categorize" / "category_kernels.csv").unlink()
-    md = build_report(run, draw_figures=False)["markdown"].read_text()
+    paths = build_report(run, draw_figures=False)
+    md = paths["markdown"].read_text()
     assert "The largest kernels" not in md and ". Profiler breakdown" in md
+    assert "Largest kernels per category" not in paths["appendix_markdown"].read_text()
 
 
 # --------------------------------------------------------------------------- which collectives ran
@@ -194,5 +200,5 @@ def test_a_kernel_placed_by_its_context_says_which(tmp_path, real_traces):
     assert (norm["decided_by"] == "inside nn.Module: Qwen2RMSNorm").sum() >= len(norm) - 1
     assert set(k.loc[k["category"] == "dense_gemm", "decided_by"]) == {"name"}
     assert "decided_by" in an.kernels_table().columns
-    md = build_report(run, draw_figures=False)["markdown"].read_text()
-    assert "| placed by |" in md and "| inside nn.Module: Qwen2RMSNorm |" in md
+    appendix = build_report(run, draw_figures=False)["appendix_markdown"].read_text()  # the largest kernels' table
+    assert "| placed by |" in appendix and "| inside nn.Module: Qwen2RMSNorm |" in appendix

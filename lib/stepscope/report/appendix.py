@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from markdown.extensions.toc import slugify
 
 from stepscope.config import redact, redact_argv, redact_params_text
 from stepscope.redaction import scrub
@@ -15,6 +16,19 @@ from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.markdown_util import kv_table, markdown_to_html, md_table, missing_box
 from stepscope.schema.writeup import APPENDIX_HTML, APPENDIX_MD, REPORT_HTML, REPORT_MD
 from stepscope.wording import md_fence, md_text
+
+
+def appendix_link(heading: str, text: str = "appendix") -> str:
+    """A relative link from report.md to one table of the appendix's "Measurements in full", by its
+    `### ` heading: the id report.html's markdown gives it, which GitHub gives a heading of plain
+    words too (report.html's copy of the link is rewritten to appendix.html, anchor kept)."""
+    return f"[{text}]({APPENDIX_MD}#{slugify(heading, '-')})"
+
+
+def appendix_table(heading: str, body: str) -> str:
+    """One table of "Measurements in full" under its `### ` heading (`appendix_link` points at it);
+    '' without a body."""
+    return f"### {heading}\n\n{body}" if body.strip() else ""
 
 
 def appendix_markdown(a: RunArtifacts, title: str, tables: str = "") -> str:

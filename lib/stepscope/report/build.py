@@ -20,8 +20,8 @@ from stepscope.redaction import scrub
 from stepscope.report import guards, prose
 from stepscope.report import verdict as vd
 from stepscope.report import whatif as wi
-from stepscope.report.appendix import write_appendix
-from stepscope.report.kinds import kinds_section
+from stepscope.report.appendix import appendix_link, appendix_table, write_appendix
+from stepscope.report.kinds import kinds_appendix, kinds_section
 from stepscope.report.opening import opening, trace_only
 from stepscope.schema.writeup import APPENDIX_HTML, APPENDIX_MD, REPORT_HTML, REPORT_MD
 from stepscope.micro.collectives import plot_latency_vs_size
@@ -459,26 +459,51 @@ def _collective_table(c: pd.DataFrame) -> str:
                             keys=("op", "backend", "size_bytes"), settings=("world_size",)))
 
 
+GEMM_USED_HEADING = "GEMM timings the prediction reads (stage 02)"
+GEMM_ALL_HEADING = "GEMM timings, every point (stage 02)"
+
+
 def appendix_tables(a: RunArtifacts, ctx: dict[str, Any]) -> str:
-    """The measurements the report shows as figures or summaries, in full, for the appendix."""
+    """The measurements the report shows as figures or summaries, in full, and the tables it links
+    rather than shows (each under the `### ` heading its `appendix_link` names), for the appendix."""
     split, preds = ctx["verdict"].comm_split, ctx.get("whatif_predictions")
     parts = []
     if a.gemm is not None and "status" in a.gemm and (a.gemm["status"].astype(str) == "ok").any():
         ok = a.gemm[a.gemm["status"].astype(str) == "ok"]
-        parts.append("### GEMM timings (stage 02, median µs per call)\n\n" + _gemm_tables(ok))
+        parts.append(appendix_table(GEMM_USED_HEADING, "Median µs per call, one row per shape:\n\n"
+                                    + _gemm_tables(_prediction_rows(ok, a.gemm_prediction))))
+        parts.append(appendix_table(GEMM_ALL_HEADING, "Median µs per call:\n\n" + _gemm_tables(ok)))
     if a.collectives is not None and len(a.collectives):
         parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
+    parts += _breakdown_appendix(a, ctx)
     load = load_appendix(a, micro_curve(a.gemm_prediction, a.comm_prediction, a.decode_categories, a.levels))
     if load:
         parts.append(load)
     if ctx["verdict"].roofline:
         parts.append(_roofline_table(ctx["verdict"]))
+    if _whatif_table_in_appendix(ctx):
+        method = whatif_method(ctx["whatif_verify_extra_tokens"])
+        parts.append(appendix_table(WHATIF_HEADING, method[0].upper() + method[1:] + "\n\n" + _whatif_table(preds)))
+    load_rows = _whatif_load_rows(ctx.get("whatif_load") or [])
+    if _whatif_load_moved(load_rows):
+        parts.append(appendix_table(WHATIF_LOAD_HEADING, WHATIF_LOAD_INTRO + _whatif_load_table(load_rows)))
     if preds and not _parts_assumed(preds):
-        parts.append("### The what-if's step, part by part\n\n" + PARTS_INTRO + _parts_table(ctx["whatif_baseline"], preds))
+        parts.append(appendix_table(WHATIF_PARTS_HEADING, PARTS_INTRO + _parts_table(ctx["whatif_baseline"], preds)))
     table = _cross_rank_table(a, split)
     if table is not None:
-        parts.append("### Busy time per category across ranks (stage 05, ms per step)\n\n" + _cross_rank_spread(table))
-    return "\n".join(parts)
+        parts.append(appendix_table(CROSS_RANK_HEADING, _cross_rank_spread(table)))
+    parts.append(_transfer_table(a, split))
+    return "\n".join(p for p in parts if p)
+
+
+def _breakdown_appendix(a: RunArtifacts, ctx: dict[str, Any]) -> list[str]:
+    """Section 4's tables that the report links rather than shows: the largest kernels, the step
+    kinds side by side, the step read several ways."""
+    decode, totals, ident = ctx["decode"], ctx["totals"], ctx["verdict"].identity
+    if decode is None:
+        return []
+    return [_category_kernels(a.category_kernels, decode, totals, ident.step_label),
+            kinds_appendix(a, ident.step_label), _step_readings_table(totals, ident)]
 
 
 def _burst_table(b: pd.DataFrame) -> str:
@@ -509,10 +534,10 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
         bad = g[g["status"].astype(str) != "ok"]
         if len(ok):
             used = _prediction_rows(ok, a.gemm_prediction)
-            text += (f"Median time per call in µs, one row per shape, of the {len(used)} points the prediction "
-                     f"reads ({len(ok)} timed in all: every one in the [appendix]({APPENDIX_MD}#measurements-in-full); "
-                     "spread p10–p90, TFLOP/s, GB/s and % of peak bandwidth per point in `02_gemm_micro/gemm.csv`):\n\n")
-            text += _gemm_tables(used)
+            text += (f"Stage 02 timed {len(ok)} points; the median time per call of the {len(used)} the prediction "
+                     f"reads, one row per shape, is in the {appendix_link(GEMM_USED_HEADING)}, every point "
+                     f"{appendix_link(GEMM_ALL_HEADING, 'beside it')} (spread p10–p90, TFLOP/s, GB/s and % of peak "
+                     "bandwidth per point in `02_gemm_micro/gemm.csv`).\n")
             if "pct_peak_bw" in ok and ok["pct_peak_bw"].notna().any():
                 best = ok.loc[ok["pct_peak_bw"].astype(float).idxmax()]
                 text += (f"\nBest bandwidth use: {fmt_num(best['pct_peak_bw'])} % of peak "
@@ -580,7 +605,7 @@ def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
                                                                  "05_categorize/decode_categories.csv"],
                                   _why(a, "05_categorize"))
     text += _category_table(decode, totals, ident)
-    text += _category_kernels(a.category_kernels, decode, totals, ident.step_label)
+    text += _kernels_pointer(a.category_kernels, decode, totals, ident.step_label)
     text += kinds_section(a, ident.step_label)
     text += _step_readings(totals, ident)
     text += _breakdown_figures(a, figs, ident.step_label)
@@ -646,7 +671,8 @@ KERNELS_SHOWN = 3
 
 
 def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals: dict, label: str = "step") -> str:
-    """The largest kernels (ops on a CPU trace) of the largest categories: what a fix would touch."""
+    """The largest kernels (ops on a CPU trace) of the largest categories, what a fix would touch,
+    under `_kernels_heading` for the appendix; '' without stage 05's table."""
     if kernels is None or "category" not in decode:
         return ""
     what = work_unit(totals.get("mode") == "cpu")
@@ -670,22 +696,38 @@ def _category_kernels(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals
                        + (f" ({fmt_pct(float(x))})" if pd.notna(x) and float(x) < 0.995 else "")
                        for m, x in zip(k["module"], share)]
     over = "in the window" if label == WINDOW else "per step over the same steps"
-    return (f"\nThe largest {what} of the {len(top)} largest categories (summed ms {over}; "
+    return appendix_table(_kernels_heading(totals), (
+            f"The largest {what} of the {len(top)} largest categories (summed ms {over}; "
             f"% of the category's summed time; up to {fmt_num(KERNELS_SHOWN)} per category here, long names cut in "
             f"the middle; more, in full, in `05_categorize/category_kernels.csv`):\n\n"
             + md_table(k, [("category", "category"), ("name", what[:-1]), ("of", "names in category"),
                            ("sum_ms_per_step", f"summed {per_step_header('ms', label)}"), ("share_pct", "% of category"),
                            ("calls_per_step", per_step_header("calls", label)), ("us_per_call", "µs/call"),
-                           ("decided_by", "placed by"), *mod], md_columns=("name",)))
+                           ("decided_by", "placed by"), *mod], md_columns=("name",))))
 
 
-def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
-    """The step read several ways (kernel sum, union, span, period, annotation, TPOT), reconciled.
-    A decode trace keeps its TPOT row when nothing measured it ("–" says so); other traces have
-    no tokens per step to time, so none."""
+def _kernels_heading(totals: dict) -> str:
+    return f"Largest {work_unit(totals.get('mode') == 'cpu')} per category (stage 05)"
+
+
+def _kernels_pointer(kernels: pd.DataFrame | None, decode: pd.DataFrame, totals: dict, label: str = "step") -> str:
+    """The report's line linking the largest kernels' table in the appendix; '' without one."""
+    if not _category_kernels(kernels, decode, totals, label):
+        return ""
+    n = min(KERNEL_CATEGORIES_SHOWN, len(decode))
+    return (f"\nThe largest {work_unit(totals.get('mode') == 'cpu')} of the {n} largest categories, with their shares "
+            f"and what placed them: {appendix_link(_kernels_heading(totals))}.\n")
+
+
+STEP_READINGS_HEADING = "Step readings (stage 05)"
+
+
+def _step_readings_table(totals: dict, ident: vd.TraceIdentity) -> str:
+    """The step read several ways (kernel sum, union, span, period, annotation, TPOT) as a table
+    under `STEP_READINGS_HEADING`, for the appendix. A decode trace keeps its TPOT row when nothing
+    measured it ("–" says so); other traces have no tokens per step to time, so none."""
     label = ident.step_label
     window = label == WINDOW  # the whole trace: no step annotation, no next step
-    text = f"\nThe same {'window' if window else 'step'} read several ways (ms {per_step(label)}):\n\n"
     cpu, dev = totals.get("mode") == "cpu", an.device_word(totals)
     rows = [("op sum (every op's self time added up)" if cpu else
              "device-time sum (every kernel's, memcpy's and memset's duration added up)",
@@ -696,10 +738,20 @@ def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
             ("period (start of one step to the start of the next)", totals.get("period_ms")),
             ("step annotation (host-side duration of the engine step)", None if window else totals.get("annotation_ms")),
             ("TPOT measured by the client during capture", totals.get("tpot_capture_ms"))]
-    text += kv_table([(k, v) for k, v in rows if v is not None or ("TPOT" in k and ident.has_decode)],
-                     ("reading (mean)", f"ms {per_step(label)}"))
-    rec = an.reconciliation(totals, label)
-    return text + ("\n" + "\n".join(f"- {s}" for s in rec) + "\n" if rec else "")
+    return appendix_table(STEP_READINGS_HEADING, f"The same {'window' if window else 'step'} read several ways (ms "
+                          f"{per_step(label)}):\n\n" + kv_table(
+        [(k, v) for k, v in rows if v is not None or ("TPOT" in k and ident.has_decode)],
+        ("reading (mean)", f"ms {per_step(label)}")))
+
+
+def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
+    """The step's readings reconciled, one finding a bullet; the table of them is the appendix's."""
+    rec = an.reconciliation(totals, ident.step_label)
+    what = "window" if ident.step_label == WINDOW else "step"
+    if not rec:
+        return f"\nThe same {what} read several ways: {appendix_link(STEP_READINGS_HEADING)}.\n"
+    return (f"\nThe same {what} read several ways ({appendix_link(STEP_READINGS_HEADING, 'table')}):\n\n"
+            + "\n".join(f"- {s}" for s in rec) + "\n")
 
 
 def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -> str:
@@ -765,21 +817,38 @@ def _across_ranks(a: RunArtifacts, split: vd.CommSplit | None) -> str:
     table = _cross_rank_table(a, split)
     if table is None:
         return ""
-    text = "\nAcross ranks (busy ms per step):"
+    transfer = (f"the collectives' transfer and wait, two readings side by side: {appendix_link(TRANSFER_HEADING)}"
+                if _transfer_table(a, split) else "")
     if _stage_figures(a.run_dir, "05_cross_rank"):
-        text += f" the spread per category is the figure above (the table is in the [appendix]({APPENDIX_MD}#measurements-in-full)).\n"
+        text = (f"\nAcross ranks: each category's busy time per step spreads as the figure above shows "
+                f"({appendix_link(CROSS_RANK_HEADING, 'table')})" + (f"; {transfer}" if transfer else "") + ".\n")
     else:
-        text += "\n\n" + _cross_rank_spread(table)
-    comm = table[table["transfer_ms_est"].notna()] if "transfer_ms_est" in table else table.iloc[:0]
-    if len(comm):  # the transfer and wait readings exist for collectives only
-        text += ("\nFor a collective, the least-waiting rank's mean time estimates the transfer (its own waits "
-                 "included); the transfer matched instance by instance (last arrival to the median end), which the "
-                 "verdict uses, stands beside it when stage 05 matched the collectives (ms per step):\n\n")
-        text += compact_table(comm, [("category", "category"), ("transfer_ms_est", "transfer est. (least-waiting rank)"),
-                                     ("transfer_ms_matched", "transfer (matched instances)"),
-                                     ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")],
-                              keys=("category",))
+        text = "\nAcross ranks (busy ms per step):\n\n" + _cross_rank_spread(table)
+        text += f"\n{transfer[0].upper() + transfer[1:]}.\n" if transfer else ""
     return text + _transfer_reading_notes(an.transfer_readings(a))
+
+
+CROSS_RANK_HEADING = "Busy time per category across ranks (stage 05, ms per step)"
+TRANSFER_HEADING = "Collective transfer and wait (stage 05)"
+
+
+def _transfer_table(a: RunArtifacts, split: vd.CommSplit | None) -> str:
+    """The collectives' two transfer readings and their waits, under `TRANSFER_HEADING` for the
+    appendix; '' without collectives seen on several ranks."""
+    table = _cross_rank_table(a, split)
+    if table is None or "transfer_ms_est" not in table:
+        return ""
+    comm = table[table["transfer_ms_est"].notna()]
+    if not len(comm):  # the transfer and wait readings exist for collectives only
+        return ""
+    return appendix_table(TRANSFER_HEADING, (
+        "For a collective, the least-waiting rank's mean time estimates the transfer (its own waits "
+        "included); the transfer matched instance by instance (last arrival to the median end), which the "
+        "verdict uses, stands beside it when stage 05 matched the collectives:\n\n")
+        + compact_table(comm, [("category", "category"), ("transfer_ms_est", "transfer est. (least-waiting rank)"),
+                               ("transfer_ms_matched", "transfer (matched instances)"),
+                               ("wait_ms_median", "wait (median)"), ("wait_ms_max", "wait (max)")],
+                        keys=("category",)))
 
 
 def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
@@ -799,10 +868,17 @@ def _transfer_reading_notes(readings: pd.DataFrame | None) -> str:
     if len(off) == 1:
         lines.append(f"- ⚠ {md_text(off[0].category)}: the two transfer readings differ by {both[0]}; they agree "
                      f"within {agree}): {why}")
-    elif off:  # one line for all of them: the reason is the same
-        lines.append(f"- ⚠ The two transfer readings differ beyond the {agree} within which they agree: "
-                     + ", ".join(f"{md_text(r.category)} by {b})" for r, b in zip(off, both)) + f": {why}")
+    elif off:  # one line for all of them: the reason is the same, and what each reading is, said once
+        lines.append(f"- ⚠ The two transfer readings, the least-waiting rank's mean against the one matched instance "
+                     f"by instance, differ beyond the {agree} within which they agree: "
+                     + ", ".join(f"{md_text(r.category)} by {fmt_pct(r.rel_diff)} ({fmt_num(r.transfer_ms_est)} against "
+                                 f"{fmt_num(r.transfer_ms_matched)} ms)" for r in off) + f": {why}")
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+WHY_COUNTS_DIFFER = " Observed counts can differ when"
+"""Where stage 05's expected-collectives reasoning (`model.shapes.explain_collectives`) turns to
+why a count may differ: the report leaves that part out when every count matched."""
 
 
 def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
@@ -829,6 +905,8 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
             else:
                 text += f"No collective ran {in_steps(label)}.\n"
         reasoning = cc.expected.reasoning if cc.expected is not None else None
+        if reasoning and exp and all(obs.get(k) == n for k, n in exp.items()):
+            reasoning = reasoning.split(WHY_COUNTS_DIFFER)[0].strip()  # nothing differed to explain
         if reasoning:
             text += f"\nExpected from the architecture: {md_text(words(reasoning))}\n"
         expl = words(cc.explanation)
@@ -853,8 +931,11 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     text += "\n### Profiler text table against the trace\n\n"
     tt = ts.text_table_check if ts is not None else []
     if tt and all(c.self_cuda_total_us is None for c in tt):  # CPU tables: nothing to set against the trace
-        totals = "; ".join(f"{md_text(Path(c.file).name)} {fmt_num(c.self_cpu_total_us)} µs" for c in tt
-                           if c.self_cpu_total_us is not None)
+        cpu = [c for c in tt if c.self_cpu_total_us is not None]
+        ranks = [c.rank for c in cpu]
+        by_rank = None not in ranks and len(set(ranks)) == len(ranks)  # else the file names tell them apart
+        totals = "; ".join(f"{f'rank {c.rank}' if by_rank else md_text(Path(c.file).name)} "
+                           f"{fmt_num(c.self_cpu_total_us)} µs" for c in cpu)
         text += (f"No text table holds a kernel total to set against the trace: {md_text(tt[0].remark())}"
                  + (f" (Self CPU totals: {totals})" if totals else "") + ".\n")
     elif tt:
@@ -966,11 +1047,14 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     base: wi.SpecBaseline = ctx["whatif_baseline"]
     preds: list[wi.Prediction] = ctx["whatif_predictions"]
     batch = preds[0].batch
-    text += (f"Projected from the measured decode step of **{fmt_num(base.step_ms)} ms** ({base.step_basis}) at "
-             f"**{fmt_num(batch)} {plural('request', batch)} per step**, for acceptance lengths {list(wp.acceptance_lengths)} and "
-             f"draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token: a verify step "
-             f"scores M = k + 1 tokens per request (k = ⌈acceptance⌉ − 1 + {wp.verify_extra_tokens}); TPOT = "
-             f"(verify step + k × draft per token) / acceptance (`report.whatif.predict_spec_decode_tpot`).\n\n")
+    grid = (f"Projected from the measured decode step of **{fmt_num(base.step_ms)} ms** ({base.step_basis}) at "
+            f"**{fmt_num(batch)} {plural('request', batch)} per step**, for acceptance lengths {list(wp.acceptance_lengths)} "
+            f"and draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token")
+    if _whatif_table_in_appendix(ctx):
+        text += (f"{grid}: the figure below; the table, its method and how each part of the step grows in a verify "
+                 f"step: {appendix_link(WHATIF_HEADING)}.\n")
+    else:
+        text += f"{grid}: {whatif_method(wp.verify_extra_tokens)}\n\n"
     sd = ctx["verdict"].spec_decode
     if sd is not None:
         text += (f"**This run already decodes speculatively** ({fmt_num(sd.n_verify_steps)} of "
@@ -984,28 +1068,55 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     if ident.low_confidence:
         text += (f"Low confidence: the baseline is {fmt_num(ident.n_judged_steps)} {ident.step_label}(s) "
                  f"(fewer than {fmt_num(ident.min_steps)}).\n\n")
-    rows = [{"acceptance": p.acceptance_length, "k": p.draft_tokens, "M": p.verify_tokens, "batch": p.batch,
-             "draft_per_token_ms": p.draft_ms / p.draft_tokens, "verify_ms": p.verify_ms, "draft_ms": p.draft_ms,
-             "tpot_ms": p.tpot_ms, "tok_s": p.tok_s_per_stream, "speedup": p.speedup,
-             "defaults": _defaulted(p.assumptions)}
-            for p in preds]
-    text += compact_table(pd.DataFrame(rows), [
-        ("acceptance", "acceptance"), ("k", "drafted k"), ("M", "verify M"), ("batch", "batch"),
-        ("draft_per_token_ms", "draft ms/token"), ("verify_ms", "verify ms"), ("draft_ms", "draft ms"),
-        ("tpot_ms", "TPOT ms"), ("tok_s", "tok/s per stream"), ("speedup", "speed-up"),
-        ("defaults", "assumed by default")], keys=("acceptance", "k", "M"), settings=("batch",))
-    if _parts_assumed(preds):  # what a default assumed is read beside the projection it changes
-        text += "\n" + PARTS_INTRO + _parts_table(base, preds)
-    else:
-        text += f"\nHow each part of the measured step grows in a verify step: [appendix]({APPENDIX_MD}#measurements-in-full).\n"
+    if not _whatif_table_in_appendix(ctx):
+        text += _whatif_table(preds)
+        if _parts_assumed(preds):  # what a default assumed is read beside the projection it changes
+            text += "\n" + PARTS_INTRO + _parts_table(base, preds)
+        else:
+            text += f"\nHow each part of the measured step grows in a verify step: {appendix_link(WHATIF_PARTS_HEADING)}.\n"
     best = max(preds, key=lambda p: p.speedup)
     text += (f"\nThe best case here, acceptance {fmt_num(best.acceptance_length)} with {fmt_num(best.draft_tokens)} "
              f"drafted tokens at {fmt_num(best.draft_ms / best.draft_tokens)} ms each, projects "
              f"{fmt_num(best.tpot_ms)} ms TPOT ({fmt_num(best.tok_s_per_stream)} tok/s per stream, "
              f"{fmt_num(best.speedup)}× the measured step).\n")
+    worst = min(preds, key=lambda p: p.speedup)
+    if _whatif_table_in_appendix(ctx) and worst.speedup < 1:  # the table that showed it is the appendix's
+        text += (f"\nThe worst, acceptance {fmt_num(worst.acceptance_length)} with {fmt_num(worst.draft_tokens)} drafted "
+                 f"tokens, projects {fmt_num(worst.tpot_ms)} ms TPOT: slower than the measured step "
+                 f"({fmt_num(worst.speedup)}×).\n")
     if "whatif" in ctx["figs"]:
         text += "\n" + _img(ctx["figs"]["whatif"], "speculative decoding what-if")
     return text + _whatif_under_load(ctx.get("whatif_load") or [], best)
+
+
+def whatif_method(verify_extra_tokens: int) -> str:
+    """How the what-if projects a TPOT, in one clause."""
+    return (f"a verify step scores M = k + 1 tokens per request (k = ⌈acceptance⌉ − 1 + {verify_extra_tokens}); "
+            "TPOT = (verify step + k × draft per token) / acceptance (`report.whatif.predict_spec_decode_tpot`).")
+
+
+WHATIF_HEADING = "The what-if at the measured batch"
+WHATIF_PARTS_HEADING = "The what-if's step, part by part"
+
+
+def _whatif_table_in_appendix(ctx: dict) -> bool:
+    """The batch-1 projection's table goes to the appendix where the figure draws it and no part
+    of the step grew by a default (a default is read beside the projection it changes)."""
+    preds = ctx.get("whatif_predictions")
+    return bool(preds) and "whatif" in ctx["figs"] and not _parts_assumed(preds)
+
+
+def _whatif_table(preds: list[wi.Prediction]) -> str:
+    rows = [{"acceptance": p.acceptance_length, "k": p.draft_tokens, "M": p.verify_tokens, "batch": p.batch,
+             "draft_per_token_ms": p.draft_ms / p.draft_tokens, "verify_ms": p.verify_ms, "draft_ms": p.draft_ms,
+             "tpot_ms": p.tpot_ms, "tok_s": p.tok_s_per_stream, "speedup": p.speedup,
+             "defaults": _defaulted(p.assumptions)}
+            for p in preds]
+    return compact_table(pd.DataFrame(rows), [
+        ("acceptance", "acceptance"), ("k", "drafted k"), ("M", "verify M"), ("batch", "batch"),
+        ("draft_per_token_ms", "draft ms/token"), ("verify_ms", "verify ms"), ("draft_ms", "draft ms"),
+        ("tpot_ms", "TPOT ms"), ("tok_s", "tok/s per stream"), ("speedup", "speed-up"),
+        ("defaults", "assumed by default")], keys=("acceptance", "k", "M"), settings=("batch",))
 
 
 PARTS_INTRO = ("How each part of the measured step grows in a verify step (exposed ms per step; × at each M; "
@@ -1032,11 +1143,13 @@ def _parts_table(base: wi.SpecBaseline, preds: list[wi.Prediction]) -> str:
                     + [(f"x{m}", f"× at M={m}") for m in by_m] + [("source", "source")], md_columns=("parts",))
 
 
-def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]], batch1: wi.Prediction) -> str:
-    """The what-if at each captured load level, each at the batch its own trace measured
-    (issue 22): speculative decoding's gain at batch 1 says nothing of the plateau's batch."""
-    if not levels:
-        return ""
+WHATIF_LOAD_HEADING = "The what-if under load"
+WHATIF_LOAD_INTRO = ("Each captured level's own decode step (`load_anatomy.csv`) projected at **the batch that trace "
+                     "measured**: a verify step there scores batch × M tokens, and the GEMMs and all-reduces grow "
+                     "along stage 02's and 03's curves from it. Same grid as above.\n\n")
+
+
+def _whatif_load_rows(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]) -> list[dict]:
     rows = []
     for base, preds in levels:
         best = max(preds, key=lambda p: p.speedup)
@@ -1045,15 +1158,34 @@ def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
         rows.append({"concurrency": base.concurrency, "batch": base.batch, "step_ms": base.step_ms,
                      "best": best.speedup, "best_tpot": best.tpot_ms, "worst": worst.speedup,
                      "assumed": ", ".join(assumed) or "no default used"})
-    text = ("\n### Under load: at the batch each level was measured at\n\nEach captured level's own decode step "
-            "(`load_anatomy.csv`) projected at **the batch that trace measured**: a verify step there scores "
-            "batch × M tokens, and the GEMMs and all-reduces grow along stage 02's and 03's curves from it. Same "
-            "grid as above.\n\n")
-    text += compact_table(pd.DataFrame(rows), [
+    return rows
+
+
+def _whatif_load_table(rows: list[dict]) -> str:
+    return compact_table(pd.DataFrame(rows), [
         ("concurrency", "concurrency"), ("batch", "batch (measured)"), ("step_ms", "measured step ms"),
         ("best", "best speed-up"), ("best_tpot", "best TPOT ms"), ("worst", "worst speed-up"),
         ("assumed", "assumed by default (×1: no stage 02 or 03 curve)")], keys=("concurrency",),
         formats={"concurrency": lambda v: f"{int(v)}"})
+
+
+def _whatif_load_moved(rows: list[dict]) -> bool:
+    """The table goes to the appendix unless a level's row assumed a default (read beside it)."""
+    return bool(rows) and all(r["assumed"] == "no default used" for r in rows)
+
+
+def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]], batch1: wi.Prediction) -> str:
+    """The what-if at each captured load level, each at the batch its own trace measured
+    (issue 22): speculative decoding's gain at batch 1 says nothing of the plateau's batch."""
+    rows = _whatif_load_rows(levels)
+    if not rows:
+        return ""
+    text = "\n### Under load: at the batch each level was measured at\n\n"
+    if _whatif_load_moved(rows):
+        text += ("Each captured level's own decode step projected at the batch its trace measured, on the same grid: "
+                 f"{appendix_link(WHATIF_LOAD_HEADING)}.\n")
+    else:
+        text += WHATIF_LOAD_INTRO + _whatif_load_table(rows)
     top = max(rows, key=lambda r: r["concurrency"])
     verb = "still gains" if top["best"] > 1 else "loses"
     return text + (f"\nAt c={top['concurrency']} ({fmt_num(top['batch'])} decode requests per step, measured) the best "
@@ -1073,8 +1205,10 @@ def _defaulted(assumptions: tuple[str, ...]) -> str:
 def _section_caveats(items: list[str], held: Sequence[str] = ()) -> str:
     """The caveats as a list; the checks that held as one line after it, so a reassurance is
     never read as a caveat."""
-    text = "## Caveats\n\n" + ("\n".join(f"- {c}" for c in per_level_once(items)) if items
+    listed, tables = per_level_table(per_level_once(items))
+    text = "## Caveats\n\n" + ("\n".join(f"- {c}" for c in listed) if items
                                else "No data-quality flag was raised.") + "\n"
+    text += "".join(f"\n{t}" for t in tables)
     return text + (f"\nChecks that held: {'; '.join(held)}.\n" if held else "")
 
 
@@ -1098,6 +1232,32 @@ def per_level_once(items: list[str]) -> list[str]:
             levels = ", ".join(f"{lv} ({share})" for lv, share in groups[m[3]])
             out.append(f"[01] levels {levels}: that share {m[3]}")
     return out
+
+
+_LEVEL_DETAIL = re.compile(r"\[01\] level (\S+): (.+?\)): (.+)")
+"""Stage 01's flag of one sweep level as its numbers, then what they mean (`sweep.run`: stalls)."""
+
+
+def per_level_table(items: list[str]) -> tuple[list[str], list[str]]:
+    """Stage 01's flags that explain several levels' numbers alike: one line with the explanation,
+    naming the levels, and a table of each level's numbers (six stall lines repeated one sentence
+    six times). Returns (the caveat lines, the tables to print after them)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for c in items:
+        if m := _LEVEL_DETAIL.fullmatch(c):
+            groups.setdefault(m[3], []).append((m[1], m[2]))
+    out: list[str] = []
+    tables: list[str] = []
+    for c in items:
+        m = _LEVEL_DETAIL.fullmatch(c)
+        if m is None or len(groups[m[3]]) < 2:
+            out.append(c)
+        elif groups[m[3]][0][0] == m[1]:  # the group's line, where its first level's stood
+            rows = groups[m[3]]
+            out.append(f"[01] levels {', '.join(lv for lv, _ in rows)} (their numbers in the table below): {m[3]}")
+            # the lines are escaped already (analysis.caveats)
+            tables.append(kv_table([(Md(lv), Md(detail)) for lv, detail in rows], ("level", "[01] flag")))
+    return out, tables
 
 
 def _why(a: RunArtifacts, stage_id: str) -> str | None:
@@ -1125,6 +1285,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
     if baseline is not None:
         preds = wi.whatif_table(baseline, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
         ctx["whatif_baseline"], ctx["whatif_predictions"] = baseline, preds
+        ctx["whatif_verify_extra_tokens"] = wp.verify_extra_tokens  # the appendix states the method
         ctx["whatif_base_ms"] = baseline.step_ms
         # The fraction is recomputed from ms, so 0.1 comes back as 0.09999999999999999 for some steps: rounded,
         # it is one group key (one line of the figure, one legend entry) per params value again.

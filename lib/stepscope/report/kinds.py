@@ -85,9 +85,26 @@ def judged_kind(a: RunArtifacts) -> str | None:
     return info.judged_kind if info is not None else None
 
 
+KINDS_HEADING = "Step kinds side by side (stage 05)"
+"""The appendix's heading of the per-kind table (`kinds_appendix`), which `kinds_section` links."""
+
+
 def kinds_section(a: RunArtifacts, step_label: str) -> str:
+    """The report's line on the other step kinds: what the tables describe, and a link to the
+    kinds side by side in the appendix; "" where the trace holds one kind of step."""
+    from stepscope.report.appendix import appendix_link
+
+    table = kind_table(a.run_dir, a.decode.rank)
+    if table is None or table["kind"].nunique() < 2:
+        return ""
+    return (f"\nThis section and the verdict describe the {md_text(step_label)}s only (every step kind, side by side: "
+            f"{appendix_link(KINDS_HEADING)}).\n")
+
+
+def kinds_appendix(a: RunArtifacts, step_label: str) -> str:
     """The step kinds as columns of one table (ms per step, each over its own steps), with each
-    kind's busy time and span; "" where the trace holds one kind of step."""
+    kind's busy time and span, under `KINDS_HEADING`; "" where the trace holds one kind of step."""
+    from stepscope.report.appendix import appendix_table
     from stepscope.report.markdown_util import md_table
 
     judged = judged_kind(a)
@@ -104,8 +121,8 @@ def kinds_section(a: RunArtifacts, step_label: str) -> str:
             for c in order]
     for name, col in (("**busy** (all categories)", "busy_ms_mean"), ("**span** (first to last work)", "span_ms_mean")):
         rows.append({"category": name, **{cols[k]: float(g[col].iloc[0]) for k, g in kinds}})
-    lead = (f"\nThe steps by kind, side by side: each column is one kind's own steps (ms per step, the category's "
-            f"busy time), never averaged with another's. The tables above and the verdict describe the "
-            f"{md_text(step_label)}s only; a dash is a category the kind never ran.\n\n")
-    return lead + md_table(pd.DataFrame(rows), [("category", "category")] + [(c, c) for c in cols.values()],
-                           md_columns=("category",)) + "\n"
+    lead = (f"Each column is one kind's own steps (ms per step, the category's busy time), never averaged with "
+            f"another's; the report's tables and verdict describe the {md_text(step_label)}s only; a dash is a "
+            "category the kind never ran.\n\n")
+    return appendix_table(KINDS_HEADING, lead + md_table(pd.DataFrame(rows), [("category", "category")]
+                                                         + [(c, c) for c in cols.values()], md_columns=("category",)))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from stepscope import schema
-from stepscope.schema.writeup import APPENDIX_MD
+from stepscope.report.appendix import appendix_link, appendix_table
 from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_LEVER_SHIFT
@@ -21,6 +21,10 @@ from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
 from stepscope.wording import fmt_num, fmt_pct, md_text
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
+RECONCILIATION_HEADING = "Each captured sweep level's wall time, part by part (stage 05)"
+MICRO_CURVE_HEADING = "Micro-benchmarks against the whole sweep"
+FITS_HEADING = "Growth with the batch per category (stage 05's fits of the load captures)"
+"""The appendix's headings of this section's tables, which the report links by anchor."""
 
 
 
@@ -82,9 +86,11 @@ def reconciliation_sentence(rec: schema.LoadReconciliationLevel, n: int = 3) -> 
 def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
             rec: schema.LoadReconciliationLevel | None = None) -> list[str]:
     """Why the trace's throughput and the sweep's may differ, from what the data show: first the
-    level's time part by part (`load_reconciliation.json`), when stage 05 wrote it."""
+    level's time part by part (`load_reconciliation.json`), when stage 05 wrote it; then what the
+    server and the client flagged. The mixed steps and the capture's own client are the table's
+    columns: said in words only where no reconciliation counts the prefill's time."""
     out = [reconciliation_sentence(rec)] if rec is not None else []
-    if lv.n_steps and lv.n_mixed_steps:
+    if rec is None and lv.n_steps and lv.n_mixed_steps:
         out.append(f"{lv.n_mixed_steps} of the window's {lv.n_steps} steps were mixed (prefill chunks "
                    "beside decodes): a request that ends is replaced, and its prefill shares a step")
     if lv.decode_requests_mean is not None and lv.decode_requests_mean < 0.9 * lv.concurrency:
@@ -96,7 +102,7 @@ def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
         out.append(f"{server['preemptions']:g} preemptions during the sweep level (KV cache full)")
     if client_bound:
         out.append("the sweep's client used most of a core at this level: it may have been the bottleneck")
-    if lv.capture_output_tok_s is not None and lv.measured_output_tok_s:
+    if rec is None and lv.capture_output_tok_s is not None and lv.measured_output_tok_s:
         out.append(f"the capture's own client saw {fmt_num(lv.capture_output_tok_s)} tok/s over the profiled window, "
                    "under the profiler's overhead")
     return out
@@ -126,12 +132,20 @@ def compare_levels(a: RunArtifacts) -> list[LoadComparison]:
     return out
 
 
-def fastest_sentence(summary: schema.LoadAnatomySummary) -> str:
-    """The fit's reading in one sentence, rendered from the typed fits (a collective by its
-    transfer: its wait is rank skew), then what the collectives' waits and the routed experts did."""
+def fastest_sentence(summary: schema.LoadAnatomySummary, experts: bool = True, lead: bool = True) -> str:
+    """`fastest_paragraphs` as one paragraph."""
+    return " ".join(fastest_paragraphs(summary, experts, lead))
+
+
+def fastest_paragraphs(summary: schema.LoadAnatomySummary, experts: bool = True, lead: bool = True) -> list[str]:
+    """The fit's reading in one sentence (with `lead`), rendered from the typed fits (a collective
+    by its transfer: its wait is rank skew), then what each collective's wait and (with `experts`)
+    the routed experts did: one paragraph each, so no paragraph runs long."""
     fits = {f.category: f for f in summary.fits if f.measure != "wait"}
     cat = summary.fastest_category
-    if cat is None or cat not in fits:
+    if not lead:
+        text = ""
+    elif cat is None or cat not in fits:
         text = ("No category's ms per decode step grows with the batch beyond twice its slope's standard "
                 "error over the captured levels.")
     else:
@@ -141,7 +155,8 @@ def fastest_sentence(summary: schema.LoadAnatomySummary) -> str:
                 f"{fmt_num(f.slope_se_ms)} ms per decode request (least squares over {f.n_steps} decode steps at "
                 f"{f.n_batches} batch sizes), {fmt_num(f.ms_at_batch_min)} ms per step at batch {f.batch_min} and "
                 f"{fmt_num(f.ms_at_batch_max)} ms at batch {f.batch_max}.")
-    return " ".join([text, *skew_sentences(summary), *([experts_sentence(summary.experts)] if summary.experts else [])])
+    return [t for t in [text, *skew_sentences(summary),
+                        *([experts_sentence(summary.experts)] if summary.experts and experts else [])] if t]
 
 
 def skew_sentences(summary: schema.LoadAnatomySummary) -> list[str]:
@@ -236,13 +251,12 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
             "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
             if borrowed else "")
-    return ("\n### Each captured sweep level's wall time, part by part (stage 05)\n\n"
-            "Where each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
+    return ("\n" + appendix_table(RECONCILIATION_HEADING, "Where each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
             "client's tokens over the tokens a step of each kind emits, times its median period; ramp-up, "
             "turnaround and drain are time with fewer requests waiting than the concurrency. Gaps inside a step "
             "lie inside its period on both sides, so they cannot open a gap between the two rates.\n\n"
             + compact_table(df, cols, keys=("concurrency",), formats={k: fmt_num for k in ["level_s", *names]},
-                            md_columns=("adds_up",)) + note)
+                            md_columns=("adds_up",)) + note))
 
 
 def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGrowth | None" = None,
@@ -257,19 +271,19 @@ def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGro
              "steps' tokens over their summed periods) beside the sweep's (the client's, over a whole level); "
              "method: `docs/methods.md`, \"The step under load\".\n\n")
     text += _comparison_table(rows)
-    if a.load_reconciliation is not None and a.load_reconciliation.levels:
-        text += f"\nEach captured sweep level's wall time, part by part: [appendix]({APPENDIX_MD}#measurements-in-full).\n"
     off = [r for r in rows if r.agrees is False]
     if off:  # the table holds both rates: said once, then what the data show at each level
         text += (f"\n*The trace's throughput is beyond the band ({'; '.join(dict.fromkeys(r.band_source for r in off))}) "
                  f"of the sweep's at {', '.join(f'c={r.concurrency}' for r in off)}.*\n")
-    for r in off:
-        if r.explanations:
-            text += f"\n*c={r.concurrency}, what the data show:* " + "; ".join(r.explanations) + ".\n"
+    text += _what_the_data_show([r for r in off if r.explanations], a.load_reconciliation)
     if figure_md:
-        text += "\n" + figure_md + "\n"
-    text += "\n" + fastest_sentence(summary) + (f" Every category's fit is in the [appendix]({APPENDIX_MD}#"
-                                                 "measurements-in-full).\n" if summary.fits else "\n")
+        text += "\n" + figure_md.rstrip("\n") + "\n"
+    # what the plateau's bullets below say (the fastest-growing category, the experts beside D(M)) is said there once
+    said = fastest_paragraphs(summary, experts=not _says_experts(growth), lead=not _says_fastest(growth, summary))
+    fits = [f"Every category's fit is in the {appendix_link(FITS_HEADING)}."] if summary.fits else []
+    if said and fits:  # the pointer closes the last paragraph
+        said, fits = [*said[:-1], f"{said[-1]} {fits[0]}"], []
+    text += "".join(f"\n{p}\n" for p in said + fits)
     for note in summary.notes:
         text += f"\n*{note}*\n"
     if growth is not None:  # one finding per bullet: a paragraph of them is not read
@@ -277,12 +291,35 @@ def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGro
     return text + micro_curve_line(micro or [])
 
 
+def _what_the_data_show(off: list[LoadComparison], rec: schema.LoadReconciliation | None) -> str:
+    """Each level beyond the band, one line of why (its largest parts first), linking the table of
+    every level's parts; the link alone where no level needs a why."""
+    link = appendix_link(RECONCILIATION_HEADING) if rec is not None and rec.levels else ""
+    if not off:
+        return f"\nEach captured sweep level's wall time, part by part: {link}.\n" if link else ""
+    lead = f"*What the data show*{f' (each level part by part: {link})' if link else ''}:"
+    return f"\n{lead}\n\n" + "".join(f"- c={r.concurrency}: " + "; ".join(r.explanations) + ".\n" for r in off)
+
+
 def load_appendix(a: RunArtifacts, micro: list[MicroPoint]) -> str:
     """The step under load's tables in full, for the appendix: each level's time part by part, the
     micro-predicted curve, every category's fit; '' without any."""
     fits = fits_table(a.load_summary)
     return (reconciliation_section(a.load_reconciliation) + micro_curve_section(micro)
-            + (f"\n### Growth with the batch per category (stage 05's fits of the load captures)\n\n{fits}" if fits else ""))
+            + ("\n" + appendix_table(FITS_HEADING, fits) if fits else ""))
+
+
+def _says_fastest(growth: "LoadGrowth | None", summary: schema.LoadAnatomySummary) -> bool:
+    """Whether the plateau's bullets name the fastest-growing category as the fit does: a
+    collective read by its transfer is not (the bullets give its busy time, waits included)."""
+    fit = next((f for f in summary.fits if f.category == summary.fastest_category and f.measure != "wait"), None)
+    return (growth is not None and growth.category == summary.fastest_category
+            and (fit is None or fit.measure != "transfer"))
+
+
+def _says_experts(growth: "LoadGrowth | None") -> bool:
+    """Whether the plateau's bullets (`growth_sentences`) set the routed experts beside D(M)."""
+    return growth is not None and growth.category == EXPERTS_CATEGORY and growth.experts is not None
 
 
 
@@ -497,7 +534,7 @@ def micro_curve_line(points: list[MicroPoint]) -> str:
     both = [p for p in points if p.predicted_tok_s is not None and p.measured_tok_s]
     if not points:
         return ""
-    link = f"[appendix]({APPENDIX_MD}#measurements-in-full)"
+    link = appendix_link(MICRO_CURVE_HEADING)
     if not both:
         return f"\nThe micro-benchmarks' prediction of each sweep level, before any load trace: {link}.\n"
     p = both[-1]
@@ -518,7 +555,7 @@ def micro_curve_section(points: list[MicroPoint]) -> str:
         note = ("\n*The all-reduce burst was timed at a smaller batch than some levels (`comm from batch`); "
                 "its time is held there, which assumes latency-bound all-reduces (true for small messages, "
                 "not for large ones). Set `micro.collectives.burst_batch_sizes` to the sweep's concurrencies.*\n")
-    return ("\n### Micro-benchmarks against the whole sweep\n\nBefore any load trace: the decode step at each "
+    return ("\n" + appendix_table(MICRO_CURVE_HEADING, "Before any load trace: the decode step at each "
             "sweep concurrency M predicted as stage 02's GEMM time at M + stage 03's all-reduces at M + the "
             "batch-1 trace's attention and KV writes × M + the rest of the batch-1 period unchanged; "
             "throughput = M / step.\n\n"
@@ -527,4 +564,4 @@ def micro_curve_section(points: list[MicroPoint]) -> str:
                             ("rest_ms", "rest (ms)"), ("step_ms", "step (ms)"),
                             ("predicted_tok_s", "micro-predicted (tok/s)"), ("measured_tok_s", "measured (tok/s)")],
                        formats={"concurrency": _whole, "comm_from_batch": _whole})
-            + note)
+            + note))

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import re
 
+REPORT_MAX_BYTES = 25_000
+"""The most report.md may weigh (`len(md.encode())`), the demo's included: a newcomer reads it in a
+minute (issue 37); the tables it links rather than shows are the appendix's."""
+PARAGRAPH_MAX_WORDS = 120
+"""The longest paragraph or list item report.md may hold."""
+
 
 def section(md: str, title: str) -> str:
     """The body of the `## N. <title>...` section (up to the next `## `); '' when it is absent."""
