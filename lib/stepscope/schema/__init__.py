@@ -165,8 +165,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("06_writeup/report.md", "06_writeup", "the report"),
     Artifact("06_writeup/report.html", "06_writeup", "the same as one self-contained HTML file"),
     Artifact("06_writeup/appendix.md", "06_writeup", "linked from the report: the measurements its figures show, "
-             "in full (GEMM timings of the other models, collectives per size, growth with the batch, the spread "
-             "across ranks), then command lines, stages, packages, the params file (secrets redacted) and every "
+             "in full (the GEMM table the prediction reads and the other models', the largest ops per category, the "
+             "step kinds side by side, the step read several ways, collective transfer and wait, collectives per "
+             "size, the load reconciliation and micro-predicted curve, growth with the batch, the spread across "
+             "ranks, the what-if tables when their figure is drawn), then command lines, stages, packages, the params file (secrets redacted) and every "
              "file in the run folder (absent in run folders of older stepscope)", optional=True),
     Artifact("06_writeup/appendix.html", "06_writeup", "the same as one self-contained HTML file", optional=True),
     Artifact("06_writeup/verdict.json", "06_writeup", "the verdict as data: the headline's sentences with the "
