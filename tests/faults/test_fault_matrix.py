@@ -198,8 +198,10 @@ def test_server_death_mid_sweep_relaunch_resume_and_no_secret_anywhere(tmp_path)
 
 
 def test_ctrl_c_during_the_sweep_keeps_finished_requests(tmp_path):
+    # 400 requests a level: the tiny model served 40 in about 1.5 s, and on a loaded CI machine the
+    # interrupt once landed after both levels had finished, with no partial file left to check
     params = _params(tmp_path, free_port(),
-                     sweep="{concurrency: [1, 2], input_len: 16, output_len: 16, min_requests: 40, warmup_requests: 1}")
+                     sweep="{concurrency: [1, 2], input_len: 16, output_len: 16, min_requests: 400, warmup_requests: 1}")
     run = Run(tmp_path, params, "sigint", "--stages", "00,01")
     partial = run.run_dir / "01_macro_sweep" / "levels" / "c0001.partial.jsonl"
     run.wait_for(lambda: partial.is_file() and partial.read_text().count("\n") >= 3)
