@@ -1,17 +1,6 @@
 """Stage 00: start or attach to the inference server, and keep it for the run.
 
-Public API (the runner, notebooks and other stages use only these):
-
-- `ensure_server(params, run_dir)`: the run's server record; launches or attaches
-  when no live server is recorded in `00_deploy/server.json`.
-- `read_server(run_dir)`: the record other stages read (`base_url`, `served_model`,
-  `engine`, `engine_version`, `profiler_dir`, `tp`, `api_key_env`, ...).
-- `stop_server(run_dir)`: stop a server this run launched (never an attached one).
-- `build_server_command(params, run_dir)`: the exact argv/env launch mode runs.
-- `create_tiny_model(dir, spec)`: a random tiny Llama, or DeepSeek-V3 (`spec.arch`: MLA and
-  MoE, the reference model's kind), with a locally trained tokenizer.
-
-Artifacts in `00_deploy/`: `server.json` (argv and env redacted), `server.log`.
+The runner, notebooks and other stages use only the names below; `00_deploy/` is in docs/artifacts.md.
 """
 
 from stepscope import schema
