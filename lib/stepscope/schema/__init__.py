@@ -35,8 +35,8 @@ from stepscope.schema.categorize import (AmdahlRow, CategoryKernelRow, CategoryL
                                          TraceSummary)
 from stepscope.schema.deploy import ModelCard, ModelsResponse, ServerRecord
 from stepscope.schema.load import (ExpertGrowth, ExpertLevel, LoadAnatomyRow, LoadAnatomySummary, LoadFit, LoadLevel,
-                                   LoadReconciliation, LoadReconciliationLevel, LoadWindow, ServerMetricsInfo,
-                                   ServerMetricsRow)
+                                   LoadReconciliation, LoadReconciliationLevel, LoadWindow, MicroCurve,
+                                   MicroCurveLevel, MicroCurveReconciled, ServerMetricsInfo, ServerMetricsRow)
 from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, GemmConfig, GemmPrediction, GemmRow
 from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
 from stepscope.schema.sweep import (GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepPlan, SweepRequestRow,
@@ -128,6 +128,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("05_categorize/load_reconciliation.json", "05_categorize", "per captured sweep level: its wall "
              "time cut into measured parts (decode and prefill steps, stalls, client overhead, ramp-up, "
              "turnaround, drain) and the unexplained remainder", LoadReconciliation, optional=True),
+    Artifact("05_categorize/micro_curve.json", "05_categorize", "per closed-loop sweep level: the decode step "
+             "the micro-benchmarks predict (GEMM, collectives, attention and KV writes, rest) and its tok/s beside "
+             "the measured; per reconciled level its time rebuilt from the prediction, the error by component",
+             MicroCurve, optional=True),
     Artifact("05_categorize/c<C>/", "05_categorize", "stage 05's whole analysis of the load capture at "
              "concurrency C", optional=True),
     Artifact("05_categorize/summary.json", "05_categorize", "per-rank totals, the decode summary, "
@@ -225,7 +229,8 @@ __all__ = [
     "CategoryLeverRow", "CollectiveSizeRow", "ModuleRow",
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
-    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow", "RankCategoryRow", "RankSummary",
+    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow",
+    "MicroCurve", "MicroCurveLevel", "MicroCurveReconciled", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepRequestRow", "SweepSummary",
     "VllmBenchResult",
     "AiperfExport",

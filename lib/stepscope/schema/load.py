@@ -259,3 +259,71 @@ class LoadWindow(Record, kw_only=True):
     started_at: str | None = None
     stop_status: int | None = None
     notes: list[str] = []
+
+
+class MicroCurveReconciled(Record, kw_only=True):
+    """One reconciled sweep level's time rebuilt from the micro-predicted step (trace.micro_curve):
+    its measured parts other than the decode steps kept, the decode steps at the predicted step,
+    and the prediction's error over them, by component."""
+
+    level_s: float
+    """The level's time, s (`load_reconciliation.json`'s)."""
+    decode_steps: float
+    """The level's decode steps (`load_reconciliation.json`'s)."""
+    decode_tokens_per_step: float | None = None
+    """Decode requests a decode step of the level's trace held (the prediction assumes the concurrency)."""
+    trace_step_ms: float
+    """The level's traced decode period (median over its decode steps), ms."""
+    trace_ms: dict[str, float]
+    """component -> ms per decode step in the level's trace: `gemm`, `comm` and `attention_kv` (each its
+    categories' interval union, mean over the level's decode steps) and `rest` (the traced period less those)."""
+    error_ms: dict[str, float]
+    """component -> traced less predicted, ms per step; they sum to trace_step_ms less the predicted step."""
+    parts: dict[str, float]
+    """name -> seconds, summing to level_s: the level's measured `prefill_mixed_steps`, `stalls`,
+    `client_overhead`, `ramp_up`, `turnaround` and `drain`; `decode_steps_predicted` (decode_steps × the
+    predicted step); `error_gemm`, `error_comm`, `error_attention_kv` and `error_rest` (decode_steps × each
+    error_ms); `unexplained` (the reconciliation's own remainder)."""
+    predicted_level_s: float
+    """level_s less the error parts: the level had its decode steps taken the predicted step, s."""
+
+
+class MicroCurveLevel(Record, kw_only=True):
+    """The decode step predicted at one closed-loop sweep concurrency M from the micro-benchmarks,
+    before any load trace, and the sweep's measured throughput beside it."""
+
+    concurrency: int
+    gemm_ms: float | None = None
+    """Stage 02's GEMM time per decode step at M (linear between the batches it timed), ms."""
+    comm_ms: float | None = None
+    """Stage 03's collectives per decode step, timed at `comm_from_batch`, ms."""
+    comm_from_batch: int | None = None
+    """The largest batch stage 03 timed at or below M (its time is held from there)."""
+    comm_implementation: str | None = None
+    """The collective implementation the time is of (`CommPrediction.implementation`)."""
+    attention_kv_ms: float
+    """The batch-1 trace's attention and KV-cache writes × M, ms."""
+    rest_ms: float
+    """The batch-1 period less its GEMM, collective, attention and KV-write time, held at every M, ms."""
+    step_ms: float | None = None
+    """The sum of the four, ms; null without stage 02's or stage 03's time."""
+    predicted_tok_s: float | None = None
+    """M / step_ms: every request in flight decodes one token per step."""
+    measured_tok_s: float | None = None
+    """The sweep's output tok/s at M (levels.csv)."""
+    reconciled: MicroCurveReconciled | None = None
+    """The level's time rebuilt from the prediction; null where stage 05 reconciled no capture of M."""
+
+
+class MicroCurve(Record, kw_only=True):
+    """`05_categorize/micro_curve.json`: the micro-predicted decode step at each sweep concurrency,
+    and each reconciled level's time rebuilt from it, part by part."""
+
+    method: str
+    batch1_period_ms: float
+    """The batch-1 trace's decode period (the median over categories of union / share of period), ms."""
+    comm_implementation: str | None = None
+    comm_implementation_reason: str | None = None
+    comm_matches_trace: bool | None = None
+    """`CommPrediction.matches_trace` after stage 05 re-pointed it at the trace's implementation."""
+    levels: list[MicroCurveLevel] = []
