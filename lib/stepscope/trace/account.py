@@ -1,17 +1,9 @@
 """Overlap-aware accounting: count, sum, union and exposed time per rank, step and category.
 
-Kernels overlap, even on one stream, so a category's time is the *union* of its
-intervals, and a summed duration is reported beside it, never instead of it.
-Exposed time follows a class priority: compute covers first, then communication, then
-memory. A communication category's exposed time is the part of its union that no
-compute overlaps; a memory category's is the part that neither compute nor
-communication overlaps; a compute category's exposed time is its union. Where categories
-of one class overlap each other, the shared time is split among them in proportion to their
-own exposed times, so the categories' exposed times partition busy. So, exactly:
-
-    busy + idle = span
-    compute_us + comm_exposed_us + memory_exposed_us = busy_us
-    sum of the categories' exposed_us = busy_us
+Kernels overlap, even on one stream, so a category's time is the union of its intervals, and exposed time
+follows the class priority compute > communication > memory (docs/methods.md#accounting-identities). Overlap
+within a class is split in proportion to each category's own exposed time, so the categories' exposed times
+add up to busy exactly.
 """
 
 from __future__ import annotations
@@ -83,9 +75,8 @@ def grouped_union(keys, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
 
 
 class Ends:
-    """Each work row's end, `start_us + dur_us`, made where it is read (`ends[rows]`): the work
-    table keeps no end column, 8 bytes a row (issue 26). The sum is the one the build made, so
-    every end is the same float a stored column held."""
+    """Each work row's end, `start_us + dur_us`, made where it is read (`ends[rows]`) rather than stored: the
+    same float the build made, 8 bytes a row saved."""
 
     def __init__(self, start: np.ndarray, dur: np.ndarray) -> None:
         self.start, self.dur = start, dur
@@ -123,13 +114,10 @@ class _InCategories:
 
 def _union_by_code(codes: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, n: int,
                    mask: np.ndarray | _InCategories | None = None) -> np.ndarray:
-    """Union length per integer code 0..n-1 of intervals already sorted by start (only the
-    rows where `mask` is true, when given).
+    """Union length per integer code 0..n-1 of intervals sorted by start (rows where `mask` holds).
 
-    Exact: only max and subtraction of the trace's own values (no offsets added to make
-    groups disjoint), one running max per group, each segment's length added in order. The
-    rows are read UNION_CHUNK_ROWS at a time; a segment still open at a chunk's end carries
-    into the next, so the result is the same as in one pass.
+    Exact: only max and subtraction of the trace's own values, one running max per group; read a chunk at a
+    time, an open segment carrying into the next chunk.
     """
     out = np.zeros(n)
     if not (codes[1:] >= codes[:-1]).all():  # not grouped (steps in time order are): sort a copy
@@ -186,11 +174,8 @@ def _union_chunk(c: np.ndarray, s: np.ndarray, e: np.ndarray, carried: tuple | N
 
 
 def _partition(exposed: np.ndarray, klass: np.ndarray, class_len: dict[str, np.ndarray]) -> np.ndarray:
-    """Exposed time per (key, category) scaled so that each class's categories sum to that
-    class's exposed length. Categories of one class overlap one another (two compute streams,
-    a collective beside another), and each one's own exposed time counts the shared stretch
-    once per category, so their sum can pass busy (the SGLang decode step read 100.06 %). The
-    shared time is split in proportion to each category's own exposed time."""
+    """Exposed time per (key, category) scaled so each class's categories sum to the class's exposed length:
+    overlapping categories of one class would otherwise count the shared stretch once each."""
     out = exposed.copy()
     for name, length in class_len.items():
         cols = klass == name
@@ -224,8 +209,7 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends,
     """Per key (codes `kc`, rows in start order): compute, compute+communication and busy union
     lengths; per (key, category `cc`): union and exposed time, flat as key * ncat + category."""
     ncat = len(klass)
-    # each set of rows as the set of categories it takes (`_InCategories`), judged a slice at a
-    # time: a bool mask per row for each set was up to 4 bytes a row of the peak (issue 26)
+    # each set of rows as the set of categories it takes, judged a slice at a time
     comp, comm = klass == "compute", klass == "communication"
 
     def gu(cats: np.ndarray) -> np.ndarray:
@@ -234,8 +218,7 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends,
     c_len = gu(comp)
     cm_len = gu(comp | comm)
     busy = _union_by_code(kc, s, e, nk)  # every row: read in place
-    # one category at a time: its rows keep the key order, so no sort and no copy of every
-    # row (a sorted copy of all rows was stage 05's peak on a kernel-dense trace, issue 26)
+    # one category at a time: its rows keep the key order, so no sort and no copy of every row
     union = np.zeros(nk * ncat)
     for ci in range(ncat):
         union[np.arange(nk) * ncat + ci] = gu(np.arange(ncat) == ci)
@@ -253,13 +236,10 @@ def _unions(kc: np.ndarray, cc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends,
 
 
 def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per (key, category) metrics and per key totals for one rank's work.
-
-    Everything runs on integer codes over rows sorted once by start time.
-    """
+    """Per (key, category) metrics and per key totals for one rank's work, on integer codes over rows sorted
+    once by start."""
     start = work["start_us"].to_numpy()
-    # The work table comes sorted (build_work): then every column is read in place, not
-    # copied through a permutation (each copy is 8 bytes per event).
+    # The work table comes sorted (build_work): every column is read in place.
     o = None if (start[1:] >= start[:-1]).all() else np.argsort(start, kind="stable")
 
     def col(name: str) -> np.ndarray:
@@ -270,8 +250,7 @@ def _account(work: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     if len(keys) and keys.min() == keys.max():  # one key (the whole rank): no code per row to make
         kc, keys_u = np.zeros(len(keys), dtype=np.int8), keys[:1].copy()
     else:
-        # in order of first appearance, as pd.factorize; narrow codes (a step id's int32 was 4
-        # bytes an event of the accounting's peak, issue 26)
+        # in order of first appearance, as pd.factorize; narrow codes
         kc, keys_u = factorize_keys(len(keys), lambda sl: keys[sl].astype(np.int64), narrow=True)
     keys_u = keys_u.astype(keys.dtype, copy=False)
     cc, cats_u = _category_codes(work["category"], o)
@@ -350,9 +329,8 @@ def _weighted_sum(codes: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
 
 def _first_start_last_end(kc: np.ndarray, s: np.ndarray, e: np.ndarray | Ends, nk: int
                           ) -> tuple[np.ndarray, np.ndarray]:
-    """Per key code (rows in start order): its first row's start, and its largest end (NaN
-    ends skipped). A slice at a time: a sort of every row's codes, then a groupby, made ~40
-    bytes per event (issue 26); a maximum is the same in any order."""
+    """Per key code (rows in start order): its first row's start and its largest end (NaN ends skipped), a
+    slice at a time."""
     first = np.full(nk, -1, dtype=np.int64)
     ends = np.full(nk, -np.inf)
     for lo in range(0, len(kc), UNION_CHUNK_ROWS):
@@ -385,8 +363,7 @@ def account_steps(work: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame
                  "memory_exposed_us", "idle_us", "all_reduce_calls", "all_gather_calls",
                  "other_collective_calls"]
     for c in zero_cols:
-        # no work tied to any step (kernels with no launch to correlate, issue 26): every step
-        # has zero work, read as such downstream, rather than the step columns missing
+        # no work tied to any step: every step has zero work rather than the step columns missing
         tot[c] = tot[c].fillna(0) if c in tot else 0.0
     for c in ("n_events", "all_reduce_calls", "all_gather_calls", "other_collective_calls"):
         if c in tot:
@@ -419,9 +396,8 @@ def select_decode_steps(step_totals: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame,
                       step_times: dict | None = None) -> pd.DataFrame:
-    """Per category over the decode steps of one rank: ms per step (mean/median/p90 of
-    the union), share of the step span and of the step period (when `step_times` has
-    one), calls per step and µs per call."""
+    """Per category over one rank's decode steps: ms per step (mean/median/p90 of the union), shares of span
+    and period, calls per step and µs per call."""
     dec, _ = select_decode_steps(step_totals)
     ids = dec["step_id"].to_numpy()
     n = len(ids)
@@ -455,9 +431,8 @@ def decode_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame,
 
 
 def step_groups(step_totals: pd.DataFrame) -> np.ndarray:
-    """Each step's group for the per-kind table: its kind, except a decode step that scores
-    drafted tokens (`decode_tokens` > `decode_requests`, `steps.spec_decode_steps`), which is a
-    verify step. Kinds are never pooled: a prefill's all-reduce is not a decode step's."""
+    """Each step's group for the per-kind table: its kind, or `verify` for a decode step that scores drafts.
+    Kinds are never pooled: a prefill's all-reduce is not a decode step's."""
     kinds = step_totals["kind"].fillna("unknown").astype(str).to_numpy(object)
     if {"decode_tokens", "decode_requests"} <= set(step_totals):
         req, tok = step_totals["decode_requests"].to_numpy(float), step_totals["decode_tokens"].to_numpy(float)
@@ -466,10 +441,8 @@ def step_groups(step_totals: pd.DataFrame) -> np.ndarray:
 
 
 def kind_categories(step_cats: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFrame:
-    """Per step kind (`step_groups`: prefill, decode, verify, mixed, warm-up, ...) and category,
-    over that kind's steps with work on one rank: ms per step (union, exposed, summed) and calls
-    per step, beside the kind's own busy time and span per step. The kinds side by side: the
-    decode figures elsewhere hold decode steps only, and this is where the others are."""
+    """Per step kind (`step_groups`) and category on one rank: ms per step (union, exposed, summed) and calls
+    per step, beside the kind's busy time and span; the decode figures elsewhere hold decode steps only."""
     groups = step_groups(step_totals)
     has_work = step_totals["n_events"].to_numpy() > 0
     rows = []
@@ -506,9 +479,8 @@ KERNEL_COLUMNS = ["rank", "category", "class", "name", "n_steps", "count", "call
 
 def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
                      top: int = KERNELS_PER_CATEGORY) -> pd.DataFrame:
-    """Per category over the decode steps of one rank (the steps `decode_categories` uses):
-    its kernels (ops on a CPU trace) by summed time, the `top` largest. Summed, not union:
-    a kernel's own share of its category, which is what a fix to that kernel can reach."""
+    """Per category over one rank's decode steps: its `top` kernels by summed time. Summed, not union: a
+    kernel's own share is what a fix to it can reach."""
     dec, _ = select_decode_steps(step_totals)
     ids = dec["step_id"].to_numpy()
     w = _decode_rows(work, ids, ["category", "name", "dur_us", "is_call", "category_source", "op_context",
@@ -536,11 +508,8 @@ def category_kernels(work: pd.DataFrame, step_totals: pd.DataFrame,
 
 
 def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """Per row, the code of its (category, name) group, numbered by first appearance as
-    groupby(sort=False) numbers them; per group its category, name, summed `dur_us` (added in
-    row order, `_weighted_sum`, as the accounting's sums are), row count and `calls`. One dense key:
-    grouping by the two text columns, or by category and then by name, made ~50 bytes per row,
-    and pandas' group sum an int64 code per row (issue 26)."""
+    """Per row the code of its (category, name) group, numbered by first appearance; per group its category,
+    name, summed `dur_us` (in row order), rows and `calls`. One dense key keeps memory low."""
     cat, name = _as_categorical(w["category"]), _as_categorical(w["name"])
     cc, nc = cat.codes, name.codes
     nn = max(len(name.categories), 1)
@@ -552,10 +521,8 @@ def _name_groups(w: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
 
 
 def _calls(key: np.ndarray, w: pd.DataFrame, n_groups: int) -> np.ndarray:
-    """Calls per group of `key`: its rows that start a call (`is_call`). A CPU op's self time is
-    cut into pieces around its child ops (a `_C::onednn_mm` in two), and a piece is no call. A
-    group with none (a CPU collective's wrapper or wait: its call is counted at its entry op,
-    `steps.build_work`) counts its rows, as does a table without the column."""
+    """Calls per group of `key`: rows that start a call (`is_call`), since a CPU op's self time is cut into
+    pieces; a group with none (a collective's wrapper or wait) counts its rows."""
     rows = count_codes(key, n_groups)
     if "is_call" not in w:
         return rows
@@ -592,9 +559,8 @@ def _decode_rows(work: pd.DataFrame, step_ids: np.ndarray, columns: list[str]) -
 
 
 def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
-    """Per work row (its `step_id`), its step is one of `step_ids`: a lookup by step id (ids
-    are 0..n-1, -1 for none), not isin's hash table over every row. The one way stage 05 picks
-    the work of the judged steps."""
+    """Per work row, whether its `step_id` is one of `step_ids` (a lookup by id, not isin's hash table): the
+    one way stage 05 picks the judged steps' work."""
     ids = np.asarray(step_ids, dtype=np.int64)
     if not len(ids) or ids.min() < 0 or not len(step_id):
         return np.isin(step_id, ids)
@@ -604,15 +570,12 @@ def in_steps(step_id: np.ndarray, step_ids: np.ndarray) -> np.ndarray:
 
 
 def rows_of(work: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> pd.DataFrame:
-    """The work rows where the mask `rows` holds, only the `columns` read (those present), on a
-    RangeIndex of their own; with every row picked, the columns themselves, not a copy. A copy
-    of the rows picked was each later phase's largest transient on a kernel-dense trace, where
-    every kernel is in a step (issue 26)."""
+    """The work rows where mask `rows` holds, only `columns` read, on a fresh RangeIndex; with every row
+    picked, the columns themselves, not a copy."""
     keep = [c for c in columns if c in work]
     if rows.all():
         return work[keep]
-    # column by column through the mask, on a new RangeIndex: `.loc` made an int64 position and
-    # an int64 index label for each row picked, 16 bytes a row over the columns (issue 26)
+    # column by column through the mask: `.loc` made int64 positions and labels per row
     return pd.DataFrame({c: picked(work[c], rows) for c in keep}, copy=False)
 
 
@@ -629,9 +592,8 @@ def _main_module(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     holds most of its summed time, and that share; None where the trace has no module frames."""
     if "module_path" not in w or not w["module_path"].notna().any():
         return pd.DataFrame(columns=keys + ["module", "module_share"])
-    # One dense code per group and per (group, module), numbered by first appearance as
-    # groupby(sort=False) numbers them, sums added in row order (`_weighted_sum`): pandas'
-    # groupby of the text columns made an int64 code per row and more (issue 26).
+    # One dense code per group and per (group, module), numbered by first appearance, sums in row order
+    # (`_weighted_sum`).
     cats = [_as_categorical(w[k]) for k in keys]
     mod = w["module_path"].array
     mod = mod if isinstance(mod, pd.Categorical) else pd.Categorical(w["module_path"].to_numpy(object))
@@ -673,11 +635,9 @@ nothing about coherence. A catch-all such as elementwise has no such common fix.
 
 
 def lever_coherent(category: str, n_names: int, top_share: float, module_share: float | None = None) -> bool:
-    """A category is one lever unless it is a grab-bag: at least LEVER_GRAB_BAG_MIN_NAMES distinct
-    kernels of which the largest LEVER_TOP_KERNELS hold under LEVER_DOMINANT_SHARE of its time, and
-    no one module holding that share either (many kernels inside one module are one fix: that
-    module's). A category that is one operation (ONE_OPERATION_CATEGORIES) is always one lever.
-    The one home of the test: the report's guard reads its `coherent` column."""
+    """Whether a category is one lever: not a grab-bag of LEVER_GRAB_BAG_MIN_NAMES+ kernels whose top
+    LEVER_TOP_KERNELS (and top module) hold under LEVER_DOMINANT_SHARE of its time. ONE_OPERATION_CATEGORIES
+    always are. The report's guard reads its `coherent` column."""
     from stepscope.thresholds import LEVER_DOMINANT_SHARE, LEVER_GRAB_BAG_MIN_NAMES
 
     if category in ONE_OPERATION_CATEGORIES or (module_share is not None and module_share >= LEVER_DOMINANT_SHARE):
@@ -686,10 +646,8 @@ def lever_coherent(category: str, n_names: int, top_share: float, module_share: 
 
 
 def category_levers(work: pd.DataFrame, step_totals: pd.DataFrame) -> pd.DataFrame:
-    """Per category over the steps `category_kernels` reads: what a fix to it would be a fix
-    to. Its largest kernels with their shares of its summed time (`top_kernels`, `name (share)`
-    joined by ` | `), the module holding most of its time, and whether it is one lever
-    (`coherent`) or a grab-bag of unrelated kernels no one fix reaches (`why` says which)."""
+    """Per category over `category_kernels`'s steps: its top kernels with shares (`name (share)` joined by ` |
+    `), its main module, and whether it is one lever (`coherent`, `why`)."""
     from stepscope.thresholds import LEVER_TOP_KERNELS
 
     dec, _ = select_decode_steps(step_totals)
@@ -748,8 +706,8 @@ def _decided_by(work: pd.DataFrame) -> pd.Series:
     module it ran inside, without its instance number (`nn.Module: Qwen2RMSNorm`)."""
     s_codes, s_u = text_column_codes(work["category_source"] if "category_source" in work else None, len(work), "name")
     c_codes, c_u = text_column_codes(work["op_context"] if "op_context" in work else None, len(work), "")
-    # Judged once per distinct (source, frame) pair and kept as codes: a str per row (even one
-    # object array of them) was most of stage 05's peak on a kernel-dense trace (issue 26).
+    # Judged once per distinct (source, frame) pair and kept as codes: a str per row was most of stage 05's
+    # peak.
     width = len(c_u) + 1  # code -1 (a missing value) becomes 0: read as "" below
     codes, pairs = factorize_keys(len(s_codes), lambda sl: (s_codes[sl].astype(np.int64) + 1) * width
                                   + (c_codes[sl] + 1), narrow=True)  # pd.factorize's codes, a slice at a time
@@ -799,17 +757,15 @@ def _followed_by_same_kind(step_totals: pd.DataFrame, chosen: pd.DataFrame) -> n
 
 
 def ceiling_x(step_ms: float, removed_ms: float) -> float:
-    """Amdahl's ceiling: how many times faster a step of `step_ms` gets without `removed_ms` of
-    it (infinite when nothing is left). The one home of the formula: stage 05's amdahl.csv, the
-    verdict's levers and the campaign's ceilings all call it."""
+    """Amdahl's ceiling: how many times faster a step of `step_ms` gets without `removed_ms` of it (infinite
+    when nothing is left). The formula's one home."""
     rest = step_ms - removed_ms
     return step_ms / rest if rest > 0 else float("inf")
 
 
 def step_basis(step_times: dict) -> tuple[str | None, float | None]:
-    """(denominator, ms) of every share and Amdahl ceiling: the mean decode period (step start to
-    next step start, what TPOT measures), else the mean span of a step's work (one step, or a
-    trace read whole), else its busy time. Chosen here only: the summary and the report read it."""
+    """(denominator, ms) of every share and Amdahl ceiling: the mean decode period (what TPOT measures), else
+    the mean span of a step's work, else its busy time. Chosen here only."""
     for name, key in (("period", "period_ms"), ("span", "span_ms"), ("union", "union_ms")):
         ms = (step_times.get(key) or {}).get("mean")
         if ms:
@@ -833,11 +789,8 @@ def amdahl(decode_cats: pd.DataFrame, step_times: dict) -> pd.DataFrame:
 
 
 def cross_rank(decode_tables: list[pd.DataFrame]) -> pd.DataFrame:
-    """Per category: min / median / max across ranks of the decode union ms per step.
-
-    For a collective, the rank that spent least approximates the transfer itself; the
-    rest of each rank's time is waiting for the slowest rank to arrive.
-    """
+    """Per category: min / median / max across ranks of the decode union ms per step; for a collective the
+    least rank approximates the transfer, the rest being wait for the slowest rank."""
     if not decode_tables:
         return pd.DataFrame(columns=CROSS_RANK_COLUMNS)
     d = pd.concat(decode_tables, ignore_index=True)

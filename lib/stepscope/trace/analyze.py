@@ -1015,6 +1015,7 @@ def write_load_anatomy(run_dir: str | Path, out_dir: Path, batch1: Analysis, **k
 
     dirs = la.load_capture_dirs(run_dir)
     if not dirs:
+        write_micro_curve(run_dir, out_dir, batch1)
         return None
     ref = batch1.reference
     levels = [la.LevelTrace(1, "04_profiler_capture/traces", ref.steps_tot, ref.step_categories,
@@ -1030,7 +1031,46 @@ def write_load_anatomy(run_dir: str | Path, out_dir: Path, batch1: Analysis, **k
     rec = load_reconcile.build(run_dir, [(lv.concurrency, lv.steps) for lv in levels])
     if rec is not None:
         schema.write(out_dir / "load_reconciliation.json", rec, schema.LoadReconciliation)
+    write_micro_curve(run_dir, out_dir, batch1, table, schema.record_of(rec, schema.LoadReconciliation | None))
     return summary
+
+
+def write_micro_curve(run_dir: str | Path, out_dir: Path, batch1: Analysis, table: pd.DataFrame | None = None,
+                      rec: schema.LoadReconciliation | None = None) -> schema.MicroCurve | None:
+    """out_dir/micro_curve.json (`trace.micro_curve`): stage 02's and 03's prediction of each sweep
+    level's decode step, stage 03's pointed at the collective implementation the batch-1 trace ran,
+    and each reconciled level rebuilt from it; None (nothing written) without the sweep's levels,
+    the micro-benchmarks' predictions or the batch-1 decode categories."""
+    from stepscope.micro.collectives import prediction_for_trace
+    from stepscope.trace import micro_curve
+
+    run_dir, rank = Path(run_dir), batch1.reference.rank
+    gemm = _optional(run_dir / "02_gemm_micro" / "prediction.json", schema.GemmPrediction)
+    comm = _optional(run_dir / "03_nccl_burst" / "prediction.json", schema.CommPrediction)
+    levels_csv = run_dir / "01_macro_sweep" / "levels.csv"
+    if (gemm is None and comm is None) or not levels_csv.is_file():
+        return None
+    k = batch1.category_kernels
+    if not k.empty:
+        comm = prediction_for_trace(comm, k[k["rank"] == rank].groupby("name")["sum_ms_per_step"].sum().to_dict())
+    dec = batch1.decode_categories
+    curve = micro_curve.build(gemm, comm, dec[dec["rank"] == rank] if not dec.empty else None,
+                              pd.read_csv(levels_csv), table, rec)
+    if curve is not None:
+        schema.write(out_dir / "micro_curve.json", curve, schema.MicroCurve)
+    return curve
+
+
+def _optional(path: Path, typ: type[schema.Record]) -> Any:
+    """An earlier stage's JSON artifact, or None when it is absent or does not match its schema
+    (said in the log: stage 05 does not fail for another stage's file)."""
+    try:
+        return schema.read_if_present(path, typ)
+    except (schema.ArtifactError, OSError) as exc:
+        import logging
+
+        logging.getLogger(__name__).warning("%s: %s; not read", path, exc)
+        return None
 
 
 def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:

@@ -1,18 +1,8 @@
-"""The analysis's memory budget (issue 26): stage 05's peak is estimated before any trace is
-parsed, and over the budget the stage stops with a message naming the files, the estimate,
-the budget and how to raise it, instead of being OOM-killed part way.
+"""The analysis's memory budget: stage 05's peak is estimated before any trace is parsed, and over the budget
+the stage stops with a message instead of being OOM-killed part way (docs/faults.md).
 
-The estimate is linear in the traces' JSON bytes, with the slope of a kernel-dense trace
-(benchmarks/trace_load.py --kernels --analysis), whose device events each cost stage 05 a
-work-table row. A trace with no device event is different: its ops are its work, and a dense
-one of tiny ops costs 18-21x its JSON, so such a trace is estimated per event.
-
-The JSON bytes come from the gzip trailer (`split.json_size_estimate`, nothing decompressed)
-only when even the most the files could hold fits the budget: the trailer's size wraps at
-4 GiB, names the last member only, and says what its writer wrote (issue 39: a gzip bomb of
-8 MB holding one 8 GiB string passed it). Otherwise the decompressed streams are counted, bytes
-and events, each pass stopping once past what the budget allows. Every rank is loaded before
-the first is analysed, so the ranks add up.
+The estimate is linear in JSON bytes (per event for CPU traces); the gzip trailer is trusted only when even
+the most the files could hold fits, else the streams are counted.
 """
 
 from __future__ import annotations
@@ -113,9 +103,8 @@ class StreamCount:
 
 
 def count_stream(path: Path, stop_after_bytes: int | None = None) -> StreamCount:
-    """Count a trace's decompressed bytes and events (about a second per GB of JSON), stopping
-    as soon as more than `stop_after_bytes` were read: a gzip bomb is refused in the time its
-    budget's worth of bytes takes, not the time its whole takes."""
+    """Count a trace's decompressed bytes and events, stopping once past `stop_after_bytes`, so a gzip bomb is
+    refused in the time its budget's worth takes."""
     import zlib
 
     from isal.isal_zlib import error as isal_error
@@ -172,15 +161,9 @@ def _regular(path: Path) -> bool:
 
 
 def check_budget(paths: list[Path], budget_gb: float | None) -> BudgetCheck:
-    """The estimate for analysing `paths` together against the budget (GB = 2**30 bytes;
-    None: the default share of available memory).
-
-    A gzip trailer's size is the decompressed size modulo 4 GiB, of the last member only, and
-    says whatever its writer wrote: it decides only when even the most the file could hold
-    (MAX_DEFLATE_RATIO) fits the budget. Otherwise, and when even the worst case per byte
-    (WORST_BYTES_PER_JSON_BYTE) does not fit, every file's stream is counted, each pass stopping
-    once past what the budget allows. Paths that are no regular file are left to the load,
-    which refuses each with its reason; they are never opened here."""
+    """The estimate for analysing `paths` together against the budget (GB = 2**30 bytes; None: the default
+    share of available memory). The gzip trailer decides only when MAX_DEFLATE_RATIO times the file fits; else
+    every stream is counted. Paths that are no regular file are left to the load."""
     paths = [Path(p) for p in paths if _regular(Path(p))]
     if budget_gb is None:
         budget, source = default_budget_bytes(), (f"{MEMORY_BUDGET_AVAILABLE_SHARE:.0%} of the memory "
@@ -238,14 +221,8 @@ def _stopped(c: BudgetCheck) -> str:
 
 @functools.lru_cache(maxsize=None)
 def return_freed_arrays() -> bool:
-    """Make the C allocator give a freed large array back to the system (glibc; once per process).
-
-    glibc raises its mmap threshold each time a mapped block is freed, up to 32 MB, so after
-    the first temporary column is freed, columns of a few MB come from the heap, and the heap
-    keeps what they freed: on a 2 M-kernel trace stage 05's RSS stayed 200-300 MB above what
-    its tables held. Fixing the threshold at MMAP_THRESHOLD_BYTES (which ends the raising)
-    cut the peak by that much (benchmarks/trace_load.py --kernels 2000000 --analysis). True
-    when it was set; elsewhere (musl, macOS) nothing changes."""
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES so freed large arrays go back to the system: its
+    raising kept 200-300 MB of freed columns in the heap. True when set."""
     libc = _libc()
     try:
         return libc is not None and bool(libc.mallopt(-3, MMAP_THRESHOLD_BYTES))  # -3: M_MMAP_THRESHOLD
@@ -254,11 +231,8 @@ def return_freed_arrays() -> bool:
 
 
 def give_back_free_heap() -> bool:
-    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`), between phases.
-
-    Slices of a few hundred KB and small objects come from the heap, and freed pages in its
-    middle stay counted in RSS until trimmed: after the load and after the build of a 10 M
-    kernel trace that was ~20-30 MB each (issue 26). True when it ran; elsewhere a no-op."""
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`) between phases; True when it
+    ran, elsewhere a no-op."""
     libc = _libc()
     if libc is None:
         return False

@@ -1,9 +1,5 @@
-"""The Parquet cache of slim event tables, keyed by file size + a sampled content hash.
-
-A second analysis of the same trace reads its slim table (well under a second) instead
-of parsing the JSON again. The key includes `parse.LOADER_VERSION`, so a change of the
-table's columns or meaning never reads a stale entry. A damaged entry is only a miss.
-"""
+"""The Parquet cache of slim event tables, keyed by file size + a sampled content hash +
+`parse.LOADER_VERSION`; a damaged entry is only a miss."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 def cache_key(path: str | Path) -> str:
-    """Size + a hash of the file's content, sampled so hashing 8 x 80 MB stays well under 1 s.
-
-    The first and last MiB and 64 evenly spaced 64 KiB blocks are hashed: a re-copied or
-    re-captured file differs in its gzip header/trailer and throughout its body.
-    """
+    """Size + a hash of the first and last MiB and 64 evenly spaced 64 KiB blocks: well under 1 s for 8 x 80
+    MB, and a re-captured file differs throughout."""
     path = Path(path)
     size = path.stat().st_size
     h = hashlib.blake2b(digest_size=16)

@@ -1,18 +1,8 @@
 """Kernel / op categories: the enclosing op or module first, the kernel's name second.
 
-Two ordered rule lists in `rules.yaml`:
-
-- `context:` rules name the purpose of a CPU-side frame (a module, a function, an op, an
-  annotation) around a kernel's launch (`context.work_context`); the innermost frame a
-  rule matches decides. They win over the name, except for communication and memory
-  work (a collective inside a norm module is still a collective) and `framework` ops.
-- `rules:` match the kernel or op name (first match wins). Rules marked `catch_all: true`
-  only say "a PyTorch/Triton library kernel" (`at::native`, `elementwise_kernel`,
-  `^triton_`, CPU `^aten::`): what they match lands in `unattributed_elementwise`, and
-  each rank reports its share beside `other` (no rule matched at all).
-
-`categorize_work` returns the category and its source per event: `context`, `name`,
-`catch_all` or `none` (other).
+`rules.yaml` holds two ordered lists: `context:` rules name the purpose of a frame around a launch (the
+innermost match decides), `rules:` match the kernel's name (first match wins; `catch_all` ones land in
+`unattributed_elementwise`). Principles and the full list: docs/categories.md.
 """
 
 from __future__ import annotations
@@ -79,9 +69,8 @@ WAIT_CATEGORY = "collective_wait"
 
 @dataclass(frozen=True)
 class Rule:
-    """A name rule. `generic`: the name says only the work's class, not which category (a
-    collective kernel that does not say which collective: `ncclDevKernel_Generic_2`,
-    `ncclKernel_SendRecv_...`); an enclosing op of that class decides (`_context_applies`)."""
+    """A name rule. `generic`: the name says only the work's class (`ncclDevKernel_Generic_2`), so an
+    enclosing op of that class decides (`_context_applies`)."""
 
     category: str
     pattern: str
@@ -96,11 +85,9 @@ class Rule:
 
 @dataclass(frozen=True)
 class ContextRule:
-    """A frame whose name matches `pattern` (and, with `parent`, whose enclosing module
-    matches `parent`) gives its category to the work launched inside it; with `only`, only to
-    work whose name alone would land in one of those categories (an attention module names its
-    softmax and masking kernels, not the projections' GEMMs). The category `name` stops an
-    outer frame's rule from reaching in (a `Linear` inside an attention module)."""
+    """A frame matching `pattern` (and `parent`, its enclosing module) gives its category to work launched
+    inside it; with `only`, only to work whose name lands in those categories (an attention module names its
+    softmax, not its projections' GEMMs)."""
 
     category: str
     pattern: str
@@ -146,11 +133,8 @@ def context_rules() -> list[ContextRule]:
 
 
 def make_rules(extra_rules: Iterable = ()) -> list[Rule]:
-    """User rules (params `analysis.extra_rules`, tried first) + the built-in ones.
-
-    Each extra rule may be a `RuleParams`, a dict or a Rule. A category not in
-    CATEGORY_CLASS or a regex that does not compile raises ParamsError.
-    """
+    """User rules (params `analysis.extra_rules`, tried first) + the built-in ones; a category not in
+    CATEGORY_CLASS or a bad regex raises ParamsError."""
     out: list[Rule] = []
     for i, r in enumerate(extra_rules):
         if isinstance(r, dict):
@@ -175,11 +159,8 @@ def classify_name(name: str, cat: str | None, rules: list[Rule]) -> str:
 
 
 def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str, bool]:
-    """(category, source, generic): source `name`, `catch_all` or `none`; generic: the rule
-    that matched says only the work's class (`Rule.generic`). Every named rule is tried
-    before any catch-all, wherever the catch-all sits in the list and whatever Kineto category
-    it is for: a catch-all says only "a library op", so `_C::cpu_fused_moe` must reach the MoE
-    rule before the CPU catch-all's `^_C::` takes it."""
+    """(category, source, generic) by name. Every named rule is tried before any catch-all, wherever it sits:
+    `_C::cpu_fused_moe` must reach the MoE rule before the CPU catch-all's `^_C::` takes it."""
     for catch_all in (False, True):
         for r in rules:
             if r.catch_all != catch_all or (r.cat is not None and r.cat != cat):
@@ -221,9 +202,8 @@ NAME_DECIDES = "name"
 
 
 def collective_of(name: str) -> str | None:
-    """The collective an issuing op or annotation names (`nccl:all_reduce` is all_reduce,
-    `nccl:all_to_all` other_collective), read off the context rules' communication categories;
-    None for a name none of them matches."""
+    """The collective an issuing op or annotation names (`nccl:all_reduce` is all_reduce), from the context
+    rules' communication categories; None if none matches."""
     for r in context_rules():
         if CATEGORY_CLASS.get(r.category) == "communication" and r.regex.search(name):
             return r.category
@@ -231,15 +211,13 @@ def collective_of(name: str) -> str | None:
 
 
 def _context_applies(name_cat: str, decision: str, generic: bool = False) -> str | None:
-    """The category a frame's decision gives to work whose name says `name_cat`, or None (the
-    name decides). One rule for every op: the op decides what the name leaves open, and only
-    that. A generic name (`generic`: its rule says the class, not the category) takes the op's
-    category when the op is of its class (an RCCL `ncclDevKernel_Generic_2` inside
-    `vllm::all_reduce` is an all-reduce); a name that says its category keeps it, except compute
-    work inside a compute op that refines it (the op's `only:` categories, or every compute
-    category when it lists none: a softmax inside an attention op is attention). A collective op
-    never makes compute work communication, nor does a compute op reach communication, memory or
-    framework work."""
+    """The category a frame gives to work whose name says `name_cat`, or None (the name decides).
+
+    The op decides what the name leaves open, and only that: a generic name takes an op of its class; compute
+    work inside a compute op that refines it takes the op's (a softmax inside attention is attention). A
+    collective op never makes compute work communication, nor a compute op communication, memory or framework
+    work.
+    """
     if not decision:
         return None
     ctx, _, only = decision.partition("|")
@@ -268,14 +246,9 @@ def _factorize32(values) -> tuple[np.ndarray, Any]:
 def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
                     context: np.ndarray | pd.Categorical | None = None, *, as_codes: bool = False
                     ) -> tuple[np.ndarray, np.ndarray] | tuple[pd.Categorical, pd.Categorical]:
-    """(category, source) per event. `context`: per event, the category the enclosing
-    frames give ("" for none; see `context.work_context`). Source is `context`, `name`,
-    `catch_all` or `none`. `as_codes`: as Categoricals (codes into a few distinct values)
-    rather than a str object per event.
-
-    Everything per event is an integer code: the rules run once per distinct (name, cat)
-    pair and the frame decision once per distinct (category, frame, generic) triple. A
-    kernel-dense trace has millions of events and a few hundred distinct values (issue 26)."""
+    """(category, source) per event; source is `context`, `name`, `catch_all` or `none`. `context`: the
+    category the enclosing frames give ("" for none). The rules run once per distinct (name, cat) and frame
+    decision, never per event; `as_codes` returns Categoricals."""
     n_codes, n_u = _factorize32(names)
     c_codes, c_u = _factorize32(cats)
     nc = max(len(c_u), 1)
@@ -312,10 +285,8 @@ def categorize_work(names: pd.Series, cats: pd.Series, rules: list[Rule],
 
 def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarray, generic: np.ndarray,
                      context: np.ndarray | pd.Categorical, table: list, at: dict) -> None:
-    """Where an enclosing frame's decision overrides the name's category (`_context_applies`),
-    in place: `category` becomes the frame's and `source` "context". `generic`: per name code,
-    1 where its rule is generic. `table`/`at` (the codes' values) grow by any category only a
-    frame gives."""
+    """Apply the enclosing frames' decisions over the name's category in place (`source` becomes "context");
+    `table`/`at` grow by any category only a frame gives."""
     x_codes, x_u = _factorize32(context if isinstance(context, pd.Categorical) else
                                 np.asarray(context, dtype=object))
     x_u = np.asarray(x_u, dtype=object)
@@ -341,11 +312,8 @@ def _context_decides(category: np.ndarray, source: np.ndarray, n_codes: np.ndarr
 
 
 def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Replace `collective_wait` with the category of the preceding collective on its thread.
-
-    `order` sorts the events by time. A wait with no collective before it on its thread
-    becomes other_collective.
-    """
+    """Replace `collective_wait` with the category of the preceding collective on its thread (events sorted by
+    `order`), other_collective when there is none."""
     cats = cats.copy()
     last: dict = {}
     for i in order:
@@ -358,9 +326,8 @@ def resolve_waits(cats: np.ndarray, tids: np.ndarray, order: np.ndarray) -> np.n
 
 
 def class_of(categories: pd.Series | np.ndarray) -> np.ndarray | pd.Categorical:
-    """Each category's class (CATEGORY_CLASS; "compute" for any other or a missing one). A
-    Categorical in gives a Categorical out (`codes.map_codes`), judged once per distinct
-    category: a str per row was stage 05's largest transient on a kernel-dense trace."""
+    """Each category's class (CATEGORY_CLASS; "compute" otherwise), Categorical in, Categorical out, judged
+    once per distinct category."""
     s = pd.Series(categories)
     if not isinstance(s.dtype, pd.CategoricalDtype):
         return s.map(CATEGORY_CLASS).fillna("compute").to_numpy()

@@ -1,9 +1,5 @@
-"""Per-event text as codes: the one home of how stage 05 keeps and maps a text column.
-
-A kernel-dense trace repeats a few hundred names over millions of rows. A str object per row
-(even one object array of them) was most of stage 05's peak memory (issue 26), so per-event
-text is a pandas Categorical: codes into its distinct values. Anything read from a text value
-(a class, a module path) is judged once per distinct value and given back as codes too.
+"""Per-event text as codes (pandas Categoricals): the one home of how stage 05 keeps and maps a text column. A
+str per row was most of stage 05's peak memory; anything read from a value is judged once per distinct value.
 """
 
 from __future__ import annotations
@@ -17,11 +13,8 @@ import pandas as pd
 
 def map_codes(c: pd.Categorical, value_of: Callable[[Any], Any] | None = None,
               missing: Any = None) -> pd.Categorical:
-    """Per row of `c`, `value_of(its value)` (the value itself when None; `missing` for a
-    missing one), each used category judged once. The result keeps only the values it uses,
-    sorted, so a groupby or a sort orders it as it orders the text; a None value is missing.
-    Through a lookup of the codes: remove_unused_categories then reorder_categories made an
-    int64 inverse and a sort per row, ~25 bytes per event for each column (issue 26)."""
+    """Per row of `c`, `value_of(its value)` (`missing` for a missing one), each used category judged once;
+    only used values kept, sorted, through a lookup of the codes."""
     codes = c.codes
     used = np.zeros(len(c.categories) + 1, dtype=bool)  # the last entry: code -1 (missing)
     used[codes] = True
@@ -73,9 +66,7 @@ def take_codes(c: pd.Categorical, positions: np.ndarray) -> pd.Categorical:
 
 
 def used_values(col: pd.Series) -> np.ndarray:
-    """The distinct values of a column (in no set order): a Categorical's categories that occur,
-    its codes marked a slice at a time. `unique()` on one hashed every event's code as int64,
-    ~19 bytes an event (issue 26)."""
+    """The distinct values of a column (no set order), its codes marked a slice at a time."""
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return np.asarray(col.unique(), dtype=object)
     codes, cats = col.array.codes, col.array.categories
@@ -101,20 +92,15 @@ FACTORIZE_CHUNK_ROWS = 1 << 16
 
 def factorize_keys(n: int, key_of: Callable[[slice], np.ndarray], *, narrow: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """pd.factorize of the int64 keys `key_of(slice)` gives for rows 0..n, a slice at a time:
-    (codes, the distinct keys in order of first appearance); int32 codes, or with `narrow` the
-    narrowest ints for their number (held beside pandas' own int64 ones in a group sum). A
-    whole column of keys and the hash table over it were ~50 bytes per event of stage 05's
-    peak (issue 26)."""
+    """pd.factorize of the int64 keys `key_of(slice)` gives for rows 0..n, a slice at a time: (codes, distinct
+    keys in order of first appearance); `narrow` gives the narrowest ints."""
     uniq = first_keys(n, key_of)
     width = (np.int8 if len(uniq) < 2**7 else np.int16 if len(uniq) < 2**15 else np.int32) if narrow else np.int32
     return lookup_keys(n, key_of, uniq, np.arange(len(uniq), dtype=width)), uniq
 
 
 def count_codes(codes, n: int, mask: np.ndarray | None = None) -> np.ndarray:
-    """int64 rows per code 0..n-1 (only where `mask` holds, when given): np.bincount a slice at
-    a time, which widens the codes to int64 first (8 bytes a row), and no float weight per row.
-    `codes`: anything sliced as `codes[lo:hi]`."""
+    """int64 rows per code 0..n-1 (where `mask` holds), np.bincount a slice at a time."""
     mask = None if mask is None or mask.all() else mask
     out = np.zeros(n, dtype=np.int64)
     for lo in range(0, len(codes), FACTORIZE_CHUNK_ROWS):
@@ -124,10 +110,8 @@ def count_codes(codes, n: int, mask: np.ndarray | None = None) -> np.ndarray:
 
 
 def group_medians(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """Per code 0..n-1 the median of its finite `values` (NaN for none): pandas' groupby median
-    (the middle value, or the mean of the middle two), to the bit. A pandas groupby made an
-    int64 code, a sorter and a gathered copy per row, ~33 bytes a row (issue 26); this holds a
-    mask and one group's values, or (many groups) a sorter and a copy sorted by code."""
+    """Per code 0..n-1 the median of its finite `values` (NaN for none), equal to pandas' groupby median to
+    the bit, without its per-row temporaries."""
     out = np.full(n, np.nan)
     if n <= MEDIAN_GROUPS_BY_MASK:  # a few groups: each one's values picked through a mask
         parts = (values[codes == g] for g in range(n))

@@ -1,28 +1,7 @@
 """Collectives matched across ranks: who arrived when, how long the transfer took.
 
-One collective *instance* is what a rank does for one collective call: on a GPU, one
-collective kernel; on a CPU trace, the `c10d::`/`_C::shm_*` entry op with its wrapper and
-the wait on it. Instances are matched across ranks in issue order, per category (the
-slim trace keeps no process-group name; vLLM issues each category on one group). Times are
-each trace's own clock, shifted only by the trace's origin, so ranks on one host compare
-directly; ranks whose matched collectives end far apart have clocks that disagree, and
-are flagged.
-
-Per instance: the arrival of each rank (its start), the arrival skew (last - first), the
-last rank to arrive, and the transfer: from the last arrival to the completion, the median
-of the ranks' ends (the typical rank's; with two ranks, their mean). An instance in which
-some rank finished before the last one arrived is not a symmetric collective (a gather to
-one rank, or an asynchronous call whose wait is elsewhere): it is marked `asymmetric` and
-gets no transfer time. Each rank's time in an instance (its arrival to its own end) splits
-exactly into waiting (its arrival to the last arrival, or to its own end if it left first)
-and its own completion after the last arrival, so per rank wait + after == its matched
-time. The transfer is per instance (the typical rank's completion), so the pooled
-`wait_ms_per_step` (mean over ranks) plus `transfer_ms_per_step` need not equal any one
-rank's time; the per-rank figures are the ones that add up. Bandwidth follows
-nccl-tests: algbw = bytes / transfer time; busbw = algbw x 2(n-1)/n for all-reduce and
-x (n-1)/n for all-gather and reduce-scatter, with bytes = the message size (`In msg nelems`
-x the element size; an all-gather's size is its output, n x the input).
-
+An instance (one collective kernel, or a CPU entry op with its wrapper and wait) is matched across ranks in
+issue order per category; each rank's time splits exactly into wait and completion after the last arrival.
 Method and sources: docs/trace-analysis.md#collectives-matched-across-ranks.
 """
 
@@ -121,11 +100,8 @@ def _bytes(category: str, nelems: int, dtype: str | None, n: int,
 
 def match_instances(per_rank: dict[int, pd.DataFrame], world: int,
                     bytes_for: Any = None) -> tuple[pd.DataFrame, dict]:
-    """Match instances across ranks per category in issue order.
-
-    `bytes_for(category, step_kind)` gives a message size when the trace records none.
-    Returns (instances table, notes {count_mismatch: {category: {rank: count}}}).
-    """
+    """Match instances across ranks per category in issue order: (instances table, notes {count_mismatch:
+    {category: {rank: count}}}); `bytes_for(category, step_kind)` sizes unrecorded messages."""
     ranks = sorted(per_rank)
     ref = ranks[0]
     rows, mismatch = [], {}
@@ -235,11 +211,8 @@ def _q(v: pd.Series, q: float) -> float | None:
 
 def reconcile(matched_ms: dict[str, float], accounted_ms: dict[str, float | None],
               inside: dict[str, dict[str, float]] | None = None) -> dict:
-    """Two readings of each rank's communication per step: the matched instances' wait + after
-    (arrival to own end) and the category accounting's collective time. They measure the same
-    time unless a rank's instance holds non-communication work, time with no recorded op, or
-    unmatched collectives; `inside` ({rank: {inside_idle_ms, inside_other_ms}}, from
-    `instance_gaps`) says how much of each its instances hold."""
+    """Each rank's matched wait + after per step beside its collective categories' time; `inside`
+    (`instance_gaps`) says how much idle and other work its instances hold, where the two readings differ."""
     rows = {}
     for r, m in matched_ms.items():
         a = accounted_ms.get(r)
@@ -251,10 +224,8 @@ def reconcile(matched_ms: dict[str, float], accounted_ms: dict[str, float | None
 
 
 def instance_gaps(work: pd.DataFrame, inst: pd.DataFrame, offset_us: float) -> dict[str, float]:
-    """Inside one rank's collective instances (`rank_instances` rows, times shifted by
-    `offset_us`), the time that no collective-category work covers, split into other
-    categories' work on the same stream or thread and time with no recorded op (on a CPU
-    trace without Python events, the host's own code between a collective's pieces): µs."""
+    """Inside one rank's collective instances (times shifted by `offset_us`): µs no collective work covers,
+    split into other categories' work on the same stream or thread and time with no recorded op."""
     idle = other = 0.0
     for stream, g in inst.groupby("stream", sort=False):
         a = g["arrival_us"].to_numpy(float) - offset_us
@@ -270,9 +241,8 @@ def instance_gaps(work: pd.DataFrame, inst: pd.DataFrame, offset_us: float) -> d
 
 
 def per_step(table: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
-    """Per step (reference rank's step ids): transfer (per instance), the reference rank's own
-    waiting and completion after the last arrival, waiting averaged over ranks (ms), and the
-    straggler."""
+    """Per reference-rank step: transfer, the reference rank's wait and completion after the last arrival, the
+    wait averaged over ranks (ms), and the straggler."""
     cols = ["step_id", "transfer_ms", "wait_ms", "after_ms", "wait_mean_ms", "straggler_rank"]
     if table.empty:
         return pd.DataFrame(columns=cols)
@@ -299,10 +269,8 @@ _CANONICAL = (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reduce
 
 
 def collective_name(arg: str | None, op_context: str | None, kernel: str) -> str | None:
-    """The collective a kernel runs, op first: its own `Collective name` arg (`allreduce`), else
-    the `nccl:` / `c10d::` op that issued it (`nccl:broadcast`), else its name
-    (`ncclKernel_AllReduce_...`); canonical (`all_reduce`, `broadcast`, `all_gather`), None if
-    none says (a generic kernel launched outside any recorded op)."""
+    """The canonical collective a kernel runs (`all_reduce`, `broadcast`, ...): its `Collective name` arg,
+    else its issuing `nccl:` / `c10d::` op, else its own name; None if none says."""
     m = _ISSUING_OP.match(op_context or "")
     k = _KERNEL_COLLECTIVE.search(kernel)
     for raw in (arg, m.group(1) if m else None, k.group(1) if k and k.group(1).lower() != "generic" else None):
@@ -325,9 +293,8 @@ def bus_factor_of(collective: str, n: int) -> float:
 
 def _size_keys(w: pd.DataFrame, arg_names: pd.Series | None, world: int | None
                ) -> tuple[pd.DataFrame, np.ndarray]:
-    """(collective, category, dtype (and where it came from), group size and process group,
-    judged once per distinct (args, issuing op, kernel name, category); per collective row,
-    its row of that table)."""
+    """(collective, category, dtype and its source, group size, process group) judged once per distinct (args,
+    issuing op, kernel name, category), and per collective row its row of that table."""
     from stepscope.trace.parse import collective_args
 
     n = len(w)
@@ -364,10 +331,8 @@ _SIZE_KEY_COLUMNS = ["collective", "category", "dtype", "dtype_source", "group_s
 
 
 def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> pd.DataFrame:
-    """Per (collective, category, dtype, dtype source, nelems, group size, process group), in
-    order of first appearance: calls (`count`) and the `median` kernel time. Each row is keyed
-    by an int: its table row's tuple and its size. A groupby of the seven text and int columns
-    made a copy of each per collective row (~150 bytes a call, issue 26)."""
+    """Per size key in order of first appearance: calls (`count`) and the `median` kernel time, keyed by one
+    int rather than a groupby over seven columns."""
     tuple_of = table.groupby(_SIZE_KEY_COLUMNS, sort=False, dropna=False).ngroup().to_numpy(np.int64)
     first_of = np.unique(tuple_of, return_index=True)[1]  # each tuple's first table row (ids 0..k-1)
     ne = w["msg_nelems"].to_numpy()
@@ -383,16 +348,12 @@ def _size_groups(w: pd.DataFrame, table: pd.DataFrame, k_codes: np.ndarray) -> p
 
 def collective_sizes(work: pd.DataFrame, arg_names: pd.Series | None, step_ids: np.ndarray,
                      world: int | None, rank: int) -> pd.DataFrame:
-    """One rank's collective kernels over the steps `step_ids`, by collective, dtype and message
-    size: calls per step, the median kernel time and the bandwidth it implies (nccl-tests'
-    algbw and busbw, from one rank's kernel time, which includes waiting for the others; the
-    cross-rank transfer is in collective_instances.csv). `arg_names`: each work row's
-    `collective` column (`parse.collective_args`: Collective name, dtype, Group size, Process
-    Group Name; "" for none). The args' dtype wins over the kernel name's: NCCL moves a
-    broadcast as bytes (`..._Broadcast_..._int8_t`) whatever the tensor's type."""
+    """One rank's collective kernels over `step_ids` by collective, dtype and message size: calls per step,
+    median kernel time and the nccl-tests algbw/busbw it implies (one rank's time, waiting included). The
+    args' dtype wins over the kernel name's: NCCL moves a broadcast as bytes whatever the tensor's type."""
     sel = in_steps(work["step_id"].to_numpy(), step_ids)
     sel &= work["collective_call"].to_numpy(bool)  # in place: no second mask per row
-    # the columns read, not a copy of every work column of every collective (issue 26)
+    # the columns read, not a copy of every work column
     w = rows_of(work, sel, ["category", "name", "op_context", "msg_nelems", "dur_us"])
     n = len(step_ids)
     if w.empty or not n:

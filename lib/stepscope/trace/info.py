@@ -1,11 +1,7 @@
 """What a trace is before it is judged: kind of steps, engine, device, batch, world size, TP.
 
-Everything here is read from the traces themselves (annotations, kernel names, the
-file's `deviceProperties` and `distributedInfo`), never from the analysing machine.
-TP comes from params when they give it, else from `distributedInfo.world_size`; when both
-exist and differ, `tp_disagreement` says so.
-
-Method and sources: docs/trace-analysis.md#what-the-trace-is.
+Read from the traces themselves, never from the analysing machine; method:
+docs/trace-analysis.md#what-the-trace-is.
 """
 
 from __future__ import annotations
@@ -47,12 +43,8 @@ def detect_engine(ev: pd.DataFrame, meta: dict[str, Any]) -> str:
 
 
 def input_token_shape(path: str | Path) -> tuple[int, int] | None:
-    """(batch, sequence) of the first `aten::embedding` input in a small trace, or None.
-
-    The token ids' shape tells a prefill ([16, 559]) from a decode pass ([B, 1]) where no
-    engine annotation does. Only files up to SHAPE_SCAN_MAX_BYTES are read, and only when
-    the profiler recorded shapes.
-    """
+    """(batch, sequence) of the first `aten::embedding` input in a small trace, or None: it tells a prefill
+    ([16, 559]) from a decode ([B, 1]) where no annotation does."""
     p = Path(path)
     if not p.is_file() or p.stat().st_size > SHAPE_SCAN_MAX_BYTES:
         return None
@@ -71,12 +63,8 @@ def input_token_shape(path: str | Path) -> tuple[int, int] | None:
     return None
 
 
-# What each kind of trace carries in plain sight. Capture: vLLM's `capture_32_FULL` and
-# SGLang's `capture_32_DECODE` annotations, torch inductor's `CUDAGraphNode.record`, the
-# runtime's stream capture and graph instantiation, and the frames of a capture or compile
-# warm-up (kept by trace.frames). Non-LLM inference: the model classes of its nn.Module
-# frames (diffusers' denoisers and VAEs, vision backbones, text encoders) and a diffusion
-# server's request annotation. An LLM: its decoder layers or a causal-LM head class.
+# What each kind of trace carries in plain sight: capture annotations and graph calls, non-LLM model classes,
+# an LLM's decoder layers or causal-LM head.
 _CAPTURE_ANN = re.compile(r"^capture_\d+_\w+$|CUDAGraphNode\.record")
 _CAPTURE_CALL = re.compile(r"^(?:cuda|hip)(?:StreamBeginCapture|GraphInstantiate)")
 _CAPTURE_FRAME = re.compile(r"\): (?:_capture_cudagraphs|capture_model|compile_or_warm_up_model|"
@@ -90,12 +78,8 @@ _VISION_MODULE = re.compile(r"^(?:ViT|DeiT|Beit|Swin|ConvNext|ResNet|RegNet|Effi
                             r"\w*Model$", re.I)
 _ENCODER_MODULE = re.compile(r"^(?:Bert|Roberta|XLMRoberta|DistilBert|Electra|Albert|Deberta\w*|MPNet|"
                              r"CLIPText|T5Encoder|UMT5Encoder)\w*(?:Model|Transformer)$")
-# A vision model's head class (HF's `Owlv2ForObjectDetection`, `ViTForImageClassification`)
-# names its task; without module frames, 2-D convolutions beside 2-D pooling are a CNN's
-# (AlexNet, ResNet): both must be there, as a VAE or a patch embedding convolves without pooling.
-# A GPU trace keeps only the cpu_ops that name a purpose (trace.frames: convolutions, not
-# pooling), so its pooling is read off the kernels (ATen's `max_pool_forward_nchw`,
-# `adaptive_average_pool`, cuDNN's `pooling_fw_...`, MIOpen's `mloPooling...`).
+# A vision model's head class names its task; without module frames, 2-D convolutions beside 2-D pooling are a
+# CNN's (a VAE convolves without pooling). GPU traces drop pooling ops, so pooling is read off the kernels.
 _VISION_HEAD = re.compile(r"\w+For(?:ObjectDetection|ImageClassification|SemanticSegmentation|"
                           r"InstanceSegmentation|UniversalSegmentation|DepthEstimation|VideoClassification)$")
 _CONV2D_OP = re.compile(r"^aten::conv2d$")
@@ -160,10 +144,9 @@ def _kernel_hits(ev: pd.DataFrame, pattern: re.Pattern[str]) -> list[str]:
 
 
 def kind_evidence(ev: pd.DataFrame) -> dict[str, list[str]]:
-    """What one rank's events say about the kind of trace, by kind (`capture`, `training`,
-    `diffusion`, `vision`, `encoder`, `llm`): each a list of readable findings, empty kinds left out.
-    `model_passes` (diffusion) counts the denoiser's forward calls: a profiler step of a
-    pipeline holds several passes, not one."""
+    """What one rank's events say about its kind, by kind (`capture`, `training`, `diffusion`, `vision`,
+    `encoder`, `llm`): readable findings, empty kinds left out. `model_passes` counts the denoiser's forward
+    calls, several per profiler step."""
     # only the host rows are read: a device-dense trace's kernel names are not copied
     host = ~in_values(ev["cat"], ("kernel", "gpu_memcpy", "gpu_memset"))
     names = ev["name"][host].astype(str)
@@ -209,13 +192,9 @@ NON_LLM_KINDS = ("diffusion", "vision", "encoder")
 
 def _kind(kinds: dict[str, int], shape: tuple[int, int] | None,
           evidence: dict[str, list[str]] | None = None) -> tuple[str, str]:
-    """The trace's kind and the step kind it is judged on.
-
-    An engine's own step labels win (decode, then training, prefill, mixed). Without them a
-    capture or warm-up trace is a `capture` (its kernels are recorded, not run); backward
-    passes or an optimizer make it `training` (a kernel-only trace has its backward kernels);
-    then the model classes decide: a diffusion pipeline, an LLM (decode or prefill by the
-    token ids' shape), a vision model, a text encoder. Only an LLM is called decode or prefill."""
+    """The trace's kind and the step kind it is judged on: engine step labels first (decode, training,
+    prefill, mixed), then capture, training, and the model classes. Only an LLM is called decode or prefill.
+    """
     ev = evidence or {}
     for k in ENGINE_STEP_KINDS:
         if kinds.get(k):
@@ -257,8 +236,7 @@ def graph_replay(r, step_ids) -> tuple[bool | None, int, int]:
     given steps of one rank; None on a CPU trace, where nothing is launched."""
     if r.mode == "cpu" or "graph_launch" not in r.work:
         return None, 0, 0
-    # counted through a mask: the rows picked as a frame were a copy of every work column, and
-    # isin an int64 hash of every step id (~9 bytes a kernel of stage 05's peak, issue 26)
+    # counted through a mask, not a copy of the rows picked
     sel = in_steps(r.work["step_id"].to_numpy(), np.asarray(step_ids, dtype=np.int64))
     n = int(np.count_nonzero(sel))
     sel &= r.work["graph_launch"].to_numpy(bool)
@@ -326,10 +304,8 @@ def trace_info(ranks: list, tp_params: int | None, shape_hint: tuple[int, int] |
 
 
 def host_only_of_gpu_job(ev: pd.DataFrame, mode: str, unread_device: dict | None = None) -> list[str]:
-    """Evidence that a trace with no device activity read recorded a job that ran on an
-    accelerator: its host ops name NCCL or the CUDA/HIP runtime, or it holds device events
-    stepscope does not read (`parse.UNREAD_DEVICE_CATS`, with `unread_device` the loader's
-    counts). Empty for a trace with device events read, or a CPU engine's."""
+    """Evidence that a trace with no device events read recorded an accelerator job: host ops naming NCCL or
+    the CUDA/HIP runtime, or unread device events. Empty otherwise."""
     if mode != "cpu":
         return []
     unread = [f"{int(v['n_events']):,} device events in {cat!r} ({v['dur_us'] / 1e3:,.1f} ms) not read"
@@ -339,10 +315,8 @@ def host_only_of_gpu_job(ev: pd.DataFrame, mode: str, unread_device: dict | None
 
 
 def mixed_reading(steps: pd.DataFrame) -> dict[str, Any] | None:
-    """A mixed step's own reading, from its annotation: prefill requests and tokens beside
-    decode requests and tokens, medians over the mixed steps (-1 where the annotation does
-    not say). vLLM's `execute_8192_context_9(sq8155...)_generation_37(sq37...)` is 9 prefill
-    requests of 8,155 tokens and 37 decode requests in one step."""
+    """A mixed step's own reading from its annotation: medians of prefill and decode requests and tokens over
+    the mixed steps (-1 where the annotation does not say)."""
     m = steps[steps["kind"] == "mixed"]
     if m.empty:
         return None
@@ -369,12 +343,8 @@ first that matches (`..._bf16xbf16xmxfp4_...` is mxfp4, not fp8's neighbour)."""
 
 
 def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
-    """The weight formats the GEMM kernels' names state (category_kernels rows of one rank:
-    the largest kernels of each category over the decode steps), the format carrying the most
-    time first: format, how many kernel names, their ms per step, the longest-running name.
-
-    Read from names only: a format no kernel names (a bf16 GEMM library kernel running
-    dequantized weights) is not seen, and none means "not named", not "bf16"."""
+    """The weight formats the GEMM kernels' names state (from `category_kernels` rows), most time first:
+    format, names, ms per step, the longest-running name. Names only: none means "not named", not bf16."""
     from stepscope.palette import GEMM_CATEGORIES
     from stepscope.trace.roofline import kernel_formats
 
@@ -384,8 +354,7 @@ def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
     found: dict[str, list[tuple[float, str]]] = {}
     acts: dict[str, set[str]] = {}
     for name, ms in zip(gemm["name"].astype(str), gemm["sum_ms_per_step"].astype(float)):
-        # A name that spells its types (TRT-LLM-gen, matmul_ogs) says weights and activations
-        # apart: MxE2m1MxE4m3 is MXFP4 weights, MXFP8 activations, not "fp8".
+        # A name that spells its types tells weights from activations: MxE2m1MxE4m3 is MXFP4 weights, not fp8.
         weights, activations = kernel_formats(name)
         fmt = weights if weights not in (None, "bf16", "fp16") else (
             None if weights else next((f for f, pattern in WEIGHT_FORMAT_NAMES if pattern.search(name)), None))
@@ -400,10 +369,8 @@ def weight_formats_named(kernels: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def steps_off_architecture(steps_tot: pd.DataFrame, expected_all_reduce: int | None) -> list[int]:
-    """The judged decode steps (with work, `account.select_decode_steps`) whose all-reduce count
-    is not the architecture's (2L+1 for a TP decoder: `model.expected_collectives`): each is no
-    forward pass of the model as the architecture runs it (a graph piece, two steps merged, a
-    step the trace cut). Empty without an expectation or decode steps."""
+    """The judged decode steps whose all-reduce count is not the architecture's (2L+1 under TP): no forward
+    pass as the architecture runs it (a graph piece, merged steps, a cut step)."""
     from stepscope.trace.account import select_decode_steps
 
     if expected_all_reduce is None or "all_reduce_calls" not in steps_tot:

@@ -1,15 +1,7 @@
 """Rank traces in, one slim DataFrame per rank out: `load_rank`, `load_ranks`.
 
-The loader is four modules; this one joins them and keeps every public name it always
-had (`stepscope.trace.load.parse_trace`, `rank_from_filename`, ... are re-exported):
-
-- `parse`: the streaming parser (`parse_trace`, `read_trace`, `ParsedTrace`), pandas-free;
-- `split`: one large trace parsed by several processes, and their shares merged;
-- `cache`: the Parquet cache of slim tables (`cache_key`);
-- `stepscope.filenames`: the one file-name parser (rank and stage), shared with stage 04.
-
-Here: which rank a trace is (`distributedInfo.rank`, then the file name), the checks
-that reject a trace with nothing to account, and many ranks loaded in parallel processes.
+Joins `parse`, `split` and `cache` (their public names re-exported here), decides which rank a trace is,
+rejects traces with nothing to account, and loads many ranks in parallel.
 """
 
 from __future__ import annotations
@@ -67,9 +59,7 @@ class RankTrace:
 
 
 def new_flag(code: str, severity: str, message: str | None = None, **values: Any) -> schema.Flag:
-    """One of stage 05's flags, with the values its sentence is written from
-    (`wording.flag_message`); the codes in `wording.FLAGS_WITHOUT_VALUES` still bring their own
-    `message`."""
+    """One of stage 05's flags with the values its sentence is written from (`wording.flag_message`)."""
     flag = schema.Flag(code=code, severity=severity, message=message or "", **values)
     if message is None:
         flag.message = flag_message(flag)
@@ -78,11 +68,8 @@ def new_flag(code: str, severity: str, message: str | None = None, **values: Any
 
 def load_rank(path: str | Path, *, rank: int | None = None, cache_dir: str | Path | None = None,
               allow_no_rank: bool = False) -> RankTrace:
-    """Load one rank trace (from the Parquet cache when the same file was read before).
-
-    The rank comes from `distributedInfo.rank`, then the file name, then `rank` (an
-    explicit override wins over both). `allow_no_rank` lets a lone file default to 0.
-    """
+    """Load one rank trace, from the Parquet cache when read before. Rank: `rank` if given, else
+    `distributedInfo.rank`, else the file name; `allow_no_rank` lets a lone file be 0."""
     path = Path(path)
     key, cached = _from_cache(path, cache_dir, rank, allow_no_rank)
     if cached is not None:
@@ -198,9 +185,8 @@ _BAD_WORK = ("a missing or negative duration, or a non-numeric, non-finite or ou
 
 
 def _bad_work_events(path: Path, rank: int, meta: dict[str, Any], n_work: int) -> list[schema.Flag]:
-    """The flag for the work events the parser dropped for an unusable ts or dur, with their
-    count and share; TraceError when they are more than BAD_EVENT_SHARE_LIMIT of the rank's
-    work events (the trace is damaged, not ragged)."""
+    """The flag for work events dropped for an unusable ts or dur; TraceError beyond BAD_EVENT_SHARE_LIMIT of
+    the rank's work (damaged, not ragged)."""
     bad = int(meta.get("n_bad_dur", 0))
     if not bad:
         return []
@@ -250,12 +236,8 @@ def _parse_worker(path: Path, processes: int) -> tuple[ParsedTrace | None, str |
 
 
 def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -> int:
-    """Processes for loading: at most the usable cores, and as many as the memory budget allows.
-
-    Parsing a trace peaks at about 0.25x its JSON size above the interpreter's imports
-    (measured by benchmarks/trace_load.py: 0.23x on a 264 MB trace; the JSON size is read
-    from the gzip trailer, `split.json_size_estimate`); 0.4x plus 64 MB per rank leaves headroom.
-    A kernel-dense trace needs more (issue 26: benchmarks/trace_load.py --kernels)."""
+    """Processes for loading: at most the usable cores and what the memory budget allows (parsing peaks at
+    ~0.25x the JSON size; 0.4x plus 64 MB per rank leaves headroom)."""
     if memory_budget_bytes is None:
         try:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -271,12 +253,8 @@ def default_workers(paths: list[Path], memory_budget_bytes: int | None = None) -
 def load_ranks(paths: Iterable[str | Path], *, cache_dir: str | Path | None = None,
                workers: int | None = None, memory_budget_bytes: int | None = None,
                progress: bool = True) -> tuple[list[RankTrace], list[schema.Flag]]:
-    """Load many rank traces in parallel processes. A bad file never stops the others.
-
-    Returns (ranks sorted by rank, flags). Each unreadable file becomes an error flag
-    carrying its TraceError message; two files claiming one rank keep the first and flag
-    the second.
-    """
+    """Load many rank traces in parallel; a bad file never stops the others. (ranks sorted by rank, flags): an
+    unreadable file becomes an error flag, a second file claiming a rank is flagged."""
     from stepscope import progress as _progress
 
     paths = [Path(p) for p in paths]

@@ -1,28 +1,8 @@
 """The step under load: steps grouped by what they process, per captured concurrency.
 
-A decode step at batch 16 is not a batch-1 step sixteen times over: weights are read once
-per step whatever the batch, while attention, KV writes and the all-reduce message grow
-with it. So steps are grouped by the engine's own count of what each one processed (the
-step annotation: vLLM's `execute_context_N(T)_generation_M(U)`, SGLang's
-`step[DECODE bs=N]`), never by the concurrency the client asked for:
-
-- decode steps by the number of requests they decode;
-- mixed steps (prefill chunks and decodes in one step) as their own kind, per number of
-  decode requests, with their prefill tokens counted;
-- prefill-only steps as a third kind.
-
-Per group and category: the interval union per step (as `account.decode_categories` counts
-it), its share of the group's step period. A least-squares line per category over every
-decode step of every level, ms = a + b * decode requests, says which category grows with the
-batch; the trace's own throughput is generated tokens over the summed step periods.
-
-A collective's time on one rank is its own transfer plus its wait for the slowest rank. Under
-load the wait grows with whatever makes the ranks drift apart, not with the message, so a
-collective's growth is judged on its transfer (last arrival to completion, per matched
-instance: `trace.collectives`) and its wait is fitted beside it as rank skew, never named as
-what grows. The routed experts (`fused_moe`) are set beside D(M), the distinct experts M
-tokens touch per layer (`model.shapes.distinct_experts`): decode weights are read once per
-touched expert, so their time should follow D(M)·layers, not M.
+Steps are grouped by the engine's own count of requests (decode, mixed, prefill), never by the client's
+concurrency, and a line per category over decode requests says what grows with the batch; collectives by their
+transfer, routed experts against D(M). Method: docs/methods.md#the-step-under-load.
 """
 
 from __future__ import annotations
@@ -118,10 +98,8 @@ def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
 
 
 def collective_parts(instances: pd.DataFrame | None, step_ids: pd.Series, rank: int | None) -> pd.DataFrame | None:
-    """steps x (category, `transfer` | `wait`), ms: per collective category, the summed transfer
-    of the step's matched instances (last arrival to completion; an asymmetric instance has none)
-    and this rank's summed wait (its arrival to the last arrival: the skew it absorbed). None
-    without a cross-rank match."""
+    """steps x (category, `transfer` | `wait`), ms: the summed transfer of each step's matched instances and
+    this rank's summed wait; None without a cross-rank match."""
     if instances is None or instances.empty:
         return None
     col = f"wait_us_r{rank}" if rank is not None else None
@@ -197,9 +175,8 @@ def fastest_growing(fits: list[dict]) -> str | None:
 
 
 def expert_growth(levels: list[LevelTrace], arch: Any) -> dict | None:
-    """An ExpertGrowth: fused_moe ms per decode step against D(M)·MoE layers over the decode steps
-    of every level, and per level the cost per layer per distinct expert; None for a dense
-    model (or no architecture)."""
+    """fused_moe ms per decode step against D(M)·MoE layers, with the per-level cost per layer per distinct
+    expert; None for a dense model."""
     from stepscope.model.shapes import distinct_experts
 
     if arch is None or not getattr(arch, "is_moe", False):
@@ -232,9 +209,8 @@ def _expert_level(concurrency: int, m: np.ndarray, ms: np.ndarray, expert_layers
 
 
 def _follows(by_level: list[dict]) -> bool | None:
-    """Whether every level's cost per layer per distinct expert agrees with the lowest level's
-    within LOAD_SLOPE_SIGMAS combined standard errors: the time follows D(M), not M. None with
-    fewer than two levels that have a spread."""
+    """Whether every level's cost per layer per distinct expert agrees with the lowest level's within
+    LOAD_SLOPE_SIGMAS standard errors; None with fewer than two levels that spread."""
     rows = [r for r in by_level if r["us_per_expert_layer_se"] is not None]
     if len(rows) < 2:
         return None
@@ -295,10 +271,8 @@ def sweep_throughput(run_dir) -> dict[int, float]:
 
 def build(levels: list[LevelTrace | tuple], run_dir=None, rank: int | None = None, arch: Any = None
           ) -> tuple[pd.DataFrame, dict]:
-    """(load_anatomy.csv, load_anatomy.json) from each captured level (LevelTrace, or its first
-    four fields as a tuple), batch 1 included; the sweep's and the capture client's throughput
-    set beside the trace's where the run folder has them, the routed experts beside D(M) when
-    `arch` is an MoE."""
+    """(load_anatomy.csv, load_anatomy.json) from each captured level, with the sweep's and capture's
+    throughput and the routed experts against D(M) where known."""
     from pathlib import Path
 
     levels = [LevelTrace(*lv) for lv in levels]

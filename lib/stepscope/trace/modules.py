@@ -1,20 +1,8 @@
-"""Time by module: which part of the model each kernel ran for (issue 23, item 6).
+"""Time by module: which part of the model each kernel ran for.
 
-A trace captured with stacks carries a `python_function` frame per module call, named
-`nn.Module: <Class>_<n>` (PyTorch profiler, `with_stack` / `with_modules`); `<n>` numbers the
-instances of a class, and each instance sits at one place in the model's tree. The work
-table already names the innermost module around each kernel's launch (`module`, from
-`context.work_context`). Here each module instance gets its *path*: the classes from the
-outermost module in, with an ordinal where a parent calls several children of one class, in
-call order (`Qwen2MLP/Linear#0`, `#1`, `#2`: gate, up and down projections in Hugging Face's
-Qwen2). Paths drop instance numbers, so the 24 decoder layers of a model add up in one row.
-
-`module_table` sums each path's device work over the judged steps (decode steps, else all):
-its own (`self_ms_per_step`: work whose innermost module it is) and everything under it
-(`sum_ms_per_step`), summed durations, overlap not removed, the same reading as
-category_kernels.csv; the part of it that activation checkpointing's backward reran
-(`recompute_ms_per_step`, `in_recompute_frames`) is set apart. A trace without module frames (no stacks, or CUDA-graph replay, whose
-kernels were launched outside any frame) gives an empty table, and says so by being empty.
+Each module instance gets its path of classes (`Qwen2MLP/Linear#0`), instance numbers dropped so repeated
+layers add up; `module_table` sums each path's own and total device work over the judged steps. Method:
+docs/trace-analysis.md#time-by-module.
 """
 
 from __future__ import annotations
@@ -152,10 +140,8 @@ the checkpointed forward inside this frame; what it launches there is recompute.
 
 
 def in_recompute_frames(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Per point (pid, tid, ts): inside a `recompute_fn` frame on its thread, i.e. work
-    launched (a kernel's launch call) or run (a CPU op) there is activation-checkpoint
-    recompute rather than the first forward. Asked once per launch on GPU traces, its
-    kernels given the answer (`steps._gpu_work`)."""
+    """Per point (pid, tid, ts): inside a `recompute_fn` frame on its thread, i.e. activation-checkpoint
+    recompute rather than the first forward."""
     out = np.zeros(len(ts), dtype=bool)
     fr = ev[ev["cat"] == "python_function"]  # the names of these rows only: a mask per event otherwise
     fr = fr[fr["name"].str.contains(RECOMPUTE_FRAME)]

@@ -1,20 +1,7 @@
 """Streaming Kineto trace parser: `.json` / `.json.gz` in, numpy arrays of the kept events out.
 
-A vLLM rank trace is 1-1.5 GB of JSON and 5-9 M events, most of them Python stack
-frames. `json.loads` needs ~5x the file in memory (docs/methods.md#trace-format), so the loader never
-holds the decoded trace: it decompresses in chunks (isal), cuts each chunk at an event
-boundary, decodes the chunk's events with msgspec into a struct that names only the
-fields stepscope reads, and keeps only the event kinds below, in numpy arrays (pandas is
-not imported while parsing). A large trace is parsed by several processes, each
-decoding every n-th chunk (`parse_trace`, with `split`). Timestamps stay float64 exactly as written (no rounding: HTA's rounding lost
-4-7 % of kernel time on vLLM traces).
-
-Kept: device work (`kernel`, `gpu_memcpy`, `gpu_memset`), launches (`cuda_runtime`,
-`cuda_driver`; HIP names use the same categories), annotations (`user_annotation`,
-`gpu_user_annotation`), `cpu_op` (all of them while the trace has shown no device work,
-so CPU-only traces keep their ops; on GPU traces only the few that name a purpose, see
-`frames`) and the `python_function` frames `frames.keep_frame` keeps: module frames, a
-few named functions, and `execute_model` (a step fallback).
+A rank trace is 1-1.5 GB of JSON, so it is decompressed and decoded a chunk at a time (isal, msgspec), keeping
+only the event kinds stepscope reads (docs/methods.md#trace-format); timestamps stay float64 as written.
 """
 
 from __future__ import annotations
@@ -62,9 +49,8 @@ IGNORED_CATS = frozenset({
     "mtia_ccp_events", "Trace Collector", "gpu_kernel_memory",
 })
 UNREAD_DEVICE_CATS = frozenset({"mtia_ccp_events"})
-"""Device work of accelerators whose events stepscope does not read as kernels (an MTIA's
-command processor: DMA requests, event waits and ops in one stream). Counted and summed, so
-that a trace of such a job is never described as if it had no device work."""
+"""Device work stepscope does not read as kernels (an MTIA's command processor): counted and summed, so such a
+trace never reads as having no device work."""
 # Older Kineto releases capitalised the categories; map them onto today's names.
 CAT_ALIASES = {
     "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
@@ -73,20 +59,14 @@ CAT_ALIASES = {
 KNOWN_CATS = frozenset(KEPT_CATS) | IGNORED_CATS | frozenset(CAT_ALIASES)
 
 MAX_DUR_US = 1e11
-"""A duration above this (28 hours) is no measurement: the event is dropped like one with a
-negative duration. NaN, Infinity and 1e400 (read as Infinity) are dropped the same way."""
+"""A duration above this (28 hours) is no measurement: the event is dropped, as NaN and Infinity are."""
 MAX_TS_US = 1e17
-"""A timestamp outside [0, this) (3,000 years after 1970 in µs) is dropped with its event:
-a negative or absurd ts would stretch the trace's span and every sum over it."""
-# NAME_CAP_CHARS (4096, from frames): names longer than this are cut (their length kept in
-# the name) before any rule sees them: the rules are regexes, and a 100 MB name took minutes.
-# The real traces' longest names are under 2 KB.
+"""A timestamp outside [0, this) µs is dropped with its event: it would stretch every span."""
 TRAILER_MAX_BYTES = 64 << 20
 """The most top-level metadata read after traceEvents (and before it, for the header)."""
 
 SLIM_COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "correlation", "stream", "collective", "msg_nelems")
-"""No `External id`: nothing reads it (the kernel's launch is found by `correlation`), and it
-was 4 bytes an event in every process, table and cache entry (issue 26)."""
+"""No `External id`: nothing reads it (launches are found by `correlation`), and it cost 4 bytes an event."""
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -170,8 +150,7 @@ def open_stream(path: Path, threaded: bool = True):
     if magic == b"\x1f\x8b":
         from isal import igzip, igzip_threaded
 
-        # isal's igzip is ~4x faster than zlib. With a core to spare, decompressing in
-        # isal's background thread (it releases the GIL) overlaps the JSON decoding.
+        # isal is ~4x faster than zlib; its background thread (GIL released) overlaps JSON decoding.
         if threaded and split.usable_cores() > 1:
             return igzip_threaded.open(path, "rb", threads=1, block_size=DECOMPRESS_BLOCK_BYTES)
         return igzip.open(path, "rb")
@@ -225,10 +204,8 @@ class _Collector:
 
     def __init__(self) -> None:
         self.cat = array("b")
-        # Ints as int8 until a value needs more (`_ints_into` widens a column a step at a time):
-        # codes, streams and sizes mostly fit in one or two bytes, pids and tids often do, and
-        # while two processes parse, both hold their columns whole: int32 columns were the
-        # load's peak on a kernel-dense trace (issue 26).
+        # Int columns start as int8 and widen only as values need (`_ints_into`): int32 columns were the
+        # load's peak memory.
         self.name = array("b")
         self.pid = array("b")
         self.tid = array("b")
@@ -265,8 +242,7 @@ class _Collector:
 
     def add(self, events: list) -> None:
         """Events decoded with the generic struct (`_Event`, which carries `cat`)."""
-        # Hot path (millions of events): filter and split into columns with
-        # comprehensions, which run far faster than one Python statement per event.
+        # Hot path (millions of events): comprehensions, not a Python statement per event.
         self.n_total += len(events)
         unknown = set(map(_get_cat, events)) - _KNOWN_OR_NONE
         for c in unknown:  # rare: count only what the summary must name
@@ -285,12 +261,8 @@ class _Collector:
         self._columns(kept, cis)
 
     def add_tagged(self, events: list) -> None:
-        """Events decoded with the tagged union: the struct type is the category, and
-        skipped categories were decoded into empty structs (no field values built).
-
-        Every filter runs in C (`compress` over `map`): no Python statement per event.
-        Frames (python frames; cpu_ops on GPU traces) are kept by name through a memo, so
-        each distinct name is judged once; they follow the chunk's other kept events."""
+        """Events decoded with the tagged union (the struct type is the category). Every filter runs
+        in C (`compress` over `map`); frames are kept by name through a memo."""
         self.n_total += len(events)
         types = list(map(type, events))  # read by each filter below: one pass, not three
         self._count_unread(list(compress(events, map(_UNREAD_TYPES.__contains__, types))))
@@ -349,8 +321,7 @@ class _Collector:
         self._ints_into("stream", [-1 if a.stream is None else a.stream for a in args], self._huge_id)
         self._ints_into("nelems", [-1 if a.msg_nelems is None else a.msg_nelems for a in args], self._huge_id)
         colls = self.colls
-        # A collective kernel's args, as one interned "name<TAB>dtype<TAB>group size<TAB>process
-        # group" string (`collective_args` splits it): few distinct values, one column.
+        # A collective's args as one interned tab-joined string (`collective_args` splits it).
         keys = [None if a.collective is None else _collective_key(a) for a in args]
         self._ints_into("coll", [0 if k is None else (colls[k] if k in colls else colls.setdefault(k, len(colls)))
                                  for k in keys], int)
@@ -376,9 +347,7 @@ class _Collector:
                 [c for i, c in enumerate(cis) if i not in drop])
 
     def _ints_into(self, attr: str, vals: list, as_int: Callable[[Any], int]) -> None:
-        """`vals` appended to the int column `attr`, in the narrowest of int8/16/32/64 its values
-        so far need (widened a step at a time, a few times at most); values that are no int64
-        go through `as_int` one by one."""
+        """Append `vals` to int column `attr`, widening int8 -> int64 only as its values need."""
         dst = getattr(self, attr)
         try:
             dst.extend(array(dst.typecode, vals))  # all-int and in range (the usual case)
@@ -444,9 +413,7 @@ class _Collector:
         self.add(evs)
 
     def share(self, segments: list[tuple[int, int, int]], top: dict[str, Any] | None) -> _Share:
-        # Each int column in the narrowest ints that hold it (a column widened only for an id
-        # beyond int64, read as -1, narrows back), the collected one let go at once: the shares
-        # are held whole while they merge, the load's peak (issue 26).
+        # Narrowed column by column, each original let go at once: the shares are held whole while they merge.
         arrays = {}
         for col, attr in _ARRAY_FIELDS:
             a = getattr(self, attr)
@@ -502,8 +469,7 @@ class _Share:
 def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
     arrays, all_names, colls = split.merge_shares(shares, tuple(c for c, _ in _ARRAY_FIELDS))
     seen_device = any(sh.seen_device for sh in shares)
-    # cpu_ops seen before the first device event are not needed on a GPU trace, except
-    # the few that name a purpose (kept as context, like those met after it).
+    # On a GPU trace only the cpu_ops that name a purpose are kept (as context).
     keep = None
     if seen_device:
         ctx = np.fromiter((KEEP_FRAME[n] for n in all_names), dtype=bool, count=len(all_names))
@@ -514,9 +480,7 @@ def _parsed_from_shares(shares: list[_Share]) -> ParsedTrace:
         keep = None if keep.all() else keep  # nothing to drop: no copy of every column
     # column by column, each original dropped once filtered: the table is held once plus a column
     columns = {k: (arrays.pop(k)[keep] if keep is not None else arrays.pop(k)) for k in list(arrays)}
-    # Only the names still used (cpu_ops dropped above leave theirs behind), in order of
-    # first use, so the table and its Parquet stay slim and the categories do not depend
-    # on how many processes parsed the trace.
+    # Only the names still used, in order of first use: slim, and independent of how many processes parsed.
     columns["name"], names = _by_first_use(columns["name"], all_names)
     columns["collective"], colls = _by_first_use(columns["collective"], colls, keep=0)
     counts = sum((np.bincount(columns["cat"][lo:lo + FIRST_USE_CHUNK_ROWS].astype(np.intp), minlength=len(KEPT_CATS))
@@ -549,9 +513,8 @@ def _unread_totals(shares: list[_Share]) -> dict[str, dict[str, float]]:
 
 
 def _by_first_use(codes: np.ndarray, table: list[str], keep: int | None = None) -> tuple[np.ndarray, list[str]]:
-    """Codes renumbered to the used entries of `table` in order of first use (`keep` first), in
-    the narrowest ints pandas keeps for that many categories. A slice at a time: a sort of
-    every code was ~20 bytes an event of the load's peak (issue 26)."""
+    """Codes renumbered to the used entries of `table` in order of first use (`keep` first), in the
+    narrowest ints; a slice at a time, to bound the load's peak memory."""
     first = np.full(max(len(table), 1), len(codes), dtype=np.int64)  # each code's first row
     for lo in range(0, len(codes), FIRST_USE_CHUNK_ROWS):
         u, at = np.unique(codes[lo:lo + FIRST_USE_CHUNK_ROWS], return_index=True)
@@ -594,11 +557,8 @@ def cap_name(name: str) -> str:
 
 @dataclass
 class ParsedTrace:
-    """One trace's kept events as numpy arrays (`cat`, `name`, `collective` as codes).
-
-    Parsing builds this without pandas, so a loader worker process holds only the
-    interpreter, numpy and the kept events; `frame()` makes the slim DataFrame in the
-    process that analyses it."""
+    """One trace's kept events as numpy arrays (`cat`, `name`, `collective` as codes); built without
+    pandas so a loader process stays small, `frame()` makes the DataFrame."""
 
     columns: dict[str, np.ndarray]
     names: list[str]
@@ -613,19 +573,14 @@ class ParsedTrace:
         import pandas as pd
 
         c = self.columns
-        # One column at a time, each original let go once narrowed (the shares were narrowed
-        # each on its own, and a merged column takes the widest): every narrowed copy made beside
-        # every original was the load's peak on a kernel-dense trace (issue 26). The frame takes
-        # over these arrays.
+        # One column at a time, each original let go once narrowed, to bound the peak memory.
         for k in list(c):
             c[k] = narrow_ints(c[k])
         data: dict[str, Any] = dict(c)
         data["cat"] = pd.Categorical.from_codes(c["cat"], categories=list(KEPT_CATS))
         data["name"] = pd.Categorical.from_codes(c["name"], categories=self.names)
         data["collective"] = pd.Categorical.from_codes(c["collective"], categories=self.collectives)
-        # copy=False: one block per column, the arrays themselves. A copy consolidates them into
-        # 2-D blocks by dtype (held twice meanwhile), and then no column can be let go alone:
-        # stage 05's shifted `ts` kept the loaded one alive beside it (issue 26).
+        # copy=False: one block per column, so each column can be let go alone.
         return pd.DataFrame({k: data[k] for k in SLIM_COLUMNS}, copy=False)
 
 
@@ -646,18 +601,15 @@ def _kept_struct(cat: str, gpu_frame: bool = False) -> type:
     fields = [("name", Any, None), ("pid", Any, None), ("tid", Any, None),
               ("ts", float | None, None), ("dur", float | None, None)]
     if cat == "python_function" or gpu_frame:
-        # Frames are kept as context (and `execute_model` as a step fallback) and carry no
-        # ids stepscope uses: leave their args unparsed (`args` reads as None).
+        # Frames carry no ids stepscope uses: leave their args unparsed.
         return msgspec.defstruct(f"_Ev_{cat}{'_frame' if gpu_frame else ''}", fields, tag=cat,
                                  tag_field="cat", gc=False, module=__name__, namespace={"args": None})
     return msgspec.defstruct(f"_Ev_{cat}", fields + [("args", _Args | None, None)],
                              tag=cat, tag_field="cat", gc=False, module=__name__)
 
 
-# One struct per category, tagged by `cat`: msgspec picks the type from the tag, and the
-# skipped categories (stack frames, flow arrows, ...) decode into empty structs whose
-# fields are parsed but never built. An unknown or missing `cat` fails the chunk, which
-# is then decoded again with the generic `_Event` (correct, only slower).
+# One struct per category, tagged by `cat`; skipped categories decode into empty structs. An unknown `cat`
+# fails the chunk, which is decoded again with the generic `_Event`.
 _TYPE_CI: dict[type, int] = {}
 _tagged_types: list[type] = []
 for _cat in list(KEPT_CATS) + list(CAT_ALIASES):
@@ -677,8 +629,7 @@ _PYFN_TYPE = next(t for t, ci in _TYPE_CI.items() if ci == _PYFN)
 _TYPES_GPU = frozenset(t for t, ci in _TYPE_CI.items() if ci != _CPU_OP)
 _TYPES_ALL_NO_PYFN = _TYPES_ALL - {_PYFN_TYPE}
 _tagged_decoder = msgspec.json.Decoder(list[Union[tuple(_tagged_types)]])
-# Once a trace is known to hold device work, cpu_ops (often a third of the events) are
-# kept only as context frames: decode them like python frames, without their args.
+# On a GPU trace cpu_ops are only context frames: decode them without their args.
 _CPU_OP_TAGS = ("cpu_op",) + tuple(a for a, c in CAT_ALIASES.items() if c == "cpu_op")
 _CPU_FRAME_TYPES = [_kept_struct(c, gpu_frame=True) for c in _CPU_OP_TAGS]
 for _t in _CPU_FRAME_TYPES:
@@ -692,9 +643,8 @@ _KNOWN_OR_NONE = KNOWN_CATS | {None}
 
 
 def _decode_into(col: _Collector, region) -> None:
-    """Decode a `[...]` region of events into the collector, fastest decoder first.
-
-    Raises msgspec.DecodeError only for malformed JSON (not for unexpected types)."""
+    """Decode a `[...]` region into the collector, fastest decoder first; raises msgspec.DecodeError only
+    for malformed JSON."""
     try:
         events = (_tagged_decoder_gpu if col.seen_device else _tagged_decoder).decode(region)
         col.add_tagged(events)
@@ -716,19 +666,12 @@ def read_trace(path: str | Path, *, progress: Callable[[int], None] | None = Non
 
 def parse_trace(path: str | Path, *, progress: Callable[[int], None] | None = None,
                 keep_cpu_ops: bool | None = None, processes: int | None = None) -> ParsedTrace:
-    """Stream one trace file into numpy arrays of its kept events (no pandas involved).
+    """Stream one trace file into numpy arrays of its kept events; raises TraceError for a truncated gzip,
+    invalid JSON or a non-trace.
 
-    `keep_cpu_ops=None` decides from the header: Kineto writes every CPU event before the
-    first kernel, so a trace whose `deviceProperties` lists a GPU skips `cpu_op` from the
-    start (and is read again keeping them in the rare case it holds no device work).
-
-    A large trace is parsed by `processes` processes (default: the usable cores, at most
-    split.MAX_SPLIT). Decompressing costs a fifth of parsing, so each process decompresses the
-    whole stream and decodes every n-th chunk; no decompressed bytes cross processes.
-    Any doubt about a chunk boundary (a decode error) falls back to one process, which
-    finds the right boundary or reports the damage.
-
-    Raises TraceError for a truncated gzip, invalid JSON, or JSON that is not a trace.
+    `keep_cpu_ops=None` decides from the header: Kineto writes CPU events before the first kernel, so a
+    GPU trace skips `cpu_op` from the start. A large trace is split over `processes`, each decompressing
+    the whole stream and decoding every n-th chunk; any boundary doubt falls back to one process.
     """
     path = Path(path)
     require_regular_file(path)
@@ -787,10 +730,7 @@ def parse_share(path: Path, share: int, of: int, keep_cpu_ops: bool | None,
 
 
 def _blank_after(buf: bytearray, data: bytes) -> bool:
-    """Whether `data` is only JSON whitespace and follows whitespace: then it can be skipped.
-
-    Outside strings whitespace means nothing; inside one, JSON allows only spaces raw, so a
-    skipped run shortens a name of millions of spaces (cut at NAME_CAP_CHARS anyway)."""
+    """Whether `data` is only JSON whitespace after whitespace, so it can be skipped unbuffered."""
     return (bool(data) and data[0] in _WS and data[-1] in _WS and bool(buf) and buf[-1] in _WS
             and not data.translate(None, _WS))
 
@@ -840,10 +780,8 @@ def _read_header(stream, path: Path, keep_cpu_ops: bool | None, col: _Collector
 
 def _decode_next(col: _Collector, buf: bytearray, pos: int, chunk_no: int, share: int, of: int,
                  segments: list[tuple[int, int, int]], path: Path, consumed: int) -> tuple[int, int]:
-    """Decode buf[pos:] up to its last event boundary when the chunk is this share's.
-
-    Returns (offset after the chunk, next chunk number); (pos, chunk_no) when the buffer
-    holds no complete event yet."""
+    """Decode buf[pos:] up to its last event boundary when the chunk is this share's; returns (offset
+    after it, next chunk number), unchanged when no complete event is buffered yet."""
     hi = len(buf)
     attempts = 0
     while True:
@@ -864,9 +802,8 @@ def _decode_next(col: _Collector, buf: bytearray, pos: int, chunk_no: int, share
 
 def _decode_region(col: _Collector, buf: bytearray, pos: int, end: int, in_split: bool, path: Path,
                    consumed: int, attempts: int) -> bool:
-    """Decode the events in buf[pos:end+1] in place; False when the cut fell inside a nested
-    object (cut earlier). The buffer is a bytearray so no copy is made: the byte before the
-    first event (`[`, `,` or blank) becomes `[` and the one after the last becomes `]`."""
+    """Decode buf[pos:end+1] in place (its bounding bytes turned into `[` `]`, no copy); False when the
+    cut fell inside a nested object."""
     saved = buf[end]
     buf[pos - 1] = 0x5B  # '['
     buf[end] = 0x5D  # ']'
@@ -885,13 +822,12 @@ def _decode_region(col: _Collector, buf: bytearray, pos: int, end: int, in_split
                 if not m and "truncated" in str(exc):
                     at = len(region)  # the region ends inside an event: the cut fell in a nested object
                 if "trailing characters" in str(exc):
-                    # The events array ended inside this region and top-level keys follow
-                    # it (valid JSON: exporters write keys in either order).
-                    # msgspec's offset is one past the first trailing character.
+                    # traceEvents ended inside this region and top-level keys follow; msgspec's offset is one
+                    # past the first trailing character.
                     _decode_into(col, region[:at - 1])
                     raise _ArrayEnded(pos - 1 + at - 1) from None
-                # An error well before the cut is real damage; one at the cut means the
-                # cut fell inside a nested object.
+                # An error well before the cut is real damage; one at the cut means the cut fell inside a
+                # nested object.
                 if at < len(region) - 2 or attempts > 20:
                     _decode_lenient(col, region, path, consumed + pos + max(at, 0), exc)
                     return True
@@ -919,9 +855,8 @@ def _too_deep(path: Path, lo: int, hi: int) -> TraceError:
 
 
 def _decode_lenient(col: _Collector, region, path: Path, offset: int, exc: Exception) -> None:
-    """The region again with Python's json, which reads what msgspec refuses and real exporters
-    write: NaN, Infinity, -Infinity and numbers beyond float (1e400, read as Infinity). Their
-    events are then dropped and counted (`_Collector._drop_bad`), and the rank stays."""
+    """The region again with Python's json, which reads the NaN/Infinity/1e400 real exporters write; those
+    events are then dropped and counted."""
     import json
 
     try:

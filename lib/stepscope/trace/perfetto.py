@@ -1,13 +1,7 @@
 """Categorized Chrome/Perfetto traces, for looking at a step by eye.
 
-Each work event is named `[category] name` and carries category, class and step in its
-args; steps are drawn on their own track. Stage 05 writes one file per rank and one merged
-file (`MERGED_NAME`) with one process per rank, clock-aligned as stage 05 aligns ranks (each
-rank's times shifted by its trace origin against the reference rank's: ranks on one host then
-share one clock), so skew between ranks shows as it does in HTA's or TraceLens's merged views.
-`README.md` beside them says how to open them and which step to look at. They open in
-https://ui.perfetto.dev (Open trace file, or drag the file in); `stepscope lab RUN` links the
-merged file there when the UI is reachable (`serve_for_ui`).
+Events are named `[category] name`, steps get a track, and `MERGED_NAME` holds every rank clock-aligned as
+stage 05 aligns them; docs/trace-analysis.md#opening-the-traces-in-perfetto.
 """
 
 from __future__ import annotations

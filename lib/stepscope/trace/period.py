@@ -1,17 +1,6 @@
 """Step period, idle inside a step (micro and macro) and launch-to-execute delay.
 
-- Period: one step's start to the next step's start (the engine's annotations, host clock).
-  It is what TPOT measures; the span (first to last device work of a step) leaves out the
-  time between steps. The decode period is taken over decode steps followed directly by
-  another decode step, so the gap between two requests never counts as a step.
-- Idle inside a step: the gaps between the merged intervals of the step's device work.
-  A gap shorter than `thresholds.MACRO_GAP_US` is micro idle (launch and dependency gaps
-  between kernels); a longer one is macro idle (a stall), and the single largest is named
-  by the work on either side of it.
-- Launch delay: a kernel's start minus the start of the runtime call that launched it, for
-  the first kernel of each launch (the later kernels of a graph launch wait on their
-  predecessors, not on the launch).
-
+The period (one step's start to the next's) is what TPOT measures; the span leaves out the time between steps.
 Method and sources: docs/trace-analysis.md#step-period-and-the-denominator.
 """
 
@@ -37,13 +26,9 @@ NAME_CHARS = 160
 
 
 def step_periods(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(period, taken from the device) per step, in step order (NaN for the last).
-
-    The period is the start of the next step minus this step's start on the host's
-    annotations, unless that is shorter than the step's own device busy time: a step cannot
-    repeat faster than its device work runs (a DDP trace's host steps of 16.4 ms held 18.7 ms
-    of busy device time). Then the device's step is used, from this step's first device event
-    to the next step's, and the row says so."""
+    """(period, taken from the device) per step, in step order (NaN for the last): host annotations' start to
+    start, unless shorter than the step's own device busy time (a step cannot repeat faster than its work
+    runs); then first device event to the next step's."""
     ts = steps["annotation_ts_us"].to_numpy(float)
     out = np.full(len(ts), np.nan)
     from_device = np.zeros(len(ts), dtype=bool)
@@ -111,12 +96,9 @@ def host_call_during(host: pd.DataFrame, start: float, end: float) -> str:
 
 def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
                       skip: frozenset[str] = frozenset()) -> str:
-    """The innermost host frame (an annotation, op or kept python frame: `ts`, `dur`, `name`)
-    covering at least GAP_FRAME_COVER_SHARE of the gap [start, end): what the host was doing
-    while the device waited, e.g. `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`.
-    The step's own annotations (`skip`) and any step marker or engine step frame (`steps.STEP_LIKE`,
-    `step_sources.ENGINE_STEP_FRAME`: SGLang's `step[DECODE bs=32]` around a vLLM-annotated step)
-    name no cause: they hold the whole step. "" when no frame covers it."""
+    """The innermost host frame (`ts`, `dur`, `name`) covering at least GAP_FRAME_COVER_SHARE of [start, end):
+    what the host did while the device waited. Step markers and `skip` hold the whole step and name no cause.
+    "" for none."""
     from stepscope.thresholds import GAP_FRAME_COVER_SHARE
 
     if frames is None or not len(frames) or not np.isfinite(start) or end <= start:
@@ -134,9 +116,8 @@ def host_frame_around(frames: pd.DataFrame | None, start: float, end: float,
 
 
 def python_frames_in(frames: pd.DataFrame | None, start: float, end: float) -> int:
-    """How many Python frames (`cat` `python_function`, those the parse keeps) start inside
-    [start, end): any says the profiler's Python tracer ran then, at its own cost per Python call,
-    so a host gap holding them may be longer than it runs untraced. 0 without a `cat` column."""
+    """Python frames starting inside [start, end): any means the Python tracer ran then, so a host gap holding
+    them may be longer than untraced. 0 without a `cat` column."""
     if frames is None or "cat" not in frames or not np.isfinite(start):
         return 0
     ts = frames["ts"].to_numpy(float)
@@ -144,9 +125,7 @@ def python_frames_in(frames: pd.DataFrame | None, start: float, end: float) -> i
 
 
 def _between_frames(steps_tot: pd.DataFrame, frames: pd.DataFrame | None, skip: frozenset[str]) -> list[str]:
-    """Per step (in step order), the host frame holding the device's gap between this step's
-    last work and the next step's first (`host_frame_around`), when that gap is a macro gap:
-    what the host did between steps, e.g. `enumerate(DataLoader)#...__next__`. "" otherwise."""
+    """Per step, the host frame holding the device's gap to the next step when that gap is macro, else ""."""
     first = steps_tot["first_start_us"].to_numpy(float) if "first_start_us" in steps_tot else np.array([])
     if len(first) < 2:
         return [""] * len(steps_tot)
@@ -157,9 +136,8 @@ def _between_frames(steps_tot: pd.DataFrame, frames: pd.DataFrame | None, skip: 
 
 
 def launch_delays(launches: pd.DataFrame, step_ids: np.ndarray | None = None) -> np.ndarray:
-    """Start of the first kernel of each launch minus the launch call's start (µs), over the
-    launches (`steps.LAUNCH_COLUMNS`) of the steps `step_ids` (every step when None). One value
-    per launch, in no set order (read as a median and a percentile)."""
+    """First kernel start minus launch call start (µs), one per launch of `step_ids` (all when None), in no
+    set order."""
     picked = launches if step_ids is None else launches[in_steps(launches["step_id"].to_numpy(), step_ids)]
     if picked["correlation"].duplicated().any():  # a launch with kernels in two steps: its first
         picked = picked.sort_values("first_start_us", kind="stable").drop_duplicates("correlation")
@@ -190,9 +168,8 @@ stage 05's largest transient on a kernel-dense trace after the build."""
 
 
 def _by_step(att: pd.DataFrame) -> Iterator[tuple[int, pd.DataFrame]]:
-    """(step id, its rows) per step of the work rows `att` (in start order). Where each step's
-    rows are one run, as steps in time order make them, slices of `att`: a groupby factorized
-    and sorted every row (~28 bytes a row, issue 26)."""
+    """(step id, its rows) per step of `att` (start order); slices where each step's rows are one run, as
+    steps in time order make them."""
     sid = att["step_id"].to_numpy()
     starts = np.flatnonzero(sid[1:] != sid[:-1]) + 1 if len(sid) else np.array([], dtype=np.int64)
     starts = np.r_[0, starts] if len(sid) else starts
@@ -205,10 +182,8 @@ def _by_step(att: pd.DataFrame) -> Iterator[tuple[int, pd.DataFrame]]:
 
 def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFrame | None = None,
               host: pd.DataFrame | None = None, frames: pd.DataFrame | None = None) -> pd.DataFrame:
-    """PERIOD_COLUMNS per step of one rank (steps in step order). `launches`: the rank's
-    (`steps.LAUNCH_COLUMNS`), for each step's launch delay; `host`: its runtime calls (ts, dur,
-    name), to name the host call behind each macro gap; `frames`: its host frames (ts, dur,
-    name), to name the one the gap lies inside (`host_frame_around`)."""
+    """PERIOD_COLUMNS per step of one rank; `launches` for launch delay, `host` runtime calls and `frames` to
+    name what lies behind each macro gap."""
     skip = frozenset(steps_tot["name"].astype(str)) if "name" in steps_tot else frozenset()
     period, from_device = step_periods(steps_tot)
     span = steps_tot["span_us"].to_numpy(float)
@@ -242,11 +217,8 @@ def step_idle(work: pd.DataFrame, steps_tot: pd.DataFrame, launches: pd.DataFram
 
 
 def period_busy(work: pd.DataFrame, steps_tot: pd.DataFrame, period: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Per step, the device's busy time within its period from its first work, all work counted
-    (any step's, and none's: a pipeline's copies launched outside the steps), where consecutive
-    steps overlap (median span past the median period by more than READINGS_AGREE_REL); NaN
-    otherwise, and then no pass over the work is made (`work` is in start order, as
-    `steps.build_work` leaves it: its running end merges the intervals without a sort)."""
+    """Per step, the device's busy time within its period (all work, any step's or none's) where consecutive
+    steps overlap by more than READINGS_AGREE_REL; NaN otherwise, without a pass over `work`."""
     att = work
     from stepscope.thresholds import READINGS_AGREE_REL
 
@@ -272,13 +244,8 @@ def _stats(v: np.ndarray) -> dict:
 
 
 def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.DataFrame) -> dict:
-    """The `decode` block's period, idle, largest gap and launch delay on one rank.
-
-    `steps_tot` carries PERIOD_COLUMNS; `judged` is the subset of its rows the summary is
-    about (decode steps, else every step with work). The period is measured over judged
-    steps whose next step is of the same kind. Launch delays pool every launch (`launches`,
-    `steps.LAUNCH_COLUMNS`) of the judged steps.
-    """
+    """The `decode` block's period, idle, largest gap and launch delay on one rank, over `judged` (decode
+    steps, else every step with work); the period over judged steps followed by one of the same kind."""
     kinds = steps_tot["kind"].to_numpy()
     same_next = np.r_[kinds[1:] == kinds[:-1], False]
     ok = steps_tot["step_id"].isin(judged["step_id"]).to_numpy() & same_next
@@ -320,10 +287,8 @@ def decode_period(steps_tot: pd.DataFrame, judged: pd.DataFrame, launches: pd.Da
 
 
 def host_gaps(steps_tot: pd.DataFrame, judged: pd.DataFrame, ok: np.ndarray) -> tuple[dict | None, dict | None]:
-    """(inside, between): the judged steps' one long gap each (the largest, when a macro gap) and
-    the device's gap between consecutive steps (period minus span, steps with a period), each as
-    `_gap_time`: time per step, share of the steps' idle and the host frame holding most of it.
-    `ok`: the rows of `steps_tot` the period is measured over."""
+    """(inside, between): the judged steps' largest macro gap and the device gap between consecutive steps,
+    each as `_gap_time`; `ok`: the rows the period is measured over."""
     rows = steps_tot[steps_tot["step_id"].isin(judged["step_id"])]
     if rows.empty or "largest_gap_us" not in rows:
         return None, None
@@ -347,9 +312,8 @@ def host_gaps(steps_tot: pd.DataFrame, judged: pd.DataFrame, ok: np.ndarray) -> 
 
 def _gap_time(gap_us: np.ndarray, idle_us: np.ndarray, counted: np.ndarray, frame: pd.Series,
               python_frames: pd.Series | None) -> dict:
-    """One gap per step, together: its mean per step (ms), its share of those steps' idle
-    (`counted` rows: the steps with a period), and the host frame holding most of its time, with
-    that frame's time per step, its steps and the Python frames recorded in its gaps (median)."""
+    """One gap per step, pooled: mean ms per step, share of those steps' idle, and the host frame holding most
+    of it (time per step, steps, median Python frames inside)."""
     names = frame.fillna("").astype(str).to_numpy()
     idle = float(np.nansum(idle_us[counted]))
     out = {"ms_per_step": float(gap_us.mean() / 1e3), "n_steps": int(len(gap_us)),

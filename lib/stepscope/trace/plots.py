@@ -1,9 +1,7 @@
 """Category figures: the one implementation, used by stage 05 and by the report (stage 06).
 
-Each function takes DataFrames and returns a matplotlib Figure; `save_figure` is the one place
-such a figure hits disk. Every category takes its colour from `stepscope.palette.color_for`, so
-a category looks alike in every figure, and every figure names its unit, count and method.
-Figures are built without pyplot (no global state, no display) and sized by their content.
+Each function takes DataFrames and returns a pyplot-free Figure; colours come from
+`stepscope.palette.color_for`, so a category looks alike everywhere.
 """
 
 from __future__ import annotations
@@ -68,13 +66,9 @@ def keep_tick_labels_apart(ax: Axes) -> None:
 
 def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequence[float] | None] | None = None,
                        *, title: str, xlabel: str | None = None, step_label: str = "decode step") -> Figure:
-    """Stacked bars of category busy time (ms), one bar per `label`, categories in palette order.
-
-    `bars` is long-form: label, category, ms_per_step. Each `markers` entry is either one value
-    (ms; a horizontal line across all bars, e.g. the mean span) or one value per bar (a mark on
-    each bar, e.g. that step's span), so the reader sees whether stacked busy time exceeds the
-    wall time of a step (categories overlap, so it can).
-    """
+    """Stacked bars of category busy time (ms), one per `label` (long-form: label, category, ms_per_step).
+    `markers`: one value (a line across) or one per bar, so stacked time can be read against the step's wall
+    time."""
     labels = list(dict.fromkeys(bars["label"].astype(str)))
     cats = sorted(bars["category"].astype(str).unique(), key=category_sort_key)
     n = len(labels)
@@ -117,9 +111,8 @@ def plot_category_bars(bars: pd.DataFrame, markers: Mapping[str, float | Sequenc
 
 def plot_decode_category_time_stacked(bars: pd.DataFrame, markers: Mapping[str, float | None] | None = None,
                                       n_steps: int | None = None, step_label: str = "decode step") -> Figure:
-    """Mean category time per step (`step_label`: "decode step", "training step", ...), one bar
-    per `label` (e.g. a rank), with whole-step readings (union, span, capture TPOT in ms) as
-    horizontal lines."""
+    """Mean category time per step, one bar per `label`, with whole-step readings (union, span, TPOT ms) as
+    lines."""
     steps = f", mean over {n_steps:g} {plural(step_label, n_steps)}" if n_steps else ""
     return plot_category_bars(bars, markers, step_label=step_label,
                               title=f"Category time per {step_label}{steps}\n"
@@ -128,10 +121,8 @@ def plot_decode_category_time_stacked(bars: pd.DataFrame, markers: Mapping[str, 
 
 def decode_step_bars(step_categories: pd.DataFrame, steps: pd.DataFrame, rank: int = 0,
                      step_label: str = "decode step") -> tuple[pd.DataFrame, dict[str, np.ndarray], str]:
-    """Long-form bars of one rank's judged steps (label = step id, ms_per_step = category union),
-    each step's work span and kernel/op sum (ms), and what the steps are called, in the plural
-    when there are several ("training steps"). The steps are those stage 05's decode table is
-    over (`select_decode_steps`)."""
+    """Long-form bars of one rank's judged steps (`select_decode_steps`): category union per step, each step's
+    span and sum (ms), and the steps' plural name."""
     dec, _ = select_decode_steps(steps[steps["rank"] == rank])
     which = plural(step_label, len(dec))
     sc = step_categories[(step_categories["rank"] == rank) & step_categories["step_id"].isin(dec["step_id"])]
@@ -238,13 +229,8 @@ def plot_step_category_heatmap(matrix: pd.DataFrame, *, which: str = "decode ste
 def plot_decode_step_timeline(timeline: pd.DataFrame, title_note: str = "",
                               highlight: str | None = None, lane: str = "stream",
                               step_label: str = "decode step") -> Figure:
-    """One decode step on one rank: a lane per stream (GPU) or thread (CPU, `lane="thread"`),
-    each event coloured by category.
-
-    `timeline`: stream, category, start_us, dur_us (rank, step_id, name optional). Times are
-    shifted so the step starts at 0; white space between boxes is idle time. `highlight`
-    greys out every category but that one.
-    """
+    """One decode step on one rank: a lane per stream (or thread), events coloured by category, times from the
+    step's start; `highlight` greys out every other category."""
     what = "ops" if lane == "thread" else "device events"
     idle = "no op running" if lane == "thread" else "no device work"
     if timeline.empty:
@@ -350,9 +336,8 @@ def plot_cross_rank(cross_rank: pd.DataFrame, top: int = 12, step_label: str = "
 
 
 def plot_module_time(modules: pd.DataFrame, top: int = 15, step_label: str = "decode step") -> Figure:
-    """Horizontal bars: the module paths with the most device work of their own (ms per step,
-    summed kernel durations), coloured by their largest category, with each bar's share of the
-    steps' summed device time. From modules.csv (`trace.modules`)."""
+    """Horizontal bars of the module paths with the most own device work (ms per step), coloured by their
+    largest category, from modules.csv."""
     from stepscope.trace.modules import leaf_modules
 
     d = leaf_modules(modules, top).iloc[::-1]

@@ -1,14 +1,7 @@
 """Traces in object storage for `stepscope analyze`: `s3://`, `gs://`, `http(s)://` (fsspec).
 
-Each trace under a URL is copied by chunks into the run folder (`remote_traces/`), then read
-by the local loader unchanged, so the local guards hold (a regular file, the gzip trailer
-distrusted, `trace.budget` counting the decompressed stream). A copy rather than a stream:
-the parser, its split into processes and the budget's count each read a file more than once;
-a copy costs disk, not memory. Its size, from the listing, is held to the budget before any
-byte is fetched, and a copy stops once past the bytes it may have.
-
-S3 reads the usual AWS variables (`AWS_ENDPOINT_URL` for another endpoint); gs:// needs gcsfs
-and its credentials; http(s) needs nothing. The copies are deleted once analysed unless kept.
+Each trace is copied into the run folder and read by the local loader, so every local guard holds; the listed
+sizes are held to the budget first. docs/trace-analysis.md#traces-in-object-storage.
 """
 
 from __future__ import annotations
@@ -188,9 +181,8 @@ def _sized(fs: Any, obj: RemoteObject) -> RemoteObject:
 
 
 def select_names(names: list[str]) -> list[str]:
-    """The names a local folder's discovery would take (`trace.analyze.resolve_trace_paths`):
-    trace globs in their order, less the front end's and the run folder's other JSON, then the
-    profiler_out tables."""
+    """The names a local folder's discovery would take: trace globs in order, less the front end's and the run
+    folder's other JSON, then the profiler_out tables."""
     from stepscope.filenames import parse_name
     from stepscope.trace.analyze import NOT_TRACES, TEXT_TABLE_GLOBS, TRACE_GLOBS
 

@@ -1,21 +1,7 @@
 """A roofline on the trace: what the GEMM-like categories of a decode step achieved.
 
-For each GEMM-like category of the decode steps, the FLOPs and bytes one step must do come
-from the architecture and TP (`stepscope.model`'s per-GPU GEMM shapes at the measured
-batch, routed experts at the expected number of distinct experts touched) and from stage
-02's byte model (`stepscope.model.gemm_bytes`: weights at their precision plus activations
-in and out). Divided by the category's measured time per step (the union of its kernels),
-they give achieved TFLOP/s and GB/s, and against the device's peaks
-(`stepscope.hardware`) a percentage. Where the device or a peak is unknown, the percentage
-is null and `device.known` says so. Where stage 02 timed the same shapes, its achieved
-bandwidth is set beside the trace's.
-
-Which GEMMs a category holds: routed experts are `fused_moe` (when the trace has it); the
-LM head is `lm_head` when the trace's frames named it (categorize's context rules), else it
-joins the others; every other GEMM (attention projections, dense MLP, router, shared
-experts) is `dense_gemm`, or `quant_gemm` when the trace has no dense GEMM category.
-
-Method and sources: docs/trace-analysis.md#a-roofline-on-the-trace.
+FLOPs and bytes per step from the architecture (`stepscope.model`) over each category's measured union give
+TFLOP/s, GB/s and a share of the device's peaks. Method: docs/trace-analysis.md#a-roofline-on-the-trace.
 """
 
 from __future__ import annotations
@@ -53,9 +39,8 @@ quantized bmm (`vllm/v1/attention/backends/mla/common.py`), whatever the checkpo
 
 
 def weight_formats(arch: Any, quantization: str | None = None) -> dict[str, WeightFormat]:
-    """Weight format per layer kind (or per GEMM name, which wins): gpt-oss ships its routed
-    experts in MXFP4 (its other weights in bf16); an INT4/W4A16 label quantizes the routed
-    experts (Kimi-K2.5's scope); an FP8 label, every linear layer of FP8_LAYER_KINDS."""
+    """Weight format per layer kind (or GEMM name, which wins): gpt-oss's routed experts in MXFP4, an
+    INT4/W4A16 label's routed experts, an FP8 label's FP8_LAYER_KINDS."""
     q = (quantization or "").lower()
     if "fp8" in q and "mxfp4" not in q:
         return {**{kind: FP8 for kind in FP8_LAYER_KINDS}, **{g: BF16 for g in SIXTEEN_BIT_GEMMS}}
@@ -82,9 +67,8 @@ _TYPE_FORMAT = {"mxe2m1": "mxfp4", "e2m1": "nvfp4", "mxe4m3": "mxfp8", "e4m3": "
 
 
 def kernel_formats(name: str) -> tuple[str | None, str | None]:
-    """(weights, activations) format a GEMM kernel's name spells out, each None where the name
-    does not say: TRT-LLM-gen's `..._MxE2m1MxE4m3_...` is MXFP4 weights with MXFP8 activations,
-    Triton matmul_ogs' `..._bf16xbf16xmxfp4_...` MXFP4 weights with bf16 activations."""
+    """(weights, activations) format a GEMM kernel's name spells (`..._MxE2m1MxE4m3_...`: MXFP4 with MXFP8),
+    each None where it does not say."""
     m = _TRTLLM_GEN_TYPES.search(name) or _OGS_TYPES.search(name)
     if not m:
         return None, None
@@ -97,10 +81,8 @@ MODELLED_FORMATS = ("mxfp4", "w4a16", "fp8")
 
 def roofline_quantization(params_quantization: str | None, named: list[dict[str, Any]]
                           ) -> tuple[str | None, str]:
-    """The weight format the roofline counts bytes with, and where it comes from: params'
-    `model.quantization` when set (not "none"), else the one MODELLED_FORMATS format the GEMM
-    kernels name (`trace_info.weight_formats_named`), else none: two such formats named is a
-    mixture the roofline does not guess at."""
+    """The format the roofline counts bytes with and its source: params' `model.quantization`, else the one
+    MODELLED_FORMATS format the kernels name; a mixture is not guessed at."""
     if params_quantization and params_quantization.lower() != "none":
         return params_quantization, "params"
     modelled = [r["format"] for r in named if r["format"] in MODELLED_FORMATS]
@@ -110,12 +92,9 @@ def roofline_quantization(params_quantization: str | None, named: list[dict[str,
 
 
 def _assign(work: pd.DataFrame, present: set[str]) -> pd.Series:
-    """The trace category each GEMM's time is counted in, by where its kernels land
-    (rules.yaml): a quantized format's GEMMs in `quant_gemm` (Marlin, Machete, scaled_mm;
-    Marlin's MoE kernel too, so Kimi-K2.5's INT4 experts land there), 16-bit ones in
-    `dense_gemm`; the routed experts in `fused_moe` when the trace has it (Triton's fused MoE
-    and matmul_ogs, quantized or not), the LM head in `lm_head` when it has it. A category the
-    trace lacks falls back to the other GEMM category it has."""
+    """The trace category each GEMM's time is counted in, by where its kernels land (rules.yaml): quantized in
+    `quant_gemm`, 16-bit in `dense_gemm`, routed experts in `fused_moe`, LM head in `lm_head`; a category the
+    trace lacks falls back to the other GEMM category."""
 
     def first_present(*cats: str) -> str:
         return next((c for c in cats if c in present), cats[0])

@@ -1,12 +1,7 @@
 """One trace parsed by several processes: how many, running them, merging what they read.
 
-Decompressing costs a fifth of parsing, so each process decompresses the whole stream and
-decodes every n-th chunk (`parse.parse_share`); no decompressed bytes cross processes.
-The shares come back as numpy arrays and are merged here into file order, with the
-interned names and string ids renumbered, so the result is identical to one process's.
-Any doubt about a chunk boundary (`SplitFailed`) makes the caller parse in one process.
-
-This module imports nothing from `parse` (which imports it): the share parser is passed in.
+Each process decompresses the whole stream (a fifth of the cost) and decodes every n-th chunk; the shares
+merge into file order, identical to one process's result. Imports nothing from `parse`, which imports it.
 """
 
 from __future__ import annotations
@@ -44,12 +39,8 @@ def usable_cores() -> int:
 
 
 def json_size_estimate(p: Path) -> int:
-    """Bytes of JSON in a trace file, from the gzip trailer's ISIZE (the decompressed size
-    modulo 2**32), not a ratio: a trace of 30 M tiny events compresses 300x, not 12x.
-
-    Beyond 4 GiB ISIZE wraps: the smallest size it allows at or above the compressed size is
-    taken, which can still be 4 GiB short of a trace over 4 GiB (the parse's own row count
-    is the check that cannot be fooled)."""
+    """Bytes of JSON in a trace file from the gzip trailer's ISIZE (modulo 2**32, so the smallest size at or
+    above the compressed one), not a ratio: tiny events compress 300x."""
     size = p.stat().st_size
     with open(p, "rb") as fh:
         if fh.read(2) != b"\x1f\x8b" or size < 18:
@@ -71,10 +62,8 @@ def split_count(path: Path, processes: int | None) -> int:
 
 
 def stop_workers(pool: ProcessPoolExecutor) -> None:
-    """End a pool's worker processes now, for an interrupt or an error in this process.
-
-    Leaving the pool's `with` block would wait for every worker to finish its share (tens of
-    seconds on a large trace): Ctrl-C must end the analysis within a second."""
+    """End a pool's workers now: leaving its `with` would wait for every share, and Ctrl-C must end the
+    analysis within a second."""
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         if proc.is_alive():
             proc.terminate()
@@ -83,11 +72,8 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
 
 def parse_split(path: Path, n: int, parse_share: Callable[..., _Share], keep_cpu_ops: bool | None,
                 progress: Callable[[int], None] | None) -> list[_Share] | None:
-    """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back.
-
-    Each process sends its share's columns through a pipe straight into arrays made here
-    (`_send_share`, `_receive_share`): a pickled share was held twice in the process that made
-    it and twice in this one, the load's peak on a kernel-dense trace (issue 26)."""
+    """Shares 1..n-1 in forked processes while this one parses share 0; None: fall back. Columns come through
+    a pipe straight into arrays, never pickled (a pickle held each share twice)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
@@ -178,11 +164,8 @@ def _receive_share(conn: Any, path: Path) -> _Share:
 
 def merge_shares(shares: list[_Share], columns: tuple[str, ...]
                  ) -> tuple[dict[str, np.ndarray], list[str], list[str]]:
-    """One set of columns in file order, with names, collectives and string ids renumbered.
-
-    Consumes the shares' arrays: each merged column is written chunk by chunk into its place
-    and the shares' copies of it are dropped at once, so the merge holds the table once plus
-    one column, not twice (issue 26)."""
+    """One set of columns in file order, names, collectives and string ids renumbered; consumes the shares'
+    arrays column by column so the merge holds the table once."""
     if len(shares) == 1:
         sh = shares[0]
         return sh.arrays, sh.names, sh.colls

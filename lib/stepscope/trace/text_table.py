@@ -75,11 +75,8 @@ def parse_text_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
 
 
 def check_text_tables(tables: list[Path], ranks: dict) -> tuple[pd.DataFrame, list[dict]]:
-    """Parse each table and compare it with its rank's trace.
-
-    GPU layout: trace kernel sum vs the footer's `Self CUDA time total`, flagged above 1 %.
-    CPU layout: nothing in the table is a kernel sum; the footer is reported as is.
-    """
+    """Parse each table and compare it with its rank's trace: on the GPU layout the trace's kernel sum against
+    the footer's `Self CUDA time total` (flagged above 1 %); the CPU layout's footer as is."""
     frames = []
     checks: list[dict] = []
     for p in tables:

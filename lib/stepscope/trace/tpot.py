@@ -1,11 +1,6 @@
-"""TPOT against the trace's step: the one judgement of whether the client's time per token and
-the engine's decode step agree.
-
-Stage 05's flag (`period_tpot_mismatch`), the report's reconciliation sentences and the
-verdict's TPOT gap all read this one value, so they cannot disagree on the same numbers. The
-step is the period (consecutive decode steps' start-to-start time, what TPOT measures) where
-stage 05 has one, else the span of one step. They agree within `TPOT_GAP_SHARE` of TPOT.
-"""
+"""TPOT against the trace's step: the one judgement of whether the client's time per token and the engine's
+decode step agree (within `TPOT_GAP_SHARE`). Stage 05's flag, the report and the verdict all read it, so they
+cannot disagree."""
 
 from __future__ import annotations
 

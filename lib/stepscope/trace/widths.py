@@ -1,9 +1,5 @@
-"""Ints in the narrowest width that holds them: the one home of that choice for stage 05.
-
-Pids, tids, streams, sizes and codes are read as int32 or int64, yet mostly fit in one or two
-bytes; on a trace of 10 M events each byte per row is 10 MB of every table and of every copy
-made of it (issue 26). numpy only: the parse processes import this without pandas.
-"""
+"""Ints in the narrowest width that holds them, the one home of that choice for stage 05: each byte per row is
+10 MB of every table on a 10 M-event trace. numpy only (parse processes import it)."""
 
 from __future__ import annotations
 
