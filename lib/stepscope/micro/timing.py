@@ -1,10 +1,7 @@
 """Timers shared by the GEMM and collective micro-benchmarks, and the devices' peaks.
 
-CPU: warm-up, then `repeats` samples, each a loop of `inner` calls timed with
-`perf_counter` (inner is calibrated so one sample lasts about `target_sample_s`; a
-single small call is shorter than Python's own overhead). GPU: a CUDA graph of
-`calls` calls, replayed `repeats` times, each replay timed with CUDA events.
-Either way the result is a per-call time sample, summarised by median and p10/p90.
+CPU: `repeats` samples of `inner` calls with `perf_counter` (one small call is shorter than Python's
+overhead); GPU: a CUDA graph replayed `repeats` times, timed with CUDA events.
 """
 
 from __future__ import annotations
@@ -96,11 +93,8 @@ def cpu_llc_bytes(sysfs: str | Path = CPU_CACHE_SYSFS) -> tuple[int, str]:
 
 
 def time_cuda_graph(calls: list[Callable[[], object]], *, warmup: int, repeats: int) -> np.ndarray:
-    """Per-call µs of a CUDA graph that runs every callable in `calls` once, in order.
-
-    The graph removes launch overhead the way vLLM's decode replays do; `calls` of
-    different weight copies make the cold (weights rotated through L2) variant.
-    """
+    """Per-call µs of a CUDA graph running each of `calls` once: no launch overhead, as vLLM's decode replays;
+    different weight copies make the cold variant."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -132,12 +126,8 @@ def time_cuda_graph(calls: list[Callable[[], object]], *, warmup: int, repeats: 
 
 def time_cuda_each(fn: Callable[[], object], n: int, *, warmup: int, hold_cycles: int = 20_000_000
                    ) -> np.ndarray:
-    """Per-call µs of `n` calls of `fn`, each bracketed by its own CUDA events, no graph.
-
-    The reading a CUDA graph's per-call time should agree with. A sleep kernel holds the
-    stream while the calls and events are queued, so the events time the GPU work and not
-    the host's launch rate (a small GEMM runs faster than Python can launch it).
-    """
+    """Per-call µs of `n` calls of `fn`, each between its own CUDA events; a sleep kernel holds the stream
+    meanwhile so the events time the GPU, not the host's launch rate."""
     import torch
 
     for _ in range(max(warmup, 1)):

