@@ -1,18 +1,8 @@
 """Open-loop arrival times: gamma-distributed gaps with a burstiness factor, and rate ramps.
 
-Both follow `vllm bench serve` (`get_request` and `_get_current_request_rate` in
-vllm/benchmarks/serve.py; docs/workloads.md#arrival-shaping):
-
-- Request i waits a gap drawn from Gamma(shape = burstiness, scale = 1 / (rate_i x burstiness)):
-  mean 1 / rate_i whatever the burstiness, coefficient of variation 1 / sqrt(burstiness).
-  Burstiness 1 is the exponential distribution (Poisson arrivals); below 1, bursts and lulls;
-  above 1, more even spacing.
-- Offsets are the cumulative gaps, so the first request also waits its gap, as vLLM's does.
-- Without a ramp the offsets are rescaled so the last one is exactly n / rate: the level's
-  mean rate is the one asked for, not the sample's (vLLM does the same, to steady
-  throughput across seeds).
-- With a ramp, rate_i = start + (end - start) p (linear) or start (end / start)^p
-  (exponential), p = i / max(n - 1, 1); no rescaling.
+Both follow `vllm bench serve` (`get_request`, `_get_current_request_rate`); the formulas are in
+docs/workloads.md#arrival-shaping. Without a ramp the offsets are rescaled so the level's mean rate is the one
+asked for, as vLLM does.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The streaming load client: one aiohttp session, raw per-request records.
 
-Every request is an OpenAI `/v1/completions` stream with a token-ID prompt of exact
-length, `ignore_eos`, temperature 0 and `stream_options.include_usage`. The client stamps
-`time.perf_counter()` once per network read, before parsing, so parsing cost never
-shifts a timestamp; every SSE event in that read shares the arrival time.
+Requests are OpenAI `/v1/completions` streams with exact-length prompts and `ignore_eos`; `perf_counter` is
+stamped once per network read, before parsing, so parsing never shifts a timestamp.
 """
 
 from __future__ import annotations
@@ -167,13 +165,9 @@ def _local_tokens(model_path: str) -> list[int]:
 
 
 class PromptSource:
-    """Prompts of exactly `input_len` tokens, made in order and on demand (a level that runs
-    for a minimum duration does not know its request count in advance).
-
-    `token_ids`: random IDs from `pool`, the same sequence `make_prompts` gives. `random_text`:
-    text built like vLLM's random dataset: a run of consecutive allowed vocabulary IDs from a
-    random offset, decoded, re-encoded and trimmed or extended until it encodes to exactly the
-    target length (the server's special tokens, e.g. BOS, counted in, as vLLM does)."""
+    """Prompts of exactly `input_len` tokens, made on demand (a level with a minimum duration does not know
+    its request count). `random_text` builds text like vLLM's random dataset, re-encoded until its length
+    (special tokens included) is exact."""
 
     def __init__(self, mode: str, pool: Sequence[int], input_len: int, seed: int = 0, tokenizer=None):
         self.mode, self.input_len = mode, input_len
@@ -259,13 +253,9 @@ SILENCE_HINT = ("a stopped or deadlocked server may log nothing: look at its pro
 
 
 class Silence:
-    """A liveness watchdog over every stream of a level (or a capture).
-
-    No token on any open stream for `timeout_s` (a server that stopped, or one that accepts
-    requests and never answers them) probes /health for `HEALTH_PROBE_S`, says which it is
-    ("server alive but not answering", or "server not answering /health either") and ends
-    the level: the open requests are cancelled and recorded as timeouts (`SILENCE_ERROR`),
-    and no more are sent. `show(text)` gets the running silence for a progress bar."""
+    """A liveness watchdog over every stream of a level: no token on any stream for `timeout_s` probes
+    /health, says which failure it is, and ends the level, its open requests recorded as timeouts
+    (`SILENCE_ERROR`). `show(text)` feeds a progress bar."""
 
     def __init__(self, timeout_s: float, show=None):
         self.timeout_s, self.show = timeout_s, show
@@ -386,10 +376,8 @@ def completion_payload(model: str, prompt: list[int] | str, output_len: int) -> 
 async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any], *,
                          timeout_s: float, request_id: int = 0, warmup: bool = False,
                          input_len: int = 0, on_first_chunk=None, silence: Silence | None = None) -> RequestRecord:
-    """Send one streaming completion and keep its raw timing. Never raises for a failed request;
-    one the liveness watchdog (`silence`) ends is recorded as its timeout.
-    `on_first_chunk(request_id)` is called when its first token arrives (a load capture waits
-    for every request in flight to be past its prefill)."""
+    """Send one streaming completion and keep its raw timing; never raises for a failed request.
+    `on_first_chunk(request_id)` fires at its first token (a load capture waits for every prefill)."""
     rec = RequestRecord(start_s=0.0, request_id=request_id, warmup=warmup, input_tokens=input_len)
     rec.start_s = time.perf_counter()
     if silence is None:
@@ -424,9 +412,8 @@ to the prompt, e.g. BOS); beyond it the count is impossible and the request fail
 
 
 class BadReply(Exception):
-    """A reply no OpenAI-compatible server sends (an event that is not a JSON object, a usage
-    count that cannot be): its request fails with this reason, as vLLM's benchmark fails a
-    request whose reply it cannot parse."""
+    """A reply no OpenAI-compatible server sends: its request fails with this reason, as in vLLM's benchmark.
+    """
 
 
 @dataclass(frozen=True)
@@ -606,9 +593,8 @@ async def open_loop(session: aiohttp.ClientSession, url: str, payloads: list[dic
                     on_done=None, burstiness: float = 1.0,
                     offsets_s: Sequence[float] | None = None,
                     silence: Silence | None = None) -> list[RequestRecord]:
-    """Arrivals at `rate_rps` with gamma gaps of shape `burstiness` (1: Poisson;
-    `stepscope.sweep.arrivals`), or at `offsets_s` (s from the start: a ramp, a replayed
-    trace) when given; no cap on requests in flight."""
+    """Arrivals at `rate_rps` with gamma gaps of shape `burstiness`, or at `offsets_s` (a ramp, a replayed
+    trace); no cap on requests in flight."""
     if offsets_s is None:
         offsets_s = arrival_offsets_s(len(payloads), rate_rps, burstiness=burstiness, seed=seed)
     t0 = time.perf_counter()

@@ -1,8 +1,5 @@
-"""The sweep on the console: one line per finished level as the sweep runs, and the level
-table a run ends with (as `vllm bench serve` ends with its result block).
-
-Both read levels.csv's columns (`run.level_row`), so the console says what the file says.
-"""
+"""The sweep on the console: a line per finished level and the closing level table, both from levels.csv's
+columns (`run.level_row`), so the console says what the file says."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Per-level latency samples for distribution figures: every request's TPOT and every ITL gap.
-
-The levels table keeps percentiles; a distribution shows what they hide (two modes, a long
-tail, a level whose ITL is pooled over merged chunks). The samples come from the raw
-records in `levels/*.jsonl` through the metrics module's own definitions, so a figure and
-the table never disagree about what a TPOT or an ITL is.
-"""
+"""Per-level latency samples for distribution figures: every request's TPOT and every ITL gap, from the raw
+records through the metrics module's definitions, so figure and table agree."""
 
 from __future__ import annotations
 
@@ -21,9 +16,8 @@ SAMPLE_COLUMNS = ["level", "concurrency", "metric", "value_ms"]
 
 
 def latency_samples(out_dir: str | Path) -> pd.DataFrame:
-    """TPOT per completed request and every ITL gap (ms) of each closed-loop level in
-    `out_dir/levels/` (stage 01's folder). Open-loop levels are left out: they have no
-    concurrency to place them on."""
+    """TPOT per completed request and every ITL gap (ms) of each closed-loop level in `out_dir/levels/`;
+    open-loop levels have no concurrency to place them on."""
     frames = []
     for meta_path in sorted((Path(out_dir) / "levels").glob("*.meta.json")):
         meta = read_json(meta_path)

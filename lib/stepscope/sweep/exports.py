@@ -1,18 +1,6 @@
-"""The sweep in the shapes other tools read: per level a `vllm bench serve --save-result` JSON,
-and one table of every measured request (AIPerf's per-request export, for notebooks).
-
-- `vllm_bench/<level>.vllm.json`: the keys and units of vLLM 0.32.0's `vllm/benchmarks/serve.py`
-  (`VLLM_SCHEMA`) that stepscope measures, from the level's levels.csv row, so the numbers are
-  stepscope's definitions (`stepscope.sweep.metrics`, vLLM's own). Where a level has no sample
-  of a latency (every request failed) the key is null; vLLM writes 0 there.
-- `aiperf/<level>/profile_export_aiperf.json`: AIPerf's summary export (its schema 1.4), each
-  per-request metric's distribution over the level's successful requests, the warm-ups apart.
-- `requests.csv`: one row per measured request of every level (warm-ups are in
-  `levels/<level>.warmup.jsonl`, not here), latencies in ms, times on the client's monotonic
-  clock (`time.perf_counter`, s: differences mean something, the origin does not).
-
-Both are rewritten from the files on disk whenever stage 01 finishes (`run.finish`).
-"""
+"""The sweep in the shapes other tools read: `vllm bench serve --save-result` JSON and AIPerf's summary per
+level, and `requests.csv`; rewritten from disk whenever stage 01 finishes
+(docs/methods.md#exports-for-other-tools)."""
 
 from __future__ import annotations
 
@@ -66,9 +54,7 @@ def vllm_latency_keys(metric: str, percentiles: Iterable[float]) -> dict[str, st
 
 def vllm_result(row: Mapping[str, Any], percentiles: Iterable[float],
                 settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One level (its levels.csv row, and its meta's `settings`) as `vllm bench serve
-    --save-result` writes a run: traffic keys, totals, throughputs, then each latency's mean,
-    median, std and percentiles in ms."""
+    """One level (its levels.csv row and meta `settings`) as `vllm bench serve --save-result` writes a run."""
     settings = settings or {}
     closed = row.get("mode") == "concurrency"
     out: dict[str, Any] = {"label": f"stepscope {row.get('level')}", "model_id": settings.get("served_model"),
@@ -147,9 +133,8 @@ def _aiperf_metrics(table: pd.DataFrame) -> dict[str, Any]:
 
 def aiperf_result(row: Mapping[str, Any], table: pd.DataFrame, warmups: pd.DataFrame,
                   settings: Mapping[str, Any] | None = None, run_id: str = "") -> dict[str, Any]:
-    """One level as AIPerf's `profile_export_aiperf.json`: its measured requests (`table`,
-    REQUEST_COLUMNS) per metric, its levels.csv `row` for the run-level metrics, and its warm-ups
-    (`warmups`) under `warmup_metrics`."""
+    """One level as AIPerf's `profile_export_aiperf.json`: per-request metrics from `table`, run-level ones
+    from `row`, warm-ups under `warmup_metrics`."""
     from stepscope import __version__
 
     settings = settings or {}
@@ -180,9 +165,8 @@ def write_exports(out_dir: str | Path, levels: pd.DataFrame,
                   done: list[tuple[Mapping[str, Any], list[RequestRecord]]],
                   percentiles: Iterable[float], formats: Iterable[str] = FORMATS,
                   warmups: Mapping[str, list[RequestRecord]] | None = None) -> dict[str, Path]:
-    """`vllm_bench/<level>.vllm.json` for every level of `levels` measured here (imported ones are
-    vLLM's already; files of levels no longer on disk are removed), `aiperf/<level>/` and
-    `requests.csv`, as `formats` asks."""
+    """The exports `formats` asks for; vLLM JSON of levels no longer on disk is removed, imported levels are
+    vLLM's already."""
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     if "csv" in formats:

@@ -1,16 +1,7 @@
 """Goodput under per-request SLOs, and the SLO-boundary level of a sweep.
 
-Definitions follow `vllm bench serve --goodput` (vllm/benchmarks/serve.py,
-docs/methods.md#goodput-and-slos):
-
-- A request is good when it completed and every bound set holds, inclusively (latency <= bound).
-- TPOT of a request with one output token counts as 0 (vLLM: "we regard tpot as 0 for goodput").
-- Goodput (req/s): good requests / the level's duration (the same duration as throughput).
-- Goodput (tok/s): output tokens of good requests / duration. vLLM reports only req/s.
-- The ITL bound (vLLM has none) holds when the request's longest gap between token-bearing
-  chunks is within it: a stream that paused once misses it even when its TPOT is fine.
-
-The share meeting a bound is over every measured request: a failed request meets none.
+Definitions follow `vllm bench serve --goodput` (docs/methods.md#goodput-and-slos), plus an ITL bound and
+goodput in tok/s; a failed request meets no bound.
 """
 
 from __future__ import annotations
@@ -90,12 +81,8 @@ def _load_axis(levels: pd.DataFrame, mode: str) -> tuple[pd.DataFrame, str]:
 
 
 def slo_boundary(levels: pd.DataFrame, min_share: float, mode: str = "concurrency") -> dict[str, Any]:
-    """The highest level of `mode` meeting the SLO for at least `min_share` of its requests,
-    counted up from the lowest level and stopping at the first that misses (a level above a
-    miss that passes again is noise or a different regime, named in `passes_above_miss`).
-
-    Keys: boundary_level, boundary_load (concurrency or req/s), first_miss_level,
-    first_miss_load, passes_above_miss [level names], n_levels (levels with an SLO reading)."""
+    """The highest level of `mode` meeting the SLO for `min_share` of its requests, counted up from the lowest
+    and stopping at the first miss (levels passing above it are named in `passes_above_miss`)."""
     out: dict[str, Any] = {"boundary_level": None, "boundary_load": None, "first_miss_level": None,
                            "first_miss_load": None, "passes_above_miss": [], "n_levels": 0}
     if "slo_met_share" not in levels or not len(levels):
@@ -157,10 +144,8 @@ def slo_flags(summary: Mapping[str, Any] | None) -> list[str]:
 
 
 def per_gpu_points(levels: pd.DataFrame, tp: int) -> pd.DataFrame:
-    """The capacity planner's chart, one row per completed closed-loop level: output tok/s per
-    GPU (output throughput / TP) against tok/s per user (1000 / median TPOT in ms), and goodput
-    tok/s per GPU where an SLO was set. Columns: level, concurrency, n_completed,
-    tok_s_per_gpu, tok_s_per_user, goodput_tok_s_per_gpu, slo_search (an SLO-search level)."""
+    """The capacity planner's chart, one row per completed closed-loop level: output tok/s per GPU against
+    tok/s per user (1000 / median TPOT), with goodput per GPU where an SLO was set."""
     c = levels[(levels["mode"] == "concurrency") & (levels["n_completed"] > 0)].sort_values("concurrency")
     tpot = pd.to_numeric(c["tpot_ms_median"], errors="coerce")
     good = pd.to_numeric(c["goodput_tok_s"], errors="coerce") if "goodput_tok_s" in c else np.nan

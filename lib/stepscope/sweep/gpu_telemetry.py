@@ -1,12 +1,7 @@
-"""GPU telemetry during each sweep level, through NVML (the `nvidia-ml-py` package).
+"""GPU telemetry during each sweep level, through NVML (`nvidia-ml-py`).
 
-A background thread reads every GPU's SM and memory clocks, power, temperature, memory
-used and utilisation every `SAMPLE_PERIOD_S` while a level measures. The rows travel in the
-level's meta file (`gpu_samples`) and become `01_macro_sweep/gpu_telemetry.csv`; without
-NVML, or with no GPU, the meta says why and `gpu_telemetry.json` records "not available"
-with that reason; nothing else changes. A throttled SM clock or a full GPU memory, each
-judged against `stepscope.thresholds`, is a flag on the level. Stage 04 samples its profiled
-windows the same way (`04_profiler_capture/gpu_telemetry.csv`, and `c<C>/` per load capture).
+A background thread samples clocks, power, temperature, memory and utilisation; without NVML the meta says why
+and nothing else changes (docs/methods.md#gpu-telemetry).
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """Serving metrics from raw per-request records: the one place they are defined.
 
-Definitions follow `vllm bench serve` (vllm/benchmarks/serve.py; docs/methods.md#serving-metrics):
-
-- TTFT: dispatch to the first token-bearing chunk.
-- E2EL: dispatch to the last token-bearing chunk.
-- TPOT per request: (E2EL - TTFT) / (output_tokens - 1), only for output_tokens > 1;
-  statistics are over requests.
-- ITL: gaps between consecutive token-bearing chunks, pooled over requests (per chunk,
-  not per token: a chunk may carry several tokens).
-- Output tokens: `usage.completion_tokens` of the stream; when the server sent no usage,
-  the number of token-bearing chunks (and the record says so).
-- Duration: first dispatch to last completion, over every measured request.
-- Throughputs: completed requests, output tokens, input + output tokens, each / duration.
-- Little's-law concurrency: sum of E2EL over completed requests / duration.
-- Peak 1-s output tok/s: tokens bucketed by whole seconds since the first successful
-  dispatch (vLLM's method). vLLM counts one token per chunk; here a chunk weighs
-  output_tokens / n_chunks, which is the same when every chunk carries one token.
-- Percentiles: linear interpolation (`numpy.percentile`); std is the population standard
-  deviation (`numpy.std`), as vLLM's `std_*_ms`.
-- Output tok/s per user: each completed request's output tokens / its E2EL (TTFT included:
-  what one user receives per second of waiting), averaged over requests (GuideLLM's
-  per-request output rate). AIPerf's "output token throughput per user" is 1 / its
-  per-request inter-token latency, i.e. 1000 / TPOT here: the decode rate only.
-
-Failed requests (HTTP errors, SSE errors, resets, timeouts, streams without a token) count
-in `n_failed` and are left out of every latency statistic and of the token totals.
+Definitions follow `vllm bench serve` (docs/methods.md#serving-metrics). Failed requests count in `n_failed`
+and are left out of every latency statistic and token total.
 """
 
 from __future__ import annotations
@@ -123,12 +100,7 @@ def _ok(r: RequestRecord) -> bool:
 
 
 def request_table(records: Iterable[RequestRecord | Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per measured (non-warm-up) request with its latencies in ms.
-
-    Columns: request_id, success, error, input_tokens, output_tokens,
-    output_tokens_from_usage, n_chunks, start_s, end_s, ttft_ms, tpot_ms, e2el_ms.
-    Failed requests keep NaN latencies.
-    """
+    """One row per measured (non-warm-up) request, latencies in ms (NaN when failed)."""
     rows = []
     for r in _as_records(records):
         if r.warmup:
@@ -211,15 +183,8 @@ def peak_output_tok_s_1s(records: Iterable[RequestRecord | Mapping[str, Any]]) -
 
 
 def merged_token_share(done: pd.DataFrame) -> float:
-    """Share of output tokens that did not arrive in a chunk of their own.
-
-    vLLM coalesces a request's pending outputs into one SSE chunk when its API process
-    falls behind the engine, so a level can complete every token yet deliver fewer
-    chunks than tokens. Those tokens have no inter-token gap of their own: ITL is then
-    pooled over fewer, longer gaps, while TPOT (which divides by the usage-reported token
-    count) is unaffected. Only requests whose token count came from the server's usage
-    are counted; NaN when there are none.
-    """
+    """Share of output tokens that did not arrive in a chunk of their own (vLLM coalesces outputs when its API
+    process falls behind): ITL then pools fewer, longer gaps, TPOT is unaffected. NaN without usage counts."""
     d = done[done["output_tokens_from_usage"]] if len(done) else done
     tokens = int(d["output_tokens"].sum()) if len(d) else 0
     if tokens == 0:

@@ -32,9 +32,8 @@ LOG_MINOR_LABEL_DECADES = 1.5
 
 
 def _log_ticks(axis, values: pd.Series) -> None:
-    """Plain labels on a log axis (`ax.xaxis`, `ax.yaxis`); the 2s and 5s between powers of ten only
-    where the data span under LOG_MINOR_LABEL_DECADES (over four decades, 0.05 and 0.1 were drawn on
-    top of each other)."""
+    """Plain labels on a log axis; the 2s and 5s only where the data span under LOG_MINOR_LABEL_DECADES, so
+    labels never overlap."""
     v = values[values > 0]
     axis.set_major_formatter(_PLAIN)
     span = float(np.log10(v.max() / v.min())) if len(v) else 0.0
@@ -146,9 +145,8 @@ def plot_latency_vs_throughput(levels: pd.DataFrame) -> Figure:
 
 
 def plot_per_gpu_vs_per_user(points: pd.DataFrame, tp: int, summary: dict[str, Any] | None = None) -> Figure:
-    """Output tok/s per GPU against tok/s per user (interactivity), one point per level
-    (`goodput.per_gpu_points`), with goodput per GPU beside it, the TPOT bound of the SLO as a
-    line, and the knee and the SLO-boundary level marked."""
+    """Output tok/s per GPU against tok/s per user, one point per level, goodput beside it, the SLO's TPOT
+    bound as a line, knee and SLO boundary marked."""
     s = summary or {}
     fig, ax = plt.subplots(figsize=(7, 4.4))
     ax.plot(points["tok_s_per_user"], points["tok_s_per_gpu"], "o-", label="output tok/s per GPU")
@@ -212,10 +210,8 @@ def sweep_figures(levels: pd.DataFrame, summary: dict[str, Any] | None = None, t
 
 
 def plot_latency_distributions(samples: pd.DataFrame) -> Figure:
-    """ECDF of TPOT (one value per request) and of ITL (every inter-chunk gap, pooled) at each
-    concurrency, ms on a log axis: the shape behind the levels table's percentiles.
-
-    `samples` is `stepscope.sweep.distributions.latency_samples`' long form."""
+    """ECDF of TPOT (per request) and ITL (pooled gaps) at each concurrency, ms on a log axis, from
+    `distributions.latency_samples`."""
     import seaborn as sns
     from matplotlib.colors import Normalize
 

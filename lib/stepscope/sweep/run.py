@@ -1,11 +1,7 @@
 """Stage 01's sweep: load levels against the live server, persisted level by level.
 
-Each level writes `levels/<level>.jsonl` (one raw measured request record per line),
-`levels/<level>.warmup.jsonl` (its warm-up requests, when it sent any) and then
-`levels/<level>.meta.json`; the meta file is written last, so its presence means the level
-finished. Run folders from before the warm-ups had their own file hold them in `<level>.jsonl`
-flagged `"warmup": true`: every reader of records leaves flagged ones out, so both read alike. A re-run with --resume keeps finished levels whose identity
-(`level_identity`: load settings and the server's argv) matches; without it, all are measured.
+A level's meta file is written last, so its presence means the level finished; --resume keeps finished levels
+whose `level_identity` matches.
 """
 
 from __future__ import annotations
@@ -153,11 +149,8 @@ class SweepResult:
 
 
 def level_identity(level: Level, params: SweepParams, server: cl.ServerInfo, seed: int) -> dict[str, Any]:
-    """Everything that changes what a level measures: its load (mode, concurrency or rate,
-    request count, lengths, warm-up, prompts, their seed, timeout, minimum duration) and the
-    server it ran against (`ServerInfo.launch`: engine, version, argv with `server.extra_args`,
-    model, TP and dtype in it, and env). A finished level is kept under --resume only when all
-    of it matches; a level measured before the server's flags were part of it never does."""
+    """Everything that changes what a level measures: its load settings and the server it ran against (engine,
+    version, argv, env). --resume keeps a level only when all of it matches."""
     return {"mode": level.mode, "concurrency": level.concurrency, "request_rate": level.request_rate,
             "n_requests": level.n_requests, "served_model": server.served_model,
             "input_len": params.input_len, "output_len": params.output_len,
@@ -204,9 +197,8 @@ def remove_level(out_dir: Path, name: str) -> None:
 
 
 def keep_or_clear_levels(out_dir: Path, identities: dict[str, dict[str, Any]], resume: bool) -> list[str]:
-    """Levels on disk that this sweep keeps (under --resume: finished, planned and of the same
-    identity), in plan order; every other level's files are removed, so that nothing measured
-    under other settings (or not planned now) reaches levels.csv as if it were fresh."""
+    """Levels on disk this sweep keeps (under --resume: finished, planned, same identity), in plan order;
+    every other level's files are removed so nothing stale reaches levels.csv."""
     d = levels_dir(out_dir)
     kept = [name for name, identity in identities.items() if resume and _finished_same(d, name, identity)]
     for f in d.iterdir():
@@ -317,12 +309,9 @@ MERGED_FLAG_SHARE = 0.05
 def find_knee(levels: pd.DataFrame, knee_gain: float = 0.10) -> dict[str, Any]:
     """Knee and plateau of the closed-loop levels.
 
-    Gain per doubling between levels C1 < C2 is (T2/T1)^(1/log2(C2/C1)) - 1, so levels
-    that are not a doubling apart compare fairly. The knee is the first concurrency C
-    from which no higher level gains `knee_gain` or more per doubling: a plateau, not a
-    dip (a noisy level that gains nothing before throughput climbs again is no knee).
-    The plateau is the best output tok/s at or beyond the knee. `gains_per_doubling`
-    lists the gain from each level to the next.
+    Gain per doubling is (T2/T1)^(1/log2(C2/C1)) - 1, so uneven steps compare fairly. The knee is the first C
+    from which no higher level gains `knee_gain` per doubling (a plateau, not a dip); the plateau is the best
+    output tok/s from the knee on.
     """
     c = levels[(levels["mode"] == "concurrency") & levels["complete"]].sort_values("concurrency")
     c = c[c["n_completed"] > 0]
@@ -490,9 +479,8 @@ async def _run_level(server: cl.ServerInfo, level: Level, params: SweepParams,
 
 async def _scrape(session, server: cl.ServerInfo, rows: list[dict[str, Any]], snaps: list[dict[str, float]],
                   level: str, t0: float, phase: str = "measure") -> None:
-    """One /metrics read: a full row appended to `rows` (server_metrics.csv, timed, so the
-    file says what a scrape costs) and the running/waiting/KV snapshot levels.csv reads to
-    `snaps`; neither when the server's /metrics cannot be read (missing, never guessed)."""
+    """One /metrics read into `rows` (server_metrics.csv) and `snaps` (levels.csv's snapshot); neither when
+    /metrics cannot be read (missing, never guessed)."""
     t = time.perf_counter()
     text = await cl.metrics_text(session, server)
     if text is None:
@@ -509,13 +497,9 @@ def run_sweep(server: cl.ServerInfo, params: SweepParams, out_dir: str | Path, *
               resume: bool = False, seed: int = 0) -> SweepResult:
     """Measure every level of `params` against `server` and write the stage's artifacts.
 
-    Writes plan.json, then levels/<level>.jsonl + .meta.json as each level ends, then levels.csv
-    and summary.json. If the server dies the sweep stops at that level; what was measured
-    stays, and `summary.json` names the level (call `raise_if_died` after showing it).
-    Only with `resume` are finished levels of the same identity (`level_identity`) kept instead
-    of measured; summary.json's `reused_levels` names them. Without it every level is measured.
-    With `sweep.slo_search`, the search's extra levels follow the planned ones (`_search`); the
-    ones an earlier run's plan.json records count as planned for --resume, under the same rules.
+    If the server dies the sweep stops at that level and `summary.json` names it (call `raise_if_died`). With
+    `resume`, finished levels of the same identity are kept (`reused_levels`); `sweep.slo_search` levels
+    follow the planned ones.
     """
     out_dir = Path(out_dir)
     plan = plan_levels(params)
@@ -609,10 +593,9 @@ class _Measurer:
 
 def _search(m: _Measurer, plan: list[Level], recorded: list[Level],
             seed: int) -> tuple[dict[str, Any], tuple[str, str] | None]:
-    """The SLO search after the planned levels (`stepscope.sweep.slo_search`): each bisection
-    step reads only the planned levels and the search's own earlier ones (a kept level the
-    search has not reached yet must not steer it), records its level in plan.json, then measures
-    it (or keeps it under --resume, same identity). Returns summary.json's `slo_search`."""
+    """The SLO search after the planned levels: each step reads only the planned levels and its own earlier
+    ones (a kept level not reached yet must not steer it), records its level in plan.json, then measures or
+    keeps it. Returns summary.json's `slo_search`."""
     p, out_dir, budget = m.params, m.out_dir, m.params.slo_search.max_extra_levels
     planned = {lv.name for lv in plan}
     chosen: list[Level] = []
@@ -667,9 +650,8 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
            messages: list[str] | None = None, slo: Any = None,
            reused: list[str] | None = None, search: dict[str, Any] | None = None,
            percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> SweepResult:
-    """Tables from what is on disk: levels.csv (latency `percentiles`), failures and
-    summary.json (with goodput and the SLO-boundary level when `slo` sets a bound), and the
-    exports other tools read (`stepscope.sweep.exports`)."""
+    """Tables from what is on disk: levels.csv, failures, summary.json (goodput and SLO boundary when `slo`
+    sets a bound), and the exports."""
     out_dir = Path(out_dir)
     levels = levels_table(out_dir, slo, percentiles)
     done = finished_levels(out_dir)
@@ -696,9 +678,8 @@ def finish(out_dir: str | Path, knee_gain: float, *, died: tuple[str, str] | Non
 
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None,
                formats: Iterable[str] = exports.FORMATS) -> dict[str, Path]:
-    """Stage 01's exports (`stepscope.sweep.exports`) written again from a run folder's request
-    records, for a folder made before they existed: at the percentiles its params chose (or the
-    default), into `out_dir` (default: its 01_macro_sweep/)."""
+    """Stage 01's exports written again from a run folder's records (for folders older than them), into
+    `out_dir` (default its 01_macro_sweep/)."""
     sweep = Path(run_dir) / "01_macro_sweep"
     if not any((sweep / "levels").glob("*.meta.json")):  # not levels_dir: it would create the folder
         raise StepscopeError("no sweep levels to export", where=str(sweep / "levels"),

@@ -1,16 +1,6 @@
-"""The SLO search (params `sweep.slo_search`): refine the SLO boundary by bisection.
-
-The planned levels leave a bracket: the SLO-boundary level (the highest, counted up from the
-lowest, at which `sweep.slo.min_share` of requests met every bound) and the first level above
-it that missed (`goodput.slo_boundary`). The search measures the bracket's midpoint as one more
-level, takes the new boundary over every level measured, and repeats, until the two ends are
-adjacent concurrencies (closed loop), the miss's rate is within `min_rate_step_share` of the
-boundary's (open loop), or `max_extra_levels` extra levels have been measured (both modes
-together, concurrency first).
-
-Everything here is pure: `sweep.run` measures the levels it returns and records them in
-`plan.json` before measuring, so that --resume treats them as planned.
-"""
+"""The SLO search (params `sweep.slo_search`): refine the SLO boundary by bisection
+(docs/methods.md#the-slo-search). Pure: `sweep.run` measures the levels it returns, recording them in
+`plan.json` first so --resume treats them as planned."""
 
 from __future__ import annotations
 
@@ -35,9 +25,8 @@ def bracket(levels: pd.DataFrame, slo: Any, mode: str) -> tuple[float | None, fl
 
 def midpoint(mode: str, lo: float | None, hi: float | None,
              min_rate_step_share: float) -> tuple[float | None, str]:
-    """The next load to measure between `lo` (met the SLO) and `hi` (missed), or (None, why not).
-    Concurrency bisects on integers (floor of the mean); a rate is rounded to 3 decimals, so its
-    level name (`r2.75`) stays short."""
+    """The next load between `lo` (met) and `hi` (missed), or (None, why not): integer concurrency, or a rate
+    rounded to 3 decimals so its level name stays short."""
     if lo is None and hi is None:
         return None, "no level of this mode has an SLO reading"
     if lo is None:

@@ -1,12 +1,7 @@
 """Server-wide stalls: stretches when every stream in flight was silent at once.
 
-A decode engine that pauses (a scheduler hiccup, a garbage collection, a starved API
-process) stops delivering to every open stream together. One such pause of a second can
-halve a level of a few seconds, so a level's throughput is only trusted once its stalls
-are counted. A stall here is a gap between consecutive token-bearing chunks, taken over
-all measured requests of the level, that is longer than `STALL_GAP_S` while at least one
-request was in flight for the whole gap (so the wait before a level's first token, or a
-gap in open-loop load when nothing was in flight, is no stall).
+One pause of a second can halve a short level, so throughput is trusted only once stalls are counted: a gap
+between token-bearing chunks over `STALL_GAP_S` with a request in flight throughout (docs/faults.md).
 """
 
 from __future__ import annotations

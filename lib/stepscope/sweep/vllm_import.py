@@ -1,10 +1,7 @@
 """Read `vllm bench serve --save-result` JSON into stepscope's levels table.
 
-With `--save-detailed` the file holds per-request arrays (ttfts, itls, latencies,
-output_lens, ...): they become raw records and go through `metrics.level_metrics`, so the
-definitions are stepscope's own. Without it only the summary keys exist and are mapped
-by name. Keys differ between vLLM releases; every lookup tolerates their absence (NaN).
-`--append-result` files hold one JSON object per line; each becomes one row.
+Per-request arrays (`--save-detailed`) go through stepscope's own metrics; otherwise the summary keys map by
+name, tolerating their absence across releases. `--append-result` files give one row per line.
 """
 
 from __future__ import annotations
@@ -158,9 +155,8 @@ IMPORTED_CSV = "imported_vllm_bench.csv"
 
 def import_vllm_results(paths: Iterable[str | Path], base_dir: str | Path = REPO_ROOT,
                         out_dir: str | Path | None = None) -> pd.DataFrame:
-    """Levels table (LEVEL_COLUMNS) from one or more `--save-result` files; relative paths
-    are resolved from `base_dir` (the repository root, like every params path). With
-    `out_dir` (stage 01's folder) a non-empty table is also saved there as IMPORTED_CSV."""
+    """Levels table (LEVEL_COLUMNS) from `--save-result` files (relative to `base_dir`); with `out_dir` a
+    non-empty table is saved there as IMPORTED_CSV."""
     df = _import_table(paths, base_dir)
     if out_dir is not None and len(df):
         from stepscope import schema

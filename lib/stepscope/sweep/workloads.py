@@ -1,12 +1,5 @@
-"""Request sources beyond random prompts of one length: ShareGPT-style conversations, a
-Mooncake-style timed trace, and a synthetic shared-prefix workload (file formats:
-docs/workloads.md).
-
-Each source yields completion payloads with their own prompt and output length; the
-random sources (`token_ids`, `random_text`) keep `client.PromptSource` and one output length.
-The level table reads the length distributions back from the records and the prefix-cache
-hit rate from the server's /metrics counters (`workload_columns`).
-"""
+"""Request sources beyond random prompts of one length: ShareGPT-style conversations, a Mooncake-style timed
+trace, and a shared-prefix workload (docs/workloads.md)."""
 
 from __future__ import annotations
 
@@ -102,10 +95,8 @@ def mooncake_prompt(row: dict[str, Any], pool: np.ndarray, block: int, rng: np.r
 
 
 class WorkloadSource:
-    """Payloads for one level from `params.workload` (SweepParams), cycling through the file
-    when a level needs more requests than it holds. `payloads(n)` for the planned requests,
-    `next_payload()` for a level kept running (min_level_duration_s), `offsets_s(level)` for a
-    replayed trace's arrival times (None: the sweep's own arrivals)."""
+    """Payloads for one level from `params.workload`, cycling through the file when needed: `payloads(n)`,
+    `next_payload()`, `offsets_s(level)` (None: the sweep's own arrivals)."""
 
     def __init__(self, params: Any, pool: Sequence[int], model: str, seed: int = 0, tokenizer=None):
         self.p, self.w, self.model = params, params.workload, model
@@ -166,9 +157,8 @@ class WorkloadSource:
 
 
 def prefix_cache_hit_rate(samples: list[dict[str, Any]]) -> float:
-    """Prompt tokens served from the prefix cache / prompt tokens looked up, over the level's
-    /metrics scrapes (vLLM's cumulative prefix_cache_hits/queries counters differenced); NaN
-    when the server exposes no such counters or looked nothing up."""
+    """Prompt tokens served from the prefix cache / looked up, from vLLM's /metrics counters differenced over
+    the level; NaN without them."""
     rows = [s for s in samples if s.get("prefix_cache_queries_total") is not None]
     if len(rows) < 2:
         return math.nan
