@@ -226,6 +226,10 @@ class LoadReconciliationLevel(Record, kw_only=True):
     """Decode tokens a prefill or mixed step emits beside its prefills, mean."""
     prefill_steps_borrowed: bool = False
     """The level's window held no prefill or mixed step: another captured level's gave them."""
+    profiler_cost_ms_per_step: float | None = None
+    """The batch-1 capture's client TPOT (profiled) less the sweep's c=1 TPOT, ms: the profiler's
+    cost per step plus any change in the machine between stages 01 and 04 (not taken off the
+    parts); 0 when the profiled run was faster, null without both."""
     records: str
     """The sweep level's records, relative to the run folder."""
 

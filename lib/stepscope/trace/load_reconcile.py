@@ -19,6 +19,11 @@ the level's time, first request's start to last request's end (as the sweep time
    decode period), and `unexplained`, what is left (negative when the trace's steps were
    slower than the sweep's).
 
+The sweep ran without the profiler and the traces with it. The run measures the difference
+once, client-side at batch 1 (`profiler_cost_ms_per_step`: the capture's TPOT less the sweep's
+c=1 TPOT), and shows it beside the parts without taking it off: it holds the profiler's cost and
+any change in the machine between stages 01 and 04, which it cannot tell apart.
+
 The parts are measured, none fitted, and they sum to the level's time by construction; the
 level "adds up" when the unexplained part is within LOAD_RECONCILE_SHARE of it. Periods are
 medians over the level's steps: a capture window of a few steps holds the profiler's own
@@ -134,8 +139,9 @@ def _median(v: pd.Series) -> float:
 
 
 def reconcile_level(records: list[RequestRecord], concurrency: int, steps: pd.DataFrame,
-                    lender: pd.DataFrame | None = None) -> dict:
-    """A LoadReconciliationLevel: the level's time cut into PART_ORDER's parts (seconds)."""
+                    lender: pd.DataFrame | None = None, profiler_ms: float | None = None) -> dict:
+    """A LoadReconciliationLevel: the level's time cut into PART_ORDER's parts (seconds);
+    `profiler_ms` is recorded beside them, not applied (see the module's note)."""
     recs = [r for r in records if not r.warmup]
     if not recs:
         raise StepscopeError("the level has no measured request", where=f"sweep level c={concurrency}",
@@ -157,7 +163,8 @@ def reconcile_level(records: list[RequestRecord], concurrency: int, steps: pd.Da
             "unexplained_share": parts["unexplained"] / level_s if level_s > 0 else math.nan,
             "adds_up": bool(abs(parts["unexplained"]) <= LOAD_RECONCILE_SHARE * level_s),
             "n_requests": len(recs), "prefills": prefills, "decode_tokens": decode_tokens,
-            "decode_steps": float(dec_steps), "prefill_mixed_steps": float(pm_steps), **cost}
+            "decode_steps": float(dec_steps), "prefill_mixed_steps": float(pm_steps),
+            "profiler_cost_ms_per_step": profiler_ms, **cost}
 
 
 def level_records_path(run_dir: str | Path, concurrency: int) -> Path:
@@ -188,15 +195,34 @@ def build(run_dir: str | Path, levels: list[tuple[int, pd.DataFrame]]) -> dict |
     sweep level has records; None when none has. A level's window without prefill or mixed
     steps borrows the prefill's cost from the captured level that has the most (`step_costs`)."""
     lender = max((st for _, st in levels), key=lambda st: len(_kinds(st)[1]), default=None)
+    profiler_ms = profiler_cost_ms(run_dir)
     out = []
     for c, steps in levels:
         path = level_records_path(run_dir, c)
         if path.is_file():
-            row = reconcile_level(read_records(path), c, steps, lender)
+            row = reconcile_level(read_records(path), c, steps, lender, profiler_ms)
             out.append(dict(row, records=str(path.relative_to(run_dir))))
     if not out:
         return None
     return {"tolerance_share": LOAD_RECONCILE_SHARE, "levels": out}
+
+
+def profiler_cost_ms(run_dir: str | Path) -> float | None:
+    """The profiler's cost per step, ms: the batch-1 capture's client TPOT (profiled) less the
+    sweep's c=1 TPOT (not profiled), both means at the same lengths; 0 when the profiled one was
+    faster (no cost seen), None without both."""
+    from stepscope import schema
+
+    run_dir = Path(run_dir)
+    lat_path, levels_csv = run_dir / "04_profiler_capture" / "capture_latency.json", run_dir / "01_macro_sweep" / "levels.csv"
+    if not (lat_path.is_file() and levels_csv.is_file()):
+        return None
+    profiled = schema.read(lat_path, schema.CaptureLatency).tpot_ms_mean
+    lv = pd.read_csv(levels_csv)
+    one = lv[(lv["mode"] == "concurrency") & (lv["concurrency"] == 1)]["tpot_ms_mean"].dropna()
+    if profiled is None or one.empty:
+        return None
+    return max(float(profiled) - float(one.iloc[0]), 0.0)
 
 
 def largest_parts(level: dict, n: int = 3) -> list[tuple[str, float]]:
