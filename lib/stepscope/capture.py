@@ -1,31 +1,8 @@
 """Stage 04: a torch.profiler capture of the live server at batch 1.
 
-Sequence (docs/methods.md#profiler-capture): warm-up requests, `POST /start_profile`, K sequential batch-1
-requests of a fixed output length (timed client-side), `POST /stop_profile`, then wait
-until every rank's trace file exists and is complete (its size is stable and, for
-`.gz`, the gzip stream ends). Only files that appeared or changed after the capture
-started count: the profiler directory may hold older captures.
-
-Artifacts in `04_profiler_capture/`:
-
-- `traces/`: the copied rank traces, the `profiler_out` text tables and the front-end
-  trace (which holds no device work).
-- `manifest.json`: engine, engine_version, base_url, profiler_dir, profiler_settings,
-  start_profile_body, tp, ranks_expected, ranks_found, missing_ranks, partial, notes,
-  started_at, stopped_at, and files: [{rank, path (relative to the stage folder), bytes,
-  sha256, kind}] with kind one of `trace`, `frontend_trace`, `profiler_table`,
-  `frontend_table`.
-- `capture_latency.json`: n_requests, n_completed, n_failed, input_len, output_len,
-  ttft_ms_mean, ttft_ms_median, tpot_ms_mean, tpot_ms_median, e2el_ms_mean,
-  e2el_ms_median, bunched_chunk_share, merged_token_share, stall_total_s, stall_share,
-  definitions (the sweep's metrics module, docs/methods.md#serving-metrics). When the server
-  delivered the tokens in bursts or the stream stalled (`schema.CaptureLatency.tpot_is_delivery`),
-  its TPOT measures delivery, not decode: the notebook says so, and stage 05 does not set it
-  beside the trace's step readings.
-- `capture_requests.jsonl`: the raw request records behind those numbers.
-- `gpu_telemetry.csv` / `gpu_telemetry.json`: every GPU's clocks, power, temperature, memory
-  and utilisation about every 0.5 s from /start_profile to /stop_profile (NVML, as the sweep's
-  `stepscope.sweep.gpu_telemetry`); without NVML only the json, saying why not.
+Warm-up, `POST /start_profile`, K sequential batch-1 requests timed client-side, `POST /stop_profile`, then
+wait until every rank's new trace is complete (docs/methods.md#profiler-capture). Only files that appeared or
+changed after the capture started count. Artifacts: docs/artifacts.md.
 """
 
 from __future__ import annotations
@@ -72,24 +49,16 @@ class CaptureError(StepscopeError):
 
 
 def classify(name: str, engine: str = "vllm") -> ProfilerFile | None:
-    """What a file in the profiler directory is, from its name alone (None: not ours).
-
-    One parser for stage 04 and stage 05 (`stepscope.filenames.parse_name`), so the capture
-    and the trace loader always agree on a file's rank. `engine` is kept for callers; the
-    names of vLLM and SGLang do not collide.
-    """
+    """What a file in the profiler directory is, from its name alone (None: not ours), through the one parser
+    stage 05 uses too (`stepscope.filenames.parse_name`), so both agree on its rank."""
     del engine
     pf = parse_name(name)
     return pf if pf.kind is not None else None
 
 
 def start_profile_body(engine: str, capture: CaptureParams, profiler_dir: str | None) -> dict[str, Any] | None:
-    """The JSON body of `POST /start_profile`.
-
-    vLLM takes none (its settings come from `--profiler-config`). SGLang takes the
-    output folder and stops by itself after `num_steps` engine steps: one per output token
-    of each captured request (the prefill step yields the first token).
-    """
+    """The JSON body of `POST /start_profile`: none for vLLM (`--profiler-config`); SGLang's output folder and
+    `num_steps`, one per output token of each captured request."""
     if engine != "sglang":
         return None
     body: dict[str, Any] = {
@@ -207,11 +176,8 @@ class _Seen:
 def wait_for_traces(profiler_dir: Path, before: dict[str, tuple[int, int]], *, engine: str, tp: int,
                     timeout_s: float, poll_s: float = 0.5, stable_polls: int = 2
                     ) -> tuple[dict[str, ProfilerFile], dict[str, int | None], list[str]]:
-    """Wait until every rank 0..tp-1 has a complete new trace, or the timeout.
-
-    Returns (new complete files by name, rank read from each trace's distributedInfo,
-    notes). Files present before the capture with the same size and mtime are ignored.
-    """
+    """Wait until every rank 0..tp-1 has a complete new trace, or the timeout: (new files by name, rank from
+    each trace's distributedInfo, notes). Files unchanged since before the capture are ignored."""
     deadline = time.monotonic() + timeout_s
     seen: dict[str, _Seen] = {}
     notes: list[str] = []
@@ -329,10 +295,8 @@ def _write_metrics(scrapes: tuple[str | None, str | None], out_dir: Path) -> Non
 
 
 def _sha256_copy(src: Path, dst: Path) -> str:
-    """Copy `src` to `dst` with its SHA-256, through a temp file renamed into place: stage 05
-    and --resume trust whatever sits in traces/, so a copy cut short (a full disk) must leave
-    nothing there under a trace's name (runfolder.atomic_path removes the temp file and names
-    the path and the free space)."""
+    """Copy `src` to `dst` with its SHA-256 through a temp file renamed into place: stage 05 trusts traces/,
+    so a copy cut short must leave nothing under a trace's name."""
     h = hashlib.sha256()
     with atomic_path(dst) as tmp:
         with open(src, "rb") as fi, open(tmp, "wb") as fo:
@@ -380,9 +344,8 @@ class CaptureResult:
 
 
 def profiler_settings(run_dir: str | Path, params=None) -> dict[str, Any]:
-    """The profiler settings the server really runs with: its `--profiler-config` from
-    00_deploy/server.json's argv (vLLM), else its SGLANG_TORCH_PROFILER_DIR, else what params
-    asked for (attach mode: the server's real flags are unknown here, and the result says so)."""
+    """The profiler settings the server really runs with: its `--profiler-config` from server.json, else
+    SGLANG_TORCH_PROFILER_DIR, else what params asked (attach mode, which the result says)."""
     d = schema.read_if_present(Path(run_dir) / "00_deploy" / "server.json", schema.ServerRecord)
     argv = d.argv if d is not None else []
     for i, arg in enumerate(argv):
@@ -456,11 +419,9 @@ def _await_extra_files(pdir: Path, before: dict, complete: dict, engine: str, gr
 
 def _copy_captured(pdir: Path, names: list[str], content_ranks: dict, engine: str, out_dir: Path,
                    traces_dir: Path, notes: list[str]) -> list[dict]:
-    """Copy each captured file into traces/ with its SHA-256; the manifest's file entries. A
-    trace whose distributedInfo.rank contradicts its name keeps the file's own, with a note.
-    What an earlier capture left in traces/ is removed first (copies: the originals stay in the
-    profiler folder): stage 05 reads the whole folder, and two captures' traces mixed there
-    would be analysed as one."""
+    """Copy each captured file into traces/ with its SHA-256; the manifest's file entries. An earlier
+    capture's traces are removed first: stage 05 reads the whole folder and would mix them. A rank
+    contradicting its name keeps the trace's own, with a note."""
     for old in traces_dir.iterdir():
         if old.is_file() or old.is_symlink():
             old.unlink()

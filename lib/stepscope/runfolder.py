@@ -1,14 +1,5 @@
-"""The run folder: the only channel between stages.
-
-    outputs/<run-id>/
-        run.json                 provenance + per-stage status (written by the runner)
-        params.yaml              the params snapshot, secrets redacted
-        notebooks/NN_name.ipynb  executed notebooks
-        figures/                 every PNG, named for what it shows
-        00_deploy/ ... 06_writeup/   one folder of artifacts per stage
-
-Each stage reads only files here, so any stage can be re-run alone.
-"""
+"""The run folder: the only channel between stages, so any stage can be re-run alone (layout:
+docs/artifacts.md)."""
 
 from __future__ import annotations
 
@@ -64,10 +55,8 @@ def save_figure(fig, path: str | Path) -> Path:
 def save_figures(figures: dict, run_dir: str | Path) -> list[Path]:
     """Save `{name: figure}` as PNGs in the run's figures/ folder (`.png` added if missing).
 
-    Rendering is most of a figure's cost (~0.1 s each, building it ~0.01 s), so the figures
-    are dealt round-robin to this process and to one forked child per idle core (a GPU
-    box's many cores render them all at once): the same files, byte for byte. Should a child
-    fail, its share is rendered here, so an error surfaces as it would serially.
+    Rendering is most of a figure's cost, so figures are dealt round-robin to this process and a forked child
+    per idle core, the same bytes; a failed child's share renders here, so errors surface as serially.
     """
     d = figures_dir(run_dir)
     jobs = [(fig, d / (name if name.endswith(".png") else f"{name}.png")) for name, fig in figures.items()]
@@ -125,20 +114,16 @@ def batch_run_environment():
 
 
 def _in_jupyter_kernel() -> bool:
-    """A Jupyter kernel owns this process (papermill's stage runs, JupyterLab): its ZMQ and
-    channel threads make a fork unsafe in general, so figures render here (a stage's few
-    figures cost about a second). The stage-06 hang once blamed on a fork was the step
-    explorer's widget cell (see BATCH_RUN_ENV). `stepscope analyze`'s shell has no kernel."""
+    """Whether a Jupyter kernel owns this process: its ZMQ threads make a fork unsafe, so figures render here.
+    """
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     return getattr(shell, "kernel", None) is not None
 
 
 def _idle_cores() -> int:
-    """Cores other than this process's that are idle now, by the 1-minute load average
-    (which counts this process): 2 cores at load 1.4 leave one. On a busy machine a child
-    only queues behind the others, and forking costs CPU (measured: no wall gain at load 5
-    on 2 cores)."""
+    """Cores other than this process's idle now, by the 1-minute load average: on a busy machine a forked
+    child only queues (no wall gain at load 5 on 2 cores)."""
     return min(_cores() - 1, max(0, math.floor(_cores() - os.getloadavg()[0] + 0.5)))
 
 
@@ -190,9 +175,8 @@ def check_run_id(value: str, where: str) -> str:
 
 
 def run_folder_under(outputs_dir: str | Path, run_id: str, where: str = "--run-id") -> Path:
-    """outputs_dir/run_id, checked: a safe run id, a folder that is no symlink (a symlinked run
-    folder would send every write elsewhere) and that, symlinks resolved, lies inside the
-    resolved outputs_dir. Not created."""
+    """outputs_dir/run_id, checked: a safe run id, no symlinked run folder (it would send every write
+    elsewhere), inside the resolved outputs_dir. Not created."""
     check_run_id(run_id, where)
     outputs = Path(outputs_dir).resolve()
     candidate = outputs / run_id
@@ -233,10 +217,8 @@ class RunFolderBusy(StepscopeError):
 
 @contextlib.contextmanager
 def run_folder_lock(run_dir: str | Path, say: Callable[[str], None] = print) -> Iterator[None]:
-    """Hold the run folder for this process: a second process on the same folder is refused at
-    once, naming the holder's pid. The kernel drops a flock when its holder dies (`kill -9`
-    included), so a lock file that still names a pid after the flock is taken is stale: it is
-    taken over, and `say` tells of it. Re-entrant within one process."""
+    """Hold the run folder for this process; a second process is refused, naming the holder's pid. A lock file
+    whose flock is free is stale (its holder died) and taken over, told through `say`. Re-entrant."""
     run_dir = Path(run_dir).resolve()
     held = _HELD_LOCKS.get(run_dir)
     if held is not None:
@@ -317,9 +299,8 @@ def disk_full(path: str | Path, exc: OSError) -> DiskFull:
 
 
 def output_mode() -> int:
-    """The mode every output file gets: 0o666 less the umask, as open() gives a plain file.
-    mkstemp creates 0600 files, which left the JSON outputs unreadable to a colleague who could
-    read the report beside them. Read from /proc (thread-safe); elsewhere set and restored."""
+    """The mode every output file gets, 0o666 less the umask as open() gives: mkstemp's 0600 left JSON outputs
+    unreadable to colleagues who could read the report."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -333,11 +314,9 @@ def output_mode() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A fresh temp file beside `path` (created exclusively, so a planted file or symlink of a
-    predictable name is never followed) for the caller to fill; renamed over `path` when the
-    block ends, given the output mode. On any failure the temp file is removed (no 0-byte or
-    half-written leftovers) and a full disk is raised as DiskFull naming `path`; `path` keeps
-    its last good content."""
+    """A fresh temp file beside `path` (created exclusively, so no planted link is followed), renamed over
+    `path` when the block ends. On failure the temp file goes, `path` keeps its last good content, and a full
+    disk is raised as DiskFull."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
