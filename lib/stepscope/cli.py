@@ -371,13 +371,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _end_interrupted(code: int) -> NoReturn:
-    """Leave now, after an interrupt whose record is already on disk.
-
-    The interpreter's own exit joins every process pool's manager thread, and one interrupted
-    between its workers' fork and their first task waits on an idle worker for ever (seen: 1
-    run in 12 of a Ctrl-C in `analyze`; CI: 3.4 s). Nothing is left to save here: the runner
-    wrote run.json and the notebook before returning, so the children are ended, the streams
-    flushed, and the exit does not wait on any thread."""
+    """Leave now, after an interrupt whose record is already on disk: the interpreter's own exit can wait for
+    ever on a process pool's idle worker, and the runner has saved everything already."""
     import logging
     import multiprocessing
 

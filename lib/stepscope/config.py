@@ -1,11 +1,8 @@
 """Campaign parameters: YAML in, typed frozen msgspec Structs out.
 
-Validation happens before anything runs. Every error names the file, the key
-path, what was expected and, for an unknown key, the nearest valid key.
-
-Each pipeline section owns one Struct here. To add a parameter, add a field
-with a default to its section; the validator, the params table in docs/params.md and
-the notebook contract test pick it up from the type hints.
+Validated before anything runs; every error names the file, key path, what was expected and the nearest valid
+key. To add a parameter, add a field with a default (and a docstring) to its section's Struct: the validator,
+docs/params.md and the notebook contract test pick it up.
 """
 
 from __future__ import annotations
@@ -339,11 +336,8 @@ class HardwareParams(_Section):
 
 
 class Overrides(dict):
-    """A variant's changes to the baseline: a nested mapping shaped like the params file.
-
-    Validated key by key against the params schema when the file is read, so a typo in a
-    variant fails before anything starts; the merged params are validated again in full.
-    """
+    """A variant's changes to the baseline, shaped like the params file; validated key by key on read so a
+    typo fails before anything starts, the merged params again in full."""
 
 
 # Sections a variant may not override: the run's name and the campaign itself.
@@ -703,11 +697,8 @@ def _dec_hook(tp: type, value: Any) -> Any:
 
 
 def _convert(tp: Any, data: Any, key_path: str, source: str) -> Any:
-    """`data` as `tp`, decoded by msgspec as strictly as YAML allows, with two exceptions kept
-    from the hand-written coercer this replaced: an integer written as `8.0`, and numbers in a
-    mapping of strings (`server.env: {VLLM_CPU_KVCACHE_SPACE: 4}`), which become strings. Each
-    is repaired in a copy and the conversion retried; any other error becomes a ParamsError
-    in this module's words (`_explain`)."""
+    """`data` as `tp`, decoded by msgspec strictly, except that `8.0` passes as an integer and numbers in a
+    mapping of strings become strings (repaired in a copy, then retried); other errors become ParamsErrors."""
     for _ in range(10_000):  # each repair fixes at least one value
         try:
             out = msgspec.convert(data, tp, strict=True, dec_hook=_dec_hook)
@@ -902,11 +893,8 @@ def variant_params_dict(base: Mapping[str, Any], variant: VariantParams | None) 
 
 
 def schema_reference() -> list[tuple[str, str, str, str]]:
-    """(key path, type, default, doc) for every leaf key: docs/params.md's table.
-
-    Docs are the string literals written under each field in this file, read by
-    `stepscope.fielddocs` so the table and the schema cannot drift apart.
-    """
+    """(key path, type, default, doc) for every leaf key: docs/params.md's table, docs read from the field
+    literals (`stepscope.fielddocs`)."""
     from stepscope.fielddocs import field_doc
 
     rows: list[tuple[str, str, str, str]] = []

@@ -1,10 +1,7 @@
 """One exception type for every error a user can fix.
 
-The CLI and the runner print a `StepscopeError` as its message alone (no
-traceback): the message already names the file, key or URL and the fix. Its texts pass
-through the secret filter (`stepscope.redaction.scrub`) when it is made: an error that
-quotes a URL with a password, or a server's reply echoing the API key, is shown and
-recorded without them.
+The CLI and the runner print a `StepscopeError` as its message alone (it names the file, key or URL and the
+fix); its texts pass through `redaction.scrub` when made, so no secret is shown or recorded.
 """
 
 from __future__ import annotations
@@ -13,10 +10,7 @@ from stepscope.redaction import scrub
 
 
 class StepscopeError(Exception):
-    """An error caused by input, environment or a server, with a fix to suggest.
-
-    `where` names the file, key path or URL at fault; `hint` says how to fix it.
-    """
+    """An error caused by input, environment or a server: `where` names what is at fault, `hint` the fix."""
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
         self.message = scrub(message)

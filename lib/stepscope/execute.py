@@ -1,11 +1,8 @@
-"""The one way a stage's notebook is executed: `with_kernel` (papermill and a Jupyter kernel,
-isolated) or `in_process` (`stepscope.inprocess`: no kernel, for the analysis stages).
+"""The one way a stage's notebook is executed: `with_kernel` (papermill, isolated) or `in_process` (no kernel,
+for the analysis stages).
 
-Both take (stage, params file, run folder, progress) and return the executed notebook's path,
-so the runner takes either as its `notebook_executor`. The executed notebook, finished or
-failed, passes through the secret filter (`scrub_notebook`): a cell's output may print what
-a server said. They live here, below the runner and
-above `inprocess`, so that neither of those imports the other (`tests/test_import_cycles.py`).
+Both return the executed notebook's path, scrubbed of secrets; this module sits between the runner and
+`inprocess` so neither imports the other.
 """
 
 from __future__ import annotations

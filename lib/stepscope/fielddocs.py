@@ -1,10 +1,5 @@
-"""Generated docs read a field's meaning from the string literal written under it.
-
-Both generated references use this one reader: the params table in docs/params.md
-(`python -m stepscope.config`, from `stepscope.config`) and the run folder's artifacts in
-docs/artifacts.md (`python -m stepscope.schema`, from `stepscope.schema`).
-The literal is read with `ast` from the class's own module, so docs and schema cannot drift.
-"""
+"""Generated docs read a field's meaning from the string literal written under it (with `ast`), for both
+docs/params.md and docs/artifacts.md, so docs and schema cannot drift."""
 
 from __future__ import annotations
 

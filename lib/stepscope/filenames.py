@@ -1,23 +1,10 @@
-"""The one parser for profiler file names: what a file is, its rank and its stage.
+"""The one parser for profiler file names: what a file is, its rank and its stage, so stages 04 and 05 can
+never disagree about a file.
 
-Stage 04 (`capture.classify`, which files in the profiler directory are new traces) and
-stage 05 (`trace.load`, which rank a trace belongs to; `trace.text_table`, which rank a
-`profiler_out` table belongs to) read names through this module only, so the two stages
-can never disagree about a file.
-
-Names it knows (engine sources: vLLM `vllm/distributed/utils.py`
-`get_worker_rank_suffix` and `vllm/profiler/wrapper.py`; SGLang's scheduler profiler):
-
-- vLLM: `rank0.<ns>.pt.trace.json.gz` (0.32), `dp0_pp0_tp3_dcp0_ep3_rank3.<ns>.pt.trace.json.gz`
-  (newer), `...-rank-0...` (older); tables `rank0.profiler_out.txt` or `profiler_out_0.txt`;
-  the front end's `*.async_llm.*` files hold no device work.
-- SGLang: `{id}-TP-{tp}[-DECODE|-EXTEND].trace.json.gz`.
-
-The rank is, in order: an explicit `rank<N>` (`rank3`, `-rank-3`, `_rank_3`), SGLang's
-`TP-<N>`, the index of an old `profiler_out_<N>` table, then a `tp<N>` index alone. A tp
-index is the global rank only when every other parallel index in the name (`dp`, `pp`,
-`pcp`) is 0: vLLM numbers ranks with TP innermost, so `dp0_pp0_tp3` is rank 3, while
-`dp1_pp0_tp3` depends on the TP size, which the name does not carry (rank None).
+Knows vLLM's `rank0.<ns>.pt.trace.json.gz`, `dp0_pp0_tp3_..._rank3...` and older `-rank-0` names, its
+`profiler_out` tables and front-end `*.async_llm.*` files, and SGLang's `{id}-TP-{tp}[-DECODE|-EXTEND]`. A
+bare `tp<N>` is the rank only when every other parallel index is 0 (ranks number TP innermost, and the name
+does not carry the TP size).
 """
 
 from __future__ import annotations

@@ -1,32 +1,7 @@
-"""Peak memory bandwidth and dense BF16/FP16 tensor throughput of known devices.
+"""Peak memory bandwidth and dense BF16/FP16 tensor throughput of known devices, from vendor datasheets.
 
-A roofline divides what a kernel achieved by what the device can do at most. The
-ceilings here are the vendors' own datasheet figures, each with its source. Vendors quote
-tensor throughput *with 2:4 structured sparsity* first; stepscope's kernels are dense, so
-the dense figure is used: the datasheet's dense number where it prints one, else half its
-sparse number (the datasheets' own footnote: sparsity doubles the rate), written as
-`sparse / 2` below so the arithmetic stays visible.
-
-`lookup_device(name, properties)` matches a trace's `deviceProperties` entry. An unknown
-device, or a known family whose variant the name does not settle (an 80 GB A100 that
-says neither SXM nor PCIe; an RTX PRO 6000 Blackwell that says neither Workstation,
-Max-Q nor Server), is an explicit `known=False` with the reason: never a guess. A figure
-the datasheet does not print is None (unknown) even for a known device.
-
-Sources (public vendor datasheets and product pages; figures as printed there):
-- NVIDIA H100: "NVIDIA H100 Tensor Core GPU" datasheet, nvidia.com/en-us/data-center/h100/
-- NVIDIA H200: "NVIDIA H200 Tensor Core GPU" datasheet, nvidia.com/en-us/data-center/h200/
-- NVIDIA B200: HGX platform specifications (HGX B200, per GPU), nvidia.com/en-us/data-center/hgx/
-- NVIDIA A100: "NVIDIA A100 Tensor Core GPU" datasheet, nvidia.com/en-us/data-center/a100/
-- NVIDIA L40S: "NVIDIA L40S" datasheet, nvidia.com/en-us/data-center/l40s/
-- NVIDIA RTX PRO 6000 Blackwell: the Workstation, Max-Q Workstation and Server Edition
-  datasheets (nvidia.com/en-us/products/workstations/professional-desktop-gpus/rtx-pro-6000/,
-  nvidia.com/en-us/data-center/rtx-pro-6000-blackwell-server-edition/) for memory
-  bandwidth; the "NVIDIA RTX Blackwell GPU Architecture" whitepaper for the Workstation
-  Edition's dense FP16/BF16 tensor rate (FP32 accumulate). The Max-Q and Server Edition
-  datasheets print no BF16 rate, so theirs is unknown here.
-- AMD Instinct MI300X: "AMD Instinct MI300X Accelerator" data sheet,
-  amd.com/en/products/accelerators/instinct/mi300/mi300x.html
+Dense rates are the datasheet's dense figure, else `sparse / 2`. An unknown device or an unsettled variant is
+`known=False` with its reason, never a guess. The table's sources: docs/hardware.md.
 """
 
 from __future__ import annotations

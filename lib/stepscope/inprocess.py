@@ -1,18 +1,8 @@
 """Run stage notebooks inside the calling process, with no kernel and no papermill import.
 
-`stepscope analyze` runs two notebooks (05, 06) on traces that often take under a second to
-analyse. Through papermill and a Jupyter kernel each notebook paid ~2.5 s of process start
-and imports (pandas, matplotlib, the library), and importing papermill itself pulls in
-nbformat -> jsonschema, whose optional IRI checker builds a grammar at import (1.4 s of
-CPU). Here the cells run in an in-process IPython shell: imports are paid once for both
-notebooks, and the executed notebook is written the way papermill writes it (the
-`injected-parameters` cell after the `parameters` cell, outputs with images base64-encoded,
-`metadata.papermill` per cell and per notebook), saved after every cell.
-
-What it does not give is isolation: a cell that changes process-wide state changes it for
-the caller, so the runner uses it only for the analysis stages, which need no server and
-start no process. Each notebook gets a fresh namespace. A failing cell raises papermill's
-own `PapermillExecutionError` (imported only then), so the runner reports it as before.
+A kernel and papermill cost ~2.5 s a notebook for traces analysed in under a second; here imports are paid
+once and the notebook is written as papermill writes it. No isolation, so the runner uses it only for the
+analysis stages; a failing cell raises papermill's `PapermillExecutionError`.
 """
 
 from __future__ import annotations
@@ -200,11 +190,8 @@ def _save(nb: dict, path: Path) -> None:
 
 
 def execute_notebook(input_path: Path, output_path: Path, parameters: dict, cwd: Path | None = None) -> dict:
-    """Execute a notebook in this process; write it to `output_path` after every cell.
-
-    Raises papermill's PapermillExecutionError at the first failing cell (the notebook on
-    disk then holds every output up to and including the error).
-    """
+    """Execute a notebook in this process, writing it to `output_path` after every cell; raises
+    PapermillExecutionError at the first failing cell."""
     sh = shell()
     if sh is None:
         raise RuntimeError("an IPython shell already runs in this process; use a kernel")

@@ -1,23 +1,8 @@
 """`stepscope lab`: the workbook in JupyterLab, on loopback, behind a token.
 
-JupyterLab runs a kernel that executes whatever a browser tab sends it, so it binds to
-127.0.0.1 unless asked otherwise, and always requires a fresh random token. The token
-reaches the server through its environment (not argv, which other users can read) and is
-printed once, in the URL. Kernels import this checkout's library (`PYTHONPATH`), the same
-one papermill's kernels use, and the news feed and update check stay off (these machines
-reach no internet, and the workbook should not phone home): `lab_settings/overrides.json`
-sets their defaults to "never", so JupyterLab does not ask about news either.
-
-JupyterLab dies with `stepscope lab`, however that dies: it is started by `lifeline.spawn`
-(on Linux the kernel sends it SIGTERM when its parent dies) and a lifeline watchdog
-(`stepscope.lifeline`) stops it and its kernels (which Jupyter starts in sessions of their
-own) when the `stepscope lab` process is gone, `kill -9` included. A server left running
-would keep executing code for anyone holding the token.
-
-A run's executed notebooks open in a scratch copy of the run (`stepscope.scratch`,
-`<outputs>/.lab/<run id>/`): "Run All" there writes into the copy, never into the finished
-run, unless `--write-run` asks for the run itself. JupyterLab's checkpoints go to the lab's
-own folder (`FileCheckpoints.checkpoint_dir`), never beside a run's notebooks.
+A kernel runs whatever a browser sends it, so JupyterLab binds to 127.0.0.1 with a fresh token (passed through
+its environment, not argv), phones nothing home, dies with `stepscope lab` (`stepscope.lifeline`), and opens a
+run's scratch copy (`stepscope.scratch`) unless `--write-run`.
 """
 
 from __future__ import annotations
@@ -195,11 +180,8 @@ def start_lab(run: str | Path | None = None, *, host: str = LOOPBACK, port: int 
 
 
 def perfetto_link(root: Path, echo=print, ui_url: str | None = None, port: int | None = None):
-    """Say how to open the run's merged Perfetto file (stage 05's `perfetto/`): serve it on loopback
-    for Perfetto's UI and print the link that opens it there, and the file itself for a browser that
-    cannot reach the UI. stepscope itself never contacts the UI (the browser does): these machines
-    often reach no internet, and a probe would be traffic nobody asked for. Returns the file server
-    (the caller shuts it down) or None."""
+    """Serve the run's merged Perfetto file on loopback and print the link that opens it in Perfetto's UI (the
+    browser contacts the UI, never stepscope). Returns the file server to shut down, or None."""
     from stepscope.trace import perfetto
 
     merged = root / "05_categorize" / "perfetto" / perfetto.MERGED_NAME

@@ -1,22 +1,8 @@
 """A child process tree that dies with the process that started it, however that one dies.
 
-A cleanup handler cannot do this: `kill -9` and the OOM killer skip every handler. What the
-kernel does guarantee is that a dead process's file descriptors are closed. So the
-supervisor keeps the only write end of a pipe, and a small watchdog process
-(`lifeline_watchdog.py`, in a session of its own so that no terminal signal reaches it)
-reads the other end. End-of-file means the supervisor is gone; the watchdog then stops the
-guarded process group (SIGTERM, a grace period, SIGKILL), and every process below its
-leader that moved to a session of its own. It also looks at its parent pid once a second,
-in case a forked child of the supervisor inherited the write end.
-
-The stepscope server and `stepscope lab`'s JupyterLab use it. A stop on purpose stops the
-group first and then `release()`s the lifeline, which lets the watchdog go quietly.
-
-The watchdog starts a few milliseconds after the process it guards; a supervisor killed in
-between would leave that process with no one to stop it. So `spawn` also asks the kernel,
-on Linux, to send the new process SIGTERM when its parent dies (`PR_SET_PDEATHSIG`): that
-covers the gap, and the watchdog covers the rest (the children, which do not inherit the
-signal, and the processes that left the group).
+`kill -9` skips every handler, but the kernel closes a dead process's file descriptors: a watchdog
+(`lifeline_watchdog.py`) reading a pipe whose only write end the supervisor holds stops the guarded group at
+end-of-file. `PR_SET_PDEATHSIG` covers the milliseconds before the watchdog is up (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -115,12 +101,8 @@ def spawn(argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
 
 
 def parent_death_signal(sig: int = PARENT_DEATH_SIGNAL) -> Callable[[], None] | None:
-    """A `preexec_fn` that arms the kernel's parent-death signal in the child; None where
-    there is none to arm (not Linux, no libc) or it would fire too early.
-
-    The signal fires when the *thread* that forked the child ends, not the process: from a
-    thread other than the main one, a server would die with that thread. There it is not
-    armed, and the watchdog alone guards the child."""
+    """A `preexec_fn` arming the kernel's parent-death signal in the child, or None (not Linux, no libc, or
+    not the main thread: the signal fires when the forking thread ends)."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
     try:

@@ -1,17 +1,8 @@
 """The watchdog behind `stepscope.lifeline`: run as a script (`python -I this_file ...`), never imported.
 
-It holds the read end of a pipe whose only write end is in the supervisor (the `stepscope
-run` process, a notebook kernel, `stepscope lab`). The kernel closes that write end when
-the supervisor dies, however it dies (`kill -9` and the OOM killer included), and the
-read then returns end-of-file. The watchdog then stops the process group it guards, and
-every process below its leader that left the group (Jupyter starts each kernel in a
-session of its own): SIGTERM, `--grace-s` to finish, then SIGKILL. A stop on purpose is
-said on the pipe (RELEASED) before it closes, and the watchdog then exits quietly (stopping,
-and noting, only what that stop missed); it also gives up the watch on its own when the
-group is gone (stopped on purpose, or died).
-
-Standard library only, and run isolated (`-I`), so that starting it costs milliseconds and
-no import from the workbook can fail inside it.
+At end-of-file on its pipe (the supervisor died) it stops the guarded group and its leader's descendants in
+other sessions: SIGTERM, `--grace-s`, SIGKILL. RELEASED on the pipe means a stop on purpose. Standard library
+only, so it starts in milliseconds.
 """
 
 from __future__ import annotations

@@ -56,10 +56,8 @@ def default_run(params_file: str | Path | None, run_dir: str | Path | None, *,
 
 
 def params_file_of(run_dir: str | Path) -> Path:
-    """The params a run's stages read: its snapshot (params.yaml, written once by the runner),
-    never the live file, which may have been edited since. A run from before snapshots falls
-    back to the file run.json names (a relative name is from the repository root or the
-    caller's directory)."""
+    """The params a run's stages read: its snapshot (params.yaml), never the live file; runs older than
+    snapshots fall back to the file run.json names."""
     snapshot = params_snapshot_path(run_dir)
     if snapshot.is_file():
         return snapshot
@@ -72,11 +70,8 @@ def params_file_of(run_dir: str | Path) -> Path:
 
 
 def open_stage(params_file: str | Path, run_dir: str | Path, stage_id: str) -> tuple[Params, Path]:
-    """Validate params and return them with the stage's artifact folder (created).
-
-    A run's snapshot holds no secret: a redacted `server.env` value is dropped here, so that a
-    server a notebook launches takes that variable from the environment it inherits (as
-    `server.api_key_env` does), never the placeholder."""
+    """Validate params and return them with the stage's artifact folder (created). A redacted `server.env`
+    value is dropped, so a launched server inherits the variable, never the placeholder."""
     if stage_id not in STAGE_BY_ID:
         raise KeyError(f"unknown stage {stage_id!r}; stages are {list(STAGE_BY_ID)}")
     format_tables()
@@ -139,11 +134,8 @@ def resuming(run_dir: str | Path) -> bool:
 
 
 def show_figures(figures: dict, run_dir: str | Path) -> list[Path]:
-    """Save `{name: figure}` into the run's figures/ and show the saved PNGs.
-
-    Showing the file, not the live figure, means the notebook displays exactly what
-    the report embeds, and the figure can be closed at once to free its memory.
-    """
+    """Save `{name: figure}` into the run's figures/ and show the saved PNGs: exactly what the report embeds,
+    and the figure can be freed at once."""
     from IPython.display import Image, display
 
     from stepscope.runfolder import save_figures

@@ -1,10 +1,5 @@
-"""One colour per kernel category, shared by every figure in the project.
-
-A reader who learns "red is all-reduce" in one figure must be able to rely on it in
-the next, so every plot takes its colours from `color_for` and nowhere else.
-Communication is the family of reds/oranges, GEMMs are blues, memory traffic greys;
-"other" is a neutral grey so it never looks like a finding.
-"""
+"""One colour per kernel category, shared by every figure (`color_for`), so a colour means one category
+everywhere: communication reds/oranges, GEMMs blues, memory greys, "other" a neutral grey."""
 
 from __future__ import annotations
 

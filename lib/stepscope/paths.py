@@ -1,9 +1,7 @@
 """Where the checkout's parts lie: the repository root and the stages' notebooks.
 
-It imports nothing of stepscope, so every module can read it: the stage registry
-(`Stage.notebook`) and the run folder among them, which therefore need not import each other.
-Tests point `NOTEBOOKS_DIR` at stand-in notebooks; readers look it up at call time
-(`paths.NOTEBOOKS_DIR`, not a copy taken at import) so that the stand-ins are seen.
+Imports nothing of stepscope, so every module can read it; readers look `NOTEBOOKS_DIR` up at call time so
+tests can point it at stand-ins.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Progress that suits where it is shown: every bar and progress line of the library is made here.
 
-- In a terminal: tqdm's bar, redrawn in place.
-- In a Jupyter kernel a person watches (JupyterLab): `tqdm.auto`, a widget where one is available.
-  In papermill's kernels (`runfolder.batch_run`) whole lines, as on a pipe: a widget would be
-  saved in the executed notebook as a bar frozen at "0 %".
-- Anywhere else (a pipe, a file, a CI log): one whole line at most every `LINE_INTERVAL_S`
-  and the last state when the bar closes. tqdm's own bar redraws with carriage returns,
-  which on a pipe pile up into one line that never ends (server start-up made 8 KB of it).
-
-Events (`event`: a sweep level finished) are whole lines. A stage's notebook runs in a kernel
-with no console of its own, so the runner `relay`s them: the kernel appends each to a file the
-runner names in `EVENTS_ENV`, and the runner says it on its console as it comes. papermill's
-own bar counts cells, whose times differ by minutes, so it is drawn only on a terminal and
-without an ETA (`notebook_bar`).
+tqdm's bar on a terminal, a widget in a watched Jupyter kernel, and elsewhere (pipes, papermill, CI logs)
+whole lines at most every `LINE_INTERVAL_S`, since carriage returns pile up there. Events are whole lines,
+relayed by the runner from a kernel through the file named in `EVENTS_ENV`.
 """
 
 from __future__ import annotations

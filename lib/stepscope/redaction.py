@@ -1,13 +1,5 @@
-"""The one home of secret redaction: params by key name (`redact`), command lines
-(`redact_argv`), and `scrub`, the filter every text stepscope writes passes through.
-
-`scrub` applies the rules `server.log` has always had, to any text: credentials in a URL
-(`user:pass@`, `?token=`), the value after a secret-looking flag (`--api-key X`), `Bearer
-<token>`, and the values of secrets in the environment: the API key (`server.api_key_env`'s
-variable, made known with `secret_env`) and every variable whose name looks secret
-(`SECRET_KEY_RE`: `*_TOKEN`, `*_KEY`, `*PASSWORD*`, ...). The writers call it: JSON and
-CSV artifacts (`stepscope.schema`), the sweep's request logs, run.json's errors, every
-`StepscopeError`, the reports, executed notebooks. docs/faults.md#secrets says the same.
+"""The one home of secret redaction: params by key name (`redact`), command lines (`redact_argv`), and
+`scrub`, the filter every text stepscope writes passes through (docs/faults.md#secrets).
 
 A leaf module (standard library and msgspec only): `stepscope.errors` imports it.
 """

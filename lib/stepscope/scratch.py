@@ -1,20 +1,8 @@
-"""The lab's scratch copy of a finished run: exploring never rewrites the run.
+"""The lab's scratch copy of a finished run (`<outputs>/.lab/<run id>/`): exploring never rewrites the run.
 
-An executed notebook's injected parameters are absolute paths into its run folder, so "Run
-All" on notebook 06 in JupyterLab used to rewrite that run's report, verdict and figures, and
-JupyterLab dropped `.ipynb_checkpoints/` beside the notebooks. `stepscope lab RUN` (and a
-notebook opened with no parameters, on the newest demo run) therefore works on a scratch copy,
-`<outputs>/.lab/<run id>/`, beside the run and outside it:
-
-- every file of the run up to `COPY_LIMIT_BYTES` is copied; a larger one (a trace, a trace
-  cache, a Perfetto file) is linked, not copied. The library writes every artifact through
-  `runfolder.atomic_path` (a temp file renamed over the name), which replaces a link and never
-  writes through it, so the run's own large files are read, never written;
-- the executed notebooks are copied once (later edits in the scratch copy are kept) with their
-  injected parameters pointed at the scratch copy, so a stage re-run from the lab writes there;
-- the other files are copied again at every start, so the copy follows the run.
-
-`stepscope lab RUN --write-run` opens the run itself, for the one who means to change it.
+Large files are linked, not copied; every artifact is written through `runfolder.atomic_path`, which replaces
+a link rather than writing through it. Notebooks are copied once with parameters pointed at the copy
+(docs/faults.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Speculative-decoding acceptance from vLLM's Prometheus `/metrics` counters: stage 04 reads
-them around its profiled requests and a campaign around its stages; the report and the
-campaign compute acceptance from those reads.
+"""Speculative-decoding acceptance from vLLM's cumulative `/metrics` counters, differenced around a window
+(docs/campaigns.md).
 
-The counters are cumulative over the server's life, so a window (one stage) is the
-difference of two scrapes taken around it. Counters read (vLLM V1 names):
-
-- `vllm:spec_decode_num_drafts_total`: verify steps that carried a draft
-- `vllm:spec_decode_num_draft_tokens_total`: draft tokens proposed
-- `vllm:spec_decode_num_accepted_tokens_total`: draft tokens accepted
-- `vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}`: accepted at draft position i
-- `vllm:generation_tokens_total`, `vllm:request_success_total`: tokens and requests finished
-
-Derived (batch-independent identities, each decode step of a request emits one token plus
-its accepted drafts): decode steps per request = generated − first tokens − accepted, so
-tokens per decode step = (generated − requests) / (generated − requests − accepted).
+Tokens per decode step = (generated − requests) / (generated − requests − accepted): each decode step emits
+one token plus its accepted drafts.
 """
 
 from __future__ import annotations

@@ -76,11 +76,8 @@ def short_name(name: str | None, width: int = 70) -> str:
 
 
 def short_names(names: Sequence[str | None], width: int = 70) -> list[str]:
-    """`short_name` of each name, made distinct where the names are: generated kernels
-    (hipBLASLt's Tensile names run to 450 characters) can share their first and last 200 and
-    differ only inside, where the middle cut hides it. A clash shows, between a shorter head
-    and tail, the window where its names first part; names still alike there get the next
-    window, for as many rounds as they have differences apart (at most `_MAX_ROUNDS`)."""
+    """`short_name` of each name, made distinct: long generated kernel names can differ only in the middle the
+    cut hides, so a clash shows the window where they first part, for up to `_MAX_ROUNDS`."""
     full = [n or "?" for n in names]
     out = [short_name(n, width) for n in full]
     for _ in range(_MAX_ROUNDS):

@@ -1,9 +1,5 @@
-"""Read a model's architecture from a Hugging Face `config.json` or a built-in preset.
-
-Only what the decode-step arithmetic needs is kept: layer counts, widths, heads,
-the MoE layout and the MLA ranks. Each family spells these differently in its
-config; `load_architecture` maps them onto one `Architecture`.
-"""
+"""Read a model's architecture from a Hugging Face `config.json` or a built-in preset, keeping only what the
+decode-step arithmetic needs, mapped from each family's spelling onto one `Architecture`."""
 
 from __future__ import annotations
 
@@ -133,10 +129,8 @@ def get_preset(name: str) -> Architecture:
 
 
 def load_architecture(config_json: str | Path | None = None, preset: str | None = None) -> Architecture:
-    """The architecture from a HF `config.json` (file or model folder), else from a preset.
-
-    Kimi-K2.5 nests its language model under `text_config`; that part is read.
-    """
+    """The architecture from a HF `config.json` (file or folder; Kimi-K2.5's `text_config`), else from a
+    preset."""
     if config_json is None and preset is None:
         raise ArchitectureError(
             "no architecture given", where="model",

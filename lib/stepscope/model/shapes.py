@@ -1,9 +1,7 @@
 """What one decode step does under tensor parallelism: per-GPU GEMMs, collectives, bytes.
 
-The GEMM list follows vLLM's layer classes: ColumnParallelLinear splits N by TP,
-RowParallelLinear splits K by TP (and all-reduces its output), ReplicatedLinear
-keeps the whole matrix on every GPU. Shapes are `n` (output features) and `k`
-(input features); the batch `m` is the number of tokens in the step.
+Follows vLLM's layer classes (column-parallel splits N, row-parallel splits K and all-reduces, replicated
+keeps all); `n` output and `k` input features, `m` the step's tokens.
 """
 
 from __future__ import annotations
@@ -34,12 +32,8 @@ def gemm_flops(m: int | np.ndarray, n: int | np.ndarray, k: int | np.ndarray, ba
 
 def gemm_bytes(m, n, k, *, weight_bits: float = 16, act_bytes: int = 2, group_size: int | None = None,
                scale_bytes: int = 2, batch: int = 1):
-    """Bytes a GEMM must move (docs/methods.md#gemm-byte-model): weights + scales + activations in + out.
-
-    W4A16 at g=32: N·K/2 + 2·N·K/32 + 2·M·K + 2·M·N. Dense bf16: 2·N·K + 2·M·K + 2·M·N.
-    `weight_bits` is the stored weight width *without* scales; `group_size` adds one
-    `scale_bytes` scale per group.
-    """
+    """Bytes a GEMM must move (docs/methods.md#gemm-byte-model): weights at `weight_bits` plus one
+    `scale_bytes` scale per `group_size`, and activations in and out."""
     m = np.asarray(m, dtype=np.float64)
     nk = np.asarray(n, dtype=np.float64) * k
     w = nk * weight_bits / 8
@@ -78,12 +72,8 @@ def hidden_vector_bytes(arch: Architecture, m: int = 1, dtype_bytes: int = 2) ->
 
 
 def expected_collectives(arch: Architecture, tp: int) -> dict[str, int]:
-    """Collectives per decode step in vLLM at this TP: {"all_reduce": 2L+1, "all_gather": 1}.
-
-    One all-reduce after each attention o_proj and each MLP/MoE (RowParallelLinear, or the
-    MoE's summed output), one from VocabParallelEmbedding, and the logits all-gather.
-    Nothing at TP=1.
-    """
+    """Collectives per decode step in vLLM at this TP: {"all_reduce": 2L+1, "all_gather": 1} (after each
+    o_proj and MLP/MoE, the embedding, the logits); nothing at TP=1."""
     if tp <= 1:
         return {"all_reduce": 0, "all_gather": 0}
     return {"all_reduce": 2 * arch.n_layers + 1, "all_gather": 1}
@@ -119,14 +109,8 @@ def _split(total: int, tp: int, what: str, arch: Architecture) -> int:
 
 
 def gemm_shapes(arch: Architecture, tp: int) -> pd.DataFrame:
-    """Every GEMM of one decode step on one GPU at tensor parallelism `tp`.
-
-    Columns: model, tp, layer_kind, gemm, n, k, batch (a batched GEMM of this many
-    matrices, e.g. MLA's absorbed per-head matmuls), count_per_layer (calls per layer per
-    decode step at batch 1; routed experts: top_k, see `calls_per_step`), layers,
-    replicated (the whole matrix on every GPU), split (column/row/replicated),
-    weight_bytes_16bit and weight_bytes_4p5bit (one call's weights, W4A16 g=32), note.
-    """
+    """Every GEMM of one decode step on one GPU at TP `tp`: shapes, `batch` (batched GEMMs such as MLA's
+    per-head matmuls), calls per layer at batch 1, split, and one call's weight bytes (16-bit and W4A16)."""
     if tp < 1:
         raise ArchitectureError(f"TP must be >= 1, got {tp}", where="server.tp")
     rows: list[dict] = []
@@ -188,12 +172,8 @@ def gemm_shapes(arch: Architecture, tp: int) -> pd.DataFrame:
 
 
 def calls_per_step(shapes: pd.DataFrame, m: int, arch: Architecture) -> pd.DataFrame:
-    """How often each GEMM runs in one decode step at batch m, and on how many rows.
-
-    Adds calls_per_step and m_rows (tokens each call multiplies). Routed experts: the
-    distinct experts touched, D(m) = E·(1 − (1 − k/E)^m), per MoE layer, each on
-    m·k/D(m) tokens on average. Everything else: count_per_layer × layers calls on m rows.
-    """
+    """Add calls_per_step and m_rows at batch m: routed experts run once per distinct expert touched (D(m) per
+    MoE layer) on m·k/D(m) rows, everything else count_per_layer × layers times on m rows."""
     out = shapes.copy()
     routed = out["layer_kind"] == "routed_expert"
     out["calls_per_step"] = (out["count_per_layer"] * out["layers"]).astype(float)
@@ -208,13 +188,8 @@ def calls_per_step(shapes: pd.DataFrame, m: int, arch: Architecture) -> pd.DataF
 def decode_weight_bytes(arch: Architecture, tp: int, m_values, *,
                         quant_scope: Literal["none", "routed_experts", "all"] = "none",
                         dense_bytes: int = 2) -> pd.DataFrame:
-    """Weight bytes one GPU reads in one decode step at each batch m, by layer kind.
-
-    Every weight used in the step is read once: dense layers whole, routed experts only
-    for the D(m) distinct experts touched. `quant_scope` says which weights are W4A16 g=32
-    (4.5 bits); the rest are `dense_bytes` per weight. (Kimi-K2.5 INT4 quantizes the routed
-    experts only.) Columns: m, layer_kind, distinct_experts, weight_bytes.
-    """
+    """Weight bytes one GPU reads in one decode step at each batch m, by layer kind: each weight once, routed
+    experts only for the D(m) touched; `quant_scope` weights at W4A16 g=32."""
     shapes = gemm_shapes(arch, tp)
     rows = []
     for m in m_values:

@@ -1,14 +1,8 @@
 """Start, attach to, describe and stop the inference server.
 
-One server lives for the whole run: the runner starts it before the first stage
-that needs it and stops it at the end; notebooks find it through
-`00_deploy/server.json`. The server runs in its own process group so that
-stopping it (on exit, failure or Ctrl-C) leaves no orphaned workers behind, and a
-lifeline watchdog (`stepscope.lifeline`) stops that group when the process that launched
-it dies without stopping it (`kill -9`, the OOM killer); on Linux the kernel also sends the
-server SIGTERM then (`lifeline.spawn`), which covers the milliseconds before the watchdog
-is up. A leftover server of a dead
-supervisor is stopped, and said so, before anything would adopt it.
+One server lives for the whole run (`00_deploy/server.json`), in its own process group so stopping it leaves
+no orphans, guarded by `stepscope.lifeline` against a launcher that dies; a dead supervisor's leftover is
+stopped, never adopted.
 """
 
 from __future__ import annotations
@@ -352,12 +346,8 @@ def _copy_redacted(src, log, secrets: list[str]) -> None:
 
 
 def stop_process_group(pgid: int, grace_s: float = 20.0) -> bool:
-    """SIGTERM the group, then SIGKILL after `grace_s`. True if anything was running.
-
-    A Ctrl-C (or SIGTERM turned into KeyboardInterrupt) during the grace period means
-    "stop now", not "stop waiting": the group is killed at once, and the interrupt is
-    raised again only once it is gone, so a second Ctrl-C can never orphan the server.
-    """
+    """SIGTERM the group, then SIGKILL after `grace_s`; True if anything was running. A Ctrl-C in the grace
+    period kills at once and is raised again only once the group is gone."""
     interrupted = False
     try:
         # inside the try: an interrupt landing just after the SIGTERM (the process descheduled
@@ -700,10 +690,8 @@ def stop_server(run_dir: str | Path) -> bool:
 
 
 def server_group_members(pgid: int | None, born: float | None = None) -> list[int]:
-    """Live (non-zombie) processes of a launched server's process group.
-
-    Only processes started no earlier than the leader (`born`, server.json's `create_time`)
-    count, so a pid the system has since recycled for someone else's group is never touched."""
+    """Live (non-zombie) processes of a launched server's group, started no earlier than the leader (`born`),
+    so a recycled pid is never touched."""
     import psutil
 
     if not pgid:
@@ -726,12 +714,8 @@ def server_group_members(pgid: int | None, born: float | None = None) -> list[in
 
 
 def reap_dead_server(run_dir: str | Path) -> dict | None:
-    """A server this run launched that no longer answers: stop what is left of its group.
-
-    Returns what happened (for the console and run.json), or None when there is nothing to
-    say: no launched server on record, or one that was stopped on purpose. The leader is
-    the API server; its engine core and TP workers sit in the same group and outlive it
-    (reparented to PID 1) unless the whole group is stopped."""
+    """Stop what is left of a launched server that no longer answers (its engine and TP workers outlive the
+    API server unless the group is stopped); what happened, or None."""
     p = server_json_path(run_dir)
     record = schema.read_if_present(p, schema.ServerRecord)
     if record is None or record.mode != "launch" or not record.pgid or record.stopped_at:

@@ -1,10 +1,6 @@
-"""A tiny, randomly initialised model (Llama, or DeepSeek-V3 with MLA and MoE) made entirely on this machine.
-
-Nothing is downloaded: the tokenizer is a byte-level BPE trained on Python's own
-standard-library sources, and the weights are random. It exists so a real vLLM
-server (the CPU build) has something to serve in the demo and the tests; its
-outputs are gibberish by design.
-"""
+"""A tiny, randomly initialised model (Llama, or DeepSeek-V3 with MLA and MoE) made entirely on this machine,
+so the CPU vLLM has something to serve in the demo and tests. Nothing is downloaded: the tokenizer is trained
+on Python's stdlib sources."""
 
 from __future__ import annotations
 
@@ -133,11 +129,8 @@ def _build_model(spec: TinyModelParams, vocab_size: int, moe_experts: int, moe_t
 
 def create_tiny_model(out_dir: str | Path, spec: TinyModelParams = TinyModelParams(),
                       *, moe_experts: int = 0, moe_top_k: int = 2) -> Path:
-    """Write config, bf16 safetensors weights and a tokenizer to `out_dir`.
-
-    `spec.arch` "deepseek_v3" writes a tiny DeepSeek-V3 (MLA, 64 routed experts, top-8, one shared
-    expert, the first layer dense); `moe_experts > 0` with the Llama arch writes a Mixtral-style MoE.
-    """
+    """Write config, bf16 safetensors weights and a tokenizer to `out_dir`: a tiny DeepSeek-V3 for `spec.arch`
+    "deepseek_v3", a Mixtral-style MoE for Llama with `moe_experts > 0`."""
     import torch
 
     validate_tiny(spec)

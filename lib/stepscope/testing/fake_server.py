@@ -1,12 +1,6 @@
-"""A fake OpenAI-style streaming server, for measuring and testing the client.
-
-It is not a model: it streams fixed chunks as fast as it is told to, and can misbehave
-on purpose (HTTP errors, SSE errors, dropped connections, dying mid-run, and the hostile
-replies of `BAD_REPLIES`). It also fakes
-vLLM's and SGLang's profiler endpoints, writing small trace files, so the capture code
-can be tested without a real server. It runs its own event loop in a thread, so
-synchronous code (which calls `asyncio.run`) can talk to it.
-"""
+"""A fake OpenAI-style streaming server, for measuring and testing the client: fixed chunks at a told pace,
+misbehaviour on purpose (`BAD_REPLIES`), and fake profiler endpoints. Its event loop runs in a thread so
+synchronous code can talk to it."""
 
 from __future__ import annotations
 

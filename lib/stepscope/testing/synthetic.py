@@ -1,12 +1,5 @@
-"""A small hand-made run folder that follows every artifact's schema (`stepscope.schema`).
-
-Used by the tests and to preview the report without a server: the numbers are invented
-(loosely shaped like the TP=8 reference campaign in docs/methods.md) and the run says so in its params name.
-`comm_exposed`, `launch_bound`, `stall`, `plateau`, `kind` and `ranks_missing` switch the
-story the numbers tell, so a test can check that the verdict follows the data.
-`contract_keys=False` leaves out the newer stage-05 keys (trace_info, period, idle split,
-collectives_matched, roofline), as an older run folder would.
-"""
+"""A small hand-made run folder that follows every artifact's schema, with invented numbers, for tests and
+report previews; switches change the story so a test can check the verdict follows the data."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
 """A fake vLLM V1 serving trace, built event by event, of the structure real ones have.
 
-No public trace of this kind was found to cut an excerpt from (issue 35): rank 0 of a TP
-group serving a Llama decoder of `n_layers` layers under torch.compile with piecewise CUDA
-graphs, captured by a vLLM V1 release that wrote no `execute_context_...` step annotation.
-What the analysis reads is laid out as such a capture lays it out:
-
-- each engine step is a `vllm/v1/worker/gpu_model_runner.py(...): execute_model` Python frame
-  inside the worker's own `gpu_worker.py(...): execute_model`, on the worker's main thread; one
-  more `execute_model` frame, with nothing scheduled, launches no work;
-- the first step is a prefill of more tokens than any captured graph size: run eagerly, each
-  collective a `vllm::all_reduce` op around its NCCL launch;
-- the other steps are decode steps that replay the piecewise graphs: one `cudaGraphLaunch` per
-  piece (`n_layers + 1` pieces, split at attention), attention launched eagerly between them,
-  then the lm_head GEMM, the logits all-gather and the sampler outside the graphs;
-- each step holds 2L+1 all-reduces (the embedding's, then two per layer) and one all-gather.
-
-Times are invented, shaped like the H100 capture the issue describes (a prefill of ~90 ms,
-decode steps of ~18 ms). A fake: for tests, never a measurement.
+Rank 0 of a TP group serving a Llama decoder under piecewise CUDA graphs, by a release with no step
+annotation: `execute_model` frames as steps, an eager prefill, decode steps replaying `n_layers + 1` graph
+pieces, 2L+1 all-reduces and one all-gather each. Times are invented; for tests, never a measurement.
 """
 
 from __future__ import annotations
