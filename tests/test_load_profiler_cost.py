@@ -33,3 +33,21 @@ def test_a_profiled_run_that_was_faster_shows_no_cost(tmp_path):
 def test_without_a_c1_level_the_cost_is_unknown(tmp_path):
     assert lr.profiler_cost_ms(_run(tmp_path, 19.697, None)) is None
     assert lr.profiler_cost_ms(tmp_path / "nowhere") is None
+
+
+def test_the_engines_own_iteration_count_checks_the_parts_steps(tmp_path):
+    """moe-quiet1's c=4 level: vLLM counted 494 iterations (3,175 -> 3,669 across its scrapes), the
+    parts counted 496.7 steps; 15.48 s of busy time over 494 is 31.3 ms per iteration against
+    the traced 27.5 ms: the level ran 14 % slower than the capture, which is its remainder."""
+    (tmp_path / "01_macro_sweep").mkdir()
+    pd.DataFrame({"level": ["c0001", "c0004", "c0004", "c0004"], "phase": ["measure"] * 4,
+                  "iteration_tokens_count": [100.0, 3175.0, 3400.0, 3669.0]}).to_csv(
+        tmp_path / "01_macro_sweep" / "server_metrics.csv", index=False)
+    assert lr.engine_iterations(tmp_path, 4) == 494.0
+    assert lr.engine_iterations(tmp_path, 1) is None        # one scrape: no difference
+    row = {"level_s": 15.58, "decode_steps": 436.7, "prefill_mixed_steps": 60.0,
+           "parts": {"decode_steps": 10.55, "prefill_mixed_steps": 3.09, "stalls": 0.0, "client_overhead": 0.1}}
+    check = lr.pace_check(row, 494.0)
+    assert check["traced_step_ms"] == pytest.approx(1e3 * 13.64 / 496.7)
+    assert check["level_iteration_ms"] == pytest.approx(1e3 * 15.48 / 494)
+    assert lr.pace_check(row, None)["level_iteration_ms"] is None

@@ -230,6 +230,14 @@ class LoadReconciliationLevel(Record, kw_only=True):
     """The batch-1 capture's client TPOT (profiled) less the sweep's c=1 TPOT, ms: the profiler's
     cost per step plus any change in the machine between stages 01 and 04 (not taken off the
     parts); 0 when the profiled run was faster, null without both."""
+    engine_iterations: float | None = None
+    """The engine's own iteration count over the level (vLLM's `iteration_tokens_total` count
+    across the level's /metrics scrapes): to set beside decode_steps + prefill_mixed_steps."""
+    traced_step_ms: float | None = None
+    """The traced periods' mean over the steps the parts count, ms."""
+    level_iteration_ms: float | None = None
+    """The level's time less stalls and client overhead, over engine_iterations, ms: the pace
+    the engine kept in the sweep, to set beside traced_step_ms."""
     records: str
     """The sweep level's records, relative to the run folder."""
 

@@ -24,6 +24,13 @@ once, client-side at batch 1 (`profiler_cost_ms_per_step`: the capture's TPOT le
 c=1 TPOT), and shows it beside the parts without taking it off: it holds the profiler's cost and
 any change in the machine between stages 01 and 04, which it cannot tell apart.
 
+Two readings check the parts: the engine's own iteration count over the level (vLLM's
+`iteration_tokens_total` count, differenced across the level's /metrics scrapes) against the
+steps the parts count, and the level's mean time per iteration (its time less stalls and
+client overhead, over that count) against the traced periods the parts use. When the counts
+agree and the paces do not, the unexplained part is the engine running at another pace in the
+sweep than in the capture (the profiler, or the machine's load at another time).
+
 The parts are measured, none fitted, and they sum to the level's time by construction; the
 level "adds up" when the unexplained part is within LOAD_RECONCILE_SHARE of it. Periods are
 medians over the level's steps: a capture window of a few steps holds the profiler's own
@@ -201,7 +208,8 @@ def build(run_dir: str | Path, levels: list[tuple[int, pd.DataFrame]]) -> dict |
         path = level_records_path(run_dir, c)
         if path.is_file():
             row = reconcile_level(read_records(path), c, steps, lender, profiler_ms)
-            out.append(dict(row, records=str(path.relative_to(run_dir))))
+            out.append(dict(row, **pace_check(row, engine_iterations(run_dir, c)),
+                            records=str(path.relative_to(run_dir))))
     if not out:
         return None
     return {"tolerance_share": LOAD_RECONCILE_SHARE, "levels": out}
@@ -223,6 +231,31 @@ def profiler_cost_ms(run_dir: str | Path) -> float | None:
     if profiled is None or one.empty:
         return None
     return max(float(profiled) - float(one.iloc[0]), 0.0)
+
+
+def engine_iterations(run_dir: str | Path, concurrency: int) -> float | None:
+    """Engine iterations over the sweep level (`c<CCCC>`, phase `measure`): the difference of
+    vLLM's iteration counter between the level's first and last /metrics scrape; None without
+    the counter or two scrapes."""
+    path = Path(run_dir) / "01_macro_sweep" / "server_metrics.csv"
+    if not path.is_file():
+        return None
+    sm = pd.read_csv(path)
+    if "iteration_tokens_count" not in sm:
+        return None
+    mine = sm[(sm["level"] == f"c{concurrency:04d}") & (sm["phase"] == "measure")]["iteration_tokens_count"].dropna()
+    return float(mine.iloc[-1] - mine.iloc[0]) if len(mine) >= 2 else None
+
+
+def pace_check(row: dict, iterations: float | None) -> dict:
+    """The level's engine iterations (the engine's count) beside the steps the parts count, and
+    its mean ms per iteration beside the traced periods' mean over those steps."""
+    steps = row["decode_steps"] + row["prefill_mixed_steps"]
+    p = row["parts"]
+    traced_ms = 1e3 * (p["decode_steps"] + p["prefill_mixed_steps"]) / steps if steps else None
+    busy_s = row["level_s"] - p["stalls"] - p["client_overhead"]
+    level_ms = 1e3 * busy_s / iterations if iterations else None
+    return {"engine_iterations": iterations, "traced_step_ms": traced_ms, "level_iteration_ms": level_ms}
 
 
 def largest_parts(level: dict, n: int = 3) -> list[tuple[str, float]]:
