@@ -440,17 +440,21 @@ def _copy_captured(pdir: Path, names: list[str], content_ranks: dict, engine: st
     return files
 
 
+def prepare_dirs(server: cl.ServerInfo, capture: CaptureParams, out_dir: Path) -> tuple[str, Path, bool, Path]:
+    """(profiler dir as the server names it, as a Path, attach, out_dir/traces), checked writable: a server
+    fails silently on an unwritable profiler folder. An attached server's folder is its own."""
+    pdir_s, attach = resolve_profiler_dir(server, capture)
+    if not attach:
+        check_writable(Path(pdir_s))
+    check_writable(out_dir / "traces")
+    return pdir_s, Path(pdir_s), attach, out_dir / "traces"
+
+
 def capture_profile(server: cl.ServerInfo, capture: CaptureParams, out_dir: str | Path, *,
                     profiler_settings: dict[str, Any] | None = None) -> CaptureResult:
     """Run the capture sequence against `server` and write the stage's artifacts into out_dir."""
     out_dir = Path(out_dir)
-    pdir_s, attach = resolve_profiler_dir(server, capture)
-    pdir = Path(pdir_s)
-    if not attach:
-        # the server writes here; on a shared machine an unwritable folder fails silently server-side
-        check_writable(pdir)
-    traces_dir = out_dir / "traces"
-    check_writable(traces_dir)
+    pdir_s, pdir, attach, traces_dir = prepare_dirs(server, capture, out_dir)
     body = start_profile_body(server.engine, capture, pdir_s if server.engine == "sglang" else None)
 
     run = cl.run_sync(_capture_async(server, capture, pdir_s, body))

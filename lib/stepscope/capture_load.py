@@ -20,7 +20,7 @@ import pandas as pd
 from stepscope import schema
 from stepscope import server_metrics as sm
 from stepscope.capture import (CaptureError, _await_extra_files, _copy_captured, _listing, _profile_call,
-                               check_writable, classify, resolve_profiler_dir, wait_for_traces)
+                               classify, prepare_dirs, wait_for_traces)
 from stepscope.config import CaptureParams, SweepParams
 from stepscope.sweep import client as cl
 from stepscope.sweep import gpu_telemetry
@@ -178,12 +178,7 @@ def capture_load_level(server: cl.ServerInfo, capture: CaptureParams, sweep: Swe
                        stage_dir: str | Path, *, profiler_settings: dict[str, Any] | None = None) -> dict:
     """Profile one load level into `<stage_dir>/c<C>/`; its load_window.json as a dict."""
     out_dir = Path(stage_dir) / level_dir_name(c)
-    pdir_s, attach = resolve_profiler_dir(server, capture)
-    pdir = Path(pdir_s)
-    if not attach:
-        check_writable(pdir)
-    traces_dir = out_dir / "traces"
-    check_writable(traces_dir)
+    pdir_s, pdir, attach, traces_dir = prepare_dirs(server, capture, out_dir)
     body, method = load_body(server.engine, capture, pdir_s if server.engine == "sglang" else None)
     run = cl.run_sync(_level_async(server, capture, sweep, c, pdir, body))
     with open(out_dir / "capture_requests.jsonl", "w") as fh:  # measured results on disk first

@@ -13,6 +13,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 POLL_S = 1.0
@@ -22,36 +23,28 @@ RELEASED = b"r"
 stopped on purpose. End-of-file without it means the supervisor died."""
 
 
-def _members(pgid: int) -> set[int]:
-    """Live (non-zombie) processes of the group."""
-    out = set()
+def _live_stats() -> Iterator[tuple[int, int, int]]:
+    """(pid, ppid, pgrp) of every live (non-zombie) process, from /proc/<pid>/stat."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
+                fields = fh.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
         except OSError:
             continue
-        # fields after the name: state, ppid, pgrp, ...
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.add(int(entry))
-    return out
+        if fields[0] != "Z":
+            yield int(entry), int(fields[1]), int(fields[2])
+
+
+def _members(pgid: int) -> set[int]:
+    """Live (non-zombie) processes of the group."""
+    return {pid for pid, _, pgrp in _live_stats() if pgrp == pgid}
 
 
 def _descendants(root: int) -> set[int]:
     """Every live process below `root`, by walking parent links in /proc."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parent[int(entry)] = int(fields[1])
+    parent = {pid: ppid for pid, ppid, _ in _live_stats()}
     found: set[int] = set()
     frontier = {root}
     while frontier:
