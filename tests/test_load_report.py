@@ -120,26 +120,6 @@ def test_compare_shows_the_anatomy_change_per_captured_concurrency(run_dir, tmp_
     assert rl.compare_load(ra, load_run_artifacts(tmp_path / "no-load")) is None and load_section(None) == ""
 
 
-def test_the_micro_curve_adds_gemm_comm_and_batch_scaled_attention():
-    gemm = schema.GemmPrediction(gemm_us_per_decode_step={"1": 800.0, "16": 1600.0})
-    comm = schema.convert({"by_batch": {"1": {"comm_us_per_decode_step": 2000.0},
-                                        "8": {"comm_us_per_decode_step": 3000.0}}}, schema.CommPrediction, "x")
-    # batch-1 trace: a 10 ms period; GEMM 1 ms, all-reduce 2 ms, attention 0.3 + KV 0.2 ms, rest 6.5 ms
-    decode = pd.DataFrame({"category": ["dense_gemm", "all_reduce", "attention", "kv_cache_write", "elementwise"],
-                           "union_ms_mean": [1.0, 2.0, 0.3, 0.2, 6.5]})
-    decode["share_of_period"] = decode["union_ms_mean"] / 10.0
-    levels = pd.DataFrame({"mode": "concurrency", "concurrency": [1, 4, 16],
-                           "output_throughput_tok_s": [100.0, 300.0, None]})
-    p1, p4, p16 = rl.micro_curve(gemm, comm, decode, levels)
-    assert p1.step_ms == pytest.approx(6.5 + 0.8 + 2.0 + 0.5)
-    assert (p4.comm_from_batch, p16.comm_from_batch) == (1, 8)
-    assert p4.gemm_ms == pytest.approx((800 + 3 * 800 / 15) / 1e3)  # linear in M between timed points
-    assert p16.step_ms == pytest.approx(6.5 + 1.6 + 3.0 + 0.5 * 16)
-    assert p16.predicted_tok_s == pytest.approx(16e3 / p16.step_ms) and p16.measured_tok_s is None
-    assert "| 16 | 1.60 | 3 | 8 | 8.00 | 6.50 | 19.1 | 838 | – |" in rl.micro_curve_section([p1, p4, p16])
-    assert rl.micro_curve(gemm, comm, None, levels) == []
-
-
 def test_stage_05_reads_its_load_anatomy_back_typed(run_dir):
     """The notebook's reader gives the schema's record, as the report's RunArtifacts does."""
     table, summary = la.read_outputs(run_dir / "05_categorize")

@@ -83,6 +83,8 @@ class RunArtifacts:
     """load_anatomy.json: the captured levels, the per-category fits against the batch, the routed experts."""
     load_reconciliation: schema.LoadReconciliation | None = None
     """load_reconciliation.json: each captured sweep level's wall time, part by part."""
+    micro_curve: schema.MicroCurve | None = None
+    """micro_curve.json: the micro-predicted step at each sweep level, each reconciled level rebuilt from it."""
     capture_counters: SpecDecodeStats | None = None
     """The server's speculative-decoding counters over the capture's profiled requests (stage
     04's reads of /metrics); None when it has none or stage 04 could not read them."""
@@ -169,6 +171,7 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
     a.load_anatomy = _csv(a, "05_categorize/load_anatomy.csv")
     a.load_summary = _json(a, "05_categorize/load_anatomy.json")
     a.load_reconciliation = _json(a, "05_categorize/load_reconciliation.json")
+    a.micro_curve = _json(a, "05_categorize/micro_curve.json")
     return a
 
 

@@ -162,7 +162,7 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
 def _section_load(a: RunArtifacts, ctx: dict[str, Any], figs: dict[str, str]) -> list[str]:
     """The step under load (report.load), when stage 04 captured load levels; else nothing."""
     fig = _img(figs["load"], "ms per decode step by category against batch size") if "load" in figs else None
-    micro = micro_curve(a.gemm_prediction, a.comm_prediction, a.decode_categories, a.levels)
+    micro = micro_curve(a)
     text = section_load(a, fig, ctx["verdict"].load_growth, micro)
     return [text] if text else []
 
@@ -476,7 +476,7 @@ def appendix_tables(a: RunArtifacts, ctx: dict[str, Any]) -> str:
     if a.collectives is not None and len(a.collectives):
         parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
     parts += _breakdown_appendix(a, ctx)
-    load = load_appendix(a, micro_curve(a.gemm_prediction, a.comm_prediction, a.decode_categories, a.levels))
+    load = load_appendix(a, micro_curve(a))
     if load:
         parts.append(load)
     if ctx["verdict"].roofline:

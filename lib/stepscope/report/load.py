@@ -18,7 +18,8 @@ from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
-from stepscope.wording import fmt_num, fmt_pct, md_text
+from stepscope.trace.micro_curve import KEPT_PARTS, SCALED_WITH_BATCH  # noqa: F401 (report.verdict reads it here)
+from stepscope.wording import fmt_num, fmt_pct, md_code, md_text
 
 SECTION_TITLE = "The step under load: anatomy against batch size"
 RECONCILIATION_HEADING = "Each captured sweep level's wall time, part by part (stage 05)"
@@ -260,7 +261,7 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
 
 
 def section_load(a: RunArtifacts, figure_md: str | None = None, growth: "LoadGrowth | None" = None,
-                 micro: list | None = None) -> str:
+                 micro: list[schema.MicroCurveLevel] | None = None) -> str:
     """The report's section on the step under load; '' when stage 05 captured no load level."""
     summary = a.load_summary
     if summary is None or a.load_anatomy is None:
@@ -301,11 +302,11 @@ def _what_the_data_show(off: list[LoadComparison], rec: schema.LoadReconciliatio
     return f"\n{lead}\n\n" + "".join(f"- c={r.concurrency}: " + "; ".join(r.explanations) + ".\n" for r in off)
 
 
-def load_appendix(a: RunArtifacts, micro: list[MicroPoint]) -> str:
+def load_appendix(a: RunArtifacts, micro: list[schema.MicroCurveLevel]) -> str:
     """The step under load's tables in full, for the appendix: each level's time part by part, the
-    micro-predicted curve, every category's fit; '' without any."""
+    micro-predicted curve and each level rebuilt from it, every category's fit; '' without any."""
     fits = fits_table(a.load_summary)
-    return (reconciliation_section(a.load_reconciliation) + micro_curve_section(micro)
+    return (reconciliation_section(a.load_reconciliation) + micro_curve_section(micro, a.micro_curve)
             + ("\n" + appendix_table(FITS_HEADING, fits) if fits else ""))
 
 
@@ -466,102 +467,120 @@ def compare_load(run_a: RunArtifacts, run_b: RunArtifacts) -> pd.DataFrame | Non
 
 # --------------------------------------------------------------------------- micro-predicted curve
 
-SCALED_WITH_BATCH = ("attention", "kv_cache_write")
-"""Categories scaled from the batch-1 trace by the batch (each request reads its own KV cache
-and writes its own new entry; the sweep's context length is the same at every level)."""
+MICRO_REBUILT_HEADING = "Each captured sweep level's time rebuilt from the micro-predicted step (stage 05)"
+"""The appendix's heading of the reconciled micro-predicted levels, which the report links by anchor."""
+
+COMPONENT_WORDS = {"gemm": "GEMM", "comm": "collectives", "attention_kv": "attention + KV writes", "rest": "rest"}
+"""How the report names each component of the predicted step (trace.micro_curve.COMPONENTS and `rest`)."""
+
+REBUILT_WORDS = {"prefill_mixed_steps": "prefill and mixed steps", "stalls": "stalls", "client_overhead": "client",
+                 "ramp_up": "ramp-up", "turnaround": "turnaround", "drain": "drain",
+                 "decode_steps_predicted": "decode steps × predicted step",
+                 **{f"error_{k}": f"error: {v}" for k, v in COMPONENT_WORDS.items()}, "unexplained": "unexplained"}
+"""How the rebuilt levels' table heads each part (MicroCurveReconciled.parts); trace.micro_curve.KEPT_PARTS
+are load_reconciliation.json's parts (PART_WORDS names them in full)."""
 
 
-@dataclass(frozen=True)
-class MicroPoint:
-    """The decode step predicted at one sweep concurrency from the micro-benchmarks, before any
-    load trace: stage 02's GEMM time at that M, stage 03's all-reduces at that M (or at batch 1
-    when the burst was timed there only), attention and KV writes from the batch-1 trace times
-    M, and the rest of the batch-1 period held constant."""
-
-    concurrency: int
-    gemm_ms: float | None
-    comm_ms: float | None
-    comm_from_batch: int | None
-    """The batch the all-reduce burst was timed at (1 when only batch 1 was timed)."""
-    attention_kv_ms: float
-    rest_ms: float
-    step_ms: float | None
-    predicted_tok_s: float | None
-    """concurrency / step: every request in flight decodes one token per step."""
-    measured_tok_s: float | None
+def micro_curve(a: RunArtifacts) -> list[schema.MicroCurveLevel]:
+    """Stage 05's micro-predicted curve (`micro_curve.json`), one entry per closed-loop sweep level;
+    [] where stage 05 wrote none."""
+    return list(a.micro_curve.levels) if a.micro_curve is not None else []
 
 
-def _interp(curve: dict[str, float], m: int) -> float | None:
-    import numpy as np
-
-    pts = sorted((int(k), float(v)) for k, v in curve.items() if v is not None)
-    if not pts:
-        return None
-    xs, ys = zip(*pts)
-    return float(np.interp(m, xs, ys))  # clamped at the grid's edges, as stage 02's own sum is
+def _signed_ms(v: float) -> str:
+    return f"{'+' if v > 0 else ''}{fmt_num(v)}"
 
 
-def micro_curve(gemm: schema.GemmPrediction | None, comm: schema.CommPrediction | None,
-                decode: pd.DataFrame | None, levels: pd.DataFrame | None) -> list[MicroPoint]:
-    """One MicroPoint per closed-loop sweep level; [] without the batch-1 trace's categories."""
-    from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
-
-    if decode is None or decode.empty or levels is None or "share_of_period" not in decode:
-        return []
-    ms = dict(zip(decode["category"], decode["union_ms_mean"].astype(float)))
-    shares = decode["share_of_period"].astype(float)
-    period = float((decode["union_ms_mean"] / shares)[shares > 0].median()) if (shares > 0).any() else None
-    if not period:
-        return []
-    attn1 = sum(ms.get(c, 0.0) for c in SCALED_WITH_BATCH)
-    replaced = set(SCALED_WITH_BATCH) | GEMM_CATEGORIES | COMMUNICATION_CATEGORIES
-    rest = period - sum(v for c, v in ms.items() if c in replaced)
-    by_batch = {int(k): v.comm_us_per_decode_step for k, v in (comm.by_batch if comm else {}).items()}
-    lv = levels[levels["mode"] == "concurrency"].sort_values("concurrency")
-    out = []
-    for c, tok in zip(lv["concurrency"].astype(int), lv["output_throughput_tok_s"]):
-        g = _interp(gemm.gemm_us_per_decode_step, c) if gemm else None
-        at = max([b for b in by_batch if b <= c], default=None)
-        cm = by_batch[at] / 1e3 if at is not None and by_batch[at] is not None else None
-        step = None if g is None or cm is None else rest + g / 1e3 + cm + attn1 * c
-        out.append(MicroPoint(c, g / 1e3 if g is not None else None, cm, at, attn1 * c, rest, step,
-                              1e3 * c / step if step else None, None if pd.isna(tok) else float(tok)))
-    return out
+def rebuilt_sentence(p: schema.MicroCurveLevel, n: int = 3) -> str:
+    """Where a reconciled level's time went beside the predicted step: its largest measured parts
+    other than the decode steps, then the decode steps' traced period against the predicted step
+    with the error by component (largest first); every number from stage 05's record."""
+    r = p.reconciled
+    if r is None or p.step_ms is None:
+        return ""
+    kept = sorted(((k, r.parts[k]) for k in KEPT_PARTS if r.parts.get(k)), key=lambda kv: -abs(kv[1]))[:n]
+    said = [f"{fmt_num(v)} s of {PART_WORDS[k]}" for k, v in kept]
+    spent = (", ".join(said[:-1]) + " and " if len(said) > 1 else "") + said[-1] if said else "none"
+    errors = sorted(r.error_ms.items(), key=lambda kv: -abs(kv[1]))
+    batch = (f" of {fmt_num(r.decode_tokens_per_step)} requests (not {p.concurrency})"
+             if r.decode_tokens_per_step is not None and r.decode_tokens_per_step < p.concurrency else "")
+    left = r.parts.get("unexplained", 0.0)
+    return (f"of the level's {fmt_num(r.level_s)} s, outside its decode steps: {spent}; its "
+            f"{fmt_num(r.decode_steps)} decode steps{batch} took {fmt_num(r.trace_step_ms)} ms each in the trace "
+            f"against {fmt_num(p.step_ms)} ms predicted ({_signed_ms(r.trace_step_ms - p.step_ms)} ms: "
+            + ", ".join(f"{COMPONENT_WORDS.get(k, k)} {_signed_ms(v)}" for k, v in errors)
+            + f" ms); the reconciliation leaves {fmt_num(left)} s unexplained")
 
 
-def micro_curve_line(points: list[MicroPoint]) -> str:
-    """The micro-predicted curve's top level with a measurement, in one line linking its table."""
+def micro_curve_line(points: list[schema.MicroCurveLevel]) -> str:
+    """The micro-predicted curve's top reconciled level (else its top level with a measurement) in
+    one sentence with where the level's time went, linking the tables."""
     both = [p for p in points if p.predicted_tok_s is not None and p.measured_tok_s]
     if not points:
         return ""
     link = appendix_link(MICRO_CURVE_HEADING)
     if not both:
         return f"\nThe micro-benchmarks' prediction of each sweep level, before any load trace: {link}.\n"
-    p = both[-1]
+    p = next((q for q in reversed(both) if q.reconciled is not None), both[-1])
+    why = rebuilt_sentence(p)
     return (f"\nBefore any load trace, the micro-benchmarks predict {fmt_num(p.predicted_tok_s)} tok/s at "
             f"c={p.concurrency} against {fmt_num(p.measured_tok_s)} measured "
-            f"({fmt_num(p.predicted_tok_s / p.measured_tok_s)}×); every sweep level, with the method: {link}.\n")
+            f"({fmt_num(p.predicted_tok_s / p.measured_tok_s)}×){f': {why}' if why else ''}. Every sweep level, "
+            f"with the method: {link}" + (f"; each captured level rebuilt from the prediction: "
+                                           f"{appendix_link(MICRO_REBUILT_HEADING)}" if why else "") + ".\n")
 
 
-def micro_curve_section(points: list[MicroPoint]) -> str:
-    """The micro-predicted curve beside the measured one, as a table with its method."""
+def micro_curve_section(points: list[schema.MicroCurveLevel], curve: schema.MicroCurve | None = None) -> str:
+    """The micro-predicted curve beside the measured one, then each reconciled level rebuilt from
+    it, as tables with their method."""
     from stepscope.report.markdown_util import md_table
 
     if not points:
         return ""
-    df = pd.DataFrame([p.__dict__ for p in points])
+    df = pd.DataFrame([{k: getattr(p, k) for k in p.__struct_fields__ if k != "reconciled"} for p in points])
     note = ""
     if any(p.comm_from_batch is not None and p.comm_from_batch < p.concurrency for p in points):
-        note = ("\n*The all-reduce burst was timed at a smaller batch than some levels (`comm from batch`); "
-                "its time is held there, which assumes latency-bound all-reduces (true for small messages, "
+        note = ("\n*The collectives were timed at a smaller batch than some levels (`comm from batch`); "
+                "their time is held there, which assumes latency-bound collectives (true for small messages, "
                 "not for large ones). Set `micro.collectives.burst_batch_sizes` to the sweep's concurrencies.*\n")
-    return ("\n" + appendix_table(MICRO_CURVE_HEADING, "Before any load trace: the decode step at each "
-            "sweep concurrency M predicted as stage 02's GEMM time at M + stage 03's all-reduces at M + the "
+    impl = ""
+    if curve is not None and curve.comm_implementation:
+        why = ("the trace ran another implementation, which stage 03 did not time" if curve.comm_matches_trace is False
+               else curve.comm_implementation_reason)
+        impl = f" Collectives: stage 03's {md_code(curve.comm_implementation)}" + (f" ({md_text(why)})" if why else "") + "."
+    return ("\n" + appendix_table(MICRO_CURVE_HEADING, "Before any load trace (`micro_curve.json`): the decode step "
+            "at each sweep concurrency M predicted as stage 02's GEMM time at M + stage 03's collectives at M + the "
             "batch-1 trace's attention and KV writes × M + the rest of the batch-1 period unchanged; "
-            "throughput = M / step.\n\n"
-            + md_table(df.astype({"comm_from_batch": "Int64"}), [("concurrency", "concurrency"), ("gemm_ms", "GEMM (ms)"), ("comm_ms", "all-reduce (ms)"),
+            f"throughput = M / step.{impl}\n\n"
+            + md_table(df.astype({"comm_from_batch": "Int64"}), [("concurrency", "concurrency"), ("gemm_ms", "GEMM (ms)"), ("comm_ms", "collectives (ms)"),
                             ("comm_from_batch", "comm from batch"), ("attention_kv_ms", "attention + KV (ms)"),
                             ("rest_ms", "rest (ms)"), ("step_ms", "step (ms)"),
                             ("predicted_tok_s", "micro-predicted (tok/s)"), ("measured_tok_s", "measured (tok/s)")],
                        formats={"concurrency": _whole, "comm_from_batch": _whole})
-            + note))
+            + note) + rebuilt_section(points))
+
+
+def rebuilt_section(points: list[schema.MicroCurveLevel]) -> str:
+    """Each reconciled level's time rebuilt from the predicted step, part by part (seconds), as a
+    table with its method; '' where no level was reconciled."""
+    from stepscope.report.markdown_util import compact_table
+
+    rec = [p for p in points if p.reconciled is not None]
+    if not rec:
+        return ""
+    names = list(dict.fromkeys(k for p in rec for k in p.reconciled.parts))
+    df = pd.DataFrame([{"concurrency": p.concurrency, "level_s": p.reconciled.level_s,
+                        "trace_ms": p.reconciled.trace_step_ms, "step_ms": p.step_ms, **p.reconciled.parts,
+                        "predicted_level_s": p.reconciled.predicted_level_s} for p in rec])
+    cols = [("concurrency", "concurrency"), ("level_s", "level (s)"), ("trace_ms", "traced decode period (ms)"),
+            ("step_ms", "predicted step (ms)"), *[(k, f"{REBUILT_WORDS.get(k, k)} (s)") for k in names],
+            ("predicted_level_s", "level at the predicted step (s)")]
+    return ("\n" + appendix_table(MICRO_REBUILT_HEADING, "Each captured sweep level's time (`micro_curve.json`, "
+            "from `load_reconciliation.json`): its measured parts other than its decode steps as they were; its "
+            "decode steps × the predicted step; (traced decode period − predicted step) × decode steps, the "
+            "prediction's error, by component from the level's own trace (each component's categories, mean over "
+            "the level's decode steps; the rest is the traced period less them); and the reconciliation's "
+            "unexplained part. The parts sum to the level's time.\n\n"
+            + compact_table(df, cols, keys=("concurrency",),
+                            formats={"concurrency": _whole, **{k: fmt_num for k in [
+                                "level_s", "trace_ms", "step_ms", "predicted_level_s", *names]}})))
