@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
-FILE_KINDS = ("trace", "frontend_trace", "profiler_table", "frontend_table")
 
 _RANK = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?!\d)", re.I)
 _SGLANG_TP = re.compile(r"(?:^|[^A-Za-z0-9])TP-(\d+)(?!\d)(?:-(DECODE|EXTEND)(?![A-Za-z]))?")

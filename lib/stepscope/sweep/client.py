@@ -664,12 +664,3 @@ async def metrics_text(session: aiohttp.ClientSession, server: ServerInfo) -> st
             return await r.text() if r.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, ConnectionError):
         return None
-
-
-async def metrics_snapshot(session: aiohttp.ClientSession, server: ServerInfo) -> dict[str, float] | None:
-    text = await metrics_text(session, server)
-    if text is None:
-        return None
-    snap = parse_prometheus_gauges(text)
-    snap["t_s"] = time.perf_counter()
-    return snap

@@ -14,8 +14,6 @@ from stepscope import schema
 from stepscope.sweep.metrics import (LATENCY_METRICS, RequestRecord, output_tok_s_per_request, percentile_word,
                                      request_table)
 
-VLLM_SCHEMA = "vllm 0.32.0 (vllm/benchmarks/serve.py, --save-result)"
-"""Whose keys `vllm_bench/<level>.vllm.json` follows."""
 VLLM_DIR = "vllm_bench"
 VLLM_SUFFIX = ".vllm.json"
 """`vllm_bench/c0004.vllm.json`: a name no other run-folder JSON file ends in."""

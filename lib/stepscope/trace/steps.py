@@ -39,14 +39,6 @@ WHOLE_TRACE = "whole_trace"
 """The step source of a trace with no step marker (none of `step_sources.STEP_SOURCES`): its one
 row is the whole trace, one window, not a step."""
 
-STEP_KINDS = ("decode", "prefill", "mixed", "idle", "training", "profiler_step", "warmup", "measure", "unknown")
-"""Per-step `kind`: the engine's label where the annotation or an engine frame says it (or, for
-vLLM's `execute_model` frames, graph replay: `step_sources.GRAPH_KIND_READING`); `training` for a
-`ProfilerStep` of a trace that runs backward or an optimizer, and for an `Optimizer.step`
-iteration; `profiler_step` for another `ProfilerStep`; `warmup` and `measure` for a benchmark's
-phases (warm-up steps are judged with no other step); `unknown` for graph launches and the
-whole trace."""
-
 STEP_COLUMNS = ["rank", "step_id", "name", "source", "label", "kind", "n_requests", "n_tokens",
                 "prefill_requests", "prefill_tokens", "decode_requests", "decode_tokens",
                 "pid", "tid", "ts", "dur"]
@@ -503,12 +495,6 @@ def _stream_or_thread(stream: np.ndarray, tid: np.ndarray) -> np.ndarray:
     for lo in range(0, len(stream), ENCLOSING_CHUNK_ROWS):
         out[lo:lo + ENCLOSING_CHUNK_ROWS] = part(lo)
     return out
-
-
-def _as_ints(values: np.ndarray) -> np.ndarray:
-    """`values` as they are when ints (int32 stays int32), else int64: int64 throughout, then
-    narrowed, was a transient 8 bytes per event for each such column (issue 26)."""
-    return values if values.dtype.kind == "i" else values.astype(np.int64)
 
 
 def _attribute_device(steps: pd.DataFrame, lpid: np.ndarray, ltid: np.ndarray, lts: np.ndarray,
