@@ -28,11 +28,8 @@ def with_kernel(stage: Stage, params_file: Path, run_dir: Path, progress: bool) 
             parameters={"params_file": str(params_file), "run_dir": str(run_dir)},
             kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR), progress_bar=notebook_bar(progress, stage.id),
             log_output=False, request_save_on_cell_execute=True, execution_timeout=stage.cell_timeout_s,
-            # The kernel's own log is noise on the console: its start-up warnings ("running over
-            # TCP without encryption" on loopback), and "ERROR | KeyboardInterrupt caught in
-            # kernel." when jupyter_client's interrupt before every shutdown lands in a message
-            # handler (seen after a stage that finished ok). A cell's error is in its notebook,
-            # and a kernel that dies is papermill's DeadKernelError, so neither is lost.
+            # The kernel's own log is noise on the console (start-up warnings, a spurious KeyboardInterrupt
+            # line): a cell's error is in its notebook, a dead kernel papermill's DeadKernelError.
             extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
         )
     return out_nb

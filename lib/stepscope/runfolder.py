@@ -88,10 +88,8 @@ def _cores() -> int:
 
 
 BATCH_RUN_ENV = "STEPSCOPE_BATCH_RUN"
-"""Set (to "1") in the environment of the kernels the runner starts for papermill: a notebook
-run in batch, with no one to click. Interactive cells (the step explorer's widgets) then say
-how to use them instead of building widgets: under papermill a widget cell was seen to hang
-the execution (the kernel idle, nbclient waiting; jupyter/nbclient#312, nteract/papermill#723)."""
+"""Set to "1" for the kernels the runner starts for papermill: interactive cells then explain themselves
+instead of building widgets, which hung papermill (nteract/papermill#723)."""
 
 
 def batch_run() -> bool:
@@ -206,9 +204,8 @@ LOCK_NAME = ".stepscope.lock"
 """The run folder's lock file: flock'ed by the process using the folder, and holding its pid."""
 
 _HELD_LOCKS: dict[Path, list] = {}
-"""Run folders this process holds: {folder: [open lock file, depth]}. A flock belongs to an
-open file, so a second open and flock in the same process would refuse itself (`analyze`
-takes the lock, then runs the pipeline, which takes it again)."""
+"""Run folders this process holds, {folder: [open lock file, depth]}: a flock belongs to an open file, so a
+second flock in one process would refuse itself."""
 
 
 class RunFolderBusy(StepscopeError):

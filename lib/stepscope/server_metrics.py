@@ -194,11 +194,8 @@ SAMPLE_SERIES: dict[str, tuple[str, ...]] = {
     "queue_time_sum_s": ("vllm:request_queue_time_seconds_sum",),
     "generation_tokens_total": (GENERATED, "sglang:generation_tokens_total"),
 }
-"""What each row of `server_metrics.csv` reads from one /metrics scrape. vLLM's
-`kv_cache_usage_perc` is a 0-1 fraction despite its name (so is SGLang's `token_usage`). The
-`_total`/`_count`/`_sum` columns are cumulative over the server's life: a window is the
-difference of two rows (`iteration_tokens_sum / iteration_tokens_count` differenced = tokens
-per engine step over the window, the server's own count of the batch)."""
+"""What each row of `server_metrics.csv` reads from one scrape. `kv_cache_usage_perc` is a 0-1 fraction
+despite its name; `_total`/`_count`/`_sum` columns are cumulative, so a window is a difference."""
 
 
 def sample(text: str) -> dict[str, float | None]:

@@ -12,10 +12,8 @@ OTHER_SHARE_LIMIT = 0.005
 TEXT_TABLE_DIFF_LIMIT = 0.01
 """The profiler's text table and the trace disagree by more than this relative difference."""
 BAD_EVENT_SHARE_LIMIT = 0.01
-"""A rank's work events with no usable ts or dur (NaN, Infinity, negative, out of range,
-missing or not a number) are dropped and flagged up to this share of them; above it the
-trace is damaged, not ragged, and the rank is refused. One NaN among the 434 work events of a
-real decode trace (0.23 %) refused its rank under the 0.1 % this replaced."""
+"""Work events with no usable ts or dur are dropped and flagged up to this share of a rank's; above it the
+trace is damaged, not ragged, and the rank is refused."""
 
 # --- verdict ----------------------------------------------------------------------------
 LAUNCH_BOUND_IDLE_SHARE = 0.30
@@ -102,10 +100,8 @@ launched by graph launches (`cudaGraphLaunch`, `hipGraphLaunch`): most of the st
 one launch, so "use CUDA graphs" is no lever for it."""
 
 STEP_SOURCE_PIECES_RATIO = 4.0
-"""A step source with at least this many times the steps of another source present, whose steps
-wholly enclose most of its own, is refused: its steps are pieces of a step (vLLM V1's piecewise CUDA
-graphs: 81 graph launches in each `execute_model` step, 729 "steps" of 0.375 ms for 9 real ones).
-Two `ProfilerStep`s beside one `Optimizer.step` (a toy loop on MI250) are no such pieces."""
+"""A step source with at least this many times the steps of another, whose steps wholly enclose most of its
+own, is refused: its steps are pieces of a step (piecewise CUDA graphs)."""
 DEGENERATE_MIN_WORK_EVENTS = 2
 """A rank with fewer work events than this is refused: one event has no gap, no overlap and no
 step beside it to say anything of (a libkineto unit test's output: 1 kernel of 0.02 µs read as
@@ -134,11 +130,8 @@ with one is flagged. Decode steps take milliseconds to tens of milliseconds, so 
 of silence is a pause of the server, not a slow step."""
 
 STALLED_LEVEL_SHARE = 0.05
-"""A sweep level that lost more than this share of its time to server-wide stalls reads low
-(its throughput by up to that share; its latencies carry the pauses): the plateau read from
-such levels is stated with the share beside it, and a campaign or `compare` does not compare
-the level's readings. Below it, a stall is within the few-percent scatter of a serving
-benchmark (CHANGE_NOISE_REL)."""
+"""A sweep level that lost more than this share of its time to server-wide stalls reads low: its plateau is
+stated with the share, and campaigns do not compare it. Below it, stalls are within CHANGE_NOISE_REL."""
 
 BUNCHED_GAP_MS = 0.05
 """Inter-chunk gaps below this arrived together, in one read, rather than one decode step apart."""

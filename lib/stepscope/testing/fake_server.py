@@ -18,11 +18,8 @@ from aiohttp import web
 
 
 BAD_REPLIES = ("list_event", "usage_many", "usage_huge", "endless_bytes", "trickle_bytes", "endless_error_page")
-"""Replies no real server sends, for `FakeBehaviour.bad_reply`: `list_event` streams a token,
-then `data: [1,2,3]`; `usage_many` and `usage_huge` stream every token, then a usage of
-`"many"` or 10**12 completion tokens; `endless_bytes` sends bytes with no SSE event end, as fast
-as it can; `trickle_bytes` sends a few such bytes every 50 ms; `endless_error_page` answers HTTP 500
-with an HTML page that never ends (1 KiB every 10 ms)."""
+"""Replies no real server sends, for `FakeBehaviour.bad_reply`: non-object events, absurd usage counts, and
+byte streams or error pages that never end."""
 BAD_BYTES_LIMIT_S = 30.0
 """The longest the fake keeps up `endless_bytes` or `trickle_bytes` when no client stops it."""
 

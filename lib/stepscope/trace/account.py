@@ -629,9 +629,8 @@ LEVER_COLUMNS = ["rank", "category", "class", "n_steps", "sum_ms_per_step", "rec
 
 
 ONE_OPERATION_CATEGORIES = frozenset(GEMM_CATEGORIES) | {"attention", "conv"}
-"""Categories that are one operation however many kernel names run it (a GEMM's tile and shape
-variants, attention's): one library or kernel fix reaches them all, so their name count says
-nothing about coherence. A catch-all such as elementwise has no such common fix."""
+"""Categories that are one operation however many kernel names run it: one fix reaches them all, so their name
+count says nothing about coherence."""
 
 
 def lever_coherent(category: str, n_names: int, top_share: float, module_share: float | None = None) -> bool:

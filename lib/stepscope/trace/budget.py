@@ -20,18 +20,11 @@ from stepscope.thresholds import MEMORY_BUDGET_AVAILABLE_SHARE
 from stepscope.trace import split
 
 PEAK_BYTES_PER_JSON_BYTE = 2.0
-"""Stage 05's peak RSS above its imports per byte of trace JSON on a kernel-dense trace
-(benchmarks/trace_load.py --kernels N --analysis, 2026-12-02): 0.43 at 10 M kernels of ~187
-bytes of JSON each (1,868 MB, peak 915 MB, 84 bytes per device event above the imports), 0.59
-with --short's ~140 bytes each (1,371 MB, peak 919 MB), 0.53 at 2 M (371 MB, peak 310 MB).
-Issue 26's shape (~120 bytes each) gives ~0.7. Kept at 2.0 for traces that spend fewer bytes
-of JSON per kernel still, and for the run-to-run spread of the heap. It was 0.62 at 10 M at
-a5ffc33, 0.89 at be6c2e0, and 2.77 at 2 M before per-event text became codes (34dd664)."""
+"""Stage 05's peak RSS above its imports per byte of JSON on a kernel-dense trace: 0.43-0.59 measured
+(benchmarks/trace_load.py --kernels N --analysis), kept at 2.0 for denser traces and heap spread."""
 CPU_WORK_BYTES_PER_EVENT = 1_800
-"""Stage 05's peak per event of a trace with no device event (its ops are its work): 1,685
-bytes at 500,000 and 1,469 at 1,000,000 tiny cpu_op events (benchmarks/hostile_traces.py's
-`tiny_events`, 40 and 81 MB of JSON, 2026-12-02), rounded up. The second fault probe's 30 M
-such events passed the per-byte estimate under an 8 GB budget and grew past 12 GB."""
+"""Stage 05's peak per event of a trace with no device event (its ops are its work): ~1,500-1,700 bytes
+measured on tiny cpu_op events (benchmarks/hostile_traces.py), rounded up."""
 WORST_BYTES_PER_JSON_BYTE = 24.0
 """The most any trace measured costs per byte of JSON (tiny ops of ~80 bytes at
 CPU_WORK_BYTES_PER_EVENT each, rounded up): a budget that holds this needs no count of events."""

@@ -54,11 +54,8 @@ CATEGORY_CLASS: dict[str, str] = {
     "memcpy": "memory",
     "memset": "memory",
 }
-"""Every category and its class. Exposed time is counted by class priority:
-compute first, then communication, then memory. `framework` only occurs on CPU traces
-(dispatcher and view/metadata ops); `unattributed_elementwise` is what only a catch-all
-rule matched; `other` is what no rule matched. `conv`, `lm_head`, `loss` and `optimizer`
-come mostly from context (the enclosing module, op or annotation)."""
+"""Every category and its class, for the class priority of exposed time (compute, communication, memory); the
+categories are described in docs/categories.md."""
 
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_CLASS)
 COLLECTIVE_CATEGORIES = ("all_reduce", "all_gather", "all_to_all", "other_collective")
@@ -171,9 +168,8 @@ def _classify(name: str, cat: str | None, rules: list[Rule]) -> tuple[str, str, 
 
 
 _DECIDED: dict[tuple[Rule, ...], dict[tuple[str, str], tuple[str, str, bool]]] = {}
-"""Per rule set, each (name, cat) pair's `_classify` result: the ranks of one job, and the load
-levels beside batch 1, share most names, and a rule is a regex searched in a kernel name of
-hundreds of characters (the rules cost about 1 ms a name)."""
+"""Per rule set, each (name, cat) pair's `_classify` result: ranks and load levels share most names, and the
+regexes cost about 1 ms a name."""
 _DECIDED_MAX_PAIRS = 200_000
 
 

@@ -89,9 +89,8 @@ def work_context(frames: pd.DataFrame, rules: list[ContextRule], pids: np.ndarra
     fpid, ftid = frames["pid"].to_numpy(), frames["tid"].to_numpy()
     ctx_of = np.full(len(frames), -1, dtype=np.int64)
     mod_of = np.full(len(frames), -1, dtype=np.int64)
-    # Per query: the frame deciding its context and its innermost module's frame. int32 and
-    # no per-query temporaries beyond the thread's own: a kernel-dense trace has millions of
-    # launches on one thread (issue 26).
+    # Per query: the frame deciding its context and its innermost module's frame, in int32 (millions of
+    # launches on one thread).
     frame_idx = np.full(n, -1, dtype=np.int32)
     module_idx = np.full(n, -1, dtype=np.int32)
     for lo, hi in zip(starts[:-1], starts[1:]):

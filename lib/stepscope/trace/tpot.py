@@ -21,9 +21,8 @@ class TpotAgainstStep:
     reference: Literal["period", "span"]
     """Which reading of the step `step_ms` is."""
     code: TpotCode
-    """`agree` within TPOT_GAP_SHARE of TPOT; `tpot_above`: time per token passes outside the
-    steps (scheduling, streaming, detokenizing); `tpot_below`: tokens reached the client in bursts
-    or the steps overlap."""
+    """`agree` within TPOT_GAP_SHARE; `tpot_above`: time per token passes outside the steps; `tpot_below`:
+    tokens arrived in bursts or the steps overlap."""
 
     @property
     def gap_ms(self) -> float:
