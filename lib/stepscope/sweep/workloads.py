@@ -151,10 +151,6 @@ class WorkloadSource:
         cycled = t[idx % len(t)] + span * (idx // len(t))
         return scaled_trace_offsets_s(cycled, rate_rps)
 
-    def native_rate_rps(self) -> float:
-        t = np.array([r["timestamp_ms"] for r in self.rows]) / 1e3 if self.p.prompt_mode == "mooncake" else np.zeros(1)
-        return (len(t) - 1) / float(t.max() - t.min()) if t.size > 1 and t.max() > t.min() else math.nan
-
 
 def prefix_cache_hit_rate(samples: list[dict[str, Any]]) -> float:
     """Prompt tokens served from the prefix cache / looked up, from vLLM's /metrics counters differenced over
