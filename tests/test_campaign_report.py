@@ -66,7 +66,7 @@ def test_predicted_tpot_comes_from_the_baseline_whatif_fed_the_measured_acceptan
     base = c.first("tp2")
     assert p.acceptance == pytest.approx(stats.tokens_per_decode_step)
     assert p.draft_tokens == 3  # 208 draft tokens over 72 drafts, rounded
-    model = base.ctx["whatif_baseline"]
+    model = base.ctx.whatif.baseline
     want = wi.predict_spec_decode_tpot(model, p.acceptance, p.draft_cost_fraction * model.step_ms, draft_tokens=3)
     assert p.predicted_tpot_ms == pytest.approx(want.tpot_ms) and p.predicted_verify_ms == pytest.approx(want.verify_ms)
     assert p.measured_tpot_ms == pytest.approx(ca.capture_tpot(c.first("spec")))
@@ -168,7 +168,7 @@ def test_removing_communication_sets_the_amdahl_ceiling_beside_the_measured_spee
     k = checks[0]
     assert set(k.removed) == {"all_reduce", "all_gather"}
     base = c.first("tp2")
-    amd = base.ctx["amdahl"]
+    amd = base.ctx.amdahl
     gone = float(amd[amd["category"].isin(k.removed)]["exposed_ms"].sum())
     step = ca.step_ms(base)
     assert k.ceiling_x == pytest.approx(step / (step - gone))
@@ -196,15 +196,15 @@ def test_deltas_bands_and_report_sections(campaign):
 
 def test_verdicts_are_compared_as_structures(campaign):
     d, paths, c, _ = campaign
-    base = ca.digest("tp2", c.first("tp2").ctx["verdict"])
-    tp1 = ca.digest("tp1", c.first("tp1").ctx["verdict"])
+    base = ca.digest("tp2", c.first("tp2").ctx.verdict)
+    tp1 = ca.digest("tp1", c.first("tp1").ctx.verdict)
     changes = dict((k, (a, b)) for k, a, b in ca.verdict_changes(base, tp1))
     assert changes["communication"] == ("exposed", "none")
     assert base.dominant == "all_reduce" and tp1.dominant != "all_reduce"
     # the lever compared is the verdict's biggest (time between steps when it beats every category)
     from stepscope.report.verdict import biggest_lever
 
-    assert (base.top_lever, base.top_lever_x) == biggest_lever(c.first("tp2").ctx["verdict"])
+    assert (base.top_lever, base.top_lever_x) == biggest_lever(c.first("tp2").ctx.verdict)
     assert "communication exposed → none" in paths["markdown"].read_text()
 
 

@@ -125,7 +125,7 @@ def _collectives(facts, got):
 
 
 def _dominant(facts, got):
-    d = got["ctx"]["verdict"].dominant
+    d = got["ctx"].verdict.dominant
     assert (d.category if d is not None else None) == facts["dominant"]
 
 
@@ -155,13 +155,13 @@ def _busy_at_most_period(facts, got):
 
 
 def _verdict(facts, got):
-    v = got["ctx"]["verdict"]
+    v = got["ctx"].verdict
     gave = v.dominant is not None or v.biggest is not None or bool(v.levers)
     assert gave == facts["takes_verdict"]
 
 
 def _whatif(facts, got):
-    assert (got["ctx"].get("whatif") is not None) == facts["whatif"]
+    assert (got["ctx"].whatif is not None) == facts["whatif"]
 
 
 def _must_say(facts, got):
@@ -187,7 +187,7 @@ def _headline(facts, got):
     text = " ".join(s.text for s in got["verdict"].headline)
     assert len(got["verdict"].headline) <= 3 and len(text.split()) <= HEADLINE_WORDS, text
     assert not [w for w in INVARIANTS if w in text], text
-    lever = got["verdict"].biggest_lever
+    lever = got["verdict"].biggest
     if lever is not None and lever.ceiling_x < LEVER_MIN_X:
         # a host-bound step's headline names no lever at all: it says where the host was instead
         host_bound = any(s.finding == "boundness" for s in got["verdict"].headline)

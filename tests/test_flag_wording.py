@@ -10,6 +10,7 @@ import pytest
 
 from stepscope import schema
 from stepscope.report.analysis import _trace_caveats
+from stepscope.report.prose import artifact_caveat_text
 from stepscope.report.artifacts import RunArtifacts
 from stepscope.trace.analyze import analyze_traces
 from stepscope.wording import FLAGS_WITHOUT_VALUES, flag_message
@@ -97,7 +98,8 @@ def test_the_report_renders_a_flag_from_its_values_not_its_stored_words(tmp_path
              schema.Flag(code="clock_disagreement", severity="warning", message="as stage 05 wrote it")]
     summary = schema.TraceSummary(ranks=[], decode=schema.DecodeSummary.empty(), trace_info=None,
                                   collectives_matched=None, roofline=None, flags=flags)
-    lines = _trace_caveats(RunArtifacts(run_dir=tmp_path, trace_summary=summary), "decode step")
+    lines = [artifact_caveat_text(c, "decode step")
+             for c in _trace_caveats(RunArtifacts(run_dir=tmp_path, trace_summary=summary), "decode step")]
     assert "[05 warning] ranks_missing: 2 of 8 ranks' traces given (ranks [0, 1]); no cross-rank claim is made" \
         in lines
     assert "[05 warning] clock_disagreement: as stage 05 wrote it" in lines

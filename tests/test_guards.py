@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 import pandas as pd
@@ -42,7 +42,7 @@ def test_capture_gets_a_description_not_a_verdict(tmp_path, real_traces):
     # SGLang's batch-32 capture: the verdict once said "the biggest single lever is elementwise ...
     # at most 9,464x faster".
     md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-sglang-qwen3-8b-capture.json.gz"]))
-    v = ctx["verdict"]
+    v = ctx.verdict
     assert v.identity.kind == "capture" and list(_failed(g)) == ["kind_takes_verdict"]
     assert v.dominant is None and v.levers == () and v.biggest is None and v.boundness is None
     assert "9,464" not in md and "biggest single lever" not in md
@@ -53,7 +53,7 @@ def test_capture_gets_a_description_not_a_verdict(tmp_path, real_traces):
 def test_mixed_step_gets_its_reading_and_no_whatif(tmp_path, real_traces):
     # vLLM piecewise: 9 prefills (8,155 tokens) beside 37 decodes once got a what-if at batch 1.
     md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-vllm-gptoss-mixed-piecewise.json.gz"]))
-    assert ctx["whatif"] is None and g.n_failed == 0
+    assert ctx.whatif is None and g.n_failed == 0
     assert "each runs 9 prefill requests of 8,155 tokens beside 37 decode requests" in md
     assert "Not projected: this is a mixed trace" in md and "Projected from the measured decode step" not in md
 
@@ -61,7 +61,7 @@ def test_mixed_step_gets_its_reading_and_no_whatif(tmp_path, real_traces):
 def test_denominator_holds_the_work_on_the_ddp_trace(tmp_path, real_traces):
     # ResNet DDP: host period 16.4 ms, busy 18.7 ms; the ceiling read 3.54x instead of about 2.6x.
     md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-resnet-ddp-rank0.json.gz"]))
-    v, dec = ctx["verdict"], ctx["decode"]
+    v, dec = ctx.verdict, ctx.decode
     busy = next(r for r in g.guards if r.invariant == "busy_at_most_period")
     assert busy.holds and busy.values["busy_ms"] <= busy.values["step_ms"]
     assert (dec["share_of_step"] <= 1).all() and v.basis.denominator == "period"
@@ -72,7 +72,7 @@ def test_a_grab_bag_is_not_the_lever(tmp_path, real_traces):
     # HTA's rank 3 of 8: elementwise, 78 kernel names with no dominant one, was "the biggest single
     # lever"; and the tables said "rank 0 unless stated" though rank 3 was the only one.
     md, ctx, g, a = _report(_run(tmp_path, [real_traces / "hta-rank3-of-8-sendrecv-training.json.gz"]))
-    v = ctx["verdict"]
+    v = ctx.verdict
     bag = _failed(g)["lever_coherent:elementwise"]
     assert bag.values["n_names"] == 78 and bag.values["top_share_pct"] < 50
     assert bag.withdrawn == ["lever:elementwise"] and "elementwise" not in [lv.category for lv in v.levers]
@@ -94,7 +94,7 @@ def test_roofline_above_peak_is_withdrawn_not_at_the_roofline(tmp_path, real_tra
     over = {k: r for k, r in _failed(g).items() if k.startswith("below_peak:")}
     assert over and all(r.values["pct_peak_bw"] > 100 for r in over.values())
     cats = {r.subject for r in over.values()}
-    assert not cats & {r.category for r in ctx["verdict"].roofline}
+    assert not cats & {r.category for r in ctx.verdict.roofline}
     assert "already run at the roofline" not in md
     for c in cats:
         assert f"Withdrawn, {c}'s roofline" in md
@@ -106,10 +106,10 @@ def test_cross_rank_claims_need_clocks_that_agree(tmp_path, real_traces):
     run = _run(tmp_path, [real_traces / f"vllm-cpu-tinyllama-tp2-rank{r}.pt.trace.json.gz" for r in (0, 1)])
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    v = ctx["verdict"]
+    v = ctx.verdict
     assert v.comm_split is not None and v.comm_split.status == "split"
     flagged = replace(v, comm_split=replace(v.comm_split, clock_flag=True), guards=())
-    checks = guards.check(flagged, a, ctx["totals"], ctx["decode"])
+    checks = guards.check(flagged, a, ctx.totals, ctx.decode)
     clock = next(c for c in checks if c.invariant == "clocks_agree")
     assert not clock.holds
     out = guards.withdraw(flagged, checks)
@@ -122,7 +122,7 @@ def test_communication_on_one_rank_needs_a_collective_kernel(tmp_path, real_trac
     run = _run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    v = ctx["verdict"]
+    v = ctx.verdict
     from stepscope.report.verdict import Communication
 
     misfiled = replace(v, communication=Communication(status="exposed", comm_ms=0.605, exposed_ms=0.605,
@@ -130,7 +130,7 @@ def test_communication_on_one_rank_needs_a_collective_kernel(tmp_path, real_trac
     a.category_kernels = pd.concat([a.category_kernels, pd.DataFrame([{
         "category": "other_collective", "name": "void at::native::type_specialized_broadcast_kernel<...>",
         "sum_ms_per_step": 0.605, "share_of_category": 1.0, "n_names": 1}])], ignore_index=True)
-    g = next(c for c in guards.check(misfiled, a, ctx["totals"], ctx["decode"])
+    g = next(c for c in guards.check(misfiled, a, ctx.totals, ctx.decode)
              if c.invariant == "communication_has_collectives")
     assert not g.holds and g.value("world_size") == 1 and g.value("collective_kernels") == 0
     assert guards.withdraw(misfiled, (g,)).communication is None
@@ -193,11 +193,11 @@ def test_no_speculative_baseline_for_a_step_that_is_not_decode(tmp_path, real_tr
         run = _run(tmp_path / name, [real_traces / name])
         a = load_run_artifacts(run)
         ctx = report_context(a, writeup_params_from(a))
-        assert whatif.spec_baseline(a, ctx["totals"], ctx["decode"]) is None, name
+        assert whatif.spec_baseline(a, ctx.totals, ctx.decode) is None, name
     run = _run(tmp_path / "dec", [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    assert whatif.spec_baseline(a, ctx["totals"], ctx["decode"]) is not None
+    assert whatif.spec_baseline(a, ctx.totals, ctx.decode) is not None
 
 
 REFUSED_TRACE = "hta-cpu-ops-outside-step.json.gz"
@@ -216,10 +216,10 @@ def test_guards_are_the_first_test_of_every_trace(tmp_path, real_traces):
             refused.append(p.name)
             continue
         md, ctx, g, _ = _report(run)
-        v, failed = ctx["verdict"], _failed(g)
+        v, failed = ctx.verdict, _failed(g)
         assert "share_at_most_step" not in failed and "busy_at_most_period" not in failed, (p.name, list(failed))
-        if ctx["decode"] is not None and "share_of_step" in ctx["decode"]:
-            assert (ctx["decode"]["share_of_step"] <= 1.01).all(), p.name
+        if ctx.decode is not None and "share_of_step" in ctx.decode:
+            assert (ctx.decode["share_of_step"] <= 1.01).all(), p.name
         if v.identity.kind == "capture":
             assert v.biggest is None and v.dominant is None and "biggest single lever" not in md, p.name
         bags = {r.subject for r in g.guards if r.invariant == "lever_coherent" and not r.holds}
@@ -227,7 +227,7 @@ def test_guards_are_the_first_test_of_every_trace(tmp_path, real_traces):
         assert ("steady_state" in failed) == (p.name in TRACES_WITH_A_CEILING_ABOVE_BOUND), p.name
         assert "steps_apart" not in failed, p.name  # none of these pipelines its steps (the corpus has one)
         if not v.identity.takes_decode_verdict:
-            assert ctx["whatif"] is None, p.name
+            assert ctx.whatif is None, p.name
     assert refused == [REFUSED_TRACE]  # no work to analyse (test_verdict_json says what the report says)
 
 
@@ -237,7 +237,7 @@ def test_the_guard_reads_stage_05s_mark_not_its_own_copy(tmp_path, real_traces):
     run = _run(tmp_path, [real_traces / "sglang-mi300x-qwen3-8b-decode.json.gz"])
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    v = ctx["verdict"]
+    v = ctx.verdict
     best = v.levers[0]
     assert best.category == "dense_gemm" and best.coherent is True and best.n_names == 5
     p = run / "05_categorize" / "category_levers.csv"
@@ -246,7 +246,7 @@ def test_the_guard_reads_stage_05s_mark_not_its_own_copy(tmp_path, real_traces):
     lv.to_csv(p, index=False)
     a2 = load_run_artifacts(run)
     ctx2 = report_context(a2, writeup_params_from(a2))
-    v2 = ctx2["verdict"]
+    v2 = ctx2.verdict
     bag = next(g for g in v2.guards if g.invariant == "lever_coherent" and g.subject == "dense_gemm")
     assert not bag.holds and bag.withdrawn == ("lever:dense_gemm",)
     assert "dense_gemm" not in [x.category for x in v2.levers] and v2.biggest.name != "dense_gemm"
@@ -278,7 +278,7 @@ def test_the_lever_sentence_names_its_kernels_and_module(tmp_path, real_traces):
     from stepscope.report.prose import lever_sentence, lever_what_clause
 
     md, ctx, _, _ = _report(_run(tmp_path, [real_traces / "hf-h100-qwen1.5-0.5b-eager.json.gz"]))
-    v = ctx["verdict"]
+    v = ctx.verdict
     best, rot = v.levers[0], next(lv for lv in v.levers if lv.category == "rotary")
     assert best.category == "dense_gemm" and best.n_names == 1 and best.module_share_pct < 50
     txt = lever_sentence(v.levers, v.identity.step_label)
@@ -311,5 +311,5 @@ def test_a_real_clock_offset_withdraws_the_cross_rank_claims(tmp_path, real_trac
     flag = next(f for f in a.trace_summary.flags if f.code == "clock_disagreement")
     assert flag.message == ("rank 1's matched collectives end 20.0 ms (median) from rank 0's: their clocks disagree, "
                             "so cross-rank skews are not trusted")
-    assert ctx["verdict"].comm_split is None and all(lv.transfer_ms is None for lv in ctx["verdict"].levers)
+    assert ctx.verdict.comm_split is None and all(lv.transfer_ms is None for lv in ctx.verdict.levers)
     assert "Caveat: the ranks' clocks disagree, so the cross-rank claims are withdrawn." in md

@@ -11,7 +11,7 @@ import pytest
 from stepscope import schema
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import build_report, report_context, writeup_params_from
-from stepscope.report.verdict import caveats, component_check
+from stepscope.report.verdict import component_check
 from stepscope.testing.synthetic import make_synthetic_run
 
 # The CPU demo at batch 1 (outputs/h36-demo-after, rank 0: 05_categorize/decode_categories.csv,
@@ -68,9 +68,9 @@ def test_the_report_and_the_verdict_call_it_an_offsetting_agreement(tmp_path):
     run = _demo_run(tmp_path, GLOO_US)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     assert v.step_prediction is not None and v.step_prediction.offsetting
-    assert "offsetting_agreement" in [c.code for c in caveats(v)]
+    assert "offsetting_agreement" in [c.code for c in v.caveats]
     assert "| **step** | 3.86 | 4.76 | **offsetting** |" in md  # the table
     assert "An offsetting agreement: the micro-predicted step (4.76 ms) agrees with the trace's (3.86 ms)" in md
     assert "collective transfer 1.84 ms predicted against 0.0807 ms" in md

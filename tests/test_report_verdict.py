@@ -4,7 +4,7 @@ contract's keys) and real traces analysed by stage 05 in-process."""
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 import json
 import re
 from pathlib import Path
@@ -40,7 +40,7 @@ def _build(tmp_path: Path, name: str, **kw):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    return run, md, ctx["verdict"]
+    return run, md, ctx.verdict
 
 
 def _quote(md: str, mark: str) -> str:
@@ -53,7 +53,7 @@ def _printable(findings) -> set[str]:
     """Every numeric field of the findings, formatted as the report formats numbers."""
     out = set()
     for f in findings:
-        for v in dataclasses.asdict(f).values():
+        for v in msgspec.structs.asdict(f).values():
             # a Guard's values are (name, value) pairs
             for x in ([p[1] for p in v if isinstance(p, tuple) and len(p) == 2] if isinstance(v, tuple) else [v]):
                 if isinstance(x, (int, float)) and not isinstance(x, bool):
@@ -219,7 +219,7 @@ def test_no_plateau_read_from_stalled_levels_says_so(tmp_path):
     lv["stall_share"] = [0.0675, 0.364, 0.568, 0.35][:len(lv)]
     lv.to_csv(levels, index=False)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
-    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run)))["verdict"]
+    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run))).verdict
     assert (v.plateau.reached, v.plateau.stall_pct, v.plateau.stall_concurrency) == (False, pytest.approx(56.8), 4)
     tail = ("but server-wide stalls (every stream silent at once) took up to 56.8 % of a level's time (at "
             "concurrency 4): each level is low by up to its own share, so the growth between levels may be the "
@@ -243,7 +243,7 @@ def test_plateau_read_from_stalled_levels_says_so(tmp_path):
     # Both readings stand in the sweep table, beside the numbers they qualify.
     assert "| client-bound? | chunks bunched % | stalled % of level |" in md
     assert re.search(r"^\| 8 \|.* \| 70\.9 \| 44\.8 \|$", md, re.M)
-    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run)))["verdict"]
+    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run))).verdict
     assert (v.plateau.knee_concurrency, v.plateau.stall_pct, v.plateau.stall_concurrency) == (4, pytest.approx(44.8), 8)
     clause = ("but server-wide stalls (every stream silent at once) took up to 44.8 % of a level's time from the "
               "knee on (at concurrency 8), so it is low by up to that share")
@@ -376,7 +376,7 @@ def test_real_trace_verdicts_print_only_structured_values(tmp_path, real_traces,
     run = _real_run(tmp_path, [real_traces / f for f in REAL[name]])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     pairs, head = prose.sentences(v), prose.headline_sentences(v)
     assert " ".join(s for _, s in pairs) == _quote(md, "Verdict.")
     assert " ".join(s for _, s in head) == _quote(md, "In short:")
@@ -448,7 +448,7 @@ def test_the_roofline_bounds_what_faster_kernels_buy(tmp_path, real_traces):
                    arch=get_preset("gpt-oss-20b"), progress=False, perfetto=False)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     moe = next(r for r in v.roofline if r.category == "fused_moe")
     lever = next(lv for lv in v.levers if lv.category == "fused_moe")
     assert moe.at_peak_ms == pytest.approx(moe.time_ms_per_step * max(moe.pct_peak_bw, moe.pct_peak_flops) / 100)
@@ -524,7 +524,7 @@ def test_a_speculative_run_says_so(tmp_path, real_traces):
             f"steps verify drafted tokens") in _quote(md, "Verdict.")
     assert "**This run already decodes speculatively**" in section(md, "What-if")
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     for src, sentence in prose.sentences(v):
         assert not [n for n in _numbers(sentence) if n not in _printable(src)], sentence
 
@@ -552,10 +552,10 @@ def test_a_graph_replaying_step_gets_no_cuda_graph_advice(tmp_path, real_traces)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     assert "CUDA graphs" not in md
     a = load_run_artifacts(run)
-    b = report_context(a, writeup_params_from(a))["verdict"].boundness
+    b = report_context(a, writeup_params_from(a)).verdict.boundness
     assert b.graph_replay is True and b.status == "device-bound"
     # Were the same step host-bound, the lever named would still not be CUDA graphs.
-    said = prose.boundness_sentence(dataclasses.replace(b, status="host-bound", micro_idle_pct=40.0))
+    said = prose.boundness_sentence(msgspec.structs.replace(b, status="host-bound", micro_idle_pct=40.0))
     assert "already replays a graph" in said and "CUDA graphs" not in said
 
 
@@ -571,7 +571,7 @@ def test_time_between_steps_is_a_lever_of_its_own(tmp_path, real_traces):
     # vLLM CPU, TP=2: steps start 26.4 ms apart but each spans 20.0 ms of recorded work.
     run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-tp2"]])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
-    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run)))["verdict"]
+    v = report_context(load_run_artifacts(run), writeup_params_from(load_run_artifacts(run))).verdict
     b = v.between_steps
     d = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]["steps"]
     assert b.period_ms == pytest.approx(d["period_ms"]["mean"]) and b.span_ms == pytest.approx(d["span_ms"]["mean"])
@@ -592,7 +592,7 @@ def test_time_between_steps_is_the_biggest_lever_when_it_beats_every_other(tmp_p
     run = _real_run(tmp_path, [real_traces / f for f in REAL["vllm-cpu-ngram"]])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     b, top = v.between_steps, v.levers[0]
     assert v.biggest.kind == "between steps" and 1.7 < b.ceiling_x < 1.9 and top.ceiling_x < 1.1
     assert all(b.ceiling_x > g.ceiling_x for g in v.gap_levers)
@@ -619,7 +619,7 @@ def test_gaps_inside_the_step_are_the_biggest_lever_when_they_beat_every_other(t
     run = _real_run(tmp_path, [real_traces / f for f in REAL[name]])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     g = next(g for g in v.gap_levers if g.kind == kind)
     d = json.loads((run / "05_categorize" / "summary.json").read_text())["decode"]
     assert g.idle_ms == pytest.approx(d[idle_key]) and g.ceiling_x == pytest.approx(g.step_ms / (g.step_ms - g.idle_ms))
@@ -635,7 +635,7 @@ def test_a_step_that_is_mostly_stall_offers_no_gap_lever(tmp_path, real_traces):
     run = _real_run(tmp_path, [real_traces / f for f in REAL["sglang-mi300x"]])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     g = next(g for g in v.guards if g.invariant == "steady_state")
     assert not g.holds and g.withdrawn == ("gap_levers",) and g.value("stall_pct") == pytest.approx(97.8, abs=0.05)
     assert v.gap_levers == () and v.biggest.kind == "category" and v.biggest.name == "dense_gemm"
@@ -649,9 +649,9 @@ def test_no_between_steps_lever_without_a_period_or_below_the_threshold(tmp_path
     run = _real_run(tmp_path, [real_traces / f for f in REAL["sglang-mi300x"]])  # one step: no period
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    assert ctx["verdict"].between_steps is None and "Between steps," not in _quote(
+    assert ctx.verdict.between_steps is None and "Between steps," not in _quote(
         build_report(run, draw_figures=False)["markdown"].read_text(), "Verdict.")
-    ident = ctx["verdict"].identity
+    ident = ctx.verdict.identity
     below = {"period_ms": 10.0, "span_ms": 10.0 * (1 - BETWEEN_STEPS_SHARE) + 1e-9}
     assert between_steps(below, ident) is None
     assert between_steps({"period_ms": 10.0, "span_ms": 8.0}, ident).ceiling_x == pytest.approx(1.25)
@@ -755,7 +755,7 @@ def _levers_and_matched(tmp_path, real_traces, name):
     run = _real_run(tmp_path / name, [real_traces / f for f in REAL[name]])
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     matched = json.loads((run / "05_categorize" / "summary.json").read_text())["collectives_matched"]["by_category"]
     return md, v, matched
 
@@ -801,7 +801,7 @@ def test_a_speculative_run_reads_its_acceptance_from_stage_04s_counters(tmp_path
         (run / "04_profiler_capture" / f"metrics.{when}.prom").write_text(m.with_suffix(f".{when}.prom").read_text())
     stats = spec_decode_delta(m.with_suffix(".before.prom").read_text(), m.with_suffix(".after.prom").read_text())
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     sd = v.spec_decode
     assert (sd.accepted_tokens, sd.draft_tokens) == (98, 208)
     assert sd.tokens_per_decode_step == pytest.approx(stats.tokens_per_decode_step)
@@ -821,7 +821,7 @@ def test_a_gap_lever_has_one_name_in_every_sentence():
     from stepscope.report.verdict import GapLever
 
     long_gaps = GapLever("long gaps", idle_ms=0.4, step_ms=10.0, denominator="period", ceiling_x=1.04)
-    short_gaps = dataclasses.replace(long_gaps, kind="short gaps", cpu=True, ceiling_x=2.0, idle_ms=5.0)
+    short_gaps = msgspec.structs.replace(long_gaps, kind="short gaps", cpu=True, ceiling_x=2.0, idle_ms=5.0)
     assert prose.lever_headline(long_gaps, "decode step", buys_little=True) == (
         "No lever is worth naming: the biggest, the long gaps inside the step, would make a decode step at most "
         "1.04× faster.")

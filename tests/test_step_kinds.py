@@ -138,7 +138,7 @@ def test_a_mostly_idle_step_with_one_host_gap_is_host_bound_and_names_the_host_f
     gaps_ms = [_largest_gap_us(iv) / 1e3 for iv in steps[1:]]
     assert min(gaps_ms) > 22 and max(gaps_ms) < 28.5
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     b = v.boundness
     assert b.status == "host gap" and b.idle_pct > 50
     assert b.host_gap_ms == pytest.approx(float(np.mean(gaps_ms)), rel=1e-6)
@@ -167,7 +167,7 @@ def test_the_wait_between_steps_is_named_by_the_host_op_running_then(root):
     period_us = float(np.mean(np.diff(marks)))
     span_us = float(np.mean([iv[:, 1].max() - iv[0, 0] for iv in steps]))
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     assert v.between_steps.host_frame == "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
     assert v.between_steps.gap_ms == pytest.approx((period_us - span_us) / 1e3, rel=1e-6)
     assert v.between_steps.gap_ms > 55 and v.between_steps.host_frame_intervals in (None, 5)

@@ -16,7 +16,7 @@ from stepscope.report import build_report, prose
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.wording import fmt_num
-from stepscope.report.verdict import caveats, headline_findings
+from stepscope.report.verdict import headline_findings
 from stepscope.testing.synthetic import make_synthetic_run
 
 HEADLINE_WORDS = 60
@@ -50,7 +50,7 @@ def test_the_headline_is_three_sentences_from_three_findings(tmp_path, real_trac
     paths = build_report(run, draw_figures=False)
     record = schema.read(paths["verdict"], schema.VerdictFile)
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     h = headline_findings(v)
     text = " ".join(s.text for s in record.headline)
     assert text == _in_short(paths["markdown"].read_text())  # the report and the file say the same
@@ -61,14 +61,16 @@ def test_the_headline_is_three_sentences_from_three_findings(tmp_path, real_trac
     assert record.dominant.category == h.dominant.category == v.dominant.category
     assert lever.finding in ("lever", "between_steps", "gap_lever")
     assert f"at most {fmt_num(v.biggest.ceiling_x)}× faster" in lever.text
-    assert record.biggest_lever.ceiling_x == v.biggest.ceiling_x and record.biggest_lever.name == v.biggest.name
+    assert record.biggest == v.biggest and record.biggest.ceiling_x > 1
     assert [s.finding for s in rest] == ([f"caveat:{caveat}"] if caveat else [])
-    assert (record.caveat.code if record.caveat else None) == caveat
+    # verdict.json is the verdict itself: every finding, every caveat, read back equal
+    assert msgspec.structs.replace(record, headline=(), sentences=()) == schema.VerdictFile(**msgspec.structs.asdict(v))
+    assert (headline_findings(record).caveat.code if headline_findings(record).caveat else None) == caveat
     if caveat:
-        assert caveats(v)[0].code == caveat and record.caveat.text == rest[0].text
+        assert record.caveats[0].code == caveat and rest[0].text.startswith("Caveat: ")
     # The detail stays in the verdict section, which verdict.json carries whole.
     assert [s.text for s in record.sentences] == [t for _, t in prose.sentences(v)]
-    assert record.ranks.analysed == len(a.ranks) and record.ranks.not_analysed == []
+    assert record.identity.ranks_present == (len(a.ranks) or None)
 
 
 def test_the_cli_closing_lines_are_the_verdict_headline(tmp_path, real_traces):
@@ -101,8 +103,10 @@ def test_analyze_exit_codes_come_from_stage_05(tmp_path):
     bad = {"code": "rank_unreadable", "severity": "error", "message": "rank1.json.gz: not gzip"}
     _summary(run, 1, [bad])
     # stage 06's verdict, which says otherwise, is not what the exit code reads
-    schema.write(run / "06_writeup" / "verdict.json", {"kind": "decode", "step_label": "decode step", "headline": [],
-                                                       "ranks": {"analysed": 2}}, schema.VerdictFile)
+    schema.write(run / "06_writeup" / "verdict.json", {"identity": {"kind": "decode", "step_label": "decode step",
+                                                                    "source": "trace_info", "ranks_present": 2},
+                                                       "basis": {"denominator": None, "step_ms": None}},
+                 schema.VerdictFile)
     lines: list[str] = []
     assert runner.report_unanalysed_ranks(run, 2, lines.append) == runner.EXIT_RANKS_MISSING
     assert lines == ["  not analysed: rank1.json.gz: not gzip",
@@ -141,7 +145,7 @@ def test_a_lever_that_buys_little_and_a_host_stall_are_said_plainly(tmp_path, re
         ("caveat:claims_withdrawn", "Caveat: the decode step is mostly one host stall (97.8 % in long gaps): remove "
                                     "it and profile again."),
     ]
-    assert record.biggest_lever.name == "dense_gemm" and record.biggest_lever.ceiling_x < 1.05
+    assert record.biggest.name == "dense_gemm" and record.biggest.ceiling_x < 1.05
     assert "steady_state" not in " ".join(t for _, t in pairs)
 
 
@@ -158,7 +162,7 @@ def test_a_gpu_jobs_host_only_trace_says_its_times_are_the_hosts(tmp_path, real_
                             "are host ops, so no lever is given.")
     # Host gaps of a GPU job are mostly the host waiting on the device: they were offered as a
     # 1.85x lever before the guard withdrew every lever.
-    assert record.biggest_lever is None and [s.finding for s in record.headline] == ["dominant", "caveat:host_only"]
+    assert record.biggest is None and [s.finding for s in record.headline] == ["dominant", "caveat:host_only"]
     guard = next(s.text for s in record.sentences if s.finding == "guard")
     assert guard.startswith("Withdrawn, the levers and their ceilings, boundness and communication: this is a GPU "
                             "job's trace (op `nccl:all_to_all` ×6) with no device activity")
@@ -206,3 +210,57 @@ def test_a_trace_with_no_work_is_refused_and_the_report_claims_nothing(tmp_path,
         ("caveat:not_analysed", "Caveat: no trace was analysed, so there is no verdict: the profiler breakdown says why.")]
     assert [s.finding for s in record.sentences] == ["trace_identity"]
     assert record.sentences[0].text.startswith("No trace was analysed")
+
+
+def test_one_caveat_list_the_verdicts_own_first_each_typed_and_the_report_lists_them_all(tmp_path):
+    """Two lists by two rules (the report's strings, the headline's typed caveats) are one: every
+    caveat a record of its code, the finding or flag it rests on and the part of the run it is
+    about; the headline says the first, the Caveats section every one, in the same order."""
+    from stepscope.report.verdict import rests_on
+    from stepscope.testing.report import section
+
+    run = make_synthetic_run(tmp_path / "run")
+    paths = build_report(run, draw_figures=False)
+    v = schema.read(paths["verdict"], schema.VerdictFile)
+    assert [(c.code, c.concerns, c.finding, c.subject) for c in v.caveats] == [
+        ("prediction_disagrees", "micro", "agreements", "communication"), ("other_share", "trace", None, None),
+        ("unattributed_events", "trace", None, None), ("trace_flag", "trace", None, "kernel_sum_above_tpot"),
+        ("client_bound", "sweep", None, None)]
+    assert rests_on(v, v.caveats[0]) == next(g for g in v.agreements if g.quantity == "communication")
+    assert v.caveats[2].values == (("n_events", 12), ("ranks", ["0"]))
+    assert headline_findings(v).caveat == v.caveats[0] and v.headline[-1].finding == "caveat:prediction_disagrees"
+    listed = [ln[2:] for ln in section(paths["markdown"].read_text(), "Caveats").splitlines() if ln.startswith("- ")]
+    assert listed == [prose.caveat_text(c, v) for c in v.caveats]
+    assert listed[0] == "The micro-benchmarks predict 4.30 ms of communication per step, the trace shows 5.70 ms."
+    assert listed[2] == "12 device events were not attributed to any step (ranks 0); they are left out of per-step figures."
+
+
+def test_a_verdict_json_of_schema_version_2_still_compares(tmp_path, real_traces):
+    """Before schema version 3 verdict.json was a digest of the verdict (kind, dominant cost,
+    biggest lever, the headline's caveat, ranks): an older run folder's reads as the verdict it
+    summarised, so `stepscope compare` sets it beside a run of this version."""
+    from stepscope.report.compare import verdict_section
+    from stepscope.report.deltas import verdict_changes, verdict_fields
+
+    old = tmp_path / "old"
+    (old / "06_writeup").mkdir(parents=True)
+    (old / "run.json").write_text(json.dumps({"run_id": "old", "schema_version": 2, "stages": {}}))
+    (old / "06_writeup" / "verdict.json").write_text(json.dumps({
+        "kind": "decode", "step_label": "decode step",
+        "headline": [{"finding": "dominant", "text": "dense_gemm takes the most time."},
+                     {"finding": "caveat:low_confidence", "text": "Caveat: only 3 decode steps judged."}],
+        "dominant": {"category": "dense_gemm", "ms_per_step": 2.5, "share_pct": 40.0, "step_ms": 6.25,
+                     "denominator": "period", "n_steps": 3},
+        "biggest_lever": {"name": "dense_gemm", "kind": "category", "ceiling_x": 1.67, "removable_ms": 2.5},
+        "caveat": {"code": "low_confidence", "text": "Caveat: only 3 decode steps judged."},
+        "ranks": {"analysed": 1, "not_analysed": []}, "sentences": []}))
+    a = load_run_artifacts(old)
+    assert a.problems == [] and a.verdict.identity.n_judged_steps == 3 and a.verdict.basis.step_ms == 6.25
+    assert verdict_fields(a.verdict) == {"dominant": "dense_gemm", "dominant_share_pct": 40.0,
+                                         "biggest_lever": "dense_gemm", "biggest_lever_x": 1.67, "caveat": "low_confidence"}
+    new = _run(tmp_path, REAL["vllm-mi300x-gptoss"][0], real_traces)
+    build_report(new, draw_figures=False)
+    b = load_run_artifacts(new)
+    assert [k for k, _, _ in verdict_changes(a.verdict, b.verdict)] == ["dominant", "biggest_lever"]
+    said = verdict_section(a, b, "old", "new")
+    assert "| caveat | low_confidence | low_confidence |" in said and "dominant: dense_gemm → " in said

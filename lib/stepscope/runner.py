@@ -630,12 +630,14 @@ def run_analyze(trace_paths: Sequence[str | Path], *, model_config: str | None =
     return (missing_code or code), run_dir
 
 
+UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
+"""Stage 05's flags of a trace file that no rank's analysis came from."""
+
+
 def report_unanalysed_ranks(run_dir: Path, tp: int | None, echo: Callable[[str], None]) -> int:
     """Name every trace that was not analysed, with its reason, on the console; return
     EXIT_NO_RANK when none was, EXIT_RANKS_MISSING when fewer than expected were (`tp`,
     or every file given), else 0. Read from stage 05's summary.json, the stage that owns it."""
-    from stepscope.report.verdict import UNANALYSED_FLAGS
-
     path = run_dir / "05_categorize" / "summary.json"
     summary = schema.read(path, schema.TraceSummary) if path.is_file() else None
     analysed = len(summary.ranks) if summary is not None else 0

@@ -32,8 +32,9 @@ from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
 from stepscope.report.deltas import changed_findings, run_deltas
 from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_se  # noqa: F401  (the campaign's API)
 from stepscope.report.noise import mean_of as _mean
-from stepscope.report.build import report_context, writeup_params_from
-from stepscope.report.verdict import Verdict, biggest_lever
+from stepscope.report.build import ReportContext, report_context, writeup_params_from
+from stepscope.report.verdict import biggest_lever
+from stepscope.schema.verdict import Verdict
 from stepscope.trace import account
 from stepscope.wording import capture_delivery
 
@@ -52,7 +53,7 @@ class VariantRun:
     run_dir: Path
     status: str
     artifacts: RunArtifacts
-    ctx: dict[str, Any]
+    ctx: ReportContext
     spec_capture: SpecDecodeStats | None
     spec_sweep: SpecDecodeStats | None
     reused: dict[str, str]
@@ -150,10 +151,10 @@ def category_values(runs: list[VariantRun]) -> dict[str, list[tuple[float, float
     """Per category: (ms per step mean, its standard error) for each run."""
     out: dict[str, list[tuple[float, float | None]]] = {}
     for r in runs:
-        dec = r.ctx.get("decode")
+        dec = r.ctx.decode
         if dec is None:
             continue
-        n = r.ctx["totals"].get("n_decode_steps")
+        n = r.ctx.totals.get("n_decode_steps")
         for _, row in dec.iterrows():
             se = step_spread_se(num(row.get("ms_per_step_median")), num(row.get("ms_per_step_p90")),
                                 int(n) if n else None)
@@ -166,7 +167,7 @@ def capture_tpot(r: VariantRun) -> float | None:
     cl = r.artifacts.capture_latency
     if capture_delivery_why(r) is not None:
         return None
-    return num(r.ctx["totals"].get("tpot_capture_ms")) or (cl.tpot_ms_mean if cl is not None else None)
+    return num(r.ctx.totals.get("tpot_capture_ms")) or (cl.tpot_ms_mean if cl is not None else None)
 
 
 def capture_delivery_why(r: VariantRun) -> str | None:
@@ -179,7 +180,7 @@ def capture_delivery_why(r: VariantRun) -> str | None:
 
 
 def step_ms(r: VariantRun) -> float | None:
-    return num(r.ctx["totals"].get("step_ms"))
+    return num(r.ctx.totals.get("step_ms"))
 
 
 def category_table(c: Campaign) -> pd.DataFrame:
@@ -349,10 +350,8 @@ def _trace_spec(r: VariantRun) -> dict | None:
 
 def baseline_model(r: VariantRun) -> wi.SpecBaseline | None:
     """The baseline run's what-if input, as its own report built it."""
-    b = r.ctx.get("whatif_baseline")
-    if b is None:
-        b = wi.spec_baseline(r.artifacts, r.ctx["totals"], r.ctx.get("decode"))
-    return b
+    w = r.ctx.whatif
+    return w.baseline if w is not None else wi.spec_baseline(r.artifacts, r.ctx.totals, r.ctx.decode)
 
 
 def spec_predictions(c: Campaign) -> list[SpecPrediction]:
@@ -507,7 +506,7 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
     if not base:
         return []
     b0 = base[0]
-    amdahl = b0.ctx.get("amdahl")
+    amdahl = b0.ctx.amdahl
     bstep = _mean([step_ms(r) for r in base])
     if amdahl is None or not bstep:
         return []

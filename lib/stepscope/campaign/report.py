@@ -98,8 +98,8 @@ def _categories(c: ca.Campaign, cats: pd.DataFrame, figs: dict[str, str]) -> str
     text += "Mean ms per decode step on the reference rank (union of each category's work), mean over runs.\n\n"
     text += md_table(df, [("category", "category")] + [(v, f"{v} (ms)") for v in cats.columns]) + "\n"
     rows = [{"variant": v, "step_ms": ca._mean([ca.step_ms(r) for r in c.runs[v]]),
-             "basis": c.runs[v][0].ctx["totals"].get("step_basis"),
-             "n_steps": c.runs[v][0].ctx["totals"].get("n_decode_steps"),
+             "basis": c.runs[v][0].ctx.totals.get("step_basis"),
+             "n_steps": c.runs[v][0].ctx.totals.get("n_decode_steps"),
              "tpot": ca._mean([ca.capture_tpot(r) for r in c.runs[v]])} for v in c.variants if c.runs.get(v)]
     text += md_table(pd.DataFrame(rows), [("variant", "variant"), ("step_ms", "decode step (ms)"),
                                           ("basis", "step measured as"), ("n_steps", "decode steps (run 1)"),
@@ -141,7 +141,7 @@ def _kernel_changes(c: ca.Campaign) -> str:
 
 def _verdicts(c: ca.Campaign) -> str:
     text = "## Verdicts\n\n"
-    digests = {v: ca.digest(v, c.runs[v][0].ctx["verdict"]) for v in c.variants if c.runs.get(v)}
+    digests = {v: ca.digest(v, c.runs[v][0].ctx.verdict) for v in c.variants if c.runs.get(v)}
     if not digests:
         return text + missing_box("The verdicts", ["05_categorize/summary.json"]) + "\n"
     rows = [{"variant": d.variant, "dominant": d.dominant, "share": d.dominant_share_pct,
@@ -164,7 +164,7 @@ def _verdicts(c: ca.Campaign) -> str:
         r = c.runs[v][0]
         # The run's own words where its stage 06 wrote them (verdict.json), else rendered here alike.
         sents = [x.text for x in r.artifacts.verdict.sentences] if r.artifacts.verdict is not None \
-            else verdict_sentences(r.ctx["verdict"])
+            else verdict_sentences(r.ctx.verdict)
         if sents:
             text += f"**{md_text(v)}, the verdict in words:** " + " ".join(sents) + "\n\n"
     return text
@@ -474,7 +474,7 @@ def make_figures(c: ca.Campaign, out: Path) -> dict[str, str]:
     cats = ca.category_table(c)
     if not cats.empty:
         steps = {v: ca._mean([ca.step_ms(r) for r in c.runs[v]]) for v in cats.columns}
-        n = {v: c.runs[v][0].ctx["totals"].get("n_decode_steps") for v in cats.columns}
+        n = {v: c.runs[v][0].ctx.totals.get("n_decode_steps") for v in cats.columns}
         shown = cats.rename(index=figure_text)  # a `$` in a category name would start mathtext
         save_figure(cp.plot_category_by_variant(shown, steps, n), out / "figures" / FIG_CATEGORIES)
         figs[FIG_CATEGORIES] = f"figures/{FIG_CATEGORIES}"

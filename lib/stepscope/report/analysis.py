@@ -14,11 +14,12 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
-from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num, words
+from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num
 from stepscope.report.markdown_util import code_name
+from stepscope.schema.verdict import Caveat
 from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import WINDOW, Md, flag_message, fmt_num, fmt_pct, md_code, md_text, per_step, work_unit
+from stepscope.wording import WINDOW, Md, flag_message, fmt_num, fmt_pct, md_code, md_text, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -326,14 +327,12 @@ def _plateau_stalls(closed: pd.DataFrame, knee: int | None) -> dict[str, Any]:
 # --------------------------------------------------------------------------- caveats
 
 
-def caveats(a: RunArtifacts, macro: dict[str, Any], totals: dict[str, Any],
-            step_label: str = "decode step") -> list[str]:
-    """Data-quality caveats, each from a flag or a check on the artifacts that did not hold (the
-    checks that held are `checks_held`); `step_label` names the trace's steps as the verdict's
-    identity does."""
-    out = (_trace_caveats(a, step_label) + _sweep_caveats(a, macro) + _capture_caveats(a)
-           + _stage_caveats(a))
-    return out + [f"Unreadable artifact: {md_text(p)}" for p in a.problems]
+def artifact_caveats(a: RunArtifacts, step_label: str = "decode step") -> tuple[Caveat, ...]:
+    """The artifacts' flags and failed checks as caveats (`report.verdict.caveats` puts them
+    after the verdict's own): the trace's, the sweep's, the capture's, the stages', then the
+    files that could not be read. `report.prose.caveat_text` words them."""
+    return tuple(_trace_caveats(a, step_label) + _sweep_caveats(a) + _capture_caveats(a) + _stage_caveats(a)
+                 + [Caveat("unreadable_artifact", "run", values=(("problem", p),)) for p in a.problems])
 
 
 def checks_held(a: RunArtifacts, step_label: str = "decode step") -> list[str]:
@@ -342,108 +341,98 @@ def checks_held(a: RunArtifacts, step_label: str = "decode step") -> list[str]:
     return _rank_checks(a, step_label)[1]
 
 
-def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[str], list[str]]:
+def _rank_checks(a: RunArtifacts, step_label: str) -> tuple[list[Caveat], list[str]]:
     """(caveats, checks that held) of the per-rank checks: "other", catch-all rules, unattributed
     events and where the step boundaries came from."""
-    out: list[str] = []
+    out: list[Caveat] = []
     held: list[str] = []
     window = step_label == WINDOW
     ranks = a.ranks
     if not ranks:
         return out, held
     r = max(ranks, key=lambda x: x.other_share)
-    names = ", ".join(md_code(name_of(n)[:80]) for n in r.other_top_names[:5]) or "none listed"
     if r.other_share:
-        out.append(f"\"other\" holds at most {fmt_pct(r.other_share)} of kernel time (rank {r.rank}); "
-                   f"its top names: {names}.")
+        out.append(Caveat("other_share", "trace", values=(("share", r.other_share), ("rank", r.rank),
+                                                          ("top_names", [name_of(n) for n in r.other_top_names[:5]]))))
     else:
         held.append("no kernel time fell to \"other\" on any rank (every kernel matched a named category)")
     caught = [x for x in ranks if x.catch_all_share is not None]
     if caught:
         c = max(caught, key=lambda x: x.catch_all_share)
-        top = ", ".join(md_code(name_of(n)[:80]) for n in (c.catch_all_top_names or [])[:5]) or "none listed"
         # Beside "other": time a catch-all rule filed is not understood either.
         if c.catch_all_share:
-            out.append(f"Only a catch-all rule matched {fmt_pct(c.catch_all_share)} of kernel time (at most, "
-                       f"rank {c.rank}; filed as unattributed elementwise); its top names: {top}.")
+            out.append(Caveat("catch_all", "trace", values=(("share", c.catch_all_share), ("rank", c.rank),
+                                                            ("top_names", [name_of(n) for n in (c.catch_all_top_names or [])[:5]]))))
         else:
             held.append("no kernel matched only a catch-all rule on any rank")
     unattr = [(x.rank, x.unattributed_events) for x in ranks if x.unattributed_events]
     if unattr:
-        out.append(f"{sum(n for _, n in unattr)} device events were not attributed to any step "
-                   f"(ranks {', '.join(str(r) for r, _ in unattr)}); they are left out of per-step figures.")
+        out.append(Caveat("unattributed_events", "trace", values=(("n_events", sum(n for _, n in unattr)),
+                                                                  ("ranks", [str(r) for r, _ in unattr]))))
     else:
         held.append(f"every device event was attributed to {'the window' if window else 'a step'} on every rank")
     sources = sorted({x.step_source for x in ranks if x.step_source})
     if window:
-        out.append(f"No step boundaries: the trace has no step marker, so it was read whole, as one window "
-                   f"({md_text(', '.join(sources))}); its figures are the window's, not a step's.")
+        out.append(Caveat("no_step_marker", "trace", values=(("sources", sources),)))
     elif sources and all(s.startswith("annotation") for s in sources):
         held.append(f"step boundaries are exact (from {md_text(', '.join(sources))}: the engine annotates each step)")
     elif sources:
-        out.append(f"Step boundaries come from: {md_text(', '.join(sources))} — a fallback, so step counts and "
-                   "per-step figures are approximate.")
+        out.append(Caveat("fallback_steps", "trace", values=(("sources", sources),)))
     return out, held
 
 
-def _trace_caveats(a: RunArtifacts, step_label: str) -> list[str]:
+def _trace_caveats(a: RunArtifacts, step_label: str) -> list[Caveat]:
     out = _rank_checks(a, step_label)[0]
-    per = per_step(step_label, named=True)
     if a.trace_summary is not None:
         cc = a.trace_summary.collectives_check
         exp, obs = collective_counts(cc.expected), collective_counts(cc.observed)
+        why = list(cc.explanation)
+        counts = tuple((f"expected:{k}", v) for k, v in exp.items()) + tuple((f"observed:{k}", v) for k, v in obs.items())
         if cc.match is False:
-            out.append(f"Collectives {per} do not match the architecture: expected "
-                       f"{_kv(exp)}, observed {_kv(obs)}. {words(cc.explanation)}".strip())
+            out.append(Caveat("collectives_mismatch", "trace", values=(("explanation", why),) + counts))
         elif not exp:
-            out.append(f"Collectives {per} were not checked against the architecture: "
-                       f"{words(cc.explanation) or 'no expectation given'}")
-        out += [f"[05 {md_text(f.severity)}] {md_text(f.code)}: {md_text(flag_message(f))}" for f in a.trace_summary.flags]
+            out.append(Caveat("collectives_unchecked", "trace", values=(("explanation", why),)))
+        out += [Caveat("trace_flag", "trace", subject=f.code, values=(("severity", f.severity), ("message", flag_message(f))))
+                for f in a.trace_summary.flags]
     return out
 
 
-def _sweep_caveats(a: RunArtifacts, macro: dict[str, Any]) -> list[str]:
+def _sweep_caveats(a: RunArtifacts) -> list[Caveat]:
     s = a.sweep_summary
     if s is None:
         return []
-    out = [f"[01] {md_text(msg)}" for msg in s.flags if msg]
-    if macro.get("client_bound_levels"):
-        out.append("The load generator may have been the bottleneck at "
-                   + md_text(", ".join(map(str, macro["client_bound_levels"]))) + "; treat those levels' throughput as a lower bound.")
+    out = [Caveat("sweep_flag", "sweep", values=(("message", msg),)) for msg in s.flags if msg]
+    client_bound = macro_headlines(a)["client_bound_levels"]
+    if client_bound:
+        out.append(Caveat("client_bound", "sweep", values=(("levels", [str(x) for x in client_bound]),)))
     if s.died_at_level is not None:
-        out.append(f"The server died during the sweep at level {md_text(s.died_at_level)}"
-                   + (f" ({md_text(s.died_message)})" if s.died_message else "") + "; later levels are absent.")
+        out.append(Caveat("server_died", "sweep", values=(("level", s.died_at_level), ("message", s.died_message))))
     if s.n_failures:
-        ex = "; ".join(f"{md_text(f.level)}: {md_text(f.error or f.http_status)}" for f in s.failures[:3])
-        out.append(f"{s.n_failures} sweep requests failed and are left out of the latency statistics"
-                   + (f" (first: {ex})" if ex else "") + ".")
+        out.append(Caveat("sweep_failures", "sweep", values=(
+            ("n_failures", s.n_failures), ("levels", [str(f.level) for f in s.failures[:3]]),
+            ("errors", [str(f.error or f.http_status) for f in s.failures[:3]]))))
     return out
 
 
-def _capture_caveats(a: RunArtifacts) -> list[str]:
+def _capture_caveats(a: RunArtifacts) -> list[Caveat]:
     out = []
     if a.capture_latency is not None and a.capture_latency.n_failed:
-        out.append(f"{a.capture_latency.n_failed} of the capture's requests failed; its TPOT comes from the others.")
+        out.append(Caveat("capture_failures", "capture", values=(("n_failed", a.capture_latency.n_failed),)))
     if a.manifest is not None and a.manifest.missing_ranks:
-        out.append(f"Ranks missing from the capture: {a.manifest.missing_ranks}.")
+        out.append(Caveat("capture_ranks_missing", "capture",
+                          values=(("ranks", [str(r) for r in a.manifest.missing_ranks]),)))
     if a.manifest is not None and a.manifest.partial:
-        out.append("The profiler capture is partial: not every rank's trace was complete (see the manifest).")
+        out.append(Caveat("capture_partial", "capture"))
     return out
 
 
-def _stage_caveats(a: RunArtifacts) -> list[str]:
+def _stage_caveats(a: RunArtifacts) -> list[Caveat]:
     out = []
-    for stage_id, title in STAGE_TITLES.items():
+    for stage_id in STAGE_TITLES:
         st = a.stage_status(stage_id)
-        err = f": {md_text(st.error)}" if st is not None and st.error else ""
+        said = (("status", st.status if st is not None else None), ("error", st.error if st is not None else None))
         if not a.stage_present(stage_id):
-            out.append(f"Stage {stage_id} ({title}) was not measured ({md_text(st.status) if st else 'no artifacts'}{err}).")
+            out.append(Caveat("stage_not_measured", "run", subject=stage_id, values=said))
         elif st is not None and st.status == "failed":
-            out.append(f"Stage {stage_id} ({title}) failed{err}; its artifacts may be incomplete.")
+            out.append(Caveat("stage_failed", "run", subject=stage_id, values=said))
     return out
-
-
-def _kv(d: Any) -> str:
-    if isinstance(d, dict):
-        return ", ".join(f"{k} {fmt_num(v) if isinstance(v, float) else v}" for k, v in d.items())
-    return str(d)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -984,7 +983,7 @@ def _roofline_table(v: vd.Verdict) -> str:
     if not v.roofline:
         return ""
     return ("### On-trace roofline of the GEMM categories (stage 05; % of the device's peak)\n\n"
-            + compact_table(pd.DataFrame([dataclasses.asdict(r) for r in v.roofline]),
+            + compact_table(pd.DataFrame([msgspec.structs.asdict(r) for r in v.roofline]),
                             [("category", "category"), ("time_ms_per_step", per_step_header("ms", v.identity.step_label)),
                              ("achieved_gbps", "GB/s"), ("pct_peak_bw", "% peak bandwidth"),
                              ("achieved_tflops", "TFLOP/s"), ("pct_peak_flops", "% peak compute"),
@@ -1255,7 +1254,7 @@ def per_level_table(items: list[str]) -> tuple[list[str], list[str]]:
         elif groups[m[3]][0][0] == m[1]:  # the group's line, where its first level's stood
             rows = groups[m[3]]
             out.append(f"[01] levels {', '.join(lv for lv, _ in rows)} (their numbers in the table below): {m[3]}")
-            # the lines are escaped already (analysis.caveats)
+            # the lines are escaped already (prose.caveat_text)
             tables.append(kv_table([(Md(lv), Md(detail)) for lv, detail in rows], ("level", "[01] flag")))
     return out, tables
 
@@ -1295,7 +1294,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
         ctx["whatif_load"] = [(b, wi.whatif_table(b, wp.acceptance_lengths, wp.draft_cost_fractions,
                                                   wp.verify_extra_tokens))
                               for b in wi.load_baselines(a)]
-    ctx["caveats"] = an.caveats(a, macro, totals, ident.step_label)
+    ctx["caveats"] = [prose.caveat_text(c, ctx["verdict"]) for c in ctx["verdict"].caveats]
     ctx["checks_held"] = an.checks_held(a, ident.step_label)
     return ctx
 
@@ -1340,8 +1339,8 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     schema.write(out_dir / "guards.json", schema.to_builtins(guards.guards_record(ctx["verdict"])), schema.GuardsFile)
     v = ctx["verdict"]
     # The findings as data, for the CLI's closing lines and exit code (and whoever reads a run).
-    verdict_path = schema.write(out_dir / "verdict.json", schema.to_builtins(
-        vd.verdict_file(a, v, prose.headline_sentences(v), prose.sentences(v))), schema.VerdictFile)
+    verdict_path = schema.write(out_dir / "verdict.json", vd.with_sentences(
+        v, prose.headline_sentences(v), prose.sentences(v)), schema.VerdictFile)
     md_path = out_dir / REPORT_MD
     md_path.write_text(scrub(text.replace("[TOC]\n\n", "")))
     html_path = out_dir / REPORT_HTML

@@ -200,13 +200,16 @@ VERDICT_FIELDS = ("dominant", "dominant_share_pct", "biggest_lever", "biggest_le
 
 
 def verdict_fields(v: schema.VerdictFile | None) -> dict[str, object]:
-    """The compared findings of one run's verdict.json (every value None without the file)."""
+    """The compared findings of one run's verdict.json (every value None without the file): its
+    dominant cost, its biggest lever and the caveat its headline says."""
     if v is None:
         return dict.fromkeys(VERDICT_FIELDS)
-    d, lever = v.dominant, v.biggest_lever
+    from stepscope.report.verdict import headline_findings
+
+    d, lever, caveat = v.dominant, v.biggest, headline_findings(v).caveat
     return {"dominant": d.category if d else None, "dominant_share_pct": d.share_pct if d else None,
             "biggest_lever": lever.name if lever else None, "biggest_lever_x": lever.ceiling_x if lever else None,
-            "caveat": v.caveat.code if v.caveat else None}
+            "caveat": caveat.code if caveat else None}
 
 
 def verdict_changes(a: schema.VerdictFile | None, b: schema.VerdictFile | None) -> list[tuple[str, object, object]]:

@@ -8,7 +8,7 @@ manner of HTA's `TraceAnalysis.get_*`:
 - `get_findings()`: finding, subject, sentence, in_headline (the In short's three);
 - `get_levers()`: every lever with its Amdahl ceiling and stage 05's reading of it;
 - `get_guards()`: every invariant checked, whether it holds, what a failing one withdrew;
-- `get_finding(name)`: one typed finding (`"dominant"`, `"biggest"`, ...), a dataclass.
+- `get_finding(name)`: one typed finding (`"dominant"`, `"biggest"`, ...), a `schema.verdict` record.
 
 `with_thresholds(NAME=value, ...)` recomputes the verdict with other thresholds (names of
 `stepscope.thresholds`) and returns a new `Findings`; `changed(other)` lists the sentences
@@ -18,7 +18,6 @@ that differ. Nothing here writes to the run folder: `build_report` renders the r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import sys
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
+from msgspec.structs import asdict
 
 from stepscope import thresholds
 from stepscope.config import WriteupParams
 from stepscope.errors import StepscopeError
-from stepscope.report.verdict import Verdict
+from stepscope.schema.verdict import Verdict
 from stepscope.wording import html_text
 
 
@@ -57,10 +57,10 @@ class Findings:
         """Every lever left after the guards: category levers (with stage 05's coherence mark,
         largest kernels and module), the time between steps and the gaps inside the step."""
         v = self.verdict
-        rows = [{"kind": "category", "name": lv.category, **dataclasses.asdict(lv)} for lv in v.levers]
+        rows = [{"kind": "category", "name": lv.category, **asdict(lv)} for lv in v.levers]
         if v.between_steps is not None:
-            rows.append({"kind": "between steps", "name": "between steps", **dataclasses.asdict(v.between_steps)})
-        rows += [{"kind": g.kind, "name": g.kind, **dataclasses.asdict(g)} for g in v.gap_levers]
+            rows.append({"kind": "between steps", "name": "between steps", **asdict(v.between_steps)})
+        rows += [{"kind": g.kind, "name": g.kind, **asdict(g)} for g in v.gap_levers]
         df = pd.DataFrame(rows)
         if df.empty:
             return pd.DataFrame(columns=["kind", "name", "ceiling_x", "biggest"])
@@ -76,7 +76,7 @@ class Findings:
 
     def get_finding(self, name: str) -> Any:
         """One field of the verdict (`dominant`, `biggest`, `levers`, `plateau`, ...)."""
-        names = [f.name for f in dataclasses.fields(self.verdict)]
+        names = list(self.verdict.__struct_fields__)
         if name not in names:
             near = difflib.get_close_matches(name, names, n=1)
             raise StepscopeError(f"the verdict has no finding {name!r}", where="Findings.get_finding",
@@ -117,7 +117,7 @@ def verdict(run_dir: str | Path, writeup: WriteupParams | None = None,
     a = load_run_artifacts(run_dir)
     overrides = dict(thresholds_override or {})
     with _thresholds(overrides):
-        v = report_context(a, writeup_params_from(a, writeup))["verdict"]
+        v = report_context(a, writeup_params_from(a, writeup)).verdict
     return Findings(run_dir, v, tuple(sorted(overrides.items())))
 
 

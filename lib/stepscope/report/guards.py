@@ -38,16 +38,17 @@ Method: docs/verdict.md#guards.
 from __future__ import annotations
 
 import re
-from dataclasses import fields, replace
 from typing import Any
 
 import pandas as pd
+from msgspec.structs import replace
 
 from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
 from stepscope.report.prose import guard_sentence
-from stepscope.report.verdict import Guard, Verdict, biggest
+from stepscope.report.verdict import biggest, caveats
+from stepscope.schema.verdict import Guard, Verdict
 from stepscope.thresholds import (GUARD_TOLERANCE_REL, LEVER_DOMINANT_SHARE, LEVER_TOP_KERNELS,
                                   READINGS_AGREE_REL, STEADY_STATE_MAX_STALL_SHARE, STEADY_STATE_MAX_X)
 
@@ -55,8 +56,9 @@ DENOMINATOR_CLAIMS = ("dominant", "boundness", "levers", "gap_levers", "between_
 """Claims that divide by the step: a denominator that cannot hold the work withdraws them."""
 LEVER_CLAIMS = ("levers", "gap_levers", "between_steps", "biggest")
 COMM_CLAIMS = ("communication", "comm_split")
-KEPT_ALWAYS = ("identity", "basis", "plateau", "guards", "roofline_reason")
-"""What no guard withdraws: what the trace is, the denominator's name, the sweep's plateau."""
+KEPT_ALWAYS = ("identity", "basis", "plateau", "guards", "roofline_reason", "caveats")
+"""What no guard withdraws: what the trace is, the denominator's name, the sweep's plateau (and the
+caveats, listed after the guards)."""
 
 COLLECTIVE_NAME = re.compile(
     r"nccl|rccl|c10d|gloo|shm_|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|"
@@ -67,9 +69,13 @@ not: ATen's elementwise `type_specialized_broadcast_kernel` broadcasts shapes, n
 
 
 def guarded(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None) -> Verdict:
-    """`v` with every invariant checked and the claims of the failing ones withdrawn."""
-    checks = check(v, a, totals, decode)
-    return replace(withdraw(v, checks), guards=checks)
+    """`v` with every invariant checked, the claims of the failing ones withdrawn, and every
+    caveat listed (`report.verdict.caveats`: they read the failed checks)."""
+    # a tuple of names reads back from verdict.json as a list: stored as one, the file is the verdict
+    checks = tuple(replace(g, values=tuple((k, list(x) if isinstance(x, tuple) else x) for k, x in g.values))
+                   for g in check(v, a, totals, decode))
+    v = replace(withdraw(v, checks), guards=checks)
+    return replace(v, caveats=caveats(v, a))
 
 
 def check(v: Verdict, a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None) -> tuple[Guard, ...]:
@@ -93,9 +99,9 @@ def withdraw(v: Verdict, checks: tuple[Guard, ...]) -> Verdict:
     if not gone:
         return v
     changes: dict[str, Any] = {}
-    for f in fields(v):
-        if f.name in gone and f.name not in KEPT_ALWAYS:
-            changes[f.name] = () if isinstance(getattr(v, f.name), tuple) else None
+    for name in v.__struct_fields__:
+        if name in gone and name not in KEPT_ALWAYS:
+            changes[name] = () if isinstance(getattr(v, name), tuple) else None
     levers = changes.get("levers", v.levers)
     levers = tuple(lv for lv in levers if f"lever:{lv.category}" not in gone)
     if "transfer" in gone:
@@ -113,7 +119,7 @@ def withdraw(v: Verdict, checks: tuple[Guard, ...]) -> Verdict:
 
 def _kind_takes_verdict(v: Verdict) -> Guard:
     i = v.identity
-    every = tuple(f.name for f in fields(v) if f.name not in KEPT_ALWAYS)
+    every = tuple(name for name in v.__struct_fields__ if name not in KEPT_ALWAYS)
     return Guard("kind_takes_verdict", holds=i.kind != "capture",
                  values=(("kind", i.kind), ("evidence", i.evidence_for("capture"))),
                  withdrawn=every if i.kind == "capture" else ())
@@ -279,7 +285,7 @@ def _levers_coherent(v: Verdict) -> list[Guard]:
 def guards_record(v: Verdict) -> schema.GuardsFile:
     """`06_writeup/guards.json`: every check, and for a failed one why, as the report says it."""
     rows = [schema.GuardResult(invariant=g.invariant, holds=g.holds, subject=g.subject,
-                               values={k: (list(x) if isinstance(x, tuple) else x) for k, x in g.values},
+                               values=dict(g.values),
                                withdrawn=list(g.withdrawn),
                                reason=None if g.holds else guard_sentence(g, v.identity.step_label))
             for g in v.guards]

@@ -8,40 +8,19 @@ reading (`kinds_apart`) and renders the kinds as columns of one table, never ave
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from stepscope import schema
 from stepscope.report.artifacts import RunArtifacts
+from stepscope.schema.verdict import KindApart, KindCategory
 from stepscope.wording import fmt_num, md_text, plural
 
 KIND_TABLE = "05_categorize/kind_categories.csv"
 """Stage 05's per-kind table (`schema.KindCategoryRow`), relative to the run folder."""
 TOP_PER_KIND = 2
 """Categories each other kind's verdict line names, largest first."""
-
-
-@dataclass(frozen=True)
-class KindCategory:
-    """One category of a kind's steps: its busy time per step and its share of the kind's span."""
-
-    category: str
-    ms_per_step: float
-    pct_of_span: float | None
-
-
-@dataclass(frozen=True)
-class KindApart:
-    """One step kind besides the judged one, read on its own steps (never pooled with them)."""
-
-    kind: str
-    n_steps: int
-    span_ms: float
-    """The kind's mean step span (first to last device work), the denominator of `top`'s shares."""
-    top: tuple[KindCategory, ...]
-    """Its largest categories first."""
 
 
 def kind_table(run_dir: str | Path, rank: int | None) -> pd.DataFrame | None:

@@ -16,6 +16,7 @@ from stepscope import schema
 from stepscope.report.appendix import appendix_link, appendix_table
 from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
+from stepscope.schema.verdict import LevelAnatomy, LoadGrowth
 from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
 from stepscope.trace.micro_curve import KEPT_PARTS, SCALED_WITH_BATCH  # noqa: F401 (report.verdict reads it here)
@@ -323,40 +324,6 @@ def _says_experts(growth: "LoadGrowth | None") -> bool:
     return growth is not None and growth.category == EXPERTS_CATEGORY and growth.experts is not None
 
 
-
-
-@dataclass(frozen=True)
-class LevelAnatomy:
-    """One captured level's decode steps, as the plateau finding reads them."""
-
-    concurrency: int
-    period_ms: float | None
-    category_ms: dict[str, float]
-    """ms per decode step by category, mean over the level's decode steps."""
-    server: dict = field(default_factory=dict)
-    """The sweep level's /metrics at this concurrency (level_server_view)."""
-
-    def ceiling_x(self, category: str) -> float | None:
-        """Amdahl: the decode step's speed-up were this category's time zero (period / rest)."""
-        ms, p = self.category_ms.get(category), self.period_ms
-        return p / (p - ms) if ms is not None and p and p > ms else None
-
-
-@dataclass(frozen=True)
-class LoadGrowth:
-    """What the step does between the levels either side of the knee (or the lowest and highest
-    captured): the category that grows, its ms there, the server's state, the levers' ceilings."""
-
-    category: str | None
-    slope_ms_per_request: float | None
-    slope_se_ms: float | None
-    below: LevelAnatomy
-    above: LevelAnatomy
-    knee_concurrency: int | None
-    shifted_levers: tuple[tuple[str, float, float], ...] = ()
-    """(category, share of the period below, above) for shares that moved by LOAD_LEVER_SHIFT or more."""
-    experts: schema.ExpertGrowth | None = None
-    """The routed experts beside D(M) (load_anatomy.json), for an MoE."""
 
 
 def _level_anatomy(run_dir, table: pd.DataFrame, c: int) -> LevelAnatomy:

@@ -57,10 +57,8 @@ def _sweep_stalls(levels: pd.DataFrame | None) -> Md | None:
 def decision_caveats(a: RunArtifacts, v: vd.Verdict) -> list[Md]:
     """The caveats that change what to do next, most decisive first: the verdict's own, then
     whether the client's latencies measure decode at all, then stalls in the sweep."""
-    label = v.identity.step_label
     headline_caveat = vd.headline_findings(v).caveat
-    clauses = [prose.caveat_clause(c, label) for c in vd.caveats(v)
-               if c.code in DECISION_CAVEATS and c != headline_caveat]
+    clauses = [prose.caveat_clause(c, v) for c in v.caveats if c.code in DECISION_CAVEATS and c != headline_caveat]
     out = [Md(s[0].upper() + s[1:] + ".") for s in clauses]
     cl = a.capture_latency
     if cl is not None and cl.tpot_is_delivery():

@@ -14,14 +14,13 @@ import pandas as pd
 
 from stepscope.wording import fmt_num as f
 from stepscope.wording import WINDOW, in_steps, per_step, plural, with_article, work_unit
-from stepscope.wording import md_code, md_text
+from stepscope.wording import fmt_pct, md_code, md_text
 from stepscope.wording import short_name as _short
-from stepscope.report.kinds import KindApart
-from stepscope.report.verdict import Caveat, headline_findings
-from stepscope.report.verdict import (Agreement, BetweenSteps, Boundness, CommSplit, Communication, Dominant, GapLever, Guard,
-                                      Lever, Overlap,
-                                      Plateau, RooflineFinding, SpecDecodeSeen, StepPrediction, TpotGap, TraceIdentity,
-                                      Verdict)
+from stepscope.report.artifacts import STAGE_TITLES, words
+from stepscope.report.verdict import headline_findings, rests_on
+from stepscope.schema.verdict import (Agreement, BetweenSteps, Boundness, Caveat, CommSplit, Communication, Dominant,
+                                      GapLever, Guard, KindApart, Lever, Overlap, Plateau, RooflineFinding,
+                                      SpecDecodeSeen, StepPrediction, TpotGap, TraceIdentity, Verdict)
 
 Sentence = tuple[tuple[Any, ...], str]
 """A sentence and the findings its numbers come from."""
@@ -635,7 +634,7 @@ def headline_sentences(v: Verdict) -> list[Sentence]:
         same = isinstance(h.lever, Lever) and h.dominant is not None and h.lever.category == h.dominant.category
         out.append(((h.lever,), lever_headline(h.lever, label, same_as_dominant=same, buys_little=h.lever_buys_little)))
     if h.caveat is not None:
-        out.append(((h.caveat.finding, h.caveat), "Caveat: " + caveat_clause(h.caveat, label) + "."))
+        out.append(((rests_on(v, h.caveat), h.caveat), "Caveat: " + caveat_clause(h.caveat, v) + "."))
     return out
 
 
@@ -665,9 +664,9 @@ def lever_headline(lv: Lever | BetweenSteps | GapLever, step_label: str, same_as
             f"{f(lv.ceiling_x)}× faster.")
 
 
-def caveat_clause(c: Caveat, step_label: str) -> str:
-    """The caveat in a few words, from the finding it rests on."""
-    x = c.finding
+def caveat_clause(c: Caveat, v: Verdict) -> str:
+    """One of the verdict's own caveats in a few words, from the finding it rests on."""
+    x, step_label = rests_on(v, c), v.identity.step_label
     if c.code == "not_analysed":
         return "no trace was analysed, so there is no verdict: the profiler breakdown says why"
     if c.code == "host_only":
@@ -701,6 +700,79 @@ def caveat_clause(c: Caveat, step_label: str) -> str:
                 "by up to that")
     return (f"this run already decodes speculatively ({f(x.n_verify_steps)} of {f(x.n_decode_steps)} decode steps "
             "verify drafts), so the figures describe that mixture")
+
+
+def caveat_text(c: Caveat, v: Verdict) -> str:
+    """A caveat as the report's Caveats section lists it: the verdict's own as its clause, an
+    artifact's flag or check in the words of `ARTIFACT_CAVEATS`."""
+    if c.code not in ARTIFACT_CAVEATS:
+        clause = caveat_clause(c, v)
+        return clause[0].upper() + clause[1:] + "."
+    return artifact_caveat_text(c, v.identity.step_label)
+
+
+def artifact_caveat_text(c: Caveat, step_label: str) -> str:
+    """An artifact's flag or failed check (`report.analysis.artifact_caveats`) in words."""
+    return ARTIFACT_CAVEATS[c.code](c, step_label)
+
+
+def _names(c: Caveat) -> str:
+    return ", ".join(md_code(n[:80]) for n in c.value("top_names") or []) or "none listed"
+
+
+def _counts(c: Caveat, which: str) -> str:
+    return ", ".join(f"{k.split(':', 1)[1]} {f(x) if isinstance(x, float) else x}" for k, x in c.values
+                     if k.startswith(which + ":"))
+
+
+def _stage(c: Caveat) -> tuple[str, str]:
+    err = f": {md_text(c.value('error'))}" if c.value("error") else ""
+    return f"Stage {c.subject} ({STAGE_TITLES.get(c.subject or '', c.subject)})", err
+
+
+def _sweep_failures(c: Caveat) -> str:
+    ex = "; ".join(f"{md_text(lv)}: {md_text(e)}" for lv, e in zip(c.value("levels") or [], c.value("errors") or []))
+    return (f"{c.value('n_failures')} sweep requests failed and are left out of the latency statistics"
+            + (f" (first: {ex})" if ex else "") + ".")
+
+
+ARTIFACT_CAVEATS = {
+    "other_share": lambda c, label: (f"\"other\" holds at most {fmt_pct(c.value('share'))} of kernel time (rank "
+                                     f"{c.value('rank')}); its top names: {_names(c)}."),
+    "catch_all": lambda c, label: (f"Only a catch-all rule matched {fmt_pct(c.value('share'))} of kernel time (at most, "
+                                   f"rank {c.value('rank')}; filed as unattributed elementwise); its top names: {_names(c)}."),
+    "unattributed_events": lambda c, label: (f"{c.value('n_events')} device events were not attributed to any step "
+                                             f"(ranks {', '.join(c.value('ranks'))}); they are left out of per-step figures."),
+    "no_step_marker": lambda c, label: ("No step boundaries: the trace has no step marker, so it was read whole, as one "
+                                        f"window ({md_text(', '.join(c.value('sources')))}); its figures are the window's, "
+                                        "not a step's."),
+    "fallback_steps": lambda c, label: (f"Step boundaries come from: {md_text(', '.join(c.value('sources')))} — a "
+                                        "fallback, so step counts and per-step figures are approximate."),
+    "collectives_mismatch": lambda c, label: (f"Collectives {per_step(label, named=True)} do not match the architecture: "
+                                              f"expected {_counts(c, 'expected')}, observed {_counts(c, 'observed')}. "
+                                              f"{words(c.value('explanation'))}").strip(),
+    "collectives_unchecked": lambda c, label: (f"Collectives {per_step(label, named=True)} were not checked against the "
+                                               f"architecture: {words(c.value('explanation')) or 'no expectation given'}"),
+    "trace_flag": lambda c, label: f"[05 {md_text(c.value('severity'))}] {md_text(c.subject)}: {md_text(c.value('message'))}",
+    "sweep_flag": lambda c, label: f"[01] {md_text(c.value('message'))}",
+    "client_bound": lambda c, label: ("The load generator may have been the bottleneck at "
+                                      f"{md_text(', '.join(c.value('levels')))}; treat those levels' throughput as a "
+                                      "lower bound."),
+    "server_died": lambda c, label: (f"The server died during the sweep at level {md_text(c.value('level'))}"
+                                     + (f" ({md_text(c.value('message'))})" if c.value("message") else "")
+                                     + "; later levels are absent."),
+    "sweep_failures": lambda c, label: _sweep_failures(c),
+    "capture_failures": lambda c, label: (f"{c.value('n_failed')} of the capture's requests failed; its TPOT comes "
+                                          "from the others."),
+    "capture_ranks_missing": lambda c, label: f"Ranks missing from the capture: [{', '.join(c.value('ranks'))}].",
+    "capture_partial": lambda c, label: ("The profiler capture is partial: not every rank's trace was complete (see the "
+                                         "manifest)."),
+    "stage_not_measured": lambda c, label: "{} was not measured ({}{}).".format(
+        _stage(c)[0], md_text(c.value("status")) if c.value("status") else "no artifacts", _stage(c)[1]),
+    "stage_failed": lambda c, label: "{} failed{}; its artifacts may be incomplete.".format(*_stage(c)),
+    "unreadable_artifact": lambda c, label: f"Unreadable artifact: {md_text(c.value('problem'))}",
+}
+"""How the report words each artifact caveat (`report.analysis.artifact_caveats`), from its values."""
 
 
 def headline(v: Verdict) -> list[str]:

@@ -1,7 +1,7 @@
 """The verdict as typed findings: what the data says, before any sentence is written.
 
 `verdict(a)` reads a run folder's artifacts (through `RunArtifacts`) and returns a
-`Verdict`: frozen dataclasses holding every number a judgement rests on, the threshold it
+`Verdict`: frozen records (`stepscope.schema.verdict`, the file format too) holding every number a judgement rests on, the threshold it
 was judged against and the denominator it was divided by. `report.prose` turns findings
 into sentences and never computes a number of its own, so a test can check each number in
 the text against the field it came from. How each finding is decided: `docs/verdict.md`.
@@ -14,459 +14,29 @@ what it could not decide instead of guessing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pandas as pd
+from msgspec.structs import replace
 
 from stepscope import schema, wording
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
-from stepscope.report.kinds import KindApart, judged_kind, kind_table, kinds_apart
-from stepscope.report.load import LoadGrowth, load_growth
+from stepscope.report.kinds import judged_kind, kind_table, kinds_apart
+from stepscope.report.load import load_growth
+from stepscope.schema.verdict import (Agreement, BetweenSteps, BiggestLever, Boundness, Caveat, CommSplit,
+                                      Communication, Component, Dominant, GapLever, LoadGrowth, Lever,
+                                      Overlap, Plateau, RooflineFinding, SpecDecodeSeen, StepBasis, StepPrediction,
+                                      TpotGap, TraceIdentity, Verdict)
 from stepscope.trace.account import ceiling_x
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.steps import WHOLE_TRACE
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, HEADLINE_IDLE_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
                                   HOST_AHEAD_LAUNCH_DELAY_US, HOST_BOUND_MICRO_IDLE_SHARE, HOST_GAP_IDLE_SHARE,
-                                  LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, MACRO_GAP_US, OVERLAP_RATIO,
-                                  STALLED_LEVEL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE, TPOT_GAP_SHARE)
-
-
-
-# --------------------------------------------------------------------------- findings
-
-
-@dataclass(frozen=True)
-class TraceIdentity:
-    """What the trace is: kind, engine, device, batch, TP, and how many steps were judged."""
-
-    kind: str
-    step_label: str
-    source: str
-    """`trace_info` (stage 05 detected it), `step counts` (inferred from an older summary) or
-    `none` (stage 05 analysed no rank: nothing is known of the trace)."""
-    engine: str | None = None
-    device_name: str | None = None
-    device_count: int | None = None
-    batch_size: float | None = None
-    """Requests per step, the median over steps: a whole number unless two middle steps differ."""
-    batch_source: str | None = None
-    tp: int | None = None
-    tp_source: str | None = None
-    tp_disagreement: bool = False
-    world_size: int | None = None
-    ranks_present: int | None = None
-    n_steps: int | None = None
-    n_judged_steps: int | None = None
-    low_confidence: bool = False
-    min_steps: int = LOW_CONFIDENCE_STEPS
-    graph_replay: bool | None = None
-    weight_formats_named: tuple[dict, ...] = ()
-    """`trace_info.weight_formats_named`: formats the GEMM kernels' names state, most time first."""
-    evidence: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """`trace_info.kind_evidence`: (kind, what was found) pairs, the evidence the kind rests on."""
-    model_passes: int | None = None
-    """Non-LLM inference: the denoiser's forward passes in the trace."""
-    mixed: dict | None = None
-    """`trace_info.mixed`: prefill requests and tokens beside decode requests, per mixed step."""
-    host_only_of_gpu_job: tuple[str, ...] = ()
-    """`trace_info.host_only_of_gpu_job`: the host ops (NCCL, CUDA runtime) that say a trace
-    with no device activity recorded a job that ran on GPUs."""
-
-    @property
-    def analysed(self) -> bool:
-        return self.source != "none"
-
-    @property
-    def has_decode(self) -> bool:
-        return self.kind in ("decode", "mixed")
-
-    @property
-    def takes_decode_verdict(self) -> bool:
-        """Only decode steps get the decode verdict's what-if (speculative decoding): a mixed
-        step's GEMMs are a prefill's, and other kinds emit no token per step."""
-        return self.kind == "decode"
-
-    def evidence_for(self, kind: str) -> tuple[str, ...]:
-        return dict(self.evidence).get(kind, ())
-
-    @property
-    def ranks_missing(self) -> bool:
-        return bool(self.world_size and self.ranks_present is not None and self.ranks_present < self.world_size)
-
-
-@dataclass(frozen=True)
-class SpecDecodeSeen:
-    """The run already decodes speculatively: some decode steps verify drafted tokens."""
-
-    n_verify_steps: int
-    n_decode_steps: int
-    scored_tokens_per_verify_step: float | None
-    verify_step_ms: float | None
-    plain_step_ms: float | None
-    accepted_tokens: int | None = None
-    """Drafted tokens the server accepted over the profiled requests (its /metrics counters)."""
-    draft_tokens: int | None = None
-    acceptance_pct: float | None = None
-    tokens_per_decode_step: float | None = None
-    """Tokens emitted per decode step, every step counted (the server's counters)."""
-    ms_per_token: float | None = None
-    """The decode step (the verdict's basis) over `tokens_per_decode_step`: what a token costs."""
-
-
-@dataclass(frozen=True)
-class StepBasis:
-    """The denominator of every share and Amdahl ceiling."""
-
-    denominator: str | None
-    """`period` (step start to next step start), `span`, `union` or `capture TPOT`."""
-    step_ms: float | None
-    reason: str | None = None
-    """Why the period was not used, when it was not."""
-
-
-@dataclass(frozen=True)
-class Dominant:
-    category: str
-    ms_per_step: float
-    share_pct: float | None
-    step_ms: float | None
-    denominator: str | None
-    n_steps: int | None
-    step_label: str
-
-
-@dataclass(frozen=True)
-class Communication:
-    """Whether communication runs exposed or hidden under compute."""
-
-    status: str
-    """`none`, `exposed`, `partly hidden`, `hidden` or `unknown` (no exposed time)."""
-    comm_ms: float | None = None
-    exposed_ms: float | None = None
-    exposed_pct: float | None = None
-    exposed_threshold_pct: float = 100 * COMM_EXPOSED_SHARE
-    hidden_threshold_pct: float = 100 * COMM_HIDDEN_SHARE
-
-
-@dataclass(frozen=True)
-class CommSplit:
-    """Communication's cost split into transfer and ranks waiting for each other."""
-
-    status: str
-    """`split` (every rank matched), `ranks missing`, `not matched` (stage 05 gave no matching)."""
-    transfer_ms: float | None = None
-    wait_ms: float | None = None
-    skew_p90_us: float | None = None
-    """The p90 arrival skew of `skew_category`'s instances (one kind of collective: an all-reduce's
-    and an all-gather's skews are not pooled); stage 05's pooled figure only for old runs."""
-    skew_category: str | None = None
-    """The collective whose ranks wait longest in all (stage 05's `by_category`), else None."""
-    straggler_rank: int | None = None
-    world_size: int | None = None
-    ranks_present: int | None = None
-    n_instances: int | None = None
-    """Matched instances in the judged steps: the ones the per-step figures sum."""
-    clock_flag: bool = False
-    least_wait_rank: int | None = None
-    least_wait_ms: float | None = None
-    most_wait_rank: int | None = None
-    most_wait_ms: float | None = None
-    """The ranks that wait least and most per step (stage 05's `wait_ms_per_step_by_rank`): the
-    mean over ranks describes no rank, and rank 0's exposed time is one rank's."""
-
-
-@dataclass(frozen=True)
-class Boundness:
-    """Host-bound, device-bound, one stall, or between."""
-
-    status: str
-    """`device-bound`, `host gap` (host-bound: one gap per step, in a host frame, holds most of the
-    idle of a mostly idle step), `host-bound` (short gaps), `stall`, `host-ahead gaps`, `mixed`,
-    `undetermined`."""
-    device_word: str
-    """`device` or `CPU worker`."""
-    step_ms: float
-    busy_ms: float
-    idle_pct: float
-    busy_pct: float
-    denominator: str | None
-    micro_idle_pct: float | None = None
-    macro_idle_pct: float | None = None
-    between_steps_pct: float | None = None
-    """Period minus span, as % of the period: time between steps, outside the step's device work."""
-    largest_gap_ms: float | None = None
-    """The longest gap in any judged step (one step's, not a per-step mean)."""
-    macro_pct_of_idle: float | None = None
-    """Mean macro idle per step as % of the mean idle per step: both per-step means, so a
-    single long gap in one step of many does not pass for the steps' idle."""
-    gap_before: str | None = None
-    gap_after: str | None = None
-    gap_host_call: str | None = None
-    """What the host was doing during the largest gap (e.g. a blocking copy), when stage 05 found it."""
-    launch_delay_median_us: float | None = None
-    host_gap_ms: float | None = None
-    """Each step's one long gap (its largest, a macro gap), mean per step (stage 05's `host_gap`)."""
-    host_gap_pct_of_idle: float | None = None
-    """Those gaps over the steps' idle (period minus busy), %."""
-    host_frame: str | None = None
-    """The host frame most of those gaps lie in: what the host ran while the device waited."""
-    host_frame_steps: int | None = None
-    """Steps whose gap lies in `host_frame`, of `n_steps`."""
-    n_steps: int | None = None
-    python_frames: int | None = None
-    """Python frames the profiler recorded inside such a gap (median): Python-stack tracing ran
-    during it, at its own cost per Python call, so the gap may be shorter untraced."""
-    graph_replay: bool | None = None
-    cpu: bool = False
-    device_bound_pct: float = 100 * DEVICE_BOUND_IDLE_SHARE
-    idle_heavy_pct: float = 100 * LAUNCH_BOUND_IDLE_SHARE
-    micro_threshold_pct: float = 100 * HOST_BOUND_MICRO_IDLE_SHARE
-    macro_gap_ms: float = MACRO_GAP_US / 1e3
-    """A gap at least this long is macro idle (stage 05's split)."""
-    stall_threshold_pct: float = 100 * STALL_GAP_SHARE
-    host_gap_idle_pct: float = 100 * HOST_GAP_IDLE_SHARE
-    host_ahead_us: float = HOST_AHEAD_LAUNCH_DELAY_US
-
-
-@dataclass(frozen=True)
-class Plateau:
-    """Knee and plateau of the load sweep, or the plain fact that none was reached."""
-
-    reached: bool
-    knee_concurrency: int | None = None
-    plateau_tok_s: float | None = None
-    best_tok_s: float | None = None
-    best_concurrency: int | None = None
-    knee_gain_pct: float | None = None
-    stall_pct: float | None = None
-    """The largest share of a level's time lost to server-wide stalls, from the knee on (every
-    level when no plateau was reached), when above STALLED_LEVEL_SHARE: the plateau is low by
-    up to it, or the growth that says none was reached may be the stalls'."""
-    stall_concurrency: int | None = None
-
-
-@dataclass(frozen=True)
-class Lever:
-    category: str
-    exposed_ms: float
-    ceiling_x: float
-    step_ms: float
-    denominator: str | None
-    transfer_ms: float | None = None
-    """A collective matched across ranks: its transfer per step (last arrival to completion,
-    stage 05's `collectives_matched.by_category`); the rest of its exposed time is waiting."""
-    transfer_ceiling_x: float | None = None
-    """Amdahl of a faster collective: the exposed time cut by at most `transfer_ms`. Ranks
-    waiting for each other keep waiting however fast the transfer."""
-    coherent: bool | None = None
-    """Stage 05's mark (category_levers.csv): False for a grab-bag no one fix reaches; None
-    where the run folder has no category_levers.csv (older stepscope)."""
-    n_names: int | None = None
-    top_kernels: tuple[str, ...] = ()
-    """Its largest kernels (up to LEVER_TOP_KERNELS), largest first."""
-    top_share_pct: float | None = None
-    """The share of the category's summed time those kernels hold, %."""
-    module: str | None = None
-    """The module path holding most of its time, where the trace has module frames."""
-    module_share_pct: float | None = None
-    """That module's share of the category's summed time, %."""
-
-
-@dataclass(frozen=True)
-class Agreement:
-    quantity: str
-    trace_ms: float
-    predicted_ms: float
-    ratio: float
-    agree: bool
-    tolerance_pct: float = 100 * PREDICTION_TOLERANCE
-    trace_implementation: str | None = None
-    """What the trace ran: for communication the collectives in words with the largest name,
-    for GEMM time the largest GEMM kernel's name."""
-    micro_backend: str | None = None
-    """Communication: what stage 03 timed (`gloo`, `nccl`)."""
-    same_implementation: bool | None = None
-    """False when the engine ran collectives stage 03 did not time; None when unknown."""
-
-
-@dataclass(frozen=True)
-class Component:
-    """One part of a micro-predicted step beside the trace's: GEMM, collective transfer,
-    collective wait, attention (with KV writes) or the rest."""
-
-    name: str
-    trace_ms: float
-    predicted_ms: float
-    off: bool
-    """Beyond its band: the two differ by more than PREDICTION_TOLERANCE of the larger."""
-
-
-@dataclass(frozen=True)
-class StepPrediction:
-    """The micro-predicted step against the trace's, whole and by component. Stage 02 predicts
-    the GEMMs, stage 03 the collectives' transfer (a burst's ranks start together, so it predicts
-    no wait); attention and the rest are the trace's own."""
-
-    trace_ms: float
-    predicted_ms: float
-    agree: bool
-    components: tuple[Component, ...]
-    offsetting: bool
-    """The total agrees only because errors cancel: components are off both ways, and their
-    gaps, taken at their sizes, add up to more than the total's band."""
-    denominator: str | None = None
-    tolerance_pct: float = 100 * PREDICTION_TOLERANCE
-
-
-@dataclass(frozen=True)
-class RooflineFinding:
-    category: str
-    time_ms_per_step: float | None
-    achieved_gbps: float | None
-    pct_peak_bw: float | None
-    achieved_tflops: float | None
-    pct_peak_flops: float | None
-    device: str | None
-    peak_known: bool
-    micro_gbps: float | None = None
-    """Stage 02's bandwidth at the same shapes, beside the trace's."""
-    micro_vs_trace: float | None = None
-    """Trace GB/s over stage 02's GB/s."""
-    at_peak_ms: float | None = None
-    """What the category's bytes and FLOPs need at the device's peaks, ms per step: its time x
-    the larger of its two % of peak / 100 (the roofline). None when no peak is known."""
-    at_peak_ceiling_x: float | None = None
-    """Amdahl on the step basis of kernels at the roofline: the category's exposed time cut by
-    at most (time - at_peak_ms). A tighter bound than removing the category, for the same fix."""
-    step_ms: float | None = None
-    denominator: str | None = None
-
-
-@dataclass(frozen=True)
-class BetweenSteps:
-    """Time between consecutive steps that no device work of either step fills: the period
-    minus the span, host work outside the step (scheduling, input preparation, output
-    processing). No kernel or collective fix reaches it; its Amdahl ceiling is period / span."""
-
-    gap_ms: float
-    period_ms: float
-    span_ms: float
-    gap_pct: float
-    ceiling_x: float
-    n_intervals: int | None = None
-    threshold_pct: float = 100 * BETWEEN_STEPS_SHARE
-    host_frame: str | None = None
-    """The host frame holding most of the device's gaps between steps (stage 05's
-    `between_steps`), e.g. a DataLoader's `__next__`: what the host ran then."""
-    host_frame_intervals: int | None = None
-    """Intervals whose gap lies in `host_frame`, of `n_intervals`."""
-
-
-@dataclass(frozen=True)
-class GapLever:
-    """Idle inside the step as a lever: the short gaps between kernels (launch and host
-    overhead, or waits on dependencies; the boundness finding says which) or the long ones
-    (stalls), each per step, with the Amdahl ceiling of removing them on the same basis as
-    the category levers."""
-
-    kind: str
-    """`short gaps` or `long gaps`."""
-    idle_ms: float
-    step_ms: float
-    denominator: str | None
-    ceiling_x: float
-    macro_gap_ms: float = MACRO_GAP_US / 1e3
-    """Where short ends and long begins (stage 05's split)."""
-    cpu: bool = False
-    """A CPU trace: the gaps lie between ops, not kernels."""
-
-
-@dataclass(frozen=True)
-class BiggestLever:
-    """The lever with the highest Amdahl ceiling of all: a category's exposed time, the time
-    between steps, or a kind of gap inside the step. Only it is called the biggest."""
-
-    name: str
-    ceiling_x: float
-    kind: str
-    """`category`, `between steps` or the GapLever's kind."""
-
-
-@dataclass(frozen=True)
-class TpotGap:
-    tpot_ms: float
-    step_ms: float
-    denominator: str
-    gap_ms: float
-    gap_pct: float
-    threshold_pct: float = 100 * TPOT_GAP_SHARE
-
-
-@dataclass(frozen=True)
-class Overlap:
-    kernel_sum_ms: float
-    union_ms: float
-    overstate_pct: float
-    threshold_pct: float = 100 * (OVERLAP_RATIO - 1)
-
-
-@dataclass(frozen=True)
-class Guard:
-    """One invariant a verdict rests on, checked before any sentence is written
-    (`report.guards`): whether it holds, the numbers it was judged on and, when it fails,
-    the claims withdrawn from the verdict because they rest on it."""
-
-    invariant: str
-    """`share_at_most_step`, `busy_at_most_period`, `below_peak`, `clocks_agree`,
-    `classes_add_up`, `communication_has_collectives`, `steady_state`, `lever_coherent`, `steps_match_architecture`,
-    `kind_takes_verdict`, `device_work_recorded`, `steps_apart`."""
-    holds: bool
-    values: tuple[tuple[str, Any], ...] = ()
-    """(name, value) pairs the check read, units in the names."""
-    withdrawn: tuple[str, ...] = ()
-    """The verdict's claims withdrawn: field names (`levers`, `comm_split`, ...), or
-    `lever:<category>`, `roofline:<category>`, `transfer` for one part of one."""
-    subject: str | None = None
-    """What the check was about when it is one of several (a category)."""
-
-    def value(self, name: str) -> Any:
-        return dict(self.values).get(name)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    identity: TraceIdentity
-    basis: StepBasis
-    spec_decode: SpecDecodeSeen | None = None
-    dominant: Dominant | None = None
-    communication: Communication | None = None
-    comm_split: CommSplit | None = None
-    boundness: Boundness | None = None
-    overlap: Overlap | None = None
-    tpot_gap: TpotGap | None = None
-    levers: tuple[Lever, ...] = ()
-    between_steps: BetweenSteps | None = None
-    gap_levers: tuple[GapLever, ...] = ()
-    biggest: BiggestLever | None = None
-    agreements: tuple[Agreement, ...] = ()
-    roofline: tuple[RooflineFinding, ...] = ()
-    roofline_reason: str | None = None
-    """Why stage 05 computed no roofline row (no architecture, a CPU trace), when it says."""
-    step_prediction: StepPrediction | None = None
-    plateau: Plateau | None = None
-    load_growth: LoadGrowth | None = None
-    """The step under load either side of the knee (`report.load`), when stage 04 captured load levels."""
-    guards: tuple[Guard, ...] = ()
-    """Every invariant checked, holding or not; the failing ones' claims are already withdrawn."""
-    kinds_apart: tuple[KindApart, ...] = ()
-    """Every step kind but the judged one, read on its own steps (`report.kinds`): a prefill
-    step's all-reduce is said of the prefill step, never pooled into the decode figures."""
-
-    @property
-    def failed_guards(self) -> tuple[Guard, ...]:
-        return tuple(g for g in self.guards if not g.holds)
+                                  LAUNCH_BOUND_IDLE_SHARE, LOW_CONFIDENCE_STEPS, OVERLAP_RATIO,
+                                  STALLED_LEVEL_SHARE, PREDICTION_TOLERANCE, STALL_GAP_SHARE)
 
 
 # --------------------------------------------------------------------------- identity
@@ -984,18 +554,13 @@ def _roofline_reason(a: RunArtifacts) -> str | None:
     return _known(rf.reason) if rf is not None else None
 
 
-# --------------------------------------------------------------------------- the headline
+# --------------------------------------------------------------------------- caveats and the headline
 
 
-@dataclass(frozen=True)
-class Caveat:
-    """One reason to read the verdict with care, and the finding it rests on."""
-
-    code: str
-    """`not_analysed`, `host_only`, `not_decode`, `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`,
-    `offsetting_agreement`, `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`: the order
-    they matter in."""
-    finding: Any
+VERDICT_CAVEATS = ("not_analysed", "host_only", "not_decode", "claims_withdrawn", "ranks_missing", "low_confidence",
+                   "tpot_gap", "offsetting_agreement", "prediction_disagrees", "overlap", "plateau_stalls",
+                   "spec_decode")
+"""The verdict's own caveats, in the order they matter; the headline says the first that applies."""
 
 
 @dataclass(frozen=True)
@@ -1016,33 +581,51 @@ class Headline:
     and where the host was, in place of a category lever (no kernel fix reaches that idle)."""
 
 
-def caveats(v: Verdict) -> tuple[Caveat, ...]:
-    """Every caveat that applies, the one that matters most first: a trace that is not decode
-    or a withdrawn claim changes what the verdict is; missing ranks or too few steps move every
-    figure; the rest qualify one reading."""
+def caveats(v: Verdict, a: RunArtifacts | None = None) -> tuple[Caveat, ...]:
+    """Every caveat, the one that changes a decision most first: the verdict's own (a trace that
+    is not decode or a withdrawn claim changes what the verdict is; missing ranks or too few
+    steps move every figure; the rest qualify one reading), then the flags and failed checks of
+    `a`'s artifacts (`report.analysis.artifact_caveats`: trace, sweep, capture, stages)."""
+    from stepscope.report.analysis import artifact_caveats
+
+    return _verdict_caveats(v) + (artifact_caveats(a, v.identity.step_label) if a is not None else ())
+
+
+def _verdict_caveats(v: Verdict) -> tuple[Caveat, ...]:
     i = v.identity
     if not i.analysed:  # nothing else can apply to a trace nobody read
-        return (Caveat("not_analysed", i),)
+        return (Caveat("not_analysed", "trace", "identity"),)
     # A GPU job's host-only export comes first: every time in it is the host's, not the device's
     # (its guard withdrew the levers; the caveat says that guard's clause).
-    host_only = [g for g in v.failed_guards if g.invariant == "device_work_recorded"]
-    found = [Caveat("host_only", g) for g in host_only]
-    found += [Caveat("not_decode", i)] if not i.has_decode else []
-    found += [Caveat("claims_withdrawn", g) for g in v.failed_guards if g not in host_only][:1]
-    found += [Caveat("ranks_missing", i)] if i.ranks_missing else []
-    found += [Caveat("low_confidence", i)] if i.low_confidence and i.n_judged_steps is not None else []
-    found += [Caveat("tpot_gap", v.tpot_gap)] if v.tpot_gap is not None else []
+    failed = [g for g in v.failed_guards if g.invariant != "device_work_recorded"]
+    found = [Caveat("host_only", "trace", "guards", g.invariant) for g in v.failed_guards if g not in failed]
+    found += [Caveat("not_decode", "trace", "identity")] if not i.has_decode else []
+    found += [Caveat("claims_withdrawn", "trace", "guards", g.invariant) for g in failed][:1]
+    found += [Caveat("ranks_missing", "trace", "identity")] if i.ranks_missing else []
+    found += [Caveat("low_confidence", "trace", "identity")] if i.low_confidence and i.n_judged_steps is not None else []
+    found += [Caveat("tpot_gap", "capture", "tpot_gap")] if v.tpot_gap is not None else []
     sp = v.step_prediction
-    found += [Caveat("offsetting_agreement", sp)] if sp is not None and sp.offsetting else []
-    found += [Caveat("prediction_disagrees", g) for g in v.agreements if not g.agree][:1]
-    found += [Caveat("overlap", v.overlap)] if v.overlap is not None else []
-    found += [Caveat("plateau_stalls", v.plateau)] if v.plateau is not None and v.plateau.stall_pct is not None else []
-    found += [Caveat("spec_decode", v.spec_decode)] if v.spec_decode is not None else []
+    found += [Caveat("offsetting_agreement", "micro", "step_prediction")] if sp is not None and sp.offsetting else []
+    found += [Caveat("prediction_disagrees", "micro", "agreements", g.quantity) for g in v.agreements if not g.agree][:1]
+    found += [Caveat("overlap", "trace", "overlap")] if v.overlap is not None else []
+    found += [Caveat("plateau_stalls", "sweep", "plateau")] if v.plateau is not None and v.plateau.stall_pct is not None else []
+    found += [Caveat("spec_decode", "trace", "spec_decode")] if v.spec_decode is not None else []
     return tuple(found)
 
 
+def rests_on(v: Verdict, c: Caveat) -> Any:
+    """The finding a caveat rests on: the verdict's field it names (the failed guard or the
+    disagreeing agreement it names, of several); None for an artifact's flag or check."""
+    if c.finding == "guards":
+        return next((g for g in v.failed_guards if g.invariant == c.subject), None)
+    if c.finding == "agreements":
+        return next((g for g in v.agreements if g.quantity == c.subject and not g.agree), None)
+    return getattr(v, c.finding) if c.finding is not None else None
+
+
 def headline_findings(v: Verdict) -> Headline:
-    """The headline's three findings; the biggest lever's is the one `biggest` chose."""
+    """The headline's three findings; the biggest lever's is the one `biggest` chose, the
+    caveat the first of the verdict's own."""
     kind = v.biggest.kind if v.biggest is not None else None
     lever: Lever | BetweenSteps | GapLever | None = None
     if kind == "category" and v.levers:
@@ -1051,11 +634,11 @@ def headline_findings(v: Verdict) -> Headline:
         lever = v.between_steps
     elif kind is not None:
         lever = next((g for g in v.gap_levers if g.kind == kind), None)
-    found = caveats(v)
+    found = [c for c in v.caveats if c.code in VERDICT_CAVEATS]
     b = v.boundness
     if b is not None and b.status == "host gap":
         # the host-bound sentence says what the stall guard's caveat would: the next caveat instead
-        found = tuple(c for c in found if not _says_stall(c))
+        found = [c for c in found if not _says_stall(v, c)]
         return Headline(dominant=v.dominant, lever=None, caveat=found[0] if found else None, host_gap=b)
     return Headline(dominant=v.dominant, lever=lever, caveat=found[0] if found else None,
                     lever_buys_little=lever is not None and v.biggest.ceiling_x < LEVER_MIN_X,
@@ -1064,19 +647,15 @@ def headline_findings(v: Verdict) -> Headline:
                           and not isinstance(lever, (BetweenSteps, GapLever)) else None))
 
 
-def _says_stall(c: Caveat) -> bool:
+def _says_stall(v: Verdict, c: Caveat) -> bool:
     """The steady-state guard's caveat that the step is mostly one host stall."""
-    g = c.finding
-    return (c.code == "claims_withdrawn" and isinstance(g, Guard) and g.invariant == "steady_state"
-            and "levers" not in g.withdrawn)
+    g = rests_on(v, c)
+    return c.code == "claims_withdrawn" and c.subject == "steady_state" and g is not None and "levers" not in g.withdrawn
 
 
-UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
-"""Stage 05's flags of a trace file that no rank's analysis came from."""
-
-
-def _finding_name(src: tuple[Any, ...]) -> str:
-    """`caveat:<code>` for a caveat's sentence, else the finding's type in snake case."""
+def finding_name(src: tuple[Any, ...]) -> str:
+    """`caveat:<code>` for a caveat's sentence, else the finding's type in snake case: what
+    verdict.json says each sentence came from."""
     cav = next((s for s in src if isinstance(s, Caveat)), None)
     if cav is not None:
         return f"caveat:{cav.code}"
@@ -1084,23 +663,9 @@ def _finding_name(src: tuple[Any, ...]) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
 
 
-def verdict_file(a: RunArtifacts, v: Verdict, headline: list, sentences: list) -> schema.VerdictFile:
-    """`06_writeup/verdict.json`'s record: `headline` and `sentences` are (findings, text)
-    pairs as `report.prose` wrote them from `v`."""
-    h = headline_findings(v)
-    d = h.dominant
-    removable = {Lever: "exposed_ms", BetweenSteps: "gap_ms", GapLever: "idle_ms"}
-    flags = a.trace_summary.flags if a.trace_summary is not None else []
-    return schema.VerdictFile(
-        kind=v.identity.kind, step_label=v.identity.step_label,
-        headline=[schema.VerdictSentence(finding=_finding_name(src), text=t) for src, t in headline],
-        dominant=None if d is None else schema.DominantCost(
-            category=d.category, ms_per_step=d.ms_per_step, share_pct=d.share_pct, step_ms=d.step_ms,
-            denominator=d.denominator, n_steps=d.n_steps),
-        biggest_lever=None if v.biggest is None else schema.BiggestLeverRecord(
-            name=v.biggest.name, kind=v.biggest.kind, ceiling_x=v.biggest.ceiling_x,
-            removable_ms=getattr(h.lever, removable[type(h.lever)]) if type(h.lever) in removable else None),
-        caveat=None if h.caveat is None else schema.CaveatRecord(
-            code=h.caveat.code, text=next((t for src, t in headline if h.caveat in src), "")),
-        ranks=schema.RanksRecord(analysed=len(a.ranks), not_analysed=[f for f in flags if f.code in UNANALYSED_FLAGS]),
-        sentences=[schema.VerdictSentence(finding=_finding_name(src), text=t) for src, t in sentences])
+def with_sentences(v: Verdict, headline: list, sentences: list) -> schema.VerdictFile:
+    """`06_writeup/verdict.json`: the verdict itself, with the (findings, text) sentences
+    `report.prose` wrote from it."""
+    return schema.VerdictFile(**msgspec.structs.asdict(v),
+                              headline=tuple(schema.VerdictSentence(finding=finding_name(s), text=t) for s, t in headline),
+                              sentences=tuple(schema.VerdictSentence(finding=finding_name(s), text=t) for s, t in sentences))

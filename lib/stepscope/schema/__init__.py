@@ -41,8 +41,11 @@ from stepscope.schema.micro import BurstRow, CollectiveRow, CommPrediction, Gemm
 from stepscope.schema.run import HostHardware, RunEvent, RunRecord, StageStatus
 from stepscope.schema.sweep import (GpuTelemetryInfo, GpuTelemetryRow, LevelRow, SweepPlan, SweepRequestRow,
                                    SweepSummary, VllmBenchResult, AiperfExport, AiperfStats)
-from stepscope.schema.verdict import (BiggestLeverRecord, CaveatRecord, DominantCost, RanksRecord, VerdictFile,
-                                      VerdictSentence)
+from stepscope.schema.verdict import (Agreement, BetweenSteps, BiggestLever, Boundness, Caveat, CommSplit,
+                                      Communication, Component, Dominant, GapLever, Guard, KindApart, KindCategory,
+                                      LevelAnatomy, Lever, LoadGrowth, Overlap, Plateau, RooflineFinding,
+                                      SpecDecodeSeen, StepBasis, StepPrediction, TpotGap, TraceIdentity, Verdict,
+                                      VerdictFile, VerdictSentence)
 from stepscope.schema.writeup import GuardResult, GuardsFile
 
 ARTIFACTS: tuple[Artifact, ...] = (
@@ -175,9 +178,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "ranks, the what-if tables when their figure is drawn), then command lines, stages, packages, the params file (secrets redacted) and every "
              "file in the run folder (absent in run folders of older stepscope)", optional=True),
     Artifact("06_writeup/appendix.html", "06_writeup", "the same as one self-contained HTML file", optional=True),
-    Artifact("06_writeup/verdict.json", "06_writeup", "the verdict as data: the headline's sentences with the "
-             "findings they came from, the dominant cost, the biggest lever, the caveat, the ranks analysed "
-             "(absent in run folders of older stepscope)", VerdictFile, optional=True),
+    Artifact("06_writeup/verdict.json", "06_writeup", "the verdict itself: every finding (trace identity, step "
+             "basis, dominant cost, levers with their ceilings, guards, caveats, ...), with the headline's and the "
+             "verdict section's sentences and the finding each came from (absent in run folders of older stepscope; "
+             "version 2's digest is read as it)", VerdictFile, optional=True),
     Artifact("06_writeup/guards.json", "06_writeup", "the invariants the verdict rests on, checked before "
              "any sentence: which held, which failed and the claims each withdrew (absent in run folders "
              "of older stepscope)", GuardsFile, optional=True),
@@ -224,7 +228,10 @@ def check_run_folder(run_dir) -> dict[str, object]:
 
 __all__ = [
     "ARTIFACTS", "ARTIFACT_BY_PATH", "SCHEMA_VERSION", "AmdahlRow", "Artifact", "ArtifactError",
-    "BiggestLeverRecord", "CaveatRecord", "DominantCost", "RanksRecord", "VerdictFile", "VerdictSentence",
+    "Agreement", "BetweenSteps", "BiggestLever", "Boundness", "Caveat", "CommSplit", "Communication",
+    "Component", "Dominant", "GapLever", "Guard", "KindApart", "KindCategory", "LevelAnatomy", "Lever",
+    "LoadGrowth", "Overlap", "Plateau", "RooflineFinding", "SpecDecodeSeen", "StepBasis", "StepPrediction",
+    "TpotGap", "TraceIdentity", "Verdict", "VerdictFile", "VerdictSentence",
     "BurstRow", "CAMPAIGN_ARTIFACTS", "CampaignRecord", "CampaignRun", "CaptureFile", "CaptureLatency", "CaptureManifest", "CategoryKernelRow",
     "CategoryLeverRow", "CollectiveSizeRow", "ModuleRow",
     "CollectiveInstanceRow",

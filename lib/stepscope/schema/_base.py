@@ -17,10 +17,11 @@ import msgspec
 from stepscope.errors import StepscopeError
 from stepscope.redaction import scrub, scrub_plain, secret_values
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the run-folder layout and every artifact's keys; written to run.json.
 
-1: before the schema existed (no `schema_version` in run.json). 2: this module.
+1: before the schema existed (no `schema_version` in run.json). 2: this module. 3: verdict.json
+is the serialized Verdict (version 2 wrote a digest of it: `versions._verdict_v2` reads it).
 """
 
 

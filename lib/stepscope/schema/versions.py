@@ -48,9 +48,35 @@ def _run_v1(obj: dict) -> dict:
     return obj
 
 
+_OLD_CAVEAT_CONCERNS = {"tpot_gap": "capture", "prediction_disagrees": "micro", "offsetting_agreement": "micro",
+                        "plateau_stalls": "sweep"}
+
+
+def _verdict_v2(obj: dict) -> dict:
+    """verdict.json as stepscope wrote it before it was the serialized Verdict (a digest: kind,
+    dominant cost, biggest lever, the headline's caveat, ranks) in this shape: what it held, and
+    nothing claimed that it did not. A file in this shape already is returned as it is."""
+    if "identity" in obj:
+        return obj
+    d, big, cav = obj.get("dominant") or None, obj.get("biggest_lever") or None, obj.get("caveat") or None
+    analysed = (obj.get("ranks") or {}).get("analysed")
+    out = {"identity": {"kind": obj.get("kind") or "unknown", "step_label": obj.get("step_label") or "step",
+                        "source": "none" if analysed == 0 else "older verdict.json", "n_judged_steps": (d or {}).get("n_steps")},
+           "basis": {"denominator": (d or {}).get("denominator"), "step_ms": (d or {}).get("step_ms")},
+           "headline": obj.get("headline") or [], "sentences": obj.get("sentences") or []}
+    if d:
+        out["dominant"] = {**d, "step_label": out["identity"]["step_label"]}
+    if big:
+        out["biggest"] = {k: big.get(k) for k in ("name", "ceiling_x", "kind")}
+    if cav:
+        out["caveats"] = [{"code": cav.get("code"), "concerns": _OLD_CAVEAT_CONCERNS.get(cav.get("code"), "trace")}]
+    return out
+
+
 UPGRADES: dict[str, dict[int, Upgrade]] = {
     "TraceSummary": {1: _summary_v1},
     "RunRecord": {1: _run_v1},
+    "VerdictFile": {2: _verdict_v2},
 }
 """{type name: {version it upgrades from: upgrade to the next version}}."""
 
