@@ -196,15 +196,15 @@ def test_deltas_bands_and_report_sections(campaign):
 
 def test_verdicts_are_compared_as_structures(campaign):
     d, paths, c, _ = campaign
-    base = ca.digest("tp2", c.first("tp2").ctx.verdict)
-    tp1 = ca.digest("tp1", c.first("tp1").ctx.verdict)
+    from stepscope.report.deltas import verdict_fields
+
+    base, tp1 = c.first("tp2").ctx.verdict, c.first("tp1").ctx.verdict
     changes = dict((k, (a, b)) for k, a, b in ca.verdict_changes(base, tp1))
     assert changes["communication"] == ("exposed", "none")
-    assert base.dominant == "all_reduce" and tp1.dominant != "all_reduce"
+    assert base.dominant.category == "all_reduce" and tp1.dominant.category != "all_reduce"
     # the lever compared is the verdict's biggest (time between steps when it beats every category)
-    from stepscope.report.verdict import biggest_lever
-
-    assert (base.top_lever, base.top_lever_x) == biggest_lever(c.first("tp2").ctx.verdict)
+    fields = verdict_fields(base)
+    assert (fields["biggest_lever"], fields["biggest_lever_x"]) == (base.biggest.name, base.biggest.ceiling_x)
     assert "communication exposed → none" in paths["markdown"].read_text()
 
 

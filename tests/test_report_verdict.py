@@ -20,7 +20,7 @@ from stepscope.report import prose
 from stepscope.report.artifacts import load_run_artifacts
 from stepscope.report.build import report_context, writeup_params_from
 from stepscope.wording import NUMBER_RE, fmt_num
-from stepscope.report.verdict import RooflineFinding, biggest_lever
+from stepscope.report.verdict import RooflineFinding
 from stepscope.wording import short_name, short_names
 from stepscope.thresholds import COMM_EXPOSED_SHARE, HOST_BOUND_MICRO_IDLE_SHARE, LOW_CONFIDENCE_STEPS
 
@@ -386,7 +386,7 @@ def test_real_trace_verdicts_print_only_structured_values(tmp_path, real_traces,
     # "biggest" is said of one lever only, the one with the highest ceiling of all.
     ceilings = ([lv.ceiling_x for lv in v.levers] + [g.ceiling_x for g in v.gap_levers]
                 + ([v.between_steps.ceiling_x] if v.between_steps else []))
-    name, best_x = biggest_lever(v) or (None, None)
+    best_x = v.biggest.ceiling_x if v.biggest is not None else None
     assert best_x == (max(ceilings) if ceilings else None)
     biggest = [s for _, s in pairs if "biggest" in s and not s.startswith("Among the categories")]
     # a host-bound step's one gap outranks every category (its lever withdrawn as no steady state):
@@ -596,7 +596,7 @@ def test_time_between_steps_is_the_biggest_lever_when_it_beats_every_other(tmp_p
     b, top = v.between_steps, v.levers[0]
     assert v.biggest.kind == "between steps" and 1.7 < b.ceiling_x < 1.9 and top.ceiling_x < 1.1
     assert all(b.ceiling_x > g.ceiling_x for g in v.gap_levers)
-    assert biggest_lever(v) == ("time between steps", b.ceiling_x)
+    assert (v.biggest.name, v.biggest.ceiling_x) == ("time between steps", b.ceiling_x)
     head, said = _quote(md, "In short:"), _quote(md, "Verdict.")
     # the headline's short form, the verdict's full one
     assert (f"The biggest lever is the time between steps: removing its {fmt_num(b.gap_ms)} ms of host work per step "

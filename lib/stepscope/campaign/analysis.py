@@ -17,7 +17,7 @@ A delta is real only when |delta| exceeds its band.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,10 @@ from stepscope.config import WriteupParams, params_from_dict
 from stepscope.report import whatif as wi
 from stepscope.report.analysis import capture_tpot_is_delivery
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
-from stepscope.report.deltas import changed_findings, run_deltas
+from stepscope.report.deltas import changed_findings, run_deltas, verdict_fields
 from stepscope.report.noise import Delta, make_delta, repeat_band, step_spread_se  # noqa: F401  (the campaign's API)
 from stepscope.report.noise import mean_of as _mean
 from stepscope.report.build import ReportContext, report_context, writeup_params_from
-from stepscope.report.verdict import biggest_lever
 from stepscope.schema.verdict import Verdict
 from stepscope.trace import account
 from stepscope.wording import capture_delivery
@@ -228,33 +227,10 @@ def deltas_frame(ds: list[Delta]) -> pd.DataFrame:
 # --------------------------------------------------------------------------- verdicts
 
 
-@dataclass(frozen=True)
-class VerdictDigest:
-    """The structured verdict of one variant, reduced to what a campaign compares."""
-
-    variant: str
-    dominant: str | None
-    dominant_share_pct: float | None
-    communication: str | None
-    bound: str | None
-    top_lever: str | None
-    top_lever_x: float | None
-    step_ms: float | None
-    denominator: str | None
-
-
-def digest(variant: str, v: Verdict) -> VerdictDigest:
-    lever, ceiling_x = biggest_lever(v) or (None, None)
-    return VerdictDigest(variant, v.dominant.category if v.dominant else None,
-                         v.dominant.share_pct if v.dominant else None,
-                         v.communication.status if v.communication else None,
-                         v.boundness.status if v.boundness else None, lever, ceiling_x,
-                         v.basis.step_ms, v.basis.denominator)
-
-
-def verdict_changes(base: VerdictDigest, other: VerdictDigest) -> list[tuple[str, Any, Any]]:
-    """The verdict fields that differ: (field, baseline value, variant value)."""
-    return changed_findings(asdict(base), asdict(other), ("dominant", "communication", "bound", "top_lever"))
+def verdict_changes(base: Verdict, other: Verdict) -> list[tuple[str, Any, Any]]:
+    """The verdict fields that differ (`report.deltas.verdict_fields`): (field, baseline value, variant value)."""
+    return changed_findings(verdict_fields(base), verdict_fields(other),
+                            ("dominant", "communication", "bound", "biggest_lever"))
 
 
 # --------------------------------------------------------------------------- predictions

@@ -15,6 +15,7 @@ import pandas as pd
 from stepscope.campaign import analysis as ca
 from stepscope.campaign import plots as cp
 from stepscope.report.compare import KERNEL_CATEGORIES_COMPARED, compare_kernels
+from stepscope.report.deltas import verdict_fields
 from stepscope.report.markdown_util import code_names, markdown_to_html, md_table, missing_box
 from stepscope.wording import fmt_num as f
 from stepscope.report.prose import verdict_sentences
@@ -141,16 +142,15 @@ def _kernel_changes(c: ca.Campaign) -> str:
 
 def _verdicts(c: ca.Campaign) -> str:
     text = "## Verdicts\n\n"
-    digests = {v: ca.digest(v, c.runs[v][0].ctx.verdict) for v in c.variants if c.runs.get(v)}
+    digests = {v: c.runs[v][0].ctx.verdict for v in c.variants if c.runs.get(v)}
     if not digests:
         return text + missing_box("The verdicts", ["05_categorize/summary.json"]) + "\n"
-    rows = [{"variant": d.variant, "dominant": d.dominant, "share": d.dominant_share_pct,
-             "communication": d.communication, "bound": d.bound, "lever": d.top_lever, "x": _x(d.top_lever_x)}
-            for d in digests.values()]
+    fields = {v: verdict_fields(d) for v, d in digests.items()}
+    rows = [{"variant": v, **f, "x": _x(f["biggest_lever_x"])} for v, f in fields.items()]
     text += ("Each variant's structured verdict (its first run), field by field; its own report words it in full.\n\n"
              + md_table(pd.DataFrame(rows), [("variant", "variant"), ("dominant", "largest category"),
-                                             ("share", "% of step"), ("communication", "communication"),
-                                             ("bound", "bound by"), ("lever", "biggest lever"),
+                                             ("dominant_share_pct", "% of step"), ("communication", "communication"),
+                                             ("bound", "bound by"), ("biggest_lever", "biggest lever"),
                                              ("x", "its Amdahl ceiling")]) + "\n")
     base = digests.get(c.baseline)
     for v, d in digests.items():

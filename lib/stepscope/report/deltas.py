@@ -199,15 +199,17 @@ VERDICT_FIELDS = ("dominant", "dominant_share_pct", "biggest_lever", "biggest_le
 """The findings of `06_writeup/verdict.json` a comparison sets side by side."""
 
 
-def verdict_fields(v: schema.VerdictFile | None) -> dict[str, object]:
-    """The compared findings of one run's verdict.json (every value None without the file): its
-    dominant cost, its biggest lever and the caveat its headline says."""
+def verdict_fields(v: schema.Verdict | None) -> dict[str, object]:
+    """The compared findings of one run's verdict (every value None without one): its dominant
+    cost, communication, boundness, biggest lever and the caveat its headline says."""
     if v is None:
-        return dict.fromkeys(VERDICT_FIELDS)
+        return dict.fromkeys(VERDICT_FIELDS + ("communication", "bound"))
     from stepscope.report.verdict import headline_findings
 
     d, lever, caveat = v.dominant, v.biggest, headline_findings(v).caveat
     return {"dominant": d.category if d else None, "dominant_share_pct": d.share_pct if d else None,
+            "communication": v.communication.status if v.communication else None,
+            "bound": v.boundness.status if v.boundness else None,
             "biggest_lever": lever.name if lever else None, "biggest_lever_x": lever.ceiling_x if lever else None,
             "caveat": caveat.code if caveat else None}
 

@@ -544,11 +544,6 @@ def biggest(category_levers: tuple[Lever, ...], between: BetweenSteps | None,
     return max(found, key=lambda b: (b.ceiling_x, b.kind == "category")) if found else None
 
 
-def biggest_lever(v: Verdict) -> tuple[str, float] | None:
-    """(name, Amdahl ceiling ×) of the verdict's biggest lever: what a campaign compares."""
-    return (v.biggest.name, v.biggest.ceiling_x) if v.biggest is not None else None
-
-
 def _roofline_reason(a: RunArtifacts) -> str | None:
     rf = a.trace_summary.roofline if a.trace_summary is not None else None
     return _known(rf.reason) if rf is not None else None
