@@ -63,9 +63,13 @@ def engine_linear(weight) -> EngineLinear:
         return EngineLinear(SGL_LINEAR, lambda a, out: lambda: torch.ops._C.weight_packed_linear(
             out, a, packed, None, True))
     if ops._supports_onednn:
-        handler = ops.create_onednn_mm(weight.t(), 32)
-        return EngineLinear(ONEDNN_MM, lambda a, out: lambda: torch.ops._C.onednn_mm(
-            out, a, None, handler.handler_tensor))
+        try:
+            handler = ops.create_onednn_mm(weight.t(), 32)
+        except RuntimeError:  # as vLLM: a CPU oneDNN cannot serve (bf16 on AVX2 only) runs torch's linear
+            handler = None
+        if handler is not None:
+            return EngineLinear(ONEDNN_MM, lambda a, out: lambda: torch.ops._C.onednn_mm(
+                out, a, None, handler.handler_tensor))
     return EngineLinear(TORCH_LINEAR, lambda a, out: lambda: F.linear(a, weight))
 
 
