@@ -45,9 +45,9 @@ def test_whatif_has_one_line_per_draft_cost(tmp_path):
     p.write_text(json.dumps(s))
     a = load_run_artifacts(run)
     ctx = report_context(a, WriteupParams(acceptance_lengths=(1.5, 2.0, 3.0), draft_cost_fractions=(0.1, 0.2)))
-    assert ctx["whatif_base_ms"] == 13.33
-    assert sorted(ctx["whatif"]["draft_cost_fraction"].unique()) == [0.1, 0.2]
-    fig = fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"])
+    assert ctx.whatif.baseline.step_ms == 13.33
+    assert sorted(ctx.whatif.curves["draft_cost_fraction"].unique()) == [0.1, 0.2]
+    fig = fg.plot_speculative_whatif(ctx.whatif.curves, ctx.whatif.baseline.step_ms)
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == ["draft 10 % of a step per drafted token", "draft 20 % of a step per drafted token",
                       "measured: 13.3 ms"]

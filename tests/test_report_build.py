@@ -377,7 +377,7 @@ def test_on_a_cpu_trace_what_to_try_names_torch_compile_not_cuda_graphs(tmp_path
     params = yaml.safe_load((run / "params.yaml").read_text())
     params["server"]["enforce_eager"] = True
     a = load_run_artifacts(run)
-    v = report_context(a, writeup_params_from(a))["verdict"]
+    v = report_context(a, writeup_params_from(a)).verdict
     cpu = try_next(v, params, cpu=True).change
     assert cpu.startswith("the model runs op by op (`server.enforce_eager: true`): try `enforce_eager: false`, "
                           "which on vLLM's CPU backend compiles it with torch.compile")

@@ -166,8 +166,8 @@ def test_under_load_the_whatif_uses_the_batch_it_was_measured_at(tmp_path, real_
     assert f"batch: {fmt_num(base.batch)} decode requests per step, as measured in the c=16 load trace" in p.assumptions
 
     ctx = report_context(a, writeup_params_from(a))
-    one = ctx["whatif_predictions"][0]
-    assert one.batch == 1 and [b.batch for b, _ in ctx["whatif_load"]] == [base.batch]
+    one = ctx.whatif.predictions[0]
+    assert one.batch == 1 and [b.batch for b, _ in ctx.whatif.load] == [base.batch]
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     sec = md.split("### Under load: at the batch each level was measured at", 1)[1].split("## 8.", 1)[0]
     wp = writeup_params_from(a)

@@ -165,7 +165,7 @@ def test_a_gemm_prediction_off_the_trace_names_the_engines_largest_gemm(tmp_path
                    "share_of_category": 0.5, "n_names": 2}).to_csv(run / "05_categorize" / "category_kernels.csv",
                                                                    index=False)
     a = load_run_artifacts(run)
-    gemm = next(g for g in report_context(a, writeup_params_from(a))["verdict"].agreements
+    gemm = next(g for g in report_context(a, writeup_params_from(a)).verdict.agreements
                 if g.quantity == "GEMM time")
     assert gemm.trace_implementation == "`_C::weight_packed_linear`" and gemm.same_implementation is None
     assert not gemm.agree and gemm.micro_backend is None

@@ -214,7 +214,7 @@ def _fake_v1_run(root: str) -> tuple:
     an = analyze_traces([trace], run / "05_categorize", progress=False, perfetto=False)
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
-    return an, md, report_context(a, writeup_params_from(a))["verdict"]
+    return an, md, report_context(a, writeup_params_from(a)).verdict
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ def _guarded_verdict(run: Path):
     from stepscope.report.build import report_context, writeup_params_from
 
     a = load_run_artifacts(run)
-    return report_context(a, writeup_params_from(a))["verdict"]
+    return report_context(a, writeup_params_from(a)).verdict
 
 
 def test_every_step_off_the_architecture_withdraws_the_claims_on_the_step(tmp_path: Path):

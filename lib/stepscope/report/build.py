@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -20,7 +21,7 @@ from stepscope.report import guards, prose
 from stepscope.report import verdict as vd
 from stepscope.report import whatif as wi
 from stepscope.report.appendix import appendix_link, appendix_table, write_appendix
-from stepscope.report.kinds import kinds_appendix, kinds_section
+from stepscope.report.kinds import judged_kind, kind_table, kinds_appendix, kinds_section
 from stepscope.report.opening import opening, trace_only
 from stepscope.schema.writeup import APPENDIX_HTML, APPENDIX_MD, REPORT_HTML, REPORT_MD
 from stepscope.micro.collectives import plot_latency_vs_size
@@ -62,13 +63,6 @@ def writeup_params_from(a: RunArtifacts, override: WriteupParams | None = None) 
 # --------------------------------------------------------------------------- figures
 
 
-def _stage_figures(run_dir: Path, prefix: str) -> list[str]:
-    d = run_dir / "figures"
-    if not d.is_dir():
-        return []
-    return sorted(p.name for p in d.glob(f"{prefix}*.png"))
-
-
 def _bars_frame(a: RunArtifacts, decode: pd.DataFrame) -> pd.DataFrame:
     """One bar per rank when stage 05 wrote every rank's decode table, else the reference rank."""
     d = a.decode_categories_all if a.decode_categories_all is not None else decode
@@ -86,15 +80,15 @@ def _figure_names(names: pd.Series) -> pd.Series:
     return names.map(figure_text)
 
 
-def _same_as_stage_step_figure(a: RunArtifacts, bars: pd.DataFrame, n_steps, totals: dict) -> bool:
+def _same_as_stage_step_figure(ctx: ReportContext, bars: pd.DataFrame) -> bool:
     """One rank's mean over one step is the single bar stage 05 already drew per step (with the
     span and kernel sum marked); drawing it again costs a tenth of a second and shows nothing
     new. A capture TPOT is a marker only the report's figure carries, so then it is drawn."""
-    return (n_steps == 1 and bars["label"].nunique() == 1 and totals.get("tpot_capture_ms") is None
-            and bool(_stage_figures(a.run_dir, "05_step_categories_rank")))
+    return (ctx.totals.get("n_decode_steps") == 1 and bars["label"].nunique() == 1
+            and ctx.totals.get("tpot_capture_ms") is None and bool(ctx.folder.figures("05_step_categories_rank")))
 
 
-def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
+def make_figures(a: RunArtifacts, ctx: ReportContext) -> dict[str, str]:
     """Draw the report's figures into figures/; return {key: file name}.
 
     Every figure is drawn by the function its stage uses (category figures: `trace.plots`;
@@ -109,48 +103,49 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
         drawn[name] = fig
         made[key] = name
 
-    decode, totals = ctx["decode"], ctx["totals"]
+    decode, totals = ctx.decode, ctx.totals
     n = totals.get("n_decode_steps")
-    label = ctx["verdict"].identity.step_label
+    label = ctx.ident.step_label
+    stage_figures = ctx.folder.figures
     if decode is not None:
         markers = {"busy (union)": totals.get("union_ms"), "span": totals.get("span_ms"),
                    "capture TPOT": totals.get("tpot_capture_ms")}
         bars = _bars_frame(a, decode)
-        if not _same_as_stage_step_figure(a, bars, n, totals):
+        if not _same_as_stage_step_figure(ctx, bars):
             save("stacked", "step_category_ms_stacked.png",
                  cat.plot_decode_category_time_stacked(bars, markers, n, label))
         if "share_of_step" in decode:
             save("shares", "step_category_shares.png",
                  cat.plot_category_shares(decode.assign(category=_figure_names(decode["category"])), n, label))
     if a.timeline is not None and {"stream", "category", "start_us", "dur_us"} <= set(a.timeline.columns) \
-            and not _stage_figures(a.run_dir, "05_step_timeline"):
+            and not stage_figures("05_step_timeline"):
         lane = "thread" if totals.get("mode") == "cpu" else "stream"
         save("timeline", "step_timeline_rank0_by_lane.png",
              cat.plot_decode_step_timeline(a.timeline, lane=lane, step_label=label))
-    if ctx["amdahl"] is not None:
-        am = ctx["amdahl"]
+    if ctx.amdahl is not None:
+        am = ctx.amdahl
         save("amdahl", "step_amdahl_ceiling_by_category.png",
              cat.plot_amdahl_ceiling(am.assign(category=_figure_names(am["category"])), label))
-    if ctx["whatif"] is not None:
+    if ctx.whatif is not None:
         save("whatif", "whatif_speculative_decoding_tpot.png",
-             fg.plot_speculative_whatif(ctx["whatif"], ctx["whatif_base_ms"]))
+             fg.plot_speculative_whatif(ctx.whatif.curves, ctx.whatif.baseline.step_ms))
     lv = a.levels
     sweep_cols = {"mode", "concurrency", "n_completed", "output_throughput_tok_s", "peak_output_tok_s_1s",
                   "client_bound", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99"}
-    if lv is not None and sweep_cols <= set(lv.columns) and not _stage_figures(a.run_dir, "sweep_") \
+    if lv is not None and sweep_cols <= set(lv.columns) and not stage_figures("sweep_") \
             and ((lv["mode"] == "concurrency") & (lv["n_completed"] > 0)).any():
-        save("sweep_tput", "writeup_throughput_vs_concurrency.png", plot_throughput_vs_concurrency(lv, ctx["macro"]))
+        save("sweep_tput", "writeup_throughput_vs_concurrency.png", plot_throughput_vs_concurrency(lv, ctx.macro))
         save("sweep_lat", "writeup_latency_vs_concurrency.png", plot_latency_vs_concurrency(lv))
-    if a.gemm is not None and not _stage_figures(a.run_dir, "gemm_roofline") \
+    if a.gemm is not None and not stage_figures("gemm_roofline") \
             and {"tflops", "gbps", "backend", "dtype"} <= set(a.gemm.columns):
         hw = (a.params or {}).get("hardware") or {}
         save("roofline", "writeup_gemm_roofline.png",
              plot_roofline(a.gemm, peak_bw_gbps=num(hw.get("peak_mem_bw_gbps")), peak_tflops=num(hw.get("peak_tflops"))))
-    if a.collectives is not None and not _stage_figures(a.run_dir, "collective_"):
+    if a.collectives is not None and not stage_figures("collective_"):
         save("coll", "writeup_collective_latency_vs_size.png", plot_latency_vs_size(a.collectives, a.burst))
     load = a.load_anatomy
     if load is not None and (load["step_kind"] == "decode").any():
-        if _stage_figures(a.run_dir, LOAD_FIGURE):
+        if stage_figures(LOAD_FIGURE):
             made["load"] = LOAD_FIGURE  # stage 05's own drawing of it
         else:
             save("load", LOAD_FIGURE, plot_load_anatomy(load))
@@ -158,11 +153,10 @@ def make_figures(a: RunArtifacts, ctx: dict[str, Any]) -> dict[str, str]:
     return made
 
 
-def _section_load(a: RunArtifacts, ctx: dict[str, Any], figs: dict[str, str]) -> list[str]:
+def _section_load(a: RunArtifacts, ctx: ReportContext) -> list[str]:
     """The step under load (report.load), when stage 04 captured load levels; else nothing."""
-    fig = _img(figs["load"], "ms per decode step by category against batch size") if "load" in figs else None
-    micro = micro_curve(a)
-    text = section_load(a, fig, ctx["verdict"].load_growth, micro)
+    fig = _img(ctx.figs["load"], "ms per decode step by category against batch size") if "load" in ctx.figs else None
+    text = section_load(a, fig, ctx.verdict.load_growth, ctx.micro)
     return [text] if text else []
 
 
@@ -207,8 +201,8 @@ def _device_line(ident: vd.TraceIdentity) -> Md | None:
     return Md(f"{fmt_num(n)} × {name} (from the trace, {src}{node})")
 
 
-def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
-    run, server, params = a.run, a.server, a.params or {}
+def _section_setup(a: RunArtifacts, ctx: ReportContext) -> str:
+    run, server, params, ident = a.run, a.server, a.params or {}, ctx.ident
     hw_p = params.get("hardware") or {}
     hw_r = run.hardware if run is not None else schema.HostHardware()
     gpus = hw_r.gpus  # nvidia-smi's line per GPU (schema.versions upgrades older records)
@@ -233,7 +227,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
                  if ident.batch_source == "input shapes" else
                  f"{fmt_num(ident.batch_size)} {plural('request', ident.batch_size)} per step (median, from the step annotations)")
     # The machine that ran stepscope is the trace's only when this run captured the trace itself.
-    captured_here = a.stage_present("04_profiler_capture")
+    captured_here = "04_profiler_capture" in ctx.folder.stages_present
     pairs = [
         ("Run", md_code(run.run_id if run else a.run_dir.name)),
         ("Date", (run.created_at if run else None) or (server.started_at if server else None)),
@@ -259,7 +253,7 @@ def _section_setup(a: RunArtifacts, ident: vd.TraceIdentity) -> str:
     sw = params.get("sweep") or {}
     cap = params.get("capture") or {}
     bits = []
-    if sw and a.stage_present("01_macro_sweep"):
+    if sw and "01_macro_sweep" in ctx.folder.stages_present:
         bits.append(f"sweep concurrency {md_text(sw.get('concurrency', '?'))}, input "
                     f"{md_text(sw.get('input_len', '?'))} / output {md_text(sw.get('output_len', '?'))} tokens")
     if cap and captured_here:
@@ -338,11 +332,11 @@ def _slo_paragraph(slo, search=None) -> str:
     return text + "; ".join(said) + ".\n\n" if said else ""
 
 
-def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
+def _section_macro(a: RunArtifacts, ctx: ReportContext) -> str:
     text = "## Macro results: throughput and latency under load\n\n"
     if a.levels is None:
         return text + missing_box("The load sweep", ["01_macro_sweep/levels.csv"], _why(a, "01_macro_sweep"))
-    h = macro
+    h = ctx.macro
     plateau = vd.plateau(h)
     parts = []
     if plateau is not None:  # the verdict's own sentence (prose.plateau_sentence), not a second wording
@@ -397,12 +391,11 @@ def _section_macro(a: RunArtifacts, macro: dict, figs: dict[str, str]) -> str:
                  f"{fmt_pct(BUNCHED_FLAG_SHARE)} a level's TPOT and ITL measure delivery, not decode. "
                  f"*stalled % of level*: time every open stream was silent at once for over "
                  f"{fmt_num(STALL_GAP_S)} s; the level's throughput is low by up to that share.\n")
-    stage_pngs = _stage_figures(a.run_dir, "sweep_")
-    for name in stage_pngs:
+    for name in ctx.folder.figures("sweep_"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     for key in ("sweep_tput", "sweep_lat"):
-        if key in figs:
-            text += "\n" + _img(figs[key], key)
+        if key in ctx.figs:
+            text += "\n" + _img(ctx.figs[key], key)
     return text
 
 
@@ -462,10 +455,10 @@ GEMM_USED_HEADING = "GEMM timings the prediction reads (stage 02)"
 GEMM_ALL_HEADING = "GEMM timings, every point (stage 02)"
 
 
-def appendix_tables(a: RunArtifacts, ctx: dict[str, Any]) -> str:
+def appendix_tables(a: RunArtifacts, ctx: ReportContext) -> str:
     """The measurements the report shows as figures or summaries, in full, and the tables it links
     rather than shows (each under the `### ` heading its `appendix_link` names), for the appendix."""
-    split, preds = ctx["verdict"].comm_split, ctx.get("whatif_predictions")
+    split, w = ctx.verdict.comm_split, ctx.whatif
     parts = []
     if a.gemm is not None and "status" in a.gemm and (a.gemm["status"].astype(str) == "ok").any():
         ok = a.gemm[a.gemm["status"].astype(str) == "ok"]
@@ -475,19 +468,11 @@ def appendix_tables(a: RunArtifacts, ctx: dict[str, Any]) -> str:
     if a.collectives is not None and len(a.collectives):
         parts.append("### Collectives (stage 03)\n\n" + _collective_table(a.collectives))
     parts += _breakdown_appendix(a, ctx)
-    load = load_appendix(a, micro_curve(a))
-    if load:
-        parts.append(load)
-    if ctx["verdict"].roofline:
-        parts.append(_roofline_table(ctx["verdict"]))
-    if _whatif_table_in_appendix(ctx):
-        method = whatif_method(ctx["whatif_verify_extra_tokens"])
-        parts.append(appendix_table(WHATIF_HEADING, method[0].upper() + method[1:] + "\n\n" + _whatif_table(preds)))
-    load_rows = _whatif_load_rows(ctx.get("whatif_load") or [])
-    if _whatif_load_moved(load_rows):
-        parts.append(appendix_table(WHATIF_LOAD_HEADING, WHATIF_LOAD_INTRO + _whatif_load_table(load_rows)))
-    if preds and not _parts_assumed(preds):
-        parts.append(appendix_table(WHATIF_PARTS_HEADING, PARTS_INTRO + _parts_table(ctx["whatif_baseline"], preds)))
+    parts.append(load_appendix(a, ctx.micro))
+    if ctx.verdict.roofline:
+        parts.append(_roofline_table(ctx.verdict))
+    if w is not None:
+        parts += _whatif_appendix(ctx, w)
     table = _cross_rank_table(a, split)
     if table is not None:
         parts.append(appendix_table(CROSS_RANK_HEADING, _cross_rank_spread(table)))
@@ -495,14 +480,28 @@ def appendix_tables(a: RunArtifacts, ctx: dict[str, Any]) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _breakdown_appendix(a: RunArtifacts, ctx: dict[str, Any]) -> list[str]:
+def _whatif_appendix(ctx: ReportContext, w: WhatIfProjection) -> list[str]:
+    """The what-if's tables the report links rather than shows."""
+    parts = []
+    if _whatif_table_in_appendix(ctx):
+        method = whatif_method(w.verify_extra_tokens)
+        parts.append(appendix_table(WHATIF_HEADING, method[0].upper() + method[1:] + "\n\n"
+                                    + _whatif_table(w.predictions)))
+    if _whatif_load_moved(w.load_rows):
+        parts.append(appendix_table(WHATIF_LOAD_HEADING, WHATIF_LOAD_INTRO + _whatif_load_table(w.load_rows)))
+    if w.predictions and not w.parts_assumed:
+        parts.append(appendix_table(WHATIF_PARTS_HEADING, PARTS_INTRO + _parts_table(w.baseline, w.predictions)))
+    return parts
+
+
+def _breakdown_appendix(a: RunArtifacts, ctx: ReportContext) -> list[str]:
     """Section 4's tables that the report links rather than shows: the largest kernels, the step
     kinds side by side, the step read several ways."""
-    decode, totals, ident = ctx["decode"], ctx["totals"], ctx["verdict"].identity
+    decode, totals, ident = ctx.decode, ctx.totals, ctx.ident
     if decode is None:
         return []
     return [_category_kernels(a.category_kernels, decode, totals, ident.step_label),
-            kinds_appendix(a, ident.step_label), _step_readings_table(totals, ident)]
+            kinds_appendix(ctx.kinds, judged_kind(a), ident.step_label), _step_readings_table(totals, ident)]
 
 
 def _burst_table(b: pd.DataFrame) -> str:
@@ -523,7 +522,8 @@ def _burst_table(b: pd.DataFrame) -> str:
     return text
 
 
-def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
+def _section_micro(a: RunArtifacts, ctx: ReportContext) -> str:
+    figs = ctx.figs
     text = "## Micro-benchmarks at the model's shapes\n\n### GEMMs\n\n"
     g = a.gemm
     if g is None:
@@ -557,7 +557,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
                 text += ("The same sum timed hot (one weight, re-read from cache): " + ", ".join(
                     f"M={m}: {fmt_num(v / 1000)} ms" for m, v in sorted(hot.items(), key=lambda kv: float(kv[0])))
                     + "; a decode step reads its weights from memory, as the cold rows do.\n")
-        for name in _stage_figures(a.run_dir, "gemm_roofline"):
+        for name in ctx.folder.figures("gemm_roofline"):
             text += "\n" + _img(name, "GEMM roofline")
         if "roofline" in figs:
             text += "\n" + _img(figs["roofline"], "GEMM roofline")
@@ -568,7 +568,7 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     else:
         text += (f"Per-op time against message size, {len(c)} points (median over ranks): the figure; the table, "
                  f"with the spread across ranks and bandwidths, is in the [appendix]({APPENDIX_MD}#measurements-in-full).\n")
-        for name in _stage_figures(a.run_dir, "collective_"):
+        for name in ctx.folder.figures("collective_"):
             text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
         if "coll" in figs:
             text += "\n" + _img(figs["coll"], "collective latency against size")
@@ -595,20 +595,20 @@ def _section_micro(a: RunArtifacts, figs: dict[str, str]) -> str:
     return text
 
 
-def _section_breakdown(a: RunArtifacts, ctx: dict, figs: dict[str, str]) -> str:
-    ident = ctx["verdict"].identity
+def _section_breakdown(a: RunArtifacts, ctx: ReportContext) -> str:
+    ident = ctx.ident
     text = f"## Profiler breakdown of a {ident.step_label}\n\n" + _capture_line(a)
-    decode, totals = ctx["decode"], ctx["totals"]
+    decode, totals = ctx.decode, ctx.totals
     if decode is None:
         return text + missing_box("The per-category breakdown", ["05_categorize/summary.json",
                                                                  "05_categorize/decode_categories.csv"],
                                   _why(a, "05_categorize"))
     text += _category_table(decode, totals, ident)
     text += _kernels_pointer(a.category_kernels, decode, totals, ident.step_label)
-    text += kinds_section(a, ident.step_label)
+    text += kinds_section(ctx.kinds, ident.step_label)
     text += _step_readings(totals, ident)
-    text += _breakdown_figures(a, figs, ident.step_label)
-    return text + _across_ranks(a, ctx["verdict"].comm_split)
+    text += _breakdown_figures(a, ctx)
+    return text + _across_ranks(a, ctx)
 
 
 def _capture_line(a: RunArtifacts) -> str:
@@ -753,8 +753,8 @@ def _step_readings(totals: dict, ident: vd.TraceIdentity) -> str:
             + "\n".join(f"- {s}" for s in rec) + "\n")
 
 
-def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -> str:
-    text = ""
+def _breakdown_figures(a: RunArtifacts, ctx: ReportContext) -> str:
+    text, figs, step_label = "", ctx.figs, ctx.ident.step_label
     timeline_alt = f"timeline of one {step_label} on rank {fmt_num(a.decode.rank) if a.decode.rank is not None else 0}"
     for key, alt in (("stacked", f"category time per {step_label}"), ("shares", f"category shares of a {step_label}"),
                      ("timeline", timeline_alt)):
@@ -762,29 +762,29 @@ def _breakdown_figures(a: RunArtifacts, figs: dict[str, str], step_label: str) -
             text += "\n" + _img(figs[key], alt)
     # Stage 05's own plots: its timeline (the report draws one only when the stage did not),
     # then what the report's figures do not show: step-to-step variation and the spread across ranks.
-    stage_timeline = _stage_figures(a.run_dir, "05_step_timeline")
+    stage_timeline = ctx.folder.figures("05_step_timeline")
     for name in stage_timeline:
         text += "\n" + _img(name, timeline_alt)
     if "timeline" not in figs and not stage_timeline and a.timeline is None:  # say missing only when it is
         text += "\n" + missing_box(f"The {step_label} timeline", ["05_categorize/timeline_rank0_step.csv"])
-    text += _perfetto_pointer(a, step_label)
-    for name in _stage_figures(a.run_dir, "05_step_categories") + _stage_figures(a.run_dir, "05_cross_rank"):
+    text += _perfetto_pointer(a, ctx)
+    for name in ctx.folder.figures("05_step_categories") + ctx.folder.figures("05_cross_rank"):
         text += "\n" + _img(name, name.removesuffix(".png").replace("_", " "))
     return text
 
 
-def _perfetto_pointer(a: RunArtifacts, step_label: str) -> str:
+def _perfetto_pointer(a: RunArtifacts, ctx: ReportContext) -> str:
     """A paragraph linking stage 05's merged Perfetto file and naming the drawn step; "" where the
     run has no such file or no drawn step."""
     from stepscope.trace.perfetto import MERGED_NAME, UI_URL
 
-    merged = a.run_dir / "05_categorize" / "perfetto" / MERGED_NAME
     t = a.timeline
-    if not merged.is_file() or t is None or "step_id" not in t or not len(t):
+    if not ctx.folder.perfetto_merged or t is None or "step_id" not in t or not len(t):
         return ""
     rank = int(t["rank"].iloc[0]) if "rank" in t else 0
     href = f"../05_categorize/perfetto/{MERGED_NAME}"
-    return "\n" + prose.perfetto_sentence(int(t["step_id"].iloc[0]), rank, step_label, href, MERGED_NAME, UI_URL) + "\n"
+    return ("\n" + prose.perfetto_sentence(int(t["step_id"].iloc[0]), rank, ctx.ident.step_label, href, MERGED_NAME,
+                                            UI_URL) + "\n")
 
 
 def _cross_rank_table(a: RunArtifacts, split: vd.CommSplit | None) -> pd.DataFrame | None:
@@ -806,9 +806,10 @@ def _cross_rank_spread(table: pd.DataFrame) -> str:
                          settings=("n_ranks", "min_rank", "max_rank"))
 
 
-def _across_ranks(a: RunArtifacts, split: vd.CommSplit | None) -> str:
+def _across_ranks(a: RunArtifacts, ctx: ReportContext) -> str:
     """The collectives' transfer and wait across ranks, and the spread of every category (in the
     appendix when stage 05's figure shows it)."""
+    split = ctx.verdict.comm_split
     if split is not None and split.status == "ranks missing" and a.cross_rank is not None and len(a.cross_rank):
         return (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
                 f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
@@ -818,7 +819,7 @@ def _across_ranks(a: RunArtifacts, split: vd.CommSplit | None) -> str:
         return ""
     transfer = (f"the collectives' transfer and wait, two readings side by side: {appendix_link(TRANSFER_HEADING)}"
                 if _transfer_table(a, split) else "")
-    if _stage_figures(a.run_dir, "05_cross_rank"):
+    if ctx.folder.figures("05_cross_rank"):
         text = (f"\nAcross ranks: each category's busy time per step spreads as the figure above shows "
                 f"({appendix_link(CROSS_RANK_HEADING, 'table')})" + (f"; {transfer}" if transfer else "") + ".\n")
     else:
@@ -880,8 +881,8 @@ WHY_COUNTS_DIFFER = " Observed counts can differ when"
 why a count may differ: the report leaves that part out when every count matched."""
 
 
-def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
-    label = ctx["verdict"].identity.step_label
+def _section_crosschecks(a: RunArtifacts, ctx: ReportContext) -> str:
+    label = ctx.ident.step_label
     text = f"## Cross-checks\n\n### Collectives {per_step(label) if label == WINDOW else 'per ' + label}\n\n"
     ts = a.trace_summary
     if ts is not None:
@@ -914,7 +915,7 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     else:
         text += missing_box("The architecture cross-check", ["05_categorize/summary.json (collectives_check)"])
     text += "\n### Trace against micro-benchmark predictions\n\n"
-    mvt = ctx["mvt"]
+    mvt = ctx.mvt
     if mvt is not None and mvt["micro_predicted_ms_per_step"].notna().any():
         text += (f"Agreement means the ratio trace / prediction is within 1 ± {an.PREDICTION_TOLERANCE:g}.\n\n")
         text += md_table(mvt, [("quantity", "quantity"), ("trace_ms_per_step", "trace ms/step"),
@@ -922,11 +923,10 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
                                ("ratio_trace_over_micro", "trace / predicted"), ("agree", "agree?"),
                                ("prediction_method", "prediction"),
                                ("trace_implementation", "what the trace ran")], md_columns=("trace_implementation",))
-        text += prose.step_prediction_table(ctx["verdict"].step_prediction)
+        text += prose.step_prediction_table(ctx.verdict.step_prediction)
     else:
-        need = [f for f in ("02_gemm_micro/prediction.json", "03_nccl_burst/prediction.json",
-                            "05_categorize/decode_categories.csv") if not (a.run_dir / f).is_file()]
-        text += missing_box("Trace against prediction", need or ["a GEMM or communication prediction"])
+        text += missing_box("Trace against prediction", list(ctx.folder.files_absent)
+                            or ["a GEMM or communication prediction"])
     text += "\n### Profiler text table against the trace\n\n"
     tt = ts.text_table_check if ts is not None else []
     if tt and all(c.self_cuda_total_us is None for c in tt):  # CPU tables: nothing to set against the trace
@@ -953,10 +953,10 @@ def _section_crosschecks(a: RunArtifacts, ctx: dict) -> str:
     return text
 
 
-def _section_verdict(ctx: dict) -> str:
+def _section_verdict(ctx: ReportContext) -> str:
     text = "## Verdict\n\n"
-    v: vd.Verdict = ctx["verdict"]
-    am = ctx["amdahl"]
+    v: vd.Verdict = ctx.verdict
+    am = ctx.amdahl
     if v.dominant is None and v.failed_guards:
         # Withdrawn, not missing: the guards say why, and the trace is described instead.
         return text + "**Verdict withheld.**\n\n" + _finding_list(v)
@@ -967,8 +967,8 @@ def _section_verdict(ctx: dict) -> str:
              f"({d.denominator}). The findings, one per line:\n\n" + _finding_list(v) + "\n")
     if v.levers:
         text += _lever_table(v)
-        if "amdahl" in ctx["figs"]:
-            text += "\n" + _img(ctx["figs"]["amdahl"], "Amdahl ceiling per category")
+        if "amdahl" in ctx.figs:
+            text += "\n" + _img(ctx.figs["amdahl"], "Amdahl ceiling per category")
     elif am is None:
         text += missing_box("Amdahl ceilings", ["05_categorize/amdahl.csv"])
     if v.roofline:  # each row is a finding above: the table is the appendix's
@@ -1029,10 +1029,9 @@ def _lever_table(v: vd.Verdict) -> str:
     return text
 
 
-def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
+def _section_whatif(ctx: ReportContext) -> str:
     text = "## What-if: speculative / multi-token decoding\n\n"
-    w = ctx["whatif"]
-    ident = ctx["verdict"].identity
+    w, ident = ctx.whatif, ctx.ident
     if not ident.takes_decode_verdict:
         what = (prose.KIND_PHRASES.get(ident.kind, f"a {ident.kind} trace") if ident.kind != "unknown"
                 else "a trace with no step labelled decode")
@@ -1043,23 +1042,50 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     if w is None:
         return text + missing_box("The projection", ["05_categorize/decode_categories.csv",
                                                      "04_profiler_capture/capture_latency.json"])
-    base: wi.SpecBaseline = ctx["whatif_baseline"]
-    preds: list[wi.Prediction] = ctx["whatif_predictions"]
-    batch = preds[0].batch
+    in_appendix = _whatif_table_in_appendix(ctx)
+    text += _whatif_grid(w, in_appendix) + _whatif_warnings(ctx)
+    if not in_appendix:
+        text += _whatif_table(w.predictions)
+        if w.parts_assumed:  # what a default assumed is read beside the projection it changes
+            text += "\n" + PARTS_INTRO + _parts_table(w.baseline, w.predictions)
+        else:
+            text += f"\nHow each part of the measured step grows in a verify step: {appendix_link(WHATIF_PARTS_HEADING)}.\n"
+    best, worst = w.best, w.worst
+    text += (f"\nThe best case here, acceptance {fmt_num(best.acceptance_length)} with {fmt_num(best.draft_tokens)} "
+             f"drafted tokens at {fmt_num(best.draft_per_token_ms)} ms each, projects "
+             f"{fmt_num(best.tpot_ms)} ms TPOT ({fmt_num(best.tok_s_per_stream)} tok/s per stream, "
+             f"{fmt_num(best.speedup)}× the measured step).\n")
+    if in_appendix and worst.speedup < 1:  # the table that showed it is the appendix's
+        text += (f"\nThe worst, acceptance {fmt_num(worst.acceptance_length)} with {fmt_num(worst.draft_tokens)} drafted "
+                 f"tokens, projects {fmt_num(worst.tpot_ms)} ms TPOT: slower than the measured step "
+                 f"({fmt_num(worst.speedup)}×).\n")
+    if "whatif" in ctx.figs:
+        text += "\n" + _img(ctx.figs["whatif"], "speculative decoding what-if")
+    return text + _whatif_under_load(w.load_rows, best)
+
+
+def _whatif_grid(w: WhatIfProjection, in_appendix: bool) -> str:
+    """What the what-if projects from and over which grid, and where its table and method are."""
+    base, batch = w.baseline, w.predictions[0].batch
     grid = (f"Projected from the measured decode step of **{fmt_num(base.step_ms)} ms** ({base.step_basis}) at "
-            f"**{fmt_num(batch)} {plural('request', batch)} per step**, for acceptance lengths {list(wp.acceptance_lengths)} "
-            f"and draft costs {list(wp.draft_cost_fractions)} of a measured step per drafted token")
-    if _whatif_table_in_appendix(ctx):
-        text += (f"{grid}: the figure below; the table, its method and how each part of the step grows in a verify "
-                 f"step: {appendix_link(WHATIF_HEADING)}.\n")
-    else:
-        text += f"{grid}: {whatif_method(wp.verify_extra_tokens)}\n\n"
-    sd = ctx["verdict"].spec_decode
+            f"**{fmt_num(batch)} {plural('request', batch)} per step**, for acceptance lengths {list(w.acceptance_lengths)} "
+            f"and draft costs {list(w.draft_cost_fractions)} of a measured step per drafted token")
+    if in_appendix:
+        return (f"{grid}: the figure below; the table, its method and how each part of the step grows in a verify "
+                f"step: {appendix_link(WHATIF_HEADING)}.\n")
+    return f"{grid}: {whatif_method(w.verify_extra_tokens)}\n\n"
+
+
+def _whatif_warnings(ctx: ReportContext) -> str:
+    """What makes the measured step a poor baseline: speculative decoding already on, a stall in
+    it, too few steps."""
+    text, ident = "", ctx.ident
+    sd = ctx.verdict.spec_decode
     if sd is not None:
         text += (f"**This run already decodes speculatively** ({fmt_num(sd.n_verify_steps)} of "
                  f"{fmt_num(sd.n_decode_steps)} decode steps verify drafts): the baseline below mixes plain and "
                  f"verify steps, so set a projection against a run without speculative decoding instead.\n\n")
-    b = ctx["verdict"].boundness
+    b = ctx.verdict.boundness
     if b is not None and b.status in ("stall", "host gap"):
         text += (f"**The measured step holds one {fmt_num(b.largest_gap_ms)} ms stall** (see the verdict), which "
                  f"the projection carries unchanged in every row: remove the stall first, or read these figures "
@@ -1067,25 +1093,7 @@ def _section_whatif(ctx: dict, wp: WriteupParams) -> str:
     if ident.low_confidence:
         text += (f"Low confidence: the baseline is {fmt_num(ident.n_judged_steps)} {ident.step_label}(s) "
                  f"(fewer than {fmt_num(ident.min_steps)}).\n\n")
-    if not _whatif_table_in_appendix(ctx):
-        text += _whatif_table(preds)
-        if _parts_assumed(preds):  # what a default assumed is read beside the projection it changes
-            text += "\n" + PARTS_INTRO + _parts_table(base, preds)
-        else:
-            text += f"\nHow each part of the measured step grows in a verify step: {appendix_link(WHATIF_PARTS_HEADING)}.\n"
-    best = max(preds, key=lambda p: p.speedup)
-    text += (f"\nThe best case here, acceptance {fmt_num(best.acceptance_length)} with {fmt_num(best.draft_tokens)} "
-             f"drafted tokens at {fmt_num(best.draft_ms / best.draft_tokens)} ms each, projects "
-             f"{fmt_num(best.tpot_ms)} ms TPOT ({fmt_num(best.tok_s_per_stream)} tok/s per stream, "
-             f"{fmt_num(best.speedup)}× the measured step).\n")
-    worst = min(preds, key=lambda p: p.speedup)
-    if _whatif_table_in_appendix(ctx) and worst.speedup < 1:  # the table that showed it is the appendix's
-        text += (f"\nThe worst, acceptance {fmt_num(worst.acceptance_length)} with {fmt_num(worst.draft_tokens)} drafted "
-                 f"tokens, projects {fmt_num(worst.tpot_ms)} ms TPOT: slower than the measured step "
-                 f"({fmt_num(worst.speedup)}×).\n")
-    if "whatif" in ctx["figs"]:
-        text += "\n" + _img(ctx["figs"]["whatif"], "speculative decoding what-if")
-    return text + _whatif_under_load(ctx.get("whatif_load") or [], best)
+    return text
 
 
 def whatif_method(verify_extra_tokens: int) -> str:
@@ -1098,16 +1106,16 @@ WHATIF_HEADING = "The what-if at the measured batch"
 WHATIF_PARTS_HEADING = "The what-if's step, part by part"
 
 
-def _whatif_table_in_appendix(ctx: dict) -> bool:
+def _whatif_table_in_appendix(ctx: ReportContext) -> bool:
     """The batch-1 projection's table goes to the appendix where the figure draws it and no part
     of the step grew by a default (a default is read beside the projection it changes)."""
-    preds = ctx.get("whatif_predictions")
-    return bool(preds) and "whatif" in ctx["figs"] and not _parts_assumed(preds)
+    w = ctx.whatif
+    return w is not None and bool(w.predictions) and "whatif" in ctx.figs and not w.parts_assumed
 
 
 def _whatif_table(preds: list[wi.Prediction]) -> str:
     rows = [{"acceptance": p.acceptance_length, "k": p.draft_tokens, "M": p.verify_tokens, "batch": p.batch,
-             "draft_per_token_ms": p.draft_ms / p.draft_tokens, "verify_ms": p.verify_ms, "draft_ms": p.draft_ms,
+             "draft_per_token_ms": p.draft_per_token_ms, "verify_ms": p.verify_ms, "draft_ms": p.draft_ms,
              "tpot_ms": p.tpot_ms, "tok_s": p.tok_s_per_stream, "speedup": p.speedup,
              "defaults": _defaulted(p.assumptions)}
             for p in preds]
@@ -1173,10 +1181,9 @@ def _whatif_load_moved(rows: list[dict]) -> bool:
     return bool(rows) and all(r["assumed"] == "no default used" for r in rows)
 
 
-def _whatif_under_load(levels: list[tuple[wi.SpecBaseline, list[wi.Prediction]]], batch1: wi.Prediction) -> str:
-    """The what-if at each captured load level, each at the batch its own trace measured
-    (issue 22): speculative decoding's gain at batch 1 says nothing of the plateau's batch."""
-    rows = _whatif_load_rows(levels)
+def _whatif_under_load(rows: list[dict[str, Any]], batch1: wi.Prediction) -> str:
+    """The what-if at each captured load level (`_whatif_load_rows`), each at the batch its own trace
+    measured (issue 22): speculative decoding's gain at batch 1 says nothing of the plateau's batch."""
     if not rows:
         return ""
     text = "\n### Under load: at the batch each level was measured at\n\n"
@@ -1269,51 +1276,170 @@ def _why(a: RunArtifacts, stage_id: str) -> str | None:
 # --------------------------------------------------------------------------- entry point
 
 
-def report_context(a: RunArtifacts, wp: WriteupParams) -> dict[str, Any]:
-    """Every derived number the report shows, computed once."""
+@dataclasses.dataclass(frozen=True)
+class RunFolderListing:
+    """What the report takes from the run folder beyond RunArtifacts, read when the context is
+    built, so rendering reads no file (a run folder moved away renders the same report)."""
+
+    stages_present: frozenset[str]
+    """Stage folders holding any file (`RunArtifacts.stage_present`)."""
+    figure_names: tuple[str, ...]
+    """PNG names in figures/ before the report draws its own: the stages' plots it links."""
+    perfetto_merged: bool
+    """Whether stage 05 wrote its merged Perfetto file (`trace.perfetto.MERGED_NAME`)."""
+    files_absent: tuple[str, ...]
+    """Of the trace-against-prediction inputs (`PREDICTION_INPUTS`), those not in the run folder."""
+
+    def figures(self, prefix: str) -> list[str]:
+        """The stage plots whose names start with `prefix`, sorted."""
+        return sorted(n for n in self.figure_names if n.startswith(prefix))
+
+
+PREDICTION_INPUTS = ("02_gemm_micro/prediction.json", "03_nccl_burst/prediction.json",
+                     "05_categorize/decode_categories.csv")
+"""The files a trace-against-prediction table reads; the box that says it is missing names the absent ones."""
+
+
+def folder_listing(run_dir: Path) -> RunFolderListing:
+    """The run folder's listing the report's sections read (`RunFolderListing`)."""
+    from stepscope.trace.perfetto import MERGED_NAME
+
+    stages = frozenset(d.name for d in run_dir.iterdir() if d.is_dir() and any(d.iterdir())) if run_dir.is_dir() \
+        else frozenset()
+    figures = run_dir / "figures"
+    return RunFolderListing(
+        stages_present=stages,
+        figure_names=tuple(sorted(p.name for p in figures.glob("*.png"))) if figures.is_dir() else (),
+        perfetto_merged=(run_dir / "05_categorize" / "perfetto" / MERGED_NAME).is_file(),
+        files_absent=tuple(f for f in PREDICTION_INPUTS if not (run_dir / f).is_file()))
+
+
+@dataclasses.dataclass(frozen=True)
+class WhatIfProjection:
+    """The speculative-decoding what-if (`report.whatif`), projected from the measured decode step."""
+
+    baseline: wi.SpecBaseline
+    """The measured decode step (ms, its parts) at the capture's batch."""
+    predictions: list[wi.Prediction]
+    """One per point of the writeup params' grid (acceptance × draft cost)."""
+    acceptance_lengths: tuple[float, ...]
+    """`writeup.acceptance_lengths`: the grid's mean tokens emitted per verify step."""
+    draft_cost_fractions: tuple[float, ...]
+    """`writeup.draft_cost_fractions`: the grid's draft cost per drafted token, as a fraction of a measured step."""
+    verify_extra_tokens: int
+    """`writeup.verify_extra_tokens`, which the method line states."""
+    curves: pd.DataFrame
+    """The figure's rows: acceptance_length, tpot_ms_projected, draft_cost_fraction (of a step per drafted token)."""
+    load: list[tuple[wi.SpecBaseline, list[wi.Prediction]]]
+    """Each captured load level's own step and its grid, at the batch that level's trace measured."""
+    load_rows: list[dict[str, Any]]
+    """One row per load level: its best and worst speed-up (×), best TPOT (ms), the defaults it assumed."""
+
+    @property
+    def best(self) -> wi.Prediction:
+        return max(self.predictions, key=lambda p: p.speedup)
+
+    @property
+    def worst(self) -> wi.Prediction:
+        return min(self.predictions, key=lambda p: p.speedup)
+
+    @property
+    def parts_assumed(self) -> bool:
+        return _parts_assumed(self.predictions)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportContext:
+    """Every derived number the report shows, computed once (`report_context`); the sections render it."""
+
+    totals: dict[str, Any]
+    """The step read several ways, ms per step, with stage 05's basis (`analysis.decode_step_totals`)."""
+    decode: pd.DataFrame | None
+    """Per category: ms per step, % of step, calls per step, µs per call (`analysis.decode_category_table`)."""
+    amdahl: pd.DataFrame | None
+    """Stage 05's Amdahl ceilings (×) per category, on its step basis (amdahl.csv)."""
+    mvt: pd.DataFrame | None
+    """Trace against micro-benchmark predictions, ms per step and their ratio (`analysis.micro_vs_trace`)."""
+    macro: dict[str, Any]
+    """The sweep's headline readings: knee, plateau tok/s, c=1 TPOT and TTFT ms (`analysis.macro_headlines`)."""
+    verdict: vd.Verdict
+    """The findings, guards applied (`report.verdict`, `report.guards`)."""
+    whatif: WhatIfProjection | None
+    """The speculative-decoding projection; None where the trace takes no decode verdict or has no step."""
+    micro: list[Any]
+    """The micro-predicted curve, one point per closed-loop sweep level (`report.load.micro_curve`)."""
+    kinds: pd.DataFrame | None
+    """Stage 05's per-kind rows of the reference rank (`kinds.kind_table`); None with one kind's table absent."""
+    caveats: list[str]
+    """Every caveat as the Caveats section lists it, escaped markdown (`verdict.caveats`, `prose.caveat_text`)."""
+    checks_held: list[str]
+    """The checks that held, clauses of one line (`analysis.checks_held`)."""
+    folder: RunFolderListing
+    """The run folder's listing, read when the context was built."""
+    figs: dict[str, str] = dataclasses.field(default_factory=dict)
+    """{figure key: file name in figures/} of the figures the report drew (`make_figures`); empty when none."""
+
+    @property
+    def ident(self) -> vd.TraceIdentity:
+        return self.verdict.identity
+
+
+def _whatif(a: RunArtifacts, wp: WriteupParams, totals: dict[str, Any], decode: pd.DataFrame | None,
+            ident: vd.TraceIdentity) -> WhatIfProjection | None:
+    """The what-if at the capture's batch and at each captured load level; None without a decode step."""
+    baseline = wi.spec_baseline(a, totals, decode, batch=ident.batch_size) if ident.takes_decode_verdict else None
+    if baseline is None:
+        return None
+
+    def grid(b: wi.SpecBaseline) -> list[wi.Prediction]:
+        return wi.whatif_table(b, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
+    preds = grid(baseline)
+    load = [(b, grid(b)) for b in wi.load_baselines(a)]
+    # The fraction is recomputed from ms, so 0.1 comes back as 0.09999999999999999 for some steps: rounded,
+    # it is one group key (one line of the figure, one legend entry) per params value again.
+    curves = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
+                            "draft_cost_fraction": round(p.draft_ms / p.draft_tokens / baseline.step_ms, 9)}
+                           for p in preds])
+    return WhatIfProjection(baseline=baseline, predictions=preds, acceptance_lengths=tuple(wp.acceptance_lengths),
+                            draft_cost_fractions=tuple(wp.draft_cost_fractions),
+                            verify_extra_tokens=wp.verify_extra_tokens, curves=curves, load=load,
+                            load_rows=_whatif_load_rows(load))
+
+
+def report_context(a: RunArtifacts, wp: WriteupParams) -> ReportContext:
+    """Every derived number the report shows, computed once, and every file it reads, read now."""
     totals = an.decode_step_totals(a)
     decode = an.decode_category_table(a, totals)
     amdahl = a.amdahl  # stage 05's ceilings, on its step basis
     mvt = an.micro_vs_trace(a)
     macro = an.macro_headlines(a)
-    ctx: dict[str, Any] = {"totals": totals, "decode": decode, "amdahl": amdahl, "mvt": mvt, "macro": macro,
-                           "whatif": None, "whatif_base_ms": None}
-    ctx["verdict"] = guards.guarded(vd.verdict(a, totals, decode, amdahl, mvt, macro), a, totals, decode)
-    ident = ctx["verdict"].identity
-    baseline = wi.spec_baseline(a, totals, decode, batch=ident.batch_size) if ident.takes_decode_verdict else None
-    if baseline is not None:
-        preds = wi.whatif_table(baseline, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
-        ctx["whatif_baseline"], ctx["whatif_predictions"] = baseline, preds
-        ctx["whatif_verify_extra_tokens"] = wp.verify_extra_tokens  # the appendix states the method
-        ctx["whatif_base_ms"] = baseline.step_ms
-        # The fraction is recomputed from ms, so 0.1 comes back as 0.09999999999999999 for some steps: rounded,
-        # it is one group key (one line of the figure, one legend entry) per params value again.
-        ctx["whatif"] = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
-                                       "draft_cost_fraction": round(p.draft_ms / p.draft_tokens / baseline.step_ms, 9)}
-                                      for p in preds])
-        ctx["whatif_load"] = [(b, wi.whatif_table(b, wp.acceptance_lengths, wp.draft_cost_fractions,
-                                                  wp.verify_extra_tokens))
-                              for b in wi.load_baselines(a)]
-    ctx["caveats"] = [prose.caveat_text(c, ctx["verdict"]) for c in ctx["verdict"].caveats]
-    ctx["checks_held"] = an.checks_held(a, ident.step_label)
-    return ctx
+    verdict = guards.guarded(vd.verdict(a, totals, decode, amdahl, mvt, macro), a, totals, decode)
+    ident = verdict.identity
+    caveats = [prose.caveat_text(c, verdict) for c in verdict.caveats]
+    return ReportContext(
+        totals=totals, decode=decode, amdahl=amdahl, mvt=mvt, macro=macro, verdict=verdict,
+        whatif=_whatif(a, wp, totals, decode, ident),
+        micro=micro_curve(a),
+        kinds=kind_table(a.run_dir, a.decode.rank), caveats=caveats,
+        checks_held=an.checks_held(a, ident.step_label), folder=folder_listing(a.run_dir))
 
 
-def report_title(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
+def report_title(a: RunArtifacts, ctx: ReportContext, wp: WriteupParams) -> str:
     """The report's title as plain text: `writeup.title`, else the question for this run."""
     run_id = a.run.run_id if a.run is not None else a.run_dir.name
-    step = ctx["verdict"].identity.step_label   # a prefill or training trace is not called decode
+    step = ctx.ident.step_label   # a prefill or training trace is not called decode
     return wp.title or f"Where does a {step}'s time go? Run {run_id}"
 
 
-def render_report_markdown(a: RunArtifacts, ctx: dict[str, Any], wp: WriteupParams) -> str:
+def render_report_markdown(a: RunArtifacts, ctx: ReportContext, wp: WriteupParams) -> str:
     """The report: the opening screen, then the sections in reading order, numbered."""
-    head = opening(a, ctx["verdict"], md_text(report_title(a, ctx, wp))) + "[TOC]\n\n"
+    stages = ctx.folder.stages_present
+    head = opening(a, ctx.verdict, md_text(report_title(a, ctx, wp)), stages) + "[TOC]\n\n"
     # A trace-only run never measured a server: its opening says so once, instead of a box per stage.
-    measured = [] if trace_only(a) else [_section_macro(a, ctx["macro"], ctx["figs"]), _section_micro(a, ctx["figs"])]
-    sections = [_section_setup(a, ctx["verdict"].identity), *measured, _section_breakdown(a, ctx, ctx["figs"]),
-                *_section_load(a, ctx, ctx["figs"]), _section_crosschecks(a, ctx), _section_verdict(ctx),
-                _section_whatif(ctx, wp), _section_caveats(ctx["caveats"], ctx["checks_held"])]
+    measured = [] if trace_only(a, stages) else [_section_macro(a, ctx), _section_micro(a, ctx)]
+    sections = [_section_setup(a, ctx), *measured, _section_breakdown(a, ctx), *_section_load(a, ctx),
+                _section_crosschecks(a, ctx), _section_verdict(ctx), _section_whatif(ctx),
+                _section_caveats(ctx.caveats, ctx.checks_held)]
     return head + number_sections("\n".join(sections))
 
 
@@ -1330,14 +1456,15 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     a = load_run_artifacts(run_dir)
     wp = writeup_params_from(a, writeup)
     ctx = report_context(a, wp)
-    ctx["figs"] = make_figures(a, ctx) if draw_figures else {}
+    if draw_figures:
+        ctx = dataclasses.replace(ctx, figs=make_figures(a, ctx))
     text = render_report_markdown(a, ctx, wp)
     title = report_title(a, ctx, wp)
     out_dir = a.run_dir / STAGE_ID
     out_dir.mkdir(parents=True, exist_ok=True)
     # The invariants the verdict rests on, on disk beside the report that states them.
-    schema.write(out_dir / "guards.json", schema.to_builtins(guards.guards_record(ctx["verdict"])), schema.GuardsFile)
-    v = ctx["verdict"]
+    schema.write(out_dir / "guards.json", schema.to_builtins(guards.guards_record(ctx.verdict)), schema.GuardsFile)
+    v = ctx.verdict
     # The findings as data, for the CLI's closing lines and exit code (and whoever reads a run).
     verdict_path = schema.write(out_dir / "verdict.json", vd.with_sentences(
         v, prose.headline_sentences(v), prose.sentences(v)), schema.VerdictFile)
@@ -1349,7 +1476,7 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     appendix_md, appendix_html = write_appendix(a, out_dir, title, appendix_tables(a, ctx))
     paths: dict[str, Path] = {"markdown": md_path, "html": html_path, "appendix_markdown": appendix_md,
                               "appendix_html": appendix_html, "verdict": verdict_path, "figures": a.run_dir / "figures"}
-    for key, name in ctx["figs"].items():
+    for key, name in ctx.figs.items():
         paths[f"figure_{key}"] = a.run_dir / "figures" / name
     return paths
 

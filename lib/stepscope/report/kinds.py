@@ -68,26 +68,24 @@ KINDS_HEADING = "Step kinds side by side (stage 05)"
 """The appendix's heading of the per-kind table (`kinds_appendix`), which `kinds_section` links."""
 
 
-def kinds_section(a: RunArtifacts, step_label: str) -> str:
-    """The report's line on the other step kinds: what the tables describe, and a link to the
-    kinds side by side in the appendix; "" where the trace holds one kind of step."""
+def kinds_section(table: pd.DataFrame | None, step_label: str) -> str:
+    """The report's line on the other step kinds (`table`: `kind_table`'s rows): what the tables
+    describe, and a link to the kinds side by side in the appendix; "" where the trace holds one kind of step."""
     from stepscope.report.appendix import appendix_link
 
-    table = kind_table(a.run_dir, a.decode.rank)
     if table is None or table["kind"].nunique() < 2:
         return ""
     return (f"\nThis section and the verdict describe the {md_text(step_label)}s only (every step kind, side by side: "
             f"{appendix_link(KINDS_HEADING)}).\n")
 
 
-def kinds_appendix(a: RunArtifacts, step_label: str) -> str:
-    """The step kinds as columns of one table (ms per step, each over its own steps), with each
-    kind's busy time and span, under `KINDS_HEADING`; "" where the trace holds one kind of step."""
+def kinds_appendix(table: pd.DataFrame | None, judged: str | None, step_label: str) -> str:
+    """The step kinds (`table`: `kind_table`'s rows; `judged`: `judged_kind`) as columns of one table
+    (ms per step, each over its own steps), with each kind's busy time and span, under
+    `KINDS_HEADING`; "" where the trace holds one kind of step."""
     from stepscope.report.appendix import appendix_table
     from stepscope.report.markdown_util import md_table
 
-    judged = judged_kind(a)
-    table = kind_table(a.run_dir, a.decode.rank)
     if table is None or table["kind"].nunique() < 2:
         return ""
     kinds = _kinds_in_order(table, judged)

@@ -108,6 +108,11 @@ class Prediction:
     parts: tuple[ScaledPart, ...]
     assumptions: tuple[str, ...] = field(default=())
 
+    @property
+    def draft_per_token_ms(self) -> float:
+        """What one drafted token costs, ms."""
+        return self.draft_ms / self.draft_tokens
+
 
 def _interp(curve: dict[int, float], x: float, log_x: bool = False) -> tuple[float, bool]:
     """The curve at x (linear between points, in log x for sizes), and whether x was outside."""
