@@ -256,11 +256,32 @@ def test_a_verdict_json_of_schema_version_2_still_compares(tmp_path, real_traces
         "ranks": {"analysed": 1, "not_analysed": []}, "sentences": []}))
     a = load_run_artifacts(old)
     assert a.problems == [] and a.verdict.identity.n_judged_steps == 3 and a.verdict.basis.step_ms == 6.25
-    assert verdict_fields(a.verdict) == {"dominant": "dense_gemm", "dominant_share_pct": 40.0,
-                                         "biggest_lever": "dense_gemm", "biggest_lever_x": 1.67, "caveat": "low_confidence"}
+    assert verdict_fields(a.verdict) == {"dominant": "dense_gemm", "dominant_share_pct": 40.0, "communication": None,
+                                         "bound": None, "biggest_lever": "dense_gemm", "biggest_lever_x": 1.67,
+                                         "caveat": "low_confidence"}
     new = _run(tmp_path, REAL["vllm-mi300x-gptoss"][0], real_traces)
     build_report(new, draw_figures=False)
     b = load_run_artifacts(new)
     assert [k for k, _, _ in verdict_changes(a.verdict, b.verdict)] == ["dominant", "biggest_lever"]
     said = verdict_section(a, b, "old", "new")
     assert "| caveat | low_confidence | low_confidence |" in said and "dominant: dense_gemm → " in said
+
+
+def test_what_the_clients_latencies_measure_is_a_caveat_of_the_one_list(tmp_path):
+    """Bunched chunks and stalled sweep levels were a third list, computed in the report's opening:
+    they are caveats of the one list, after the verdict's own and before the artifacts' other
+    flags; the opening says them and so does the Caveats section."""
+    from stepscope.testing.report import section
+    from stepscope.testing.synthetic import set_level_columns
+
+    run = set_level_columns(make_synthetic_run(tmp_path / "run"), bunched_chunk_share=[0.9, 0.6, 0.1, 0.1],
+                            stall_share=[0.0, 0.1, 0.6, 0.2])
+    paths = build_report(run, draw_figures=False)
+    v = schema.read(paths["verdict"], schema.VerdictFile)
+    assert [c.code for c in v.caveats][:5] == ["prediction_disagrees", "plateau_stalls", "sweep_delivery", "sweep_stalls",
+                                               "other_share"]
+    assert v.caveats[2].values == (("n_levels", 2), ("of_levels", 4), ("max_share", 0.9))
+    assert v.caveats[3].values == (("stall_share", 0.6), ("concurrency", 4))
+    said = "Server-wide stalls took up to 60 % of a sweep level's time (concurrency 4)"
+    md = paths["markdown"].read_text()
+    assert f"- {said}" in md.split("## 1. Setup", 1)[0] and f"- {said}" in section(md, "Caveats")

@@ -17,9 +17,9 @@ from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
 from stepscope.report.artifacts import STAGE_TITLES, RunArtifacts, collective_counts, name_of, num
 from stepscope.report.markdown_util import code_name
 from stepscope.schema.verdict import Caveat
-from stepscope.thresholds import PREDICTION_TOLERANCE, READINGS_AGREE_REL
+from stepscope.thresholds import BUNCHED_FLAG_SHARE, PREDICTION_TOLERANCE, READINGS_AGREE_REL, STALLED_LEVEL_SHARE
 from stepscope.trace.tpot import TpotAgainstStep, tpot_against_step
-from stepscope.wording import WINDOW, Md, flag_message, fmt_num, fmt_pct, md_code, md_text, work_unit
+from stepscope.wording import WINDOW, Md, capture_delivery, flag_message, fmt_num, fmt_pct, md_code, md_text, work_unit
 
 
 # --------------------------------------------------------------------------- decode step
@@ -331,8 +331,30 @@ def artifact_caveats(a: RunArtifacts, step_label: str = "decode step") -> tuple[
     """The artifacts' flags and failed checks as caveats (`report.verdict.caveats` puts them
     after the verdict's own): the trace's, the sweep's, the capture's, the stages', then the
     files that could not be read. `report.prose.caveat_text` words them."""
-    return tuple(_trace_caveats(a, step_label) + _sweep_caveats(a) + _capture_caveats(a) + _stage_caveats(a)
-                 + [Caveat("unreadable_artifact", "run", values=(("problem", p),)) for p in a.problems])
+    return tuple(_delivery_caveats(a) + _trace_caveats(a, step_label) + _sweep_caveats(a) + _capture_caveats(a)
+                 + _stage_caveats(a) + [Caveat("unreadable_artifact", "run", values=(("problem", p),)) for p in a.problems])
+
+
+def _delivery_caveats(a: RunArtifacts) -> list[Caveat]:
+    """The client's latencies that measure delivery, not decode, and the sweep level stalls took
+    most of: they change which number to read, so they come first."""
+    out = []
+    cl, lv = a.capture_latency, a.levels
+    if cl is not None and cl.tpot_is_delivery():
+        out.append(Caveat("tpot_is_delivery", "capture", values=(("reason", capture_delivery(cl)),)))
+    if lv is not None and "bunched_chunk_share" in lv:
+        bunched = lv["bunched_chunk_share"].astype(float)
+        bunched = bunched[bunched > BUNCHED_FLAG_SHARE]
+        if not bunched.empty:
+            out.append(Caveat("sweep_delivery", "sweep", values=(("n_levels", len(bunched)), ("of_levels", len(lv)),
+                                                                  ("max_share", float(bunched.max())))))
+    if lv is not None and "stall_share" in lv and lv["stall_share"].notna().any():
+        worst = lv.loc[lv["stall_share"].astype(float).idxmax()]
+        if float(worst["stall_share"]) > STALLED_LEVEL_SHARE:
+            c = num(worst.get("concurrency"))
+            out.append(Caveat("sweep_stalls", "sweep", values=(("stall_share", float(worst["stall_share"])),
+                                                                ("concurrency", None if c is None else int(c)))))
+    return out
 
 
 def checks_held(a: RunArtifacts, step_label: str = "decode step") -> list[str]:

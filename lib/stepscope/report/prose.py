@@ -736,7 +736,19 @@ def _sweep_failures(c: Caveat) -> str:
             + (f" (first: {ex})" if ex else "") + ".")
 
 
+def _sweep_stalls(c: Caveat) -> str:
+    where = f" (concurrency {f(c.value('concurrency'))})" if c.value("concurrency") is not None else ""
+    return (f"Server-wide stalls took up to {fmt_pct(c.value('stall_share'))} of a sweep level's time{where}: that "
+            "level's throughput is low by up to that share.")
+
+
 ARTIFACT_CAVEATS = {
+    "tpot_is_delivery": lambda c, label: f"The capture's TPOT measures delivery, not decode: {c.value('reason')}.",
+    "sweep_delivery": lambda c, label: (f"At {f(c.value('n_levels'))} of {f(c.value('of_levels'))} sweep levels the TPOT "
+                                        f"and ITL measure delivery, not decode: up to {fmt_pct(c.value('max_share'))} of "
+                                        "token chunks arrived together with the previous one; read the engine's step "
+                                        "period instead."),
+    "sweep_stalls": lambda c, label: _sweep_stalls(c),
     "other_share": lambda c, label: (f"\"other\" holds at most {fmt_pct(c.value('share'))} of kernel time (rank "
                                      f"{c.value('rank')}); its top names: {_names(c)}."),
     "catch_all": lambda c, label: (f"Only a catch-all rule matched {fmt_pct(c.value('share'))} of kernel time (at most, "

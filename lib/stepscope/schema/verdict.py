@@ -403,8 +403,9 @@ class Caveat(Record, frozen=True):
     code: str
     """The verdict's own, in the order they matter: `not_analysed`, `host_only`, `not_decode`,
     `claims_withdrawn`, `ranks_missing`, `low_confidence`, `tpot_gap`, `offsetting_agreement`,
-    `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`; then the artifacts' flags
-    and checks: `other_share`, `catch_all`, `unattributed_events`, `no_step_marker`,
+    `prediction_disagrees`, `overlap`, `plateau_stalls`, `spec_decode`; then the artifacts': what
+    the client's latencies measure and the sweep's stalls (`tpot_is_delivery`, `sweep_delivery`,
+    `sweep_stalls`), then flags and checks: `other_share`, `catch_all`, `unattributed_events`, `no_step_marker`,
     `fallback_steps`, `collectives_mismatch`, `collectives_unchecked`, `trace_flag`, `sweep_flag`,
     `client_bound`, `server_died`, `sweep_failures`, `capture_failures`, `capture_ranks_missing`,
     `capture_partial`, `stage_not_measured`, `stage_failed`, `unreadable_artifact`."""
