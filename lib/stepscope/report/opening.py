@@ -18,10 +18,11 @@ the Caveats section. Stalls are said from every sweep level (`sweep_stalls`), no
 MEASURING_STAGES = ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_burst", "04_profiler_capture")
 
 
-def trace_only(a: RunArtifacts) -> bool:
+def trace_only(a: RunArtifacts, stages: frozenset[str]) -> bool:
     """A `stepscope analyze` run: stage 05 on traces captured elsewhere, no stage that measures a
-    server. Its report is about the trace alone, not a run with stages missing."""
-    if not a.stage_present("05_categorize") or any(a.stage_present(s) for s in MEASURING_STAGES):
+    server. Its report is about the trace alone, not a run with stages missing. `stages`: the stage
+    folders holding a file (`RunFolderListing.stages_present`)."""
+    if "05_categorize" not in stages or any(s in stages for s in MEASURING_STAGES):
         return False
     params = a.params if isinstance(a.params, dict) else {}
     return bool((params.get("analysis") or {}).get("trace_paths")) or (a.run is None and a.params is None)
@@ -34,8 +35,9 @@ def decision_caveats(v: vd.Verdict) -> list[Md]:
     return [Md(prose.caveat_text(c, v)) for c in v.caveats if c.code in DECISION_CAVEATS and c != headline_caveat]
 
 
-def opening(a: RunArtifacts, v: vd.Verdict, title: Md) -> str:
-    """Title, "In short", what to try, the caveats that change a decision, and what the report covers."""
+def opening(a: RunArtifacts, v: vd.Verdict, title: Md, stages: frozenset[str]) -> str:
+    """Title, "In short", what to try, the caveats that change a decision, and what the report covers
+    (`stages`: the stage folders holding a file)."""
     text = f"# {title}\n\n"
     short = prose.headline(v)
     if short:
@@ -46,7 +48,7 @@ def opening(a: RunArtifacts, v: vd.Verdict, title: Md) -> str:
     cav = decision_caveats(v)
     if cav:
         text += "**Read with care:**\n\n" + "".join(f"- {c}\n" for c in cav) + "\n"
-    if trace_only(a):
+    if trace_only(a, stages):
         text += ("*This report covers the trace only (`stepscope analyze`): an analyze run has no load sweep, "
                  "micro-benchmarks, capture latency or server settings.*\n\n")
     step = v.identity.step_label
