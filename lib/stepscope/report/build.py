@@ -337,7 +337,7 @@ def _section_macro(a: RunArtifacts, ctx: ReportContext) -> str:
     if a.levels is None:
         return text + missing_box("The load sweep", ["01_macro_sweep/levels.csv"], _why(a, "01_macro_sweep"))
     h = ctx.macro
-    plateau = vd.plateau(h)
+    plateau = ctx.verdict.plateau
     parts = []
     if plateau is not None:  # the verdict's own sentence (prose.plateau_sentence), not a second wording
         text += prose.plateau_sentence(plateau)
@@ -458,7 +458,7 @@ GEMM_ALL_HEADING = "GEMM timings, every point (stage 02)"
 def appendix_tables(a: RunArtifacts, ctx: ReportContext) -> str:
     """The measurements the report shows as figures or summaries, in full, and the tables it links
     rather than shows (each under the `### ` heading its `appendix_link` names), for the appendix."""
-    split, w = ctx.verdict.comm_split, ctx.whatif
+    w = ctx.whatif
     parts = []
     if a.gemm is not None and "status" in a.gemm and (a.gemm["status"].astype(str) == "ok").any():
         ok = a.gemm[a.gemm["status"].astype(str) == "ok"]
@@ -473,10 +473,9 @@ def appendix_tables(a: RunArtifacts, ctx: ReportContext) -> str:
         parts.append(_roofline_table(ctx.verdict))
     if w is not None:
         parts += _whatif_appendix(ctx, w)
-    table = _cross_rank_table(a, split)
-    if table is not None:
-        parts.append(appendix_table(CROSS_RANK_HEADING, _cross_rank_spread(table)))
-    parts.append(_transfer_table(a, split))
+    if ctx.cross_rank is not None:
+        parts.append(appendix_table(CROSS_RANK_HEADING, _cross_rank_spread(ctx.cross_rank)))
+    parts.append(_transfer_table(ctx.cross_rank))
     return "\n".join(p for p in parts if p)
 
 
@@ -787,15 +786,15 @@ def _perfetto_pointer(a: RunArtifacts, ctx: ReportContext) -> str:
                                             UI_URL) + "\n")
 
 
-def _cross_rank_table(a: RunArtifacts, split: vd.CommSplit | None) -> pd.DataFrame | None:
-    """Stage 05's per-category spread across ranks with the matched transfer beside it; None for
-    one rank, or for a sample of ranks (it would describe the sample, not the job)."""
-    cr = a.cross_rank
+def cross_rank_table(cr: pd.DataFrame | None, readings: pd.DataFrame | None,
+                     split: vd.CommSplit | None) -> pd.DataFrame | None:
+    """Stage 05's per-category spread across ranks (cross_rank.csv) with the matched transfer
+    (`analysis.transfer_readings`) beside it; None for one rank, or for a sample of ranks (it would
+    describe the sample, not the job)."""
     if cr is None or not len(cr) or "category" not in cr or (split is not None and split.status == "ranks missing"):
         return None
     if "n_ranks" in cr and cr["n_ranks"].max() <= 1:
         return None
-    readings = an.transfer_readings(a)
     return cr if readings is None else cr.merge(readings[["category", "transfer_ms_matched"]], on="category", how="left")
 
 
@@ -814,28 +813,27 @@ def _across_ranks(a: RunArtifacts, ctx: ReportContext) -> str:
         return (f"\nAcross ranks: only {fmt_num(split.ranks_present)} of {fmt_num(split.world_size)} ranks' traces "
                 f"are here, so the spread across ranks and any transfer estimate would describe a sample, not "
                 f"the job; the table is left out.\n")
-    table = _cross_rank_table(a, split)
+    table = ctx.cross_rank
     if table is None:
         return ""
     transfer = (f"the collectives' transfer and wait, two readings side by side: {appendix_link(TRANSFER_HEADING)}"
-                if _transfer_table(a, split) else "")
+                if _transfer_table(table) else "")
     if ctx.folder.figures("05_cross_rank"):
         text = (f"\nAcross ranks: each category's busy time per step spreads as the figure above shows "
                 f"({appendix_link(CROSS_RANK_HEADING, 'table')})" + (f"; {transfer}" if transfer else "") + ".\n")
     else:
         text = "\nAcross ranks (busy ms per step):\n\n" + _cross_rank_spread(table)
         text += f"\n{transfer[0].upper() + transfer[1:]}.\n" if transfer else ""
-    return text + _transfer_reading_notes(an.transfer_readings(a))
+    return text + _transfer_reading_notes(ctx.transfer_readings)
 
 
 CROSS_RANK_HEADING = "Busy time per category across ranks (stage 05, ms per step)"
 TRANSFER_HEADING = "Collective transfer and wait (stage 05)"
 
 
-def _transfer_table(a: RunArtifacts, split: vd.CommSplit | None) -> str:
-    """The collectives' two transfer readings and their waits, under `TRANSFER_HEADING` for the
-    appendix; '' without collectives seen on several ranks."""
-    table = _cross_rank_table(a, split)
+def _transfer_table(table: pd.DataFrame | None) -> str:
+    """The collectives' two transfer readings and their waits (`table`: `cross_rank_table`), under
+    `TRANSFER_HEADING` for the appendix; '' without collectives seen on several ranks."""
     if table is None or "transfer_ms_est" not in table:
         return ""
     comm = table[table["transfer_ms_est"].notna()]
@@ -1368,6 +1366,10 @@ class ReportContext:
     """The speculative-decoding projection; None where the trace takes no decode verdict or has no step."""
     micro: list[Any]
     """The micro-predicted curve, one point per closed-loop sweep level (`report.load.micro_curve`)."""
+    cross_rank: pd.DataFrame | None
+    """Busy ms per step per category across ranks, with the matched transfer (`cross_rank_table`)."""
+    transfer_readings: pd.DataFrame | None
+    """Each collective's two transfer readings, ms per step (`analysis.transfer_readings`)."""
     kinds: pd.DataFrame | None
     """Stage 05's per-kind rows of the reference rank (`kinds.kind_table`); None with one kind's table absent."""
     caveats: list[str]
@@ -1416,10 +1418,11 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> ReportContext:
     verdict = guards.guarded(vd.verdict(a, totals, decode, amdahl, mvt, macro), a, totals, decode)
     ident = verdict.identity
     caveats = [prose.caveat_text(c, verdict) for c in verdict.caveats]
+    readings = an.transfer_readings(a)
     return ReportContext(
         totals=totals, decode=decode, amdahl=amdahl, mvt=mvt, macro=macro, verdict=verdict,
-        whatif=_whatif(a, wp, totals, decode, ident),
-        micro=micro_curve(a),
+        whatif=_whatif(a, wp, totals, decode, ident), micro=micro_curve(a),
+        cross_rank=cross_rank_table(a.cross_rank, readings, verdict.comm_split), transfer_readings=readings,
         kinds=kind_table(a.run_dir, a.decode.rank), caveats=caveats,
         checks_held=an.checks_held(a, ident.step_label), folder=folder_listing(a.run_dir))
 
