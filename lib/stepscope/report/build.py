@@ -270,7 +270,6 @@ def _goodput_columns(lv) -> list[tuple[str, str]]:
     """Goodput beside throughput, and the share within the SLO, where the sweep set one."""
     if "goodput_tok_s" not in lv or not lv["goodput_tok_s"].notna().any():
         return []
-    lv["slo_met_pct"] = 100 * lv["slo_met_share"].astype(float)
     return [("goodput_tok_s", "goodput tok/s"), ("goodput_rps", "goodput req/s"), ("slo_met_pct", "within SLO %")]
 
 
@@ -283,7 +282,6 @@ def _workload_columns(lv) -> list[tuple[str, str]]:
         if p90 in lv and (lv[p90].astype(float) > lv[p50].astype(float)).any():
             cols += [(p50, f"{kind} tok p50"), (p90, f"{kind} tok p90")]
     if "prefix_cache_hit_rate" in lv and (lv["prefix_cache_hit_rate"].astype(float) > 0).any():
-        lv["prefix_hit_pct"] = 100 * lv["prefix_cache_hit_rate"].astype(float)
         cols.append(("prefix_hit_pct", "prefix cache hit %"))
     return cols
 
@@ -332,9 +330,24 @@ def _slo_paragraph(slo, search=None) -> str:
     return text + "; ".join(said) + ".\n\n" if said else ""
 
 
+LEVEL_PCT = {"bunched_chunk_share": "bunched_pct", "stall_share": "stall_pct", "slo_met_share": "slo_met_pct",
+             "prefix_cache_hit_rate": "prefix_hit_pct"}
+"""The sweep levels' shares the tables show as %: bunched chunks and stalls (whether a level's numbers
+measure the server's decode at all), requests within the SLO, prompts served from the prefix cache."""
+
+
+def sweep_levels(levels: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The sweep's levels in table order (mode, then load), each share in `LEVEL_PCT` beside it as a %."""
+    if levels is None:
+        return None
+    sort_cols = [c for c in ("mode", "concurrency", "request_rate") if c in levels]
+    lv = levels.sort_values(sort_cols) if sort_cols else levels.copy()
+    return lv.assign(**{pct: 100 * lv[share].astype(float) for share, pct in LEVEL_PCT.items() if share in lv})
+
+
 def _section_macro(a: RunArtifacts, ctx: ReportContext) -> str:
     text = "## Macro results: throughput and latency under load\n\n"
-    if a.levels is None:
+    if ctx.levels is None:
         return text + missing_box("The load sweep", ["01_macro_sweep/levels.csv"], _why(a, "01_macro_sweep"))
     h = ctx.macro
     plateau = ctx.verdict.plateau
@@ -357,15 +370,9 @@ def _section_macro(a: RunArtifacts, ctx: ReportContext) -> str:
         text += "In this sweep " + "; ".join(parts) + ".\n\n"
     text += (_slo_paragraph(a.sweep_summary.slo, a.sweep_summary.slo_search) if a.sweep_summary is not None
              else "")
-    lv = a.levels.copy()
-    sort_cols = [c for c in ("mode", "concurrency", "request_rate") if c in lv]
-    lv = lv.sort_values(sort_cols) if sort_cols else lv
+    lv = ctx.levels.copy()
     if {"n_completed", "n_failed"} <= set(lv.columns):
         lv["done_failed"] = lv["n_completed"].map(fmt_num) + " / " + lv["n_failed"].map(fmt_num)
-    # The two readings that say whether a level's numbers measure the server's decode at all.
-    for share, pct in (("bunched_chunk_share", "bunched_pct"), ("stall_share", "stall_pct")):
-        if share in lv:
-            lv[pct] = 100 * lv[share].astype(float)
     keys = [("mode", "mode"), ("concurrency", "concurrency"), ("request_rate", "rate (req/s)")]
     lv, keys = measured_only(lv, keys, keys=[])
     keys, same = constant_caption(lv, keys, keep=("concurrency",))
@@ -1366,6 +1373,8 @@ class ReportContext:
     """The speculative-decoding projection; None where the trace takes no decode verdict or has no step."""
     micro: list[Any]
     """The micro-predicted curve, one point per closed-loop sweep level (`report.load.micro_curve`)."""
+    levels: pd.DataFrame | None
+    """The sweep's levels in table order, shares also as % (`sweep_levels`); None without a sweep."""
     cross_rank: pd.DataFrame | None
     """Busy ms per step per category across ranks, with the matched transfer (`cross_rank_table`)."""
     transfer_readings: pd.DataFrame | None
@@ -1421,7 +1430,7 @@ def report_context(a: RunArtifacts, wp: WriteupParams) -> ReportContext:
     readings = an.transfer_readings(a)
     return ReportContext(
         totals=totals, decode=decode, amdahl=amdahl, mvt=mvt, macro=macro, verdict=verdict,
-        whatif=_whatif(a, wp, totals, decode, ident), micro=micro_curve(a),
+        whatif=_whatif(a, wp, totals, decode, ident), micro=micro_curve(a), levels=sweep_levels(a.levels),
         cross_rank=cross_rank_table(a.cross_rank, readings, verdict.comm_split), transfer_readings=readings,
         kinds=kind_table(a.run_dir, a.decode.rank), caveats=caveats,
         checks_held=an.checks_held(a, ident.step_label), folder=folder_listing(a.run_dir))
