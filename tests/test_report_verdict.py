@@ -394,7 +394,7 @@ def test_real_trace_verdicts_print_only_structured_values(tmp_path, real_traces,
     host_gap = v.boundness is not None and v.boundness.status == "host gap"
     assert len(biggest) == (1 if ceilings and not host_gap else 0)
     if biggest and v.biggest.kind == "category":
-        assert biggest[0].startswith(f"The biggest single lever is {name}:")
+        assert biggest[0].startswith(f"The biggest single lever is {v.biggest.name}:")
 
 
 def test_tp2_cpu_report_separates_waiting_from_transfer(tmp_path, real_traces):
