@@ -3,16 +3,7 @@ baseline, and the baseline's models set against what each variant measured.
 
 Pure functions over run folders (read once, in `load_campaign`) and plain values. Each
 judgement is a typed value (`Delta`, `SpecPrediction`, `CeilingCheck`); the report renders
-them and computes nothing.
-
-Noise (stated in the report):
-- with two or more runs per variant, a metric's noise band for a delta is
-  `NOISE_BAND_SIGMAS` x sqrt(s_b^2/n_b + s_v^2/n_v), s the standard deviation over repeats;
-- with one run, a per-category step time uses its step-to-step spread: sigma ~ (p90 -
-  median) / 1.28 (normal), over the n decode steps (standard error sigma/sqrt(n));
-- a single number with no spread (one sweep level, one capture TPOT) gets the fixed
-  relative band `CHANGE_NOISE_REL` of the baseline value, and the table says so.
-A delta is real only when |delta| exceeds its band.
+them and computes nothing. Noise bands: docs/campaigns.md#noise-bands.
 """
 
 from __future__ import annotations

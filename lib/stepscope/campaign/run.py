@@ -1,19 +1,8 @@
 """`stepscope campaign`: run the baseline and every variant, each a full run with its own server.
 
-The campaign folder:
-
-    outputs/<campaign-id>/
-        campaign.json           the plan, per-run status, wall times, reused stages
-        params.yaml             the campaign's params file, secrets redacted
-        <variant>/              one ordinary run folder (same stage contract as `stepscope run`)
-            variant_params.yaml     the params this variant ran with (baseline + overrides)
-            campaign_metrics/       /metrics scraped around stages 01 and 04, and the
-                                    speculative-decoding counters over each (`<stage>.spec_decode.json`)
-        <variant>/repeat-<k>/   instead, when a variant runs more than once
-        campaign_report.md, campaign_report.html, figures/
-
-`--resume` skips runs whose stages all finished and continues an unfinished run at its
-first unfinished stage (the runner's own `--resume`).
+One ordinary run folder per variant (or `<variant>/repeat-<k>/`) under `outputs/<campaign-id>/`,
+beside `campaign.json` and the campaign report (the layout: docs/artifacts.md). `--resume` skips
+runs whose stages all finished and continues an unfinished run at its first unfinished stage.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Compare two runs side by side: baseline A against variant B.
 
-Typical use: another all-reduce backend, or speculative decoding switched on. Each table
-shows A, B, B − A and B / A, and flags the rows whose change is beyond noise.
-
-Noise criterion (stated in the report too), the regression gate's and the campaign's
-(`report.noise`): a per-category decode time is beyond noise when |B − A| exceeds
-`NOISE_BAND_SIGMAS` standard errors of the difference of the two means, each from its
-step-to-step spread ((p90 − median) / 1.28 over √steps); a single number without a spread
-(one sweep level, a step reading) when |B / A − 1| > `NOISE_REL` (5 %), above the
-few-percent run-to-run scatter of a serving benchmark. The table beside the gate and the gate
-therefore agree. (Until 2026-12-01 a category had to move by more than the step-to-step
-spread itself, so an all-reduce 3.4x slower over 183 steps read "within noise" while the
-gate failed on it.)
-
-Every judgement comes from the one engine, `report.deltas.run_deltas`, which the gate and the
-campaign render too; this module only lays its deltas out as tables (kernels and collectives,
-which the engine does not carry, keep the fixed band here).
+Each table shows A, B, B − A and B / A, and flags the rows whose change is beyond noise. Every
+judgement comes from the one engine, `report.deltas.run_deltas`, which the regression gate and the
+campaign render too; this module lays its deltas out as tables (kernels and collectives, which the
+engine does not carry, keep the fixed band here). Noise bands and reasons: docs/campaigns.md.
 """
 
 from __future__ import annotations

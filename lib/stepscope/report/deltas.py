@@ -1,23 +1,9 @@
 """The one comparison engine: run folders of a baseline against a variant's, as typed deltas.
 
-`stepscope compare`, its regression gate (`campaign.gate`) and the campaign report each take
-the list `run_deltas` returns and render it their own way; none of them judges a difference
-itself. Each `Delta` (`report.noise`) carries the quantity, its unit, both readings, the ratio,
-its noise band (`report.noise.make_delta`), a judgement code (`Delta.judgement`) and, where the
-two readings do not measure the same thing, a reason code (`REASONS`) with its words from
-`stepscope.wording`.
-
-The rules that stop a reading from being judged live here once:
-- a sweep level that lost more than `STALLED_LEVEL_SHARE` of its time to server-wide stalls in
-  either run: none of its readings is compared (throughput reads low, latencies carry the
-  pauses), but its stall share is, as a quantity of its own (`stall_pct`), so a server that
-  pauses cannot hide its own regression;
-- a level whose token chunks arrived bunched beyond `BUNCHED_FLAG_SHARE` in either run: its
-  per-token latencies (`DELIVERY_METRICS`) measure delivery, not decode;
-- a capture TPOT that measures delivery (`CaptureLatency.tpot_is_delivery`);
-- goodput counted under different SLOs;
-- an A/A pair (`same_setup`): identical params on the same engine, whatever reads "changed" is
-  run-to-run variation the bands do not cover.
+`stepscope compare`, its regression gate (`campaign.gate`) and the campaign report each render
+the list `run_deltas` returns; none of them judges a difference itself. The rules that set a
+reading aside (stalled or bunched levels, a capture TPOT that measures delivery, goodput under
+other SLOs, an A/A pair) live here once: docs/campaigns.md#noise-bands.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The verdict as tables to work with (notebook 06), before it is rendered as a report.
 
-`verdict(run_dir)` reads the run folder as stage 06 does and returns a `Findings`: shown in
-a notebook it is the table of findings (one row per sentence the verdict says, with the
-finding it was written from); its `get_*` methods return the rest as DataFrames, in the
-manner of HTA's `TraceAnalysis.get_*`:
-
-- `get_findings()`: finding, subject, sentence, in_headline (the In short's three);
-- `get_levers()`: every lever with its Amdahl ceiling and stage 05's reading of it;
-- `get_guards()`: every invariant checked, whether it holds, what a failing one withdrew;
-- `get_finding(name)`: one typed finding (`"dominant"`, `"biggest"`, ...), a `schema.verdict` record.
-
-`with_thresholds(NAME=value, ...)` recomputes the verdict with other thresholds (names of
-`stepscope.thresholds`) and returns a new `Findings`; `changed(other)` lists the sentences
-that differ. Nothing here writes to the run folder: `build_report` renders the report.
+`verdict(run_dir)` computes a run folder's verdict as stage 06 does and returns a `Findings`
+(its tables, one typed finding, the same verdict judged with other thresholds): docs/verdict.md,
+"Working with the findings in a notebook". Nothing here writes to the run folder.
 """
 
 from __future__ import annotations

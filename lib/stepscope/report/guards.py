@@ -1,38 +1,10 @@
 """Guards: the invariants a verdict rests on, checked before any sentence is written.
 
 `guarded(v, a, totals, decode)` checks each invariant on the findings `report.verdict`
-computed and the tables they came from, and returns the verdict with every claim that
-rests on a failing invariant withdrawn and every check recorded (`Verdict.guards`). The
-report says which invariant failed and why (`report.prose.guard_sentence`, the one place
-they are put in words) and writes the checks to `06_writeup/guards.json`.
-
-The invariants, and the claims each one carries:
-
-- the trace's kind takes a verdict: a CUDA-graph capture or warm-up records its kernels
-  rather than running them, so nothing of a steady step is claimed of it (everything);
-- a GPU job's trace records its device work: a host-only export (its host ops name NCCL or
-  the CUDA/HIP runtime, and no device event) times host ops, not what the GPUs did, so
-  nothing that would speed the job up is in it (levers, boundness, communication);
-- every share of the step is at most 100 %, and the device is busy at most the period: the
-  denominator holds the work it divides (dominant share, boundness, levers);
-- a step's own work ends within its period: when it spans longer, consecutive steps overlap on
-  the device (a pipelined step) and a gap inside one step holds the next one's work, so the
-  gaps inside a step are no measure of idle (boundness, the gap levers);
-- achieved bandwidth and FLOP/s are at most the device's peaks: above peak, the bytes model
-  does not fit the trace (that roofline row's claim);
-- cross-rank wait and transfer only when the ranks' clocks agree (stage 05's clock flag);
-- the classes add up: the categories' exposed times partition the busy time (levers);
-- communication needs a world over one rank or a collective kernel (communication claims);
-- no Amdahl ceiling above `STEADY_STATE_MAX_X`, and no one gap over
-  `STEADY_STATE_MAX_STALL_SHARE` of the step: one lever that large, or a step that is mostly one
-  host stall, says the trace is no steady state (levers);
-- the judged steps are forward passes: when every decode step's all-reduce count is off the
-  architecture's 2L+1, nothing said of "the step" holds (stage 05 sets apart the failing steps
-  while others pass) (dominant share, boundness, levers, communication);
-- a lever is a coherent set of work, not a grab-bag of unrelated kernels (that lever): stage
-  05's `coherent` mark in category_levers.csv, read here, judged there.
-
-Method: docs/verdict.md#guards.
+computed and the tables they came from, and returns the verdict with every claim that rests on
+a failing invariant withdrawn, every check recorded (`Verdict.guards`) and its caveats listed.
+`report.prose.guard_sentence` is the one place they are put in words. The invariants and the
+claims each carries: docs/verdict.md#guards.
 """
 
 from __future__ import annotations
