@@ -725,9 +725,12 @@ def _counts(c: Caveat, which: str) -> str:
                      if k.startswith(which + ":"))
 
 
-def _stage(c: Caveat) -> tuple[str, str]:
+def _stage(c: Caveat) -> str:
+    stage = f"Stage {c.subject} ({STAGE_TITLES.get(c.subject or '', c.subject)})"
     err = f": {md_text(c.value('error'))}" if c.value("error") else ""
-    return f"Stage {c.subject} ({STAGE_TITLES.get(c.subject or '', c.subject)})", err
+    if c.code == "stage_failed":
+        return f"{stage} failed{err}; its artifacts may be incomplete."
+    return f"{stage} was not measured ({md_text(c.value('status')) if c.value('status') else 'no artifacts'}{err})."
 
 
 def _sweep_failures(c: Caveat) -> str:
@@ -779,9 +782,8 @@ ARTIFACT_CAVEATS = {
     "capture_ranks_missing": lambda c, label: f"Ranks missing from the capture: [{', '.join(c.value('ranks'))}].",
     "capture_partial": lambda c, label: ("The profiler capture is partial: not every rank's trace was complete (see the "
                                          "manifest)."),
-    "stage_not_measured": lambda c, label: "{} was not measured ({}{}).".format(
-        _stage(c)[0], md_text(c.value("status")) if c.value("status") else "no artifacts", _stage(c)[1]),
-    "stage_failed": lambda c, label: "{} failed{}; its artifacts may be incomplete.".format(*_stage(c)),
+    "stage_not_measured": lambda c, label: _stage(c),
+    "stage_failed": lambda c, label: _stage(c),
     "unreadable_artifact": lambda c, label: f"Unreadable artifact: {md_text(c.value('problem'))}",
 }
 """How the report words each artifact caveat (`report.analysis.artifact_caveats`), from its values."""
