@@ -144,11 +144,8 @@ def make_figures(a: RunArtifacts, ctx: ReportContext) -> dict[str, str]:
     if a.collectives is not None and not stage_figures("collective_"):
         save("coll", "writeup_collective_latency_vs_size.png", plot_latency_vs_size(a.collectives, a.burst))
     load = a.load_anatomy
-    if load is not None and (load["step_kind"] == "decode").any():
-        if stage_figures(LOAD_FIGURE):
-            made["load"] = LOAD_FIGURE  # stage 05's own drawing of it
-        else:
-            save("load", LOAD_FIGURE, plot_load_anatomy(load))
+    if load is not None and (load["step_kind"] == "decode").any():  # no stage draws it: a drawing there is a past report's
+        save("load", LOAD_FIGURE, plot_load_anatomy(load))
     save_figures(drawn, a.run_dir)
     return made
 
