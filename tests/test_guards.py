@@ -1,5 +1,5 @@
 """Guards before any claim (issue 23): each invariant on a real trace that breaks it or keeps it,
-the claims it withdraws, the sentence that says why, and `06_writeup/guards.json`."""
+the claims it withdraws, the sentence that says why, and the guards as verdict.json records them."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ def _report(run: Path):
     md = build_report(run, draw_figures=False)["markdown"].read_text()
     a = load_run_artifacts(run)
     ctx = report_context(a, writeup_params_from(a))
-    g = schema.read(run / "06_writeup" / "guards.json", schema.GuardsFile)
+    g = schema.read(run / "06_writeup" / "verdict.json", schema.VerdictFile)
     return md, ctx, g, a
 
 
-def _failed(g: schema.GuardsFile) -> dict[str, schema.GuardResult]:
-    return {(r.invariant + (f":{r.subject}" if r.subject else "")): r for r in g.guards if not r.holds}
+def _failed(g: schema.VerdictFile) -> dict[str, schema.Guard]:
+    return {(r.invariant + (f":{r.subject}" if r.subject else "")): r for r in g.failed_guards}
 
 
 def test_capture_gets_a_description_not_a_verdict(tmp_path, real_traces):
@@ -53,7 +53,7 @@ def test_capture_gets_a_description_not_a_verdict(tmp_path, real_traces):
 def test_mixed_step_gets_its_reading_and_no_whatif(tmp_path, real_traces):
     # vLLM piecewise: 9 prefills (8,155 tokens) beside 37 decodes once got a what-if at batch 1.
     md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-vllm-gptoss-mixed-piecewise.json.gz"]))
-    assert ctx.whatif is None and g.n_failed == 0
+    assert ctx.whatif is None and g.failed_guards == ()
     assert "each runs 9 prefill requests of 8,155 tokens beside 37 decode requests" in md
     assert "Not projected: this is a mixed trace" in md and "Projected from the measured decode step" not in md
 
@@ -63,7 +63,7 @@ def test_denominator_holds_the_work_on_the_ddp_trace(tmp_path, real_traces):
     md, ctx, g, _ = _report(_run(tmp_path, [real_traces / "tracelens-mi300x-resnet-ddp-rank0.json.gz"]))
     v, dec = ctx.verdict, ctx.decode
     busy = next(r for r in g.guards if r.invariant == "busy_at_most_period")
-    assert busy.holds and busy.values["busy_ms"] <= busy.values["step_ms"]
+    assert busy.holds and busy.value("busy_ms") <= busy.value("step_ms")
     assert (dec["share_of_step"] <= 1).all() and v.basis.denominator == "period"
     assert 2.55 < v.biggest.ceiling_x < 2.7 and v.biggest.name == "all_reduce"
 
@@ -74,13 +74,13 @@ def test_a_grab_bag_is_not_the_lever(tmp_path, real_traces):
     md, ctx, g, a = _report(_run(tmp_path, [real_traces / "hta-rank3-of-8-sendrecv-training.json.gz"]))
     v = ctx.verdict
     bag = _failed(g)["lever_coherent:elementwise"]
-    assert bag.values["n_names"] == 78 and bag.values["top_share_pct"] < 50
-    assert bag.withdrawn == ["lever:elementwise"] and "elementwise" not in [lv.category for lv in v.levers]
+    assert bag.value("n_names") == 78 and bag.value("top_share_pct") < 50
+    assert bag.withdrawn == ("lever:elementwise",) and "elementwise" not in [lv.category for lv in v.levers]
     assert v.biggest.name != "elementwise" and "The biggest single lever is elementwise" not in md
     assert "elementwise is not named as a lever: its 78 distinct kernels are a grab-bag" in md
     assert "rank 3, the only one here" in md and "rank 0" not in md
     lever = next(r for _, r in a.category_levers.iterrows() if r["category"] == "elementwise")
-    assert not lever["coherent"] and bag.values["module"] is None
+    assert not lever["coherent"] and bag.value("module") is None
 
 
 def test_roofline_above_peak_is_withdrawn_not_at_the_roofline(tmp_path, real_traces):
@@ -92,7 +92,7 @@ def test_roofline_above_peak_is_withdrawn_not_at_the_roofline(tmp_path, real_tra
                arch=get_preset("gpt-oss-20b"), peaks={"name": "a 500 GB/s device", "peak_mem_bw_gbps": 500.0})
     md, ctx, g, _ = _report(run)
     over = {k: r for k, r in _failed(g).items() if k.startswith("below_peak:")}
-    assert over and all(r.values["pct_peak_bw"] > 100 for r in over.values())
+    assert over and all(r.value("pct_peak_bw") > 100 for r in over.values())
     cats = {r.subject for r in over.values()}
     assert not cats & {r.category for r in ctx.verdict.roofline}
     assert "already run at the roofline" not in md
@@ -146,7 +146,7 @@ def test_a_cpu_only_nccl_job_keeps_its_communication(tmp_path, real_traces):
     comm = next(r for r in g.guards if r.invariant == "communication_has_collectives")
     # record_param_comms twice: the six calls under nccl:all_to_all are all_to_all, the six waits
     # after them (outside the annotation) other_collective
-    assert comm.holds and comm.values["collective_kernels"] == 2
+    assert comm.holds and comm.value("collective_kernels") == 2
     # Its collectives are real, but their 1.87 ms are the host's time in the call: whether the
     # device's transfer was exposed is not in a trace without device events, so the guard for
     # a GPU job's host-only export withdraws the claim (it read "Communication is exposed:
@@ -158,12 +158,17 @@ def test_a_cpu_only_nccl_job_keeps_its_communication(tmp_path, real_traces):
     assert "of – ranks" not in md
 
 
-def test_guards_json_records_every_check(tmp_path, real_traces):
+def test_verdict_json_records_every_check_and_why(tmp_path, real_traces):
+    # verdict.json carries the guards (guards.json, which repeated them, is gone) and the sentence
+    # that says why a failed one withdrew its claims.
     run = _run(tmp_path, [real_traces / "tracelens-mi300x-sglang-qwen3-8b-capture.json.gz"])
     build_report(run, draw_figures=False)
-    d = json.loads((run / "06_writeup" / "guards.json").read_text())
-    assert d["kind"] == "capture" and d["n_failed"] == 1 and "levers" in d["withdrawn"]
-    assert d["guards"][0]["reason"].startswith("Withdrawn, as the trace is a capture")
+    assert not (run / "06_writeup" / "guards.json").exists()
+    d = json.loads((run / "06_writeup" / "verdict.json").read_text())
+    failed = [g for g in d["guards"] if not g["holds"]]
+    assert d["identity"]["kind"] == "capture" and len(failed) == 1 and "levers" in failed[0]["withdrawn"]
+    why = [s["text"] for s in d["sentences"] if s["finding"] == "guard"]
+    assert len(why) == 1 and why[0].startswith("Withdrawn, as the trace is a capture")
 
 
 def test_setup_counts_the_devices_the_run_used(tmp_path, real_traces):

@@ -1471,8 +1471,6 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
     title = report_title(a, ctx, wp)
     out_dir = a.run_dir / STAGE_ID
     out_dir.mkdir(parents=True, exist_ok=True)
-    # The invariants the verdict rests on, on disk beside the report that states them.
-    schema.write(out_dir / "guards.json", schema.to_builtins(guards.guards_record(ctx.verdict)), schema.GuardsFile)
     v = ctx.verdict
     # The findings as data, for the CLI's closing lines and exit code (and whoever reads a run).
     verdict_path = schema.write(out_dir / "verdict.json", vd.with_sentences(

@@ -15,10 +15,8 @@ from typing import Any
 import pandas as pd
 from msgspec.structs import replace
 
-from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES
 from stepscope.report.artifacts import RunArtifacts, num
-from stepscope.report.prose import guard_sentence
 from stepscope.report.verdict import biggest, caveats
 from stepscope.schema.verdict import Guard, Verdict
 from stepscope.thresholds import (GUARD_TOLERANCE_REL, LEVER_DOMINANT_SHARE, LEVER_TOP_KERNELS,
@@ -253,13 +251,3 @@ def _levers_coherent(v: Verdict) -> list[Guard]:
                          withdrawn=() if ok else (f"lever:{lv.category}",)))
     return out
 
-
-def guards_record(v: Verdict) -> schema.GuardsFile:
-    """`06_writeup/guards.json`: every check, and for a failed one why, as the report says it."""
-    rows = [schema.GuardResult(invariant=g.invariant, holds=g.holds, subject=g.subject,
-                               values=dict(g.values),
-                               withdrawn=list(g.withdrawn),
-                               reason=None if g.holds else guard_sentence(g, v.identity.step_label))
-            for g in v.guards]
-    withdrawn = sorted({c for g in v.failed_guards for c in g.withdrawn})
-    return schema.GuardsFile(kind=v.identity.kind, guards=rows, n_failed=len(v.failed_guards), withdrawn=withdrawn)

@@ -95,8 +95,8 @@ def mixed_sentence(i: TraceIdentity) -> str:
 
 
 def guard_sentence(g: Guard, step_label: str = "step") -> str:
-    """Why one failed invariant withdrew the claims resting on it: the one wording of each,
-    for the report and for `06_writeup/guards.json`."""
+    """Why one failed invariant withdrew the claims resting on it: the one wording of each, for
+    the report and verdict.json's sentences."""
     v = g.value
     if g.invariant == "kind_takes_verdict":
         return ("Withdrawn, as the trace is a capture: the dominant category, the levers and their ceilings, "

@@ -46,7 +46,6 @@ from stepscope.schema.verdict import (Agreement, BetweenSteps, BiggestLever, Bou
                                       LevelAnatomy, Lever, LoadGrowth, Overlap, Plateau, RooflineFinding,
                                       SpecDecodeSeen, StepBasis, StepPrediction, TpotGap, TraceIdentity, Verdict,
                                       VerdictFile, VerdictSentence)
-from stepscope.schema.writeup import GuardResult, GuardsFile
 
 ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("run.json", "run", "git commit, package versions, hardware, params (redacted), "
@@ -182,9 +181,6 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "basis, dominant cost, levers with their ceilings, guards, caveats, ...), with the headline's and the "
              "verdict section's sentences and the finding each came from (absent in run folders of older stepscope; "
              "version 2's digest is read as it)", VerdictFile, optional=True),
-    Artifact("06_writeup/guards.json", "06_writeup", "the invariants the verdict rests on, checked before "
-             "any sentence: which held, which failed and the claims each withdrew (absent in run folders "
-             "of older stepscope)", GuardsFile, optional=True),
 )
 ARTIFACT_BY_PATH = {a.path: a for a in ARTIFACTS}
 
@@ -236,7 +232,7 @@ __all__ = [
     "CategoryLeverRow", "CollectiveSizeRow", "ModuleRow",
     "CollectiveInstanceRow",
     "CollectiveRow", "CollectivesCheck", "CommPrediction", "CrossRankRow", "DecodeCategoryRow",
-    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GuardResult", "GuardsFile", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow",
+    "DecodeSummary", "Flag", "GemmPrediction", "GemmRow", "GpuTelemetryInfo", "GpuTelemetryRow", "LevelRow", "ExpertGrowth", "ExpertLevel", "LoadAnatomyRow", "LoadAnatomySummary", "LoadFit", "LoadLevel", "LoadReconciliation", "LoadReconciliationLevel", "LoadWindow",
     "MicroCurve", "MicroCurveLevel", "MicroCurveReconciled", "RankCategoryRow", "RankSummary",
     "Record", "ReusedFrom", "Row", "RunRecord", "ServerMetricsInfo", "ServerMetricsRow", "ServerRecord", "SpecDecodeCounters", "SpecDecodeWindow", "StageStatus", "StepRow", "StepSourceChoice", "StepTimes", "SweepPlan", "SweepRequestRow", "SweepSummary",
     "VllmBenchResult",
