@@ -51,3 +51,25 @@ def test_the_engines_own_iteration_count_checks_the_parts_steps(tmp_path):
     assert check["traced_step_ms"] == pytest.approx(1e3 * 13.64 / 496.7)
     assert check["level_iteration_ms"] == pytest.approx(1e3 * 15.48 / 494)
     assert lr.pace_check(row, None)["level_iteration_ms"] is None
+
+
+def _level(**over):
+    base = {"concurrency": 4, "level_s": 15.58, "unexplained_share": 0.118, "adds_up": False, "n_requests": 60,
+            "prefills": 60.0, "decode_tokens": 1860.0, "decode_steps": 436.7, "prefill_mixed_steps": 60.0,
+            "parts": {"decode_steps": 10.55, "prefill_mixed_steps": 3.09, "stalls": 0.0, "client_overhead": 0.0,
+                      "ramp_up": 0.0, "turnaround": 0.08, "drain": 0.02, "unexplained": 1.83},
+            "profiler_cost_ms_per_step": 2.19, "engine_iterations": 494.0, "traced_step_ms": 27.47,
+            "level_iteration_ms": 31.53, "records": "01_macro_sweep/levels/c0004.jsonl"}
+    return schema.convert({**base, **over}, schema.LoadReconciliationLevel, "test")
+
+
+def test_the_report_says_a_remainder_is_the_engines_pace_when_the_counts_agree():
+    from stepscope.report.load import pace_clause
+
+    assert pace_clause(_level()) == (
+        ": vLLM counted 494 iterations where the parts count 497, but the level kept 31.5 ms per iteration "
+        "against the traced 27.5 ms (+15 %): the engine ran at another pace in the sweep than in the capture; "
+        "the profiler's own cost, measured at batch 1, is 2.19 ms a step")
+    # a count off by more than the tolerance is a miscount, whatever the pace
+    assert pace_clause(_level(engine_iterations=560.0)).endswith("so the step model misses steps")
+    assert pace_clause(_level(engine_iterations=None)) == ""

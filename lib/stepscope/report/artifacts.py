@@ -49,6 +49,8 @@ class RunArtifacts:
     """The params snapshot (params.yaml, else run.json's copy) as a mapping."""
     server: schema.ServerRecord | None = None
     levels: pd.DataFrame | None = None
+    server_metrics: pd.DataFrame | None = None
+    """01_macro_sweep/server_metrics.csv: every /metrics scrape of the sweep."""
     sweep_summary: schema.SweepSummary | None = None
     verdict: schema.VerdictFile | None = None
     """Stage 06's findings (`06_writeup/verdict.json`), what `compare` sets side by side."""
@@ -143,6 +145,7 @@ def load_run_artifacts(run_dir: str | Path) -> RunArtifacts:
         a.params = a.run.params
     a.server = _json(a, "00_deploy/server.json")
     a.levels = _csv(a, "01_macro_sweep/levels.csv")
+    a.server_metrics = _csv(a, "01_macro_sweep/server_metrics.csv")
     a.sweep_summary = _json(a, "01_macro_sweep/summary.json")
     a.verdict = _json(a, "06_writeup/verdict.json")
     a.gemm = _csv(a, "02_gemm_micro/gemm.csv")

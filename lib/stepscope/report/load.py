@@ -8,7 +8,6 @@ and `01_macro_sweep/server_metrics.csv`; computes nothing stage 05 already wrote
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
@@ -17,7 +16,7 @@ from stepscope.report.appendix import appendix_link, appendix_table
 from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.schema.verdict import LevelAnatomy, LoadGrowth
-from stepscope.thresholds import LOAD_LEVER_SHIFT
+from stepscope.thresholds import LOAD_LEVER_SHIFT, LOAD_RECONCILE_SHARE
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
 from stepscope.trace.micro_curve import KEPT_PARTS, SCALED_WITH_BATCH  # noqa: F401 (report.verdict reads it here)
 from stepscope.wording import fmt_num, fmt_pct, md_code, md_text
@@ -46,13 +45,11 @@ class LoadComparison:
     explanations: list[str] = field(default_factory=list)
 
 
-def level_server_view(run_dir: str | Path, concurrency: int) -> dict:
+def level_server_view(sm: pd.DataFrame | None, concurrency: int) -> dict:
     """The sweep level's /metrics at this concurrency: most requests waiting, most KV in use,
-    preemptions over the level (01_macro_sweep/server_metrics.csv); empty when not scraped."""
-    path = Path(run_dir) / "01_macro_sweep" / "server_metrics.csv"
-    if not path.is_file():
+    preemptions over the level (`RunArtifacts.server_metrics`); empty when not scraped."""
+    if sm is None or "level" not in sm:
         return {}
-    sm = pd.read_csv(path)
     g = sm[sm["level"] == f"c{concurrency:04d}"]
     if g.empty:
         return {}
@@ -81,8 +78,25 @@ def reconciliation_sentence(rec: schema.LoadReconciliationLevel, n: int = 3) -> 
     parts = ", ".join(f"{PART_WORDS.get(k, k)} {fmt_num(v)} s ({fmt_pct(v / rec.level_s)})" for k, v in top)
     left = rec.parts.get("unexplained", 0.0)
     tail = ("" if rec.adds_up else f"; {'+' if left > 0 else ''}{fmt_num(left)} s ({fmt_pct(rec.unexplained_share, signed=True)}) is left unexplained"
-            + (" (the trace's steps were slower than the sweep's)" if left < 0 else ""))
+            + (" (the trace's steps were slower than the sweep's)" if left < 0 else "") + pace_clause(rec))
     return f"of the sweep level's {fmt_num(rec.level_s)} s, the largest parts were {parts}{tail}"
+
+
+def pace_clause(rec: schema.LoadReconciliationLevel) -> str:
+    """What the engine's own counters say of an unexplained remainder: a miscount of the steps,
+    or the engine keeping another pace in the sweep than in the capture (trace.load_reconcile)."""
+    counted = rec.decode_steps + rec.prefill_mixed_steps
+    if not rec.engine_iterations or not counted or rec.level_iteration_ms is None or not rec.traced_step_ms:
+        return ""
+    said = f": vLLM counted {fmt_num(rec.engine_iterations)} iterations where the parts count {fmt_num(counted)}"
+    if abs(rec.engine_iterations / counted - 1) > LOAD_RECONCILE_SHARE:
+        return said + ", so the step model misses steps"
+    pace = rec.level_iteration_ms / rec.traced_step_ms - 1
+    prof = (f"; the profiler's own cost, measured at batch 1, is {fmt_num(rec.profiler_cost_ms_per_step)} ms a step"
+            if rec.profiler_cost_ms_per_step else "")
+    return (said + f", but the level kept {fmt_num(rec.level_iteration_ms)} ms per iteration against the traced "
+            f"{fmt_num(rec.traced_step_ms)} ms ({fmt_pct(pace, signed=True)}): the engine ran at another pace in the "
+            f"sweep than in the capture{prof}")
 
 
 def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
@@ -126,7 +140,7 @@ def compare_levels(a: RunArtifacts) -> list[LoadComparison]:
                        [lv.measured_output_tok_s] if lv.measured_output_tok_s is not None else [],
                        [lv.predicted_output_tok_s] if lv.predicted_output_tok_s is not None else [], True)
         agrees = None if d.delta is None else not d.real
-        why = [] if agrees in (True, None) else explain(lv, level_server_view(a.run_dir, lv.concurrency),
+        why = [] if agrees in (True, None) else explain(lv, level_server_view(a.server_metrics, lv.concurrency),
                                                          bound.get(lv.concurrency), recs.get(lv.concurrency))
         out.append(LoadComparison(lv.concurrency, lv.predicted_output_tok_s, lv.measured_output_tok_s,
                                   lv.capture_output_tok_s, d.band, d.band_source, agrees, lv.decode_requests_mean,
@@ -246,9 +260,12 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
         return ""
     names = list(dict.fromkeys(k for lv in rec.levels for k in lv.parts))
     df = pd.DataFrame([{"concurrency": lv.concurrency, "level_s": lv.level_s, **lv.parts,
-                        "adds_up": "yes" if lv.adds_up else "**no**"} for lv in rec.levels])
+                        "adds_up": "yes" if lv.adds_up else "**no**",
+                        "iterations": f"{fmt_num(lv.engine_iterations)} / {fmt_num(lv.decode_steps + lv.prefill_mixed_steps)}",
+                        "pace": f"{fmt_num(lv.level_iteration_ms)} / {fmt_num(lv.traced_step_ms)}"} for lv in rec.levels])
     cols = [("concurrency", "concurrency"), ("level_s", "level (s)"),
-            *[(k, f"{PART_WORDS.get(k, k)} (s)") for k in names], ("adds_up", f"within {fmt_pct(rec.tolerance_share)}")]
+            *[(k, f"{PART_WORDS.get(k, k)} (s)") for k in names], ("adds_up", f"within {fmt_pct(rec.tolerance_share)}"),
+            ("iterations", "iterations: vLLM's / the parts'"), ("pace", "ms per iteration: level / trace")]
     borrowed = [lv.concurrency for lv in rec.levels if lv.prefill_steps_borrowed]
     note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
             "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
@@ -256,7 +273,9 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     return ("\n" + appendix_table(RECONCILIATION_HEADING, "Where each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
             "client's tokens over the tokens a step of each kind emits, times its median period; ramp-up, "
             "turnaround and drain are time with fewer requests waiting than the concurrency. Gaps inside a step "
-            "lie inside its period on both sides, so they cannot open a gap between the two rates.\n\n"
+            "lie inside its period on both sides, so they cannot open a gap between the two rates. The engine's own "
+            "iteration count checks the steps counted; the level's time less stalls and client time over it is "
+            "the pace the engine kept, beside the traced periods'.\n\n"
             + compact_table(df, cols, keys=("concurrency",), formats={k: fmt_num for k in ["level_s", *names]},
                             md_columns=("adds_up",)) + note))
 
@@ -326,14 +345,14 @@ def _says_experts(growth: "LoadGrowth | None") -> bool:
 
 
 
-def _level_anatomy(run_dir, table: pd.DataFrame, c: int) -> LevelAnatomy:
+def _level_anatomy(sm: pd.DataFrame | None, table: pd.DataFrame, c: int) -> LevelAnatomy:
     t = table[(table["concurrency"] == c) & (table["step_kind"] == "decode")]
     n = t.drop_duplicates("decode_requests").set_index("decode_requests")["n_steps"]
     w = t["decode_requests"].map(n) / n.sum() if len(n) else t["n_steps"]
     cats = (t["ms_per_step"] * w).groupby(t["category"]).sum().to_dict()
     g = t.drop_duplicates("decode_requests")
     period = float((g["period_ms"] * g["n_steps"]).sum() / g["n_steps"].sum()) if len(g) else None
-    return LevelAnatomy(c, period, {k: float(v) for k, v in cats.items()}, level_server_view(run_dir, c))
+    return LevelAnatomy(c, period, {k: float(v) for k, v in cats.items()}, level_server_view(sm, c))
 
 
 def load_growth(a: RunArtifacts, knee_concurrency: int | None) -> LoadGrowth | None:
@@ -348,7 +367,7 @@ def load_growth(a: RunArtifacts, knee_concurrency: int | None) -> LoadGrowth | N
     if knee_concurrency is not None:
         lo = max([c for c in levels if c <= knee_concurrency], default=lo)
         hi = min([c for c in levels if c > lo], default=hi)
-    below, above = _level_anatomy(a.run_dir, table, lo), _level_anatomy(a.run_dir, table, hi)
+    below, above = _level_anatomy(a.server_metrics, table, lo), _level_anatomy(a.server_metrics, table, hi)
     fit = next((f for f in summary.fits if f.category == summary.fastest_category and f.measure != "wait"), None)
     shifted = []
     for cat in sorted(set(below.category_ms) | set(above.category_ms)):
@@ -417,7 +436,7 @@ def compare_load(run_a: RunArtifacts, run_b: RunArtifacts) -> pd.DataFrame | Non
     both = sorted(set(ta["concurrency"].astype(int)) & set(tb["concurrency"].astype(int)))
     rows = []
     for c in both:
-        la_, lb_ = _level_anatomy(run_a.run_dir, ta, c), _level_anatomy(run_b.run_dir, tb, c)
+        la_, lb_ = _level_anatomy(run_a.server_metrics, ta, c), _level_anatomy(run_b.server_metrics, tb, c)
         pairs = {"decode period": (la_.period_ms, lb_.period_ms)}
         for cat in sorted(set(la_.category_ms) | set(lb_.category_ms)):
             pairs[cat] = (la_.category_ms.get(cat, 0.0), lb_.category_ms.get(cat, 0.0))
