@@ -170,3 +170,22 @@ def test_without_the_levels_categories_the_whole_error_is_the_rest():
 def test_stage_05_declares_the_earlier_stages_files_it_reads():
     reads = STAGE_BY_ID["05_categorize"].reads
     assert {"02_gemm_micro", "03_nccl_burst", "01_macro_sweep/levels", "01_macro_sweep/levels.csv"} <= set(reads)
+
+
+def test_the_curves_agreeing_step_at_c16_is_called_an_offsetting_agreement():
+    """moe-quiet1's c=16 level (2026-12-05): 48.7 ms traced against 41.3 ms predicted agrees within
+    25 %, but only because attention + KV writes are predicted 2.7x too long while GEMM, the
+    collectives and the rest are predicted short: every component is off, both ways."""
+    trace = {"gemm": 7.640, "comm": 18.035, "attention_kv": 8.366, "rest": 14.635}
+    predicted = {"gemm": 3.534, "comm": 7.225, "attention_kv": 22.309, "rest": 8.209}
+    agree, off, offsetting = mc.judge_components(trace, predicted)
+    assert agree and offsetting and off == ["gemm", "comm", "attention_kv", "rest"]
+    # the same components each within their band: an agreement, not an accident
+    assert mc.judge_components(trace, {k: v * 1.1 for k, v in trace.items()}) == (True, [], False)
+    # a total off by more than the band is no agreement at all, offsetting or not
+    assert mc.judge_components(trace, {k: v * 2 for k, v in predicted.items()})[::2] == (False, False)
+    r = schema.MicroCurveReconciled(level_s=15.29, decode_steps=136.6, trace_step_ms=48.68, trace_ms=trace,
+                                    error_ms={k: trace[k] - predicted[k] for k in trace}, parts={},
+                                    predicted_level_s=14.3, agree=agree, off_components=off, offsetting=offsetting)
+    assert rl._agreement_clause(r) == (", an **offsetting agreement**: the step agrees only because GEMM, "
+                                       "collectives, attention + KV writes, rest are off both ways")

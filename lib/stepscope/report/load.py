@@ -495,7 +495,15 @@ def rebuilt_sentence(p: schema.MicroCurveLevel, n: int = 3) -> str:
             f"{fmt_num(r.decode_steps)} decode steps{batch} took {fmt_num(r.trace_step_ms)} ms each in the trace "
             f"against {fmt_num(p.step_ms)} ms predicted ({_signed_ms(r.trace_step_ms - p.step_ms)} ms: "
             + ", ".join(f"{COMPONENT_WORDS.get(k, k)} {_signed_ms(v)}" for k, v in errors)
-            + f" ms); the reconciliation leaves {fmt_num(left)} s unexplained")
+            + f" ms){_agreement_clause(r)}; the reconciliation leaves {fmt_num(left)} s unexplained")
+
+
+def _agreement_clause(r: schema.MicroCurveReconciled) -> str:
+    """An agreeing step named an offsetting agreement when its components are off both ways."""
+    if r.offsetting:
+        off = ", ".join(COMPONENT_WORDS.get(k, k) for k in r.off_components)
+        return f", an **offsetting agreement**: the step agrees only because {off} are off both ways"
+    return ""
 
 
 def micro_curve_line(points: list[schema.MicroCurveLevel]) -> str:
@@ -557,16 +565,18 @@ def rebuilt_section(points: list[schema.MicroCurveLevel]) -> str:
     names = list(dict.fromkeys(k for p in rec for k in p.reconciled.parts))
     df = pd.DataFrame([{"concurrency": p.concurrency, "level_s": p.reconciled.level_s,
                         "trace_ms": p.reconciled.trace_step_ms, "step_ms": p.step_ms, **p.reconciled.parts,
-                        "predicted_level_s": p.reconciled.predicted_level_s} for p in rec])
+                        "predicted_level_s": p.reconciled.predicted_level_s,
+                        "agreement": ("**offsetting**" if p.reconciled.offsetting else
+                                      "yes" if p.reconciled.agree else "no")} for p in rec])
     cols = [("concurrency", "concurrency"), ("level_s", "level (s)"), ("trace_ms", "traced decode period (ms)"),
             ("step_ms", "predicted step (ms)"), *[(k, f"{REBUILT_WORDS.get(k, k)} (s)") for k in names],
-            ("predicted_level_s", "level at the predicted step (s)")]
+            ("predicted_level_s", "level at the predicted step (s)"), ("agreement", "step agrees")]
     return ("\n" + appendix_table(MICRO_REBUILT_HEADING, "Each captured sweep level's time (`micro_curve.json`, "
             "from `load_reconciliation.json`): its measured parts other than its decode steps as they were; its "
             "decode steps × the predicted step; (traced decode period − predicted step) × decode steps, the "
             "prediction's error, by component from the level's own trace (each component's categories, mean over "
             "the level's decode steps; the rest is the traced period less them); and the reconciliation's "
             "unexplained part. The parts sum to the level's time.\n\n"
-            + compact_table(df, cols, keys=("concurrency",),
+            + compact_table(df, cols, keys=("concurrency",), md_columns=("agreement",),
                             formats={"concurrency": _whole, **{k: fmt_num for k in [
                                 "level_s", "trace_ms", "step_ms", "predicted_level_s", *names]}})))

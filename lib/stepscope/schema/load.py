@@ -298,6 +298,12 @@ class MicroCurveReconciled(Record, kw_only=True):
     error_ms); `unexplained` (the reconciliation's own remainder)."""
     predicted_level_s: float
     """level_s less the error parts: the level had its decode steps taken the predicted step, s."""
+    agree: bool | None = None
+    """The predicted decode step and the traced one agree within PREDICTION_TOLERANCE."""
+    off_components: list[str] = []
+    """Components whose prediction is off its traced time beyond PREDICTION_TOLERANCE."""
+    offsetting: bool = False
+    """The step agrees only because components are off both ways (an offsetting agreement)."""
 
 
 class MicroCurveLevel(Record, kw_only=True):

@@ -21,6 +21,7 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.palette import COMMUNICATION_CATEGORIES, GEMM_CATEGORIES
+from stepscope.thresholds import PREDICTION_TOLERANCE
 
 SCALED_WITH_BATCH = ("attention", "kv_cache_write")
 """Categories scaled from the batch-1 trace by the batch (each request reads its own KV cache
@@ -128,10 +129,25 @@ def reconcile(point: schema.MicroCurveLevel, rec: schema.LoadReconciliationLevel
     parts["decode_steps_predicted"] = rec.decode_steps * point.step_ms / 1e3
     parts.update({f"error_{k}": rec.decode_steps * v / 1e3 for k, v in error.items()})
     parts["unexplained"] = float(rec.parts.get("unexplained", 0.0))
+    agree, off, offsetting = judge_components(trace, predicted)
     return schema.MicroCurveReconciled(
         level_s=rec.level_s, decode_steps=rec.decode_steps, decode_tokens_per_step=rec.decode_tokens_per_step,
         trace_step_ms=rec.decode_period_ms, trace_ms=trace, error_ms=error, parts=parts,
+        agree=agree, off_components=off, offsetting=offsetting,
         predicted_level_s=rec.level_s - sum(v for k, v in parts.items() if k.startswith("error_")))
+
+
+def judge_components(trace: dict[str, float], predicted: dict[str, float]) -> tuple[bool, list[str], bool]:
+    """(the totals agree, the components off beyond their band, the agreement is an offsetting
+    one): a component is off when it and its prediction differ by more than PREDICTION_TOLERANCE
+    of the larger; an agreeing total is offsetting when components are off both ways by more in
+    all than the tolerance of the total. The one rule for every micro-versus-trace comparison."""
+    off = [k for k, t in trace.items() if abs(predicted[k] - t) > PREDICTION_TOLERANCE * max(abs(predicted[k]), abs(t))]
+    total_t, total_p = sum(trace.values()), sum(predicted.values())
+    agree = total_p > 0 and abs(total_t / total_p - 1) <= PREDICTION_TOLERANCE
+    both_ways = any(predicted[k] > trace[k] for k in off) and any(predicted[k] < trace[k] for k in off)
+    spread = sum(abs(predicted[k] - trace[k]) for k in off)
+    return bool(agree), off, bool(agree and both_ways and spread > PREDICTION_TOLERANCE * total_t)
 
 
 def _clean(ms: float) -> float:
