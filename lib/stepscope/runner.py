@@ -1,10 +1,5 @@
-"""Run the notebooks in order with papermill, one run folder per run.
-
-The runner owns three things the notebooks cannot: the server's lifetime (one
-server for the whole run, stopped on exit, failure or Ctrl-C), the run's
-provenance (`run.json`), and the failure policy (a failed stage is recorded,
-stages that do not need it still run, and the run exits non-zero).
-"""
+"""Run the notebooks in order with papermill, one run folder per run: the runner owns the server's
+lifetime, the run's provenance (`run.json`) and the failure policy, which the notebooks cannot."""
 
 from __future__ import annotations
 
@@ -158,8 +153,7 @@ class _RunRecord:
 
     def __init__(self, run_dir: Path, params: Params, params_file: Path, argv: list[str], resume: bool):
         self.path = run_dir / "run.json"
-        # A run folder used again keeps the record of the stages this run does not repeat
-        # (`--stages 05` without --resume re-runs 05 only); --resume also skips finished ones.
+        # A reused run folder keeps the record of the stages this run does not repeat.
         previous = self._previous(resume)
         self.data = {
             "run_id": run_dir.name,
@@ -273,10 +267,8 @@ def _through_filter(echo: Callable[[str], None]) -> Callable[[str], None]:
 def _run_locked(params_file: Path, params: Params, selected: list[Stage], run_dir: Path, resume: bool,
                 progress: bool, notebook_executor: Callable[[Stage, Path, Path, bool], Path],
                 echo: Callable[[str], None]) -> tuple[int, Path]:
-    """The run, its folder held. Every stage reads the params snapshot written here once, never
-    the live file: an edit to the file mid-run changes nothing the run measures or records.
-    The snapshot is redacted; a stage that needs a secret takes it from the environment
-    (`server.api_key_env`, and `server.env` values: see stepscope.notebook.open_stage)."""
+    """The run, its folder held. Stages read the redacted params snapshot written here, never the live
+    file, so a mid-run edit changes nothing; secrets come from the environment (`notebook.open_stage`)."""
     snapshot = write_yaml(params_snapshot_path(run_dir), redact(params_to_dict(params)))
     record = _RunRecord(run_dir, params, params_file, sys.argv, resume)
 
@@ -373,8 +365,7 @@ def _run_folder(params, run_id: str | None, run_dir: str | Path | None, resume: 
     if run_dir is None:
         if resume and run_id is None:
             raise StepscopeError("--resume needs --run-id", hint="name the run folder to resume")
-        # one safe path segment, no symlink, inside outputs_dir (`--run-id ..` once wrote into the
-        # repo); an empty --run-id is refused, not taken for "none given"
+        # one safe path segment inside outputs_dir; an empty --run-id is refused, not taken for "none given"
         given = run_id is not None
         run_dir = run_folder_under(resolve_outputs_dir(params), run_id if given else new_run_id(params),
                                    "--run-id" if given else "run.name")
@@ -475,9 +466,8 @@ def stage_needs(stage: Stage, params: Params) -> tuple[str, ...]:
 
 
 def input_fingerprints(stage: Stage, params: Params, run_dir: Path) -> dict[str, str]:
-    """A short hash per input of a stage, as its registry entry (`stepscope.stages`) declares
-    them: `params:<path>` per params path it reads (redacted: a secret never reaches run.json),
-    and each run-folder file or folder it reads."""
+    """A short hash per input a stage declares (`stepscope.stages`): `params:<path>` (redacted) and each
+    run-folder file or folder."""
     inputs = param_inputs(stage, params_to_dict(params))
     out = {f"{PARAMS_INPUT}{path}": short_hash(redact(value, path.rsplit(".", 1)[-1]))
            for path, value in inputs.items()}
@@ -512,12 +502,9 @@ def _folder_digest(folder: Path) -> str:
 
 
 def _changed_inputs(stage: Stage, previous: schema.StageStatus, now: dict[str, str]) -> list[str]:
-    """Inputs whose fingerprint differs from the one recorded when the stage last ran.
-
-    A record from before fingerprints existed counts as unchanged (the old behaviour). An input
-    the record does not name (its entry in `stepscope.stages` has grown, or the record is from
-    before per-key fingerprints) counts as changed, except for a stage on the server: a
-    bookkeeping change is no reason for a model load that can take half an hour."""
+    """Inputs whose fingerprint differs from the one recorded when the stage last ran. A record without
+    fingerprints is unchanged; an input it does not name is changed, except for a stage on the server
+    (bookkeeping is no reason for a half-hour model load)."""
     before = previous.inputs_fingerprint
     if before is None:
         return []
@@ -552,9 +539,8 @@ def _prepare_model(params: Params, echo: Callable[[str], None]) -> None:
 
 def _ensure_server(params: Params, run_dir: Path, progress: bool, echo: Callable[[str], None],
                    record: _RunRecord | None = None, stage_id: str | None = None) -> bool:
-    """Make sure the run has a live server; True if this call launched it. A server this run
-    launched that has died is reaped (its whole process group) and the relaunch is said on
-    the console and recorded in run.json's `events`."""
+    """Make sure the run has a live server; True if this call launched it. A dead one this run launched
+    is reaped and relaunched, said on the console and in run.json's `events`."""
     from stepscope.serve import ensure_server, reap_dead_server, running_server
 
     if running_server(run_dir) is not None:
@@ -635,9 +621,8 @@ UNANALYSED_FLAGS = ("rank_unreadable", "rank_unanalysable", "duplicate_rank")
 
 
 def report_unanalysed_ranks(run_dir: Path, tp: int | None, echo: Callable[[str], None]) -> int:
-    """Name every trace that was not analysed, with its reason, on the console; return
-    EXIT_NO_RANK when none was, EXIT_RANKS_MISSING when fewer than expected were (`tp`,
-    or every file given), else 0. Read from stage 05's summary.json, the stage that owns it."""
+    """Name every trace not analysed, with its reason (stage 05's summary.json); return EXIT_NO_RANK when
+    none was, EXIT_RANKS_MISSING when fewer than expected were, else 0."""
     path = run_dir / "05_categorize" / "summary.json"
     summary = schema.read(path, schema.TraceSummary) if path.is_file() else None
     analysed = len(summary.ranks) if summary is not None else 0

@@ -1,15 +1,8 @@
 """Campaigns: a baseline and variants, each a full run, compared against the baseline's predictions.
 
-Public API:
-
-- `run_campaign(params_file, ...)`: `stepscope campaign`; every variant (and repeat) a full
-  run into `outputs/<campaign-id>/<variant>/`, stages with unchanged inputs reused.
-- `plan_campaign(raw, params, dir)`: the runs, their order and folders (pure).
-- `build_campaign_report(campaign_dir)`: `campaign_report.md` and `.html`.
-- `spec_decode_delta(before, after)`: acceptance from two `/metrics` scrapes.
-- `regressions(run_a, run_b)`: the regression gate behind `stepscope compare --fail-on-regression`.
-
-Files and their meaning: `stepscope.campaign.run` (folder layout), docs/campaigns.md (method).
+`run_campaign` (`stepscope campaign`), `plan_campaign` (pure), `build_campaign_report`,
+`spec_decode_delta` and `regressions` (`stepscope compare --fail-on-regression`); the method is
+in docs/campaigns.md.
 """
 
 from stepscope.server_metrics import SpecDecodeStats, parse_prometheus, spec_decode_delta

@@ -1,10 +1,5 @@
-"""The campaign's numbers: every variant read through the run-folder schema, compared with the
-baseline, and the baseline's models set against what each variant measured.
-
-Pure functions over run folders (read once, in `load_campaign`) and plain values. Each
-judgement is a typed value (`Delta`, `SpecPrediction`, `CeilingCheck`); the report renders
-them and computes nothing. Noise bands: docs/campaigns.md#noise-bands.
-"""
+"""The campaign's numbers: every variant against the baseline, and the baseline's models against
+what each variant measured, as typed values the report renders (docs/campaigns.md)."""
 
 from __future__ import annotations
 
@@ -161,9 +156,7 @@ def capture_tpot(r: VariantRun) -> float | None:
 
 
 def capture_delivery_why(r: VariantRun) -> str | None:
-    """Why the run's capture TPOT measures delivery, not decode (`CaptureLatency.tpot_is_delivery`:
-    the tokens came in bursts, or the stream stalled), in `wording.capture_delivery`'s words;
-    None when it measures decode."""
+    """Why the run's capture TPOT measures delivery, not decode (`wording.capture_delivery`), or None."""
     if not capture_tpot_is_delivery(r.artifacts):
         return None
     return capture_delivery(r.artifacts.capture_latency)
@@ -229,10 +222,8 @@ def verdict_changes(base: Verdict, other: Verdict) -> list[tuple[str, Any, Any]]
 
 @dataclass(frozen=True)
 class AssumptionCheck:
-    """One assumption of the what-if beside what the variant measured, and what it cost the
-    prediction: `effect_ms_per_token` is how far the predicted TPOT moves when this
-    assumption takes its measured value (those before it in `SpecPrediction.checks` having
-    taken theirs). The effects add up to measured − predicted TPOT (`_spec_checks`)."""
+    """One assumption of the what-if beside what the variant measured; `effect_ms_per_token` is how far
+    the predicted TPOT moves when it (and those before it) take their measured values."""
 
     assumption: str
     assumed: float | None
@@ -244,9 +235,8 @@ class AssumptionCheck:
 
     @property
     def contradicted(self) -> bool | None:
-        """The measured value moves the prediction by more than the measurement's noise band:
-        the same test as the prediction's own agreement, so an assumption 'holds' exactly when
-        getting it right would not have changed the verdict. None without an effect or a band."""
+        """The measured value moves the prediction by more than the noise band (the prediction's own
+        agreement test); None without an effect or a band."""
         if self.effect_ms_per_token is None or self.band_ms is None:
             return None
         return abs(self.effect_ms_per_token) > self.band_ms
@@ -348,9 +338,8 @@ def spec_predictions(c: Campaign) -> list[SpecPrediction]:
 
 
 def _measured_tpot(v: str, base: list[VariantRun], runs: list[VariantRun]) -> tuple[float | None, Delta, str]:
-    """The variant's TPOT against the baseline's, with its noise band: the client's in the
-    capture, else (it measures delivery: bursts or a stall) the trace's decode step per token against the
-    baseline's decode step (one token per step without drafts)."""
+    """The variant's TPOT against the baseline's with its band: the capture's, else (it measures
+    delivery) the trace's decode step per token."""
     d = make_delta(v, "tpot_capture_ms", "capture", [capture_tpot(r) for r in base],
                    [capture_tpot(r) for r in runs], False)
     if d.value is not None or not all(capture_delivery_why(r) for r in runs):
@@ -369,10 +358,8 @@ def _speculating(runs: list[VariantRun]) -> list[SpecDecodeStats]:
 
 
 def trace_per_token_delta(c: Campaign, v: str) -> tuple[Delta, float | None] | None:
-    """A speculating variant's decode step per token from the trace (`trace_ms_per_token`)
-    against the baseline's decode step (one token per step), with its noise band, and the
-    variant's mean tokens per decode step; None when the variant does not speculate, where
-    step and token are the same thing."""
+    """A speculating variant's decode step per token against the baseline's step, with its band and the
+    mean tokens per step; None when it does not speculate (step and token are then the same)."""
     runs = c.runs.get(v) or []
     stats = _speculating(runs)
     if not stats:
@@ -385,17 +372,8 @@ def _spec_checks(runs: list[VariantRun], base_ms: float, p: wi.Prediction, measu
                  band_ms: float | None,
                  stats: list[SpecDecodeStats]) -> tuple[tuple[AssumptionCheck, ...], float | None]:
     """Each assumption of the what-if beside what the variant measured, with its effect on the
-    predicted TPOT, and `SpecPrediction.beside_steps_rel`.
-
-    The model charges every decode step a verify step V' and the draft D': TPOT = (V' + D')/a,
-    a the measured tokens per decode step. The variant's decode steps were a share s of verify
-    steps (V ms, trace) and 1 − s plain ones (P ms); what the measured TPOT leaves beside them,
-    O = a × TPOT − (s V + (1 − s) P), is the draft and any overhead outside the steps. Giving
-    the model the measured values one at a time, in this order, splits the gap exactly:
-        measured − predicted = [(1 − s)(B − V') + s (V − V') + (1 − s)(P − B) + (O − D')] / a
-    (B the baseline step; each bracket is one check's effect). A value the data do not give
-    keeps the model's (s = 1, V = V', P = B) and adds nothing.
-    """
+    predicted TPOT, and `SpecPrediction.beside_steps_rel`. The order splits the gap exactly
+    (docs/campaigns.md); a value the data do not give keeps the model's and adds nothing."""
     tr = [t for t in (_trace_spec(r) for r in runs) if t]
     vms = _mean([num(t.get("verify_step_ms")) for t in tr])
     pms = _mean([num(t.get("plain_step_ms")) for t in tr])
@@ -508,9 +486,7 @@ def ceiling_checks(c: Campaign, ds: list[Delta]) -> list[CeilingCheck]:
 
 
 def trace_ms_per_token(r: VariantRun, s: SpecDecodeStats | None) -> float | None:
-    """The trace's reading of TPOT under speculative decoding: the mean decode step (period
-    when stage 05 has it) over the tokens per decode step from /metrics. It should agree with
-    the capture's client-side TPOT; the report shows both."""
+    """TPOT from the trace under speculative decoding: the mean decode step over /metrics' tokens per step."""
     t = _trace_spec(r)
     step = num((t or {}).get("decode_step_ms"))
     tps = s.tokens_per_decode_step if s is not None else None

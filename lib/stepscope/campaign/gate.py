@@ -1,11 +1,6 @@
-"""The regression gate behind `stepscope compare A B --fail-on-regression`.
-
-A regression is a delta (B against A) outside its noise band, in the bad direction: output
-throughput down, or TPOT, TTFT, the decode step, a category's time per step or a level's
-share of time lost to server-wide stalls up (a stalled level's other readings are not
-compared, so the stalls themselves are). The deltas, their bands and the rules that stop a
-reading from being judged come from the one engine, `stepscope.report.deltas`, which
-`compare`'s tables and the campaign report render too: the three judge alike by construction.
+"""The regression gate behind `stepscope compare A B --fail-on-regression`: a delta outside its noise
+band in the bad direction, judged by `report.deltas` as compare and the campaign report are
+(docs/campaigns.md#the-regression-gate).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The campaign plan: which runs, in which order, into which folders, and what is reused.
+"""The campaign plan: which runs, in which order, into which folders, and what is reused (pure).
 
-Pure functions over validated params; nothing here starts a server or writes a file.
-
-Order: with N repeats, every variant runs once (baseline first), then all again, so that
-slow drift of a shared machine spreads over the variants instead of landing on one.
-
-Reuse: a stage whose inputs are the same for two runs is measured once and copied. The
-inputs of a stage are the params paths its entry in `stepscope.stages` declares; a stage that
-talks to the server (00, 01, 04) or reads another stage's output (05, 06) is never reused.
+Repeats interleave, so a shared machine's drift spreads over the variants; a stage is reused
+when its declared inputs (`stepscope.stages`) match (docs/campaigns.md).
 """
 
 from __future__ import annotations
@@ -91,11 +85,7 @@ def stage_fingerprint(params: Params, stage_id: str) -> str | None:
 
 
 def reuse_source(run: PlannedRun, stage_id: str, finished: Mapping[str, Mapping[str, str]]) -> str | None:
-    """Key of an earlier run whose stage had the same inputs and finished, else None.
-
-    `finished` maps a run key to `{stage_id: fingerprint}` of its stages that finished
-    measuring (never of stages that were themselves copied: the source is always a measurement).
-    """
+    """Key of an earlier run whose stage had the same inputs and finished measuring (never a copy), else None."""
     fp = stage_fingerprint(run.params, stage_id)
     if fp is None:
         return None

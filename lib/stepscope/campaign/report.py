@@ -1,9 +1,5 @@
-"""`campaign_report.md` and `.html`: every variant beside the baseline, and the baseline's
-predictions beside what the variants measured.
-
-Rendering only: every number is a field of a value from `stepscope.campaign.analysis`,
-printed through the report's one formatter (`fmt_num`).
-"""
+"""`campaign_report.md` and `.html`: every variant beside the baseline, and the baseline's predictions
+beside what the variants measured; rendering only, from `campaign.analysis`'s values."""
 
 from __future__ import annotations
 
@@ -392,9 +388,8 @@ def _ceiling_sentence(k: ca.CeilingCheck) -> str:
 
 
 def _trace_step_clause(c: ca.Campaign, v: str, ds: list[ca.Delta]) -> str:
-    """What the trace says instead of a burst-delivered TPOT: per token for a variant that
-    speculates (its step scores several tokens, so per step would count a verify step against
-    a plain one), per decode step otherwise."""
+    """What the trace says instead of a burst-delivered TPOT: per token for a variant that speculates
+    (its step scores several tokens), per decode step otherwise."""
     st = next((x for x in ds if x.variant == v and x.metric == "decode_step_ms"), None)
     spec = ca.trace_per_token_delta(c, v)
     if spec is not None and spec[0].value is not None:

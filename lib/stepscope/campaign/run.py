@@ -1,9 +1,5 @@
-"""`stepscope campaign`: run the baseline and every variant, each a full run with its own server.
-
-One ordinary run folder per variant (or `<variant>/repeat-<k>/`) under `outputs/<campaign-id>/`,
-beside `campaign.json` and the campaign report (the layout: docs/artifacts.md). `--resume` skips
-runs whose stages all finished and continues an unfinished run at its first unfinished stage.
-"""
+"""`stepscope campaign`: run the baseline and every variant, each a full run with its own server
+(the folder's layout: docs/artifacts.md)."""
 
 from __future__ import annotations
 
@@ -54,13 +50,8 @@ def scrape_run_server(run_dir: Path) -> str | None:
 
 
 def metrics_executor(inner: Executor, scraper: Scraper) -> Executor:
-    """Wrap a stage executor: read /metrics before and after the decode stages.
-
-    Stage 04 reads /metrics itself just inside its profiled window (`server_metrics.METRICS_SCRAPES`);
-    its counters are then taken from those, so that acceptance covers the trace's requests and
-    not the warm-up. A failed scrape is logged and leaves the stage alone: acceptance is then
-    reported missing, never guessed.
-    """
+    """Wrap a stage executor: read /metrics before and after the decode stages (stage 04's own scrapes
+    when it made them, so acceptance covers the trace's requests). A failed scrape is logged, never guessed."""
     def run(stage: Stage, params_file: Path, run_dir: Path, progress: bool) -> Path:
         watch = stage.id in METRICS_STAGES
         before = _safe_scrape(scraper, run_dir) if watch else None
@@ -174,10 +165,8 @@ def _stage_status(run_dir: Path) -> dict[str, schema.StageStatus]:
 
 @contextlib.contextmanager
 def _variant_params_file(run: PlannedRun):
-    """The params file a variant runs from. The run folder's `variant_params.yaml` is the
-    redacted copy a reader sees; params that hold a secret (a literal `--api-key` in
-    extra_args, a token in `server.env`) reach the runner through a private temporary file
-    (mode 0600, outside outputs/), removed when the run ends."""
+    """The params file a variant runs from: `variant_params.yaml` is redacted, so params with a secret
+    go through a private temporary file (0600, outside outputs/), removed when the run ends."""
     shown = write_yaml(run.run_dir / "variant_params.yaml", redact(run.params_dict))
     if redact(run.params_dict) == run.params_dict:
         yield shown
@@ -229,9 +218,8 @@ def run_campaign(params_file: str | Path, *, campaign_id: str | None = None, res
                  repeats: int | None = None, progress: bool = True, executor: Executor | None = None,
                  scraper: Scraper = scrape_run_server, report: bool = True, stages: Sequence[str] | None = None,
                  echo: Callable[[str], None] = print) -> tuple[int, Path]:
-    """Run every variant (interleaved by repeat), then write the campaign report. With `stages`
-    (an existing campaign's), run exactly those stages again in every started run, e.g. 05 and 06
-    after an upgrade of the analysis, and write the report again."""
+    """Run every variant (interleaved by repeat), then write the campaign report. With `stages`, run
+    exactly those again in every started run (e.g. 05 and 06 after an upgrade)."""
     params_file = Path(params_file).resolve()
     params = load_params(params_file)  # every variant's overrides are checked here
     raw = yaml.safe_load(params_file.read_text()) or {}

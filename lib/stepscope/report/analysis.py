@@ -1,10 +1,4 @@
-"""The report's numbers: derived from the artifacts, never from a notebook.
-
-Pure functions over `RunArtifacts` (or plain values) returning dicts and DataFrames: the
-step readings (on stage 05's step basis), the category table, micro-vs-trace, macro headlines, the
-reconciliation and the caveats. The verdict's judgements are typed findings in
-`report.verdict`, written out by `report.prose`.
-"""
+"""The report's tables and readings: pure functions over `RunArtifacts`, on stage 05's step basis."""
 
 from __future__ import annotations
 
@@ -26,9 +20,8 @@ from stepscope.wording import WINDOW, Md, capture_delivery, flag_message, fmt_nu
 
 
 def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
-    """Per-decode-step wall and kernel readings in ms, beside stage 05's step basis: `step_ms`
-    (`step_basis` names it, `basis_reason` says why the period was not used), which every share
-    and Amdahl ceiling divides by (`RunArtifacts.step_basis`: chosen by stage 05, read here)."""
+    """Per-decode-step readings in ms beside stage 05's step basis `step_ms` (`step_basis`,
+    `basis_reason`), which every share and ceiling divides by."""
     d = a.decode
     st = d.steps
     basis, step_ms, reason = a.step_basis()
@@ -58,11 +51,8 @@ def decode_step_totals(a: RunArtifacts) -> dict[str, Any]:
 
 
 def decode_category_table(a: RunArtifacts, totals: dict[str, Any]) -> pd.DataFrame | None:
-    """Per category: ms per step (mean, median, p90), % of step, calls per step, µs per call.
-
-    "ms per step" is stage 05's per-step busy time of the category (its `union_ms_*`); the
-    share divides it by the report's step basis (stage 05's `share_of_span` divides by the span).
-    """
+    """Per category: stage 05's busy ms per step (`union_ms_*`), its share of the step basis, calls per
+    step, µs per call."""
     dec = a.decode_categories
     if dec is None:
         return None
@@ -155,12 +145,9 @@ def _tpot_sentence(j: TpotAgainstStep) -> str:
 
 
 def transfer_readings(a: RunArtifacts) -> pd.DataFrame | None:
-    """Two readings of each collective's transfer time per step, side by side: the least-waiting
-    rank's mean time (`cross_rank.csv` `transfer_ms_est`: one rank's busy time, so its own waits
-    included) and the instance-matched transfer (`summary.json` `collectives_matched.by_category`:
-    last arrival to the median end, per instance). `agree` is None where asymmetric instances
-    (no transfer time) make the two cover different calls, else whether they are within
-    READINGS_AGREE_REL of each other."""
+    """Each collective's transfer per step read two ways: the least-waiting rank's time (its own waits
+    included) and the instance-matched transfer; `agree` within READINGS_AGREE_REL, None when
+    asymmetric instances make them cover different calls."""
     cr, ts = a.cross_rank, a.trace_summary
     cm = ts.collectives_matched if ts is not None else None
     if cr is None or "transfer_ms_est" not in cr or cm is None or not cm.by_category:
@@ -212,9 +199,8 @@ Sources: kernel names seen in the traces of tests/data/traces and vLLM's collect
 
 
 def traced_collectives(kernels: pd.DataFrame | None) -> tuple[str, str, str] | None:
-    """(family, its words, the largest such name) of the communication time in the trace's
-    category_kernels rows: the family holding the most summed time among names that name an
-    implementation (waits and functional wrappers name none)."""
+    """(family, its words, the largest such name): the collective implementation holding the most
+    communication time among kernel names that name one."""
     if kernels is None or "category" not in kernels:
         return None
     k = kernels[kernels["category"].isin(COMMUNICATION_CATEGORIES)]
@@ -312,9 +298,8 @@ def macro_headlines(a: RunArtifacts) -> dict[str, Any]:
 
 
 def _plateau_stalls(closed: pd.DataFrame, knee: int | None) -> dict[str, Any]:
-    """The largest share of a level's time lost to server-wide stalls among the levels the
-    plateau reading is drawn from, and its concurrency: from the knee on, or every level when
-    there is no knee (then the reading is that throughput still grew, level to level)."""
+    """The largest stall share among the levels the plateau is read from (the knee on, else all), and its
+    concurrency."""
     if "stall_share" not in closed:
         return {}
     at = closed[(closed["concurrency"].astype(float) >= (knee or 0)) & closed["stall_share"].notna()]
@@ -328,9 +313,8 @@ def _plateau_stalls(closed: pd.DataFrame, knee: int | None) -> dict[str, Any]:
 
 
 def artifact_caveats(a: RunArtifacts, step_label: str = "decode step") -> tuple[Caveat, ...]:
-    """The artifacts' flags and failed checks as caveats (`report.verdict.caveats` puts them
-    after the verdict's own): the trace's, the sweep's, the capture's, the stages', then the
-    files that could not be read. `report.prose.caveat_text` words them."""
+    """The artifacts' flags and failed checks as caveats: trace, sweep, capture, stages, then the files
+    that could not be read."""
     return tuple(_delivery_caveats(a) + _trace_caveats(a, step_label) + _sweep_caveats(a) + _capture_caveats(a)
                  + _stage_caveats(a) + [Caveat("unreadable_artifact", "run", values=(("problem", p),)) for p in a.problems])
 

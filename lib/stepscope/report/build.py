@@ -81,21 +81,14 @@ def _figure_names(names: pd.Series) -> pd.Series:
 
 
 def _same_as_stage_step_figure(ctx: ReportContext, bars: pd.DataFrame) -> bool:
-    """One rank's mean over one step is the single bar stage 05 already drew per step (with the
-    span and kernel sum marked); drawing it again costs a tenth of a second and shows nothing
-    new. A capture TPOT is a marker only the report's figure carries, so then it is drawn."""
+    """One rank's one bar is stage 05's figure again, unless a capture TPOT marker (the report's own) is drawn."""
     return (ctx.totals.get("n_decode_steps") == 1 and bars["label"].nunique() == 1
             and ctx.totals.get("tpot_capture_ms") is None and bool(ctx.folder.figures("05_step_categories_rank")))
 
 
 def make_figures(a: RunArtifacts, ctx: ReportContext) -> dict[str, str]:
-    """Draw the report's figures into figures/; return {key: file name}.
-
-    Every figure is drawn by the function its stage uses (category figures: `trace.plots`;
-    sweep, roofline, collectives: their stage modules). A stage plot (sweep_*, gemm_roofline*,
-    collective_*, 05_step_timeline*) is reused when the stage saved it; otherwise it is drawn
-    here from the stage's CSV, under a name of the report's own (writeup_*, step_*).
-    """
+    """Draw the report's figures into figures/ with their stage's plotting function, reusing a plot
+    the stage saved; return {key: file name}."""
     made: dict[str, str] = {}
     drawn: dict[str, Any] = {}  # saved together at the end: two render at once where two cores are free
 
@@ -182,9 +175,7 @@ def quantization_cell(params_quantization: str | None, named: Sequence[dict]) ->
 
 
 def _device_line(ident: vd.TraceIdentity) -> Md | None:
-    """The devices the run used: as many as the trace's world size (else the TP the params or
-    trace give), not the devices the node's profiler listed (`deviceProperties`: eight on a
-    one-GPU run of an eight-GPU node)."""
+    """The devices the run used (world size, else TP), not the node's `deviceProperties` list."""
     if not ident.device_name:
         return None
     n, src = ((ident.world_size, "world size") if ident.world_size else
@@ -725,9 +716,7 @@ STEP_READINGS_HEADING = "Step readings (stage 05)"
 
 
 def _step_readings_table(totals: dict, ident: vd.TraceIdentity) -> str:
-    """The step read several ways (kernel sum, union, span, period, annotation, TPOT) as a table
-    under `STEP_READINGS_HEADING`, for the appendix. A decode trace keeps its TPOT row when nothing
-    measured it ("–" says so); other traces have no tokens per step to time, so none."""
+    """The step read several ways, for the appendix; only a decode trace has a TPOT row ("–" when unmeasured)."""
     label = ident.step_label
     window = label == WINDOW  # the whole trace: no step annotation, no next step
     cpu, dev = totals.get("mode") == "cpu", an.device_word(totals)
@@ -763,8 +752,7 @@ def _breakdown_figures(a: RunArtifacts, ctx: ReportContext) -> str:
                      ("timeline", timeline_alt)):
         if key in figs:
             text += "\n" + _img(figs[key], alt)
-    # Stage 05's own plots: its timeline (the report draws one only when the stage did not),
-    # then what the report's figures do not show: step-to-step variation and the spread across ranks.
+    # Stage 05's own plots that the report's figures do not repeat.
     stage_timeline = ctx.folder.figures("05_step_timeline")
     for name in stage_timeline:
         text += "\n" + _img(name, timeline_alt)
@@ -792,9 +780,8 @@ def _perfetto_pointer(a: RunArtifacts, ctx: ReportContext) -> str:
 
 def cross_rank_table(cr: pd.DataFrame | None, readings: pd.DataFrame | None,
                      split: vd.CommSplit | None) -> pd.DataFrame | None:
-    """Stage 05's per-category spread across ranks (cross_rank.csv) with the matched transfer
-    (`analysis.transfer_readings`) beside it; None for one rank, or for a sample of ranks (it would
-    describe the sample, not the job)."""
+    """Stage 05's spread across ranks with the matched transfer beside it; None for one rank or a
+    sample of ranks (it would describe the sample, not the job)."""
     if cr is None or not len(cr) or "category" not in cr or (split is not None and split.status == "ranks missing"):
         return None
     if "n_ranks" in cr and cr["n_ranks"].max() <= 1:
@@ -1224,13 +1211,19 @@ _PER_LEVEL = re.compile(r"\[01\] level (\S+): (\d+%) (.+)")
 """Stage 01's flag said of one sweep level with its share (`sweep.run`): bunched or merged chunks."""
 
 
+def _level_groups(items: list[str], pattern: re.Pattern) -> dict[str, list[tuple[str, str]]]:
+    """{what the flag says: [(level, its number), ...]} over the flags `pattern` matches."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for c in items:
+        if m := pattern.fullmatch(c):
+            groups.setdefault(m[3], []).append((m[1], m[2]))
+    return groups
+
+
 def per_level_once(items: list[str]) -> list[str]:
     """Stage 01's flags that say one thing of several levels, as one line naming each level and
     its share (five "chunks bunched" lines were the longest part of the caveats)."""
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for c in items:
-        if m := _PER_LEVEL.fullmatch(c):
-            groups.setdefault(m[3], []).append((m[1], m[2]))
+    groups = _level_groups(items, _PER_LEVEL)
     out: list[str] = []
     for c in items:
         m = _PER_LEVEL.fullmatch(c)
@@ -1247,13 +1240,9 @@ _LEVEL_DETAIL = re.compile(r"\[01\] level (\S+): (.+?\)): (.+)")
 
 
 def per_level_table(items: list[str]) -> tuple[list[str], list[str]]:
-    """Stage 01's flags that explain several levels' numbers alike: one line with the explanation,
-    naming the levels, and a table of each level's numbers (six stall lines repeated one sentence
-    six times). Returns (the caveat lines, the tables to print after them)."""
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for c in items:
-        if m := _LEVEL_DETAIL.fullmatch(c):
-            groups.setdefault(m[3], []).append((m[1], m[2]))
+    """Stage 01's flags that explain several levels alike: one line naming the levels, and a table
+    of their numbers. Returns (the caveat lines, the tables to print after them)."""
+    groups = _level_groups(items, _LEVEL_DETAIL)
     out: list[str] = []
     tables: list[str] = []
     for c in items:
@@ -1403,8 +1392,7 @@ def _whatif(a: RunArtifacts, wp: WriteupParams, totals: dict[str, Any], decode: 
         return wi.whatif_table(b, wp.acceptance_lengths, wp.draft_cost_fractions, wp.verify_extra_tokens)
     preds = grid(baseline)
     load = [(b, grid(b)) for b in wi.load_baselines(a)]
-    # The fraction is recomputed from ms, so 0.1 comes back as 0.09999999999999999 for some steps: rounded,
-    # it is one group key (one line of the figure, one legend entry) per params value again.
+    # Rounded: the fraction recomputed from ms (0.09999999999999999) must be one group key per params value.
     curves = pd.DataFrame([{"acceptance_length": p.acceptance_length, "tpot_ms_projected": p.tpot_ms,
                             "draft_cost_fraction": round(p.draft_ms / p.draft_tokens / baseline.step_ms, 9)}
                            for p in preds])
@@ -1454,14 +1442,8 @@ def render_report_markdown(a: RunArtifacts, ctx: ReportContext, wp: WriteupParam
 
 def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
                  draw_figures: bool = True) -> dict[str, Path]:
-    """Write `06_writeup/report.md` and `.html`, `appendix.md` and `.html` (the run's provenance)
-    and `verdict.json` from the run folder alone.
-
-    Returns {"markdown", "html", "appendix_markdown", "appendix_html", "verdict", "figures" (folder)}
-    plus one entry per figure drawn. Sections
-    whose artifacts are missing render as a visible "not measured" box. `draw_figures=False`
-    renders the text only (stage PNGs are still linked): seconds faster, for re-renders and tests.
-    """
+    """Write 06_writeup/ (report, appendix, verdict.json) from the run folder alone; returns their
+    paths and one `figure_<key>` per figure. `draw_figures=False` renders text only (seconds faster)."""
     a = load_run_artifacts(run_dir)
     wp = writeup_params_from(a, writeup)
     ctx = report_context(a, wp)
@@ -1489,12 +1471,8 @@ def build_report(run_dir: str | Path, writeup: WriteupParams | None = None, *,
 
 
 def report_markdown_for_notebook(md_path: str | Path, run_dir: str | Path, cwd: str | Path | None = None) -> str:
-    """report.md with its figure links made relative to where the notebook is viewed.
-
-    The runner passes an absolute run_dir and saves the executed notebook in
-    `<run_dir>/notebooks/`, so links become `../figures/...` there; a relative run_dir means
-    an interactive session, whose links resolve from the working directory.
-    """
+    """report.md with its figure links made relative to where the notebook is viewed: `<run_dir>/notebooks/`
+    for an absolute run_dir (the runner's), else the working directory (an interactive session)."""
     run_dir = Path(run_dir)
     view_dir = run_dir / "notebooks" if run_dir.is_absolute() else Path(cwd or Path.cwd())
     rel = os.path.relpath((run_dir / "figures").resolve() if not run_dir.is_absolute() else run_dir / "figures",

@@ -1,10 +1,5 @@
-"""Compare two runs side by side: baseline A against variant B.
-
-Each table shows A, B, B − A and B / A, and flags the rows whose change is beyond noise. Every
-judgement comes from the one engine, `report.deltas.run_deltas`, which the regression gate and the
-campaign render too; this module lays its deltas out as tables (kernels and collectives, which the
-engine does not carry, keep the fixed band here). Noise bands and reasons: docs/campaigns.md.
-"""
+"""Compare two runs side by side, baseline A against variant B: `report.deltas`' judgements laid out
+as tables (docs/campaigns.md)."""
 
 from __future__ import annotations
 
@@ -44,9 +39,7 @@ def _diff_ratio(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _with_diff(df: pd.DataFrame) -> pd.DataFrame:
-    """B − A, B / A and the beyond-noise flag of a single number without a spread, for the rows
-    the engine does not carry (kernels, collectives): |B/A − 1| > NOISE_REL, make_delta's fixed
-    band in ratio form."""
+    """B − A, B / A and |B/A − 1| > NOISE_REL, for the rows the engine does not carry (kernels, collectives)."""
     df = _diff_ratio(df)
     a, b = pd.to_numeric(df["a"], errors="coerce"), pd.to_numeric(df["b"], errors="coerce")
     beyond = (df["ratio_b_over_a"] - 1.0).abs() > NOISE_REL
@@ -150,9 +143,8 @@ def _fully_listed(k: pd.DataFrame, other: pd.DataFrame) -> set[str]:
 
 
 def compare_kernels(a: RunArtifacts, b: RunArtifacts) -> pd.DataFrame | None:
-    """The largest kernels of the categories that take the most time in either run: summed ms
-    per step in A and B. A kernel that ran in one run only reads 0 in the other (`A only`,
-    `B only`): another backend or fusion shows up as names coming and going."""
+    """The largest kernels of the costliest categories in either run, ms per step in A and B; one that ran
+    in one run only reads 0 in the other (`A only`, `B only`)."""
     ka, kb = a.category_kernels, b.category_kernels
     if ka is None or kb is None:
         return None
@@ -230,13 +222,8 @@ def _presence(df: pd.DataFrame) -> pd.Series:
 
 def label_rows(df: pd.DataFrame | None, setups: SetupComparison, communication: pd.Series | None = None,
                total: pd.Series | bool = False) -> pd.DataFrame | None:
-    """`df` with each row's `flag` and `setup_change` (the differing settings that explain it).
-
-    In order: a reading the engine refused (`not compared: …`); a communication row whose
-    collective implementation differs (`different implementation`: another op, not a speed-up);
-    a reading one run lacks (`only in A`/`only in B`); a change beyond noise a setup difference
-    explains (`setup differs: …`); else `changed` or `no`. `communication` marks the rows of a
-    communication category; `total` the rows that are totals (the step's, the sweep's)."""
+    """`df` with each row's `flag` (the first of: `not compared: …`, `different implementation`,
+    `only in A`/`only in B`, `setup differs: …`, `changed`, `no`) and `setup_change`."""
     if df is None:
         return None
     d = df.copy()
@@ -477,10 +464,7 @@ def _tables_text(a: RunArtifacts, b: RunArtifacts, tables: dict, names: tuple[st
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Write compare.md and compare.html for baseline A against variant B; return their paths.
-
-    `out_dir` defaults to `<run_b>/06_writeup/compare_vs_<run_a name>/`.
-    """
+    """Write compare.md and .html for A against B (default `<run_b>/06_writeup/compare_vs_<run_a>/`)."""
     a, b = load_run_artifacts(run_a), load_run_artifacts(run_b)
     ident_a, ident_b = vd.trace_identity(a), vd.trace_identity(b)
     kind_a, kind_b, step = ident_a.kind, ident_b.kind, ident_a.step_label

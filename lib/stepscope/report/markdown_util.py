@@ -54,9 +54,8 @@ ZERO_CELLS = frozenset({"0", "0.00", "0.0"})
 def constant_caption(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keep: Sequence[str] = (),
                      formats: dict[str, Callable[[Any], str]] | None = None, settings: Sequence[str] = ()
                      ) -> tuple[list[tuple[str, str]], str]:
-    """Columns that print one value in every row (of two or more) leave the table for its caption:
-    ("columns left", "header: value; header: value"). A number goes only when it is zero or a
-    setting (`settings`): two measurements that agree are still measurements. `keep` stays regardless."""
+    """Columns with one value in every row leave the table for its caption: (columns left, caption). A
+    number goes only when zero or a setting: measurements that agree are still measurements."""
     if len(df) < 2:
         return list(columns), ""
 
@@ -91,9 +90,7 @@ def duplicate_caption(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keys
 
 def compact_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keys: Sequence[str] = (),
                   keep: Sequence[str] = (), settings: Sequence[str] = (), **kw: Any) -> str:
-    """`md_table` of what was measured (`measured_only`), with the columns that hold one value in
-    every row (`constant_caption`; numeric `settings` among them) or repeat another column
-    (`duplicate_caption`) said once above it; `kw` goes to `md_table`."""
+    """`md_table` of what was measured, constant or repeated columns said once above it."""
     table, cols = measured_only(df, columns, keys)
     formats = kw.get("formats")
     cols, same = constant_caption(table, cols, keep=[*keys, *keep], formats=formats, settings=settings)
@@ -106,10 +103,8 @@ def compact_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]], keys: Se
 def md_table(df: pd.DataFrame, columns: Sequence[tuple[str, str]] | None = None,
              formats: dict[str, Callable[[Any], str]] | None = None, max_rows: int | None = None,
              md_columns: Sequence[str] = ()) -> str:
-    """A markdown pipe table. `columns` is [(column, header)]; missing columns are skipped.
-    Text cells are outside text and escaped (`md_text`), except in `md_columns`, which hold
-    Markdown stepscope wrote (code spans from `code_names`, a bold "**no**"): a DataFrame
-    keeps no `Md` mark (pandas stores plain strings), so such columns are named here."""
+    """A markdown pipe table of [(column, header)], missing columns skipped. Text cells are escaped
+    except in `md_columns`, Markdown stepscope wrote (a DataFrame keeps no `Md` mark)."""
     if columns is None:
         columns = [(c, c) for c in df.columns]
     columns = [(c, h) for c, h in columns if c in df.columns]
@@ -301,14 +296,9 @@ def _markdown(base_dir: Path, figure_dirs: Sequence[Path]) -> md_lib.Markdown:
 
 
 def markdown_to_html(md_text: str, base_dir: Path, title: str, figure_dirs: Sequence[Path] = ()) -> str:
-    """Render markdown to one self-contained HTML page: figures inlined as data URIs, CSS inline.
-
-    `base_dir` is where relative image paths in the markdown are resolved from (the folder of
-    report.md); only figures directly in `figure_dirs` (default: `base_dir`'s `figures/`) are
-    embedded (`embed_figure`), any other image becomes a visible note. Raw HTML in the text is
-    shown as text, links are http(s) or relative (`link_allowed`), and the page's
-    Content-Security-Policy (`CONTENT_SECURITY_POLICY`) forbids scripts and requests.
-    """
+    """Render markdown to one self-contained HTML page. Only figures directly in `figure_dirs` (default
+    `base_dir`/figures) are embedded, other images become a note; raw HTML shows as text, links are
+    `link_allowed`, and the Content-Security-Policy forbids scripts and requests."""
     body = _markdown(base_dir, figure_dirs or (base_dir / "figures",)).convert(md_text)
     body = re.sub(r"<blockquote>(\s*<p><strong>" + re.escape(MISSING_MARK) + ")",
                   r'<blockquote class="missing">\1', body)

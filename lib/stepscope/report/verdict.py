@@ -1,14 +1,6 @@
-"""The verdict as typed findings: what the data says, before any sentence is written.
-
-`verdict(a)` reads a run folder's artifacts (through `RunArtifacts`) and returns a
-`Verdict`: frozen records (`stepscope.schema.verdict`, the file format too) holding every number a judgement rests on, the threshold it
-was judged against and the denominator it was divided by. `report.prose` turns findings
-into sentences and never computes a number of its own, so a test can check each number in
-the text against the field it came from. How each finding is decided: `docs/verdict.md`.
-
-Stage-05 keys that newer runs carry (`trace_info`, `decode.period_ms`, the idle split,
-`collectives_matched`, `roofline`) are optional: a finding that needs a missing key says
-what it could not decide instead of guessing.
+"""The verdict as typed findings (`schema.verdict`, the file format too): every number a judgement
+rests on, its threshold and its denominator, before any sentence is written, so a test can check
+each number in the text against its field. How each is decided: docs/verdict.md.
 """
 
 from __future__ import annotations
@@ -242,10 +234,7 @@ def comm_split(a: RunArtifacts, ident: TraceIdentity, comm: Communication | None
 
 def boundness(a: RunArtifacts, totals: dict[str, Any], basis: StepBasis,
               ident: TraceIdentity) -> Boundness | None:
-    """Device- or host-bound from the step's own numbers, on the step basis: host-bound where the
-    device idles over HOST_GAP_IDLE_SHARE of the step and one gap per step holds most of that idle
-    (`host gap`, named by the host frame it lies in), or where short gaps hold over
-    HOST_BOUND_MICRO_IDLE_SHARE of it (launch overhead)."""
+    """Device- or host-bound from the step's own numbers on the step basis (docs/verdict.md#host-bound-device-bound-or-one-stall-boundness)."""
     step, busy, span = basis.step_ms, totals.get("union_ms"), totals.get("span_ms")
     if not step or busy is None:
         return None
@@ -315,9 +304,8 @@ def tpot_gap(totals: dict[str, Any], ident: TraceIdentity) -> TpotGap | None:
 
 
 def between_steps(totals: dict[str, Any], ident: TraceIdentity, a: RunArtifacts | None = None) -> BetweenSteps | None:
-    """The period minus the span, when the judged steps have a period (of any kind: a training
-    step's DataLoader wait lies there too) and the gap is worth a lever; named by the host frame
-    stage 05 found over the device's gaps between steps (`a`'s `decode.between_steps`)."""
+    """The period minus the span when the steps have a period and the gap is worth a lever, named by
+    the host frame stage 05 found over it."""
     period, span = num(totals.get("period_ms")), num(totals.get("span_ms"))
     if ident.kind == "capture" or not period or not span or period - span <= BETWEEN_STEPS_SHARE * period:
         return None
@@ -398,9 +386,8 @@ def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
 
 def component_check(trace: dict[str, float], predicted: dict[str, float],
                     denominator: str | None = None) -> StepPrediction:
-    """The predicted step against the trace's, component by component (same keys, ms per step):
-    each component off or within its band, the total agreeing or not, and whether an agreeing
-    total is an accident of offsetting errors."""
+    """The predicted step against the trace's, component by component (ms per step), and whether an
+    agreeing total is an accident of offsetting errors."""
     comps = tuple(Component(name=k, trace_ms=t, predicted_ms=predicted[k],
                             off=abs(predicted[k] - t) > PREDICTION_TOLERANCE * max(abs(predicted[k]), abs(t)))
                   for k, t in trace.items())
@@ -496,10 +483,8 @@ def _load_growth(a: RunArtifacts, macro: dict[str, Any] | None) -> LoadGrowth | 
 def verdict(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
             amdahl: pd.DataFrame | None, mvt: pd.DataFrame | None,
             macro: dict[str, Any] | None = None) -> Verdict:
-    """Every finding of the report, typed, before the guards: `report.guards.guarded` then
-    withdraws what a failing invariant does not support (the guards read these findings, so
-    they sit above this module; `report.build.report_context` applies them), and
-    `report.prose.verdict_sentences` writes out what is left."""
+    """Every finding of the report, typed, before `report.guards.guarded` withdraws what a failing
+    invariant does not support (the guards read these findings, so they sit above this module)."""
     ident = trace_identity(a)
     basis = step_basis(a)
     comm = communication(decode, amdahl)
@@ -577,10 +562,8 @@ class Headline:
 
 
 def caveats(v: Verdict, a: RunArtifacts | None = None) -> tuple[Caveat, ...]:
-    """Every caveat, the one that changes a decision most first: the verdict's own (a trace that
-    is not decode or a withdrawn claim changes what the verdict is; missing ranks or too few
-    steps move every figure; the rest qualify one reading), then the flags and failed checks of
-    `a`'s artifacts (`report.analysis.artifact_caveats`: trace, sweep, capture, stages)."""
+    """Every caveat, the one that changes a decision most first: the verdict's own, then the artifacts'
+    flags and failed checks (`report.analysis.artifact_caveats`)."""
     from stepscope.report.analysis import artifact_caveats
 
     return _verdict_caveats(v) + (artifact_caveats(a, v.identity.step_label) if a is not None else ())
@@ -590,8 +573,7 @@ def _verdict_caveats(v: Verdict) -> tuple[Caveat, ...]:
     i = v.identity
     if not i.analysed:  # nothing else can apply to a trace nobody read
         return (Caveat("not_analysed", "trace", "identity"),)
-    # A GPU job's host-only export comes first: every time in it is the host's, not the device's
-    # (its guard withdrew the levers; the caveat says that guard's clause).
+    # A GPU job's host-only export first: every time in it is the host's.
     failed = [g for g in v.failed_guards if g.invariant != "device_work_recorded"]
     found = [Caveat("host_only", "trace", "guards", g.invariant) for g in v.failed_guards if g not in failed]
     found += [Caveat("not_decode", "trace", "identity")] if not i.has_decode else []

@@ -1,19 +1,9 @@
 """What speculative decoding would do to a measured decode step: a model with explicit inputs.
 
-A verify step scores M = k + 1 tokens per request (k drafted, plus the one the target
-model always emits) and emits the acceptance length `a` on average. Each part of the
-measured step grows with M by its own law (`LAWS`): GEMMs by stage 02's GEMM time against
-M, the routed experts by the distinct experts the tokens touch (D(batch·M) / D(batch): decode
-reads each touched expert's weights once), attention, KV writes, logits and the all-gather by
-tokens, all-reduces by their message size on stage 03's latency curve; host idle and the rest
-are unchanged. The draft costs a
-fixed time per drafted token. TPOT = (verify + k x draft per token) / a.
-
-`predict_spec_decode_tpot(baseline, acceptance_length, draft_ms_per_token, draft_tokens)`
-is pure: every input is in `SpecBaseline` or an argument, and every default the model fell
-back to is listed in `Prediction.assumptions`, so a test can set each input and a measured
-speculative run can be set against it. `spec_baseline(a, totals, decode)` builds the
-baseline from a run folder's artifacts.
+Each part of the step grows with the tokens a verify step scores by its own law (`LAWS`), and
+TPOT = (verify + k × draft per token) / a (docs/verdict.md#the-speculative-decoding-what-if).
+`predict_spec_decode_tpot` is pure and lists every default it fell back to in
+`Prediction.assumptions`; `spec_baseline` builds its input from a run folder.
 """
 
 from __future__ import annotations
@@ -125,8 +115,7 @@ def _interp(curve: dict[int, float], x: float, log_x: bool = False) -> tuple[flo
         return ys[0], x != xs[0]
     if t <= X[-1] and t >= X[0]:
         return float(np.interp(t, X, ys)), False
-    # Beyond the grid: extend the nearest segment's slope instead of clamping (clamping
-    # would make a larger M cost nothing more).
+    # Beyond the grid: extend the nearest slope; clamping would make a larger M cost nothing more.
     i = (0, 1) if t < X[0] else (-2, -1)
     slope = (ys[i[1]] - ys[i[0]]) / (X[i[1]] - X[i[0]])
     return float(max(ys[i[0]] + slope * (t - X[i[0]]), 0.0)), True
@@ -171,13 +160,9 @@ def _at_least_one(ratio: float, src: str) -> tuple[float, str]:
 
 def predict_spec_decode_tpot(baseline: SpecBaseline, acceptance_length: float, draft_ms_per_token: float,
                              draft_tokens: int | None = None) -> Prediction:
-    """Projected TPOT with speculative decoding, from a measured decode step.
-
-    acceptance_length: mean tokens emitted per verify step (1 ≤ a ≤ k + 1).
-    draft_ms_per_token: the draft's cost per drafted token (ms), charged k times per step.
-    draft_tokens: k, tokens drafted per step; default ceil(a) (the fewest that can reach a).
-    Raises StepscopeError when the inputs cannot describe a verify step.
-    """
+    """Projected TPOT with speculative decoding from a measured decode step: `acceptance_length` a
+    (1 ≤ a ≤ k + 1), the draft's ms per drafted token, `draft_tokens` k (default ceil(a)).
+    StepscopeError when the inputs cannot describe a verify step."""
     a = float(acceptance_length)
     k = int(draft_tokens) if draft_tokens is not None else max(int(math.ceil(a)), 1)
     if k < 1 or not 1.0 <= a <= k + 1:
@@ -231,17 +216,8 @@ def _law(category: str) -> str:
 
 def spec_baseline(a: RunArtifacts, totals: dict[str, Any], decode: pd.DataFrame | None,
                   batch: float | None = None) -> SpecBaseline | None:
-    """The measured decode step of a run folder as a `SpecBaseline` (None without one).
-
-    The step is stage 05's step basis (`RunArtifacts.step_basis`: the period, what TPOT
-    measures, else the span, else the busy time). Parts are the categories' exposed times (they add up to the busy
-    time) and the rest of the step, which no part of the model changes.
-
-    Only a decode trace has one: a mixed step's GEMMs do a prefill's work, which the model's
-    constant GEMM time (decode reads the weights once per step) does not describe, and a
-    capture, prefill, training or non-LLM trace emits no token per step (`trace_info.kind`;
-    older summaries without it are read as before).
-    """
+    """A decode trace's step on stage 05's basis as a `SpecBaseline`: the categories' exposed times
+    and the rest, which no law changes. None for other kinds, whose step the model does not describe."""
     info = a.trace_summary.trace_info if a.trace_summary is not None else None
     if info is not None and info.kind not in (None, "decode"):
         return None
@@ -297,11 +273,9 @@ def _micro_curves(a: RunArtifacts) -> tuple[dict[int, float] | None, dict[int, f
 
 
 def load_baselines(a: RunArtifacts) -> list[SpecBaseline]:
-    """One baseline per captured load level above batch 1 (load_anatomy.csv), each at the
-    batch its own trace measured: the decode steps' decode requests, mean over the level's
-    decode steps; its step the decode steps' mean period, its parts their categories' ms per
-    step (interval unions, so parts that overlap are each counted: an upper bound) and the
-    rest of the period. Mixed and prefill steps are left out: the model is of a decode step."""
+    """One baseline per captured load level above batch 1 (load_anatomy.csv), at the batch its trace
+    measured: its decode steps' mean period, their categories' ms (unions, so overlap counts twice:
+    an upper bound) and the rest."""
     table = a.load_anatomy
     if table is None or not len(table):
         return []

@@ -188,9 +188,8 @@ class Analysis:
         return pd.DataFrame([schema.to_builtins(row) for row in r.rows])[cols]
 
     def kernels_table(self, per_category: int = 3) -> pd.DataFrame:
-        """The reference rank's largest kernels of each decode category (summed ms per step,
-        calls per step, µs per call, share of the category's summed time); long names cut in
-        the middle for reading (category_kernels.csv has them whole)."""
+        """The reference rank's largest kernels of each decode category, long names cut in the middle
+        (category_kernels.csv has them whole)."""
         k = self.reference.kernels
         cols = ["category", "name", "sum_ms_per_step", "calls_per_step", "us_per_call", "share_of_category",
                 "n_names", "decided_by"]
@@ -243,8 +242,7 @@ def resolve_trace_paths(paths: Iterable[str | Path] | str | Path) -> tuple[list[
     tables: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            # The front end's trace holds no device work (`frontend_traces`); the other
-            # JSON files a run folder keeps beside traces are not traces.
+            # The front end's trace and a run folder's other JSON files are not rank traces.
             traces += [f for f in _folder_jsons(p) if not _is_frontend(f) and f.name not in NOT_TRACES]
             for pat in TEXT_TABLE_GLOBS:
                 tables.extend(sorted(p.glob(pat)))
@@ -275,16 +273,13 @@ def frontend_traces(folder: Path) -> list[Path]:
 
 
 def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
-    """One rank's analysis. `consume`: the rank's event table is not needed after this (stage
-    05): `rt.events` is let go once the work table is built, and the analysis keeps only its
-    host rows, when the device rows were the larger part (issue 26). Its device columns are
-    then written over in place (`steps.DeviceRows`): no other frame may share them."""
+    """One rank's analysis. `consume` (stage 05): `rt.events` is let go once the work table is built
+    and its device columns are written over in place, so no other frame may share them."""
     ev = rt.events
     if consume:  # before the shift below: the rank's table would hold a second `ts` meanwhile
         rt.events = None
-    # Work in µs from the trace's first kept event: absolute Kineto timestamps (~1e12 µs)
-    # keep only ~0.2 ns resolution, enough to make ts+dur-ts differ from dur. The shift
-    # itself is exact (Sterbenz), so every relative time is the trace's own.
+    # µs from the first kept event: absolute timestamps (~1e12 µs) make ts+dur-ts differ from dur;
+    # the shift itself is exact.
     origin = float(ev["ts"].min()) if len(ev) else 0.0
     ev = ev.assign(ts=ev["ts"] - origin)
     steps, source = find_steps(ev, rt.rank)
@@ -332,9 +327,7 @@ def analyze_rank(rt: RankTrace, rules, *, consume: bool = False) -> RankResult:
 
 
 def _device_rows_larger(ev: pd.DataFrame) -> bool:
-    """The device rows are most of the event table: then the host rows are copied out and the
-    device rows let go as the work table takes them (the copy costs more than it frees
-    otherwise)."""
+    """Whether copying the host rows out frees more than it costs."""
     n_device = int(in_values(ev["cat"], DEVICE_CATS).sum())
     return n_device > len(ev) - n_device
 
@@ -355,8 +348,7 @@ def _by_module(ev: pd.DataFrame, work: pd.DataFrame, step_tot: pd.DataFrame, ran
     from stepscope.trace.modules import module_paths, module_table
 
     paths = module_paths(ev)
-    # codes, judged once per module: an object column (None throughout without module frames)
-    # was 8 bytes per kernel, in the work table and each decode-row copy of it (issue 26)
+    # codes, judged once per module: an object column cost 8 bytes per kernel in every copy
     mods = work["module"].array
     work["module_path"] = map_codes(mods if isinstance(mods, pd.Categorical) else pd.Categorical(mods), paths.get)
     judged = acc.select_decode_steps(step_tot)[0]["step_id"].to_numpy()
@@ -465,20 +457,11 @@ def analyze_traces(paths: list[Path] | Path, out_dir: Path, *, arch: Any = None,
                    micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
                    input_flags: Iterable[schema.Flag] = (), memory_budget_gb: float | None = None
                    ) -> Analysis:
-    """Load, categorize, attribute and account every rank trace; write the artifacts: the
-    three steps `load_traces`, `analyse` and `write_artifacts` in one call.
-
-    `paths`: trace files and/or folders (profiler_out*.txt tables found there are used as a
-    cross-check). `arch`: a `stepscope.model` architecture for the collectives check.
-    Writes into out_dir (see the package docstring for every file and column); the Parquet
-    cache goes to `cache_dir` (default out_dir/cache). One unreadable rank becomes an
-    error flag; the others are still analysed. Raises TraceError when no rank is readable.
-    `quantization` (params model.quantization) sets the routed experts' weight format for the
-    roofline; `micro_gemm` (stage 02's gemm.csv) is set beside it; `peaks` (params
-    `hardware`: name, peak_mem_bw_gbps, peak_tflops) overrides the device table.
-    `input_flags`: flags raised on the stage's inputs (the capture's TPOT), kept in the summary.
-    Over `memory_budget_gb` (None: a share of free memory), budget.MemoryBudgetExceeded, unparsed.
-    """
+    """`load_traces`, `analyse` and `write_artifacts` in one call: every rank trace (files or
+    folders) into out_dir's artifacts (docs/artifacts.md). An unreadable rank becomes an error
+    flag; TraceError when none is readable; budget.MemoryBudgetExceeded over `memory_budget_gb`.
+    `quantization`, `micro_gemm` and `peaks` (params model.quantization, stage 02's gemm.csv, params
+    hardware) feed the roofline; `input_flags` (the capture TPOT's) are kept in the summary."""
     loaded = load_traces(paths, out_dir, progress=progress, memory_budget_gb=memory_budget_gb, cache_dir=cache_dir)
     an = analyse(loaded, arch=arch, tp=tp, extra_rules=extra_rules, tpot_ms=tpot_ms, progress=progress,
                  quantization=quantization, micro_gemm=micro_gemm, peaks=peaks, input_flags=input_flags)
@@ -536,9 +519,8 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
             tpot_ms: float | None = None, progress: bool = True, quantization: str | None = None,
             micro_gemm: pd.DataFrame | None = None, peaks: dict[str, Any] | None = None,
             input_flags: Iterable[schema.Flag] = ()) -> Analysis:
-    """Stage 05's second step: categorize, attribute and account the loaded ranks, and read
-    them together (kind, collectives, roofline, cross-rank). Writes nothing (`write_artifacts`).
-    The arguments are `analyze_traces`'s."""
+    """Stage 05's second step: categorize, attribute and account the loaded ranks, and read them
+    together; writes nothing. The arguments are `analyze_traces`'s."""
     from stepscope.trace.text_table import check_text_tables
 
     flags = list(loaded.flags)
@@ -575,8 +557,7 @@ def analyse(loaded: LoadedTraces, *, arch: Any = None, tp: int | None = None, ex
     flags.extend(_tpot_flags(times, ref.mode == "cpu"))
     flags.extend(input_flags)
     timeline = representative_timeline(ref)
-    # The blocks computed elsewhere (trace info, period, matched collectives, roofline) come as
-    # plain values; each becomes its record here, once, and the summary is built from records.
+    # Blocks computed elsewhere become their records here, once.
     summary = schema.TraceSummary(
         trace_info=schema.record_of(info, schema.TraceInfo), notes={"exposed_us": EXPOSED_NOTE},
         ranks=ranks_summary, decode=_decode_summary(ref, times, period, amd), collectives_check=check,
@@ -621,10 +602,9 @@ def _collectives_check(ref: RankResult, info: dict, arch: Any, flags: list[schem
 
 
 def set_apart_off_architecture(results: list[RankResult], failing: list[int]) -> bool:
-    """Decode steps off the architecture's collectives, set apart (kind `off_architecture`) on
-    every rank, and each rank's decode tables read again without them, when other decode steps
-    remain: no claim rests on a step that is no forward pass. When every one fails there is
-    nothing else to judge; the verdict's guard `steps_match_architecture` withdraws the claims."""
+    """Decode steps off the architecture's collectives set apart (kind `off_architecture`) while
+    others remain, so no claim rests on a step that is no forward pass; if none remain, the guard
+    `steps_match_architecture` withdraws the claims."""
     ref_dec, _ = acc.select_decode_steps(results[0].steps_tot)
     if not failing or set(failing) >= set(ref_dec["step_id"].tolist()):
         return False
@@ -745,8 +725,7 @@ def _tpot_flags(times: dict, cpu: bool) -> list[schema.Flag]:
     """The decode step readings against the TPOT the client measured during capture (`cpu`:
     the trace's work is CPU ops, not device kernels)."""
     flags: list[schema.Flag] = []
-    # Means throughout: the capture TPOT is a mean over requests, and the report shows
-    # these readings as means.
+    # Means throughout, as the capture TPOT is.
     tpot, span, kernel_sum = times["tpot_capture_ms"], times["span_ms"]["mean"], times["kernel_sum_ms"]["mean"]
     if tpot and span:
         if kernel_sum / tpot > 1.0:
@@ -916,8 +895,7 @@ def write_artifacts(an: Analysis, out_dir: Path, *, perfetto: bool = True) -> No
     if perfetto:
         from stepscope.trace.perfetto import write_perfetto_files
 
-        # Every rank when small; for big captures the reference rank around its representative
-        # decode step (the file is for reading one step by eye); the merged file and its README always.
+        # Every rank when small, else the reference rank around one decode step (read by eye).
         big = sum(len(r.work) for r in an.ranks) > 400_000
         focus = int(an.timeline["step_id"].iloc[0]) if len(an.timeline) else None
         write_perfetto_files(an.ranks, an.reference, focus, out_dir / "perfetto", big=big)
@@ -951,9 +929,8 @@ class StageInputs:
                     input_flags=self.input_flags)
 
     def level_kwargs(self) -> dict[str, Any]:
-        """What each load level's `analyze_traces` takes from these inputs: batch 1's rules
-        (`extra_rules` too), architecture, formats and peaks, not the capture's TPOT and its flag,
-        which are batch 1's own."""
+        """What each load level's `analyze_traces` takes from these inputs: all but batch 1's own
+        capture TPOT and its flag."""
         kw = self.analysis_kwargs()
         del kw["tpot_ms"], kw["input_flags"]
         return dict(kw, memory_budget_gb=self.memory_budget_gb)
@@ -964,8 +941,7 @@ def stage_inputs(params, run_dir: str | Path) -> StageInputs:
     paths = trace_inputs_for_run(run_dir, params)
     tpot, tpot_flag = capture_tpot(run_dir)
     arch, why = load_arch_for(params)
-    # server.tp is the truth only for a server this run deployed or attached to; otherwise
-    # (stepscope analyze) TP comes from the traces' world size unless analysis.tp says.
+    # server.tp only for a server this run deployed or attached to; else the traces' world size or analysis.tp.
     deployed = (Path(run_dir) / "00_deploy").is_dir()
     micro = Path(run_dir) / "02_gemm_micro" / "gemm.csv"
     hw = params.hardware
@@ -995,11 +971,7 @@ def write_stage(an: Analysis, inputs: StageInputs, run_dir: str | Path, out_dir:
 
 
 def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: bool = True) -> Analysis:
-    """Stage 05 in one call, its three steps as notebook 05 shows them: `stage_inputs` and
-    `load_traces` (load), `analyse_stage` (analyse), `write_stage` (write).
-
-    Raises StageInputMissing when there are no traces to analyse.
-    """
+    """Stage 05 in one call, the three steps notebook 05 shows; StageInputMissing without traces."""
     inputs = stage_inputs(params, run_dir)
     loaded = load_traces(inputs.paths, Path(out_dir), progress=progress, memory_budget_gb=inputs.memory_budget_gb)
     an = analyse_stage(loaded, inputs, progress=progress)
@@ -1008,9 +980,8 @@ def run_stage(params, run_dir: str | Path, out_dir: str | Path, *, progress: boo
 
 
 def write_load_anatomy(run_dir: str | Path, out_dir: Path, batch1: Analysis, **kwargs) -> dict | None:
-    """Each load capture (04_profiler_capture/c<C>/) analysed into out_dir/c<C>/, then
-    load_anatomy.csv and .json over batch 1 and those levels; None (nothing written) when
-    stage 04 captured no load level."""
+    """Each load capture analysed into out_dir/c<C>/, then load_anatomy.csv and .json over batch 1
+    and those levels; None when stage 04 captured no load level."""
     from stepscope.trace import load_anatomy as la, load_reconcile
 
     dirs = la.load_capture_dirs(run_dir)
@@ -1037,10 +1008,8 @@ def write_load_anatomy(run_dir: str | Path, out_dir: Path, batch1: Analysis, **k
 
 def write_micro_curve(run_dir: str | Path, out_dir: Path, batch1: Analysis, table: pd.DataFrame | None = None,
                       rec: schema.LoadReconciliation | None = None) -> schema.MicroCurve | None:
-    """out_dir/micro_curve.json (`trace.micro_curve`): stage 02's and 03's prediction of each sweep
-    level's decode step, stage 03's pointed at the collective implementation the batch-1 trace ran,
-    and each reconciled level rebuilt from it; None (nothing written) without the sweep's levels,
-    the micro-benchmarks' predictions or the batch-1 decode categories."""
+    """out_dir/micro_curve.json (`trace.micro_curve`), stage 03's prediction pointed at the collective
+    the batch-1 trace ran; None without the sweep's levels, the predictions or batch 1's categories."""
     from stepscope.micro.collectives import prediction_for_trace
     from stepscope.trace import micro_curve
 
@@ -1074,11 +1043,8 @@ def _optional(path: Path, typ: type[schema.Record]) -> Any:
 
 
 def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:
-    """Trace paths for stage 05 (the TPOT measured during capture: `capture_tpot`).
-
-    `params.analysis.trace_paths` wins (relative paths from the repository root); else
-    the run's 04_profiler_capture/traces/. Raises StageInputMissing when neither exists.
-    """
+    """Trace paths for stage 05: `analysis.trace_paths` (from the repository root), else the run's
+    04_profiler_capture/traces/; StageInputMissing when neither exists."""
     from stepscope.paths import REPO_ROOT
 
     run_dir = Path(run_dir)
@@ -1102,10 +1068,8 @@ def trace_inputs_for_run(run_dir: str | Path, params) -> list[Path]:
 
 
 def capture_tpot(run_dir: str | Path) -> tuple[float | None, schema.Flag | None]:
-    """The mean TPOT the client measured during capture (the mean, like the per-step readings
-    it is shown beside), and a flag when it is not set beside the trace: its file is unreadable,
-    or it measures how the server delivered the tokens (in bursts, or stalling mid-stream:
-    `CaptureLatency.tpot_is_delivery`), not what a step costs."""
+    """The client's mean TPOT during capture, and a flag when it is not set beside the trace: an
+    unreadable file, or a TPOT that measures delivery (`CaptureLatency.tpot_is_delivery`)."""
     path = Path(run_dir) / "04_profiler_capture" / "capture_latency.json"
     if not path.is_file():
         return None, None
