@@ -19,9 +19,8 @@ from stepscope.wording import md_fence, md_text
 
 
 def appendix_link(heading: str, text: str = "appendix") -> str:
-    """A relative link from report.md to one table of the appendix's "Measurements in full", by its
-    `### ` heading: the id report.html's markdown gives it, which GitHub gives a heading of plain
-    words too (report.html's copy of the link is rewritten to appendix.html, anchor kept)."""
+    """A link from report.md to one appendix table by its `### ` heading's id (as both the HTML and
+    GitHub give it)."""
     return f"[{text}]({APPENDIX_MD}#{slugify(heading, '-')})"
 
 

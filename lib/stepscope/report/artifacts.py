@@ -1,12 +1,6 @@
-"""Read a run folder's artifacts for the report, through the artifact schema.
-
-The report is rebuilt from the run folder alone, possibly long after the run and on a
-machine with none of the stages installed, so this module only reads files. Every JSON
-file becomes its `stepscope.schema` Struct and every table is checked against its Row, so
-the report reads one spelling of each key, with documented defaults for keys an older stage
-did not write. A missing file is `None` plus an entry in `missing`; a file that exists but
-cannot be read, or does not match its schema, is `None` plus an entry in `problems`.
-Unknown extra keys and columns are ignored.
+"""Read a run folder's artifacts for the report through the artifact schema, and nothing else: the
+report is rebuilt from the folder alone, maybe on a machine with no stage installed. A missing file
+is None plus an entry in `missing`; an unreadable or off-schema one, None plus one in `problems`.
 """
 
 from __future__ import annotations
@@ -105,9 +99,8 @@ class RunArtifacts:
         return self.trace_summary.decode if self.trace_summary is not None else schema.DecodeSummary.empty()
 
     def step_basis(self) -> tuple[str | None, float | None, str | None]:
-        """(denominator, ms, why not the period) of every share and ceiling: stage 05's choice
-        (`trace.account.step_basis`), read here, never made. A summary older than its
-        `denominator` key is read through amdahl.csv's; before the period existed that was the span."""
+        """(denominator, ms, why not the period) of every share and ceiling: stage 05's choice, read
+        here, never made (an older summary's through amdahl.csv's, else the span)."""
         d, amd = self.decode, self.amdahl
         old = amd["denominator"].iloc[0] if amd is not None and len(amd) and "denominator" in amd else None
         name = d.denominator or (old if isinstance(old, str) else None) or ("span" if d.period_ms is None else None)

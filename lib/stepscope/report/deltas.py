@@ -1,9 +1,6 @@
-"""The one comparison engine: run folders of a baseline against a variant's, as typed deltas.
-
-`stepscope compare`, its regression gate (`campaign.gate`) and the campaign report each render
-the list `run_deltas` returns; none of them judges a difference itself. The rules that set a
-reading aside (stalled or bunched levels, a capture TPOT that measures delivery, goodput under
-other SLOs, an A/A pair) live here once: docs/campaigns.md#noise-bands.
+"""The one comparison engine: a baseline's run folder against a variant's, as typed deltas that
+`compare`, its regression gate and the campaign report render without judging again; the rules
+that set a reading aside live here once (docs/campaigns.md#noise-bands).
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Interactive step explorer: pick a rank, a step and a category; see its table and timeline.
 
-Steps are chosen with a slider over the steps of the chosen kind (decode, prefill, ...), or by
-typing a step id; the timeline zooms with a time-window slider (each change redraws it), and
-the events in the window are listed under it, one row per kernel (or op) with its start,
-duration, category and name: what hovering would show (ipympl, which would give a live plot,
-is not installed).
-
-The first render uses stage 05's saved artifacts only (steps.csv and the representative
-step in timeline_rank0_step.csv), so running the notebook under papermill is cheap and
-keeps the executed notebook small. Choosing another rank or step loads that rank's events
-lazily through stage 05's own loader and Parquet cache (the same code, so the same
-categories and step attribution as the report).
+The first render reads stage 05's saved artifacts only, so the notebook stays cheap under papermill;
+another rank or step loads its events through stage 05's own loader and cache (same attribution).
 """
 
 from __future__ import annotations
@@ -177,10 +168,8 @@ def _png(fig) -> bytes:
 
 
 def _batch_shell() -> bool:
-    """True in a batch run, where a widget reaches no one: an IPython shell with no kernel
-    behind it (`stepscope analyze` runs the notebook cells in-process), or a kernel the runner
-    started for papermill (`runfolder.batch_run`; a widget cell there was seen to hang the run).
-    Plain Python (tests, scripts) and JupyterLab's kernels build the widget."""
+    """True in a batch run, where a widget reaches no one (and once hung the run): an IPython shell with
+    no kernel, or a kernel the runner started for papermill."""
     from stepscope.runfolder import batch_run
 
     if batch_run():

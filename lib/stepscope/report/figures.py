@@ -1,10 +1,4 @@
-"""Figures only the report draws: the speculative-decoding what-if.
-
-The category figures (stacked bars, timeline, shares, Amdahl, cross-rank) live in
-`stepscope.trace.plots`, the sweep, roofline and collective figures in their stage modules;
-the report draws them with those functions, so each figure has one implementation.
-`save_figure` (shared with stage 05) is the one place a figure hits disk.
-"""
+"""Figures only the report draws: the speculative-decoding what-if (the others are their stage's)."""
 
 from __future__ import annotations
 

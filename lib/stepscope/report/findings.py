@@ -1,8 +1,5 @@
-"""The verdict as tables to work with (notebook 06), before it is rendered as a report.
-
-`verdict(run_dir)` computes a run folder's verdict as stage 06 does and returns a `Findings`
-(its tables, one typed finding, the same verdict judged with other thresholds): docs/verdict.md,
-"Working with the findings in a notebook". Nothing here writes to the run folder.
+"""The verdict as tables to work with in notebook 06, writing nothing
+(docs/verdict.md#working-with-the-findings-in-a-notebook).
 """
 
 from __future__ import annotations
@@ -113,10 +110,8 @@ def verdict(run_dir: str | Path, writeup: WriteupParams | None = None,
 
 @contextlib.contextmanager
 def _thresholds(overrides: dict[str, float]) -> Iterator[None]:
-    """Every stepscope module that imported a threshold by name sees `overrides` inside the
-    block (a threshold is a module constant, read by name where it is judged); restored after.
-    A default written into a finding's field at import (`threshold_pct = 100 * X`) keeps the
-    old value: the judgement changes, that field's echo of the threshold does not."""
+    """Every stepscope module that imported a threshold by name sees `overrides` inside the block. A
+    field default computed at import keeps the old value: the judgement changes, its echo does not."""
     known = {k for k in vars(thresholds) if k.isupper()}
     for name in overrides:
         if name not in known:

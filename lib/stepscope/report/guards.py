@@ -1,10 +1,5 @@
-"""Guards: the invariants a verdict rests on, checked before any sentence is written.
-
-`guarded(v, a, totals, decode)` checks each invariant on the findings `report.verdict`
-computed and the tables they came from, and returns the verdict with every claim that rests on
-a failing invariant withdrawn, every check recorded (`Verdict.guards`) and its caveats listed.
-`report.prose.guard_sentence` is the one place they are put in words. The invariants and the
-claims each carries: docs/verdict.md#guards.
+"""Guards: the invariants a verdict rests on, checked before any sentence is written; `guarded`
+withdraws the claims resting on a failing one (docs/verdict.md#guards).
 """
 
 from __future__ import annotations
@@ -127,10 +122,8 @@ def _busy_at_most_period(totals: dict[str, Any]) -> Guard | None:
 
 
 def _steps_apart(totals: dict[str, Any]) -> Guard | None:
-    """Checked on the period basis only: a span basis is each step's own work by definition. On
-    medians: the spans pool every decode step and the periods only those followed by one, so a
-    single descheduled step (a 24.6 ms span among 8-10 ms steps on a loaded CPU) moved the mean
-    span past the mean period with no two steps overlapping."""
+    """On the period basis only (a span is each step's own work), and on medians: one descheduled step
+    moved the mean span past the mean period with no two steps overlapping."""
     span = num(totals.get("span_median_ms", totals.get("span_ms")))
     period = num(totals.get("period_median_ms", totals.get("period_ms")))
     if totals.get("step_basis") != "period" or span is None or not period:
@@ -205,8 +198,7 @@ def _steady_state(v: Verdict) -> Guard | None:
     stall_share = long.idle_ms / long.step_ms if long is not None and long.step_ms else None
     stalled = stall_share is not None and stall_share > STEADY_STATE_MAX_STALL_SHARE
     ok = b.ceiling_x <= STEADY_STATE_MAX_X
-    # a step that is mostly stall: the stall is no lever (its ceiling is the stall's size), the
-    # categories' own ceilings still stand
+    # a step that is mostly stall: the stall is no lever, the categories' ceilings still stand
     withdrawn = LEVER_CLAIMS if not ok else ("gap_levers",) if stalled else ()
     return Guard("steady_state", holds=ok and not stalled, subject=b.name,
                  values=(("ceiling_x", b.ceiling_x), ("bound_x", STEADY_STATE_MAX_X), ("lever", b.name),
@@ -218,9 +210,8 @@ def _steady_state(v: Verdict) -> Guard | None:
 
 
 def _steps_match_architecture(a: RunArtifacts) -> Guard | None:
-    """Every judged decode step off the architecture's collectives (2L+1 all-reduces for a TP
-    decoder): none is a forward pass of the model as it runs, so nothing said of "the step"
-    holds. Stage 05 sets apart failing steps while others pass, so this fails only when all do."""
+    """Every judged decode step off the architecture's collectives: none is a forward pass, so nothing
+    said of "the step" holds (stage 05 sets failing steps apart, so this fails only when all do)."""
     cc = a.trace_summary.collectives_check if a.trace_summary is not None else None
     if cc is None or not cc.steps_failing or cc.expected is None:
         return None
@@ -233,10 +224,8 @@ def _steps_match_architecture(a: RunArtifacts) -> Guard | None:
 
 
 def _levers_coherent(v: Verdict) -> list[Guard]:
-    """The category levers the verdict may name, checked in order until two coherent ones
-    (the best and the next, as the lever sentence names them) are found. Coherence is stage
-    05's mark (`trace.account.lever_coherent`, category_levers.csv), read here, not judged
-    again; a lever without it (an older run folder) is not checked."""
+    """The levers the verdict may name, checked in order until two coherent ones (the lever sentence's
+    best and next) are found, by stage 05's mark; a lever without one (an older run) is not checked."""
     out: list[Guard] = []
     for lv in v.levers:
         if sum(g.holds for g in out) >= 2:

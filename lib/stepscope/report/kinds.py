@@ -1,9 +1,5 @@
-"""The step kinds side by side: stage 05's kind_categories.csv as the report reads it.
-
-A trace holds steps of several kinds (vLLM V1 serving: one prefill, then decode steps). The
-decode figures and the verdict describe the judged kind's steps only; this module reads the
-per-kind table (`trace.account.kind_categories`), gives the verdict each other kind's own
-reading (`kinds_apart`) and renders the kinds as columns of one table, never averaged together.
+"""The step kinds side by side (stage 05's kind_categories.csv): each kind besides the judged one gets
+its own reading (`kinds_apart`) and column, never averaged with the others.
 """
 
 from __future__ import annotations
@@ -80,9 +76,8 @@ def kinds_section(table: pd.DataFrame | None, step_label: str) -> str:
 
 
 def kinds_appendix(table: pd.DataFrame | None, judged: str | None, step_label: str) -> str:
-    """The step kinds (`table`: `kind_table`'s rows; `judged`: `judged_kind`) as columns of one table
-    (ms per step, each over its own steps), with each kind's busy time and span, under
-    `KINDS_HEADING`; "" where the trace holds one kind of step."""
+    """The step kinds as columns of one table (ms per step over its own steps) under `KINDS_HEADING`;
+    "" where the trace holds one kind."""
     from stepscope.report.appendix import appendix_table
     from stepscope.report.markdown_util import md_table
 

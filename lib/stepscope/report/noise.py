@@ -1,12 +1,5 @@
-"""Noise bands: when a difference between two runs is a change, for every comparison alike.
-
-`stepscope compare`, its regression gate and the campaign report all judge a difference with
-`make_delta`: with two or more runs per side, `NOISE_BAND_SIGMAS` x the standard error of the
-difference of the means over repeats; with one run, for a per-step mean with a known
-step-to-step spread, sigma ~ (p90 - median) / 1.28 (normal) over the n steps, but never less
-than the fixed relative band (the spread is within a run; two runs also differ run to run);
-otherwise the fixed relative band `CHANGE_NOISE_REL` of the baseline value. A delta is real only beyond its
-band, and when both readings measure the same thing (`Delta.not_comparable`).
+"""Noise bands: when a difference between two runs is a change, judged by `make_delta` for every
+comparison alike (docs/campaigns.md#noise-bands).
 """
 
 from __future__ import annotations
@@ -111,8 +104,7 @@ def make_delta(variant: str, metric: str, where: str, base: list[float], var: li
     if band is not None:
         source = f"repeats (n={len(base)}, {len(var)})"
     elif se[0] is not None and se[1] is not None:
-        # The spread is within one run; two runs also differ run to run, which one run per side
-        # cannot measure, so the band is never below the fixed relative one.
+        # Never below the fixed band: the spread is within one run, and runs also differ from each other.
         band = NOISE_BAND_SIGMAS * math.sqrt(se[0] ** 2 + se[1] ** 2)
         floor = CHANGE_NOISE_REL * abs(b) if b is not None else 0.0
         source = "step-to-step spread" if band >= floor else f"fixed {100 * CHANGE_NOISE_REL:g} % (above the step spread)"

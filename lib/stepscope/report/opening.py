@@ -19,9 +19,8 @@ MEASURING_STAGES = ("00_deploy", "01_macro_sweep", "02_gemm_micro", "03_nccl_bur
 
 
 def trace_only(a: RunArtifacts, stages: frozenset[str]) -> bool:
-    """A `stepscope analyze` run: stage 05 on traces captured elsewhere, no stage that measures a
-    server. Its report is about the trace alone, not a run with stages missing. `stages`: the stage
-    folders holding a file (`RunFolderListing.stages_present`)."""
+    """A `stepscope analyze` run (no stage that measures a server, among the stage folders holding a
+    file): its report is about the trace alone, not a run with stages missing."""
     if "05_categorize" not in stages or any(s in stages for s in MEASURING_STAGES):
         return False
     params = a.params if isinstance(a.params, dict) else {}

@@ -1,9 +1,5 @@
-"""Findings into sentences: the verdict's prose, and nothing else.
-
-Each sentence is written from one finding (`report.verdict`) and prints only that
-finding's fields, through the report's one formatter. No arithmetic happens here: a number
-the text needs is a field of the finding (`busy_pct`, `share_pct`, ...), so a test can find
-every printed number in the structured value it came from (`sentences`).
+"""Findings into sentences: each prints only its finding's fields, with no arithmetic, so a test can
+find every printed number in the value it came from (`sentences`).
 """
 
 from __future__ import annotations
@@ -424,9 +420,8 @@ def lever_sentence(levers: tuple[Lever, ...], step_label: str, among_categories:
 
 
 def lever_what_clause(lv: Lever) -> str:
-    """What a fix to the lever would be a fix to, from stage 05's reading: the module holding
-    most of its time where one does (LEVER_DOMINANT_SHARE), and its largest kernels with the
-    share of its time they hold. Empty where stage 05 wrote no category_levers.csv."""
+    """What a fix to the lever would fix: the module holding most of its time, if one does, and its
+    largest kernels with their share. Empty without stage 05's category_levers.csv."""
     from stepscope.thresholds import LEVER_DOMINANT_SHARE
 
     parts = []
@@ -555,8 +550,7 @@ LEVER_GUARDS = ("lever_coherent", "steady_state", "below_peak")
 def sentences(v: Verdict) -> list[Sentence]:
     """The verdict, in order, each sentence with the findings it was written from."""
     out: list[Sentence] = [((v.identity,), s) for s in identity_sentences(v.identity)]
-    # A withdrawn lever or roofline reading is said where the levers are; the rest up front,
-    # since every finding after it rests on them.
+    # A withdrawn lever or roofline is said at the levers; other withdrawals up front, as all rests on them.
     at_levers = [g for g in v.failed_guards if g.invariant in LEVER_GUARDS]
     out += [((g,), guard_sentence(g, v.identity.step_label)) for g in v.failed_guards if g not in at_levers]
     if v.spec_decode is not None:
@@ -620,9 +614,8 @@ def verdict_sentences(v: Verdict) -> list[str]:
 
 
 def headline_sentences(v: Verdict) -> list[Sentence]:
-    """The report's "In short" and the terminal's closing lines: at most three sentences (the
-    dominant cost, the biggest lever with its ceiling, the caveat that matters most:
-    `verdict.headline_findings`), read in ten seconds; the detail stays in the verdict."""
+    """The report's "In short" and the terminal's closing lines: at most three sentences
+    (`verdict.headline_findings`)."""
     h, label = headline_findings(v), v.identity.step_label
     out: list[Sentence] = []
     if h.dominant is not None:

@@ -1,12 +1,8 @@
-"""What each run was, read before any of its numbers: the setup `compare` sets side by side.
+"""What each run was, read before any of its numbers: the setups `compare` sets side by side.
 
-A comparison of two runs means something only where their setups are known. A gloo trace set
-against a shared-memory, speculative-decoding trace shows all_reduce at 0.026x: another
-implementation doing other work per step, not a speed-up. So each setting is read from every
-file of the run folder that records it (`Reading`, best source first: what the server said,
-what the trace shows, what the params asked for), and two runs are compared on the best source
-both hold. A setting read from different sources in A and B, or from none, is "unknown", never
-"differs". `SETUP_SCOPE` says which of compare's rows a difference explains.
+Each setting is read from every file that records it, best source first, and two runs are compared
+on the best source both hold; otherwise it is "unknown", never "differs"
+(docs/campaigns.md#compare-reads-the-setups-before-the-numbers).
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 Stages talk only through files in `outputs/<run-id>/`. Each JSON file is a
 `msgspec.Struct` here and each CSV table a `Row` (one field per column; fields without a
 default are required columns). Writers check what they write (`write`, `validate`,
-`check_frame`), the report and `compare` read through `read` and `check_frame`, and the
-README's artifact section and `docs/artifacts.md` are generated from `ARTIFACTS`
-(`python -m stepscope.schema README.md docs/artifacts.md`).
+`check_frame`), the report and `compare` read through `read` and `check_frame`, and
+`docs/artifacts.md` is generated from `ARTIFACTS` (`python -m stepscope.schema`).
 
 Reading ignores unknown keys (a newer file still reads) and fills documented defaults for
 keys an older stage did not write; a missing required key or a wrong type is an

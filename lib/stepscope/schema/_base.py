@@ -1,8 +1,5 @@
-"""The machinery every artifact type shares: a Struct base, reading, writing, checking tables.
-
-Kept free of pandas and numpy at import time: `stepscope analyze` and the report import
-this on every run, and only a table check needs pandas (it is handed a DataFrame).
-"""
+"""The machinery every artifact type shares: a Struct base, reading, writing, checking tables
+(no pandas or numpy at import: every run imports this)."""
 
 from __future__ import annotations
 
@@ -100,9 +97,8 @@ def convert(obj: Any, typ: type[T], where: str) -> T:
 
 
 def record_of(obj: Any, typ: Any, where: str | None = None) -> Any:
-    """`obj`, a computing module's plain values (numpy scalars, NaN for missing), as `typ` (a
-    record, or a list of them, or `X | None`): the seam where a dict a stage computed becomes
-    the record it writes. An ArtifactError names the type when the values do not fit."""
+    """A computing module's plain values (numpy scalars, NaN for missing) as `typ`; ArtifactError
+    names the type when they do not fit."""
     return convert(_plain(obj), typ, where or getattr(typ, "__name__", str(typ)))
 
 
@@ -114,9 +110,8 @@ def validate(obj: Any, typ: type[T], where: str) -> dict:
 
 
 def read(path: str | Path, typ: type[T]) -> T:
-    """A JSON artifact as its Struct: the one reader of run-folder JSON. A file of a run folder
-    written with an older schema version is upgraded first (`schema.versions`), so readers see
-    one shape. Raises ArtifactError (bad JSON or schema) or OSError."""
+    """A JSON artifact as its Struct, upgraded first from an older schema version (`schema.versions`);
+    ArtifactError (bad JSON or schema) or OSError."""
     from stepscope.schema import versions
 
     path = Path(path)
@@ -172,10 +167,8 @@ _NUMERIC = (int, float)
 
 
 def check_frame(df, row: type[Row], where: str):
-    """`df` if it has every required column of `row` and its numeric columns hold numbers.
-
-    Only the columns are checked (a table can hold 100k rows); extra columns are kept.
-    """
+    """`df` if it has every required column of `row` and its numeric columns hold numbers (columns
+    only, not rows); extra columns are kept."""
     import typing
 
     import pandas as pd

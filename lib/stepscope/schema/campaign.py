@@ -1,7 +1,4 @@
-"""A campaign's own files: `campaign.json` in the campaign folder (the plan and every run's
-state), and in a variant's run folder `<stage>/reused_from.json` (a stage copied from another
-run) and `campaign_metrics/<stage>.spec_decode.json` (the server's speculative-decoding
-counters over the stage). Written by `stepscope.campaign.run`, read by its analysis and report."""
+"""A campaign's own files (`CAMPAIGN_ARTIFACTS`), written by `stepscope.campaign.run`."""
 
 from __future__ import annotations
 

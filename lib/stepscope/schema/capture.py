@@ -90,9 +90,8 @@ class CaptureLatency(Record, kw_only=True):
     definitions: str | None = None
 
     def bunched(self) -> bool:
-        """Most chunks arrived bunched together (the sweep's flag, BUNCHED_FLAG_SHARE), or the
-        median TTFT took most of the end-to-end time, so one burst carried most tokens
-        (BUNCHED_TTFT_SHARE; also readable in run folders without the chunk share)."""
+        """Most chunks arrived bunched (BUNCHED_FLAG_SHARE), or the median TTFT took most of the
+        end-to-end time (BUNCHED_TTFT_SHARE), so one burst carried most tokens."""
         if self.bunched_chunk_share is not None and self.bunched_chunk_share > BUNCHED_FLAG_SHARE:
             return True
         ttft, e2el = self.ttft_ms_median, self.e2el_ms_median
@@ -104,8 +103,6 @@ class CaptureLatency(Record, kw_only=True):
         return self.stall_share is not None and self.stall_share > STALLED_LEVEL_SHARE
 
     def tpot_is_delivery(self) -> bool:
-        """True when the client-side TPOT measures how the server delivered tokens, not decode:
-        the tokens came in bursts (`bunched`: TPOT = (E2EL - TTFT)/(tokens - 1) then shrinks
-        towards 0 whatever the decode step costs), or the stream stalled (`stalled`: a pause of
-        the API process grows it whatever the step costs)."""
+        """The client-side TPOT measures delivery, not decode: bursts shrink it, stalls grow it,
+        whatever the step costs."""
         return self.bunched() or self.stalled()

@@ -1,10 +1,5 @@
-"""Stage 05 (`05_categorize/`): kernel categories and exact per-step accounting
-(`stepscope.trace`). All times are µs unless the key says `_ms`.
-
-Keys added with schema version 2 (trace_info, class totals, period, idle split, matched
-collectives, roofline) are required and may be null; runs written before them read with
-them null (`schema.versions`, the one versioned reader).
-"""
+"""Stage 05 (`05_categorize/`): kernel categories and exact per-step accounting (`stepscope.trace`).
+All times are µs unless the key says `_ms`; keys of schema version 2 read as null in older runs."""
 
 from __future__ import annotations
 
@@ -196,9 +191,7 @@ class HostGapTime(Record, kw_only=True):
 
 
 class SpecDecodeSteps(Record, kw_only=True):
-    """Verify steps under speculative decoding, counted from the step annotations (a step
-    `..._generation_R(T)` with T > R scored drafts) beside plain ones. Emitted tokens are
-    not in the trace."""
+    """Verify steps under speculative decoding, counted from the step annotations, beside plain ones."""
 
     n_decode_steps: int
     n_verify_steps: int
@@ -529,10 +522,8 @@ class Roofline(Record, kw_only=True):
 
 
 class Flag(Record, kw_only=True, omit_defaults=True):
-    """A data-quality flag: a code, a severity, and the values its sentence is written from
-    (`wording.flag_message`, the one wording of stage 05's flags). Only the values a code uses
-    are written. Flags written before they carried values, and codes not yet given values,
-    have only their `message`, which the report then shows as written."""
+    """A data-quality flag: a code, a severity, and the values `wording.flag_message` words; an older
+    flag has only its `message`, shown as written."""
 
     code: str
     severity: str

@@ -1,9 +1,5 @@
-"""Generated documentation: docs/artifacts.md, every file of the run folder.
-
-`python -m stepscope.schema` rewrites it from the schema; a test keeps them equal. A field's meaning is the string literal written under it in its
-module, read by `stepscope.fielddocs` (which the params table uses too), so the files and
-the schema cannot drift apart.
-"""
+"""Generated documentation: docs/artifacts.md, from the schema and each field's docstring
+(`stepscope.fielddocs`); a test keeps them equal."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The step under load: the server's /metrics during the sweep (`01_macro_sweep/server_metrics.*`),
-the load captures (`04_profiler_capture/c<C>/`) and the step anatomy against batch size
-(`05_categorize/load_anatomy.*`) and where each captured level's time went
-(`05_categorize/load_reconciliation.json`)."""
+"""The step under load: the sweep's /metrics, the load captures, the step anatomy against batch size
+and where each captured level's time went."""
 
 from __future__ import annotations
 
@@ -274,9 +272,8 @@ class LoadWindow(Record, kw_only=True):
 
 
 class MicroCurveReconciled(Record, kw_only=True):
-    """One reconciled sweep level's time rebuilt from the micro-predicted step (trace.micro_curve):
-    its measured parts other than the decode steps kept, the decode steps at the predicted step,
-    and the prediction's error over them, by component."""
+    """One reconciled sweep level rebuilt with its decode steps at the micro-predicted step, and the
+    prediction's error by component."""
 
     level_s: float
     """The level's time, s (`load_reconciliation.json`'s)."""

@@ -297,10 +297,8 @@ class GpuTelemetryInfo(Record, kw_only=True):
 
 
 class AiperfStats(Record, kw_only=True):
-    """One metric's block in AIPerf's `profile_export_aiperf.json` (its schema 1.4, ai-dynamo/aiperf
-    `docs/reference/json-export-schema.md`): `unit` always, `avg`, and for a per-request metric
-    `min`, `max`, `std` (sample), `count`, `sum` and `p1`-`p99`. A key absent is not applicable to
-    the metric, as AIPerf omits it."""
+    """One metric's block in AIPerf's `profile_export_aiperf.json` (schema 1.4); an absent key does not
+    apply to the metric, as AIPerf omits it."""
 
     unit: str
     avg: float | None = None

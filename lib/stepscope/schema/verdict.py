@@ -1,10 +1,5 @@
-"""The verdict's findings, and `06_writeup/verdict.json`: the serialized verdict itself.
-
-`report.verdict.verdict` computes a `Verdict` from a run folder's artifacts; `report.guards`
-withdraws what a failing invariant does not support and lists the caveats; `report.prose` words
-it. Stage 06 writes the Verdict as it is, with the sentences written from it (`VerdictFile`), so
-the terminal's closing lines, `stepscope compare` and campaigns read the findings themselves.
-Times are ms, ceilings are × (Amdahl: how many times faster a step gets at most), shares are %.
+"""The verdict's findings, and `06_writeup/verdict.json`: the serialized verdict itself, which the
+CLI, `compare` and campaigns read. Times are ms, ceilings × (Amdahl), shares %.
 """
 
 from __future__ import annotations
@@ -273,9 +268,8 @@ class Component(Record, frozen=True):
 
 
 class StepPrediction(Record, frozen=True):
-    """The micro-predicted step against the trace's, whole and by component. Stage 02 predicts
-    the GEMMs, stage 03 the collectives' transfer (a burst's ranks start together, so it predicts
-    no wait); attention and the rest are the trace's own."""
+    """The micro-predicted step against the trace's, whole and by component: GEMMs from stage 02, the
+    collectives' transfer (no wait) from stage 03, the rest the trace's own."""
 
     trace_ms: float
     predicted_ms: float
@@ -312,9 +306,7 @@ class RooflineFinding(Record, frozen=True):
 
 
 class BetweenSteps(Record, frozen=True):
-    """Time between consecutive steps that no device work of either step fills: the period
-    minus the span, host work outside the step (scheduling, input preparation, output
-    processing). No kernel or collective fix reaches it; its Amdahl ceiling is period / span."""
+    """The period minus the span: host work between steps that no kernel fix reaches; ceiling period / span."""
 
     gap_ms: float
     period_ms: float
@@ -331,10 +323,8 @@ class BetweenSteps(Record, frozen=True):
 
 
 class GapLever(Record, frozen=True):
-    """Idle inside the step as a lever: the short gaps between kernels (launch and host
-    overhead, or waits on dependencies; the boundness finding says which) or the long ones
-    (stalls), each per step, with the Amdahl ceiling of removing them on the same basis as
-    the category levers."""
+    """Idle inside the step as a lever (the short gaps between kernels, or the long ones), with its
+    ceiling on the category levers' basis."""
 
     kind: str
     """`short gaps` or `long gaps`."""
@@ -375,9 +365,8 @@ class Overlap(Record, frozen=True):
 
 
 class Guard(Record, frozen=True):
-    """One invariant a verdict rests on, checked before any sentence is written
-    (`report.guards`): whether it holds, the numbers it was judged on and, when it fails,
-    the claims withdrawn from the verdict because they rest on it."""
+    """One invariant a verdict rests on (`report.guards`): whether it holds, the numbers judged, and the
+    claims withdrawn when it fails."""
 
     invariant: str
     """`share_at_most_step`, `busy_at_most_period`, `below_peak`, `clocks_agree`,

@@ -1,14 +1,6 @@
-"""The one versioned reader's upgrades: what a run folder written with an older schema version
-looks like to this version's Structs.
-
-A run folder's version is its run.json's `schema_version` (no key: version 1, written before
-the schema existed). `_base.read` finds the run.json beside or above an artifact and, when its
-version is older than `SCHEMA_VERSION`, hands the parsed JSON to each upgrade registered here
-for the artifact's type, oldest first. Readers elsewhere then see one shape only: no reader
-guesses between a flat and a nested value, or checks whether a key is there.
-
-Upgrades are keyed by the type's name, so this module imports no Struct (and no cycle forms).
-An artifact read on its own, with no run.json above it, is taken as the current version.
+"""The one versioned reader's upgrades: an older run folder's JSON (its run.json's `schema_version`,
+none: 1) in this version's shape, by type name and oldest first, so readers see one shape. A file
+with no run.json above it is taken as current.
 """
 
 from __future__ import annotations
@@ -53,9 +45,7 @@ _OLD_CAVEAT_CONCERNS = {"tpot_gap": "capture", "prediction_disagrees": "micro", 
 
 
 def _verdict_v2(obj: dict) -> dict:
-    """verdict.json as stepscope wrote it before it was the serialized Verdict (a digest: kind,
-    dominant cost, biggest lever, the headline's caveat, ranks) in this shape: what it held, and
-    nothing claimed that it did not. A file in this shape already is returned as it is."""
+    """An older verdict.json (a digest) in the Verdict's shape, claiming nothing it did not hold."""
     if "identity" in obj:
         return obj
     d, big, cav = obj.get("dominant") or None, obj.get("biggest_lever") or None, obj.get("caveat") or None
