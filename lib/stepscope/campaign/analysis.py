@@ -11,7 +11,7 @@ import pandas as pd
 
 from stepscope import schema
 from stepscope.server_metrics import SpecDecodeStats, stats_from_json
-from stepscope.config import WriteupParams, params_from_dict
+from stepscope.config import WriteupParams
 from stepscope.report import whatif as wi
 from stepscope.report.analysis import capture_tpot_is_delivery
 from stepscope.report.artifacts import RunArtifacts, load_run_artifacts, num
@@ -519,11 +519,3 @@ def spec_table(c: Campaign) -> pd.DataFrame | None:
                          "trace_ms_per_token": trace_ms_per_token(r, s),
                          "capture_tpot_ms": capture_tpot(r)})
     return pd.DataFrame(rows) if rows else None
-
-
-def variant_params(r: VariantRun):
-    """The validated params a run used (its `variant_params.yaml`)."""
-    import yaml
-
-    return params_from_dict(yaml.safe_load((r.run_dir / "variant_params.yaml").read_text()),
-                            source=str(r.run_dir / "variant_params.yaml"))

@@ -44,9 +44,6 @@ class CampaignPlan:
     repeats: int
     runs: tuple[PlannedRun, ...]
 
-    def runs_of(self, variant: str) -> list[PlannedRun]:
-        return [r for r in self.runs if r.variant == variant]
-
 
 def run_folder(campaign_dir: Path, variant: str, repeat: int, repeats: int) -> Path:
     """`<campaign>/<variant>/` for one run per variant, `<variant>/repeat-<k>/` for several."""
