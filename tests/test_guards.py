@@ -169,6 +169,11 @@ def test_verdict_json_records_every_check_and_why(tmp_path, real_traces):
     assert d["identity"]["kind"] == "capture" and len(failed) == 1 and "levers" in failed[0]["withdrawn"]
     why = [s["text"] for s in d["sentences"] if s["finding"] == "guard"]
     assert len(why) == 1 and why[0].startswith("Withdrawn, as the trace is a capture")
+    # an older run folder's guards.json is ignored: the report renders, and no reader asks for it
+    (run / "06_writeup" / "guards.json").write_text('{"kind": "capture", "guards": "an older shape"}')
+    assert build_report(run, draw_figures=False)["markdown"].read_text().startswith("# ")
+    assert "06_writeup/verdict.json" in schema.check_run_folder(run)
+    assert not any("guards" in k for k in schema.check_run_folder(run))
 
 
 def test_setup_counts_the_devices_the_run_used(tmp_path, real_traces):
