@@ -87,7 +87,7 @@ def test_the_plateau_finding_reads_the_levels_either_side_of_the_knee(run_dir, t
     assert g.above.category_ms["all_reduce"] == pytest.approx(want_hi)
     assert g.below.category_ms["all_reduce"] == pytest.approx(want_hi / 2)
     p = g.above.period_ms
-    assert g.above.ceiling_x("all_reduce") == pytest.approx(p / (p - want_hi))
+    assert rl.level_ceiling_x(g.above, "all_reduce") == pytest.approx(p / (p - want_hi))
     words = " ".join(rl.growth_sentences(g))
     assert "either side of the knee at concurrency 8" in words and "**all_reduce**" in words
     assert f"{fmt_num(want_hi)} ms at c=16" in words

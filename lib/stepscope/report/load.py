@@ -17,6 +17,7 @@ from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.schema.verdict import LevelAnatomy, LoadGrowth
 from stepscope.thresholds import LOAD_LEVER_SHIFT, LOAD_RECONCILE_SHARE
+from stepscope.trace.account import ceiling_x
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
 from stepscope.trace.micro_curve import KEPT_PARTS, SCALED_WITH_BATCH  # noqa: F401 (report.verdict reads it here)
 from stepscope.wording import fmt_num, fmt_pct, md_code, md_text
@@ -345,6 +346,12 @@ def _says_experts(growth: "LoadGrowth | None") -> bool:
 
 
 
+def level_ceiling_x(lv: LevelAnatomy, category: str) -> float | None:
+    """The level's decode step's Amdahl ceiling were `category`'s time zero; None without both."""
+    ms, period = lv.category_ms.get(category), lv.period_ms
+    return ceiling_x(period, ms) if ms is not None and period else None
+
+
 def _level_anatomy(sm: pd.DataFrame | None, table: pd.DataFrame, c: int) -> LevelAnatomy:
     t = table[(table["concurrency"] == c) & (table["step_kind"] == "decode")]
     n = t.drop_duplicates("decode_requests").set_index("decode_requests")["n_steps"]
@@ -392,8 +399,8 @@ def growth_sentences(g: LoadGrowth) -> list[str]:
                    f"({fmt_num(g.slope_ms_per_request)} ± {fmt_num(g.slope_se_ms)} ms per decode request): "
                    f"{fmt_num(lo.category_ms.get(g.category, 0.0))} ms per step at c={lo.concurrency}, "
                    f"{fmt_num(hi.category_ms.get(g.category, 0.0))} ms at c={hi.concurrency}; removing it would speed "
-                   f"the step up at most {_x(lo.ceiling_x(g.category))} at c={lo.concurrency} and "
-                   f"{_x(hi.ceiling_x(g.category))} at c={hi.concurrency}.")
+                   f"the step up at most {_x(level_ceiling_x(lo, g.category))} at c={lo.concurrency} and "
+                   f"{_x(level_ceiling_x(hi, g.category))} at c={hi.concurrency}.")
         if g.category == EXPERTS_CATEGORY and g.experts is not None:
             out.append(experts_sentence(g.experts))
     else:

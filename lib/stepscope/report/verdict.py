@@ -23,6 +23,7 @@ from stepscope.schema.verdict import (Agreement, BetweenSteps, BiggestLever, Bou
                                       Overlap, Plateau, RooflineFinding, SpecDecodeSeen, StepBasis, StepPrediction,
                                       TpotGap, TraceIdentity, Verdict)
 from stepscope.trace.account import ceiling_x
+from stepscope.trace.micro_curve import judge_components
 from stepscope.trace.tpot import tpot_against_step
 from stepscope.trace.steps import WHOLE_TRACE
 from stepscope.thresholds import (BETWEEN_STEPS_SHARE, HEADLINE_IDLE_SHARE, LEVER_MIN_X, COMM_EXPOSED_SHARE, COMM_HIDDEN_SHARE, DEVICE_BOUND_IDLE_SHARE,
@@ -386,19 +387,12 @@ def agreements(mvt: pd.DataFrame | None) -> tuple[Agreement, ...]:
 
 def component_check(trace: dict[str, float], predicted: dict[str, float],
                     denominator: str | None = None) -> StepPrediction:
-    """The predicted step against the trace's, component by component (ms per step), and whether an
-    agreeing total is an accident of offsetting errors."""
-    comps = tuple(Component(name=k, trace_ms=t, predicted_ms=predicted[k],
-                            off=abs(predicted[k] - t) > PREDICTION_TOLERANCE * max(abs(predicted[k]), abs(t)))
-                  for k, t in trace.items())
-    total_t, total_p = sum(trace.values()), sum(predicted.values())
-    agree = total_p > 0 and abs(total_t / total_p - 1) <= PREDICTION_TOLERANCE
-    off = [c for c in comps if c.off]
-    both_ways = any(c.predicted_ms > c.trace_ms for c in off) and any(c.predicted_ms < c.trace_ms for c in off)
-    spread = sum(abs(c.predicted_ms - c.trace_ms) for c in off)
-    return StepPrediction(trace_ms=total_t, predicted_ms=total_p, agree=agree, components=comps,
-                          offsetting=agree and both_ways and spread > PREDICTION_TOLERANCE * total_t,
-                          denominator=denominator)
+    """The predicted step against the trace's, component by component (ms per step), judged by
+    the one offsetting rule (`trace.micro_curve.judge_components`)."""
+    agree, off, offsetting = judge_components(trace, predicted)
+    comps = tuple(Component(name=k, trace_ms=t, predicted_ms=predicted[k], off=k in off) for k, t in trace.items())
+    return StepPrediction(trace_ms=sum(trace.values()), predicted_ms=sum(predicted.values()), agree=agree,
+                          components=comps, offsetting=offsetting, denominator=denominator)
 
 
 def step_prediction(a: RunArtifacts, basis: StepBasis) -> StepPrediction | None:

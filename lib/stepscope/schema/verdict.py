@@ -443,11 +443,6 @@ class LevelAnatomy(Record, frozen=True):
     server: dict[str, float | None] = {}
     """The sweep level's /metrics at this concurrency (`report.load.level_server_view`)."""
 
-    def ceiling_x(self, category: str) -> float | None:
-        """Amdahl: the decode step's speed-up were this category's time zero (period / rest)."""
-        ms, p = self.category_ms.get(category), self.period_ms
-        return p / (p - ms) if ms is not None and p and p > ms else None
-
 
 class LoadGrowth(Record, frozen=True):
     """What the step does between the levels either side of the knee (or the lowest and highest
