@@ -97,38 +97,44 @@ def test_the_plateau_finding_names_the_routed_experts(levels, tmp_path):
 
 
 def test_a_levels_time_adds_up_from_its_records(levels, c4_records):
-    """c=4's 15.15 s: 239 requests of 32 tokens, 1,850 decode steps of 4 at the trace's median
-    7.42 ms, a prefill's increment borrowed from c=16 (its mixed steps' 13.12 ms less its decode
-    steps' 10.27 ms), 0.25 s of turnaround; 3.2 % left unexplained, within 5 %."""
+    """c=4's 15.15 s: 239 requests of 32 tokens; 0.25 s of turnaround, and 14.89 s of engine time
+    owned by the 2,057 steps its streams showed: 1,767 decode steps of 6.91 ms (the trace's median:
+    7.42 ms) and 231 prefill or mixed steps of 11.6 ms. Priced at the trace's steps (a prefill's
+    increment borrowed from c=16: its mixed steps' 13.12 ms less its decode steps' 10.27 ms), its
+    tokens take 14.41 s."""
     c4, c16 = levels
     rec = lr.reconcile_level(c4_records, 4, c4.steps, c16.steps)
     assert rec["level_s"] == pytest.approx(level_metrics(c4_records)["duration_s"])   # the sweep's own
     assert sum(rec["parts"].values()) == pytest.approx(rec["level_s"], abs=1e-9)
-    assert (rec["n_requests"], rec["prefills"], rec["decode_tokens"]) == (239, 239.0, 7402.0)
+    assert (rec["n_requests"], rec["prefills"], rec["decode_tokens"], rec["steps_found"]) == (239, 239.0, 7402.0, 2057)
     assert rec["decode_tokens_per_step"] == 4.0 and rec["decode_period_ms"] == pytest.approx(
         np.median(c4.steps.loc[c4.steps["label"] == "decode", "period_us"].dropna()) / 1e3)
     assert rec["prefill_steps_borrowed"] and rec["prefill_period_ms"] == pytest.approx(2.851, abs=1e-3)
     parts = rec["parts"]
-    assert parts["decode_steps"] == pytest.approx(7402 / 4 * rec["decode_period_ms"] / 1e3)
+    assert (parts["decode_steps"], parts["prefill_mixed_steps"]) == pytest.approx((12.202, 2.690), abs=1e-3)
+    assert (rec["decode_steps"], rec["level_decode_period_ms"]) == pytest.approx((1766.855, 6.906), abs=1e-3)
     assert (parts["stalls"], parts["client_overhead"]) == (0.0, pytest.approx(0.0, abs=1e-4))
     assert parts["turnaround"] == pytest.approx(0.248, abs=1e-3)
-    assert rec["unexplained_share"] == pytest.approx(0.032, abs=1e-3) and rec["adds_up"]
+    assert rec["traced_steps_s"] == pytest.approx(7402 / 4 * rec["decode_period_ms"] / 1e3 + 239 * 2.851e-3, abs=1e-3)
+    assert abs(rec["unexplained_share"]) < 1e-3 and rec["adds_up"] and rec["steps_agree"] is None
     schema.record_of(dict(rec, records="01_macro_sweep/levels/c0004.jsonl"), schema.LoadReconciliationLevel)
 
 
 def test_the_report_explains_the_gap_by_the_levels_parts(levels, c4_records):
-    """The trace-versus-sweep gap is explained by the level's largest parts, not by the gaps inside
-    the steps' periods (they are inside the period on both sides)."""
+    """The trace-versus-sweep gap is explained by the level's largest parts and its steps beside the
+    trace's, not by the gaps inside the steps' periods (they are inside the period on both sides)."""
     c4, c16 = levels
     rec = schema.record_of(dict(lr.reconcile_level(c4_records, 4, c4.steps, c16.steps), records="c0004.jsonl"),
                            schema.LoadReconciliationLevel)
     lv = schema.record_of(la.level_summary(c4.steps, 4, "c4"), schema.LoadLevel)
     (why,) = rl.explain(lv, {}, None, rec)
-    assert why == ("of the sweep level's 15.2 s, the largest parts were decode steps × their period 13.7 s (91 %), "
-                   "prefill and mixed steps 0.681 s (4.5 %), turnaround between requests 0.248 s (1.6 %)")
+    assert why == ("of the sweep level's 15.2 s, the largest parts were decode steps 12.2 s (81 %), "
+                   "prefill and mixed steps 2.69 s (18 %), turnaround between requests 0.248 s (1.6 %); priced at "
+                   "the trace's steps its tokens take 14.4 s of steps against the 14.9 s they took (a decode step "
+                   "took 6.91 ms in the level and 7.42 ms in the trace)")
     assert "steps' work covered" not in " ".join(rl.explain(lv, {}, None, None))
     table = rl.reconciliation_section(schema.LoadReconciliation(tolerance_share=0.05, levels=[rec]))
-    assert "| 4 | 15.2 | 13.7 | 0.681 | 0 | 0.0000173 | 0.000244 | 0.248 | 0.0120 | 0.480 | yes |" in table
+    assert "| 4 | 15.2 | 12.2 | 2.69 | 0 | 0.0000173 | 0.000244 | 0.248 | 0.0120 | 0 | yes | – / 2,057 |" in table
 
 
 def test_unreadable_records_name_the_file_and_line(tmp_path):

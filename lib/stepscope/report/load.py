@@ -65,7 +65,7 @@ def _max(col: pd.Series) -> float | None:
     return float(v.max()) if len(v) else None
 
 
-PART_WORDS = {"decode_steps": "decode steps × their period", "prefill_mixed_steps": "prefill and mixed steps",
+PART_WORDS = {"decode_steps": "decode steps", "prefill_mixed_steps": "prefill and mixed steps",
               "stalls": "server-wide stalls", "client_overhead": "no request waiting for a token (the client's own time)",
               "ramp_up": "ramp-up", "turnaround": "turnaround between requests", "drain": "drain",
               "unexplained": "unexplained"}
@@ -74,30 +74,42 @@ PART_WORDS = {"decode_steps": "decode steps × their period", "prefill_mixed_ste
 
 def reconciliation_sentence(rec: schema.LoadReconciliationLevel, n: int = 3) -> str:
     """Where the level's time went, its largest measured parts first, then what is left
-    unexplained when it is beyond the tolerance; every number from `rec`."""
+    unexplained when it does not add up, then its steps beside the trace's; every number from `rec`."""
     top = sorted(((k, v) for k, v in rec.parts.items() if k != "unexplained"), key=lambda kv: -kv[1])[:n]
     parts = ", ".join(f"{PART_WORDS.get(k, k)} {fmt_num(v)} s ({fmt_pct(v / rec.level_s)})" for k, v in top)
     left = rec.parts.get("unexplained", 0.0)
-    tail = ("" if rec.adds_up else f"; {'+' if left > 0 else ''}{fmt_num(left)} s ({fmt_pct(rec.unexplained_share, signed=True)}) is left unexplained"
-            + (" (the trace's steps were slower than the sweep's)" if left < 0 else "") + pace_clause(rec))
-    return f"of the sweep level's {fmt_num(rec.level_s)} s, the largest parts were {parts}{tail}"
+    tail = ("" if abs(rec.unexplained_share) <= LOAD_RECONCILE_SHARE else
+            f"; {'+' if left > 0 else ''}{fmt_num(left)} s ({fmt_pct(rec.unexplained_share, signed=True)}) is left unexplained")
+    return f"of the sweep level's {fmt_num(rec.level_s)} s, the largest parts were {parts}{tail}{steps_clause(rec)}{trace_clause(rec)}"
 
 
-def pace_clause(rec: schema.LoadReconciliationLevel) -> str:
-    """What the engine's own counters say of an unexplained remainder: a miscount of the steps,
-    or the engine keeping another pace in the sweep than in the capture (trace.load_reconcile)."""
-    counted = rec.decode_steps + rec.prefill_mixed_steps
-    if not rec.engine_iterations or not counted or rec.level_iteration_ms is None or not rec.traced_step_ms:
+def steps_clause(rec: schema.LoadReconciliationLevel) -> str:
+    """The engine's own iteration count against the steps the level's streams showed, said where
+    they differ beyond the tolerance (the steps' parts then miss or split steps)."""
+    if rec.steps_agree is not False:
         return ""
-    said = f": vLLM counted {fmt_num(rec.engine_iterations)} iterations where the parts count {fmt_num(counted)}"
-    if abs(rec.engine_iterations / counted - 1) > LOAD_RECONCILE_SHARE:
-        return said + ", so the step model misses steps"
-    pace = rec.level_iteration_ms / rec.traced_step_ms - 1
-    prof = (f"; the profiler's own cost, measured at batch 1, is {fmt_num(rec.profiler_cost_ms_per_step)} ms a step"
-            if rec.profiler_cost_ms_per_step else "")
-    return (said + f", but the level kept {fmt_num(rec.level_iteration_ms)} ms per iteration against the traced "
-            f"{fmt_num(rec.traced_step_ms)} ms ({fmt_pct(pace, signed=True)}): the engine ran at another pace in the "
-            f"sweep than in the capture{prof}")
+    return (f"; vLLM counted {fmt_num(rec.engine_iterations)} iterations where the level's streams showed "
+            f"{fmt_num(rec.steps_found)} steps, so the steps' parts are not the engine's")
+
+
+def trace_clause(rec: schema.LoadReconciliationLevel) -> str:
+    """The level's steps beside its trace's: the level's tokens priced at the trace's steps against
+    the steps' two parts, and why they differ (each kind's period, the prefills a step holds)."""
+    if rec.traced_steps_s is None:
+        return ""
+    took = rec.parts.get("decode_steps", 0.0) + rec.parts.get("prefill_mixed_steps", 0.0)
+    why = []
+    if rec.level_decode_period_ms and rec.decode_period_ms:
+        prof = (f", whose profiler cost {fmt_num(rec.profiler_cost_ms_per_step)} ms a step at batch 1"
+                if rec.profiler_cost_ms_per_step else "")
+        why.append(f"a decode step took {fmt_num(rec.level_decode_period_ms)} ms in the level and "
+                   f"{fmt_num(rec.decode_period_ms)} ms in the trace{prof}")
+    if (rec.level_prefills_per_step and rec.prefills_per_step and not rec.prefill_steps_borrowed
+            and fmt_num(rec.level_prefills_per_step) != fmt_num(rec.prefills_per_step)):
+        why.append(f"a prefill or mixed step held {fmt_num(rec.level_prefills_per_step)} prefills in the level and "
+                   f"{fmt_num(rec.prefills_per_step)} in the trace")
+    return (f"; priced at the trace's steps its tokens take {fmt_num(rec.traced_steps_s)} s of steps against the "
+            f"{fmt_num(took)} s they took" + (f" ({'; '.join(why)})" if why else ""))
 
 
 def explain(lv: schema.LoadLevel, server: dict, client_bound: bool | None,
@@ -262,22 +274,25 @@ def reconciliation_section(rec: schema.LoadReconciliation | None) -> str:
     names = list(dict.fromkeys(k for lv in rec.levels for k in lv.parts))
     df = pd.DataFrame([{"concurrency": lv.concurrency, "level_s": lv.level_s, **lv.parts,
                         "adds_up": "yes" if lv.adds_up else "**no**",
-                        "iterations": f"{fmt_num(lv.engine_iterations)} / {fmt_num(lv.decode_steps + lv.prefill_mixed_steps)}",
-                        "pace": f"{fmt_num(lv.level_iteration_ms)} / {fmt_num(lv.traced_step_ms)}"} for lv in rec.levels])
+                        "iterations": f"{fmt_num(lv.engine_iterations)} / {fmt_num(lv.steps_found)}",
+                        "decode_ms": f"{fmt_num(lv.level_decode_period_ms)} / {fmt_num(lv.decode_period_ms)}",
+                        "mix": f"{fmt_num(lv.level_prefills_per_step)} / {fmt_num(lv.prefills_per_step)}",
+                        "traced_steps_s": lv.traced_steps_s} for lv in rec.levels])
     cols = [("concurrency", "concurrency"), ("level_s", "level (s)"),
             *[(k, f"{PART_WORDS.get(k, k)} (s)") for k in names], ("adds_up", f"within {fmt_pct(rec.tolerance_share)}"),
-            ("iterations", "iterations: vLLM's / the parts'"), ("pace", "ms per iteration: level / trace")]
+            ("iterations", "steps: vLLM's / the streams'"), ("decode_ms", "decode step (ms): level / trace"),
+            ("mix", "prefills per prefill step: level / trace"), ("traced_steps_s", "steps priced at the trace (s)")]
     borrowed = [lv.concurrency for lv in rec.levels if lv.prefill_steps_borrowed]
     note = (f"\n*c={', '.join(map(str, borrowed))}: the capture window held no prefill or mixed step; the "
             "prefill's cost is another captured level's (its prefill steps' period less its decode steps').*\n"
             if borrowed else "")
-    return ("\n" + appendix_table(RECONCILIATION_HEADING, "Where each captured sweep level's wall time went (`load_reconciliation.json`): steps are the "
-            "client's tokens over the tokens a step of each kind emits, times its median period; ramp-up, "
-            "turnaround and drain are time with fewer requests waiting than the concurrency. Gaps inside a step "
-            "lie inside its period on both sides, so they cannot open a gap between the two rates. The engine's own "
-            "iteration count checks the steps counted; the level's time less stalls and client time over it is "
-            "the pace the engine kept, beside the traced periods'.\n\n"
-            + compact_table(df, cols, keys=("concurrency",), formats={k: fmt_num for k in ["level_s", *names]},
+    return ("\n" + appendix_table(RECONCILIATION_HEADING, "Where each captured sweep level's wall time went (`load_reconciliation.json`): the level's "
+            "own steps, as its streams saw them (one step's chunks arrive together, one per request), each owning "
+            "the time since the step before it; ramp-up, turnaround and drain are time with fewer requests "
+            "waiting than the concurrency. The engine's own iteration count checks the steps found. Beside them, "
+            "the trace's: its decode period, the prefills its prefill steps held, and the level's tokens priced at "
+            "its steps.\n\n"
+            + compact_table(df, cols, keys=("concurrency",), formats={k: fmt_num for k in ["level_s", "traced_steps_s", *names]},
                             md_columns=("adds_up",)) + note))
 
 
@@ -469,7 +484,8 @@ COMPONENT_WORDS = {"gemm": "GEMM", "comm": "collectives", "attention_kv": "atten
 REBUILT_WORDS = {"prefill_mixed_steps": "prefill and mixed steps", "stalls": "stalls", "client_overhead": "client",
                  "ramp_up": "ramp-up", "turnaround": "turnaround", "drain": "drain",
                  "decode_steps_predicted": "decode steps × predicted step",
-                 **{f"error_{k}": f"error: {v}" for k, v in COMPONENT_WORDS.items()}, "unexplained": "unexplained"}
+                 **{f"error_{k}": f"error: {v}" for k, v in COMPONENT_WORDS.items()},
+                 "level_pace": "the level's pace against the trace's", "unexplained": "unexplained"}
 """How the rebuilt levels' table heads each part (MicroCurveReconciled.parts); trace.micro_curve.KEPT_PARTS
 are load_reconciliation.json's parts (PART_WORDS names them in full)."""
 
@@ -502,7 +518,17 @@ def rebuilt_sentence(p: schema.MicroCurveLevel, n: int = 3) -> str:
             f"{fmt_num(r.decode_steps)} decode steps{batch} took {fmt_num(r.trace_step_ms)} ms each in the trace "
             f"against {fmt_num(p.step_ms)} ms predicted ({_signed_ms(r.trace_step_ms - p.step_ms)} ms: "
             + ", ".join(f"{COMPONENT_WORDS.get(k, k)} {_signed_ms(v)}" for k, v in errors)
-            + f" ms){_agreement_clause(r)}; the reconciliation leaves {fmt_num(left)} s unexplained")
+            + f" ms){_agreement_clause(r)}{_pace_words(r.parts.get('level_pace', 0.0))}"
+            + (f"; the reconciliation leaves {fmt_num(left)} s unexplained"
+               if abs(left) > LOAD_RECONCILE_SHARE * r.level_s else ""))
+
+
+def _pace_words(pace_s: float) -> str:
+    """The level's decode steps at its own pace against the trace's period, in words."""
+    if not pace_s:
+        return ""
+    return (f"; at the level's own pace its decode steps took {fmt_num(abs(pace_s))} s "
+            f"{'less' if pace_s < 0 else 'more'} than at the trace's period")
 
 
 def _agreement_clause(r: schema.MicroCurveReconciled) -> str:
@@ -582,8 +608,9 @@ def rebuilt_section(points: list[schema.MicroCurveLevel]) -> str:
             "from `load_reconciliation.json`): its measured parts other than its decode steps as they were; its "
             "decode steps × the predicted step; (traced decode period − predicted step) × decode steps, the "
             "prediction's error, by component from the level's own trace (each component's categories, mean over "
-            "the level's decode steps; the rest is the traced period less them); and the reconciliation's "
-            "unexplained part. The parts sum to the level's time.\n\n"
+            "the level's decode steps; the rest is the traced period less them); the level's own decode steps' "
+            "time less decode steps × the traced period (the level's pace against the trace's); and the "
+            "reconciliation's unexplained part. The parts sum to the level's time.\n\n"
             + compact_table(df, cols, keys=("concurrency",), md_columns=("agreement",),
                             formats={"concurrency": _whole, **{k: fmt_num for k in [
                                 "level_s", "trace_ms", "step_ms", "predicted_level_s", *names]}})))

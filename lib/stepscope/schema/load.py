@@ -193,49 +193,63 @@ class LoadAnatomySummary(Record, kw_only=True):
 
 
 class LoadReconciliationLevel(Record, kw_only=True):
-    """One captured sweep level's wall time cut into measured parts (trace.load_reconcile)."""
+    """One captured sweep level's wall time cut into measured parts, its steps as its own streams
+    saw them, and its trace's steps beside them (trace.load_reconcile)."""
 
     concurrency: int
     level_s: float
     """First measured request's start to last one's end, s (the sweep's `duration_s`)."""
     parts: dict[str, float]
-    """name -> seconds, summing to level_s: `decode_steps`, `prefill_mixed_steps`, `stalls`,
-    `client_overhead`, `ramp_up`, `turnaround`, `drain` and `unexplained` (the remainder;
-    negative when the trace's steps were slower than the sweep's)."""
+    """name -> seconds, summing to level_s: `decode_steps`, `prefill_mixed_steps` (the level's own
+    steps, each owning the engine time since the step before it), `stalls`, `client_overhead`,
+    `ramp_up`, `turnaround`, `drain` and `unexplained` (engine time after the last step seen)."""
     unexplained_share: float
     adds_up: bool
-    """|unexplained| within `tolerance_share` of level_s."""
+    """|unexplained| within `tolerance_share` of level_s, and steps_found within it of
+    engine_iterations where the engine counted them."""
     n_requests: int
     prefills: float
     """Requests whose first token arrived with the level's concurrency in flight."""
     decode_tokens: float
     """Their other tokens received then."""
     decode_steps: float
-    """decode tokens (less the prefill and mixed steps' own) / decode_tokens_per_step."""
+    """Steps the level's streams saw in its engine time without a first token (a step partly
+    outside engine time counts by its share inside)."""
     prefill_mixed_steps: float
-    """prefills / prefills_per_step."""
+    """Steps with a first token, counted the same way."""
+    level_decode_period_ms: float | None = None
+    """The decode steps' part over their count, ms: the level's own mean, without the profiler."""
+    level_prefill_period_ms: float | None = None
+    """The prefill and mixed steps' part over their count, ms."""
+    level_prefills_per_step: float | None = None
+    """First tokens per prefill or mixed step in the level (its mix, beside prefills_per_step)."""
+    steps_found: float = 0.0
+    """Steps the client saw over the whole level (a merged delivery counts its steps)."""
+    engine_iterations: float | None = None
+    """The engine's own iteration count over the level (vLLM's `iteration_tokens_total` count
+    across the level's /metrics scrapes), to set beside steps_found."""
+    steps_agree: bool | None = None
+    """steps_found within `tolerance_share` of engine_iterations; null without the counter."""
+    traced_steps_s: float | None = None
+    """The level's engine-time tokens priced at its trace's steps (their mix and median
+    periods), s: beside the steps' two parts, what the trace's steps would have taken."""
     decode_period_ms: float | None = None
-    """Median period of the level's decode steps in its trace, ms."""
+    """Median period of the decode steps in the level's trace, ms."""
     decode_tokens_per_step: float | None = None
+    """Decode tokens a decode step of the trace emitted, mean."""
     prefill_period_ms: float | None = None
-    """Median period of the prefill and mixed steps, ms."""
+    """Median period of the trace's prefill and mixed steps, ms (an increment over a decode
+    step where prefill_steps_borrowed)."""
     prefills_per_step: float | None = None
+    """Prefills per prefill or mixed step in the trace, mean."""
     prefill_step_decode_tokens: float = 0.0
-    """Decode tokens a prefill or mixed step emits beside its prefills, mean."""
+    """Decode tokens a prefill or mixed step of the trace emits beside its prefills, mean."""
     prefill_steps_borrowed: bool = False
     """The level's window held no prefill or mixed step: another captured level's gave them."""
     profiler_cost_ms_per_step: float | None = None
     """The batch-1 capture's client TPOT (profiled) less the sweep's c=1 TPOT, ms: the profiler's
-    cost per step plus any change in the machine between stages 01 and 04 (not taken off the
-    parts); 0 when the profiled run was faster, null without both."""
-    engine_iterations: float | None = None
-    """The engine's own iteration count over the level (vLLM's `iteration_tokens_total` count
-    across the level's /metrics scrapes): to set beside decode_steps + prefill_mixed_steps."""
-    traced_step_ms: float | None = None
-    """The traced periods' mean over the steps the parts count, ms."""
-    level_iteration_ms: float | None = None
-    """The level's time less stalls and client overhead, over engine_iterations, ms: the pace
-    the engine kept in the sweep, to set beside traced_step_ms."""
+    cost per step plus any change in the machine between stages 01 and 04; 0 when the profiled
+    run was faster, null without both."""
     records: str
     """The sweep level's records, relative to the run folder."""
 
@@ -292,9 +306,10 @@ class MicroCurveReconciled(Record, kw_only=True):
     """name -> seconds, summing to level_s: the level's measured `prefill_mixed_steps`, `stalls`,
     `client_overhead`, `ramp_up`, `turnaround` and `drain`; `decode_steps_predicted` (decode_steps × the
     predicted step); `error_gemm`, `error_comm`, `error_attention_kv` and `error_rest` (decode_steps × each
-    error_ms); `unexplained` (the reconciliation's own remainder)."""
+    error_ms); `level_pace` (the level's decode steps' part less decode_steps × trace_step_ms: the level
+    ran at its own pace, not the trace's); `unexplained` (the reconciliation's own remainder)."""
     predicted_level_s: float
-    """level_s less the error parts: the level had its decode steps taken the predicted step, s."""
+    """level_s less the error parts and level_pace: the level had its decode steps taken the predicted step, s."""
     agree: bool | None = None
     """The predicted decode step and the traced one agree within PREDICTION_TOLERANCE."""
     off_components: list[str] = []

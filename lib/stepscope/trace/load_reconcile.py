@@ -1,10 +1,10 @@
 """Where a captured sweep level's wall time went: measured parts that add up to the level.
 
 The trace's throughput (tokens over summed step periods) and the sweep's (tokens over the
-level's wall time) differ by whatever the level spent outside back-to-back engine steps. The
-gaps inside a step's period cannot explain that: they are inside the period on both sides. So
-the level's time, first request's start to last request's end (as the sweep times it:
-`sweep.metrics.level_metrics`), is cut into parts, each instant in exactly one:
+level's wall time) differ by whatever the level spent outside back-to-back engine steps, and by
+the level's steps being other steps than the trace's. So the level's time, first request's
+start to last request's end (as the sweep times it: `sweep.metrics.level_metrics`), is cut
+into parts, each instant in exactly one:
 
 1. `stalls`: server-wide silences the sweep counts (`sweep.stalls.find_stalls`);
 2. `client_overhead`: no request waits for a token (every slot is between a request's last
@@ -12,30 +12,27 @@ the level's time, first request's start to last request's end (as the sweep time
 3. `ramp_up`, `turnaround`, `drain`: some request but fewer than the level's concurrency waits
    for a token: before the level first had them all, between a request's last token and its
    replacement's dispatch, and after the level last had them all;
-4. the rest, the level's concurrency in flight, is engine time, cut by the tokens the client
-   received in it: `prefill_mixed_steps` (each request's first token is its prefill's; the
-   level's trace says how many prefills a prefill or mixed step holds and its period) and
-   `decode_steps` (the other tokens over the decode requests per decode step, times the
-   decode period), and `unexplained`, what is left (negative when the trace's steps were
-   slower than the sweep's).
+4. the rest, the level's concurrency in flight, is engine time, cut by the level's own steps
+   (`client_steps`): the chunks one engine step emits reach the client together, one per
+   request it decoded or prefilled, so a run of chunks in which no request repeats is one
+   step. Each step owns the time since the step before it; a step holding a request's first
+   token is `prefill_mixed_steps`, the others `decode_steps`; `unexplained` is what is left
+   (engine time after the last step the level saw).
 
-The sweep ran without the profiler and the traces with it. The run measures the difference
-once, client-side at batch 1 (`profiler_cost_ms_per_step`: the capture's TPOT less the sweep's
-c=1 TPOT), and shows it beside the parts without taking it off: it holds the profiler's cost and
-any change in the machine between stages 01 and 04, which it cannot tell apart.
+Every part is timed in the level itself, without the profiler. The engine's own iteration
+count over the level (vLLM's `iteration_tokens_total` count, differenced across the level's
+/metrics scrapes) checks the steps found: the level adds up when the unexplained part is
+within LOAD_RECONCILE_SHARE of its time and the steps found are within that share of the
+engine's count.
 
-Two readings check the parts: the engine's own iteration count over the level (vLLM's
-`iteration_tokens_total` count, differenced across the level's /metrics scrapes) against the
-steps the parts count, and the level's mean time per iteration (its time less stalls and
-client overhead, over that count) against the traced periods the parts use. When the counts
-agree and the paces do not, the unexplained part is the engine running at another pace in the
-sweep than in the capture (the profiler, or the machine's load at another time).
-
-The parts are measured, none fitted, and they sum to the level's time by construction; the
-level "adds up" when the unexplained part is within LOAD_RECONCILE_SHARE of it. Periods are
-medians over the level's steps: a capture window of a few steps holds the profiler's own
-outliers (a step descheduled for ten periods), which a mean would charge to every step of
-the level.
+The trace is then set beside the level: its steps' kinds (decode tokens per decode step,
+prefills per prefill or mixed step) and median periods, and `traced_steps_s`, the level's
+tokens priced at them (what the trace's steps would have taken to emit them). The steps' part
+less `traced_steps_s` is the part of the trace-versus-sweep gap that lies in the steps
+themselves: the profiler's cost and the machine's pace at another time (the periods), and a
+sweep whose requests start together (all one length) batching prefills as the capture's
+staggered load does not (the mix). The profiler's cost is measured once, client-side at batch 1
+(`profiler_cost_ms_per_step`), and shown beside it.
 """
 
 from __future__ import annotations
@@ -66,21 +63,28 @@ def _timeline(recs: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, np.nda
     return start, np.minimum(last, end), end
 
 
+def _grid(recs: list[RequestRecord], concurrency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(edges, requests waiting for a token, stalled, full) over the level's elementary intervals:
+    full is the level's concurrency waiting and no stall."""
+    start, last, end = _timeline(recs)
+    stalls = [(s.start_s, s.start_s + s.dur_s) for s in find_stalls(recs)]
+    edges = np.unique(np.concatenate([start, last, end, np.ravel(stalls) if stalls else np.empty(0)]))
+    edges = edges[(edges >= start.min()) & (edges <= end.max())]
+    mid = (edges[:-1] + edges[1:]) / 2
+    waiting = ((start[:, None] <= mid) & (mid < last[:, None])).sum(axis=0)
+    stalled = np.zeros(len(mid), bool)
+    for a, b in stalls:
+        stalled |= (mid >= a) & (mid < b)
+    return edges, waiting, stalled, (waiting >= concurrency) & ~stalled
+
+
 def wall_parts(records: Iterable[RequestRecord], concurrency: int) -> tuple[dict[str, float], np.ndarray]:
     """(seconds of the level in stalls, client overhead, ramp-up, turnaround, drain and engine
     time (`engine_s`: the level's concurrency waiting for tokens, no stall), and the prefills
     and decode tokens received in that engine time)."""
     recs = [r for r in records if not r.warmup]
-    start, last, end = _timeline(recs)
-    stalls = [(s.start_s, s.start_s + s.dur_s) for s in find_stalls(recs)]
-    edges = np.unique(np.concatenate([start, last, end, np.ravel(stalls) if stalls else np.empty(0)]))
-    edges = edges[(edges >= start.min()) & (edges <= end.max())]
+    edges, waiting, stalled, full = _grid(recs, concurrency)
     mid, dur = (edges[:-1] + edges[1:]) / 2, np.diff(edges)
-    waiting = ((start[:, None] <= mid) & (mid < last[:, None])).sum(axis=0)
-    stalled = np.zeros(len(mid), bool)
-    for a, b in stalls:
-        stalled |= (mid >= a) & (mid < b)
-    full = (waiting >= concurrency) & ~stalled
     first_full = edges[:-1][full].min() if full.any() else edges[-1]
     last_full = edges[1:][full].max() if full.any() else edges[-1]
     some = ~stalled & (waiting > 0) & ~full
@@ -91,6 +95,55 @@ def wall_parts(records: Iterable[RequestRecord], concurrency: int) -> tuple[dict
            "drain": float(dur[some & (mid >= last_full)].sum()),
            "engine_s": float(dur[full].sum())}
     return out, _tokens_in(recs, edges, full)
+
+
+MERGED_S = 0.001
+"""Two chunks of one request this close came out together: tokens of consecutive steps the API
+process sent at once (a merged delivery), not a new step."""
+
+STEP_GAP_S = 0.015
+"""A silence this long ends a step even when no request repeats: one step's chunks reach the
+client within a few ms of each other (up to ~20 ms from first to last at c=16 on 2 cores, the
+API process sending them one by one, but never 15 ms apart), steps 10 ms or more apart."""
+
+
+def client_steps(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """The engine steps the level's streams saw, one row each: `t_s` (its first chunk), `steps`
+    (1, or more where a request's chunks came merged), `prefills` (first tokens in it) and
+    `chunks`. A step ends where a request it already holds sends again, or after STEP_GAP_S."""
+    ev = sorted((t, i, j == 0) for i, r in enumerate(records) if not r.warmup
+                for j, t in enumerate(r.chunk_times_s))
+    rows: list[list] = []
+    seen: dict[int, float] = {}
+    merged: dict[int, int] = {}
+    last_t = -math.inf
+    for t, i, first in ev:
+        if (i in seen and t - seen[i] > MERGED_S) or t - last_t > STEP_GAP_S or not rows:
+            rows.append([t, 1, 0, 0])
+            seen, merged = {}, {}
+        if i in seen:
+            merged[i] = merged.get(i, 1) + 1
+            rows[-1][1] = max(rows[-1][1], merged[i])
+        seen[i], last_t = t, t
+        rows[-1][2] += int(first)
+        rows[-1][3] += 1
+    return pd.DataFrame(rows, columns=["t_s", "steps", "prefills", "chunks"])
+
+
+def step_parts(steps: pd.DataFrame, edges: np.ndarray, full: np.ndarray) -> dict:
+    """The engine time (`full`) cut by the level's steps: each step owns the time since the step
+    before it (the level's start for the first), as much of it as lies in engine time. Seconds
+    and steps (a step partly outside engine time counts by the share inside) of each kind."""
+    cum = np.concatenate([[0.0], np.cumsum(np.diff(edges) * full)])  # engine time since the level's start
+    at = np.interp(steps["t_s"].to_numpy(float), edges, cum)
+    owned = np.diff(np.concatenate([[0.0], at]))
+    span = np.diff(np.concatenate([[edges[0]], steps["t_s"].to_numpy(float)]))
+    share = np.divide(owned, span, out=np.ones_like(owned), where=span > 0)
+    n = steps["steps"].to_numpy(float) * share
+    pm = steps["prefills"].to_numpy() > 0
+    return {"decode_s": float(owned[~pm].sum()), "prefill_s": float(owned[pm].sum()),
+            "decode_steps": float(n[~pm].sum()), "prefill_mixed_steps": float(n[pm].sum()),
+            "prefills_in_steps": float((steps["prefills"].to_numpy() * share)[pm].sum())}
 
 
 def _tokens_in(recs: list[RequestRecord], edges: np.ndarray, full: np.ndarray) -> np.ndarray:
@@ -146,32 +199,56 @@ def _median(v: pd.Series) -> float:
 
 
 def reconcile_level(records: list[RequestRecord], concurrency: int, steps: pd.DataFrame,
-                    lender: pd.DataFrame | None = None, profiler_ms: float | None = None) -> dict:
-    """A LoadReconciliationLevel: the level's time cut into PART_ORDER's parts (seconds);
-    `profiler_ms` is recorded beside them, not applied (see the module's note)."""
+                    lender: pd.DataFrame | None = None, profiler_ms: float | None = None,
+                    iterations: float | None = None) -> dict:
+    """A LoadReconciliationLevel: the level's time cut into PART_ORDER's parts (seconds), its
+    steps checked against the engine's `iterations`, and the trace's steps (`steps`, the level's
+    step_totals; `lender` as in `step_costs`) set beside them (see the module's note)."""
     recs = [r for r in records if not r.warmup]
     if not recs:
         raise StepscopeError("the level has no measured request", where=f"sweep level c={concurrency}",
                              hint="re-run stage 01 for this level")
     start, _, end = _timeline(recs)
     level_s = float(end.max() - start.min())
+    edges, _, _, full = _grid(recs, concurrency)
     wall, tokens = wall_parts(recs, concurrency)
-    prefills, decode_tokens = float(tokens[0]), float(tokens[1])
-    cost = step_costs(steps, lender)
-    pm_steps = prefills / cost["prefills_per_step"] if cost["prefills_per_step"] else 0.0
-    dec_left = max(decode_tokens - pm_steps * cost["prefill_step_decode_tokens"], 0.0)
-    dec_steps = dec_left / cost["decode_tokens_per_step"] if cost["decode_tokens_per_step"] else 0.0
-    parts = {"decode_steps": dec_steps * (cost["decode_period_ms"] or 0.0) / 1e3,
-             "prefill_mixed_steps": pm_steps * (cost["prefill_period_ms"] or 0.0) / 1e3,
+    seen = client_steps(recs)
+    own = step_parts(seen, edges, full)
+    parts = {"decode_steps": own["decode_s"], "prefill_mixed_steps": own["prefill_s"],
              **{k: v for k, v in wall.items() if k != "engine_s"}}
-    parts = {k: float(v) for k, v in parts.items()}
     parts["unexplained"] = level_s - sum(parts.values())
-    return {"concurrency": int(concurrency), "level_s": level_s, "parts": {k: parts[k] for k in PART_ORDER},
+    found = float(seen["steps"].sum())
+    steps_agree = None if not iterations else bool(abs(found / iterations - 1) <= LOAD_RECONCILE_SHARE)
+    within = abs(parts["unexplained"]) <= LOAD_RECONCILE_SHARE * level_s
+    cost = step_costs(steps, lender)
+    return {"concurrency": int(concurrency), "level_s": level_s, "parts": {k: float(parts[k]) for k in PART_ORDER},
             "unexplained_share": parts["unexplained"] / level_s if level_s > 0 else math.nan,
-            "adds_up": bool(abs(parts["unexplained"]) <= LOAD_RECONCILE_SHARE * level_s),
-            "n_requests": len(recs), "prefills": prefills, "decode_tokens": decode_tokens,
-            "decode_steps": float(dec_steps), "prefill_mixed_steps": float(pm_steps),
+            "adds_up": bool(within and steps_agree is not False),
+            "n_requests": len(recs), "prefills": float(tokens[0]), "decode_tokens": float(tokens[1]),
+            "decode_steps": own["decode_steps"], "prefill_mixed_steps": own["prefill_mixed_steps"],
+            "level_decode_period_ms": _per_step_ms(own["decode_s"], own["decode_steps"]),
+            "level_prefill_period_ms": _per_step_ms(own["prefill_s"], own["prefill_mixed_steps"]),
+            "level_prefills_per_step": own["prefills_in_steps"] / own["prefill_mixed_steps"]
+            if own["prefill_mixed_steps"] else None,
+            "steps_found": found, "engine_iterations": iterations, "steps_agree": steps_agree,
+            "traced_steps_s": traced_steps_s(float(tokens[0]), float(tokens[1]), cost),
             "profiler_cost_ms_per_step": profiler_ms, **cost}
+
+
+def _per_step_ms(seconds: float, steps: float) -> float | None:
+    return 1e3 * seconds / steps if steps else None
+
+
+def traced_steps_s(prefills: float, decode_tokens: float, cost: dict) -> float | None:
+    """The level's engine-time tokens priced at the trace's steps (`step_costs`): prefills over
+    the trace's prefills per prefill or mixed step, the decode tokens those steps do not carry
+    over its decode tokens per decode step, each times its median traced period, s; None
+    without a traced decode period."""
+    if not cost["decode_period_ms"] or not cost["decode_tokens_per_step"]:
+        return None
+    pm_steps = prefills / cost["prefills_per_step"] if cost["prefills_per_step"] else 0.0
+    dec_steps = max(decode_tokens - pm_steps * cost["prefill_step_decode_tokens"], 0.0) / cost["decode_tokens_per_step"]
+    return (dec_steps * cost["decode_period_ms"] + pm_steps * (cost["prefill_period_ms"] or 0.0)) / 1e3
 
 
 def level_records_path(run_dir: str | Path, concurrency: int) -> Path:
@@ -202,14 +279,13 @@ def build(run_dir: str | Path, levels: list[tuple[int, pd.DataFrame]]) -> dict |
     sweep level has records; None when none has. A level's window without prefill or mixed
     steps borrows the prefill's cost from the captured level that has the most (`step_costs`)."""
     lender = max((st for _, st in levels), key=lambda st: len(_kinds(st)[1]), default=None)
-    profiler_ms = profiler_cost_ms(run_dir)
+    profiler_ms, scrapes = profiler_cost_ms(run_dir), sweep_scrapes(run_dir)
     out = []
     for c, steps in levels:
         path = level_records_path(run_dir, c)
         if path.is_file():
-            row = reconcile_level(read_records(path), c, steps, lender, profiler_ms)
-            out.append(dict(row, **pace_check(row, engine_iterations(run_dir, c)),
-                            records=str(path.relative_to(run_dir))))
+            row = reconcile_level(read_records(path), c, steps, lender, profiler_ms, engine_iterations(scrapes, c))
+            out.append(dict(row, records=str(path.relative_to(run_dir))))
     if not out:
         return None
     return {"tolerance_share": LOAD_RECONCILE_SHARE, "levels": out}
@@ -233,29 +309,21 @@ def profiler_cost_ms(run_dir: str | Path) -> float | None:
     return max(float(profiled) - float(one.iloc[0]), 0.0)
 
 
-def engine_iterations(run_dir: str | Path, concurrency: int) -> float | None:
+def sweep_scrapes(run_dir: str | Path) -> pd.DataFrame | None:
+    """01_macro_sweep/server_metrics.csv, read once; None without it."""
+    path = Path(run_dir) / "01_macro_sweep" / "server_metrics.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def engine_iterations(scrapes: pd.DataFrame | None, concurrency: int) -> float | None:
     """Engine iterations over the sweep level (`c<CCCC>`, phase `measure`): the difference of
     vLLM's iteration counter between the level's first and last /metrics scrape; None without
     the counter or two scrapes."""
-    path = Path(run_dir) / "01_macro_sweep" / "server_metrics.csv"
-    if not path.is_file():
+    if scrapes is None or "iteration_tokens_count" not in scrapes:
         return None
-    sm = pd.read_csv(path)
-    if "iteration_tokens_count" not in sm:
-        return None
-    mine = sm[(sm["level"] == f"c{concurrency:04d}") & (sm["phase"] == "measure")]["iteration_tokens_count"].dropna()
-    return float(mine.iloc[-1] - mine.iloc[0]) if len(mine) >= 2 else None
-
-
-def pace_check(row: dict, iterations: float | None) -> dict:
-    """The level's engine iterations (the engine's count) beside the steps the parts count, and
-    its mean ms per iteration beside the traced periods' mean over those steps."""
-    steps = row["decode_steps"] + row["prefill_mixed_steps"]
-    p = row["parts"]
-    traced_ms = 1e3 * (p["decode_steps"] + p["prefill_mixed_steps"]) / steps if steps else None
-    busy_s = row["level_s"] - p["stalls"] - p["client_overhead"]
-    level_ms = 1e3 * busy_s / iterations if iterations else None
-    return {"engine_iterations": iterations, "traced_step_ms": traced_ms, "level_iteration_ms": level_ms}
+    mine = scrapes[(scrapes["level"] == f"c{concurrency:04d}") & (scrapes["phase"] == "measure")]
+    counts = mine["iteration_tokens_count"].dropna()
+    return float(counts.iloc[-1] - counts.iloc[0]) if len(counts) >= 2 else None
 
 
 def largest_parts(level: dict, n: int = 3) -> list[tuple[str, float]]:

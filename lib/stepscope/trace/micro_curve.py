@@ -128,13 +128,15 @@ def reconcile(point: schema.MicroCurveLevel, rec: schema.LoadReconciliationLevel
     parts = {k: float(rec.parts.get(k, 0.0)) for k in KEPT_PARTS}
     parts["decode_steps_predicted"] = rec.decode_steps * point.step_ms / 1e3
     parts.update({f"error_{k}": rec.decode_steps * v / 1e3 for k, v in error.items()})
+    # The level's decode steps ran at its own pace, not the trace's: the difference stays a part.
+    parts["level_pace"] = float(rec.parts.get("decode_steps", 0.0)) - rec.decode_steps * rec.decode_period_ms / 1e3
     parts["unexplained"] = float(rec.parts.get("unexplained", 0.0))
     agree, off, offsetting = judge_components(trace, predicted)
     return schema.MicroCurveReconciled(
         level_s=rec.level_s, decode_steps=rec.decode_steps, decode_tokens_per_step=rec.decode_tokens_per_step,
         trace_step_ms=rec.decode_period_ms, trace_ms=trace, error_ms=error, parts=parts,
         agree=agree, off_components=off, offsetting=offsetting,
-        predicted_level_s=rec.level_s - sum(v for k, v in parts.items() if k.startswith("error_")))
+        predicted_level_s=rec.level_s - sum(v for k, v in parts.items() if k.startswith("error_") or k == "level_pace"))
 
 
 def judge_components(trace: dict[str, float], predicted: dict[str, float]) -> tuple[bool, list[str], bool]:
