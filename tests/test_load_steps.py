@@ -56,6 +56,13 @@ def test_a_step_is_a_run_of_chunks_in_which_no_request_repeats():
     assert steps["chunks"].tolist() == [1, 1, 2, 2, 3, 1, 1]
 
 
+def test_a_chunk_of_several_tokens_is_several_steps():
+    """A server that streams every 4 tokens (vLLM's stream interval): 13 tokens in 4 chunks, the
+    first the prefill's alone, each later one 4 decode steps."""
+    rec = RequestRecord(start_s=0.0, chunk_times_s=[0.1, 0.2, 0.3, 0.4], end_s=0.41, output_tokens=13, success=True)
+    assert lr.client_steps([rec])["steps"].tolist() == [1, 4, 4, 4]
+
+
 @pytest.mark.parametrize("c, found, counted", [(4, 496, 494), (16, 272, 267)])
 def test_the_levels_steps_are_the_engines(real_traces, scrapes, c, found, counted):
     """The steps the streams show are within 2 % of vLLM's own iteration count at both levels."""

@@ -127,8 +127,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "trace-predicted against measured throughput; per category the fit against batch",
              LoadAnatomySummary, optional=True),
     Artifact("05_categorize/load_reconciliation.json", "05_categorize", "per captured sweep level: its wall "
-             "time cut into measured parts (decode and prefill steps, stalls, client overhead, ramp-up, "
-             "turnaround, drain) and the unexplained remainder", LoadReconciliation, optional=True),
+             "time cut into measured parts (its own decode and prefill steps, stalls, client overhead, ramp-up, "
+             "turnaround, drain) and the unexplained remainder, the steps against the engine's count, and the "
+             "trace's steps beside them", LoadReconciliation, optional=True),
     Artifact("05_categorize/micro_curve.json", "05_categorize", "per closed-loop sweep level: the decode step "
              "the micro-benchmarks predict (GEMM, collectives, attention and KV writes, rest) and its tok/s beside "
              "the measured; per reconciled level its time rebuilt from the prediction, the error by component",

@@ -109,21 +109,23 @@ API process sending them one by one, but never 15 ms apart), steps 10 ms or more
 
 def client_steps(records: Iterable[RequestRecord]) -> pd.DataFrame:
     """The engine steps the level's streams saw, one row each: `t_s` (its first chunk), `steps`
-    (1, or more where a request's chunks came merged), `prefills` (first tokens in it) and
-    `chunks`. A step ends where a request it already holds sends again, or after STEP_GAP_S."""
-    ev = sorted((t, i, j == 0) for i, r in enumerate(records) if not r.warmup
-                for j, t in enumerate(r.chunk_times_s))
+    (1, or more where a request's chunks came merged or a chunk carries several tokens: the most
+    tokens one request received in it), `prefills` (first tokens in it) and `chunks`. A step ends
+    where a request it already holds sends again, or after STEP_GAP_S."""
+    recs = [r for r in records if not r.warmup]
+    per_chunk = [max((r.output_tokens or len(r.chunk_times_s)) - 1, 0) / (len(r.chunk_times_s) - 1)
+                 if len(r.chunk_times_s) > 1 else 1.0 for r in recs]
+    ev = sorted((t, i, j == 0) for i, r in enumerate(recs) for j, t in enumerate(r.chunk_times_s))
     rows: list[list] = []
     seen: dict[int, float] = {}
-    merged: dict[int, int] = {}
+    tokens: dict[int, float] = {}
     last_t = -math.inf
     for t, i, first in ev:
         if (i in seen and t - seen[i] > MERGED_S) or t - last_t > STEP_GAP_S or not rows:
-            rows.append([t, 1, 0, 0])
-            seen, merged = {}, {}
-        if i in seen:
-            merged[i] = merged.get(i, 1) + 1
-            rows[-1][1] = max(rows[-1][1], merged[i])
+            rows.append([t, 1.0, 0, 0])
+            seen, tokens = {}, {}
+        tokens[i] = tokens.get(i, 0.0) + (1.0 if first else per_chunk[i])
+        rows[-1][1] = max(rows[-1][1], tokens[i])
         seen[i], last_t = t, t
         rows[-1][2] += int(first)
         rows[-1][3] += 1
