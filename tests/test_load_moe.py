@@ -98,21 +98,21 @@ def test_the_plateau_finding_names_the_routed_experts(levels, tmp_path):
 
 def test_a_levels_time_adds_up_from_its_records(levels, c4_records):
     """c=4's 15.15 s: 239 requests of 32 tokens; 0.25 s of turnaround, and 14.89 s of engine time
-    owned by the 2,057 steps its streams showed: 1,767 decode steps of 6.91 ms (the trace's median:
-    7.42 ms) and 231 prefill or mixed steps of 11.6 ms. Priced at the trace's steps (a prefill's
+    owned by the 2,127 steps its streams showed: 1,956 decode steps of 6.41 ms (the trace's median:
+    7.42 ms) and 135 prefill or mixed steps of 17.4 ms. Priced at the trace's steps (a prefill's
     increment borrowed from c=16: its mixed steps' 13.12 ms less its decode steps' 10.27 ms), its
     tokens take 14.41 s."""
     c4, c16 = levels
     rec = lr.reconcile_level(c4_records, 4, c4.steps, c16.steps)
     assert rec["level_s"] == pytest.approx(level_metrics(c4_records)["duration_s"])   # the sweep's own
     assert sum(rec["parts"].values()) == pytest.approx(rec["level_s"], abs=1e-9)
-    assert (rec["n_requests"], rec["prefills"], rec["decode_tokens"], rec["steps_found"]) == (239, 239.0, 7402.0, 2057)
+    assert (rec["n_requests"], rec["prefills"], rec["decode_tokens"], rec["steps_found"]) == (239, 239.0, 7402.0, 2127)
     assert rec["decode_tokens_per_step"] == 4.0 and rec["decode_period_ms"] == pytest.approx(
         np.median(c4.steps.loc[c4.steps["label"] == "decode", "period_us"].dropna()) / 1e3)
     assert rec["prefill_steps_borrowed"] and rec["prefill_period_ms"] == pytest.approx(2.851, abs=1e-3)
     parts = rec["parts"]
-    assert (parts["decode_steps"], parts["prefill_mixed_steps"]) == pytest.approx((12.202, 2.690), abs=1e-3)
-    assert (rec["decode_steps"], rec["level_decode_period_ms"]) == pytest.approx((1766.855, 6.906), abs=1e-3)
+    assert (parts["decode_steps"], parts["prefill_mixed_steps"]) == pytest.approx((12.536, 2.356), abs=1e-3)
+    assert (rec["decode_steps"], rec["level_decode_period_ms"]) == pytest.approx((1956.008, 6.409), abs=1e-3)
     assert (parts["stalls"], parts["client_overhead"]) == (0.0, pytest.approx(0.0, abs=1e-4))
     assert parts["turnaround"] == pytest.approx(0.248, abs=1e-3)
     assert rec["traced_steps_s"] == pytest.approx(7402 / 4 * rec["decode_period_ms"] / 1e3 + 239 * 2.851e-3, abs=1e-3)
@@ -128,13 +128,13 @@ def test_the_report_explains_the_gap_by_the_levels_parts(levels, c4_records):
                            schema.LoadReconciliationLevel)
     lv = schema.record_of(la.level_summary(c4.steps, 4, "c4"), schema.LoadLevel)
     (why,) = rl.explain(lv, {}, None, rec)
-    assert why == ("of the sweep level's 15.2 s, the largest parts were decode steps 12.2 s (81 %), "
-                   "prefill and mixed steps 2.69 s (18 %), turnaround between requests 0.248 s (1.6 %); priced at "
+    assert why == ("of the sweep level's 15.2 s, the largest parts were decode steps 12.5 s (83 %), "
+                   "prefill and mixed steps 2.36 s (16 %), turnaround between requests 0.248 s (1.6 %); priced at "
                    "the trace's steps its tokens take 14.4 s of steps against the 14.9 s they took (a decode step "
-                   "took 6.91 ms in the level and 7.42 ms in the trace)")
+                   "took 6.41 ms in the level and 7.42 ms in the trace)")
     assert "steps' work covered" not in " ".join(rl.explain(lv, {}, None, None))
     table = rl.reconciliation_section(schema.LoadReconciliation(tolerance_share=0.05, levels=[rec]))
-    assert "| 4 | 15.2 | 12.2 | 2.69 | 0 | 0.0000173 | 0.000244 | 0.248 | 0.0120 | 0 | yes | – / 2,057 |" in table
+    assert "| 4 | 15.2 | 12.5 | 2.36 | 0 | 0.0000173 | 0.000244 | 0.248 | 0.0120 | 0 | yes | – / 2,127 |" in table
 
 
 def test_unreadable_records_name_the_file_and_line(tmp_path):

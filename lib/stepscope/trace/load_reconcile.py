@@ -98,38 +98,97 @@ def wall_parts(records: Iterable[RequestRecord], concurrency: int) -> tuple[dict
 
 
 MERGED_S = 0.001
-"""Two chunks of one request this close came out together: tokens of consecutive steps the API
-process sent at once (a merged delivery), not a new step."""
+"""Two chunks of one request this close came out together (the API process sending a backlog
+at once, after a stall): chunks of consecutive steps, not a new step."""
 
 STEP_GAP_S = 0.015
-"""A silence this long ends a step even when no request repeats: one step's chunks reach the
-client within a few ms of each other (up to ~20 ms from first to last at c=16 on 2 cores, the
-API process sending them one by one, but never 15 ms apart), steps 10 ms or more apart."""
+"""A request's first token this long after the chunk before it starts a new group even when no
+request repeats (at c=1, the next request's prefill after the last one's final token). Only
+first tokens: a decode chunk always follows its own request's chunk of the step before, while
+the API process, sharing the cores with the engine, can pause 15 ms or more within one step's
+chunks (at c=32 on 2 cores, splitting on any such pause found 252 steps where vLLM counted 233)."""
 
 
 def client_steps(records: Iterable[RequestRecord]) -> pd.DataFrame:
-    """The engine steps the level's streams saw, one row each: `t_s` (its first chunk), `steps`
-    (1, or more where a request's chunks came merged or a chunk carries several tokens: the most
-    tokens one request received in it), `prefills` (first tokens in it) and `chunks`. A step ends
-    where a request it already holds sends again, or after STEP_GAP_S."""
+    """The engine steps the level's streams saw, one row each, in time order: `t_s` (its first
+    chunk's arrival), `steps` (1, or the steps since the last one seen where no chunk came
+    between: a server streaming every N tokens), `prefills` (first tokens in it) and `chunks`.
+
+    Without speculative decoding a request gets one token per step from its prefill on, so its
+    k-th token came `k` steps after its prefill's; what the client must find is how the
+    requests' counters line up. One step's chunks reach the client together, so a run of chunks
+    in which no request repeats (`_groups`) is one step, and each such run of single chunks
+    says that its requests' counters stand at one step: their offsets (`_Offsets`). A step is
+    then one value of offset + token index; a backlog sent at once (several chunks of one
+    request within MERGED_S) falls into its steps by the same counters. A chunk of several
+    tokens (a server streaming every N tokens) advances the counter by the request's mean
+    tokens per chunk."""
     recs = [r for r in records if not r.warmup]
-    per_chunk = [max((r.output_tokens or len(r.chunk_times_s)) - 1, 0) / (len(r.chunk_times_s) - 1)
-                 if len(r.chunk_times_s) > 1 else 1.0 for r in recs]
-    ev = sorted((t, i, j == 0) for i, r in enumerate(recs) for j, t in enumerate(r.chunk_times_s))
-    rows: list[list] = []
+    ev = sorted((t, i, j) for i, r in enumerate(recs) for j, t in enumerate(r.chunk_times_s))
+    token = [_token_index(r) for r in recs]
+    off = _Offsets(len(recs))
+    for group in _groups(ev):
+        ids = [i for _, i, _ in group]
+        if len(set(ids)) == len(ids):  # single chunks: one step
+            _, i0, j0 = group[0]
+            for _, i, j in group[1:]:
+                off.link(i0, i, token[i0][j0] - token[i][j])
+    keys = [(root, d + token[i][j], t, j) for t, i, j in ev for root, d in [off.find(i)]]
+    df = pd.DataFrame(keys, columns=["component", "step", "t_s", "j"])
+    steps = df.groupby(["component", "step"]).agg(t_s=("t_s", "min"), prefills=("j", lambda j: int((j == 0).sum())),
+                                                  chunks=("j", "size")).reset_index()
+    # the steps since the component's last seen one: more than 1 where no chunk came between
+    steps["steps"] = steps.groupby("component")["step"].diff().fillna(1).clip(lower=1)
+    return steps[["t_s", "steps", "prefills", "chunks"]].sort_values("t_s", kind="stable").reset_index(drop=True)
+
+
+def _token_index(r: RequestRecord) -> list[int]:
+    """Each chunk's step after the request's prefill: its index, or, where the request's chunks
+    carry more tokens than one each, its cumulative tokens less the prefill's."""
+    n = len(r.chunk_times_s)
+    per_chunk = max((r.output_tokens or n) - 1, 0) / (n - 1) if n > 1 else 1.0
+    return [0] + [round(k * per_chunk) for k in range(1, n)]
+
+
+def _groups(ev: list[tuple[float, int, int]]) -> list[list[tuple[float, int, int]]]:
+    """Runs of chunks in arrival order, cut where a request already in the run sends again more
+    than MERGED_S after its last chunk, or a first token comes STEP_GAP_S after the chunk before."""
+    out: list[list] = []
     seen: dict[int, float] = {}
-    tokens: dict[int, float] = {}
     last_t = -math.inf
-    for t, i, first in ev:
-        if (i in seen and t - seen[i] > MERGED_S) or t - last_t > STEP_GAP_S or not rows:
-            rows.append([t, 1.0, 0, 0])
-            seen, tokens = {}, {}
-        tokens[i] = tokens.get(i, 0.0) + (1.0 if first else per_chunk[i])
-        rows[-1][1] = max(rows[-1][1], tokens[i])
+    for t, i, j in ev:
+        if not out or (i in seen and t - seen[i] > MERGED_S) or (j == 0 and t - last_t > STEP_GAP_S):
+            out.append([])
+            seen = {}
+        out[-1].append((t, i, j))
         seen[i], last_t = t, t
-        rows[-1][2] += int(first)
-        rows[-1][3] += 1
-    return pd.DataFrame(rows, columns=["t_s", "steps", "prefills", "chunks"])
+    return out
+
+
+class _Offsets:
+    """Union-find with offsets: each request's step counter relative to its group's root. A
+    link that contradicts what is known already is dropped (the first evidence stands)."""
+
+    def __init__(self, n: int):
+        self.parent, self.delta = list(range(n)), [0] * n
+
+    def find(self, i: int) -> tuple[int, int]:
+        """(root, offset of i from it), compressing the path on the way."""
+        path = []
+        while self.parent[i] != i:
+            path.append(i)
+            i = self.parent[i]
+        total = 0
+        for k in reversed(path):  # nearest the root first
+            total += self.delta[k]
+            self.parent[k], self.delta[k] = i, total
+        return i, (self.delta[path[0]] if path else 0)
+
+    def link(self, a: int, b: int, b_minus_a: int) -> None:
+        """offset(b) − offset(a) = b_minus_a."""
+        (ra, da), (rb, db) = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb], self.delta[rb] = ra, da + b_minus_a - db
 
 
 def step_parts(steps: pd.DataFrame, edges: np.ndarray, full: np.ndarray) -> dict:
