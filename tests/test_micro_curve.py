@@ -173,7 +173,8 @@ def test_without_the_levels_categories_the_whole_error_is_the_rest():
 
 def test_stage_05_declares_the_earlier_stages_files_it_reads():
     reads = STAGE_BY_ID["05_categorize"].reads
-    assert {"02_gemm_micro", "03_nccl_burst", "01_macro_sweep/levels", "01_macro_sweep/levels.csv"} <= set(reads)
+    assert {"02_gemm_micro", "03_nccl_burst", "01_macro_sweep/levels", "01_macro_sweep/levels.csv",
+            "01_macro_sweep/server_metrics.csv"} <= set(reads)
 
 
 def test_the_curves_agreeing_step_at_c16_is_called_an_offsetting_agreement():

@@ -97,11 +97,13 @@ STAGES: tuple[Stage, ...] = (
     # Under load (capture.concurrency beyond 1) the capture sends the sweep's requests.
     Stage("04_profiler_capture", ("00_deploy",), True, ("capture", "sweep", *SERVER_KEYS)),
     # Stage 05's roofline and weight bytes read the model, the peaks and TP; stage 02's table
-    # is set beside the trace's GEMMs; the load reconciliation reads the sweep's level records,
-    # and the micro-predicted curve stage 02's and 03's predictions and the sweep's levels.
+    # is set beside the trace's GEMMs; the load reconciliation reads the sweep's level records
+    # and vLLM's iteration count over them, and the micro-predicted curve stage 02's and 03's
+    # predictions and the sweep's levels.
     Stage("05_categorize", (), False, ("analysis", "model", "server.tp", "hardware"),
           reads=("04_profiler_capture", "02_gemm_micro", "03_nccl_burst", "01_macro_sweep/levels",
-                 "01_macro_sweep/levels.csv"), cell_timeout_s=ANALYSIS_CELL_TIMEOUT_S),
+                 "01_macro_sweep/levels.csv", "01_macro_sweep/server_metrics.csv"),
+          cell_timeout_s=ANALYSIS_CELL_TIMEOUT_S),
     # The report prints the params snapshot whole, beside every earlier stage's artifacts.
     Stage("06_writeup", (), False, (WHOLE_PARAMS,),
           reads=("01_macro_sweep", "02_gemm_micro", "03_nccl_burst", "04_profiler_capture", "05_categorize"),
