@@ -177,9 +177,10 @@ def test_server_death_mid_sweep_relaunch_resume_and_no_secret_anywhere(tmp_path)
     code = resume.finish()
     out = resume.text()
     assert code == 0, out
-    # Stage 05 reads the sweep's level records (the load reconciliation), so re-measured levels make
-    # it stale as well; 06 then reads both changed stages.
-    assert "05_categorize: done earlier, but 01_macro_sweep/levels, 01_macro_sweep/levels.csv changed since" in out
+    # Stage 05 reads the sweep's level records and /metrics scrapes (the load reconciliation), so
+    # re-measured levels make it stale as well; 06 then reads both changed stages.
+    assert ("05_categorize: done earlier, but 01_macro_sweep/levels, 01_macro_sweep/levels.csv, "
+            "01_macro_sweep/server_metrics.csv changed since") in out
     assert "06_writeup: done earlier, but 01_macro_sweep, 05_categorize changed since: running it again" in out
     summary = json.loads((run.run_dir / "01_macro_sweep" / "summary.json").read_text())
     assert summary["died_at_level"] is None and summary["n_failures"] == 0 and summary["n_levels"] == 3
