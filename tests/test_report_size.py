@@ -90,7 +90,7 @@ def test_the_findings_stay_in_the_report(moe):
     load = section(md, "The step under load")
     # each level beyond the band: one line naming its largest parts, linking the table of them
     assert "*What the data show* (each level part by part: [appendix](appendix.md#each-captured" in load
-    assert re.search(r"^- c=4: of the sweep level's [\d.]+ s, the largest parts were decode steps × their period", load, re.M)
+    assert re.search(r"^- c=4: of the sweep level's [\d.]+ s, the largest parts were decode steps [\d.]+ s", load, re.M)
     # the routed experts beside D(M): once, in the plateau's bullets
     assert md.count("per layer per distinct expert; least squares on D(M)·layers gives") == 1
     assert "### The plateau, step by step" in load and "grows fastest with the batch" in load

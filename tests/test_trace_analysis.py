@@ -36,8 +36,9 @@ def analysed(real_traces: Path) -> dict:
     # 11, the two n-gram ranks, the two c=16 load ranks, three TraceLens excerpts (issue 23), the
     # DataLoader excerpt, the kinds' eight (issue 23: capture, mixed, extend, non-LLM, HTA rank 3),
     # the tiny DeepSeek-V3's eight (issue 34: two ranks at batch 1, two each at c=4 and c=16 of a
-    # second run, two at c=16 of the first) and HTA's MTIA export (issue 35: host ops only read)
-    assert len(out) == 36
+    # second run, two at c=16 of the first), HTA's MTIA export (issue 35: host ops only read) and
+    # the quiet run's c=16 rank 0 (issue 36: set beside its sweep level's own steps)
+    assert len(out) == 37
     return out
 
 
