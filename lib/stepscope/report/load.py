@@ -16,9 +16,10 @@ from stepscope.report.appendix import appendix_link, appendix_table
 from stepscope.report.artifacts import RunArtifacts
 from stepscope.report.noise import make_delta
 from stepscope.schema.verdict import LevelAnatomy, LoadGrowth
-from stepscope.thresholds import LOAD_LEVER_SHIFT, LOAD_RECONCILE_SHARE
+from stepscope.thresholds import LOAD_LEVER_SHIFT
 from stepscope.trace.account import ceiling_x
 from stepscope.trace.load_anatomy import EXPERTS_CATEGORY
+from stepscope.trace.load_reconcile import unexplained_within
 from stepscope.trace.micro_curve import KEPT_PARTS, SCALED_WITH_BATCH  # noqa: F401 (report.verdict reads it here)
 from stepscope.wording import fmt_num, fmt_pct, md_code, md_text
 
@@ -78,7 +79,7 @@ def reconciliation_sentence(rec: schema.LoadReconciliationLevel, n: int = 3) -> 
     top = sorted(((k, v) for k, v in rec.parts.items() if k != "unexplained"), key=lambda kv: -kv[1])[:n]
     parts = ", ".join(f"{PART_WORDS.get(k, k)} {fmt_num(v)} s ({fmt_pct(v / rec.level_s)})" for k, v in top)
     left = rec.parts.get("unexplained", 0.0)
-    tail = ("" if abs(rec.unexplained_share) <= LOAD_RECONCILE_SHARE else
+    tail = ("" if unexplained_within(left, rec.level_s) else
             f"; {'+' if left > 0 else ''}{fmt_num(left)} s ({fmt_pct(rec.unexplained_share, signed=True)}) is left unexplained")
     return f"of the sweep level's {fmt_num(rec.level_s)} s, the largest parts were {parts}{tail}{steps_clause(rec)}{trace_clause(rec)}"
 
@@ -520,7 +521,7 @@ def rebuilt_sentence(p: schema.MicroCurveLevel, n: int = 3) -> str:
             + ", ".join(f"{COMPONENT_WORDS.get(k, k)} {_signed_ms(v)}" for k, v in errors)
             + f" ms){_agreement_clause(r)}{_pace_words(r.parts.get('level_pace', 0.0))}"
             + (f"; the reconciliation leaves {fmt_num(left)} s unexplained"
-               if abs(left) > LOAD_RECONCILE_SHARE * r.level_s else ""))
+               if not unexplained_within(left, r.level_s) else ""))
 
 
 def _pace_words(pace_s: float) -> str:

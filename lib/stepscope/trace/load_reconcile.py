@@ -78,12 +78,11 @@ def _grid(recs: list[RequestRecord], concurrency: int) -> tuple[np.ndarray, np.n
     return edges, waiting, stalled, (waiting >= concurrency) & ~stalled
 
 
-def wall_parts(records: Iterable[RequestRecord], concurrency: int) -> tuple[dict[str, float], np.ndarray]:
-    """(seconds of the level in stalls, client overhead, ramp-up, turnaround, drain and engine
-    time (`engine_s`: the level's concurrency waiting for tokens, no stall), and the prefills
-    and decode tokens received in that engine time)."""
-    recs = [r for r in records if not r.warmup]
-    edges, waiting, stalled, full = _grid(recs, concurrency)
+def _wall_parts(recs: list[RequestRecord], grid: tuple) -> tuple[dict[str, float], np.ndarray]:
+    """(seconds of the level (its measured `recs`, their `_grid`) in stalls, client overhead,
+    ramp-up, turnaround, drain and engine time (`engine_s`: the level's concurrency waiting for
+    tokens, no stall), and the prefills and decode tokens received in that engine time)."""
+    edges, waiting, stalled, full = grid
     mid, dur = (edges[:-1] + edges[1:]) / 2, np.diff(edges)
     first_full = edges[:-1][full].min() if full.any() else edges[-1]
     last_full = edges[1:][full].max() if full.any() else edges[-1]
@@ -145,9 +144,15 @@ def client_steps(records: Iterable[RequestRecord]) -> pd.DataFrame:
 def _token_index(r: RequestRecord) -> list[int]:
     """Each chunk's step after the request's prefill: its index, or, where the request's chunks
     carry more tokens than one each, its cumulative tokens less the prefill's."""
+    per_chunk = _tokens_per_chunk(r)
+    return [0] + [round(k * per_chunk) for k in range(1, len(r.chunk_times_s))]
+
+
+def _tokens_per_chunk(r: RequestRecord) -> float:
+    """Output tokens per chunk after the first (the prefill's own token): more than 1 where
+    chunks came merged or a server streams every N tokens; 1 without a later chunk."""
     n = len(r.chunk_times_s)
-    per_chunk = max((r.output_tokens or n) - 1, 0) / (n - 1) if n > 1 else 1.0
-    return [0] + [round(k * per_chunk) for k in range(1, n)]
+    return max((r.output_tokens or n) - 1, 0) / (n - 1) if n > 1 else 1.0
 
 
 def _groups(ev: list[tuple[float, int, int]]) -> list[list[tuple[float, int, int]]]:
@@ -219,9 +224,7 @@ def _tokens_in(recs: list[RequestRecord], edges: np.ndarray, full: np.ndarray) -
         i = np.clip(np.searchsorted(edges, t, side="left") - 1, 0, len(full) - 1)  # the interval a token ends
         inside = full[i] & (t >= edges[0]) & (t <= edges[-1])
         prefills += float(inside[0])
-        if len(t) > 1:
-            per_chunk = max((r.output_tokens or len(t)) - 1, 0) / (len(t) - 1)
-            decode += per_chunk * float(inside[1:].sum())
+        decode += _tokens_per_chunk(r) * float(inside[1:].sum())
     return np.array([prefills, decode])
 
 
@@ -271,16 +274,16 @@ def reconcile_level(records: list[RequestRecord], concurrency: int, steps: pd.Da
                              hint="re-run stage 01 for this level")
     start, _, end = _timeline(recs)
     level_s = float(end.max() - start.min())
-    edges, _, _, full = _grid(recs, concurrency)
-    wall, tokens = wall_parts(recs, concurrency)
+    grid = _grid(recs, concurrency)
+    wall, tokens = _wall_parts(recs, grid)
     seen = client_steps(recs)
-    own = step_parts(seen, edges, full)
+    own = step_parts(seen, grid[0], grid[3])
     parts = {"decode_steps": own["decode_s"], "prefill_mixed_steps": own["prefill_s"],
              **{k: v for k, v in wall.items() if k != "engine_s"}}
     parts["unexplained"] = level_s - sum(parts.values())
     found = float(seen["steps"].sum())
     steps_agree = None if not iterations else bool(abs(found / iterations - 1) <= LOAD_RECONCILE_SHARE)
-    within = abs(parts["unexplained"]) <= LOAD_RECONCILE_SHARE * level_s
+    within = unexplained_within(parts["unexplained"], level_s)
     cost = step_costs(steps, lender)
     return {"concurrency": int(concurrency), "level_s": level_s, "parts": {k: float(parts[k]) for k in PART_ORDER},
             "unexplained_share": parts["unexplained"] / level_s if level_s > 0 else math.nan,
@@ -294,6 +297,12 @@ def reconcile_level(records: list[RequestRecord], concurrency: int, steps: pd.Da
             "steps_found": found, "engine_iterations": iterations, "steps_agree": steps_agree,
             "traced_steps_s": traced_steps_s(float(tokens[0]), float(tokens[1]), cost),
             "profiler_cost_ms_per_step": profiler_ms, **cost}
+
+
+def unexplained_within(unexplained_s: float, level_s: float) -> bool:
+    """A level's unexplained part within LOAD_RECONCILE_SHARE of its time: the one rule for the
+    reconciliation, the report's wording of it, and the micro curve's rebuilt level."""
+    return abs(unexplained_s) <= LOAD_RECONCILE_SHARE * level_s
 
 
 def _per_step_ms(seconds: float, steps: float) -> float | None:
@@ -386,7 +395,3 @@ def engine_iterations(scrapes: pd.DataFrame | None, concurrency: int) -> float |
     counts = mine["iteration_tokens_count"].dropna()
     return float(counts.iloc[-1] - counts.iloc[0]) if len(counts) >= 2 else None
 
-
-def largest_parts(level: dict, n: int = 3) -> list[tuple[str, float]]:
-    """The level's n largest parts by magnitude, (name, seconds)."""
-    return sorted(level["parts"].items(), key=lambda kv: -abs(kv[1]))[:n]
